@@ -1,0 +1,19 @@
+"""shardbench: train and compare JAX models under any device mesh, sharding strategy and precision.
+
+Importing this package starts no JAX backend, so `shardbench.simulate_devices(8)` still works afterwards.
+"""
+
+from __future__ import annotations
+
+from shardbench.config import Config, get_preset, override
+from shardbench.devices import simulate_devices
+
+__version__ = "0.1.0"
+__all__ = ["Config", "get_preset", "override", "simulate_devices", "train", "__version__"]
+
+
+def train(cfg: Config) -> dict:
+    """Run one training as `cfg` describes and return its summary (also saved in the run directory)."""
+    from shardbench.train.loop import run
+
+    return run(cfg)

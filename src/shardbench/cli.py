@@ -1,0 +1,170 @@
+"""The `shardbench` command: parse arguments into a Config and call one function per sub-command.
+
+Every configuration field is a flag `--section.field` (dashes or underscores); the common ones also
+have a short spelling (`--batch-size` for `--train.batch-size`). Both spellings set the same field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from shardbench import config as config_lib
+from shardbench.errors import ShardbenchError, TrainingDiverged
+
+SHORT_FLAGS: dict[str, str] = {
+    "data.dataset": "--data", "train.epochs": "--epochs", "train.steps": "--steps",
+    "train.batch_size": "--batch-size", "parallel.mesh": "--mesh", "parallel.strategy": "--strategy",
+    "parallel.devices": "--devices", "precision.param_dtype": "--param-dtype", "precision.dtype": "--dtype",
+    "precision.matmul_precision": "--matmul-precision", "model.dropout": "--dropout", "optim.lr": "--lr",
+    "train.seed": "--seed", "train.out": "--out", "train.resume": "--resume",
+}
+
+HELP: dict[str, str] = {
+    "data.dataset": "dataset: cifar10 (downloaded and md5-checked), cifar10:PATH (local tarball or folder), "
+                    "imagefolder:PATH (folder or .tar/.tar.gz of <split>/<class>/<image>), synthetic",
+    "data.image_size": "image side in pixels",
+    "data.val_fraction": "fraction of train held out for validation when the dataset has no val split",
+    "data.cache_dir": "where downloads and decoded images are cached ('' = $SHARDBENCH_CACHE or "
+                      "~/.cache/shardbench)",
+    "data.synthetic_train": "number of synthetic training images",
+    "data.synthetic_test": "number of synthetic test images",
+    "data.augment": "random flip and resized crop on training images",
+    "data.flip": "random horizontal flip (with --data.augment)",
+    "data.crop_scale": "random resized crop: range of the crop's area fraction",
+    "data.crop_ratio": "random resized crop: range of the crop's aspect ratio",
+    "model.patch_size": "patch side in pixels", "model.embed_dim": "model width",
+    "model.num_layers": "encoder blocks", "model.num_heads": "attention heads",
+    "model.mlp_dim": "hidden width of each MLP block", "model.num_classes": "output classes",
+    "model.dropout": "dropout rate after the MLP's activation and output",
+    "parallel.strategy": "how parameters and batches are split: single, dp, fsdp, tp, dp+tp, fsdp+tp",
+    "parallel.mesh": "device mesh: N (all on the strategy's axis), AxB (data x model) or data=A,model=B; "
+                     "'' = every device on the strategy's axis",
+    "parallel.devices": "devices to use (0 = all); without accelerators, simulates N CPU devices",
+    "precision.param_dtype": "parameter (and optimizer state) dtype: float32, bfloat16, float16",
+    "precision.dtype": "compute dtype of activations and matmuls: float32, bfloat16, float16",
+    "precision.matmul_precision": "matmul precision: default, high, highest",
+    "optim.optimizer": "adamw, adam or sgd (with momentum)", "optim.lr": "peak learning rate",
+    "optim.weight_decay": "decoupled weight decay on kernels (adamw)", "optim.b1": "Adam beta1",
+    "optim.b2": "Adam beta2", "optim.momentum": "SGD momentum",
+    "optim.warmup_steps": "linear warm-up steps (-1 = 5%% of training)",
+    "optim.schedule": "cosine (decay after warm-up) or constant",
+    "optim.end_lr_fraction": "final learning rate as a fraction of the peak (cosine)",
+    "optim.grad_clip": "clip gradients to this global norm (0 = off)",
+    "train.epochs": "epochs to train", "train.steps": "train exactly this many steps (overrides --epochs)",
+    "train.batch_size": "global batch size (split over the data axis)",
+    "train.eval_batch_size": "evaluation batch size (0 = --batch-size)", "train.seed": "random seed",
+    "train.out": "run directory ('' = runs/<preset>-<strategy>-<time>)",
+    "train.resume": "continue the run in --out from its last checkpoint",
+    "train.checkpoint_every": "save a checkpoint every N steps (and at the end; 0 = only at the end)",
+    "train.keep_checkpoints": "checkpoints to keep", "train.log_every": "steps between scalar logs",
+    "train.eval": "validate each epoch and test at the end", "train.progress": "show a progress bar",
+}
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """One argument per Config field; short flags are alternative spellings of the same argument."""
+    parser.add_argument("--preset", default=argparse.SUPPRESS, choices=sorted(config_lib.PRESETS),
+                        help="starting configuration (default: vit-seed); flags override its fields")
+    base = config_lib.Config()
+    for section in config_lib.SECTIONS:
+        group = parser.add_argument_group(f"{section} options")
+        section_value = getattr(base, section)
+        for name, kind in config_lib.field_types(type(section_value)).items():
+            key = f"{section}.{name}"
+            flags = [_flag(key)] + ([f"--{key}"] if "_" in name else [])
+            if key in SHORT_FLAGS:
+                flags.insert(0, SHORT_FLAGS[key])
+            default = getattr(section_value, name)
+            help_text = f"{HELP.get(key, key)} (vit-seed: {default!r})"
+            if kind is bool:
+                group.add_argument(*flags, dest=key, action=argparse.BooleanOptionalAction,
+                                   default=argparse.SUPPRESS, help=help_text)
+            else:
+                metavar = "A,B" if typing.get_origin(kind) is tuple else getattr(kind, "__name__", "X").upper()
+                group.add_argument(*flags, dest=key, default=argparse.SUPPRESS, metavar=metavar, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> config_lib.Config:
+    values: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
+    cfg = config_lib.get_preset(getattr(args, "preset", "vit-seed"))
+    return config_lib.override(cfg, values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shardbench",
+        description="Train and compare JAX models under any device mesh, sharding strategy and precision.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    train = sub.add_parser(
+        "train", help="train a model (the Vision Transformer on CIFAR-10 by default)",
+        description="Train under one configuration. Every field has a --section.field flag; the common ones a "
+                    "short one. The resolved configuration is saved as <out>/config.json.",
+    )
+    add_config_arguments(train)
+    presets = sub.add_parser("presets", help="list the named configurations",
+                             description="List the named configurations and what they are for.")
+    presets.add_argument("--json", action="store_true", help="print each preset's full configuration as JSON")
+    return parser
+
+
+def _setup_devices(cfg: config_lib.Config) -> None:
+    # Must run before anything asks JAX for devices.
+    if cfg.parallel.devices > 0:
+        from shardbench.devices import simulate_devices
+
+        simulate_devices(cfg.parallel.devices)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    _setup_devices(cfg)
+    from shardbench.train.loop import run, summary_line
+
+    summary = run(cfg)
+    print(summary_line(summary))
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    for name, make in config_lib.PRESETS.items():
+        cfg = make()
+        if args.json:
+            print(f"# {name}\n{cfg.to_json()}")
+        else:
+            m = cfg.model
+            print(f"{name:10s} {(make.__doc__ or '').strip().splitlines()[0]}  [embed {m.embed_dim}, "
+                  f"{m.num_layers} layers, {m.num_heads} heads, mlp {m.mlp_dim}]")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    commands = {"train": cmd_train, "presets": cmd_presets}
+    try:
+        return commands[args.command](args)
+    except TrainingDiverged as err:
+        print(f"shardbench: {err}", file=sys.stderr)
+        return 3
+    except ShardbenchError as err:
+        print(f"shardbench: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("shardbench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["main", "build_parser", "config_from_args"]

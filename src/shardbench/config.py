@@ -1,0 +1,264 @@
+"""Typed run configuration: frozen dataclasses for each concern, and the named presets.
+
+A preset is a function that returns a `Config`; an experiment derives from a preset with
+`dataclasses.replace` (or `override`), never by editing globals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardbench.errors import ConfigError
+
+STRATEGIES = ("single", "dp", "fsdp", "tp", "dp+tp", "fsdp+tp")
+DTYPES = ("float32", "bfloat16", "float16")
+MATMUL_PRECISIONS = ("default", "high", "highest")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+SCHEDULES = ("cosine", "constant")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where images come from and how training images are augmented."""
+
+    dataset: str = "synthetic"  # cifar10 | cifar10:PATH | imagefolder:PATH | synthetic
+    image_size: int = 32
+    val_fraction: float = 0.1  # carved from train when the dataset has no val split (45,000/5,000 on CIFAR-10)
+    cache_dir: str = ""  # '' = $SHARDBENCH_CACHE or ~/.cache/shardbench
+    synthetic_train: int = 50_000
+    synthetic_test: int = 10_000
+    augment: bool = True
+    flip: bool = True
+    crop_scale: tuple[float, float] = (0.9, 1.0)
+    crop_ratio: tuple[float, float] = (0.9, 1.1)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Vision Transformer shape."""
+
+    patch_size: int = 4
+    embed_dim: int = 384
+    num_layers: int = 6
+    num_heads: int = 8
+    mlp_dim: int = 1536
+    num_classes: int = 10
+    dropout: float = 0.1
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Device mesh and the strategy that maps logical axes onto it."""
+
+    strategy: str = "dp"
+    mesh: str = ""  # '' = every device on the strategy's axis; '8', '4x2' (data x model), 'data=4,model=2'
+    devices: int = 0  # 0 = every device; on a CPU-only machine N simulates N devices
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """Parameter storage dtype, compute dtype and matmul precision (loss and softmax stay float32)."""
+
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    matmul_precision: str = "default"
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimizer and learning-rate schedule (linear warm-up, then cosine decay to end_lr_fraction * lr)."""
+
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    b1: float = 0.9
+    b2: float = 0.999
+    momentum: float = 0.9  # sgd only
+    warmup_steps: int = -1  # -1 = 5% of the training steps
+    schedule: str = "cosine"
+    end_lr_fraction: float = 0.01
+    grad_clip: float = 1.0  # global-norm clipping; 0 turns it off
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Length of training, batch, seed, output directory and side effects."""
+
+    epochs: int = 1
+    steps: int = 0  # > 0: train exactly this many steps, ignoring epochs
+    batch_size: int = 128  # global batch
+    eval_batch_size: int = 0  # 0 = batch_size
+    seed: int = 12
+    out: str = ""  # '' = runs/<preset>-<strategy>-<time>
+    resume: bool = False
+    checkpoint_every: int = 500  # steps; a checkpoint is also written at the end; 0 = only at the end
+    keep_checkpoints: int = 2
+    log_every: int = 50  # steps between scalar writes
+    eval: bool = True  # validation each epoch and test at the end
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything one run needs; saved as config.json in the run directory."""
+
+    preset: str = "vit-seed"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+SECTIONS: tuple[str, ...] = ("data", "model", "parallel", "precision", "optim", "train")
+
+
+# ----------------------------------------------------------------------------------------------- presets
+def vit_seed() -> Config:
+    """The seed posts' ViT: patch 4, embed 384, 6 layers, 8 heads, MLP 1536: 10,695,562 parameters."""
+    return Config(preset="vit-seed")
+
+
+def vit_small() -> Config:
+    """Half the seed's width: a fair CPU benchmark that still looks like a ViT."""
+    return Config(
+        preset="vit-small",
+        model=ModelConfig(embed_dim=192, num_layers=6, num_heads=4, mlp_dim=768, dropout=0.0),
+    )
+
+
+def vit_tiny() -> Config:
+    """A ViT small enough to train on CIFAR-10 for a few epochs on two CPU cores."""
+    return Config(
+        preset="vit-tiny",
+        model=ModelConfig(embed_dim=128, num_layers=4, num_heads=4, mlp_dim=256, dropout=0.0),
+        train=TrainConfig(epochs=3, batch_size=128, checkpoint_every=200),
+    )
+
+
+PRESETS: dict[str, Callable[[], Config]] = {
+    "vit-seed": vit_seed,
+    "vit-small": vit_small,
+    "vit-tiny": vit_tiny,
+}
+
+
+def get_preset(name: str) -> Config:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset '{name}': choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]()
+
+
+# --------------------------------------------------------------------------------------------- overrides
+def field_types(section: type) -> dict[str, Any]:
+    """Resolved type of every field of a section dataclass (annotations are strings here)."""
+    hints = typing.get_type_hints(section)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section)}
+
+
+def parse_value(key: str, text: str, kind: Any) -> Any:
+    """Turn command-line text into a field's type, or say in one line what would be right."""
+    try:
+        if kind is bool:
+            lowered = text.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        if typing.get_origin(kind) is tuple:
+            parts = [float(p) for p in text.split(",")]
+            if len(parts) != len(typing.get_args(kind)):
+                raise ValueError(text)
+            return tuple(parts)
+        return str(text)
+    except ValueError:
+        name = getattr(kind, "__name__", str(kind))
+        raise ConfigError(f"--{key.replace('_', '-')}: '{text}' is not a valid {name}") from None
+
+
+def override(cfg: Config, values: Mapping[str, Any]) -> Config:
+    """Apply {'section.field': value} overrides (values already typed or as command-line text)."""
+    sections = {name: getattr(cfg, name) for name in SECTIONS}
+    preset = cfg.preset
+    for key, value in values.items():
+        if key == "preset":
+            preset = str(value)
+            continue
+        section, _, name = key.partition(".")
+        if section not in sections or name not in field_types(type(sections[section])):
+            raise ConfigError(f"unknown configuration field '{key}': see 'shardbench train --help'")
+        kind = field_types(type(sections[section]))[name]
+        typed = parse_value(key, value, kind) if isinstance(value, str) and kind is not str else value
+        if typing.get_origin(kind) is tuple and isinstance(typed, list):
+            typed = tuple(typed)
+        sections[section] = dataclasses.replace(sections[section], **{name: typed})
+    return Config(preset=preset, **sections)
+
+
+def from_dict(data: Mapping[str, Any]) -> Config:
+    """Rebuild a Config from its to_dict() form (e.g. a run directory's config.json)."""
+    flat = {f"{s}.{k}": v for s in SECTIONS for k, v in data.get(s, {}).items()}
+    return override(Config(preset=str(data.get("preset", "vit-seed"))), flat)
+
+
+def flatten(cfg: Config) -> dict[str, Any]:
+    """{'section.field': value} for every field: what differs between two runs is easy to name."""
+    return {f"{s}.{k}": v for s in SECTIONS for k, v in dataclasses.asdict(getattr(cfg, s)).items()}
+
+
+def validate(cfg: Config) -> None:
+    """Check every value that can be checked without devices or data; one line per problem."""
+    m, p, o, t = cfg.model, cfg.precision, cfg.optim, cfg.train
+    if cfg.parallel.strategy not in STRATEGIES:
+        raise ConfigError(f"unknown strategy '{cfg.parallel.strategy}': choose one of {', '.join(STRATEGIES)}")
+    for name, value in (("param-dtype", p.param_dtype), ("dtype", p.dtype)):
+        if value not in DTYPES:
+            raise ConfigError(f"unknown --{name} '{value}': choose one of {', '.join(DTYPES)}")
+    if p.matmul_precision not in MATMUL_PRECISIONS:
+        raise ConfigError(
+            f"unknown --matmul-precision '{p.matmul_precision}': choose one of {', '.join(MATMUL_PRECISIONS)}"
+        )
+    if o.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown --optim.optimizer '{o.optimizer}': choose one of {', '.join(OPTIMIZERS)}")
+    if o.schedule not in SCHEDULES:
+        raise ConfigError(f"unknown --optim.schedule '{o.schedule}': choose one of {', '.join(SCHEDULES)}")
+    if cfg.data.image_size % m.patch_size:
+        raise ConfigError(
+            f"image size {cfg.data.image_size} is not divisible by patch size {m.patch_size}: pick a patch size "
+            f"that divides it"
+        )
+    if m.embed_dim % m.num_heads:
+        raise ConfigError(f"embed dim {m.embed_dim} is not divisible by {m.num_heads} heads")
+    positive = {
+        "model.embed_dim": m.embed_dim, "model.num_layers": m.num_layers, "model.num_heads": m.num_heads,
+        "model.mlp_dim": m.mlp_dim, "model.num_classes": m.num_classes, "model.patch_size": m.patch_size,
+        "train.batch_size": t.batch_size,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"--{key.replace('_', '-')} must be positive, got {value}")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"--dropout must be in [0, 1), got {m.dropout}")
+    if o.lr <= 0:
+        raise ConfigError(f"--lr must be positive, got {o.lr}")
+    if t.epochs <= 0 and t.steps <= 0:
+        raise ConfigError("nothing to train: give --epochs or --steps a positive value")
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise ConfigError(f"--data.val-fraction must be in [0, 1), got {cfg.data.val_fraction}")

@@ -1,0 +1,46 @@
+"""Logical axis names shared by the models, and the hook through which activations are constrained.
+
+Models name the dimensions of their parameters and activations ('batch', 'embed', 'heads', ...).
+They never see a mesh: the parallel layer installs a constraint function while it traces a step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+
+import jax
+
+Axes = tuple[str | None, ...]
+
+BATCH = "batch"
+SEQ = "seq"
+EMBED = "embed"  # model width: the residual stream and one side of every kernel
+MLP = "mlp"  # hidden width of the feed-forward block
+HEADS = "heads"  # attention heads
+KV = "kv"  # per-head width
+LAYERS = "layers"  # the stacked-layer dimension that a scan runs over
+NORM = "norm"  # LayerNorm scale and bias: small, never worth sharding
+CLASSES = "classes"  # output classes (or vocabulary)
+PATCH = "patch"  # flattened pixels of one patch
+
+Constraint = Callable[[jax.Array, Axes], jax.Array]
+
+_constraint: contextvars.ContextVar[Constraint | None] = contextvars.ContextVar("shardbench_constraint", default=None)
+
+
+def constrain(x: jax.Array, axes: Axes) -> jax.Array:
+    """Ask the parallel layer (if any is active) to lay `x` out by its logical axes."""
+    fn = _constraint.get()
+    return x if fn is None else fn(x, axes)
+
+
+@contextlib.contextmanager
+def constraints(fn: Constraint | None) -> Iterator[None]:
+    """Install `fn` as the activation constraint while a step is traced."""
+    token = _constraint.set(fn)
+    try:
+        yield
+    finally:
+        _constraint.reset(token)

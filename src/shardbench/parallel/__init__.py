@@ -1,0 +1,1 @@
+"""Parallelism: device meshes, strategies as logical-axis rule tables, and shardings built from them."""

@@ -1,0 +1,171 @@
+"""Strategies as tables from logical axis names to mesh axes, and the shardings a layout derives from them.
+
+A strategy has two tables (as Levanter separates parameter and compute axis mappings): one for where
+parameters and optimizer state live, one for how activations and batches are split. FSDP differs from
+DP only in its parameter table: 'embed' is sharded over the data axis and gathered for compute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from flax import nnx
+from flax import traverse_util
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from shardbench.errors import ConfigError
+from shardbench.models.axes import BATCH, EMBED, HEADS, MLP, Axes
+from shardbench.parallel.mesh import DATA, MODEL, MeshShape
+
+Rules = Mapping[str, str]
+_TP: Rules = {HEADS: MODEL, MLP: MODEL}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Where parameters live (`params`) and how compute is split (`compute`), by logical axis."""
+
+    name: str
+    params: Rules
+    compute: Rules
+    axes: tuple[str, ...]  # mesh axes this strategy may give more than one device
+    primary: str = DATA  # where a bare `--mesh N` puts its devices
+    description: str = ""
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy("single", {}, {}, (), DATA, "one device, no mesh"),
+        Strategy("dp", {}, {BATCH: DATA}, (DATA,), DATA,
+                 "parameters and optimizer state replicated; batch split over data"),
+        Strategy("fsdp", {EMBED: DATA}, {BATCH: DATA}, (DATA,), DATA,
+                 "parameters and optimizer state sharded over data (ZeRO-3); batch split over data"),
+        Strategy("tp", _TP, {BATCH: DATA, **_TP}, (MODEL,), MODEL,
+                 "Megatron tensor parallelism: heads and MLP hidden split over model"),
+        Strategy("dp+tp", _TP, {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
+                 "batch split over data, Megatron tensor parallelism over model"),
+        Strategy("fsdp+tp", {EMBED: DATA, **_TP}, {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
+                 "parameters sharded over data and model; batch over data; Megatron over model"),
+    )
+}
+
+
+def get_strategy(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise ConfigError(f"unknown strategy '{name}': choose one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+def spec_for(axes: Axes, rules: Rules) -> PartitionSpec:
+    """PartitionSpec for logical `axes`; a mesh axis is used at most once per array."""
+    used: set[str] = set()
+    out: list[str | None] = []
+    for name in axes:
+        mesh_axis = rules.get(name) if name is not None else None
+        if mesh_axis is not None and mesh_axis in used:
+            mesh_axis = None
+        if mesh_axis is not None:
+            used.add(mesh_axis)
+        out.append(mesh_axis)
+    return PartitionSpec(*out)
+
+
+def param_axes(abstract_state: nnx.State) -> dict[str, Any]:
+    """Nested dict (same structure as `nnx.to_pure_dict`) of each parameter's logical axes."""
+    flat = {path: var.get_metadata().get("axes") for path, var in nnx.to_flat_state(abstract_state)}
+    missing = [path for path, axes in flat.items() if axes is None]
+    if missing:
+        raise ValueError(f"parameters without logical axes: {missing}")
+    return traverse_util.unflatten_dict(flat)
+
+
+def param_shapes(abstract_state: nnx.State) -> dict[str, Any]:
+    flat = {path: tuple(var.get_value().shape) for path, var in nnx.to_flat_state(abstract_state)}
+    return traverse_util.unflatten_dict(flat)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A strategy applied to a concrete mesh (or to one device for 'single')."""
+
+    strategy: Strategy
+    shape: MeshShape
+    mesh: Mesh | None
+    device: jax.Device
+
+    @property
+    def data_size(self) -> int:
+        return self.shape.data
+
+    def sharding(self, spec: PartitionSpec) -> jax.sharding.Sharding:
+        if self.mesh is None:
+            return SingleDeviceSharding(self.device)
+        return NamedSharding(self.mesh, spec)
+
+    @property
+    def replicated(self) -> jax.sharding.Sharding:
+        return self.sharding(PartitionSpec())
+
+    def param_spec(self, axes: Axes) -> PartitionSpec:
+        return spec_for(axes, self.strategy.params)
+
+    def param_shardings(self, axes_tree: dict[str, Any]) -> dict[str, Any]:
+        return jax.tree.map(lambda axes: self.sharding(self.param_spec(axes)), axes_tree, is_leaf=_is_axes)
+
+    def batch_sharding(self) -> jax.sharding.Sharding:
+        """Arrays whose leading dim is the batch: split over data, whole along everything else."""
+        return self.sharding(spec_for((BATCH,), self.strategy.compute))
+
+    def constrain(self, x: jax.Array, axes: Axes) -> jax.Array:
+        """The activation hook models call through `shardbench.models.axes.constrain`."""
+        if self.mesh is None:
+            return x
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec_for(axes, self.strategy.compute)))
+
+    def check_divisible(self, axes_tree: dict[str, Any], shapes: dict[str, Any],
+                        axis_fields: Mapping[str, str]) -> None:
+        """Every sharded dim must divide by its mesh axis: say which field to change if not."""
+        sizes = {DATA: self.shape.data, MODEL: self.shape.model}
+        flat_axes = traverse_util.flatten_dict(axes_tree, sep="/")
+        flat_shapes = traverse_util.flatten_dict(shapes, sep="/")
+        for path, axes in sorted(flat_axes.items()):
+            spec = self.param_spec(axes)
+            for dim, (logical, mesh_axis) in enumerate(zip(axes, spec)):
+                if mesh_axis is None or flat_shapes[path][dim] % sizes[mesh_axis] == 0:
+                    continue
+                size = flat_shapes[path][dim]
+                fld = axis_fields.get(logical, f"the '{logical}' dimension")
+                raise ConfigError(
+                    f"{self.strategy.name}: {fld} = {size} is not divisible by the {mesh_axis} axis "
+                    f"({sizes[mesh_axis]} devices, parameter {path}): choose a multiple of {sizes[mesh_axis]} "
+                    f"or another mesh"
+                )
+
+
+def _is_axes(x: Any) -> bool:
+    return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
+
+
+def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device]) -> Layout:
+    """Check the mesh against the strategy and devices, then build it (no compilation happens here)."""
+    from shardbench.parallel.mesh import build_mesh, parse_mesh
+
+    strategy = get_strategy(strategy_name)
+    if strategy.name == "single":
+        if mesh_spec.strip().lower() not in ("", "none", "1", "1x1", "auto"):
+            raise ConfigError(f"strategy single runs on one device and takes no mesh, got --mesh {mesh_spec}")
+        return Layout(strategy, MeshShape(1, 1), None, devices[0])
+    shape = parse_mesh(mesh_spec, len(devices), strategy.primary)
+    for axis, size in ((DATA, shape.data), (MODEL, shape.model)):
+        if size > 1 and axis not in strategy.axes:
+            other = {"dp": "dp+tp", "fsdp": "fsdp+tp", "tp": "dp+tp"}.get(strategy.name, "a 2-D strategy")
+            raise ConfigError(
+                f"strategy {strategy.name} does not use the {axis} axis but --mesh {shape} gives it {size} "
+                f"devices: use --strategy {other}, or put every device on "
+                f"{'/'.join(strategy.axes)}"
+            )
+    return Layout(strategy, shape, build_mesh(shape, devices), devices[0])

@@ -1,0 +1,47 @@
+"""orbax checkpoints of the train state, saved every N steps and at the end, restored into shardings.
+
+The data position is the step itself: the input pipeline is a pure function of (seed, step), so
+restoring the step restores where the data stream stands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+
+from shardbench.train.state import TrainState
+
+
+class Checkpoints:
+    """A thin wrapper over `ocp.CheckpointManager` that speaks TrainState."""
+
+    def __init__(self, directory: Path, keep: int) -> None:
+        options = ocp.CheckpointManagerOptions(max_to_keep=max(keep, 1), create=True,
+                                               enable_async_checkpointing=True)
+        self._manager = ocp.CheckpointManager(directory.absolute(), options=options)
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def save(self, state: TrainState) -> None:
+        """Save now (the loop decides when); the write finishes in the background."""
+        step = int(jax.device_get(state.step))
+        if step in self._manager.all_steps():
+            return
+        self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+
+    def restore(self, target: TrainState, step: int | None = None) -> TrainState:
+        step = self.latest_step() if step is None else step
+        return self._manager.restore(step, args=ocp.args.StandardRestore(target))
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()

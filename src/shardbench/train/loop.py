@@ -1,0 +1,293 @@
+"""The training run: check everything, build the sharded state, loop over steps, evaluate, checkpoint.
+
+Order matters for the user: every check that needs no compilation (configuration, mesh, divisibility,
+precision, dataset, resume directory) happens before the run directory is written to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from shardbench import config as config_lib
+from shardbench.config import Config
+from shardbench.data.arrays import ImageArrays, ImageDataset
+from shardbench.data.pipeline import eval_steps, make_batches, steps_per_epoch
+from shardbench.data.sources import load_dataset, validate_spec
+from shardbench.devices import select_devices
+from shardbench.errors import ConfigError, TrainingDiverged
+from shardbench.parallel.rules import Layout, make_layout
+from shardbench.precision import check_supported
+from shardbench.train.checkpoint import Checkpoints
+from shardbench.train.events import ScalarWriter
+from shardbench.train.optim import build_optimizer, learning_rate
+from shardbench.train.state import (
+    ModelSpec, TrainState, abstract_train_state, check_layout, describe_model, init_state, state_shardings,
+)
+from shardbench.train.step import Steps, make_steps, place_batch
+
+# Fields that may differ between a run and its --resume: they change how a run reports, not what it computes.
+RESUME_FREE = frozenset({"train.resume", "train.out", "train.progress", "train.log_every", "data.cache_dir"})
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked run: every decision made before anything is compiled or written."""
+
+    cfg: Config
+    out: Path
+    layout: Layout
+    spec: ModelSpec
+    dataset: ImageDataset
+    steps_per_epoch: int
+    total_steps: int
+
+
+def default_cache_dir(cfg: Config) -> Path:
+    if cfg.data.cache_dir:
+        return Path(cfg.data.cache_dir).expanduser()
+    return Path(os.environ.get("SHARDBENCH_CACHE", Path.home() / ".cache" / "shardbench")).expanduser()
+
+
+def resolve_out(cfg: Config) -> Path:
+    if cfg.train.out:
+        return Path(cfg.train.out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.preset}-{cfg.parallel.strategy.replace('+', '_')}-{stamp}"
+
+
+def check_resume(cfg: Config, out: Path) -> None:
+    """A run directory is resumed only with the configuration it was started with."""
+    saved_path = out / "config.json"
+    if cfg.train.resume:
+        if not saved_path.exists():
+            raise ConfigError(f"--resume: {out} holds no run to resume (no config.json); drop --resume to start one")
+        try:
+            saved = config_lib.flatten(config_lib.from_dict(json.loads(saved_path.read_text())))
+        except (json.JSONDecodeError, ConfigError) as err:
+            raise ConfigError(f"--resume: {saved_path} is unreadable ({err}); start a new run with another --out")
+        current = config_lib.flatten(cfg)
+        diffs = [k for k in current if k not in RESUME_FREE and saved.get(k) != current[k]]
+        if diffs:
+            k = diffs[0]
+            more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+            raise ConfigError(
+                f"--resume: {out} was trained with {k}={saved.get(k)!r}, not {current[k]!r}{more}; resume with "
+                f"the same configuration or start a new run with another --out"
+            )
+    elif out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
+
+
+def plan_run(cfg: Config) -> Plan:
+    """Everything that can be checked without compiling: raises ConfigError/DataError in one line."""
+    config_lib.validate(cfg)
+    validate_spec(cfg.data.dataset)
+    devices = select_devices(cfg.parallel.devices)
+    layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices)
+    spec = describe_model(cfg)
+    check_layout(spec, layout)
+    divisor = math.lcm(layout.data_size, jax.process_count())
+    for name, size in (("--batch-size", cfg.train.batch_size), ("--train.eval-batch-size", eval_batch(cfg))):
+        if size % divisor:
+            raise ConfigError(
+                f"{name} {size} is not divisible by the data-parallel size {divisor} ({layout.strategy.name} on "
+                f"mesh {layout.shape}): use a multiple of {divisor}"
+            )
+    out = resolve_out(cfg)
+    check_resume(cfg, out)
+    check_supported(cfg.precision, layout.device)
+    dataset = load_dataset(
+        cfg.data.dataset, cache_dir=default_cache_dir(cfg), image_size=cfg.data.image_size,
+        num_classes=cfg.model.num_classes, val_fraction=cfg.data.val_fraction, seed=cfg.train.seed,
+        synthetic_train=cfg.data.synthetic_train, synthetic_test=cfg.data.synthetic_test,
+    )
+    per_epoch = steps_per_epoch(len(dataset.train.labels), cfg.train.batch_size)
+    if per_epoch == 0:
+        raise ConfigError(
+            f"--batch-size {cfg.train.batch_size} is larger than the {len(dataset.train.labels)} training images"
+        )
+    total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
+    return Plan(cfg, out, layout, spec, dataset, per_epoch, total)
+
+
+def eval_batch(cfg: Config) -> int:
+    return cfg.train.eval_batch_size or cfg.train.batch_size
+
+
+def evaluate(steps: Steps, state: TrainState, arrays: ImageArrays, cfg: Config) -> dict[str, float]:
+    """Loss and accuracy over every example of a split exactly once (the last batch is padded and masked)."""
+    if len(arrays.labels) == 0:
+        return {}
+    batch = eval_batch(cfg)
+    totals = np.zeros(3)
+    batches = make_batches(arrays, global_batch=batch, seed=cfg.train.seed, shuffle=False,
+                           num_steps=eval_steps(len(arrays.labels), batch),
+                           process_index=jax.process_index(), process_count=jax.process_count())
+    for host_batch in batches:
+        m = steps.evaluate(state, place_batch(host_batch, steps.batch_sharding))
+        totals += np.array([float(m["loss_sum"]), float(m["correct"]), float(m["count"])])
+    return {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2], "count": int(totals[2])}
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+class EpochMeter:
+    """Running means of the train metrics over the current epoch, fed one step late (see `run`)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.count = 0
+
+    def add(self, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v
+        self.count += 1
+
+    def means(self) -> dict[str, float]:
+        return {k: v / max(self.count, 1) for k, v in self.sums.items()}
+
+
+def run(cfg: Config) -> dict[str, Any]:
+    """Train as `cfg` says; returns the summary also written to <out>/summary.json."""
+    plan = plan_run(cfg)
+    cfg, out, layout = plan.cfg, plan.out, plan.layout
+    is_main = jax.process_index() == 0
+    tx = build_optimizer(cfg.optim, plan.total_steps)
+    schedule = learning_rate(cfg.optim, plan.total_steps)
+    out.mkdir(parents=True, exist_ok=True)
+    if not cfg.train.resume and is_main:
+        write_json_atomic(out / "config.json", cfg.to_dict())
+    (out / "summary.json").unlink(missing_ok=True)  # a resumed run is incomplete until it finishes again
+
+    checkpoints = Checkpoints(out / "checkpoints", cfg.train.keep_checkpoints)
+    start = checkpoints.latest_step() if cfg.train.resume else None
+    if start is not None:
+        state = checkpoints.restore(abstract_train_state(plan.spec, layout, tx), start)
+    else:
+        state, start = init_state(cfg, plan.spec, layout, tx), 0
+    steps = make_steps(cfg, plan.spec, layout, tx, state_shardings(plan.spec, layout, tx), schedule)
+    writer = ScalarWriter(out / "tensorboard", enabled=is_main)
+    try:
+        summary = _loop(plan, steps, state, start, checkpoints, writer)
+    finally:
+        writer.close()
+        checkpoints.close()
+    if is_main:
+        write_json_atomic(out / "summary.json", summary)
+    return summary
+
+
+def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: Checkpoints,
+          writer: ScalarWriter) -> dict[str, Any]:
+    cfg, total, per_epoch = plan.cfg, plan.total_steps, plan.steps_per_epoch
+    batch = cfg.train.batch_size
+    batches: Iterator[dict[str, np.ndarray]] = make_batches(
+        plan.dataset.train, global_batch=batch, seed=cfg.train.seed, shuffle=True, start_step=start,
+        num_steps=total - start, process_index=jax.process_index(), process_count=jax.process_count(),
+    )
+    bar = tqdm(total=total, initial=start, disable=not cfg.train.progress or jax.process_index() != 0,
+               unit="step", dynamic_ncols=True)
+    meter, history = EpochMeter(), []
+    pending: tuple[int, dict[str, jax.Array]] | None = None
+    t0, window_t, window_steps = time.perf_counter(), time.perf_counter(), 0
+    last = {}
+
+    def settle(item: tuple[int, dict[str, jax.Array]]) -> dict[str, float]:
+        """Bring a step's metrics to the host (one step late, so the device never waits) and check them."""
+        step, metrics = item
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not math.isfinite(values["loss"]):
+            good = checkpoints.latest_step()
+            where = f"the last good checkpoint is step {good} in {checkpoints_dir(plan)}" if good else "no checkpoint"
+            raise TrainingDiverged(f"loss became {values['loss']} at step {step}: training stopped; {where}")
+        meter.add(values)
+        return values
+
+    for step in range(start, total):
+        state, metrics = steps.train(state, place_batch(next(batches), steps.batch_sharding))
+        if pending is not None:
+            last = settle(pending)
+        pending = (step + 1, metrics)
+        window_steps += 1
+        done = step + 1
+        end_of_epoch = done % per_epoch == 0 or done == total
+        due_checkpoint = cfg.train.checkpoint_every > 0 and done % cfg.train.checkpoint_every == 0
+        if done % cfg.train.log_every == 0 or end_of_epoch or due_checkpoint:
+            last, pending = settle(pending), None  # a checkpoint is only written after its loss is known finite
+            now = time.perf_counter()
+            rate = window_steps * batch / max(now - window_t, 1e-9)
+            window_t, window_steps = now, 0
+            writer.write(done, {f"train/{k}": v for k, v in last.items()} | {"train/images_per_s": rate})
+            bar.set_postfix(epoch=(done - 1) // per_epoch + 1, loss=f"{last['loss']:.4f}", img_s=f"{rate:.0f}")
+        bar.update(1)
+        if due_checkpoint and done != total:
+            checkpoints.save(state)
+        if end_of_epoch:
+            record = {"epoch": (done - 1) // per_epoch + 1, "step": done,
+                      **{f"train_{k}": v for k, v in meter.means().items()}}
+            if cfg.train.eval:
+                val = evaluate(steps, state, plan.dataset.val, cfg)
+                record |= {f"val_{k}": v for k, v in val.items() if k != "count"}
+                writer.write(done, {f"val/{k}": v for k, v in val.items() if k != "count"})
+            record["time_s"] = time.perf_counter() - t0
+            history.append(record)
+            meter = EpochMeter()
+            writer.flush()
+            bar.write(_epoch_line(record))
+    if pending is not None:
+        last = settle(pending)
+    bar.close()
+    checkpoints.save(state)
+    elapsed = time.perf_counter() - t0
+    summary: dict[str, Any] = {
+        "status": "complete", "steps": total, "resumed_from": start, "epochs": history,
+        "train_loss": last.get("loss"), "time_s": elapsed,
+        "images_per_s": (total - start) * batch / max(elapsed, 1e-9),
+        "strategy": cfg.parallel.strategy, "mesh": str(plan.layout.shape), "devices": plan.layout.shape.size,
+        "out": str(plan.out),
+    }
+    if cfg.train.eval:
+        test = evaluate(steps, state, plan.dataset.test, cfg)
+        summary |= {"test_loss": test.get("loss"), "test_accuracy": test.get("accuracy")}
+        writer.write(total, {f"test/{k}": v for k, v in test.items() if k != "count"})
+    return summary
+
+
+def checkpoints_dir(plan: Plan) -> Path:
+    return plan.out / "checkpoints"
+
+
+def _epoch_line(r: dict[str, Any]) -> str:
+    parts = [f"epoch {r['epoch']} (step {r['step']})", f"train loss {r.get('train_loss', float('nan')):.4f}",
+             f"acc {r.get('train_accuracy', float('nan')):.3f}"]
+    if "val_loss" in r:
+        parts.append(f"val loss {r['val_loss']:.4f} acc {r['val_accuracy']:.3f}")
+    parts.append(f"{r['time_s']:.1f}s")
+    return " | ".join(parts)
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """The one line printed at the end of a run."""
+    parts = [f"done: {summary['steps']} steps on {summary['devices']} device(s) ({summary['strategy']}, mesh "
+             f"{summary['mesh']}) in {summary['time_s']:.1f}s, {summary['images_per_s']:.0f} img/s"]
+    if summary.get("train_loss") is not None:
+        parts.append(f"train loss {summary['train_loss']:.4f}")
+    if summary.get("test_accuracy") is not None:
+        parts.append(f"test acc {summary['test_accuracy']:.4f}")
+    parts.append(f"-> {summary['out']}")
+    return "; ".join(parts)

@@ -1,0 +1,84 @@
+"""Configuration: presets, overrides from the command line, validation messages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shardbench import config as config_lib
+from shardbench.cli import build_parser, config_from_args
+from shardbench.errors import ConfigError
+from shardbench.train.state import describe_model
+
+
+def _param_count(cfg: config_lib.Config) -> int:
+    import jax
+
+    spec = describe_model(cfg)
+    return sum(math.prod(s.shape) for s in jax.tree.leaves(spec.abstract))
+
+
+def test_vit_seed_has_the_seed_notebooks_parameter_count() -> None:
+    assert _param_count(config_lib.get_preset("vit-seed")) == 10_695_562
+
+
+def test_vit_parameter_count_matches_a_hand_count() -> None:
+    cfg = config_lib.get_preset("vit-tiny")
+    m, p = cfg.model, cfg.model.patch_size
+    e, h = m.embed_dim, m.mlp_dim
+    tokens = (cfg.data.image_size // p) ** 2 + 1
+    block = 4 * e + (3 * e * e + 3 * e) + (e * e + e) + (e * h + h) + (h * e + e)
+    expected = p * p * 3 * e + e + e + tokens * e + m.num_layers * block + 2 * e + e * m.num_classes + m.num_classes
+    assert _param_count(cfg) == expected
+
+
+def test_every_field_has_a_flag_and_short_flags_set_the_same_field() -> None:
+    parser = build_parser()
+    help_text = parser._subparsers._group_actions[0].choices["train"].format_help()  # type: ignore[union-attr]
+    for key in config_lib.flatten(config_lib.Config()):
+        assert "--" + key.replace("_", "-") in help_text, key
+    args = parser.parse_args(["train", "--preset", "vit-tiny", "--batch-size", "64", "--model.embed-dim", "96",
+                              "--strategy", "fsdp", "--mesh", "4x2", "--data.crop-scale", "0.5,1.0", "--no-data.flip",
+                              "--resume", "--lr", "3e-4"])
+    cfg = config_from_args(args)
+    assert cfg.preset == "vit-tiny"
+    assert cfg.train.batch_size == 64 and cfg.model.embed_dim == 96 and cfg.model.num_layers == 4
+    assert cfg.parallel.strategy == "fsdp" and cfg.parallel.mesh == "4x2"
+    assert cfg.data.crop_scale == (0.5, 1.0) and cfg.data.flip is False and cfg.train.resume is True
+    assert cfg.optim.lr == pytest.approx(3e-4)
+    long_form = config_from_args(parser.parse_args(["train", "--train.batch-size", "64"]))
+    assert long_form.train.batch_size == 64
+
+
+def test_config_round_trips_through_json() -> None:
+    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {"data.crop_ratio": "0.8,1.2", "train.steps": "7"})
+    import json
+
+    again = config_lib.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"parallel.strategy": "zero"}, "unknown strategy 'zero'"),
+        ({"precision.dtype": "float8"}, "unknown --dtype 'float8'"),
+        ({"precision.param_dtype": "int8"}, "unknown --param-dtype 'int8'"),
+        ({"precision.matmul_precision": "max"}, "unknown --matmul-precision 'max'"),
+        ({"model.num_heads": 5}, "not divisible by 5 heads"),
+        ({"model.patch_size": 5}, "not divisible by patch size 5"),
+        ({"train.batch_size": "many"}, "'many' is not a valid int"),
+        ({"model.dropout": 1.5}, "--dropout must be in [0, 1)"),
+    ],
+)
+def test_bad_values_are_explained(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        config_lib.validate(config_lib.override(config_lib.get_preset("vit-tiny"), overrides))
+
+
+def test_unknown_preset_and_field() -> None:
+    with pytest.raises(ConfigError, match="unknown preset 'vit-huge'"):
+        config_lib.get_preset("vit-huge")
+    with pytest.raises(ConfigError, match="unknown configuration field 'model.width'"):
+        config_lib.override(config_lib.Config(), {"model.width": 3})

@@ -1,0 +1,120 @@
+"""Each strategy lays parameters and optimizer state out as it promises, created directly in place."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from shardbench import config as config_lib
+from shardbench.errors import ConfigError
+from shardbench.parallel.mesh import parse_mesh
+from shardbench.parallel.rules import make_layout
+from shardbench.train.optim import build_optimizer
+from shardbench.train.state import check_layout, describe_model, init_state
+
+# Expected PartitionSpecs of a few representative parameters (stacked layers lead every block parameter).
+EXPECTED = {
+    "dp": {"qkv_kernel": P(None, None, None, None, None), "mlp1_kernel": P(None, None, None),
+           "mlp2_kernel": P(None, None, None), "out_kernel": P(None, None, None, None), "head_kernel": P(None, None)},
+    "fsdp": {"qkv_kernel": P(None, "data", None, None, None), "mlp1_kernel": P(None, "data", None),
+             "mlp2_kernel": P(None, None, "data"), "out_kernel": P(None, None, None, "data"),
+             "head_kernel": P("data", None)},
+    "tp": {"qkv_kernel": P(None, None, None, "model", None), "mlp1_kernel": P(None, None, "model"),
+           "mlp2_kernel": P(None, "model", None), "out_kernel": P(None, "model", None, None),
+           "head_kernel": P(None, None)},
+    "fsdp+tp": {"qkv_kernel": P(None, "data", None, "model", None), "mlp1_kernel": P(None, "data", "model"),
+                "mlp2_kernel": P(None, "model", "data"), "out_kernel": P(None, "model", None, "data"),
+                "head_kernel": P("data", None)},
+}
+MESHES = {"dp": ("8", 8), "fsdp": ("8", 8), "tp": ("model=4", 4), "fsdp+tp": ("4x2", 8)}
+
+
+def _state(strategy: str, mesh: str, devices: int = 8):
+    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {"parallel.strategy": strategy,
+                                                                   "parallel.mesh": mesh})
+    layout = make_layout(strategy, mesh, jax.devices()[:devices])
+    spec = describe_model(cfg)
+    check_layout(spec, layout)
+    tx = build_optimizer(cfg.optim, 100)
+    return init_state(cfg, spec, layout, tx), layout
+
+
+def _normalise(spec: P, ndim: int) -> P:
+    return P(*(list(spec) + [None] * (ndim - len(spec))))
+
+
+@pytest.mark.parametrize("strategy", list(EXPECTED))
+def test_parameters_and_optimizer_state_have_the_promised_shardings(strategy: str) -> None:
+    state, layout = _state(strategy, *MESHES[strategy])
+    blocks = state.params["encoder"]
+    adam = state.opt_state[1][0]  # chain(clip, adamw) -> adamw's ScaleByAdamState
+    for name, want in EXPECTED[strategy].items():
+        param = blocks[name] if name in blocks else state.params[name]
+        assert _normalise(param.sharding.spec, param.ndim) == want, (strategy, name, param.sharding.spec)
+        for moment in (adam.mu, adam.nu):
+            m = moment["encoder"][name] if name in blocks else moment[name]
+            assert m.sharding == param.sharding, (strategy, name)
+        # Each device holds exactly its shard: the array was created sharded, not copied whole everywhere.
+        shard_shape = param.sharding.shard_shape(param.shape)
+        assert all(s.data.shape == shard_shape for s in param.addressable_shards)
+    assert state.step.sharding.is_fully_replicated
+
+
+def test_fsdp_holds_an_eighth_of_the_big_kernels_per_device() -> None:
+    state, _ = _state("fsdp", "8")
+    kernel = state.params["encoder"]["mlp1_kernel"]
+    per_device = kernel.addressable_shards[0].data.size
+    assert per_device * 8 == kernel.size
+
+
+def test_dp_replicates_everything() -> None:
+    state, _ = _state("dp", "8")
+    assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(state))
+
+
+@pytest.mark.parametrize(
+    ("spec", "strategy", "devices", "data", "model"),
+    [("", "dp", 8, 8, 1), ("", "tp", 8, 1, 8), ("8", "fsdp", 8, 8, 1), ("4x2", "dp+tp", 8, 4, 2),
+     ("data=2,model=4", "fsdp+tp", 8, 2, 4), ("model=2,data=2", "dp+tp", 4, 2, 2)],
+)
+def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: int) -> None:
+    layout = make_layout(strategy, spec, jax.devices()[:devices])
+    assert (layout.shape.data, layout.shape.model) == (data, model)
+    assert dict(layout.mesh.shape) == {"data": data, "model": model}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "mesh", "devices", "message"),
+    [
+        ("dp", "4x2", 8, "strategy dp does not use the model axis"),
+        ("dp", "4", 8, "--mesh 4x1 has 4 devices but 8 are in use"),
+        ("dp+tp", "4x4", 8, "has 16 devices but 8 are in use"),
+        ("dp", "4by2", 8, "is not a mesh"),
+        ("single", "8", 8, "strategy single runs on one device"),
+    ],
+)
+def test_bad_meshes(strategy: str, mesh: str, devices: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        make_layout(strategy, mesh, jax.devices()[:devices])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "mesh", "message"),
+    [
+        ({"model.num_heads": 2, "model.embed_dim": 128}, "1x4", "model.num_heads = 2 is not divisible by the model axis"),
+        ({"model.mlp_dim": 258}, "1x4", "model.mlp_dim = 258 is not divisible by the model axis"),
+        ({"model.embed_dim": 132, "model.num_heads": 4}, "8", "model.embed_dim = 132 is not divisible by the data"),
+    ],
+)
+def test_indivisible_dimensions_are_named(overrides: dict, mesh: str, message: str) -> None:
+    strategy = "fsdp" if mesh == "8" else "tp"
+    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), overrides)
+    layout = make_layout(strategy, mesh.replace("1x4", "model=4"), jax.devices()[: 8 if mesh == "8" else 4])
+    with pytest.raises(ConfigError, match=message):
+        check_layout(describe_model(cfg), layout)
+
+
+def test_parse_mesh_rejects_unknown_axis() -> None:
+    with pytest.raises(ConfigError, match="unknown axis 'pipe'"):
+        parse_mesh("pipe=8", 8)
