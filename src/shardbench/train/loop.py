@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ from shardbench.train.state import (
 from shardbench.train.step import Steps, make_steps, place_batch
 
 # Fields that may differ between a run and its --resume: they change how a run reports, not what it computes.
+# Fault injection for the resume tests: the process kills itself (SIGKILL, no clean-up) after this step.
+KILL_AT_STEP_ENV = "SHARDBENCH_FAULT_KILL_AT_STEP"
+
 RESUME_FREE = frozenset({"train.resume", "train.out", "train.progress", "train.log_every", "data.cache_dir"})
 
 
@@ -237,6 +241,8 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
         bar.update(1)
         if due_checkpoint and done != total:
             checkpoints.save(state)
+        if os.environ.get(KILL_AT_STEP_ENV) == str(done):
+            os.kill(os.getpid(), signal.SIGKILL)
         if end_of_epoch:
             record = {"epoch": (done - 1) // per_epoch + 1, "step": done,
                       **{f"train_{k}": v for k, v in meter.means().items()}}

@@ -1,0 +1,113 @@
+"""Bad input: one clear line on stderr, a non-zero exit, and no run directory left behind."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shardbench.cli import main
+
+BASE = ["train", "--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train", "256",
+        "--data.synthetic-test", "64", "--model.patch-size", "8", "--model.embed-dim", "32", "--model.num-layers", "1",
+        "--model.mlp-dim", "64", "--batch-size", "32", "--steps", "2", "--no-train.progress", "--no-train.eval"]
+
+
+def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    out = tmp_path / "run"
+    code = main([*BASE, "--out", str(out), "--data.cache-dir", str(tmp_path / "cache"), *args])
+    err = capsys.readouterr().err.strip()
+    if code == 2:  # bad input is caught before anything is written
+        assert not out.exists(), f"a failed run left {list(out.iterdir())}"
+    return code, err
+
+
+def _image_tree(root: Path, *, splits: tuple[str, ...] = ("train", "test"), corrupt: str | None = None) -> Path:
+    for split in splits:
+        for cls in ("cat", "dog"):
+            folder = root / split / cls
+            folder.mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(np.full((32, 32, 3), 40 * i, np.uint8)).save(folder / f"{i}.png")
+    if corrupt:
+        (root / corrupt).write_bytes(b"this is not an image")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--devices", "8", "--strategy", "dp+tp", "--mesh", "4x4"], "--mesh 4x4 has 16 devices but 8 are in use"),
+        (["--devices", "8", "--strategy", "dp", "--batch-size", "36"],
+         "--batch-size 36 is not divisible by the data-parallel size 8"),
+        (["--devices", "8", "--strategy", "tp", "--mesh", "model=8"],
+         "model.num_heads = 4 is not divisible by the model axis (8 devices"),
+        (["--devices", "8", "--strategy", "tp", "--mesh", "model=8", "--model.num-heads", "8", "--model.mlp-dim", "60"],
+         "model.mlp_dim = 60 is not divisible by the model axis"),
+        (["--strategy", "zero3"], "unknown strategy 'zero3'"),
+        (["--dtype", "float8"], "unknown --dtype 'float8'"),
+        (["--data", "mnist"], "unknown dataset 'mnist'"),
+        (["--data", "imagefolder:/does/not/exist"], "/does/not/exist"),
+    ],
+)
+def test_bad_configuration(tmp_path, capsys, args, message) -> None:
+    code, err = _run(tmp_path, capsys, *args)
+    assert code == 2
+    assert message in err
+    assert len(err.splitlines()) == 1 and err.startswith("shardbench: error:")
+
+
+def test_unknown_preset_is_rejected_by_the_parser(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--preset", "vit-huge"])
+    assert exc.value.code == 2 and "invalid choice: 'vit-huge'" in capsys.readouterr().err
+
+
+def test_corrupt_image_is_named(tmp_path, capsys) -> None:
+    root = _image_tree(tmp_path / "images", corrupt="train/dog/bad.png")
+    code, err = _run(tmp_path, capsys, "--data", f"imagefolder:{root}", "--model.num-classes", "2")
+    assert code == 2 and "bad.png" in err and len(err.splitlines()) == 1
+
+
+def test_wrong_layout_is_explained(tmp_path, capsys) -> None:
+    root = _image_tree(tmp_path / "images", splits=("train",))
+    code, err = _run(tmp_path, capsys, "--data", f"imagefolder:{root}", "--model.num-classes", "2")
+    assert code == 2 and "test" in err and len(err.splitlines()) == 1
+
+
+def test_wrong_checksum_is_reported(tmp_path, capsys) -> None:
+    tarball = tmp_path / "cifar-10-python.tar.gz"
+    payload = pickle.dumps({b"data": np.zeros((1, 3072), np.uint8), b"labels": [0]}, protocol=2)
+    with tarfile.open(tarball, "w:gz") as tar:
+        info = tarfile.TarInfo("cifar-10-batches-py/data_batch_1")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    code, err = _run(tmp_path, capsys, "--data", f"cifar10:{tarball}")
+    assert code == 2 and "md5" in err and "c58f30108f718f92721af3b95e74349a" in err
+
+
+def test_class_count_mismatch_is_explained(tmp_path, capsys) -> None:
+    root = _image_tree(tmp_path / "images")
+    code, err = _run(tmp_path, capsys, "--data", f"imagefolder:{root}")
+    assert code == 2 and "--model.num-classes" in err
+
+
+def test_diverging_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys) -> None:
+    code, err = _run(tmp_path, capsys, "--steps", "30", "--optim.optimizer", "sgd", "--lr", "1e12",
+                     "--optim.grad-clip", "0", "--optim.warmup-steps", "0", "--optim.schedule", "constant",
+                     "--train.checkpoint-every", "1", "--train.log-every", "1")
+    assert code == 3, err
+    assert "loss became" in err and "at step" in err
+    step = int(err.split("at step ")[1].split(":")[0])
+    assert step >= 1
+    out = tmp_path / "run"
+    assert not (out / "summary.json").exists()
+    saved = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    assert all(s < step for s in saved)
+    if step > 1:
+        assert saved and f"last good checkpoint is step {saved[-1]}" in err

@@ -1,0 +1,77 @@
+"""Checkpoints: a run killed mid-way and resumed ends with exactly the parameters of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+
+MICRO = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train", "512", "--data.synthetic-test",
+         "128", "--model.patch-size", "8", "--model.embed-dim", "32", "--model.num-layers", "2",
+         "--model.mlp-dim", "64", "--dropout", "0.1", "--batch-size", "32", "--steps", "12",
+         "--train.checkpoint-every", "4", "--train.log-every", "1", "--no-train.progress", "--no-train.eval",
+         "--devices", "8", "--strategy", "fsdp"]
+
+
+def _train(out: Path, cache: Path, *extra: str, kill_at: int | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    if kill_at is not None:
+        env["SHARDBENCH_FAULT_KILL_AT_STEP"] = str(kill_at)
+    cmd = [sys.executable, "-m", "shardbench", "train", *MICRO, "--out", str(out),
+           "--data.cache-dir", str(cache), *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _final_params(out: Path) -> dict:
+    steps = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    restored = ocp.StandardCheckpointer().restore((out / "checkpoints" / str(steps[-1]) / "default").absolute())
+    return {"step": steps[-1], "params": restored["params"]}
+
+
+def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> None:
+    whole = _train(tmp_path / "whole", tmp_path / "cache")
+    assert whole.returncode == 0, whole.stderr
+
+    killed = _train(tmp_path / "killed", tmp_path / "cache", kill_at=10)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not (tmp_path / "killed" / "summary.json").exists()  # an interrupted run never looks complete
+
+    again = _train(tmp_path / "killed", tmp_path / "cache")
+    assert again.returncode == 2 and "already holds a run: pass --resume" in again.stderr
+
+    resumed = _train(tmp_path / "killed", tmp_path / "cache", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    # Saves are asynchronous and one waits for the previous: step 4's is final by the time step 8's starts;
+    # step 8's may have been cut short by the kill at step 10, in which case orbax never finalised it.
+    assert summary["resumed_from"] in (4, 8)
+
+    a, b = _final_params(tmp_path / "whole"), _final_params(tmp_path / "killed")
+    assert a["step"] == b["step"] == 12
+    flat_a = dict(_flatten(a["params"]))
+    flat_b = dict(_flatten(b["params"]))
+    assert flat_a.keys() == flat_b.keys()
+    for key in flat_a:
+        np.testing.assert_array_equal(np.asarray(flat_a[key]), np.asarray(flat_b[key]), err_msg=key)
+
+
+def test_resume_refuses_a_different_configuration(tmp_path: Path) -> None:
+    first = _train(tmp_path / "run", tmp_path / "cache", kill_at=5)
+    assert first.returncode == -signal.SIGKILL
+    other = _train(tmp_path / "run", tmp_path / "cache", "--resume", "--lr", "0.5")
+    assert other.returncode == 2
+    assert "was trained with optim.lr=0.001, not 0.5" in other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1
+
+
+def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
+    items: list[tuple[str, object]] = []
+    for k, v in tree.items():
+        items += _flatten(v, f"{prefix}{k}/") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+    return items
