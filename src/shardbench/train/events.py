@@ -91,6 +91,7 @@ class ScalarWriter:
         clean = {k: float(v) for k, v in scalars.items()}
         self._events.write(frame_record(encode_event(now, step, scalars=clean)))
         self._jsonl.write(json.dumps({"step": step, "time": now, **clean}) + "\n")
+        self.flush()  # a few records a minute: cheap, and a killed run keeps its curves
 
     def flush(self) -> None:
         for f in (self._events, self._jsonl):

@@ -1,0 +1,216 @@
+"""Image-folder loader tests on small PNG/JPEG trees and tars made here; also the decoded-array cache."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shardbench.data import imagefolder
+from shardbench.data.imagefolder import load_imagefolder
+from shardbench.data.sources import load_dataset, validate_spec
+from shardbench.errors import DataError
+
+CLASSES = ("cat", "dog", "frog")
+SIZE = 8
+
+
+def pixel(split: str, cls: int, i: int) -> tuple[int, int, int]:
+    """A colour that identifies one image: R = split, G = class, B = index."""
+    return ({"train": 10, "test": 20, "val": 30, "valid": 30}[split], 40 + cls, 60 + i)
+
+
+def make_tree(root: Path, *, n: dict[str, int] | None = None, size: int = SIZE, fmt: str = "png") -> Path:
+    """root/<split>/<class>/<image>, files named so that name order differs from creation order."""
+    n = n or {"train": 6, "test": 2}
+    for split, count in n.items():
+        for c, cls in enumerate(CLASSES):
+            d = root / split / cls
+            d.mkdir(parents=True)
+            for i in reversed(range(count)):
+                Image.new("RGB", (size, size), pixel(split, c, i)).save(d / f"img_{i:03d}.{fmt}")
+    return root
+
+
+def make_tar(tree: Path, dest: Path, *, wrapper: str | None = "wrapped") -> Path:
+    mode = "w:gz" if dest.name.endswith(("gz", "tgz")) else "w"
+    with tarfile.open(dest, mode) as tf:
+        tf.add(tree, arcname=wrapper or ".")
+    return dest
+
+
+def load(path: Path, tmp_path: Path, **kw: object) -> imagefolder.ImageDataset:
+    args: dict = {"image_size": SIZE, "val_fraction": 0.25, "seed": 0, **kw}
+    return load_imagefolder(path, tmp_path / "cache", **args)
+
+
+def assert_same(a: imagefolder.ImageDataset, b: imagefolder.ImageDataset) -> None:
+    assert a.class_names == b.class_names
+    for split in ("train", "val", "test"):
+        np.testing.assert_array_equal(getattr(a, split).images, getattr(b, split).images)
+        np.testing.assert_array_equal(getattr(a, split).labels, getattr(b, split).labels)
+
+
+def test_folder_pixels_labels_and_order(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree")
+    ds = load(tree, tmp_path, val_fraction=0.0)
+    assert ds.class_names == CLASSES and ds.num_classes == 3
+    assert ds.train.images.shape == (18, SIZE, SIZE, 3) and ds.train.images.dtype == np.uint8
+    assert ds.train.labels.dtype == np.int32 and ds.train.labels.tolist() == [0] * 6 + [1] * 6 + [2] * 6
+    # Within a class the files come sorted by name: img_000, img_001, ...
+    expected = [pixel("train", c, i) for c in range(3) for i in range(6)]
+    assert [tuple(im[0, 0]) for im in ds.train.images] == expected
+    assert [tuple(im[3, 5]) for im in ds.test.images] == [pixel("test", c, i) for c in range(3) for i in range(2)]
+
+
+@pytest.mark.parametrize("name", ["tree.tar.gz", "tree.tgz", "tree.tar"])
+@pytest.mark.parametrize("wrapper", ["cifar10-jpeg", None])
+def test_tar_matches_folder(tmp_path: Path, name: str, wrapper: str | None) -> None:
+    tree = make_tree(tmp_path / "tree")
+    (tree / "README.md").write_text("not an image, beside the splits")
+    (tree / "extras").mkdir()
+    (tree / "extras" / "notes.txt").write_text("a folder that is no split is ignored")
+    (tree / "train" / "cat" / ".DS_Store").write_bytes(b"\0junk")
+    tar = make_tar(tree, tmp_path / name, wrapper=wrapper)
+    assert_same(load(tar, tmp_path / "a"), load(tree, tmp_path / "b"))
+
+
+def test_val_split_carved_by_seed_or_taken_from_folder(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree", n={"train": 8, "test": 2})
+    a, b, c = (load(tree, tmp_path, seed=s) for s in (0, 0, 1))
+    assert (len(a.train), len(a.val), len(a.test)) == (18, 6, 6)
+    assert_same(a, b)
+    assert not np.array_equal(a.val.images, c.val.images)
+
+    with_val = make_tree(tmp_path / "with_val", n={"train": 4, "test": 2, "valid": 3})
+    ds = load(with_val, tmp_path)
+    assert (len(ds.train), len(ds.val)) == (12, 9)
+    assert tuple(ds.val.images[0, 0, 0]) == pixel("val", 0, 0)
+    (with_val / "val").mkdir()
+    with pytest.raises(DataError, match=r"has both val and valid folders"):
+        load(with_val, tmp_path / "other-cache")
+
+
+def test_resizes_and_converts_to_rgb(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree", size=12, fmt="jpg")
+    odd = tree / "train" / "cat" / "zz_gray.png"
+    gray = Image.fromarray(np.tile(np.arange(0, 240, 20, dtype=np.uint8), (12, 1)), mode="L")
+    gray.save(odd)
+    ds = load(tree, tmp_path, val_fraction=0.0)
+    assert ds.train.images.shape == (19, SIZE, SIZE, 3)
+    want = np.asarray(gray.convert("RGB").resize((SIZE, SIZE), Image.Resampling.BILINEAR))
+    np.testing.assert_array_equal(ds.train.images[6], want)
+    # JPEG is lossy: solid colours come back within a few levels.
+    assert np.abs(ds.train.images[0].astype(int) - pixel("train", 0, 0)).max() <= 4
+
+
+def test_cache_hit_reads_nothing_and_keeps_the_seeded_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tar = make_tar(make_tree(tmp_path / "tree"), tmp_path / "tree.tar.gz")
+    first = load(tar, tmp_path)
+    monkeypatch.setattr(tarfile, "open", lambda *a, **k: pytest.fail("tar opened despite the cache"))
+    monkeypatch.setattr(Image, "open", lambda *a, **k: pytest.fail("image decoded despite the cache"))
+    assert_same(first, load(tar, tmp_path))
+    # The cache holds the arrays from before the val split, so another seed still changes it.
+    other = load(tar, tmp_path, seed=5)
+    assert not np.array_equal(first.val.images, other.val.images)
+
+
+def test_cache_notices_a_changed_image_and_rebuilds_a_corrupt_file(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree")
+    first = load(tree, tmp_path, val_fraction=0.0)
+    img = tree / "test" / "dog" / "img_001.png"
+    Image.new("RGB", (SIZE, SIZE), (1, 2, 3)).save(img)
+    second = load(tree, tmp_path, val_fraction=0.0)
+    assert tuple(second.test.images[3, 0, 0]) == (1, 2, 3) != tuple(first.test.images[3, 0, 0])
+
+    for npz in (tmp_path / "cache").glob("imagefolder-*.npz"):
+        npz.write_bytes(npz.read_bytes()[:100])
+    assert_same(second, load(tree, tmp_path, val_fraction=0.0))
+    assert not list((tmp_path / "cache").glob("*.tmp"))
+
+
+def test_corrupt_image_is_named(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree")
+    (tree / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
+    with pytest.raises(DataError, match=r"tree/train/dog/broken.png: cannot be decoded as an image"):
+        load(tree, tmp_path)
+    tar = make_tar(tree, tmp_path / "t.tar.gz")
+    with pytest.raises(DataError, match=r"t.tar.gz:wrapped/train/dog/broken.png: cannot be decoded"):
+        load(tar, tmp_path)
+
+
+def test_layout_errors(tmp_path: Path) -> None:
+    no_test = make_tree(tmp_path / "no_test", n={"train": 2})
+    with pytest.raises(DataError, match=r"no test/ folder \(found train\); expected <root>/train/<class>/<image>"):
+        load(no_test, tmp_path)
+
+    flat = make_tree(tmp_path / "flat", n={"train": 2, "test": 1})
+    Image.new("RGB", (SIZE, SIZE)).save(flat / "test" / "loose.png")
+    with pytest.raises(DataError, match=r"loose.png: is 1 level\(s\) below the split folder test/, expected exactly 2"):
+        load(flat, tmp_path)
+
+    empty = make_tree(tmp_path / "empty", n={"train": 2, "test": 1})
+    (empty / "test" / "zebra").mkdir()
+    Image.new("RGB", (SIZE, SIZE)).save(empty / "test" / "zebra" / "z.png")
+    with pytest.raises(DataError, match=r"test/ classes differ from train/ \(missing \[\], extra \['zebra'\]\)"):
+        load(empty, tmp_path)
+    (empty / "train" / "zebra").mkdir()
+    with pytest.raises(DataError, match=r"class folder train/zebra/ is empty; every class needs images"):
+        load(empty, tmp_path)
+
+    two_tops = tmp_path / "two_tops"
+    make_tree(two_tops / "a", n={"train": 1, "test": 1})
+    make_tree(two_tops / "b", n={"train": 1, "test": 1})
+    with pytest.raises(DataError, match=r"no train/ or test/ folder \(found a, b\)"):
+        load(two_tops, tmp_path)
+
+    with pytest.raises(DataError, match=r"neither a folder nor a .tar/.tar.gz/.tgz archive"):
+        load(tmp_path / "no_test" / "train" / "cat" / "img_000.png", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["cut.tar", "cut.tar.gz"])
+def test_truncated_tar_is_an_error_not_a_smaller_dataset(tmp_path: Path, name: str) -> None:
+    tar = make_tar(make_tree(tmp_path / "ok", n={"train": 3, "test": 2}), tmp_path / name)
+    data = tar.read_bytes()
+    with tarfile.open(tmp_path / "ok.tar", "w") as tf:
+        tf.add(tmp_path / "ok", arcname="wrapped")
+    with tarfile.open(tmp_path / "ok.tar") as tf:
+        header = tf.getmembers()[12].offset  # a cut right before a member header looks like a clean end
+    cuts = [len(data) // 3, len(data) // 2, len(data) - 8] if name.endswith("gz") else [header, header + 100, 2000]
+    for cut in cuts:
+        tar.write_bytes(data[:cut])
+        with pytest.raises(DataError, match=rf"{name}: not a readable tar archive, it may be truncated"):
+            load(tar, tmp_path / str(cut))
+
+
+def test_parallel_decode_matches_inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tar = make_tar(make_tree(tmp_path / "tree"), tmp_path / "tree.tar")
+    inline = load(tar, tmp_path / "a")
+    monkeypatch.setattr(imagefolder, "_PARALLEL_MIN_FILES", 4)
+    monkeypatch.setattr(imagefolder, "_CHUNK", 5)
+    monkeypatch.setattr(imagefolder, "_num_workers", lambda: 2)
+    pools: list[object] = []
+
+    class CountingPool(imagefolder.ProcessPoolExecutor):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pools.append(self)
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(imagefolder, "ProcessPoolExecutor", CountingPool)
+    assert_same(inline, load(tar, tmp_path / "b"))
+    assert len(pools) == 1
+
+
+def test_imagefolder_spec(tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "tree")
+    kw: dict = {"cache_dir": tmp_path / "cache", "image_size": SIZE, "val_fraction": 0.25, "seed": 0}
+    ds = load_dataset(f"imagefolder:{tree}", num_classes=3, **kw)
+    assert ds.class_names == CLASSES
+    with pytest.raises(DataError, match=r"has 3 classes but the model is set up for 10; pass --model.num-classes 3"):
+        load_dataset(f"imagefolder:{tree}", num_classes=10, **kw)
+    validate_spec(f"imagefolder:{tree}")
+    with pytest.raises(DataError, match=r"dataset 'imagefolder:.*/nope': .*nope does not exist"):
+        validate_spec(f"imagefolder:{tmp_path}/nope")
