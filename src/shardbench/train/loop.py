@@ -171,6 +171,8 @@ def run(cfg: Config) -> dict[str, Any]:
     plan = plan_run(cfg)
     cfg, out, layout = plan.cfg, plan.out, plan.layout
     is_main = jax.process_index() == 0
+    if is_main:
+        print(header_line(plan), flush=True)
     tx = build_optimizer(cfg.optim, plan.total_steps)
     schedule = learning_rate(cfg.optim, plan.total_steps)
     out.mkdir(parents=True, exist_ok=True)
@@ -285,6 +287,20 @@ def _epoch_line(r: dict[str, Any]) -> str:
         parts.append(f"val loss {r['val_loss']:.4f} acc {r['val_accuracy']:.3f}")
     parts.append(f"{r['time_s']:.1f}s")
     return " | ".join(parts)
+
+
+def header_line(plan: Plan) -> str:
+    """The one line printed before training: what, where, on which data, for how long."""
+    cfg, ds = plan.cfg, plan.dataset
+    params = sum(math.prod(s.shape) for s in jax.tree.leaves(plan.spec.abstract))
+    device = plan.layout.device
+    return (
+        f"shardbench: {cfg.preset} ({params:,} params) | {cfg.parallel.strategy} on mesh {plan.layout.shape} "
+        f"({plan.layout.shape.size} {device.platform} device(s)) | {cfg.precision.param_dtype} params, "
+        f"{cfg.precision.dtype} compute | data {ds.name}: {len(ds.train.labels):,} train / "
+        f"{len(ds.val.labels):,} val / {len(ds.test.labels):,} test | batch {cfg.train.batch_size}, "
+        f"{plan.total_steps} steps ({plan.steps_per_epoch}/epoch) | {plan.out}"
+    )
 
 
 def summary_line(summary: dict[str, Any]) -> str:
