@@ -70,6 +70,7 @@ def test_config_round_trips_through_json() -> None:
         ({"model.patch_size": 5}, "not divisible by patch size 5"),
         ({"train.batch_size": "many"}, "'many' is not a valid int"),
         ({"model.dropout": 1.5}, "--dropout must be in [0, 1)"),
+        ({"data.crop_scale": "0.5,1.5"}, "--data.crop-scale 0.5,1.5 is invalid"),
     ],
 )
 def test_bad_values_are_explained(overrides: dict, message: str) -> None:

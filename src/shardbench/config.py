@@ -260,5 +260,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--lr must be positive, got {o.lr}")
     if t.epochs <= 0 and t.steps <= 0:
         raise ConfigError("nothing to train: give --epochs or --steps a positive value")
+    lo, hi = cfg.data.crop_scale
+    if not 0.0 < lo <= hi <= 1.0:
+        raise ConfigError(f"--data.crop-scale {lo},{hi} is invalid: it needs 0 < low <= high <= 1")
+    lo, hi = cfg.data.crop_ratio
+    if not 0.0 < lo <= hi:
+        raise ConfigError(f"--data.crop-ratio {lo},{hi} is invalid: it needs 0 < low <= high")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError(f"--data.val-fraction must be in [0, 1), got {cfg.data.val_fraction}")

@@ -161,3 +161,20 @@ def count_params(model: nnx.Module) -> int:
     """Number of parameter elements (works on abstract models from nnx.eval_shape too)."""
     state = nnx.state(model, nnx.Param)
     return sum(math.prod(x.shape) for x in jax.tree.leaves(state))
+
+
+def flops_per_example(cfg: ModelConfig, image_size: int) -> dict[str, int]:
+    """Matmul FLOPs (2 per multiply-add) of one image, forward and train (backward = 2 x forward).
+
+    With N = (image_size / patch)^2 patches, T = N + 1 tokens, E = embed, M = mlp, L = layers, C = classes:
+    forward = 2*N*(3*patch^2)*E + L*(8*T*E^2 + 4*T^2*E + 4*T*E*M) + 2*E*C
+    (q/k/v and output projections 8*T*E^2, scores and weighted sum 4*T^2*E, MLP 4*T*E*M).
+    Element-wise work (LayerNorm, softmax, GELU, the optimizer) is left out, as MFU conventions do.
+    """
+    p, e, m, n_layers = cfg.patch_size, cfg.embed_dim, cfg.mlp_dim, cfg.num_layers
+    patches = (image_size // p) ** 2
+    tokens = patches + 1
+    forward = (2 * patches * 3 * p * p * e
+               + n_layers * (8 * tokens * e * e + 4 * tokens * tokens * e + 4 * tokens * e * m)
+               + 2 * e * cfg.num_classes)
+    return {"forward": forward, "train": 3 * forward}

@@ -1,0 +1,1 @@
+"""Measurements of a run: time, FLOPs and MFU, memory, communication."""

@@ -1,0 +1,144 @@
+"""Communication per step per device: every collective in a compiled (SPMD-partitioned) HLO module.
+
+Collectives inside a `while` body (the layer scan) run once per iteration, so counts are multiplied
+by the loop's known trip count, recursively from the entry computation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+_DTYPE_BYTES = {
+    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e5m2fnuz": 1,
+    "f8e4m3fnuz": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+}
+_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+_CALLEES = re.compile(r"\b(?:body|to_apply|calls|branch_computations)=\{?([%\w.\-, ]+)\}?")
+
+
+@dataclass
+class Collective:
+    """Executions per step and bytes moved per device per step for one kind of collective."""
+
+    kind: str
+    count: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class CommsReport:
+    by_kind: dict[str, Collective] = field(default_factory=dict)
+    unknown_trip_counts: int = 0  # loops whose trip count XLA did not record: counted once
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.bytes for c in self.by_kind.values())
+
+    @property
+    def total_count(self) -> int:
+        return sum(c.count for c in self.by_kind.values())
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {k: {"count": c.count, "bytes": c.bytes} for k, c in self.by_kind.items()}
+
+
+def shape_bytes(shape_text: str) -> list[int]:
+    """Bytes of every array shape in `shape_text` (a tuple shape gives several)."""
+    sizes = []
+    for dtype, dims in _SHAPE.findall(shape_text):
+        if dtype not in _DTYPE_BYTES:
+            continue
+        count = 1
+        for d in filter(None, dims.split(",")):
+            count *= int(d)
+        sizes.append(count * _DTYPE_BYTES[dtype])
+    return sizes
+
+
+@dataclass
+class _Instruction:
+    name: str
+    shape: str
+    opcode: str
+    rest: str
+
+
+def _computations(hlo: str) -> tuple[dict[str, list[_Instruction]], str | None]:
+    comps: dict[str, list[_Instruction]] = {}
+    entry: str | None = None
+    current: list[_Instruction] | None = None
+    for line in hlo.splitlines():
+        if current is None:
+            m = _COMPUTATION.match(line)
+            if m and "=" not in line.split("{")[0].split("(")[0]:
+                current = comps.setdefault(m.group(1), [])
+                if line.startswith("ENTRY"):
+                    entry = m.group(1)
+            continue
+        if line.strip() == "}":
+            current = None
+            continue
+        m = _INSTRUCTION.match(line)
+        if m:
+            current.append(_Instruction(*m.groups()))
+    return comps, entry
+
+
+def _kind(opcode: str) -> str | None:
+    base = opcode.removesuffix("-start")
+    return base if base in KINDS else None
+
+
+def _payload(inst: _Instruction, kind: str, shapes: dict[str, str]) -> int:
+    """Per-device bytes: the larger of operand and result (gathered output, scattered input)."""
+    result = shape_bytes(inst.shape)
+    if inst.opcode.endswith("-start"):
+        return max(result, default=0)  # async tuple: (operands..., outputs...), count the largest once
+    total = sum(result)
+    if kind == "reduce-scatter":
+        operands = re.findall(r"%([\w.\-]+)", inst.rest.split(")")[0])
+        total = max(total, sum(sum(shape_bytes(shapes.get(o, ""))) for o in operands))
+    return total
+
+
+def count_collectives(hlo: str) -> CommsReport:
+    """Collectives of a compiled module, each counted as often as it executes in one call."""
+    comps, entry = _computations(hlo)
+    report = CommsReport()
+    if entry is None:
+        return report
+
+    def visit(name: str, times: int, depth: int) -> None:
+        if depth > 64 or name not in comps:
+            return
+        insts = comps[name]
+        shapes = {i.name: i.shape for i in insts}
+        for inst in insts:
+            kind = _kind(inst.opcode)
+            if kind is not None:
+                c = report.by_kind.setdefault(kind, Collective(kind))
+                c.count += times
+                c.bytes += times * _payload(inst, kind, shapes)
+            callees = [n.strip().lstrip("%") for m in _CALLEES.finditer(inst.rest) for n in m.group(1).split(",")]
+            if not callees:
+                continue
+            trips = 1
+            if inst.opcode == "while":
+                trip = _TRIP.search(inst.rest)
+                if trip:
+                    trips = int(trip.group(1))
+                else:
+                    report.unknown_trip_counts += 1
+            for callee in callees:
+                if callee:
+                    visit(callee, times * trips, depth + 1)
+
+    visit(entry, 1, 0)
+    return report

@@ -1,0 +1,53 @@
+"""Collective counting in compiled HLO, against programs whose communication is known by hand."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from shardbench.measure.comms import count_collectives, shape_bytes
+
+
+def _mesh() -> jax.sharding.Mesh:
+    return jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def _hlo(fn, *args) -> str:
+    return jax.jit(fn).lower(*args).compile().as_text()
+
+
+def test_shape_bytes() -> None:
+    assert shape_bytes("f32[8,128]{1,0}") == [4096]
+    assert shape_bytes("(bf16[4], s32[2,2], pred[])") == [8, 16, 1]
+
+
+def test_one_psum_is_one_all_reduce_of_the_local_block() -> None:
+    f = jax.shard_map(lambda x: jax.lax.psum(x, "d"), mesh=_mesh(), in_specs=P("d"), out_specs=P())
+    report = count_collectives(_hlo(f, jnp.ones((8, 1024), jnp.float32)))
+    assert report.as_dict() == {"all-reduce": {"count": 1, "bytes": 1024 * 4}}
+
+
+def test_all_gather_counts_the_gathered_bytes() -> None:
+    f = jax.shard_map(lambda x: jax.lax.all_gather(x, "d", tiled=True), mesh=_mesh(), in_specs=P("d"),
+                      out_specs=P(), check_vma=False)
+    report = count_collectives(_hlo(f, jnp.ones((8, 256), jnp.float32)))
+    assert report.as_dict() == {"all-gather": {"count": 1, "bytes": 8 * 256 * 4}}
+
+
+def test_collectives_inside_a_scan_count_once_per_iteration() -> None:
+    def body(x: jax.Array) -> jax.Array:
+        def step(c: jax.Array, _: None) -> tuple[jax.Array, None]:
+            return c + 0.1 * jax.lax.psum(c, "d"), None
+
+        return jax.lax.scan(step, x, None, length=5)[0]
+
+    f = jax.shard_map(body, mesh=_mesh(), in_specs=P("d"), out_specs=P("d"))
+    report = count_collectives(_hlo(f, jnp.ones((8, 64), jnp.float32)))
+    assert report.unknown_trip_counts == 0
+    assert report.as_dict() == {"all-reduce": {"count": 5, "bytes": 5 * 64 * 4}}
+
+
+def test_no_collectives_on_one_device() -> None:
+    report = count_collectives(_hlo(lambda x: (x @ x.T).sum(), jnp.ones((16, 16))))
+    assert report.total_count == 0 and report.total_bytes == 0
