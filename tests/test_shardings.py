@@ -68,6 +68,29 @@ def test_fsdp_holds_an_eighth_of_the_big_kernels_per_device() -> None:
     assert per_device * 8 == kernel.size
 
 
+def test_fsdp_holds_an_eighth_of_all_parameter_and_optimizer_bytes() -> None:
+    from shardbench.measure.memory import per_device_bytes
+
+    fsdp, _ = _state("fsdp", "8")
+    dp, _ = _state("dp", "8")
+    for part in ("params", "opt_state"):
+        replicated = per_device_bytes(getattr(dp, part))
+        sharded = per_device_bytes(getattr(fsdp, part))
+        # Only arrays no dim of which divides by 8 stay whole: the 10-class head bias (40 bytes per copy)
+        # and the optimizer's step counters.
+        assert replicated / 8 <= sharded <= replicated / 8 + 3 * 40 + 64, (part, replicated, sharded)
+
+
+def test_fsdp_falls_back_to_a_dimension_that_divides() -> None:
+    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {"model.embed_dim": 132, "model.num_heads": 4,
+                                                                   "model.mlp_dim": 256})
+    layout = make_layout("fsdp", "8", jax.devices())
+    spec = describe_model(cfg)
+    check_layout(spec, layout)  # no error: FSDP never needs a dimension that does not divide
+    assert layout.param_spec(("layers", "embed", "mlp"), (4, 132, 256)) == P(None, None, "data")
+    assert layout.param_spec(("classes",), (10,)) == P(None)
+
+
 def test_dp_replicates_everything() -> None:
     state, _ = _state("dp", "8")
     assert all(x.sharding.is_fully_replicated for x in jax.tree.leaves(state))
@@ -75,7 +98,7 @@ def test_dp_replicates_everything() -> None:
 
 @pytest.mark.parametrize(
     ("spec", "strategy", "devices", "data", "model"),
-    [("", "dp", 8, 8, 1), ("", "tp", 8, 1, 8), ("8", "fsdp", 8, 8, 1), ("4x2", "dp+tp", 8, 4, 2),
+    [("", "dp", 8, 8, 1), ("", "tp", 8, 1, 8), ("", "auto", 8, 8, 1), ("4x2", "auto", 8, 4, 2), ("8", "fsdp", 8, 8, 1), ("4x2", "dp+tp", 8, 4, 2),
      ("data=2,model=4", "fsdp+tp", 8, 2, 4), ("model=2,data=2", "dp+tp", 4, 2, 2)],
 )
 def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: int) -> None:
@@ -92,6 +115,7 @@ def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: in
         ("dp+tp", "4x4", 8, "has 16 devices but 8 are in use"),
         ("dp", "4by2", 8, "is not a mesh"),
         ("single", "8", 8, "strategy single runs on one device"),
+        ("fsdp", "none", 8, "--mesh none means one device without a mesh, but strategy fsdp needs a mesh"),
     ],
 )
 def test_bad_meshes(strategy: str, mesh: str, devices: int, message: str) -> None:
@@ -104,7 +128,6 @@ def test_bad_meshes(strategy: str, mesh: str, devices: int, message: str) -> Non
     [
         ({"model.num_heads": 2, "model.embed_dim": 128}, "1x4", "model.num_heads = 2 is not divisible by the model axis"),
         ({"model.mlp_dim": 258}, "1x4", "model.mlp_dim = 258 is not divisible by the model axis"),
-        ({"model.embed_dim": 132, "model.num_heads": 4}, "8", "model.embed_dim = 132 is not divisible by the data"),
     ],
 )
 def test_indivisible_dimensions_are_named(overrides: dict, mesh: str, message: str) -> None:
@@ -118,3 +141,12 @@ def test_indivisible_dimensions_are_named(overrides: dict, mesh: str, message: s
 def test_parse_mesh_rejects_unknown_axis() -> None:
     with pytest.raises(ConfigError, match="unknown axis 'pipe'"):
         parse_mesh("pipe=8", 8)
+
+
+@pytest.mark.parametrize(("mesh", "devices", "strategy"),
+                         [("none", 8, "single"), ("8x1", 8, "dp"), ("", 8, "dp"), ("4x2", 8, "dp+tp"),
+                          ("model=4", 4, "tp")])
+def test_auto_strategy_follows_the_mesh(mesh: str, devices: int, strategy: str) -> None:
+    layout = make_layout("auto", mesh, jax.devices()[:devices])
+    assert layout.strategy.name == strategy
+    assert (layout.mesh is None) == (strategy == "single")

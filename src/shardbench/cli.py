@@ -16,6 +16,7 @@ from shardbench import config as config_lib
 from shardbench.errors import ShardbenchError, TrainingDiverged
 
 SHORT_FLAGS: dict[str, str] = {
+    "train.profile": "--profile",
     "data.dataset": "--data", "train.epochs": "--epochs", "train.steps": "--steps",
     "train.batch_size": "--batch-size", "parallel.mesh": "--mesh", "parallel.strategy": "--strategy",
     "parallel.devices": "--devices", "precision.param_dtype": "--param-dtype", "precision.dtype": "--dtype",
@@ -40,9 +41,10 @@ HELP: dict[str, str] = {
     "model.num_layers": "encoder blocks", "model.num_heads": "attention heads",
     "model.mlp_dim": "hidden width of each MLP block", "model.num_classes": "output classes",
     "model.dropout": "dropout rate after the MLP's activation and output",
-    "parallel.strategy": "how parameters and batches are split: single, dp, fsdp, tp, dp+tp, fsdp+tp",
-    "parallel.mesh": "device mesh: N (all on the strategy's axis), AxB (data x model) or data=A,model=B; "
-                     "'' = every device on the strategy's axis",
+    "parallel.strategy": "how parameters and batches are split: auto (from the mesh), single, dp, fsdp, tp, "
+                         "dp+tp, fsdp+tp",
+    "parallel.mesh": "device mesh: N (all on the strategy's axis), AxB (data x model), data=A,model=B, "
+                     "or none (one device, no mesh); '' = every device on the strategy's axis",
     "parallel.devices": "devices to use (0 = all); without accelerators, simulates N CPU devices",
     "precision.param_dtype": "parameter (and optimizer state) dtype: float32, bfloat16, float16",
     "precision.dtype": "compute dtype of activations and matmuls: float32, bfloat16, float16",
@@ -62,6 +64,14 @@ HELP: dict[str, str] = {
     "train.checkpoint_every": "save a checkpoint every N steps (and at the end; 0 = only at the end)",
     "train.keep_checkpoints": "checkpoints to keep", "train.log_every": "steps between scalar logs",
     "train.eval": "validate each epoch and test at the end", "train.progress": "show a progress bar",
+    "train.run_name": "name of the run in reports and profiles ('' = from the configuration, e.g. "
+                      "mesh_4_2_batch_1024)",
+    "train.timing_warmup": "first step intervals left out of the step-time statistics",
+    "train.profile": "record a jax.profiler trace of a window of steps",
+    "train.profile_skip": "steps to run before the traced window",
+    "train.profile_steps": "steps in the traced window",
+    "train.profile_root": "TensorBoard log dir for traces ('' = <out>/tensorboard); a trace lands in "
+                          "<root>/plugins/profile/<run-name>/",
 }
 
 
@@ -110,6 +120,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "short one. The resolved configuration is saved as <out>/config.json.",
     )
     add_config_arguments(train)
+    inspect = sub.add_parser(
+        "inspect", help="print the parameter table and how arrays are laid over the mesh (nothing is compiled)",
+        description="Print every parameter's path, logical axes, shape, dtype, bytes, PartitionSpec and per-device "
+                    "shape under the chosen strategy and mesh, then a picture of one array and of the batch "
+                    "over the devices.",
+    )
+    add_config_arguments(inspect)
+    inspect.add_argument("--array", default="encoder/mlp2_kernel",
+                         help="parameter to picture over the mesh (default: encoder/mlp2_kernel)")
     presets = sub.add_parser("presets", help="list the named configurations",
                              description="List the named configurations and what they are for.")
     presets.add_argument("--json", action="store_true", help="print each preset's full configuration as JSON")
@@ -127,10 +146,20 @@ def _setup_devices(cfg: config_lib.Config) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     _setup_devices(cfg)
-    from shardbench.train.loop import run, summary_line
+    from shardbench.train.console import summary_line
+    from shardbench.train.loop import run
 
     summary = run(cfg)
     print(summary_line(summary))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    _setup_devices(cfg)
+    from shardbench.inspect import inspect
+
+    print(inspect(cfg, args.array))
     return 0
 
 
@@ -149,7 +178,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands = {"train": cmd_train, "presets": cmd_presets}
+    commands = {"train": cmd_train, "inspect": cmd_inspect, "presets": cmd_presets}
     try:
         return commands[args.command](args)
     except TrainingDiverged as err:

@@ -15,7 +15,7 @@ from typing import Any
 
 from shardbench.errors import ConfigError
 
-STRATEGIES = ("single", "dp", "fsdp", "tp", "dp+tp", "fsdp+tp")
+STRATEGIES = ("auto", "single", "dp", "fsdp", "tp", "dp+tp", "fsdp+tp")
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -55,8 +55,8 @@ class ModelConfig:
 class ParallelConfig:
     """Device mesh and the strategy that maps logical axes onto it."""
 
-    strategy: str = "dp"
-    mesh: str = ""  # '' = every device on the strategy's axis; '8', '4x2' (data x model), 'data=4,model=2'
+    strategy: str = "auto"  # auto: single for --mesh none, dp for a data-only mesh, tp model-only, dp+tp both
+    mesh: str = ""  # '' = every device on the strategy's axis; 'none' = one device; '8', '4x2' (data x model), 'data=4,model=2'
     devices: int = 0  # 0 = every device; on a CPU-only machine N simulates N devices
 
 
@@ -101,6 +101,12 @@ class TrainConfig:
     log_every: int = 50  # steps between scalar writes
     eval: bool = True  # validation each epoch and test at the end
     progress: bool = True
+    run_name: str = ""  # '' = from the configuration, e.g. mesh_4_2_batch_1024
+    timing_warmup: int = 2  # first step intervals left out of the step-time statistics
+    profile: bool = False  # record a jax.profiler trace of a window of steps
+    profile_skip: int = 5  # steps before the traced window
+    profile_steps: int = 3  # steps in the traced window
+    profile_root: str = ""  # '' = <out>/tensorboard; traces land in <root>/plugins/profile/<run-name>/
 
 
 @dataclass(frozen=True)

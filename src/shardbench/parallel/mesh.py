@@ -34,7 +34,7 @@ def parse_mesh(spec: str, num_devices: int, primary: str = DATA) -> MeshShape:
     """'' -> every device on `primary`; 'N' -> N on `primary`; 'AxB' -> data=A, model=B; 'data=A,model=B'."""
     text = spec.strip().lower()
     hint = "use N, AxB (data x model) or data=A,model=B"
-    if text in ("", "auto", "none"):
+    if text in ("", "auto"):
         sizes = {DATA: 1, MODEL: 1, primary: num_devices}
     elif re.fullmatch(r"\d+", text):
         sizes = {DATA: 1, MODEL: 1, primary: int(text)}

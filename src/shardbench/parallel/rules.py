@@ -17,8 +17,8 @@ from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from shardbench.errors import ConfigError
-from shardbench.models.axes import BATCH, EMBED, HEADS, MLP, Axes
-from shardbench.parallel.mesh import DATA, MODEL, MeshShape
+from shardbench.models.axes import BATCH, EMBED, HEADS, LAYERS, MLP, Axes
+from shardbench.parallel.mesh import DATA, MODEL, MeshShape, build_mesh, parse_mesh
 
 Rules = Mapping[str, str]
 _TP: Rules = {HEADS: MODEL, MLP: MODEL}
@@ -34,6 +34,7 @@ class Strategy:
     axes: tuple[str, ...]  # mesh axes this strategy may give more than one device
     primary: str = DATA  # where a bare `--mesh N` puts its devices
     description: str = ""
+    fsdp: bool = False  # also shard every parameter over the data axis (ZeRO-3), see Layout.param_spec
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -42,14 +43,14 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("single", {}, {}, (), DATA, "one device, no mesh"),
         Strategy("dp", {}, {BATCH: DATA}, (DATA,), DATA,
                  "parameters and optimizer state replicated; batch split over data"),
-        Strategy("fsdp", {EMBED: DATA}, {BATCH: DATA}, (DATA,), DATA,
-                 "parameters and optimizer state sharded over data (ZeRO-3); batch split over data"),
+        Strategy("fsdp", {}, {BATCH: DATA}, (DATA,), DATA,
+                 "parameters and optimizer state sharded over data (ZeRO-3); batch split over data", fsdp=True),
         Strategy("tp", _TP, {BATCH: DATA, **_TP}, (MODEL,), MODEL,
                  "Megatron tensor parallelism: heads and MLP hidden split over model"),
         Strategy("dp+tp", _TP, {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
                  "batch split over data, Megatron tensor parallelism over model"),
-        Strategy("fsdp+tp", {EMBED: DATA, **_TP}, {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
-                 "parameters sharded over data and model; batch over data; Megatron over model"),
+        Strategy("fsdp+tp", _TP, {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
+                 "parameters sharded over data and model; batch over data; Megatron over model", fsdp=True),
     )
 }
 
@@ -110,11 +111,22 @@ class Layout:
     def replicated(self) -> jax.sharding.Sharding:
         return self.sharding(PartitionSpec())
 
-    def param_spec(self, axes: Axes) -> PartitionSpec:
-        return spec_for(axes, self.strategy.params)
+    def param_spec(self, axes: Axes, shape: tuple[int, ...]) -> PartitionSpec:
+        """The strategy's table, then for FSDP one more dim over 'data': 'embed' where it divides, else the
+        largest dim that divides (never the stacked-layer dim, which the scan slices); tiny arrays that
+        nothing divides stay replicated."""
+        spec = list(spec_for(axes, self.strategy.params))
+        if self.strategy.fsdp and DATA not in spec and self.shape.data > 1:
+            free = [d for d, (name, mesh_axis) in enumerate(zip(axes, spec))
+                    if mesh_axis is None and name != LAYERS and shape[d] % self.shape.data == 0]
+            preferred = [d for d in free if axes[d] == EMBED] or sorted(free, key=lambda d: -shape[d])
+            if preferred:
+                spec[preferred[0]] = DATA
+        return PartitionSpec(*spec)
 
-    def param_shardings(self, axes_tree: dict[str, Any]) -> dict[str, Any]:
-        return jax.tree.map(lambda axes: self.sharding(self.param_spec(axes)), axes_tree, is_leaf=_is_axes)
+    def param_shardings(self, axes_tree: dict[str, Any], shapes: dict[str, Any]) -> dict[str, Any]:
+        return jax.tree.map(lambda axes, shape: self.sharding(self.param_spec(axes, tuple(shape))),
+                            axes_tree, shapes, is_leaf=_is_axes)
 
     def batch_sharding(self) -> jax.sharding.Sharding:
         """Arrays whose leading dim is the batch: split over data, whole along everything else."""
@@ -133,7 +145,7 @@ class Layout:
         flat_axes = traverse_util.flatten_dict(axes_tree, sep="/")
         flat_shapes = traverse_util.flatten_dict(shapes, sep="/")
         for path, axes in sorted(flat_axes.items()):
-            spec = self.param_spec(axes)
+            spec = spec_for(axes, self.strategy.params)  # the table's demands; FSDP picks only dims that divide
             for dim, (logical, mesh_axis) in enumerate(zip(axes, spec)):
                 if mesh_axis is None or flat_shapes[path][dim] % sizes[mesh_axis] == 0:
                     continue
@@ -150,15 +162,36 @@ def _is_axes(x: Any) -> bool:
     return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
 
 
+NO_MESH = ("none", "single")
+
+
+def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> str:
+    """'auto' picks the strategy the mesh implies, as the seed's experiments use meshes:
+    no mesh -> single, data axis only -> dp, model axis only -> tp, both -> dp+tp."""
+    if strategy_name != "auto":
+        return strategy_name
+    spec = mesh_spec.strip().lower()
+    if spec in NO_MESH:
+        return "single"
+    shape = parse_mesh(spec, num_devices, DATA)
+    if shape.model == 1:
+        return "dp"
+    return "tp" if shape.data == 1 else "dp+tp"
+
+
 def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device]) -> Layout:
     """Check the mesh against the strategy and devices, then build it (no compilation happens here)."""
-    from shardbench.parallel.mesh import build_mesh, parse_mesh
-
-    strategy = get_strategy(strategy_name)
+    strategy = get_strategy(resolve_strategy(strategy_name, mesh_spec, len(devices)))
+    spec = mesh_spec.strip().lower()
     if strategy.name == "single":
-        if mesh_spec.strip().lower() not in ("", "none", "1", "1x1", "auto"):
+        if spec not in ("", "1", "1x1", "auto", *NO_MESH):
             raise ConfigError(f"strategy single runs on one device and takes no mesh, got --mesh {mesh_spec}")
         return Layout(strategy, MeshShape(1, 1), None, devices[0])
+    if spec in NO_MESH:
+        raise ConfigError(
+            f"--mesh {mesh_spec} means one device without a mesh, but strategy {strategy.name} needs a mesh: "
+            f"use --strategy single (or auto), or give a mesh such as {len(devices)}"
+        )
     shape = parse_mesh(mesh_spec, len(devices), strategy.primary)
     for axis, size in ((DATA, shape.data), (MODEL, shape.model)):
         if size > 1 and axis not in strategy.axes:

@@ -29,7 +29,11 @@ from shardbench.devices import select_devices
 from shardbench.errors import ConfigError, TrainingDiverged
 from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
+from shardbench.measure.profile import ProfileWindow
+from shardbench.measure.record import build_measurements, default_run_name
+from shardbench.measure.timing import StepTimer, compile_timed
 from shardbench.train.checkpoint import Checkpoints
+from shardbench.train.console import epoch_line, header_line
 from shardbench.train.events import ScalarWriter
 from shardbench.train.optim import build_optimizer, learning_rate
 from shardbench.train.state import (
@@ -201,36 +205,48 @@ def run(cfg: Config) -> dict[str, Any]:
 def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: Checkpoints,
           writer: ScalarWriter) -> dict[str, Any]:
     cfg, total, per_epoch = plan.cfg, plan.total_steps, plan.steps_per_epoch
-    batch = cfg.train.batch_size
+    batch, layout = cfg.train.batch_size, plan.layout
+    run_name = cfg.train.run_name or default_run_name(cfg, layout)
     batches: Iterator[dict[str, np.ndarray]] = make_batches(
         plan.dataset.train, global_batch=batch, seed=cfg.train.seed, shuffle=True, start_step=start,
         num_steps=total - start, process_index=jax.process_index(), process_count=jax.process_count(),
     )
+    # Compile explicitly on the first batch: lowering and compilation are timed apart from the steps.
+    first = place_batch(next(batches), steps.batch_sharding) if start < total else None
+    compiled, compile_times = compile_timed(steps.train, state, first) if first is not None else (None, None)
     bar = tqdm(total=total, initial=start, disable=not cfg.train.progress or jax.process_index() != 0,
                unit="step", dynamic_ncols=True)
-    meter, history = EpochMeter(), []
+    profile_root = Path(cfg.train.profile_root) if cfg.train.profile_root else plan.out / "tensorboard"
+    profile = ProfileWindow(profile_root, run_name, start + cfg.train.profile_skip, cfg.train.profile_steps,
+                            cfg.train.profile)
+    timer = StepTimer(cfg.train.timing_warmup)
+    meter, history, epoch_times = EpochMeter(), [], []
     pending: tuple[int, dict[str, jax.Array]] | None = None
-    t0, window_t, window_steps = time.perf_counter(), time.perf_counter(), 0
-    last = {}
+    t0 = window_t = epoch_t0 = time.perf_counter()
+    window_steps = 0
+    last: dict[str, float] = {}
 
     def settle(item: tuple[int, dict[str, jax.Array]]) -> dict[str, float]:
         """Bring a step's metrics to the host (one step late, so the device never waits) and check them."""
         step, metrics = item
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        timer.completed()
         if not math.isfinite(values["loss"]):
             good = checkpoints.latest_step()
-            where = f"the last good checkpoint is step {good} in {checkpoints_dir(plan)}" if good else "no checkpoint"
+            where = f"the last good checkpoint is step {good} in {plan.out / 'checkpoints'}" if good else "no checkpoint"
             raise TrainingDiverged(f"loss became {values['loss']} at step {step}: training stopped; {where}")
         meter.add(values)
         return values
 
     for step in range(start, total):
-        state, metrics = steps.train(state, place_batch(next(batches), steps.batch_sharding))
+        done = step + 1
+        profile.before_step(done)
+        host_batch = first if step == start else place_batch(next(batches), steps.batch_sharding)
+        state, metrics = compiled(state, host_batch)
         if pending is not None:
             last = settle(pending)
-        pending = (step + 1, metrics)
+        pending = (done, metrics)
         window_steps += 1
-        done = step + 1
         end_of_epoch = done % per_epoch == 0 or done == total
         due_checkpoint = cfg.train.checkpoint_every > 0 and done % cfg.train.checkpoint_every == 0
         if done % cfg.train.log_every == 0 or end_of_epoch or due_checkpoint:
@@ -240,12 +256,19 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
             window_t, window_steps = now, 0
             writer.write(done, {f"train/{k}": v for k, v in last.items()} | {"train/images_per_s": rate})
             bar.set_postfix(epoch=(done - 1) // per_epoch + 1, loss=f"{last['loss']:.4f}", img_s=f"{rate:.0f}")
+        if profile.active:
+            timer.mark_dirty()  # traced steps carry the profiler's overhead
+        profile.after_step(done, block=metrics)
         bar.update(1)
         if due_checkpoint and done != total:
             checkpoints.save(state)
+            timer.mark_dirty()
         if os.environ.get(KILL_AT_STEP_ENV) == str(done):
             os.kill(os.getpid(), signal.SIGKILL)
         if end_of_epoch:
+            if pending is not None:
+                last, pending = settle(pending), None
+            epoch_times.append(time.perf_counter() - epoch_t0)  # the seed's epoch time: data + steps, no eval
             record = {"epoch": (done - 1) // per_epoch + 1, "step": done,
                       **{f"train_{k}": v for k, v in meter.means().items()}}
             if cfg.train.eval:
@@ -256,60 +279,28 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
             history.append(record)
             meter = EpochMeter()
             writer.flush()
-            bar.write(_epoch_line(record))
+            bar.write(epoch_line(record))
+            timer.mark_dirty()
+            epoch_t0 = window_t = time.perf_counter()
     if pending is not None:
         last = settle(pending)
+    profile.stop()
     bar.close()
     checkpoints.save(state)
     elapsed = time.perf_counter() - t0
+    measurements = build_measurements(cfg=cfg, layout=layout, compiled=compiled, compile_times=compile_times,
+                                      timer=timer, epoch_times=epoch_times, steps_run=total - start, state=state)
     summary: dict[str, Any] = {
-        "status": "complete", "steps": total, "resumed_from": start, "epochs": history,
+        "status": "complete", "run_name": run_name, "steps": total, "resumed_from": start, "epochs": history,
         "train_loss": last.get("loss"), "time_s": elapsed,
-        "images_per_s": (total - start) * batch / max(elapsed, 1e-9),
-        "strategy": cfg.parallel.strategy, "mesh": str(plan.layout.shape), "devices": plan.layout.shape.size,
-        "out": str(plan.out),
+        "images_per_s": measurements["throughput"]["examples_per_s"],
+        "strategy": layout.strategy.name, "mesh": "none" if layout.mesh is None else str(layout.shape),
+        "devices": layout.shape.size, "out": str(plan.out), "measurements": measurements,
     }
+    if profile.path is not None:
+        summary["profile"] = str(profile.path)
     if cfg.train.eval:
         test = evaluate(steps, state, plan.dataset.test, cfg)
         summary |= {"test_loss": test.get("loss"), "test_accuracy": test.get("accuracy")}
         writer.write(total, {f"test/{k}": v for k, v in test.items() if k != "count"})
     return summary
-
-
-def checkpoints_dir(plan: Plan) -> Path:
-    return plan.out / "checkpoints"
-
-
-def _epoch_line(r: dict[str, Any]) -> str:
-    parts = [f"epoch {r['epoch']} (step {r['step']})", f"train loss {r.get('train_loss', float('nan')):.4f}",
-             f"acc {r.get('train_accuracy', float('nan')):.3f}"]
-    if "val_loss" in r:
-        parts.append(f"val loss {r['val_loss']:.4f} acc {r['val_accuracy']:.3f}")
-    parts.append(f"{r['time_s']:.1f}s")
-    return " | ".join(parts)
-
-
-def header_line(plan: Plan) -> str:
-    """The one line printed before training: what, where, on which data, for how long."""
-    cfg, ds = plan.cfg, plan.dataset
-    params = sum(math.prod(s.shape) for s in jax.tree.leaves(plan.spec.abstract))
-    device = plan.layout.device
-    return (
-        f"shardbench: {cfg.preset} ({params:,} params) | {cfg.parallel.strategy} on mesh {plan.layout.shape} "
-        f"({plan.layout.shape.size} {device.platform} device(s)) | {cfg.precision.param_dtype} params, "
-        f"{cfg.precision.dtype} compute | data {ds.name}: {len(ds.train.labels):,} train / "
-        f"{len(ds.val.labels):,} val / {len(ds.test.labels):,} test | batch {cfg.train.batch_size}, "
-        f"{plan.total_steps} steps ({plan.steps_per_epoch}/epoch) | {plan.out}"
-    )
-
-
-def summary_line(summary: dict[str, Any]) -> str:
-    """The one line printed at the end of a run."""
-    parts = [f"done: {summary['steps']} steps on {summary['devices']} device(s) ({summary['strategy']}, mesh "
-             f"{summary['mesh']}) in {summary['time_s']:.1f}s, {summary['images_per_s']:.0f} img/s"]
-    if summary.get("train_loss") is not None:
-        parts.append(f"train loss {summary['train_loss']:.4f}")
-    if summary.get("test_accuracy") is not None:
-        parts.append(f"test acc {summary['test_accuracy']:.4f}")
-    parts.append(f"-> {summary['out']}")
-    return "; ".join(parts)

@@ -56,7 +56,7 @@ def check_layout(spec: ModelSpec, layout: Layout) -> None:
 
 def state_shardings(spec: ModelSpec, layout: Layout, tx: optax.GradientTransformation) -> TrainState:
     """Shardings for every leaf: optimizer moments follow their parameter, counters are replicated."""
-    params = layout.param_shardings(spec.axes)
+    params = layout.param_shardings(spec.axes, spec.shapes)
     abstract_params = nnx.to_pure_dict(spec.abstract)
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
     opt = optax.tree_map_params(

@@ -1,0 +1,54 @@
+"""What `shardbench inspect` prints: the parameter table under a layout, and pictures of arrays over the mesh.
+
+Nothing is allocated or compiled: shapes and shardings come from the abstract model.
+"""
+
+from __future__ import annotations
+
+import optax
+
+
+from shardbench import config as config_lib
+from shardbench.config import Config
+from shardbench.devices import select_devices
+from shardbench.errors import ConfigError
+from shardbench.measure.memory import per_device_bytes
+from shardbench.measure.params import format_table, param_table, picture
+from shardbench.parallel.rules import make_layout
+from shardbench.train.optim import build_optimizer
+from shardbench.train.state import abstract_train_state, check_layout, describe_model
+
+DEFAULT_ARRAY = "encoder/mlp2_kernel"  # the seed pictured the second MLP layer's kernel
+
+
+def inspect(cfg: Config, array: str = DEFAULT_ARRAY) -> str:
+    config_lib.validate(cfg)
+    layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, select_devices(cfg.parallel.devices))
+    spec = describe_model(cfg)
+    check_layout(spec, layout)
+    rows = param_table(spec.axes, spec.shapes, cfg.precision.param_dtype, layout)
+    tx: optax.GradientTransformation = build_optimizer(cfg.optim, 100)
+    target = abstract_train_state(spec, layout, tx)
+    mesh = "none" if layout.mesh is None else f"{layout.shape} (data x model)"
+    lines = [
+        f"{cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
+        f"{layout.shape.size} {layout.device.platform} device(s)",
+        "",
+        format_table(rows),
+        "",
+        f"optimizer state ({cfg.optim.optimizer}): {per_device_bytes(target.opt_state):,} bytes per device; "
+        f"parameters: {per_device_bytes(target.params):,} bytes per device",
+        "",
+    ]
+    by_path = {r.path: r for r in rows}
+    if array not in by_path:
+        raise ConfigError(f"--array {array}: no such parameter; choose one of {', '.join(sorted(by_path))}")
+    row = by_path[array]
+    lines.append(picture(row.path, row.shape, layout.sharding(row.spec)))
+    lines.append("")
+    image = (cfg.train.batch_size, cfg.data.image_size, cfg.data.image_size, 3)
+    lines.append(picture("batch images", image, layout.batch_sharding()))
+    return "\n".join(lines)
+
+
+__all__ = ["DEFAULT_ARRAY", "inspect"]

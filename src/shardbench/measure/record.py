@@ -1,0 +1,76 @@
+"""Assemble one run's measurements (the "measurements" section of summary.json) and name the run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from shardbench.config import Config
+from shardbench.measure import flops as flops_lib
+from shardbench.measure.comms import count_collectives
+from shardbench.measure.memory import memory_report
+from shardbench.measure.timing import CompileTimes, StepTimer
+from shardbench.models.vit import flops_per_example
+from shardbench.parallel.rules import Layout
+
+FLOPS_FORMULA = ("3 x batch x [2*N*3*p^2*E + L*(8*T*E^2 + 4*T^2*E + 4*T*E*M) + 2*E*C], N=(image/p)^2 patches, "
+                 "T=N+1 tokens (matmul FLOPs; backward = 2 x forward)")
+
+
+def default_run_name(cfg: Config, layout: Layout) -> str:
+    """The seed's naming (mesh_4_2_batch_1024), plus whatever else differs from the plain float32 run."""
+    mesh = "none" if layout.mesh is None else f"{layout.shape.data}_{layout.shape.model}"
+    parts = [f"mesh_{mesh}", f"batch_{cfg.train.batch_size}"]
+    implied = {"none": "single"}.get(mesh) or ("dp" if layout.shape.model == 1 else
+                                               "tp" if layout.shape.data == 1 else "dp+tp")
+    if layout.strategy.name != implied:
+        parts.append(layout.strategy.name.replace("+", "_"))
+    p = cfg.precision
+    if p.param_dtype != "float32":
+        parts.append(f"pdtype_{p.param_dtype}")
+    if p.dtype != "float32":
+        parts.append(f"dtype_{p.dtype}")
+    if p.matmul_precision != "default":
+        parts.append(f"matmul_{p.matmul_precision}")
+    return "_".join(parts)
+
+
+def layout_devices(layout: Layout) -> list[jax.Device]:
+    if layout.mesh is None:
+        return [layout.device]
+    return [d for d in layout.mesh.devices.flat if d.process_index == jax.process_index()]
+
+
+def build_measurements(*, cfg: Config, layout: Layout, compiled: Any, compile_times: CompileTimes | None,
+                       timer: StepTimer, epoch_times: list[float], steps_run: int, state: Any) -> dict[str, Any]:
+    devices = layout.shape.size
+    batch = cfg.train.batch_size
+    step_stats = timer.stats()
+    train_time = sum(epoch_times)
+    throughput = steps_run * batch / train_time if train_time > 0 and steps_run else None
+    analytic = float(flops_per_example(cfg.model, cfg.data.image_size)["train"] * batch)
+    xla = flops_lib.xla_flops(compiled) if compiled is not None else None
+    peak, source = flops_lib.peak_per_device(layout.device, devices, cfg.precision.dtype,
+                                             cfg.precision.matmul_precision)
+    comms = count_collectives(compiled.as_text()) if compiled is not None else None
+    memory = memory_report(compiled, state.params, state.opt_state, layout_devices(layout)) if compiled else {}
+    return {
+        "platform": layout.device.platform,
+        "device_kind": getattr(layout.device, "device_kind", layout.device.platform),
+        "devices": devices,
+        "processes": jax.process_count(),
+        "compile": None if compile_times is None else {"lower_s": compile_times.lower_s,
+                                                       "compile_s": compile_times.compile_s},
+        "step_time_s": step_stats,
+        "epoch_time_s": epoch_times,
+        "throughput": {"examples_per_s": throughput,
+                       "examples_per_s_per_device": None if throughput is None else throughput / devices},
+        "flops": {"analytic_per_step": analytic, "xla_per_step": None if xla is None else xla * devices,
+                  "formula": FLOPS_FORMULA},
+        "mfu": {"mfu": flops_lib.mfu(analytic, step_stats["median"], peak, devices),
+                "peak_flops_per_s_per_device": peak, "peak_source": source},
+        "memory": memory,
+        "comms": {} if comms is None else comms.as_dict(),
+        "comms_total_bytes": 0 if comms is None else comms.total_bytes,
+    }

@@ -1,0 +1,64 @@
+"""Timing discipline: compile time split into lowering and compilation, step-time statistics, epoch clocks.
+
+Step times are the intervals between successive step completions seen on the host (each step's metrics
+are fetched one step late, so the device never waits for the host); intervals that include evaluation,
+checkpointing or profiling, and the first few steps, are excluded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CompileTimes:
+    lower_s: float
+    compile_s: float
+
+
+def compile_timed(jitted: Any, *args: Any) -> tuple[Any, CompileTimes]:
+    """Lower and compile `jitted` for `args`, timing each phase; the compiled object is also callable."""
+    t0 = time.perf_counter()
+    lowered = jitted.lower(*args)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    return compiled, CompileTimes(lower_s=t1 - t0, compile_s=t2 - t1)
+
+
+@dataclass
+class StepTimer:
+    """Collects step intervals; `mark_dirty()` excludes the next interval (eval, checkpoint, profile)."""
+
+    warmup: int = 2
+    intervals: list[float] = field(default_factory=list)
+    excluded: int = 0
+    _last: float | None = None
+    _dirty: bool = False
+    _seen: int = 0
+
+    def completed(self) -> None:
+        """Call when a step's results have arrived on the host."""
+        now = time.perf_counter()
+        if self._last is not None:
+            self._seen += 1
+            if self._seen <= self.warmup or self._dirty:
+                self.excluded += 1
+            else:
+                self.intervals.append(now - self._last)
+        self._last = now
+        self._dirty = False
+
+    def mark_dirty(self) -> None:
+        self._dirty = True
+
+    def stats(self) -> dict[str, float | int | None]:
+        if not self.intervals:
+            return {"median": None, "p90": None, "measured_steps": 0, "excluded_steps": self.excluded}
+        arr = np.asarray(self.intervals)
+        return {"median": float(np.median(arr)), "p90": float(np.percentile(arr, 90)),
+                "measured_steps": len(arr), "excluded_steps": self.excluded}

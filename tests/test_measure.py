@@ -1,0 +1,86 @@
+"""Measurements checked against what is known exactly: a hand count of FLOPs, gradient bytes, no
+collectives on one device, and the record every run writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardbench import config as config_lib
+from shardbench.measure.comms import count_collectives
+from shardbench.measure.memory import per_device_bytes
+from shardbench.models.vit import flops_per_example
+from shardbench.train.loop import plan_run, run
+from shardbench.train.optim import build_optimizer, learning_rate
+from shardbench.train.state import init_state, state_shardings
+from shardbench.train.step import make_steps, place_batch
+
+
+def test_vit_seed_flops_match_a_hand_count() -> None:
+    # Per image: every matmul parameter meets every token once (2 FLOPs per multiply-add) plus attention's
+    # two T x T products; the patch embedding meets only the 64 patches, the head only the class token.
+    per_layer = 2 * (4 * 384 * 384 + 2 * 384 * 1536) * 65 + 2 * 2 * 65 * 65 * 384
+    forward = 2 * 64 * (4 * 4 * 3) * 384 + 6 * per_layer + 2 * 384 * 10
+    assert forward == 1_421_492_736
+    got = flops_per_example(config_lib.get_preset("vit-seed").model, 32)
+    assert got == {"forward": forward, "train": 3 * forward}
+
+
+def _compiled_step(micro, strategy: str, mesh: str):
+    cfg = micro(**{"parallel.strategy": strategy, "parallel.mesh": mesh})
+    plan = plan_run(cfg)
+    tx = build_optimizer(cfg.optim, 10)
+    state = init_state(cfg, plan.spec, plan.layout, tx)
+    steps = make_steps(cfg, plan.spec, plan.layout, tx, state_shardings(plan.spec, plan.layout, tx),
+                       learning_rate(cfg.optim, 10))
+    batch = {"image": np.zeros((32, 32, 32, 3), np.uint8), "label": np.zeros(32, np.int32),
+             "mask": np.ones(32, bool)}
+    return steps.train.lower(state, place_batch(batch, steps.batch_sharding)).compile(), state
+
+
+def test_dp_step_all_reduces_exactly_the_gradient_bytes(micro) -> None:
+    compiled, state = _compiled_step(micro, "dp", "8")
+    report = count_collectives(compiled.as_text())
+    gradient_bytes = per_device_bytes(state.params)  # replicated: the whole gradient on every device
+    assert set(report.by_kind) == {"all-reduce"}
+    # The gradients, plus the two float32 scalars averaged for the metrics (loss and accuracy).
+    assert report.by_kind["all-reduce"].bytes == gradient_bytes + 2 * 4
+
+
+def test_single_device_step_has_no_collectives(micro) -> None:
+    compiled, _ = _compiled_step(micro, "single", "none")
+    assert count_collectives(compiled.as_text()).total_count == 0
+
+
+def test_fsdp_step_gathers_parameters(micro) -> None:
+    compiled, state = _compiled_step(micro, "fsdp", "8")
+    report = count_collectives(compiled.as_text())
+    # Forward and backward each gather the sharded weights back to full size at least once.
+    assert report.by_kind["all-gather"].bytes >= 0.8 * sum(x.nbytes for x in __import__("jax").tree.leaves(
+        state.params))
+
+
+def test_every_run_records_its_measurements(micro, tmp_path: Path) -> None:
+    cfg = micro(**{"parallel.strategy": "fsdp", "parallel.mesh": "8", "train.steps": 8, "train.profile": True,
+                   "train.profile_skip": 3, "train.profile_steps": 2})
+    summary = run(cfg)
+    saved = json.loads((Path(cfg.train.out) / "summary.json").read_text())
+    assert saved["run_name"] == summary["run_name"] == "mesh_8_1_batch_32_fsdp"
+    m = saved["measurements"]
+    assert m["compile"]["lower_s"] > 0 and m["compile"]["compile_s"] > 0
+    assert m["step_time_s"]["measured_steps"] + m["step_time_s"]["excluded_steps"] == 7
+    assert m["step_time_s"]["median"] <= m["step_time_s"]["p90"]
+    assert len(m["epoch_time_s"]) == 1 and m["throughput"]["examples_per_s"] > 0
+    assert m["throughput"]["examples_per_s_per_device"] == pytest.approx(m["throughput"]["examples_per_s"] / 8)
+    assert m["flops"]["analytic_per_step"] == flops_per_example(cfg.model, 32)["train"] * 32
+    assert 0 < m["mfu"]["mfu"] < 1 and "calibrated" in m["mfu"]["peak_source"]
+    b = m["memory"]["breakdown"]
+    assert b["optimizer_bytes"] == pytest.approx(2 * b["params_bytes"], abs=64)  # Adam: two moments + counters
+    assert m["memory"]["total_bytes"] >= m["memory"]["compiled"]["temp_bytes"]
+    assert m["comms"]["all-gather"]["count"] > 0 and m["comms_total_bytes"] > 0
+    trace = Path(cfg.train.out) / "tensorboard" / "plugins" / "profile" / "mesh_8_1_batch_32_fsdp"
+    assert saved["profile"] == str(trace)
+    assert any(p.name.endswith(".xplane.pb") for p in trace.iterdir())
