@@ -20,10 +20,11 @@ $(VENV)/.installed-test: $(VENV)/.installed
 setup: $(VENV)/.installed
 setup-test: $(VENV)/.installed-test
 
-# The main job on the embedded default: a small ViT on built-in synthetic images, 8 simulated CPU devices, FSDP.
+# The main job on the embedded default: every strategy side by side on a small ViT and built-in synthetic images,
+# 8 simulated CPU devices, each run in its own process; ends with the report's path.
 demo: $(VENV)/.installed
-	$(BIN)/shardbench train --preset vit-tiny --data synthetic --data.synthetic-train 8192 \
-		--data.synthetic-test 2048 --epochs 2 --devices 8 --strategy fsdp --out runs/demo-$$(date +%Y%m%d-%H%M%S)
+	$(BIN)/shardbench sweep --preset strategies --base vit-tiny --model.num-heads 8 --data synthetic \
+		--data.synthetic-train 4096 --data.synthetic-test 512 --steps 20 --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

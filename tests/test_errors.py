@@ -22,7 +22,7 @@ def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tupl
     out = tmp_path / "run"
     code = main([*BASE, "--out", str(out), "--data.cache-dir", str(tmp_path / "cache"), *args])
     err = capsys.readouterr().err.strip()
-    if code == 2:  # bad input is caught before anything is written
+    if code in (2, 4):  # bad input (configuration 2, data 4) is caught before anything is written
         assert not out.exists(), f"a failed run left {list(out.iterdir())}"
     return code, err
 
@@ -51,8 +51,6 @@ def _image_tree(root: Path, *, splits: tuple[str, ...] = ("train", "test"), corr
          "model.mlp_dim = 60 is not divisible by the model axis"),
         (["--strategy", "zero3"], "unknown strategy 'zero3'"),
         (["--dtype", "float8"], "unknown --dtype 'float8'"),
-        (["--data", "mnist"], "unknown dataset 'mnist'"),
-        (["--data", "imagefolder:/does/not/exist"], "/does/not/exist"),
     ],
 )
 def test_bad_configuration(tmp_path, capsys, args, message) -> None:
@@ -60,6 +58,16 @@ def test_bad_configuration(tmp_path, capsys, args, message) -> None:
     assert code == 2
     assert message in err
     assert len(err.splitlines()) == 1 and err.startswith("shardbench: error:")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--data", "mnist"], "unknown dataset 'mnist'"), (["--data", "imagefolder:/does/not/exist"], "/does/not/exist")],
+)
+def test_bad_dataset_spec(tmp_path, capsys, args, message) -> None:
+    code, err = _run(tmp_path, capsys, *args)
+    assert code == 4  # data problems have their own exit code
+    assert message in err and len(err.splitlines()) == 1 and err.startswith("shardbench: error:")
 
 
 def test_unknown_preset_is_rejected_by_the_parser(capsys) -> None:
@@ -71,13 +79,13 @@ def test_unknown_preset_is_rejected_by_the_parser(capsys) -> None:
 def test_corrupt_image_is_named(tmp_path, capsys) -> None:
     root = _image_tree(tmp_path / "images", corrupt="train/dog/bad.png")
     code, err = _run(tmp_path, capsys, "--data", f"imagefolder:{root}", "--model.num-classes", "2")
-    assert code == 2 and "bad.png" in err and len(err.splitlines()) == 1
+    assert code == 4 and "bad.png" in err and len(err.splitlines()) == 1
 
 
 def test_wrong_layout_is_explained(tmp_path, capsys) -> None:
     root = _image_tree(tmp_path / "images", splits=("train",))
     code, err = _run(tmp_path, capsys, "--data", f"imagefolder:{root}", "--model.num-classes", "2")
-    assert code == 2 and "test" in err and len(err.splitlines()) == 1
+    assert code == 4 and "test" in err and len(err.splitlines()) == 1
 
 
 def test_wrong_checksum_is_reported(tmp_path, capsys) -> None:
@@ -88,13 +96,13 @@ def test_wrong_checksum_is_reported(tmp_path, capsys) -> None:
         info.size = len(payload)
         tar.addfile(info, io.BytesIO(payload))
     code, err = _run(tmp_path, capsys, "--data", f"cifar10:{tarball}")
-    assert code == 2 and "md5" in err and "c58f30108f718f92721af3b95e74349a" in err
+    assert code == 4 and "md5" in err and "c58f30108f718f92721af3b95e74349a" in err
 
 
 def test_class_count_mismatch_is_explained(tmp_path, capsys) -> None:
     root = _image_tree(tmp_path / "images")
     code, err = _run(tmp_path, capsys, "--data", f"imagefolder:{root}")
-    assert code == 2 and "--model.num-classes" in err
+    assert code == 4 and "--model.num-classes" in err
 
 
 def test_diverging_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardbench import config as config_lib
-from shardbench.errors import ShardbenchError, TrainingDiverged
+from shardbench.errors import DataError, ShardbenchError, TrainingDiverged
 
 SHORT_FLAGS: dict[str, str] = {
     "train.profile": "--profile",
@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(inspect)
     inspect.add_argument("--array", default="encoder/mlp2_kernel",
                          help="parameter to picture over the mesh (default: encoder/mlp2_kernel)")
+    from shardbench.sweep import report_cmd, sweep_cmd  # the sweep and report commands live with their code
+
+    sweep_cmd.add_parser(sub)
+    report_cmd.add_parser(sub)
     presets = sub.add_parser("presets", help="list the named configurations",
                              description="List the named configurations and what they are for.")
     presets.add_argument("--json", action="store_true", help="print each preset's full configuration as JSON")
@@ -178,12 +182,18 @@ def cmd_presets(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands = {"train": cmd_train, "inspect": cmd_inspect, "presets": cmd_presets}
+    from shardbench.sweep import report_cmd, sweep_cmd
+
+    commands = {"train": cmd_train, "inspect": cmd_inspect, "sweep": sweep_cmd.run, "report": report_cmd.run,
+                "presets": cmd_presets}
     try:
         return commands[args.command](args)
     except TrainingDiverged as err:
         print(f"shardbench: {err}", file=sys.stderr)
         return 3
+    except DataError as err:  # its own exit code, so a sweep can tell bad data from a bad configuration
+        print(f"shardbench: error: {err}", file=sys.stderr)
+        return 4
     except ShardbenchError as err:
         print(f"shardbench: error: {err}", file=sys.stderr)
         return 2

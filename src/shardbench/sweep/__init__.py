@@ -1,0 +1,1 @@
+"""Sweeps: expand a grid of configurations, run each in its own process and keep the results in SQLite."""

@@ -1,0 +1,177 @@
+"""Explanatory sentences computed from a sweep's runs: what the parameter and compute dtypes change in the
+memory breakdown, and what each sharding strategy holds per device and sends per step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardbench.sweep.report import Run
+
+PRECISION_KEYS = ("precision.param_dtype", "precision.dtype")
+# How the usual swept fields read in a sentence, in the order they are named ("at strategy fsdp, batch 128").
+SHORT_NAMES: dict[str, str] = {"parallel.strategy": "strategy", "parallel.mesh": "mesh",
+                               "parallel.devices": "devices", "train.batch_size": "batch"}
+MEMORY_NAMES = {"peak": "runtime peak per device", "compiled": "compiled total per device"}
+STRATEGY_ROLES: dict[str, str] = {
+    "single": "A single device holds the whole model",
+    "dp": "DP replicates parameters and optimizer state on every device",
+    "fsdp": "FSDP shards parameters and optimizer state over the data axis",
+    "tp": "TP splits the weight matrices over the model axis",
+    "dp+tp": "DP+TP splits the weight matrices over the model axis and replicates them over the data axis",
+    "fsdp+tp": "FSDP+TP shards parameters and optimizer state over both mesh axes",
+}
+
+
+def _span(values: list[float], unit: str = "", digits: int = 1) -> str:
+    lo, hi = min(values), max(values)
+    same = math.isclose(lo, hi, rel_tol=0.01, abs_tol=10 ** -digits)
+    return f"{lo:,.{digits}f}{unit}" if same else f"{lo:,.{digits}f}–{hi:,.{digits}f}{unit}"
+
+
+def _dtypes(run: Run) -> tuple[str, str]:
+    return str(run.config.get("precision.param_dtype")), str(run.config.get("precision.dtype"))
+
+
+def _context(run: Run, swept: dict[str, list[Any]]) -> str:
+    order = list(SHORT_NAMES)
+    keys = sorted((k for k, values in swept.items() if k not in PRECISION_KEYS and len(values) > 1),
+                  key=lambda k: order.index(k) if k in order else len(order))
+    parts = [f"{SHORT_NAMES.get(k, k)} {run.overrides.get(k, run.config.get(k))}" for k in keys]
+    return f" at {', '.join(parts)}" if parts else ""
+
+
+def _precision_sentence(a: Run, b: Run, swept: dict[str, list[Any]]) -> str | None:
+    (pa, da), (pb, db) = _dtypes(a), _dtypes(b)
+    what = (f"Compute dtype {db} vs {da}" if pa == pb else f"Parameter dtype {pb} vs {pa}" if da == db
+            else f"Parameter/compute dtype {pb}/{db} vs {pa}/{da}")
+    act_a, act_b = a.part("activations_temporaries"), b.part("activations_temporaries")
+    state_a, state_b = a.state_mib, b.state_mib
+    if act_a is None or act_b is None or state_a is None or state_b is None:
+        return None
+    acts = f"activations/temporaries {act_a:.1f} -> {act_b:.1f} MiB"
+    if math.isclose(state_a, state_b, rel_tol=0.005):
+        body = (f"{acts}, while parameters + optimizer state + gradients stay {state_a:.1f} MiB "
+                f"(they are stored in the parameter dtype, {pa})")
+    else:
+        body = (f"parameters + optimizer state + gradients {state_a:.1f} -> {state_b:.1f} MiB "
+                f"(they follow the parameter dtype) and {acts}")
+    (total_a, source_a), (total_b, source_b) = a.memory, b.memory
+    if total_a and total_b is not None:
+        change = abs(total_b - total_a) / total_a * 100
+        name = MEMORY_NAMES[source_a] if source_a == source_b else "memory per device"
+        body += (f", so the {name} moves {'only ' if change < 15 else ''}{change:.0f}% "
+                 f"({total_a:.1f} -> {total_b:.1f} MiB)")
+    return f"{what}{_context(a, swept)}: {body}."
+
+
+def precision_findings(runs: list[Run], swept: dict[str, list[Any]]) -> list[str]:
+    """One sentence per pair of complete runs that differ only in parameter and/or compute dtype."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        if run.ok and run.settings:
+            rest = {k: v for k, v in run.settings.items() if k not in PRECISION_KEYS}
+            groups.setdefault(json.dumps(rest, sort_keys=True, default=str), []).append(run)
+    sentences = []
+    for group in groups.values():
+        reference = next((r for r in group if _dtypes(r) == ("float32", "float32")), group[0])
+        compared = {_dtypes(reference)}
+        for other in group:
+            if _dtypes(other) not in compared and (sentence := _precision_sentence(reference, other, swept)):
+                compared.add(_dtypes(other))
+                sentences.append(sentence)
+    return sentences
+
+
+def dtype_role_finding(runs: list[Run]) -> str | None:
+    """Which bytes each dtype governs, with the activation share of the breakdown measured per batch size."""
+    shares: dict[int, list[float]] = {}
+    states: list[float] = []
+    for run in runs:
+        parts = [run.part(p) for p in ("params", "optimizer", "gradients", "activations_temporaries")]
+        batch = run.batch
+        if not run.ok or None in parts or batch is None or not sum(p or 0.0 for p in parts):
+            continue
+        total = sum(p or 0.0 for p in parts)
+        shares.setdefault(batch, []).append((parts[3] or 0.0) / total * 100)
+        states.append(total - (parts[3] or 0.0))
+    if not shares:
+        return None
+    small, large = min(shares), max(shares)
+    share_large = max(shares[large])
+    if small == large:
+        described = f"{_span(shares[large], '%', 0)} of the per-device breakdown at batch {large}"
+        verdict = ", so they do not dominate at this batch size" if share_large < 50 else ", so they dominate it"
+    else:
+        described = (f"{_span(shares[small], '%', 0)} of the per-device breakdown at batch {small} and "
+                     f"{_span(shares[large], '%', 0)} at batch {large}")
+        verdict = (f", so they do not dominate here even at batch {large}" if share_large < 50
+                   else ", so they dominate only at large batch" if max(shares[small]) < 50
+                   else ", so they dominate at every batch size here")
+    return (f"The parameter dtype sets the bytes of parameters, optimizer state and gradients (here "
+            f"{_span(states, ' MiB')} per device); the compute dtype changes only activations and temporaries, "
+            f"which are {described}{verdict}. Halving them (float32 -> bfloat16 "
+            f"compute) can therefore save at most about {share_large / 2:.0f}% of it.")
+
+
+def _replica_key(run: Run) -> str:
+    # Runs whose parameter and optimizer bytes are comparable: same model, parameter dtype and optimizer.
+    keys = [k for k in run.config if k.startswith("model.")] + ["precision.param_dtype", "optim.optimizer"]
+    return json.dumps({k: run.config.get(k) for k in sorted(keys)}, sort_keys=True, default=str)
+
+
+def _held(run: Run) -> float | None:
+    """Parameter + optimizer-state MiB per device: what a strategy replicates or shards."""
+    params, optimizer = run.part("params"), run.part("optimizer")
+    return None if params is None or optimizer is None else params + optimizer
+
+
+def strategy_findings(runs: list[Run]) -> list[str]:
+    """One sentence per strategy: parameter + optimizer bytes per device against a replica, and comms per step."""
+    complete = [r for r in runs if r.ok]
+    replicas: dict[str, float] = {}
+    for strategy in ("single", "dp"):  # a single-device run is the cleanest replica; DP holds the same bytes
+        for run in complete:
+            if run.strategy == strategy and (bytes_held := _held(run)) is not None:
+                replicas.setdefault(_replica_key(run), bytes_held)
+    sentences = []
+    for strategy in dict.fromkeys(r.strategy for r in complete):
+        group = [r for r in complete if r.strategy == strategy]
+        held: list[float] = []
+        ratios: list[float] = []
+        for run in group:
+            if (bytes_held := _held(run)) is None:
+                continue
+            held.append(bytes_held)
+            if (full := replicas.get(_replica_key(run))) and bytes_held:
+                ratios.append(full / bytes_held)
+        if not held:
+            continue
+        devices = sorted({r.devices for r in group if r.devices})
+        count = "/".join(map(str, devices)) or "?"
+        text = (f"{STRATEGY_ROLES.get(strategy, strategy)}: {_span(held, ' MiB')} of parameters + optimizer "
+                f"state per device on {count} device{'' if devices == [1] else 's'}")
+        if ratios and strategy != "single":
+            replica = _span(sorted({replicas[_replica_key(r)] for r in group if _replica_key(r) in replicas}))
+            text += (f", the same as a full replica ({replica} MiB)" if max(ratios) < 1.05
+                     else f", 1/{_span(ratios)} of the {replica} MiB a full replica holds")
+        comms = [c for c in (r.comms_mib for r in group) if c is not None]
+        kinds = sorted({k for r in group for k in r.comms},
+                       key=lambda k: -sum(r.comms_bytes(k) for r in group))
+        if comms and max(comms) > 0:
+            text += f", and moves {_span(comms, ' MiB')} per device per step in collectives ({', '.join(kinds)})"
+        elif comms:
+            text += ", and needs no collectives"
+        sentences.append(text + ".")
+    return sentences
+
+
+def explain(runs: list[Run], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
+    """Sentences under their section heading; sections the runs give nothing to say about are left out."""
+    role = dtype_role_finding(runs)
+    sections = {"Precision and memory": precision_findings(runs, swept) + ([role] if role else []),
+                "Sharding strategies": strategy_findings(runs)}
+    return {heading: sentences for heading, sentences in sections.items() if sentences}

@@ -1,0 +1,298 @@
+"""Sweep grids: axes of {"section.field": value} overrides from the command line, a sweep file or a preset,
+expanded into named runs (the cartesian product of the axes, first axis outermost).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shardbench import config as config_lib
+from shardbench.errors import ConfigError
+
+Override = dict[str, Any]
+Axis = list[Override]
+
+# Set by the sweep for every run: a sweep that overrode them would write runs over each other.
+SWEEP_OWNED = frozenset({"train.out", "train.resume", "train.run_name", "train.profile_root"})
+
+# How a swept field shows in a run name, as in the seed's run names (mesh_4_2_batch_1024); others use the field.
+NAME_PARTS: dict[str, str] = {
+    "parallel.mesh": "mesh", "parallel.strategy": "strategy", "parallel.devices": "devices",
+    "train.batch_size": "batch", "precision.param_dtype": "pdtype", "precision.dtype": "dtype",
+    "precision.matmul_precision": "matmul",
+}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Fixed overrides plus axes; its runs are the cartesian product of the axes on top of `base`."""
+
+    axes: list[Axis]
+    base: Override = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SweepPreset:
+    """A named sweep: a run preset to start from, fixed overrides, and grids whose runs are concatenated."""
+
+    base_preset: str
+    base: Override
+    grids: list[Grid]
+    doc: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """One planned run: `overrides` are its swept values (they name it), `base` everything else it sets."""
+
+    name: str
+    overrides: Override
+    base: Override
+
+    @property
+    def settings(self) -> Override:
+        return {**self.base, **self.overrides}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Everything a sweep runs: the run preset each run starts from, and the runs in order."""
+
+    label: str  # names the sweep directory: the sweep preset, sweep file or run preset
+    base_preset: str
+    base: Override
+    grids: list[Grid]
+    runs: list[Run]
+
+
+# ------------------------------------------------------------------------------------------------- values
+def field_kind(key: str) -> Any:
+    """The type of a 'section.field' key, or a one-line error naming the unknown field."""
+    section, _, name = key.partition(".")
+    if section in config_lib.SECTIONS:
+        kinds = config_lib.field_types(type(getattr(config_lib.Config(), section)))
+        if name in kinds:
+            return kinds[name]
+    raise ConfigError(f"unknown configuration field '{key}': see 'shardbench train --help'")
+
+
+def normalize_key(key: str) -> str:
+    section, dot, name = key.strip().lstrip("-").partition(".")
+    return f"{section}{dot}{name.replace('-', '_')}"
+
+
+def typed_value(key: str, value: Any) -> Any:
+    """Check a value from the command line or a sweep file against its field's type and convert it."""
+    kind = field_kind(key)
+    if isinstance(value, str) and kind is not str:
+        return config_lib.parse_value(key, value, kind)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if typing.get_origin(kind) is tuple:
+        if isinstance(value, (list, tuple)) and len(value) == len(typing.get_args(kind)) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            return tuple(float(v) for v in value)
+    elif (kind is bool and isinstance(value, bool)) or (kind is int and number and isinstance(value, int)):
+        return value
+    elif kind is float and number:
+        return float(value)
+    elif kind is str and (number or isinstance(value, str)):  # TOML writes `mesh = 8` naturally
+        return str(value)
+    name = "pair of numbers" if typing.get_origin(kind) is tuple else getattr(kind, "__name__", str(kind))
+    raise ConfigError(f"--{key.replace('_', '-')}: {value!r} is not a valid {name}")
+
+
+def check_key(key: str) -> str:
+    key = normalize_key(key)
+    field_kind(key)
+    if key in SWEEP_OWNED:
+        raise ConfigError(f"--{key.replace('_', '-')} is set by the sweep for each run; it cannot be swept or fixed")
+    return key
+
+
+def split_alternatives(key: str, text: str) -> list[str]:
+    """The alternatives in one command-line value: 'a,b,c'; ';' where one value itself holds commas.
+
+    Tuple fields (data.crop_scale '0.5,1.0') and meshes in 'data=4,model=2' form take commas inside one value,
+    so their alternatives are separated by ';' ('0.5,1.0;0.9,1.0'). Any value holding ';' is split on ';' only.
+    """
+    if ";" in text:
+        parts = text.split(";")
+    elif typing.get_origin(field_kind(key)) is tuple or (key == "parallel.mesh" and "=" in text):
+        parts = [text]
+    else:
+        parts = text.split(",")
+    parts = [p.strip() for p in parts]
+    if len(parts) > 1 and any(p == "" for p in parts):
+        raise ConfigError(f"--{key.replace('_', '-')} '{text}': an empty alternative in a sweep list")
+    return parts
+
+
+def unique(values: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def axes_from_values(values: Mapping[str, Any]) -> tuple[Override, list[Axis]]:
+    """Command-line values -> (fixed overrides, axes): a value listing several alternatives becomes an axis."""
+    fixed: Override = {}
+    axes: list[Axis] = []
+    for raw_key, value in values.items():
+        key = check_key(raw_key)
+        texts = split_alternatives(key, value) if isinstance(value, str) else [value]
+        typed = unique([typed_value(key, t) for t in texts])
+        if len(typed) == 1:
+            fixed[key] = typed[0]
+        else:
+            axes.append([{key: v} for v in typed])
+    return fixed, axes
+
+
+# ------------------------------------------------------------------------------------------ sweep presets
+def mesh_grid() -> SweepPreset:
+    """The seed's mesh experiment: no mesh, 8x1 and 4x2 (strategy auto) at batch 128, 1024 and 4096."""
+    meshes = [{"parallel.mesh": "none"}, {"parallel.mesh": "8x1"}, {"parallel.mesh": "4x2"}]
+    batches = [{"train.batch_size": b} for b in (128, 1024, 4096)]
+    return SweepPreset("vit-seed", {"parallel.strategy": "auto"}, [Grid([meshes, batches])],
+                       mesh_grid.__doc__ or "")
+
+
+def precision_grid() -> SweepPreset:
+    """The seed's precision experiments: parameter dtype, compute dtype x batch, and matmul precision."""
+    pdtypes = Grid([[{"precision.param_dtype": d} for d in ("float32", "float16", "bfloat16")]],
+                   {"precision.dtype": "float32", "train.batch_size": 128})
+    dtypes = Grid([[{"precision.dtype": d} for d in ("float32", "bfloat16")],
+                   [{"train.batch_size": b} for b in (128, 4096)]], {"precision.param_dtype": "float32"})
+    matmul = Grid([[{"precision.matmul_precision": p} for p in ("default", "high", "highest")]])
+    return SweepPreset("vit-seed", {"parallel.strategy": "auto"}, [pdtypes, dtypes, matmul],
+                       precision_grid.__doc__ or "")
+
+
+def strategies() -> SweepPreset:
+    """Every strategy side by side on the same work: single, dp, fsdp, tp, dp+tp and fsdp+tp on 8 devices."""
+    layouts = [{"parallel.strategy": "single", "parallel.mesh": "none"},
+               {"parallel.strategy": "dp", "parallel.mesh": "8"},
+               {"parallel.strategy": "fsdp", "parallel.mesh": "8"},
+               {"parallel.strategy": "tp", "parallel.mesh": "model=8"},
+               {"parallel.strategy": "dp+tp", "parallel.mesh": "4x2"},
+               {"parallel.strategy": "fsdp+tp", "parallel.mesh": "4x2"}]
+    return SweepPreset("vit-seed", {"parallel.devices": 8}, [Grid([layouts])], strategies.__doc__ or "")
+
+
+SWEEP_PRESETS: dict[str, Callable[[], SweepPreset]] = {
+    "mesh-grid": mesh_grid, "precision-grid": precision_grid, "strategies": strategies,
+}
+
+
+# ---------------------------------------------------------------------------------------------- expansion
+def _name_value(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return "_".join(str(v) for v in value)
+    text = str(value)
+    if key == "parallel.mesh" and re.fullmatch(r"\d+x\d+", text.strip().lower()):
+        return text.strip().lower().replace("x", "_")
+    return text or "default"
+
+
+def run_name(overrides: Override) -> str:
+    """The seed's style, from the swept values only: mesh_4_2_batch_1024, pdtype_bfloat16, lr_0.001."""
+    if not overrides:
+        return "base"
+    parts = [f"{NAME_PARTS.get(k, k.partition('.')[2])}_{_name_value(k, v)}" for k, v in overrides.items()]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(parts)).strip("_")
+
+
+def _strip(axes: list[Axis], keys: set[str]) -> list[Axis]:
+    """Drop fields the command line fixes or re-sweeps from an axis; an axis left with nothing goes."""
+    out = []
+    for axis in axes:
+        kept = unique([{k: v for k, v in entry.items() if k not in keys} for entry in axis])
+        if kept != [{}]:
+            out.append(kept)
+    return out
+
+
+def expand(grids: list[Grid], base: Override) -> list[Run]:
+    """Runs of every grid, concatenated; a name seen before is the same run when it sets the same values
+    (dropped), else a different one (a counter is appended)."""
+    runs: list[Run] = []
+    by_name: dict[str, Run] = {}
+    for grid in grids:
+        for combo in itertools.product(*grid.axes):
+            overrides: Override = {}
+            for entry in combo:
+                overrides.update(entry)
+            run = Run(run_name(overrides), overrides, {**base, **grid.base})
+            if run.name in by_name and by_name[run.name].settings == run.settings:
+                continue
+            name, n = run.name, 2
+            while name in by_name:
+                name, n = f"{run.name}_{n}", n + 1
+            run = Run(name, run.overrides, run.base)
+            by_name[name] = run
+            runs.append(run)
+    return runs
+
+
+@dataclass(frozen=True)
+class SweepFile:
+    """A sweep file's content (see `shardbench.sweep.sweep_file`): run preset, fixed overrides and axes."""
+
+    label: str
+    preset: str | None
+    base: Override
+    axes: list[Axis]
+
+
+def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_file: SweepFile | None = None,
+               values: Mapping[str, Any] | None = None) -> Sweep:
+    """Combine the sources: a sweep preset or file gives grids; `base_preset` swaps their run preset; command-line
+    values fix fields (replacing them in every axis) or, listing alternatives, add axes to every grid."""
+    fixed, cli_axes = axes_from_values(values or {})
+    label, start, base, grids = "", "vit-seed", {}, [Grid([])]
+    if preset in SWEEP_PRESETS:
+        if sweep_file is not None:
+            raise ConfigError(f"--preset {preset} is a sweep preset and --sweep-file gives another sweep: pick one")
+        made = SWEEP_PRESETS[preset]()
+        label, start, base, grids = preset, made.base_preset, dict(made.base), list(made.grids)
+    elif preset is not None:
+        if preset not in config_lib.PRESETS:
+            raise ConfigError(f"unknown preset '{preset}': choose one of "
+                              f"{', '.join([*config_lib.PRESETS, *SWEEP_PRESETS])}")
+        if base_preset is not None and base_preset != preset:
+            raise ConfigError(f"--base {base_preset} and the run preset --preset {preset} disagree: give one")
+        label, start = preset, preset
+    if sweep_file is not None:
+        label = sweep_file.label
+        start = preset if preset in config_lib.PRESETS else (sweep_file.preset or start)
+        base, grids = dict(sweep_file.base), [Grid(list(sweep_file.axes))]
+    if base_preset is not None:
+        if base_preset not in config_lib.PRESETS:
+            raise ConfigError(f"--base '{base_preset}' is not a run preset: choose one of "
+                              f"{', '.join(config_lib.PRESETS)}")
+        start = base_preset
+    replaced = set(fixed) | {k for axis in cli_axes for entry in axis for k in entry}
+    grids = [Grid(_strip(g.axes, replaced) + cli_axes, {k: v for k, v in g.base.items() if k not in replaced})
+             for g in grids]
+    base = {**{k: v for k, v in base.items() if k not in replaced}, **fixed}
+    label = label or start
+    runs = expand(grids, base)
+    # Every run must make a Config (known fields, right types); whether it can run is its own process's
+    # business: an impossible mesh is a result, recorded as failed, not a reason to stop the sweep.
+    for run in runs:
+        run_config(start, run)
+    return Sweep(label, start, base, grids, runs)
+
+
+def run_config(base_preset: str, run: Run) -> dict[str, Any]:
+    """The flattened configuration a run asks for (what its process resolves before it validates anything)."""
+    return config_lib.flatten(config_lib.override(config_lib.get_preset(base_preset), run.settings))

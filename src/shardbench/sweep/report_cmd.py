@@ -1,0 +1,29 @@
+"""`shardbench report DIR`: write the Markdown, HTML and chart report of a sweep (or of any folder of runs)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add the `report` sub-command to an argparse sub-parsers object."""
+    parser = subparsers.add_parser(
+        "report", help="write a Markdown + HTML report with charts for a sweep or a folder of runs",
+        description="Read DIR/sweep.db (or, without one, every run directory below DIR that has a summary.json) "
+                    "and write report.md, a self-contained report.html and PNG charts into DIR/report.",
+    )
+    parser.add_argument("dir", metavar="DIR", type=Path, help="sweep directory (or any folder of run directories)")
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default: DIR/report)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the report and print its files, the HTML page last (the one to open)."""
+    # Imported here so that building the CLI parser does not load matplotlib.
+    from shardbench.sweep.report import write_report
+
+    paths = write_report(args.dir, args.out)
+    for path in (paths.markdown, *paths.charts.values(), paths.html):
+        print(path)
+    return 0

@@ -1,0 +1,240 @@
+"""Run a sweep: each run in a fresh `shardbench train` process with a time limit, each result into the store
+the moment its process ends, one progress line per run and a table at the end.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from shardbench import config as config_lib
+from shardbench.sweep.grid import Run, Sweep, field_kind, run_config
+from shardbench.sweep.store import RunRow, Store
+
+KILL_GRACE_S = 5.0
+# `shardbench train` exit codes (cli.main): 2 bad configuration, 3 diverged, 4 missing or corrupt data.
+EXIT_KINDS = {2: "config", 3: "diverged", 4: "data"}
+OOM_WORDS = re.compile(r"RESOURCE_EXHAUSTED|out of memory|MemoryError", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How to run: where, the per-run time limit, and whether to profile (runs inherit the environment)."""
+
+    sweep_dir: Path
+    timeout_s: float = 1800.0
+    profile: bool = False
+
+
+def has_field(key: str) -> bool:
+    try:
+        field_kind(key)
+        return True
+    except config_lib.ConfigError:
+        return False
+
+
+def _arg(key: str, value: Any) -> list[str]:
+    flag = f"--{key.replace('_', '-')}"
+    if isinstance(value, bool):
+        return [flag if value else f"--no-{flag[2:]}"]
+    if isinstance(value, (tuple, list)):
+        value = ",".join(str(v) for v in value)
+    # '--flag=value' keeps a value such as '-1' from being read as a flag.
+    return [f"{flag}={value}"]
+
+
+def train_command(base_preset: str, run: Run, opts: Options) -> list[str]:
+    cmd = [sys.executable, "-m", "shardbench", "train", "--preset", base_preset]
+    for key, value in run.settings.items():
+        cmd += _arg(key, value)
+    cmd += ["--out", str(opts.sweep_dir / "runs" / run.name)]
+    if has_field("train.run_name"):  # older trainers name runs themselves
+        cmd += ["--train.run-name", run.name]
+    cmd += ["--no-train.progress"]
+    if opts.profile:
+        cmd += ["--train.profile", "--train.profile-root", str(opts.sweep_dir / "tensorboard")]
+    return cmd
+
+
+def _find_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # not Linux: Ctrl-C and time limits still end a run; only a SIGKILLed sweep leaves it running
+
+
+# Looked up here, not in the child: between fork and exec the child should do as little as possible.
+_PRCTL = _find_prctl()
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: a sweep killed outright must not leave its run training on as an orphan."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the run's process group, then SIGKILL what is left after a grace period."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tee(source: IO[bytes], log: IO[bytes], lines: list[str]) -> None:
+    """Copy the child's stderr into the log, keeping its lines: the error message comes from stderr."""
+    for raw in iter(source.readline, b""):
+        log.write(raw)
+        lines.append(raw.decode(errors="replace").rstrip())
+        del lines[:-200]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    returncode: int | None  # None: stopped at the time limit
+    stderr: list[str]
+    started: float
+    wall_s: float
+
+
+def run_process(cmd: list[str], log_path: Path, timeout_s: float) -> Outcome:
+    """One run's process, alone in its session so that a time limit or Ctrl-C can stop all of it."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started, t0 = time.time(), time.perf_counter()
+    lines: list[str] = []
+    with open(log_path, "wb", buffering=0) as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_die_with_parent if _PRCTL else None)
+        assert proc.stderr is not None
+        reader = threading.Thread(target=_tee, args=(proc.stderr, log, lines), daemon=True)
+        reader.start()
+        code: int | None
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            code = None
+        except BaseException:  # Ctrl-C: the run dies with the sweep; its directory is cleared on --resume
+            _kill_group(proc)
+            raise
+        reader.join(timeout=10)
+        proc.stderr.close()
+    return Outcome(code, lines, started, time.perf_counter() - t0)
+
+
+def _log_lines(path: Path) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            return [ln.rstrip() for ln in f.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return []
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def classify(outcome: Outcome, log_path: Path, timeout_s: float) -> tuple[str, str]:
+    """(error_kind, one-line message) of a run that did not complete."""
+    log = _log_lines(log_path)
+    said = [ln for ln in outcome.stderr if ln.startswith("shardbench:")]
+    last = next((ln for ln in reversed(outcome.stderr) if ln.strip()), None) or next(
+        (ln for ln in reversed(log) if ln.strip()), "")
+    message = said[-1] if said else last
+    oom = next((ln for ln in reversed(log) if OOM_WORDS.search(ln)), None)
+    code = outcome.returncode
+    if code is None:
+        return "timeout", f"no result within the {timeout_s:g} s time limit: stopped"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        if -code == signal.SIGKILL and oom:
+            return "oom", _one_line(f"killed by {name}: {oom}")
+        return "killed", f"killed by {name}"
+    if code in EXIT_KINDS:
+        return EXIT_KINDS[code], _one_line(message)
+    if oom:
+        return "oom", _one_line(oom)
+    if code == 0:
+        return "crash", "exited 0 without writing summary.json"
+    return "crash", _one_line(f"exit {code}: {message}" if message else f"exit {code}")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def execute(sweep: Sweep, run: Run, opts: Options) -> RunRow:
+    """Run one configuration to the end (or its time limit) and describe what happened."""
+    run_dir = opts.sweep_dir / "runs" / run.name
+    log_path = opts.sweep_dir / "runs" / f"{run.name}.log"
+    outcome = run_process(train_command(sweep.base_preset, run, opts), log_path, opts.timeout_s)
+    finished = outcome.started + outcome.wall_s
+    planned = run_config(sweep.base_preset, run)
+    record = _read_json(run_dir / "summary.json") if outcome.returncode == 0 else None
+    if record is not None:
+        saved = _read_json(run_dir / "config.json")
+        try:
+            config = config_lib.flatten(config_lib.from_dict(saved)) if saved else planned
+        except config_lib.ConfigError:
+            config = planned
+        return RunRow(run.name, "complete", None, None, run.overrides, config, record, outcome.started, finished,
+                      outcome.wall_s)
+    kind, message = classify(outcome, log_path, opts.timeout_s)
+    return RunRow(run.name, "failed", kind, message, run.overrides, planned, None, outcome.started, finished,
+                  outcome.wall_s)
+
+
+def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], None] = print) -> int:
+    """Run every run not yet in the store; returns 0 when each is recorded, 130 on Ctrl-C."""
+    from shardbench.sweep.report import progress_line, summary_table
+
+    done = store.names()
+    todo = [r for r in sweep.runs if r.name not in done]
+    if done:
+        out(f"resuming: {len(sweep.runs) - len(todo)} of {len(sweep.runs)} runs already recorded")
+    total = len(sweep.runs)
+    try:
+        for i, run in enumerate(todo, start=total - len(todo) + 1):
+            leftover = opts.sweep_dir / "runs" / run.name
+            if leftover.exists():  # an interrupted run of an earlier sweep: its directory would refuse `train`
+                shutil.rmtree(leftover)
+            row = execute(sweep, run, opts)
+            store.add(row)
+            out(progress_line(i, total, row))
+    except KeyboardInterrupt:
+        print(f"shardbench: sweep interrupted; {len(store.names())} of {total} runs are recorded in "
+              f"{store.path}: continue with --resume --out {opts.sweep_dir}", file=sys.stderr)
+        return 130
+    rows = {r.name: r for r in store.runs()}
+    out(summary_table([rows[r.name] for r in sweep.runs if r.name in rows]))
+    out(f"sweep: {opts.sweep_dir}")
+    return 0

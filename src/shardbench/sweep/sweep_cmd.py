@@ -1,0 +1,179 @@
+"""The `shardbench sweep` sub-command: every `train` flag (a value with commas sweeps it), sweep presets and
+files, a sweep directory holding `sweep.db`, and `--resume` to finish an interrupted sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from shardbench import config as config_lib
+from shardbench.cli import add_config_arguments
+from shardbench.errors import ConfigError, ShardbenchError
+from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep
+from shardbench.sweep.runner import Options, has_field, run_sweep
+from shardbench.sweep.store import Store
+from shardbench.sweep.sweep_file import load_sweep_file
+
+DESCRIPTION = """\
+Run many configurations, each in its own `shardbench train` process, and keep every result in
+<out>/sweep.db (SQLite; one row per run, complete or failed) with each run's directory and log under
+<out>/runs/.
+
+Every `train` flag is accepted. A value with commas sweeps the field: `--mesh none,8x1,4x2 --batch-size
+128,1024` runs the 6 combinations. Fields whose single value holds commas (pairs such as --data.crop-scale
+0.5,1.0, and meshes written data=4,model=2) separate alternatives with ';' instead:
+--data.crop-scale '0.5,1.0;0.9,1.0'. A value with ';' is always split on ';' only.
+
+A sweep file (TOML, or JSON by its .json suffix) holds:
+    preset = "vit-tiny"                          # the run preset every run starts from
+    [base]                                       # fixed overrides
+    "train.steps" = 20
+    axes = [[{"parallel.mesh" = "8x1"}, {"parallel.mesh" = "4x2"}]]   # axes of override tables
+    grid = {"train.batch_size" = [128, 1024]}    # shorthand: one axis per field
+Runs are the cartesian product of the axes. Command-line values override the preset's or file's: a single
+value fixes the field (taking it out of every axis), a list replaces its axis.
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add `sweep` to the `shardbench` sub-commands."""
+    # 'resolve': the sweep's own --preset, --out, --resume and --profile replace those spellings of the config
+    # flags; the long forms (--train.out ...) of the fields the sweep sets for each run stay, hidden, and are refused.
+    parser = subparsers.add_parser(
+        "sweep", help="run a grid of configurations, each in its own process, into a SQLite store",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter, conflict_handler="resolve",
+    )
+    add_config_arguments(parser)
+    for action in parser._actions:  # still parsed, to refuse them in one line; not offered
+        if action.dest in SWEEP_OWNED:
+            action.help = argparse.SUPPRESS
+    group = parser.add_argument_group("sweep options")
+    group.add_argument("--preset", default=None, choices=[*config_lib.PRESETS, *SWEEP_PRESETS],
+                       help="a run preset every run starts from, or a sweep preset: "
+                            + "; ".join(f"{n}: {make().doc.rstrip('.')}" for n, make in SWEEP_PRESETS.items()))
+    group.add_argument("--base", default=None, choices=list(config_lib.PRESETS),
+                       help="the run preset a sweep preset or sweep file starts from (e.g. vit-tiny)")
+    group.add_argument("--sweep-file", type=Path, default=None, help="TOML or JSON file of axes (see above)")
+    group.add_argument("--out", default="", help="sweep directory ('' = runs/sweep-<preset>-<time>)")
+    group.add_argument("--resume", action="store_true",
+                       help="finish the sweep in --out: skip recorded runs, re-run interrupted ones")
+    group.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take (default 1800)")
+    group.add_argument("--profile", action="store_true",
+                       help="profile every run; traces land in <out>/tensorboard")
+    group.add_argument("--dry-run", action="store_true", help="print the runs and their overrides, run nothing")
+    group.add_argument("--no-report", action="store_true",
+                       help="do not write <out>/report at the end (shardbench report <out> writes it later)")
+
+
+def _fmt(overrides: dict[str, Any]) -> str:
+    return " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in overrides.items())
+
+
+def dry_run(sweep: Sweep) -> None:
+    print(f"{len(sweep.runs)} run(s) from {sweep.base_preset}" + (f"; fixed: {_fmt(sweep.base)}" if sweep.base else ""))
+    width = max((len(r.name) for r in sweep.runs), default=0)
+    for run in sweep.runs:
+        extra = {k: v for k, v in run.base.items() if sweep.base.get(k, object()) != v}
+        print(f"{run.name.ljust(width)}  {_fmt(run.overrides)}" + (f"  [{_fmt(extra)}]" if extra else ""))
+
+
+def plan_meta(sweep: Sweep) -> dict[str, Any]:
+    """What the store remembers of the sweep; JSON round-tripped so a resumed sweep compares like for like."""
+    base_cfg = config_lib.override(config_lib.get_preset(sweep.base_preset), sweep.base)
+    meta = {
+        "preset": sweep.label, "base_preset": sweep.base_preset,
+        "axes": [axis for grid in sweep.grids for axis in grid.axes],
+        "grids": [{"base": grid.base, "axes": grid.axes} for grid in sweep.grids],
+        "base_config": config_lib.flatten(base_cfg),
+        "runs": [{"name": r.name, "overrides": r.overrides, "settings": r.settings} for r in sweep.runs],
+    }
+    return json.loads(json.dumps(meta))
+
+
+def sweep_dir(args: argparse.Namespace, sweep: Sweep) -> Path:
+    if args.out:
+        return Path(args.out)
+    return Path("runs") / f"sweep-{sweep.label}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def open_store(out: Path, resume: bool, meta: dict[str, Any]) -> Store:
+    """A new store, or with --resume the store of the same sweep (run() has checked which exists)."""
+    store = Store(out / "sweep.db")
+    if resume:
+        for key in ("base_preset", "base_config", "runs"):
+            if store.get_meta(key) != meta[key]:
+                store.close()
+                raise ConfigError(f"--resume: {out} holds a different sweep ({key} differs); resume it with the "
+                                  f"same arguments or start a new one with another --out")
+        return store
+    for key, value in meta.items():
+        store.set_meta(key, value)
+    store.set_meta("created", time.time())
+    return store
+
+
+def check_out(out: Path, resume: bool) -> None:
+    """Without --resume a sweep starts in a new or empty directory; with it, in one holding a sweep."""
+    has_db = (out / "sweep.db").exists()
+    if resume and not has_db:
+        raise ConfigError(f"--resume: {out} holds no sweep to resume (no sweep.db); drop --resume to start one")
+    if not resume and has_db:
+        raise ConfigError(f"--out {out} already holds a sweep: pass --resume to finish it, or choose another --out")
+    if not resume and out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} is not empty: choose a new directory for the sweep")
+
+
+def _lock(out: Path) -> IO[str]:
+    """One sweep at a time per directory; the lock goes with the process, however it ends."""
+    out.mkdir(parents=True, exist_ok=True)
+    handle = open(out / ".lock", "w")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ConfigError(f"--out {out}: another sweep is running there") from None
+    return handle
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the sweep `args` describe: 0 when every run is recorded (failed runs are results), 2 for bad input,
+    130 on Ctrl-C."""
+    try:
+        values = {k: v for k, v in vars(args).items() if "." in k}
+        file = load_sweep_file(args.sweep_file) if args.sweep_file is not None else None
+        sweep = make_sweep(args.preset, args.base, file, values)
+        if args.profile and not has_field("train.profile_root"):
+            raise ConfigError("--profile: this shardbench's train has no train.profile_root field")
+        if args.timeout <= 0:
+            raise ConfigError(f"--timeout must be positive, got {args.timeout:g}")
+        if args.dry_run:
+            dry_run(sweep)
+            return 0
+        out = sweep_dir(args, sweep)
+        check_out(out, args.resume)
+        lock = _lock(out)
+        try:
+            with open_store(out, args.resume, plan_meta(sweep)) as store:
+                print(f"sweep: {len(sweep.runs)} runs -> {out}", flush=True)
+                code = run_sweep(sweep, store, Options(out, args.timeout, args.profile),
+                                 out=lambda line: print(line, flush=True))
+        finally:
+            lock.close()
+        if code == 0 and not args.no_report:
+            from shardbench.sweep.report import write_report  # matplotlib only when a report is written
+
+            paths = write_report(out)
+            print(f"report: {paths.markdown}\nreport: {paths.html}", flush=True)
+        return code
+    except ShardbenchError as err:
+        print(f"shardbench: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("shardbench: sweep interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,79 @@
+"""Sweep files (`shardbench sweep --sweep-file F`): TOML, or JSON by a .json suffix, read into a SweepFile.
+
+    preset = "vit-tiny"                                   # the run preset every run starts from
+    axes = [[{"parallel.mesh" = "8x1"}, {"parallel.mesh" = "4x2", "parallel.strategy" = "dp+tp"}]]
+    grid = {"train.batch_size" = [128, 1024]}             # shorthand: one axis per field, in file order
+    [base]                                                # fixed overrides
+    train.steps = 20
+
+Field names are 'section.field', quoted or as TOML dotted keys; values are typed as the field is.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from shardbench import config as config_lib
+from shardbench.errors import ConfigError
+from shardbench.sweep.grid import Axis, Override, SweepFile, check_key, typed_value, unique
+
+KEYS = ("preset", "base", "axes", "grid")
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> Override:
+    """TOML's dotted keys (`train.steps = 20`) arrive as nested tables; quoted keys arrive flat."""
+    out: Override = {}
+    for k, v in table.items():
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[check_key(f"{prefix}{k}")] = v
+    return out
+
+
+def _typed_table(table: Any) -> Override:
+    if not isinstance(table, Mapping):
+        raise ConfigError("base and every axis entry must be tables of field = value")
+    return {k: typed_value(k, v) for k, v in _flatten(table).items()}
+
+
+def parse_sweep(data: Any, label: str) -> SweepFile:
+    """Check and type a sweep file's content: unknown keys, fields and ill-typed values are one-line errors."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"expected a table with {', '.join(KEYS)} at the top level")
+    unknown = sorted(set(data) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key '{unknown[0]}': use {', '.join(KEYS)}")
+    preset = data.get("preset")
+    if preset is not None and preset not in config_lib.PRESETS:
+        raise ConfigError(f"preset '{preset}' is not a run preset: choose one of {', '.join(config_lib.PRESETS)}")
+    raw_axes = data.get("axes", [])
+    if not isinstance(raw_axes, list) or not all(isinstance(a, list) and a for a in raw_axes):
+        raise ConfigError("axes must be a list of non-empty lists of tables")
+    axes: list[Axis] = [unique([_typed_table(entry) for entry in axis]) for axis in raw_axes]
+    grid = data.get("grid", {})
+    if not isinstance(grid, Mapping):
+        raise ConfigError("grid must be a table of field = [values]")
+    for key, values in _flatten(grid).items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid entry '{key}' must be a non-empty list of values")
+        axes.append(unique([{key: typed_value(key, v)} for v in values]))
+    return SweepFile(label=label, preset=preset, base=_typed_table(data.get("base", {})), axes=axes)
+
+
+def load_sweep_file(path: Path) -> SweepFile:
+    """Read and check a sweep file; every problem is one line naming the file."""
+    kind = "JSON" if path.suffix == ".json" else "TOML"
+    try:
+        text = path.read_text()
+        return parse_sweep(json.loads(text) if kind == "JSON" else tomllib.loads(text), label=path.stem)
+    except OSError as e:
+        raise ConfigError(f"--sweep-file {path}: cannot be read ({e.strerror})") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--sweep-file {path}: not valid {kind} ({e})") from None
+    except ConfigError as e:
+        raise ConfigError(f"--sweep-file {path}: {e}") from None

@@ -1,0 +1,310 @@
+"""The sweep report: Markdown table and sentences computed from hand-made runs, valid PNG charts, and the HTML
+page checked in headless Chromium (rows, charts, click-to-sort with missing values last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardbench import config as config_lib
+from shardbench.errors import ShardbenchError
+from shardbench.sweep import report_cmd
+from shardbench.sweep.report import ReportPaths, write_report
+from shardbench.sweep.store import RunRow, Store
+
+MIB = 2**20
+CHARTS = ("epoch_time", "peak_memory", "throughput", "mfu", "comms", "memory_breakdown")
+BASE = config_lib.flatten(config_lib.get_preset("vit-tiny"))
+
+
+def record(name: str, strategy: str, mesh: str, devices: int, *, breakdown: tuple[float, float, float, float],
+           total: float, comms: dict[str, tuple[int, float]], epochs: list[float], step_ms: float, img_s: float,
+           mfu: float | None, acc: float, peak: float | None = None) -> dict[str, Any]:
+    """A summary.json as `shardbench train` writes it; every size is given in MiB."""
+    params, optimizer, gradients, activations = breakdown
+    return {
+        "status": "complete", "run_name": name, "strategy": strategy, "mesh": mesh, "devices": devices,
+        "steps": 40, "resumed_from": 0, "time_s": sum(epochs) + 5.0, "images_per_s": img_s, "train_loss": 2.1,
+        "test_loss": 2.0, "test_accuracy": acc, "epochs": [], "out": f"runs/{name}",
+        "measurements": {
+            "platform": "cpu", "device_kind": "cpu", "devices": devices, "processes": 1,
+            "compile": {"lower_s": 0.5, "compile_s": 3.25},
+            "step_time_s": {"median": step_ms / 1e3, "p90": step_ms * 1.25 / 1e3, "measured_steps": 37,
+                            "excluded_steps": 3},
+            "epoch_time_s": epochs,
+            "throughput": {"examples_per_s": img_s, "examples_per_s_per_device": img_s / devices},
+            "flops": {"analytic_per_step": 1.2e12, "xla_per_step": None, "formula": "6 * params * tokens"},
+            "mfu": {"mfu": mfu, "peak_flops_per_s_per_device": 9.9e11 if mfu is not None else None,
+                    "peak_source": "calibrated matmul (cpu)" if mfu is not None else None},
+            "memory": {
+                "peak_bytes_in_use": None if peak is None else int(peak * MIB),
+                "compiled": {"argument_bytes": 1, "output_bytes": 1, "temp_bytes": 1, "alias_bytes": 1,
+                             "generated_code_bytes": 1},
+                "total_bytes": int(total * MIB),
+                "breakdown": {"params_bytes": int(params * MIB), "optimizer_bytes": int(optimizer * MIB),
+                              "gradients_bytes": int(gradients * MIB),
+                              "activations_temporaries_bytes": int(activations * MIB)},
+            },
+            "comms": {k: {"count": c, "bytes": int(b * MIB)} for k, (c, b) in comms.items()},
+            "comms_total_bytes": int(sum(b for _, b in comms.values()) * MIB),
+        },
+    }
+
+
+def row(name: str, overrides: dict[str, Any], rec: dict[str, Any] | None, error: tuple[str, str] | None = None
+        ) -> RunRow:
+    config = BASE | overrides | {"train.out": f"sweep/runs/{name}"}
+    kind, message = error if error else (None, None)
+    return RunRow(name, "failed" if error else "complete", kind, message, overrides, config, rec, 1.0e9, 1.0e9 + 60,
+                  60.0)
+
+
+def sweep_rows() -> list[RunRow]:
+    """Five complete runs over four strategies (one precision pair differing only in compute dtype) and an OOM."""
+    def over(strategy: str, devices: int, mesh: str, dtype: str = "float32", batch: int = 128) -> dict[str, Any]:
+        return {"parallel.strategy": strategy, "parallel.devices": devices, "parallel.mesh": mesh,
+                "precision.dtype": dtype, "train.batch_size": batch}
+
+    return [
+        row("single_fp32", over("single", 1, "1"), record(
+            "single_fp32", "single", "1", 1, breakdown=(40.1, 80.2, 40.1, 41.2), total=210.0, comms={},
+            epochs=[12.5, 11.5], step_ms=95.0, img_s=1300.0, mfu=0.31, acc=0.412)),
+        row("single_bf16", over("single", 1, "1", dtype="bfloat16"), record(
+            "single_bf16", "single", "1", 1, breakdown=(40.1, 80.2, 40.1, 22.0), total=191.0, comms={},
+            epochs=[9.0, 8.0], step_ms=70.0, img_s=1800.0, mfu=0.42, acc=0.405)),
+        row("dp_8", over("dp", 8, "8"), record(
+            "dp_8", "dp", "8", 8, breakdown=(40.1, 80.2, 40.1, 6.0), total=170.0,
+            comms={"all-reduce": (6, 40.1)}, epochs=[4.0, 3.5], step_ms=30.0, img_s=4200.0, mfu=0.12, acc=0.40)),
+        row("fsdp_8", over("fsdp", 8, "8"), record(
+            "fsdp_8", "fsdp", "8", 8, breakdown=(5.0125, 10.025, 5.0125, 6.0), total=28.0,
+            comms={"all-gather": (12, 70.2), "reduce-scatter": (6, 35.1)}, epochs=[5.0, 4.5], step_ms=38.0,
+            img_s=3400.0, mfu=None, acc=0.40)),
+        row("dptp_4x2", over("dp+tp", 8, "4x2"), record(
+            "dptp_4x2", "dp+tp", "4x2", 8, breakdown=(20.05, 40.1, 20.05, 8.0), total=90.0,
+            comms={"all-reduce": (30, 25.0), "all-gather": (6, 5.0)}, epochs=[6.0, 5.0], step_ms=45.0,
+            img_s=2900.0, mfu=0.08, acc=0.39)),
+        row("fsdp_8_batch_4096", over("fsdp", 8, "8", batch=4096), None,
+            ("oom", "RESOURCE_EXHAUSTED: out of memory allocating 1.20GiB")),
+    ]
+
+
+@pytest.fixture
+def sweep_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        store.set_meta("preset", "vit-tiny")
+        for r in sweep_rows():
+            store.add(r)
+    return directory
+
+
+@pytest.fixture
+def written(sweep_dir: Path) -> ReportPaths:
+    return write_report(sweep_dir)
+
+
+def markdown_table(text: str) -> list[dict[str, str]]:
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0].strip("|").split(" | ")]
+    return [dict(zip(header, [c.strip() for c in line.strip("|").split(" | ")], strict=True)) for line in lines[1:]]
+
+
+def test_markdown_table_has_every_run_with_its_numbers(written: ReportPaths) -> None:
+    assert written.directory == written.markdown.parent and written.markdown.name == "report.md"
+    rows = {r["run"]: r for r in markdown_table(written.markdown.read_text())}
+    assert list(rows) == [r.name for r in sweep_rows()]  # store order
+    fp32 = rows["single_fp32"]
+    assert (fp32["status"], fp32["strategy"], fp32["devices"], fp32["batch"]) == ("complete", "single", "1", "128")
+    assert (fp32["param dtype"], fp32["dtype"], fp32["epoch time s"]) == ("float32", "float32", "12.00")
+    assert (fp32["step ms median"], fp32["step ms p90"], fp32["compile s"]) == ("95.0", "118.8", "3.25")
+    assert (fp32["img/s"], fp32["MFU %"], fp32["memory/device MiB"]) == ("1,300", "31.0", "210.0 (compiled)")
+    assert (fp32["params MiB"], fp32["optimizer MiB"], fp32["activations MiB"]) == ("40.1", "80.2", "41.2")
+    assert (fp32["comms/step MiB"], fp32["collectives"], fp32["test acc %"]) == ("0.00", "none", "41.2")
+    fsdp = rows["fsdp_8"]
+    assert (fsdp["img/s/device"], fsdp["MFU %"], fsdp["comms/step MiB"]) == ("425", "–", "105.30")
+    assert fsdp["collectives"] == "all-gather×12, reduce-scatter×6"
+    failed = rows["fsdp_8_batch_4096"]
+    assert (failed["status"], failed["strategy"], failed["batch"], failed["epoch time s"]) == (
+        "failed (oom)", "fsdp", "4,096", "–")
+
+
+def test_markdown_explains_precision_and_strategies_from_the_data(written: ReportPaths) -> None:
+    text = written.markdown.read_text()
+    assert "`precision.dtype`: float32, bfloat16" in text and "`parallel.strategy`: single, dp, fsdp, dp+tp" in text
+    assert ("Compute dtype bfloat16 vs float32 at strategy single, mesh 1, devices 1, batch 128: "
+            "activations/temporaries 41.2 -> 22.0 MiB, while parameters + optimizer state + gradients stay "
+            "160.4 MiB (they are stored in the parameter dtype, float32), so the compiled total per device moves "
+            "only 9% (210.0 -> 191.0 MiB).") in text
+    assert "The parameter dtype sets the bytes of parameters, optimizer state and gradients" in text
+    assert "FSDP shards parameters and optimizer state over the data axis: 15.0 MiB" in text
+    assert "1/8.0 of the 120.3 MiB a full replica holds" in text
+    assert "moves 105.3 MiB per device per step in collectives (all-gather, reduce-scatter)" in text
+    assert "DP replicates parameters and optimizer state on every device: 120.3 MiB" in text
+    assert "the same as a full replica (120.3 MiB)" in text
+    assert "A single device holds the whole model" in text and "needs no collectives" in text
+    assert "- `fsdp_8_batch_4096`: oom: RESOURCE_EXHAUSTED: out of memory allocating 1.20GiB" in text
+    for name in CHARTS:
+        assert f"]({name}.png)" in text
+
+
+def test_charts_are_valid_pngs(written: ReportPaths) -> None:
+    assert sorted(written.charts) == sorted(CHARTS)
+    for name, path in written.charts.items():
+        data = path.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n", name
+        width, height = struct.unpack(">II", data[16:24])
+        assert width >= 600 and height >= 150 and len(data) > 10_000, (name, width, height, len(data))
+
+
+def test_memory_chart_marks_compiled_totals_when_some_runs_report_a_peak(tmp_path: Path) -> None:
+    from shardbench.sweep.plots import peak_memory
+    from shardbench.sweep.report import COLUMNS, Run
+
+    def run(name: str, peak: float | None) -> Run:
+        return Run(name, "complete", None, None, {}, BASE, record(
+            name, "dp", "8", 8, breakdown=(1.0, 2.0, 1.0, 4.0), total=9.0, comms={}, epochs=[1.0], step_ms=1.0,
+            img_s=10.0, mfu=None, acc=0.1, peak=peak))
+
+    mixed = peak_memory([run("gpu", 12.5), run("cpu", None)], tmp_path)
+    assert "compiled totals" in mixed.note and mixed.path.stat().st_size > 10_000
+    assert peak_memory([run("gpu", 12.5)], tmp_path).note == ""
+    memory = next(c for c in COLUMNS if c.key == "mem_mib")
+    assert (memory.text(run("gpu", 12.5)), memory.text(run("cpu", None))) == ("12.5 (peak)", "9.0 (compiled)")
+
+
+def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path: Path) -> None:
+    for dtype in ("float32", "bfloat16"):
+        cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {"precision.dtype": dtype,
+                                                                      "train.out": f"runs/{dtype}"})
+        run_dir = tmp_path / "runs" / dtype
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text(cfg.to_json())
+        acts = 30.0 if dtype == "float32" else 15.0
+        (run_dir / "summary.json").write_text(json.dumps(record(
+            f"tiny_{dtype}", "dp", "8", 8, breakdown=(10.0, 20.0, 10.0, acts), total=40.0 + acts, comms={},
+            epochs=[2.0], step_ms=10.0, img_s=100.0, mfu=None, acc=0.3)))
+    paths = write_report(tmp_path / "runs", out_dir=tmp_path / "out")
+    text = paths.markdown.read_text()
+    assert [r["run"] for r in markdown_table(text)] == ["tiny_bfloat16", "tiny_float32"]
+    assert "`precision.dtype`: bfloat16, float32" in text
+    assert "activations/temporaries 30.0 -> 15.0 MiB" in text and "moves 21% (70.0 -> 55.0 MiB)" in text
+    assert "No run reports an MFU: no peak FLOP/s is known for device kind cpu." in text
+    with pytest.raises(ShardbenchError, match="no runs to report"):
+        write_report(tmp_path / "out")
+
+
+def test_parameter_dtype_pair_says_the_state_bytes_move() -> None:
+    from shardbench.sweep.findings import precision_findings
+    from shardbench.sweep.report import Run
+
+    def run(param_dtype: str, state: float) -> Run:
+        config = BASE | {"precision.param_dtype": param_dtype, "train.out": f"runs/{param_dtype}"}
+        return Run(param_dtype, "complete", None, None, {"precision.param_dtype": param_dtype}, config, record(
+            param_dtype, "dp", "8", 8, breakdown=(state / 4, state / 2, state / 4, 10.0), total=state + 10.0,
+            comms={}, epochs=[1.0], step_ms=1.0, img_s=10.0, mfu=None, acc=0.1))
+
+    assert precision_findings([run("float32", 160.0), run("bfloat16", 80.0)], {}) == [
+        "Parameter dtype bfloat16 vs float32: parameters + optimizer state + gradients 160.0 -> 80.0 MiB (they "
+        "follow the parameter dtype) and activations/temporaries 10.0 -> 10.0 MiB, so the compiled total per "
+        "device moves 47% (170.0 -> 90.0 MiB)."]
+
+
+def test_terminal_lines_of_a_sweep() -> None:
+    from shardbench.sweep.report import progress_line, summary_table
+
+    rows = sweep_rows()
+    assert progress_line(1, 6, rows[0]) == ("[1/6] single_fp32  complete  29.0s  1300 img/s  step 0.095s  "
+                                            "mem 210.0 MiB (compiled)  comms 0.0 MiB")
+    assert progress_line(6, 6, rows[-1]).startswith("[6/6] fsdp_8_batch_4096  FAILED (oom): RESOURCE_EXHAUSTED")
+    table = summary_table(rows).splitlines()
+    assert table[0].split()[:3] == ["run", "status", "epoch"] and len(table) == 2 + len(rows)
+    assert table[2].split()[:3] == ["single_fp32", "complete", "12.00"]
+
+
+def test_report_command_prints_paths_html_last(sweep_dir: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    report_cmd.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["report", str(sweep_dir), "--out", str(tmp_path / "elsewhere")])
+    assert report_cmd.run(args) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed[0] == str(tmp_path / "elsewhere" / "report.md")
+    assert printed[-1] == str(tmp_path / "elsewhere" / "report.html")
+    assert all(Path(p).exists() for p in printed)
+
+
+# ----------------------------------------------------------------------------------- the page in a browser
+def _browser_page():  # type: ignore[no-untyped-def]
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install playwright)")
+    executable = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(executable).exists():
+        pytest.skip("no chromium binary (apt-get install chromium)")
+    return sync_playwright, executable
+
+
+def _column(page: Any, key: str) -> list[float | None]:
+    texts = page.eval_on_selector_all(f"table#runs tbody tr td[data-key='{key}']",
+                                      "cells => cells.map(c => c.textContent)")
+    return [None if t == "–" else float(t.split()[0].replace(",", "")) for t in texts]
+
+
+def _expected(values: list[float | None], reverse: bool) -> list[float | None]:
+    present = sorted((v for v in values if v is not None), reverse=reverse)
+    return present + [None] * (len(values) - len(present))
+
+
+def test_html_page_in_chromium(written: ReportPaths) -> None:
+    sync_playwright, executable = _browser_page()
+    page_text = written.html.read_text()
+    assert "http://" not in page_text and "https://" not in page_text
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            outside: list[str] = []
+            page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(written.html.as_uri())
+            page.wait_for_load_state("load")
+
+            assert page.locator("table#runs tbody tr").count() == len(sweep_rows())
+            assert page.locator("th[data-key]").count() == 23
+            charts = page.locator("img.chart")
+            assert charts.count() == len(CHARTS)
+            for i in range(charts.count()):
+                chart = charts.nth(i)
+                chart.scroll_into_view_if_needed()
+                assert chart.evaluate("img => img.complete && img.naturalWidth") > 0, chart.get_attribute("id")
+                assert chart.is_visible()
+            assert "Compute dtype bfloat16 vs float32" in page.locator("#findings").inner_text()
+
+            for key in ("epoch_s", "mfu_pct", "img_s_device"):
+                original = _column(page, key)
+                header = page.locator(f"th[data-key='{key}']")
+                header.click()
+                assert _column(page, key) == _expected(original, reverse=False), key
+                assert header.get_attribute("aria-sort") == "ascending" and "▲" in header.inner_text()
+                header.click()
+                assert _column(page, key) == _expected(original, reverse=True), key
+                assert header.get_attribute("aria-sort") == "descending" and "▼" in header.inner_text()
+            # Rows move whole: the failed run's status comes along with its missing numbers.
+            assert page.locator("table#runs tbody tr").last.get_attribute("data-run") == "fsdp_8_batch_4096"
+            page.locator("th[data-key='run']").click()
+            names = page.eval_on_selector_all("table#runs tbody tr", "rows => rows.map(r => r.dataset.run)")
+            assert names == sorted(r.name for r in sweep_rows())
+            assert not outside and not errors, (outside, errors)
+        finally:
+            browser.close()

@@ -1,0 +1,278 @@
+"""Sweeps: grid expansion and names, sweep files, and real sweeps of tiny runs in real processes into a real
+SQLite store (failed runs recorded as results, time limits, a killed sweep resumed)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shardbench.errors import ConfigError
+from shardbench.sweep import sweep_cmd
+from shardbench.sweep.grid import axes_from_values, make_sweep, run_name, split_alternatives
+from shardbench.sweep.runner import Options, Outcome, classify, train_command
+from shardbench.sweep.store import RunRow, Store
+from shardbench.sweep.sweep_file import load_sweep_file
+
+# In-process sweeps fork from a pytest process whose JAX is up; each child execs at once, so JAX's warning is moot.
+pytestmark = pytest.mark.filterwarnings(r"ignore:os\.fork\(\) was called:RuntimeWarning")
+
+TINY = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train", "256", "--data.synthetic-test",
+        "64", "--model.patch-size", "8", "--model.embed-dim", "32", "--model.num-layers", "1", "--model.mlp-dim",
+        "64", "--batch-size", "32", "--steps", "2", "--no-train.eval", "--devices", "8"]
+
+# The sweep's entry point through a parser of its own, as `shardbench sweep` will call it.
+SWEEP_MAIN = ("import argparse, sys; from shardbench.sweep import sweep_cmd; p = argparse.ArgumentParser(); "
+              "sweep_cmd.add_parser(p.add_subparsers(dest='command')); sys.exit(sweep_cmd.run(p.parse_args()))")
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="shardbench")
+    sweep_cmd.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["sweep", *argv])
+
+
+def sweep(tmp_path: Path, *argv: str) -> int:
+    return sweep_cmd.run(parse(*TINY, "--data.cache-dir", str(tmp_path / "cache"), *argv))
+
+
+def rows(out: Path) -> dict[str, RunRow]:
+    with Store(out / "sweep.db") as store:
+        return {r.name: r for r in store.runs()}
+
+
+# ------------------------------------------------------------------------------------------ grids, pure
+def test_mesh_grid_gives_the_seeds_runs() -> None:
+    s = make_sweep("mesh-grid")
+    assert s.base_preset == "vit-seed" and s.base == {"parallel.strategy": "auto"}
+    assert [r.name for r in s.runs] == [f"mesh_{m}_batch_{b}" for m in ("none", "8_1", "4_2")
+                                        for b in (128, 1024, 4096)]
+    assert s.runs[7].overrides == {"parallel.mesh": "4x2", "train.batch_size": 1024}
+
+
+def test_precision_grid_concatenates_its_sub_grids() -> None:
+    runs = {r.name: r for r in make_sweep("precision-grid").runs}
+    assert list(runs) == ["pdtype_float32", "pdtype_float16", "pdtype_bfloat16", "dtype_float32_batch_128",
+                          "dtype_float32_batch_4096", "dtype_bfloat16_batch_128", "dtype_bfloat16_batch_4096",
+                          "matmul_default", "matmul_high", "matmul_highest"]
+    assert runs["pdtype_bfloat16"].settings == {"parallel.strategy": "auto", "precision.dtype": "float32",
+                                                "train.batch_size": 128, "precision.param_dtype": "bfloat16"}
+    assert runs["dtype_bfloat16_batch_4096"].settings["precision.param_dtype"] == "float32"
+
+
+def test_command_line_values_override_a_sweep_preset() -> None:
+    s = make_sweep("mesh-grid", base_preset="vit-tiny", values={"train.steps": "20", "train.batch_size": "64,256"})
+    assert s.base_preset == "vit-tiny" and s.base == {"parallel.strategy": "auto", "train.steps": 20}
+    assert len(s.runs) == 6 and s.runs[1].name == "mesh_none_batch_256"
+    fixed = make_sweep("mesh-grid", values={"train.batch_size": "32"})  # one value: out of every axis
+    assert [r.name for r in fixed.runs] == ["mesh_none", "mesh_8_1", "mesh_4_2"]
+    assert fixed.runs[0].settings["train.batch_size"] == 32
+
+
+def test_comma_lists_become_axes_and_tuple_fields_take_semicolons() -> None:
+    fixed, axes = axes_from_values({"parallel.strategy": "dp", "parallel.mesh": "8,4x2", "optim.lr": "1e-3,0.01",
+                                    "data.crop_scale": "0.5,1.0", "data.crop_ratio": "0.8,1.2;0.9,1.1"})
+    assert fixed == {"parallel.strategy": "dp", "data.crop_scale": (0.5, 1.0)}
+    assert axes == [[{"parallel.mesh": "8"}, {"parallel.mesh": "4x2"}], [{"optim.lr": 0.001}, {"optim.lr": 0.01}],
+                    [{"data.crop_ratio": (0.8, 1.2)}, {"data.crop_ratio": (0.9, 1.1)}]]
+    assert split_alternatives("parallel.mesh", "data=4,model=2") == ["data=4,model=2"]
+    assert split_alternatives("parallel.mesh", "data=4,model=2;8") == ["data=4,model=2", "8"]
+    assert run_name({"parallel.mesh": "4x2", "train.batch_size": 1024}) == "mesh_4_2_batch_1024"
+    assert run_name({"parallel.strategy": "dp+tp", "data.crop_scale": (0.5, 1.0)}) == \
+        "strategy_dp_tp_crop_scale_0.5_1.0"
+    s = make_sweep("vit-tiny", values={"train.batch_size": "32,64", "model.embed_dim": "32"})
+    assert [r.name for r in s.runs] == ["batch_32", "batch_64"] and s.base == {"model.embed_dim": 32}
+
+
+def test_unknown_fields_and_malformed_values_stop_the_sweep(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(ConfigError, match="unknown configuration field 'train.batchsize'"):
+        make_sweep("vit-tiny", values={"train.batchsize": "1,2"})
+    with pytest.raises(ConfigError, match="'many' is not a valid int"):
+        make_sweep("vit-tiny", values={"train.batch_size": "32,many"})
+    with pytest.raises(ConfigError, match="is set by the sweep"):
+        make_sweep("vit-tiny", values={"train.out": "x"})
+    assert sweep(tmp_path, "--batch-size", "32,x", "--out", str(tmp_path / "s")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("shardbench: error: --train.batch-size: 'x'")
+    assert not (tmp_path / "s").exists()
+
+
+def test_sweep_file_toml(tmp_path: Path) -> None:
+    path = tmp_path / "grid.toml"
+    path.write_text("""
+preset = "vit-tiny"
+axes = [[{parallel.mesh = "8x1", parallel.strategy = "dp"}, {"parallel.mesh" = "4x2", "parallel.strategy" = "dp+tp"}]]
+grid = {"train.batch_size" = [128, 1024], data.crop_scale = [[0.5, 1.0]]}
+[base]
+train.steps = 20
+"precision.dtype" = "bfloat16"
+""")
+    loaded = load_sweep_file(path)
+    assert loaded.preset == "vit-tiny" and loaded.base == {"train.steps": 20, "precision.dtype": "bfloat16"}
+    s = make_sweep(sweep_file=loaded, values={"train.steps": "5"})
+    assert s.base_preset == "vit-tiny" and s.base == {"precision.dtype": "bfloat16", "train.steps": 5}
+    assert [r.name for r in s.runs] == ["mesh_8_1_strategy_dp_batch_128_crop_scale_0.5_1.0",
+                                        "mesh_8_1_strategy_dp_batch_1024_crop_scale_0.5_1.0",
+                                        "mesh_4_2_strategy_dp_tp_batch_128_crop_scale_0.5_1.0",
+                                        "mesh_4_2_strategy_dp_tp_batch_1024_crop_scale_0.5_1.0"]
+    assert s.runs[0].overrides["data.crop_scale"] == (0.5, 1.0)
+    path.write_text('grid = {"train.batch_size" = [128, "big"]}')
+    with pytest.raises(ConfigError, match="grid.toml: --train.batch-size: 'big' is not a valid int"):
+        load_sweep_file(path)
+    path.write_text('[base]\nmodel.width = 3')
+    with pytest.raises(ConfigError, match="unknown configuration field 'model.width'"):
+        load_sweep_file(path)
+
+
+def test_dry_run_prints_runs_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert sweep_cmd.run(parse("--preset", "mesh-grid", "--dry-run", "--out", str(tmp_path / "s"))) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 10 and lines[8].split() == ["mesh_4_2_batch_1024", "parallel.mesh=4x2",
+                                                     "train.batch_size=1024"]
+    assert not (tmp_path / "s").exists()
+
+
+def test_each_run_is_a_train_command_of_its_own(tmp_path: Path) -> None:
+    s = make_sweep("vit-tiny", values={"data.crop_scale": "0.5,1.0", "train.eval": False, "optim.lr": "-1,2",
+                                       "parallel.mesh": ""})
+    cmd = train_command(s.base_preset, s.runs[0], Options(tmp_path, profile=True))
+    assert cmd[:6] == [sys.executable, "-m", "shardbench", "train", "--preset", "vit-tiny"]
+    assert cmd[6:] == ["--data.crop-scale=0.5,1.0", "--no-train.eval", "--parallel.mesh=", "--optim.lr=-1.0",
+                       "--out", str(tmp_path / "runs" / "lr_-1.0"), "--train.run-name", "lr_-1.0",
+                       "--no-train.progress", "--train.profile", "--train.profile-root", str(tmp_path / "tensorboard")]
+
+
+def test_failures_are_classified_from_the_exit_status_and_output(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+
+    def kind(code: int | None, stderr: list[str], log_text: str = "") -> tuple[str, str]:
+        log.write_text(log_text or "\n".join(stderr))
+        return classify(Outcome(code, stderr, 0.0, 1.0), log, 60)
+
+    assert kind(2, ["shardbench: error: --mesh 4x4 has 16 devices"]) == ("config", "shardbench: error: --mesh 4x4 "
+                                                                         "has 16 devices")
+    assert kind(4, ["shardbench: error: dataset 'cifar10:/x': /x does not exist"])[0] == "data"
+    assert kind(3, ["shardbench: loss became nan at step 7"]) == ("diverged", "shardbench: loss became nan at step 7")
+    assert kind(-9, [], "shardbench: vit-tiny\nRESOURCE_EXHAUSTED: out of memory allocating 2GiB")[0] == "oom"
+    assert kind(-9, [], "shardbench: vit-tiny") == ("killed", "killed by SIGKILL")
+    assert kind(-15, []) == ("killed", "killed by SIGTERM")
+    assert kind(1, ["Traceback (most recent call last):", "ValueError: boom"]) == ("crash", "exit 1: ValueError: boom")
+    assert kind(1, ["Traceback (most recent call last):", "MemoryError"])[0] == "oom"
+    assert kind(None, []) == ("timeout", "no result within the 60 s time limit: stopped")
+    assert len(kind(1, ["x" * 1000])[1]) == 300
+
+
+def test_store_round_trip(tmp_path: Path) -> None:
+    with Store(tmp_path / "sweep.db") as store:
+        for name in ("b", "a", "b"):
+            store.add(RunRow(name, "failed", "config", "bad", {"train.batch_size": 1}, {"x.y": [1.0, 2.0]}, None,
+                             1.0, 2.0, 1.0))
+        store.set_meta("axes", [[{"parallel.mesh": "8"}]])
+    with Store(tmp_path / "sweep.db") as store:
+        assert [r.name for r in store.runs()] == ["a", "b"] and store.names() == {"a", "b"}
+        assert store.get_meta("axes") == [[{"parallel.mesh": "8"}]] and store.get_meta("nope", 3) == 3
+
+
+# ------------------------------------------------------------------------------ real sweeps, real processes
+def test_an_impossible_run_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "s"
+    assert sweep(tmp_path, "--strategy", "dp", "--mesh", "8,4x4", "--out", str(out)) == 0
+    found = rows(out)
+    assert list(found) == ["mesh_8", "mesh_4_4"]
+    ok, bad = found["mesh_8"], found["mesh_4_4"]
+    assert ok.status == "complete" and ok.record is not None and ok.record["steps"] == 2
+    assert ok.config["parallel.mesh"] == "8" and ok.config["model.embed_dim"] == 32
+    assert bad.status == "failed" and bad.error_kind == "config" and bad.record is None
+    assert bad.error is not None and bad.error.startswith("shardbench: error:") and "4x4" in bad.error
+    assert bad.overrides == {"parallel.mesh": "4x4"} and bad.wall_s > 0
+    printed = capsys.readouterr().out
+    assert "[1/2] mesh_8  complete" in printed and "[2/2] mesh_4_4  FAILED (config): shardbench: error:" in printed
+    table = [line for line in printed.splitlines() if line.startswith("mesh_4_4 ")]
+    assert len(table) == 1 and "FAILED (config)" in table[0] and f"sweep: {out}" in printed
+    with Store(out / "sweep.db") as store:
+        assert store.get_meta("preset") == "vit-tiny" and store.get_meta("axes") == [
+            [{"parallel.mesh": "8"}, {"parallel.mesh": "4x4"}]]
+        assert store.get_meta("base_config")["train.steps"] == 2 and store.get_meta("created") > 0
+    assert (out / "runs" / "mesh_4_4.log").read_text().strip()
+
+
+def test_a_run_killed_by_a_signal_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDBENCH_FAULT_KILL_AT_STEP", "1")
+    out = tmp_path / "s"
+    assert sweep(tmp_path, "--mesh", "8", "--out", str(out)) == 0
+    (row,) = rows(out).values()
+    assert (row.status, row.error_kind, row.error) == ("failed", "killed", "killed by SIGKILL")
+
+
+def test_a_run_past_its_time_limit_is_recorded_as_timeout(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    t0 = time.perf_counter()
+    assert sweep(tmp_path, "--timeout", "1", "--out", str(out)) == 0
+    assert time.perf_counter() - t0 < 30
+    (row,) = rows(out).values()
+    assert (row.status, row.error_kind) == ("failed", "timeout") and "1 s time limit" in (row.error or "")
+
+
+def test_a_killed_sweep_resumes_and_runs_everything_exactly_once(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    argv = [*TINY, "--data.cache-dir", str(tmp_path / "cache"), "--strategy", "dp", "--mesh", "4x4,8", "--out",
+            str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    proc = subprocess.Popen([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        # The first run fails at once (16 devices asked of 8); kill the sweep once the second has written into
+        # its run directory: on --resume, that leftover must go and the run start afresh.
+        deadline = time.monotonic() + 240
+        while not (out / "runs" / "mesh_8" / "config.json").exists():
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the sweep never reached its second run"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert set(rows(out)) == {"mesh_4_4"}
+    assert not (out / "runs" / "mesh_8" / "summary.json").exists()
+    deadline = time.monotonic() + 30
+    while _processes_mentioning(str(out / "runs" / "mesh_8")):  # the run dies with its sweep, not trains on
+        assert time.monotonic() < deadline, "the killed sweep's run is still running"
+        time.sleep(0.2)
+
+    resumed = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--resume"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming: 1 of 2 runs already recorded" in resumed.stdout and "[2/2] mesh_8  complete" in resumed.stdout
+    found = rows(out)
+    assert list(found) == ["mesh_4_4", "mesh_8"] and [r.status for r in found.values()] == ["failed", "complete"]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["mesh_4_4.log", "mesh_8", "mesh_8.log"]
+    assert json.loads((out / "runs" / "mesh_8" / "summary.json").read_text())["resumed_from"] == 0
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_an_existing_sweep_is_refused_without_resume(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "s"
+    Store(out / "sweep.db").close()
+    assert sweep(tmp_path, "--out", str(out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"shardbench: error: --out {out} already holds a sweep: pass --resume to finish it, or choose "
+                   f"another --out"]
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.db"]
