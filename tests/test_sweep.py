@@ -276,3 +276,26 @@ def test_an_existing_sweep_is_refused_without_resume(tmp_path: Path, capsys: pyt
     assert err == [f"shardbench: error: --out {out} already holds a sweep: pass --resume to finish it, or choose "
                    f"another --out"]
     assert sorted(p.name for p in out.iterdir()) == ["sweep.db"]
+
+
+def test_peak_memory_of_a_real_process_is_sampled(tmp_path: Path) -> None:
+    from shardbench.sweep.runner import run_process
+
+    size = 300 * 2**20
+    code = f"b = bytearray({size}); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(1.0)"
+    outcome = run_process([sys.executable, "-c", code], tmp_path / "alloc.log", timeout_s=60)
+    assert outcome.returncode == 0
+    assert outcome.peak_rss_bytes is not None and outcome.peak_rss_bytes >= size
+
+
+def test_a_sigkill_near_the_host_memory_limit_is_called_an_oom(tmp_path: Path) -> None:
+    from shardbench.sweep.runner import host_memory_bytes
+
+    total = host_memory_bytes()
+    assert total is not None
+    log = tmp_path / "run.log"
+    log.write_text("shardbench: vit-tiny ...\n")
+    big = classify(Outcome(-9, [], 0.0, 1.0, int(0.9 * total)), log, 60)
+    small = classify(Outcome(-9, [], 0.0, 1.0, 2**30), log, 60)
+    assert big[0] == "oom" and "out-of-memory killer" in big[1]
+    assert small == ("killed", "killed by SIGKILL")

@@ -26,6 +26,7 @@ from shardbench.sweep.store import RunRow, Store
 KILL_GRACE_S = 5.0
 # `shardbench train` exit codes (cli.main): 2 bad configuration, 3 diverged, 4 missing or corrupt data.
 EXIT_KINDS = {2: "config", 3: "diverged", 4: "data"}
+OOM_FRACTION = 0.75  # a SIGKILL after the run grew past this share of the host's memory is taken as an OOM kill
 OOM_WORDS = re.compile(r"RESOURCE_EXHAUSTED|out of memory|MemoryError", re.IGNORECASE)
 
 
@@ -115,6 +116,51 @@ class Outcome:
     stderr: list[str]
     started: float
     wall_s: float
+    peak_rss_bytes: int | None = None  # the process's resident high-water mark, last sampled (Linux only)
+
+
+class PeakMemory:
+    """Samples a process's resident high-water mark (VmHWM in /proc/PID/status) until it ends: a process the
+    kernel's out-of-memory killer takes leaves no message of its own, only how large it had grown."""
+
+    def __init__(self, pid: int, every_s: float = 0.25) -> None:
+        self.pid, self.every_s, self.peak = pid, every_s, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> int | None:
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            value = self._read()
+            if value is not None:
+                self.peak = max(self.peak or 0, value)
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> int | None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        return self.peak
+
+
+def host_memory_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def run_process(cmd: list[str], log_path: Path, timeout_s: float) -> Outcome:
@@ -128,6 +174,7 @@ def run_process(cmd: list[str], log_path: Path, timeout_s: float) -> Outcome:
         assert proc.stderr is not None
         reader = threading.Thread(target=_tee, args=(proc.stderr, log, lines), daemon=True)
         reader.start()
+        memory = PeakMemory(proc.pid)
         code: int | None
         try:
             code = proc.wait(timeout=timeout_s)
@@ -137,9 +184,11 @@ def run_process(cmd: list[str], log_path: Path, timeout_s: float) -> Outcome:
         except BaseException:  # Ctrl-C: the run dies with the sweep; its directory is cleared on --resume
             _kill_group(proc)
             raise
+        finally:
+            peak = memory.stop()
         reader.join(timeout=10)
         proc.stderr.close()
-    return Outcome(code, lines, started, time.perf_counter() - t0)
+    return Outcome(code, lines, started, time.perf_counter() - t0, peak)
 
 
 def _log_lines(path: Path) -> list[str]:
@@ -174,6 +223,11 @@ def classify(outcome: Outcome, log_path: Path, timeout_s: float) -> tuple[str, s
             name = f"signal {-code}"
         if -code == signal.SIGKILL and oom:
             return "oom", _one_line(f"killed by {name}: {oom}")
+        total = host_memory_bytes()
+        peak = outcome.peak_rss_bytes
+        if -code == signal.SIGKILL and peak and total and peak > OOM_FRACTION * total:
+            return "oom", (f"killed by {name} with {peak / 2**30:.1f} GiB resident of the host's "
+                           f"{total / 2**30:.1f} GiB: most likely the kernel's out-of-memory killer")
         return "killed", f"killed by {name}"
     if code in EXIT_KINDS:
         return EXIT_KINDS[code], _one_line(message)
