@@ -51,3 +51,26 @@ def test_collectives_inside_a_scan_count_once_per_iteration() -> None:
 def test_no_collectives_on_one_device() -> None:
     report = count_collectives(_hlo(lambda x: (x @ x.T).sum(), jnp.ones((16, 16))))
     assert report.total_count == 0 and report.total_bytes == 0
+
+
+def test_async_collectives_count_every_output_once() -> None:
+    # GPU programs merge collectives and run them asynchronously; CPU programs do not, so this is hand-written HLO.
+    hlo = """HloModule m, entry_computation_layout={()->()}
+
+ENTRY %main () -> f32[] {
+  %a = f32[1024]{0} parameter(0)
+  %b = f32[1024]{0} parameter(1)
+  %ars = (f32[1024]{0}, f32[1024]{0}) all-reduce-start(%a, %b), replica_groups={}, to_apply=%add
+  %ard = (f32[1024]{0}, f32[1024]{0}) all-reduce-done(%ars)
+  %ags = ((f32[256]{0}, f32[256]{0}), (f32[1024]{0}, f32[1024]{0})) all-gather-start(%a, %b), dimensions={0}
+  %agd = (f32[1024]{0}, f32[1024]{0}) all-gather-done(%ags)
+  %cps = (f32[512]{0}, f32[512]{0}, u32[], u32[]) collective-permute-start(%a), source_target_pairs={{0,1}}
+  ROOT %cpd = f32[512]{0} collective-permute-done(%cps)
+}
+"""
+    report = count_collectives(hlo)
+    assert report.as_dict() == {
+        "all-reduce": {"count": 1, "bytes": 2 * 1024 * 4},
+        "all-gather": {"count": 1, "bytes": 2 * 1024 * 4},
+        "collective-permute": {"count": 1, "bytes": 512 * 4},
+    }

@@ -52,6 +52,12 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
     # step 8's may have been cut short by the kill at step 10, in which case orbax never finalised it.
     assert summary["resumed_from"] in (4, 8)
 
+    # Resuming a run that has finished trains nothing and keeps its record.
+    before = (tmp_path / "killed" / "summary.json").read_text()
+    again = _train(tmp_path / "killed", tmp_path / "cache", "--resume")
+    assert again.returncode == 0 and "nothing to resume" in again.stdout
+    assert (tmp_path / "killed" / "summary.json").read_text() == before
+
     a, b = _final_params(tmp_path / "whole"), _final_params(tmp_path / "killed")
     assert a["step"] == b["step"] == 12
     flat_a = dict(_flatten(a["params"]))

@@ -96,11 +96,30 @@ def _kind(opcode: str) -> str | None:
     return base if base in KINDS else None
 
 
+def _tuple_elements(shape_text: str) -> list[str]:
+    """Top-level elements of a tuple shape '(a, (b, c), d)'; a non-tuple shape is its own single element."""
+    text = shape_text.strip()
+    if not text.startswith("("):
+        return [text]
+    parts, depth, current = [], 0, ""
+    for ch in text[1:-1]:
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        current += ch
+    return [p for p in (*parts, current) if p.strip()]
+
+
 def _payload(inst: _Instruction, kind: str, shapes: dict[str, str]) -> int:
     """Per-device bytes: the larger of operand and result (gathered output, scattered input)."""
     result = shape_bytes(inst.shape)
-    if inst.opcode.endswith("-start"):
-        return max(result, default=0)  # async tuple: (operands..., outputs...), count the largest once
+    if inst.opcode.endswith("-start") and kind != "all-reduce":
+        # Async all-gather/collective-permute results are (operands, outputs[, context scalars]): count the outputs.
+        elements = _tuple_elements(inst.shape)
+        return sum(shape_bytes(elements[1])) if len(elements) >= 2 else sum(result)
     total = sum(result)
     if kind == "reduce-scatter":
         operands = re.findall(r"%([\w.\-]+)", inst.rest.split(")")[0])

@@ -182,10 +182,15 @@ def run(cfg: Config) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     if not cfg.train.resume and is_main:
         write_json_atomic(out / "config.json", cfg.to_dict())
-    (out / "summary.json").unlink(missing_ok=True)  # a resumed run is incomplete until it finishes again
-
     checkpoints = Checkpoints(out / "checkpoints", cfg.train.keep_checkpoints)
     start = checkpoints.latest_step() if cfg.train.resume else None
+    finished = out / "summary.json"
+    if start is not None and start >= plan.total_steps and finished.exists():
+        checkpoints.close()  # nothing left to train: keep the finished run's record as it is
+        if is_main:
+            print(f"shardbench: {out} already finished all {plan.total_steps} steps; nothing to resume", flush=True)
+        return json.loads(finished.read_text())
+    finished.unlink(missing_ok=True)  # a resumed run is incomplete until it finishes again
     if start is not None:
         state = checkpoints.restore(abstract_train_state(plan.spec, layout, tx), start)
     else:
@@ -231,16 +236,23 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
         step, metrics = item
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
         timer.completed()
-        if not math.isfinite(values["loss"]):
+        # The loss comes from the parameters before the update, the gradient norm from the update itself:
+        # either one non-finite means the state after this step must not be trusted (or checkpointed).
+        bad = [name for name in ("loss", "grad_norm") if not math.isfinite(values[name])]
+        if bad:
             good = checkpoints.latest_step()
             where = f"the last good checkpoint is step {good} in {plan.out / 'checkpoints'}" if good else "no checkpoint"
-            raise TrainingDiverged(f"loss became {values['loss']} at step {step}: training stopped; {where}")
+            what = "loss" if bad[0] == "loss" else "gradient norm"
+            raise TrainingDiverged(f"{what} became {values[bad[0]]} at step {step} (loss {values['loss']:.4g}): "
+                                   f"training stopped; {where}")
         meter.add(values)
         return values
 
     for step in range(start, total):
         done = step + 1
         profile.before_step(done)
+        if profile.active:
+            timer.mark_dirty()  # the interval that starts the trace carries its cost too
         host_batch = first if step == start else place_batch(next(batches), steps.batch_sharding)
         state, metrics = compiled(state, host_batch)
         if pending is not None:
