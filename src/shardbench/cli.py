@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardbench import config as config_lib
-from shardbench.errors import DataError, ShardbenchError, TrainingDiverged
+from shardbench.errors import ShardbenchError, report
 
 SHORT_FLAGS: dict[str, str] = {
     "train.profile": "--profile",
@@ -188,15 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "presets": cmd_presets}
     try:
         return commands[args.command](args)
-    except TrainingDiverged as err:
-        print(f"shardbench: {err}", file=sys.stderr)
-        return 3
-    except DataError as err:  # its own exit code, so a sweep can tell bad data from a bad configuration
-        print(f"shardbench: error: {err}", file=sys.stderr)
-        return 4
     except ShardbenchError as err:
-        print(f"shardbench: error: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     except KeyboardInterrupt:
         print("shardbench: interrupted", file=sys.stderr)
         return 130

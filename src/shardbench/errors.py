@@ -1,6 +1,8 @@
-"""Errors that shardbench reports to users as one line, without a traceback."""
+"""Errors that shardbench reports to users as one line, without a traceback, and their exit codes."""
 
 from __future__ import annotations
+
+import sys
 
 
 class ShardbenchError(Exception):
@@ -17,3 +19,15 @@ class DataError(ShardbenchError):
 
 class TrainingDiverged(ShardbenchError):
     """The loss became NaN or infinite."""
+
+
+def report(err: ShardbenchError) -> int:
+    """Print `err` as one line on stderr and return its exit code: 2 configuration, 3 diverged, 4 data.
+
+    Distinct codes let a sweep tell a bad configuration from bad data without reading the message.
+    """
+    if isinstance(err, TrainingDiverged):
+        print(f"shardbench: {err}", file=sys.stderr)
+        return 3
+    print(f"shardbench: error: {err}", file=sys.stderr)
+    return 4 if isinstance(err, DataError) else 2

@@ -129,19 +129,9 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
-    def _read(self) -> int | None:
-        try:
-            with open(f"/proc/{self.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            return None
-        return None
-
     def _sample(self) -> None:
         while not self._stop.is_set():
-            value = self._read()
+            value = _proc_kib(f"/proc/{self.pid}/status", "VmHWM:")
             if value is not None:
                 self.peak = max(self.peak or 0, value)
             self._stop.wait(self.every_s)
@@ -152,15 +142,20 @@ class PeakMemory:
         return self.peak
 
 
-def host_memory_bytes() -> int | None:
+def _proc_kib(path: str, key: str) -> int | None:
+    """Bytes of a 'key: N kB' line of a /proc file (Linux); None where there is no such file or line."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemTotal:"):
+                if line.startswith(key):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def host_memory_bytes() -> int | None:
+    return _proc_kib("/proc/meminfo", "MemTotal:")
 
 
 def run_process(cmd: list[str], log_path: Path, timeout_s: float) -> Outcome:

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from shardbench import config as config_lib
 from shardbench.cli import add_config_arguments
-from shardbench.errors import ConfigError, ShardbenchError
+from shardbench.errors import ConfigError, ShardbenchError, report
 from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep
 from shardbench.sweep.runner import Options, has_field, run_sweep
 from shardbench.sweep.store import Store
@@ -172,8 +172,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"report: {paths.markdown}\nreport: {paths.html}", flush=True)
         return code
     except ShardbenchError as err:
-        print(f"shardbench: error: {err}", file=sys.stderr)
-        return 2
+        return report(err)
     except KeyboardInterrupt:
         print("shardbench: sweep interrupted", file=sys.stderr)
         return 130
