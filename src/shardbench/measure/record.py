@@ -12,7 +12,7 @@ from shardbench.measure.comms import count_collectives
 from shardbench.measure.memory import memory_report
 from shardbench.measure.timing import CompileTimes, StepTimer
 from shardbench.models.vit import flops_per_example
-from shardbench.parallel.rules import Layout
+from shardbench.parallel.rules import Layout, resolve_strategy
 
 FLOPS_FORMULA = ("3 x batch x [2*N*3*p^2*E + L*(8*T*E^2 + 4*T^2*E + 4*T*E*M) + 2*E*C], N=(image/p)^2 patches, "
                  "T=N+1 tokens (matmul FLOPs; backward = 2 x forward)")
@@ -22,8 +22,7 @@ def default_run_name(cfg: Config, layout: Layout) -> str:
     """The seed's naming (mesh_4_2_batch_1024), plus whatever else differs from the plain float32 run."""
     mesh = "none" if layout.mesh is None else f"{layout.shape.data}_{layout.shape.model}"
     parts = [f"mesh_{mesh}", f"batch_{cfg.train.batch_size}"]
-    implied = {"none": "single"}.get(mesh) or ("dp" if layout.shape.model == 1 else
-                                               "tp" if layout.shape.data == 1 else "dp+tp")
+    implied = resolve_strategy("auto", "none" if layout.mesh is None else str(layout.shape), layout.shape.size)
     if layout.strategy.name != implied:
         parts.append(layout.strategy.name.replace("+", "_"))
     p = cfg.precision
