@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardbench import config as config_lib
+from shardbench import malloc
 from shardbench.errors import ShardbenchError, report
 
 SHORT_FLAGS: dict[str, str] = {
@@ -21,7 +22,7 @@ SHORT_FLAGS: dict[str, str] = {
     "train.batch_size": "--batch-size", "parallel.mesh": "--mesh", "parallel.strategy": "--strategy",
     "parallel.devices": "--devices", "precision.param_dtype": "--param-dtype", "precision.dtype": "--dtype",
     "precision.matmul_precision": "--matmul-precision", "model.dropout": "--dropout", "optim.lr": "--lr",
-    "train.seed": "--seed", "train.out": "--out", "train.resume": "--resume",
+    "train.seed": "--seed", "train.out": "--out", "train.resume": "--resume", "model.remat": "--remat",
 }
 
 HELP: dict[str, str] = {
@@ -41,6 +42,10 @@ HELP: dict[str, str] = {
     "model.num_layers": "encoder blocks", "model.num_heads": "attention heads",
     "model.mlp_dim": "hidden width of each MLP block", "model.num_classes": "output classes",
     "model.dropout": "dropout rate after the MLP's activation and output",
+    "model.unroll": "layers per scan iteration: 1 = rolled loop (compile time flat in depth), N = N layers "
+                    "per iteration, 0 = auto (all layers up to 8, else 1)",
+    "model.remat": "activation checkpointing per block: none, block (keep matmul outputs, recompute the "
+                   "element-wise ops) or full (keep only each block's input)",
     "parallel.strategy": "how parameters and batches are split: auto (from the mesh), single, dp, fsdp, tp, "
                          "dp+tp, fsdp+tp",
     "parallel.mesh": "device mesh: N (all on the strategy's axis), AxB (data x model), data=A,model=B, "
@@ -66,6 +71,8 @@ HELP: dict[str, str] = {
     "train.eval": "validate each epoch and test at the end", "train.progress": "show a progress bar",
     "train.run_name": "name of the run in reports and profiles ('' = from the configuration, e.g. "
                       "mesh_4_2_batch_1024)",
+    "train.compile_cache": "persistent compilation cache: '' = <data cache dir>/xla (~/.cache/shardbench/xla), "
+                           "'off', or a directory",
     "train.timing_warmup": "first step intervals left out of the step-time statistics",
     "train.profile": "record a jax.profiler trace of a window of steps",
     "train.profile_skip": "steps to run before the traced window",
@@ -129,10 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(inspect)
     inspect.add_argument("--array", default="encoder/mlp2_kernel",
                          help="parameter to picture over the mesh (default: encoder/mlp2_kernel)")
-    from shardbench.sweep import report_cmd, sweep_cmd  # the sweep and report commands live with their code
+    from shardbench.bench import bench_cmd  # the sweep, report and bench commands live with their code
+    from shardbench.sweep import report_cmd, sweep_cmd
 
     sweep_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
     presets = sub.add_parser("presets", help="list the named configurations",
                              description="List the named configurations and what they are for.")
     presets.add_argument("--json", action="store_true", help="print each preset's full configuration as JSON")
@@ -180,12 +189,15 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # run as a program (not called from Python): tune the allocator first
+        malloc.maybe_reexec()
     parser = build_parser()
     args = parser.parse_args(argv)
+    from shardbench.bench import bench_cmd
     from shardbench.sweep import report_cmd, sweep_cmd
 
     commands = {"train": cmd_train, "inspect": cmd_inspect, "sweep": sweep_cmd.run, "report": report_cmd.run,
-                "presets": cmd_presets}
+                "presets": cmd_presets, "bench": bench_cmd.run}
     try:
         return commands[args.command](args)
     except ShardbenchError as err:

@@ -18,6 +18,7 @@ from shardbench.errors import ConfigError
 STRATEGIES = ("auto", "single", "dp", "fsdp", "tp", "dp+tp", "fsdp+tp")
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
+REMAT_POLICIES = ("none", "block", "full")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("cosine", "constant")
 
@@ -49,6 +50,8 @@ class ModelConfig:
     mlp_dim: int = 1536
     num_classes: int = 10
     dropout: float = 0.1
+    unroll: int = 0  # layers per scan iteration: 1 = a rolled loop (compile time flat in depth); 0 = auto
+    remat: str = "none"  # activation checkpointing per block: none | block (recompute element-wise ops) | full
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class TrainConfig:
     profile: bool = False  # record a jax.profiler trace of a window of steps
     profile_skip: int = 5  # steps before the traced window
     profile_steps: int = 3  # steps in the traced window
+    compile_cache: str = ""  # persistent compilation cache: '' = <cache dir>/xla, 'off', or a directory
     profile_root: str = ""  # '' = <out>/tensorboard; traces land in <root>/plugins/profile/<run-name>/
 
 
@@ -260,6 +264,10 @@ def validate(cfg: Config) -> None:
     for key, value in positive.items():
         if value <= 0:
             raise ConfigError(f"--{key.replace('_', '-')} must be positive, got {value}")
+    if m.remat not in REMAT_POLICIES:
+        raise ConfigError(f"unknown --remat '{m.remat}': choose one of {', '.join(REMAT_POLICIES)}")
+    if m.unroll < 0:
+        raise ConfigError(f"--model.unroll must be 0 (auto) or a positive number of layers, got {m.unroll}")
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"--dropout must be in [0, 1), got {m.dropout}")
     if o.lr <= 0:

@@ -32,6 +32,7 @@ from shardbench.precision import check_supported
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.record import build_measurements, default_run_name
 from shardbench.measure.timing import StepTimer, compile_timed
+from shardbench.train import compile_cache
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import epoch_line, header_line
 from shardbench.train.events import ScalarWriter
@@ -172,6 +173,8 @@ class EpochMeter:
 
 def run(cfg: Config) -> dict[str, Any]:
     """Train as `cfg` says; returns the summary also written to <out>/summary.json."""
+    cache = compile_cache.resolve(cfg.train.compile_cache, default_cache_dir(cfg))
+    compile_cache.enable(cache)  # before the first compilation (plan_run's precision probe compiles)
     plan = plan_run(cfg)
     cfg, out, layout = plan.cfg, plan.out, plan.layout
     is_main = jax.process_index() == 0
@@ -202,6 +205,7 @@ def run(cfg: Config) -> dict[str, Any]:
     finally:
         writer.close()
         checkpoints.close()
+    summary.setdefault("measurements", {})["compile_cache"] = compile_cache.stats(cache)
     if is_main:
         write_json_atomic(out / "summary.json", summary)
     return summary

@@ -24,11 +24,16 @@ def learning_rate(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     )
 
 
+def _param_name(path: tuple[Any, ...]) -> str:
+    """Last name on a pytree path, skipping the `.value` of an nnx Variable."""
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    names = [n for n in names if n != "value"]
+    return names[-1] if names else ""
+
+
 def _decay_mask(params: Any) -> Any:
     """Weight decay on kernels only: not on biases, norms, class token or position embedding."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: str(getattr(path[-1], "key", path[-1])).endswith("kernel"), params
-    )
+    return jax.tree_util.tree_map_with_path(lambda path, _: _param_name(path).endswith("kernel"), params)
 
 
 def build_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:

@@ -1,0 +1,288 @@
+"""`shardbench bench`: the speed benchmark. Each case runs in its own process, one after another.
+
+Groups (all by default):
+  step      shardbench's train step vs the seed-style nnx baseline and PyTorch (eager, torch.compile),
+            plus the measured matmul peak that turns every throughput into a measured MFU
+  batch     shardbench's throughput per device at several batch sizes
+  layers    compile time at several depths, layers in a rolled scan and fully unrolled
+  remat     --remat none | block | full: compiled temporary memory and throughput
+  pipeline  the host input pipeline alone on one core, and the on-device augmentation
+  alloc     shardbench's step with glibc's default allocator instead of the tuned one
+
+Prints the tables and writes <out>/bench.json and <out>/bench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import selectors
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from shardbench import config as config_lib
+from shardbench import malloc
+from shardbench.bench.tables import render
+from shardbench.errors import ConfigError
+
+GROUPS = ("step", "batch", "layers", "remat", "pipeline", "alloc")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "bench", help="benchmark the train step against baselines and the machine's matmul peak",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--preset", default="vit-seed", choices=sorted(config_lib.PRESETS),
+                   help="model to benchmark (default: vit-seed)")
+    p.add_argument("--batch-size", type=int, default=128, help="batch of the step group (default: 128)")
+    p.add_argument("--dtype", default="float32", choices=config_lib.DTYPES,
+                   help="compute dtype of shardbench's step and of the matmul peak (default: float32)")
+    p.add_argument("--groups", default=",".join(GROUPS),
+                   help=f"comma list of groups to run (default: all of {','.join(GROUPS)})")
+    p.add_argument("--batches", default="32,64,128,256", help="batch sizes of the batch group")
+    p.add_argument("--layers", default="6,12,24", help="depths of the layers group")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed windows")
+    p.add_argument("--windows", type=int, default=5, help="timed windows per throughput case (median reported)")
+    p.add_argument("--steps-per-window", type=int, default=0,
+                   help="steps per timed window (default 0: enough steps for --min-window-s)")
+    p.add_argument("--min-window-s", type=float, default=1.0,
+                   help="with --steps-per-window 0, the shortest window in seconds (default: 1)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds allowed for any one answer of a worker (preparing, a window)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="extra configuration for shardbench's step, e.g. --set model.unroll=1 (repeatable)")
+    p.add_argument("--out", default="", help="output directory (default: runs/bench-<time>)")
+    p.set_defaults(handler=run)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} '{text}' is not a comma list of integers, e.g. 32,64,128") from None
+    if not values or min(values) <= 0:
+        raise ConfigError(f"{flag} '{text}' needs positive integers, e.g. 32,64,128")
+    return values
+
+
+def _extra(pairs: list[str]) -> dict[str, str]:
+    extra = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--set '{pair}' is not SECTION.FIELD=VALUE, e.g. model.unroll=1")
+        extra[key.strip().replace("-", "_")] = value
+    return extra
+
+
+Entry = dict[str, Any]
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
+    """Every group to run as (group, entries), checked before any process starts. Each entry is
+    {label, case, kwargs, env}; a group's contenders are timed interleaved (see `run_pool`)."""
+    groups = [g.strip() for g in args.groups.split(",") if g.strip()]
+    unknown = sorted(set(groups) - set(GROUPS))
+    if unknown:
+        raise ConfigError(f"unknown --groups {','.join(unknown)}: choose from {','.join(GROUPS)}")
+    if args.warmup < 0 or args.windows < 1 or args.steps_per_window < 0:
+        raise ConfigError("--warmup must be >= 0, --windows >= 1 and --steps-per-window >= 0 (0 = auto)")
+    base = {"precision.dtype": args.dtype, "train.batch_size": args.batch_size, **_extra(args.set)}
+    # Fail here, in one line, on a configuration that cannot run.
+    config_lib.validate(config_lib.override(config_lib.get_preset(args.preset), base))
+    batches, depths = _ints(args.batches, "--batches"), _ints(args.layers, "--layers")
+
+    def entry(label: str, case: str, env: dict[str, str | None] | None = None, **kwargs: Any) -> Entry:
+        return {"label": label, "case": case, "kwargs": kwargs, "env": env or {}}
+
+    def ours(label: str, **extra: Any) -> Entry:
+        return entry(label, "shardbench", preset=args.preset, overrides={**base, **extra})
+
+    planned: list[tuple[str, list[Entry]]] = []
+    if "step" in groups:
+        planned.append(("step", [
+            entry("matmul peak", "matmul-peak", dtype=args.dtype), ours("shardbench"),
+            entry("seed-style nnx", "seed-style", preset=args.preset, overrides=base),
+            entry("pytorch eager", "torch", preset=args.preset, overrides=base, compile=False),
+            entry("pytorch compile", "torch", preset=args.preset, overrides=base, compile=True),
+        ]))
+    if "batch" in groups:
+        planned.append(("batch", [ours(f"batch {b}", **{"train.batch_size": b}) for b in batches]))
+    if "layers" in groups:
+        planned.append(("layers", [
+            entry(f"{n} layers {how}", "compile", preset=args.preset,
+                  overrides={**base, "model.num_layers": n, "model.unroll": unroll})
+            for n in depths for unroll, how in ((1, "scan"), (n, "unrolled"))
+        ]))
+    if "remat" in groups:
+        planned.append(("remat", [ours(f"remat {p}", **{"model.remat": p}) for p in config_lib.REMAT_POLICIES]))
+    if "pipeline" in groups:
+        planned.append(("pipeline", [entry("host pipeline", "pipeline", images=50_000, batch=args.batch_size,
+                                           seconds=5.0, one_core=True)]))
+    if "alloc" in groups:
+        planned.append(("alloc", [
+            ours("tuned allocator"),
+            {**ours("glibc default allocator"), "env": {malloc.OPT_OUT: "default", "GLIBC_TUNABLES": None}},
+        ]))
+    return planned
+
+
+class Worker:
+    """A worker process and its line protocol; stderr goes to the benchmark's log."""
+
+    def __init__(self, entry: Entry, log: IO[str], timeout: float) -> None:
+        env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # several workers may share one GPU
+        for key, value in entry["env"].items():  # None removes a variable
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
+        log.write(f"\n=== {entry['label']}: {entry['case']} {json.dumps(entry['kwargs'])}\n")
+        log.flush()
+        self.timeout = timeout
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "shardbench.bench.worker", entry["case"], json.dumps(entry["kwargs"])],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
+        )
+        self.selector = selectors.DefaultSelector()
+        assert self.proc.stdout is not None
+        self.selector.register(self.proc.stdout, selectors.EVENT_READ)
+
+    def read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        if not self.selector.select(self.timeout):
+            self.close()
+            return {"error": f"no answer within {self.timeout:.0f} s: stopped"}
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            return {"error": f"the worker exited ({code}) without an answer: see bench.log"}
+        return json.loads(line)
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            return {"error": "the worker is gone: see bench.log"}
+        return self.read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+                self.proc.wait(timeout=30)
+            except (BrokenPipeError, subprocess.TimeoutExpired, OSError):
+                self.proc.kill()
+                self.proc.wait()
+        self.selector.close()
+
+
+def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str],
+             say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Prepare every contender (one at a time, so compilations do not overlap), warm each up, then time
+    `args.windows` rounds in which every contender runs one window, in an order rotated each round.
+    One-shot cases just report. Returns one result per entry."""
+    results: list[dict[str, Any]] = [{} for _ in entries]
+    workers: dict[int, Worker] = {}
+    try:
+        for i, entry in enumerate(entries):
+            say(f"  {entry['label']}: preparing ...")
+            worker = Worker(entry, log, args.timeout)
+            answer = worker.read()
+            if "ready" in answer:
+                workers[i] = worker
+                results[i] = {**answer["ready"], "rates": []}
+                continue
+            worker.close()
+            results[i] = answer.get("result", answer)
+            say(f"  {entry['label']}: {_note(results[i])}")
+        spw: dict[int, int] = {}
+        for i, worker in list(workers.items()):
+            answer = worker.ask(f"steps {args.warmup}") if args.warmup else {"seconds": None}
+            if "error" in answer:
+                results[i] = {**results[i], **answer}
+                worker.close()
+                del workers[i]
+                continue
+            per_step = (answer["seconds"] / args.warmup) if args.warmup else results[i].get("first_step_s", 1.0)
+            spw[i] = args.steps_per_window or max(1, math.ceil(args.min_window_s / max(per_step, 1e-9)))
+        for round_ in range(args.windows):
+            order = list(workers)
+            order = order[round_ % len(order):] + order[:round_ % len(order)] if order else order
+            for i in order:
+                answer = workers[i].ask(f"steps {spw[i]}")
+                if "error" in answer:
+                    results[i] = {**results[i], **answer}
+                    workers.pop(i).close()
+                    continue
+                results[i]["rates"].append(results[i]["work_per_step"] * spw[i] / answer["seconds"])
+                results[i]["steps_per_window"] = spw[i]
+            say(f"  round {round_ + 1}/{args.windows}: " + ", ".join(
+                f"{entries[i]['label']} {results[i]['rates'][-1]:,.4g}" for i in order if i in workers))
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return results
+
+
+def _note(result: dict[str, Any]) -> str:
+    return str(result.get("error") or result.get("skipped") or "done")
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "system": platform.platform(),
+                            "cpu_count": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import jax
+
+    info["jax"] = jax.__version__
+    info["allocator"] = os.environ.get("GLIBC_TUNABLES", "") if malloc.applies(os.environ) else "default"
+    return info
+
+
+def run(args: argparse.Namespace) -> int:
+    planned = plan(args)
+    out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    cases = []
+    started = time.perf_counter()
+    with (out / "bench.log").open("w") as log:
+        for group, entries in planned:
+            print(f"{group}: {len(entries)} case(s)", flush=True)
+            t0 = time.perf_counter()
+            results = run_pool(entries, args, log, lambda line: print(line, flush=True))
+            for entry, result in zip(entries, results):
+                cases.append({"group": group, **{k: entry[k] for k in ("label", "case", "kwargs")},
+                              "result": result})
+            print(f"{group}: {time.perf_counter() - t0:.0f} s", flush=True)
+    record = {"machine": machine(), "preset": args.preset, "dtype": args.dtype, "batch_size": args.batch_size,
+              "timing": {"warmup": args.warmup, "windows": args.windows, "steps_per_window": args.steps_per_window,
+                         "min_window_s": args.min_window_s},
+              "total_s": time.perf_counter() - started, "cases": cases}
+    text = render(record)
+    print("\n" + text)
+    tmp = out / "bench.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2))
+    os.replace(tmp, out / "bench.json")
+    (out / "bench.md").write_text(text + "\n")
+    print(f"\nshardbench bench: wrote {out / 'bench.json'} and {out / 'bench.md'} ({record['total_s']:.0f} s)")
+    return 0

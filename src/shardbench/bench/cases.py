@@ -1,0 +1,200 @@
+"""What the benchmark measures, each built inside its own worker process (see `shardbench.bench.worker`).
+
+A *contender* is prepared once (built, compiled, first step run) and then stepped on request, so the
+driver can interleave the timed windows of several contenders: on a shared or throttling machine,
+a slow minute then costs every contender alike instead of whichever ran during it.
+A *one-shot* case (compile-only builds, the input pipeline) just returns its figures.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from shardbench.config import Config, get_preset, override
+from shardbench.data.arrays import ImageArrays
+from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD, augment
+from shardbench.data.pipeline import make_batches
+from shardbench.devices import select_devices
+from shardbench.measure.timing import compile_timed
+from shardbench.models.vit import flops_per_example
+from shardbench.parallel.rules import make_layout
+from shardbench.train.optim import build_optimizer, learning_rate
+from shardbench.train.state import describe_model, init_state, state_shardings
+from shardbench.train.step import make_steps, place_batch
+
+Result = dict[str, Any]
+
+
+class Skipped(Exception):
+    """A contender that cannot run here (e.g. torch is not installed): the message says why, in one line."""
+
+
+@dataclass
+class Prepared:
+    step: Callable[[], Any]  # one more unit of work; returns something to block on (or None)
+    work_per_step: float  # images per step, or FLOPs per step for the matmul peak
+    unit: str  # "images/s" or "FLOP/s"
+    info: Result = field(default_factory=dict)
+
+
+def bench_config(preset: str, overrides: dict[str, Any]) -> Config:
+    return override(get_preset(preset), {"train.eval": False, "train.progress": False, **overrides})
+
+
+def _train_flops(cfg: Config) -> int:
+    return flops_per_example(cfg.model, cfg.data.image_size)["train"]
+
+
+def random_batch(cfg: Config, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    size = cfg.data.image_size
+    return {"image": rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8),
+            "label": rng.integers(0, cfg.model.num_classes, batch).astype(np.int32),
+            "mask": np.ones(batch, bool)}
+
+
+def _compiled_step(cfg: Config) -> tuple[Any, Any, Any, Result]:
+    """shardbench's train step on one device, built by the functions `shardbench train` uses, compiled."""
+    layout = make_layout("single", "none", select_devices(1))
+    spec = describe_model(cfg)
+    tx = build_optimizer(cfg.optim, 1000)
+    steps = make_steps(cfg, spec, layout, tx, state_shardings(spec, layout, tx), learning_rate(cfg.optim, 1000))
+    state = init_state(cfg, spec, layout, tx)
+    batch = place_batch(random_batch(cfg, cfg.train.batch_size), steps.batch_sharding)
+    compiled, times = compile_timed(steps.train, state, batch)
+    memory = compiled.memory_analysis()
+    info = {"compile_s": times.lower_s + times.compile_s, "lower_s": times.lower_s,
+            "temp_bytes": getattr(memory, "temp_size_in_bytes", None), "train_flops_per_image": _train_flops(cfg),
+            "batch_size": cfg.train.batch_size, "num_layers": cfg.model.num_layers}
+    return compiled, state, batch, info
+
+
+def shardbench_step(preset: str, overrides: dict[str, Any]) -> Prepared:
+    cfg = bench_config(preset, overrides)
+    compiled, state, batch, info = _compiled_step(cfg)
+    holder = {"state": state}
+
+    def step() -> Any:
+        holder["state"], metrics = compiled(holder["state"], batch)
+        return metrics["loss"]
+
+    start = time.perf_counter()
+    jax.block_until_ready(step())
+    info["first_step_s"] = info["compile_s"] + time.perf_counter() - start
+    return Prepared(step, cfg.train.batch_size, "images/s", info)
+
+
+def seed_style_step(preset: str, overrides: dict[str, Any]) -> Prepared:
+    from shardbench.bench import seed_style
+
+    cfg = bench_config(preset, overrides)
+    step, info = seed_style.prepare(cfg.model, cfg.optim, batch_size=cfg.train.batch_size,
+                                    image_size=cfg.data.image_size)
+    return Prepared(step, cfg.train.batch_size, "images/s", {**info, "train_flops_per_image": _train_flops(cfg)})
+
+
+def torch_step(preset: str, overrides: dict[str, Any], *, compile: bool) -> Prepared:
+    from shardbench.bench import torch_vit
+
+    reason = torch_vit.available()
+    if reason is not None:
+        raise Skipped(reason)
+    cfg = bench_config(preset, overrides)
+    step, info = torch_vit.prepare(cfg.model, batch_size=cfg.train.batch_size, compile=compile,
+                                   image_size=cfg.data.image_size)
+    return Prepared(step, cfg.train.batch_size, "images/s", {**info, "train_flops_per_image": _train_flops(cfg)})
+
+
+def matmul_peak(dtype: str, size: int = 0, min_step_s: float = 0.25) -> Prepared:
+    """One large square matmul through JAX in `dtype` per step (4096 on CPU, 8192 elsewhere), repeated
+    inside a step until a step lasts at least `min_step_s`, so the rate is not a dispatch-overhead figure."""
+    device = jax.devices()[0]
+    n = size or (4096 if device.platform == "cpu" else 8192)
+    key_a, key_b = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(key_a, (n, n), jnp.float32).astype(dtype)
+    b = jax.random.normal(key_b, (n, n), jnp.float32).astype(dtype)
+    mm = jax.jit(lambda x, y: x @ y)
+    mm(a, b).block_until_ready()
+    start = time.perf_counter()
+    mm(a, b).block_until_ready()
+    repeats = max(1, int(np.ceil(min_step_s / max(time.perf_counter() - start, 1e-6))))
+
+    def step() -> Any:
+        out = None
+        for _ in range(repeats):
+            out = mm(a, b)
+        return out
+
+    return Prepared(step, 2.0 * n**3 * repeats, "FLOP/s", {"size": n, "dtype": dtype, "repeats": repeats,
+                                                          "device": device.device_kind})
+
+
+def compile_only(preset: str, overrides: dict[str, Any]) -> Result:
+    """Compile time and compiled temporaries of shardbench's step, nothing executed."""
+    cfg = bench_config(preset, overrides)
+    layout = make_layout("single", "none", select_devices(1))
+    spec = describe_model(cfg)
+    tx = build_optimizer(cfg.optim, 1000)
+    steps = make_steps(cfg, spec, layout, tx, state_shardings(spec, layout, tx), learning_rate(cfg.optim, 1000))
+    from shardbench.train.state import abstract_train_state
+
+    state = abstract_train_state(spec, layout, tx)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch_sharding)
+             for k, v in random_batch(cfg, cfg.train.batch_size).items()}
+    compiled, times = compile_timed(steps.train, state, batch)
+    memory = compiled.memory_analysis()
+    return {"compile_s": times.lower_s + times.compile_s, "lower_s": times.lower_s,
+            "temp_bytes": getattr(memory, "temp_size_in_bytes", None), "num_layers": cfg.model.num_layers}
+
+
+def input_pipeline(*, images: int, batch: int, seconds: float, one_core: bool) -> Result:
+    """The host pipeline alone (seeded shuffle, batch gather, prefetch thread, hand-over to the device)
+    over CIFAR-10-sized uint8 arrays, then the on-device augmentation of those batches."""
+    rng = np.random.default_rng(0)
+    arrays = ImageArrays(rng.integers(0, 256, (images, 32, 32, 3), dtype=np.uint8),
+                         rng.integers(0, 10, images).astype(np.int32))
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    it = make_batches(arrays, global_batch=batch, seed=0, shuffle=True)
+    placed = place_batch(next(it), sharding)
+    jax.block_until_ready(placed)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        placed = place_batch(next(it), sharding)
+        count += batch
+    jax.block_until_ready(placed)
+    host_rate = count / (time.perf_counter() - start)
+
+    aug = jax.jit(lambda x, k: augment(x, k, scale=(0.9, 1.0), ratio=(0.9, 1.1), flip=True,
+                                       mean=CIFAR_MEAN, std=CIFAR_STD, dtype=jnp.float32))
+    images_dev = placed["image"]
+    aug(images_dev, jax.random.key(0)).block_until_ready()
+    rates = []
+    for i in range(5):
+        start = time.perf_counter()
+        for j in range(20):
+            out = aug(images_dev, jax.random.key(20 * i + j))
+        out.block_until_ready()
+        rates.append(20 * batch / (time.perf_counter() - start))
+    return {"images_per_s": host_rate, "augment_images_per_s": float(np.median(rates)),
+            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "one_core": one_core, "batch_size": batch, "images": images}
+
+
+CONTENDERS: dict[str, Callable[..., Prepared]] = {
+    "shardbench": shardbench_step,
+    "seed-style": seed_style_step,
+    "torch": torch_step,
+    "matmul-peak": matmul_peak,
+}
+ONE_SHOT: dict[str, Callable[..., Result]] = {
+    "compile": compile_only,
+    "pipeline": input_pipeline,
+}

@@ -1,0 +1,265 @@
+"""A PyTorch baseline of shardbench's Vision Transformer train step, for throughput comparisons.
+
+The model has the same shapes, parameter count (10,695,562 for the default `ModelConfig`) and
+initialisation as `shardbench.models.vit`: a stride-`patch` Conv2d patch embedding, a class token
+(zeros) in front, a learned position embedding, pre-LayerNorm encoder blocks (fused q/k/v projection,
+`F.scaled_dot_product_attention`, tanh-GELU MLP with dropout), a final LayerNorm on the class token and
+a linear head. The train step is float32: mean cross-entropy, backward, global-norm clipping to 1.0,
+AdamW (lr 1e-3, betas (0.9, 0.999), weight decay 0.05 on weight matrices and the patch kernel only),
+`zero_grad(set_to_none=True)`. AdamW uses the fused implementation when this torch build has it for
+CPU, else the foreach one.
+
+Batches are random normalised float32 images (N, 3, 32, 32) and int64 labels made once up front, so
+only the train step is timed (by `shardbench.bench`, through `prepare`). torch is optional: it is imported inside functions, and `available()`
+says in one line why it cannot be used.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from shardbench.config import ModelConfig
+
+TORCH_PIN = "2.13.0"
+LN_EPSILON = 1e-6
+LR = 1e-3
+BETAS = (0.9, 0.999)
+WEIGHT_DECAY = 0.05
+GRAD_CLIP = 1.0
+POS_EMBED_STD = 0.02
+
+Step = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+
+
+def available() -> str | None:
+    """None when torch imports; otherwise a one-line reason."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return f"torch is not installed: pip install torch=={TORCH_PIN}"
+    except Exception as err:  # noqa: BLE001 - a broken install (missing library, ABI mismatch)
+        first_line = (str(err).splitlines() or [type(err).__name__])[0]
+        return f"torch failed to import: {first_line}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------- model
+@functools.cache
+def _vit_class() -> type[nn.Module]:
+    """The ViT module class, defined on first use so that this module imports without torch."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self, embed_dim: int, num_heads: int) -> None:
+            super().__init__()
+            self.num_heads = num_heads
+            self.qkv = nn.Linear(embed_dim, 3 * embed_dim)
+            self.qkv.fused_qkv = True  # q, k and v are initialised as three (E, E) matrices
+            self.out = nn.Linear(embed_dim, embed_dim)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, e = x.shape
+            qkv = self.qkv(x).view(b, t, 3, self.num_heads, e // self.num_heads).permute(2, 0, 3, 1, 4)
+            attn = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])  # (b, heads, t, head_dim)
+            return self.out(attn.transpose(1, 2).reshape(b, t, e))
+
+    class Block(nn.Module):
+        def __init__(self, cfg: ModelConfig) -> None:
+            super().__init__()
+            e = cfg.embed_dim
+            self.ln1 = nn.LayerNorm(e, eps=LN_EPSILON)
+            self.attn = Attention(e, cfg.num_heads)
+            self.ln2 = nn.LayerNorm(e, eps=LN_EPSILON)
+            self.mlp = nn.Sequential(
+                nn.Linear(e, cfg.mlp_dim), nn.GELU(approximate="tanh"), nn.Dropout(cfg.dropout),
+                nn.Linear(cfg.mlp_dim, e), nn.Dropout(cfg.dropout),
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+
+    class VisionTransformer(nn.Module):
+        def __init__(self, cfg: ModelConfig, image_size: int) -> None:
+            super().__init__()
+            e, p = cfg.embed_dim, cfg.patch_size
+            self.patch_embed = nn.Conv2d(3, e, kernel_size=p, stride=p)
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, e))
+            self.pos_embed = nn.Parameter(torch.zeros(1, (image_size // p) ** 2 + 1, e))
+            self.blocks = nn.Sequential(*(Block(cfg) for _ in range(cfg.num_layers)))
+            self.norm = nn.LayerNorm(e, eps=LN_EPSILON)
+            self.head = nn.Linear(e, cfg.num_classes)
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (b, patches, e)
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+            x = self.blocks(x)
+            return self.head(self.norm(x[:, 0]))
+
+    return VisionTransformer
+
+
+def _xavier_uniform_(weight: torch.Tensor, fan_in: int, fan_out: int) -> None:
+    import torch
+
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+
+
+def _init_weights(model: nn.Module) -> None:
+    """The JAX model's initialisation: Xavier-uniform kernels (fans as in JAX: the patch kernel's fan-in
+    is patch*patch*3, and q, k and v are three separate (E, E) matrices), zero biases, zero class token,
+    position embedding from a normal with std 0.02 truncated at two deviations."""
+    import torch
+    from torch import nn
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            out_features, in_features = module.weight.shape
+            chunks = 3 if getattr(module, "fused_qkv", False) else 1
+            for chunk in module.weight.chunk(chunks, dim=0):
+                _xavier_uniform_(chunk, in_features, out_features // chunks)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Conv2d):
+            e, c, kh, kw = module.weight.shape
+            _xavier_uniform_(module.weight, c * kh * kw, e)
+            nn.init.zeros_(module.bias)
+    nn.init.trunc_normal_(model.pos_embed, std=POS_EMBED_STD, a=-2 * POS_EMBED_STD, b=2 * POS_EMBED_STD)
+    with torch.no_grad():
+        model.cls_token.zero_()
+
+
+def build_model(model: ModelConfig, *, image_size: int = 32, seed: int = 0) -> nn.Module:
+    """The ViT for `model`, initialised from `seed`, in train mode."""
+    import torch
+
+    torch.manual_seed(seed)
+    vit = _vit_class()(model, image_size)
+    _init_weights(vit)
+    return vit.train()
+
+
+def count_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+# --------------------------------------------------------------------------------------------- optimizer
+def _param_groups(module: nn.Module) -> list[dict[str, Any]]:
+    """Weight decay on weight matrices and the patch kernel only: not on biases, LayerNorms, the class
+    token or the position embedding (the same mask as shardbench's `*kernel` rule)."""
+    no_decay_names = {"cls_token", "pos_embed"}
+    decay, no_decay = [], []
+    for name, param in module.named_parameters():
+        is_kernel = param.ndim >= 2 and name not in no_decay_names
+        (decay if is_kernel else no_decay).append(param)
+    return [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _make_optimizer(module: nn.Module) -> tuple[torch.optim.Optimizer, str]:
+    """AdamW, fused when this build supports it on CPU, else foreach; returns (optimizer, which)."""
+    import torch
+
+    groups = _param_groups(module)
+    try:
+        return torch.optim.AdamW(groups, lr=LR, betas=BETAS, fused=True), "fused"
+    except (RuntimeError, ValueError, TypeError):
+        return torch.optim.AdamW(groups, lr=LR, betas=BETAS, foreach=True), "foreach"
+
+
+# -------------------------------------------------------------------------------------------- train step
+def _make_step(model: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer,
+               params: list[torch.Tensor]) -> Step:
+    """One train step on (images, labels); returns the (detached) loss."""
+    import torch
+    import torch.nn.functional as F
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def _timed(step: Step, images: torch.Tensor, labels: torch.Tensor) -> tuple[float, torch.Tensor]:
+    start = time.perf_counter()
+    loss = step(images, labels)
+    return time.perf_counter() - start, loss
+
+
+def _first_step(vit: nn.Module, optimizer: torch.optim.Optimizer, compile: bool, images: torch.Tensor,
+                labels: torch.Tensor) -> tuple[Step, str, float, torch.Tensor]:
+    """Build the step (compiled whole when that works, else with only the model compiled), run it once.
+
+    Returns (step, "step" | "model" | "none", seconds of the first step including any compilation, loss).
+    """
+    import torch
+
+    params = list(vit.parameters())
+    if not compile:
+        step = _make_step(vit, optimizer, params)
+        return step, "none", *_timed(step, images, labels)
+    torch._dynamo.reset()  # fresh guards and recompile budget for each measurement in one process
+    try:
+        step = torch.compile(_make_step(vit, optimizer, params))
+        return step, "step", *_timed(step, images, labels)
+    except Exception:  # noqa: BLE001 - any compile failure falls back to compiling the model only
+        optimizer.zero_grad(set_to_none=True)
+        torch._dynamo.reset()
+        step = _make_step(torch.compile(vit), optimizer, params)
+        return step, "model", *_timed(step, images, labels)
+
+
+def _batch(model: ModelConfig, batch_size: int, image_size: int,
+           seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random normalised float32 images (N, 3, H, W) and int64 labels, made once."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    images = torch.randn(batch_size, 3, image_size, image_size, generator=gen, dtype=torch.float32)
+    labels = torch.randint(0, model.num_classes, (batch_size,), generator=gen, dtype=torch.int64)
+    return images, labels
+
+
+def prepare(model: ModelConfig, *, batch_size: int, compile: bool, seed: int = 0, threads: int | None = None,
+            image_size: int = 32) -> tuple[Callable[[], None], dict[str, object]]:
+    """Build the model, optimizer and batch, and run the first step (which includes torch.compile's
+    compilation when `compile`). Returns a function that runs one more step (CPU torch is synchronous,
+    so the step is complete when it returns) and what to record: {"first_step_s", "params",
+    "torch_version", "threads", "compiled": "step" | "model" | "none", "adamw": "fused" | "foreach"}.
+    """
+    import torch
+
+    used_threads = threads if threads is not None else (os.cpu_count() or 1)
+    torch.set_num_threads(used_threads)
+    vit = build_model(model, image_size=image_size, seed=seed)
+    optimizer, adamw = _make_optimizer(vit)
+    images, labels = _batch(model, batch_size, image_size, seed)
+    step, compiled, first_step_s, _ = _first_step(vit, optimizer, compile, images, labels)
+
+    def one_step() -> None:
+        step(images, labels)
+
+    return one_step, {
+        "first_step_s": first_step_s,
+        "params": count_params(vit),
+        "torch_version": torch.__version__,
+        "threads": used_threads,
+        "compiled": compiled,
+        "adamw": adamw,
+    }

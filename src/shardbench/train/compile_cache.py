@@ -1,0 +1,75 @@
+"""JAX's persistent compilation cache: a run whose programs were compiled before loads them from disk.
+
+A sweep repeats programs across runs and across invocations (a resumed sweep, the same grid
+tomorrow), so every `shardbench train` points JAX at one cache directory before its first
+compilation. JAX decides once per process whether the cache is on, at the first compilation, so
+`enable` must run before anything is jitted. Hits are counted from JAX's own monitoring events.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import jax
+
+OFF = "off"
+_HIT = "/jax/compilation_cache/cache_hits"
+_REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
+
+
+class CacheCounter:
+    """Counts compilations that asked the cache and those it answered, from this process's start."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.requests = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **_: object) -> None:
+        if event in (_HIT, _REQUEST):
+            with self._lock:
+                if event == _HIT:
+                    self.hits += 1
+                else:
+                    self.requests += 1
+
+
+COUNTER = CacheCounter()
+jax.monitoring.register_event_listener(COUNTER)
+
+
+def resolve(setting: str, cache_root: Path) -> Path | None:
+    """The directory a `train.compile_cache` setting names: '' = <cache root>/xla, 'off' = none."""
+    if setting.strip().lower() == OFF:
+        return None
+    return Path(setting).expanduser() if setting else cache_root / "xla"
+
+
+def enable(path: Path | None) -> None:
+    """Use `path` as the persistent cache (every program, however fast it compiled); None turns it off."""
+    if path is None:
+        if jax.config.jax_compilation_cache_dir is not None:
+            _reset()
+        jax.config.update("jax_enable_compilation_cache", False)
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    if jax.config.jax_compilation_cache_dir not in (None, str(path)):
+        _reset()  # this process already opened another cache directory (several runs in one process)
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def _reset() -> None:
+    try:
+        from jax._src import compilation_cache  # no public way to reopen the cache elsewhere
+
+        compilation_cache.reset_cache()
+    except (ImportError, AttributeError):
+        pass
+
+
+def stats(path: Path | None) -> dict[str, object]:
+    return {"dir": None if path is None else str(path), "hits": COUNTER.hits, "requests": COUNTER.requests}
