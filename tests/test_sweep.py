@@ -201,6 +201,11 @@ def test_an_impossible_run_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path:
         assert store.get_meta("preset") == "vit-tiny" and store.get_meta("axes") == [
             [{"parallel.mesh": "8"}, {"parallel.mesh": "4x4"}]]
         assert store.get_meta("base_config")["train.steps"] == 2 and store.get_meta("created") > 0
+        timing = store.get_meta("timing")
+    # The runs ran one after another inside the sweep's wall time: what is left over is the sweep's own cost.
+    assert timing["runs"] == 2 and timing["runs_wall_s"] == pytest.approx(ok.wall_s + bad.wall_s)
+    assert timing["wall_s"] >= timing["runs_wall_s"] and timing["ratio"] >= 1.0
+    assert f"for 2 run(s) whose processes took {timing['runs_wall_s']:.1f} s" in printed
     assert (out / "runs" / "mesh_4_4.log").read_text().strip()
 
 

@@ -44,6 +44,8 @@ HELP: dict[str, str] = {
     "model.dropout": "dropout rate after the MLP's activation and output",
     "model.unroll": "layers per scan iteration: 1 = rolled loop (compile time flat in depth), N = N layers "
                     "per iteration, 0 = auto (all layers up to 8, else 1)",
+    "model.attention": "attention kernel: einsum, fused (jax.nn.dot_product_attention: cuDNN on NVIDIA GPUs) "
+                       "or auto (fused on GPUs, einsum elsewhere)",
     "model.remat": "activation checkpointing per block: none, block (keep matmul outputs, recompute the "
                    "element-wise ops) or full (keep only each block's input)",
     "parallel.strategy": "how parameters and batches are split: auto (from the mesh), single, dp, fsdp, tp, "

@@ -19,6 +19,7 @@ STRATEGIES = ("auto", "single", "dp", "fsdp", "tp", "dp+tp", "fsdp+tp")
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_POLICIES = ("none", "block", "full")
+ATTENTION = ("auto", "einsum", "fused")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("cosine", "constant")
 
@@ -52,6 +53,7 @@ class ModelConfig:
     dropout: float = 0.1
     unroll: int = 0  # layers per scan iteration: 1 = a rolled loop (compile time flat in depth); 0 = auto
     remat: str = "none"  # activation checkpointing per block: none | block (recompute element-wise ops) | full
+    attention: str = "auto"  # einsum | fused (jax.nn.dot_product_attention) | auto: fused on GPUs, else einsum
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"--{key.replace('_', '-')} must be positive, got {value}")
     if m.remat not in REMAT_POLICIES:
         raise ConfigError(f"unknown --remat '{m.remat}': choose one of {', '.join(REMAT_POLICIES)}")
+    if m.attention not in ATTENTION:
+        raise ConfigError(f"unknown --model.attention '{m.attention}': choose one of {', '.join(ATTENTION)}")
     if m.unroll < 0:
         raise ConfigError(f"--model.unroll must be 0 (auto) or a positive number of layers, got {m.unroll}")
     if not 0.0 <= m.dropout < 1.0:

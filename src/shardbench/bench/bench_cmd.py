@@ -1,6 +1,6 @@
 """`shardbench bench`: the speed benchmark. Each case runs in its own process, one after another.
 
-Groups (all by default):
+Groups (all but alloc by default):
   step      shardbench's train step vs the seed-style nnx baseline and PyTorch (eager, torch.compile),
             plus the measured matmul peak that turns every throughput into a measured MFU
   batch     shardbench's throughput per device at several batch sizes
@@ -33,6 +33,9 @@ from shardbench.bench.tables import render
 from shardbench.errors import ConfigError
 
 GROUPS = ("step", "batch", "layers", "remat", "pipeline", "alloc")
+SCALING_WINDOWS = 3  # timed windows of the groups other than step
+DEFAULT_GROUPS = GROUPS[:-1]  # the allocator comparison is opt-in: --groups alloc
+BASELINES = ("seed-style", "pytorch-eager", "pytorch-compile")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -46,11 +49,18 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, default=128, help="batch of the step group (default: 128)")
     p.add_argument("--dtype", default="float32", choices=config_lib.DTYPES,
                    help="compute dtype of shardbench's step and of the matmul peak (default: float32)")
-    p.add_argument("--groups", default=",".join(GROUPS),
-                   help=f"comma list of groups to run (default: all of {','.join(GROUPS)})")
-    p.add_argument("--batches", default="32,64,128,256", help="batch sizes of the batch group")
+    p.add_argument("--groups", default=",".join(DEFAULT_GROUPS),
+                   help=f"comma list of groups to run, from {','.join(GROUPS)} (default: "
+                        f"{','.join(DEFAULT_GROUPS)})")
+    p.add_argument("--baselines", default=",".join(BASELINES),
+                   help=f"baselines of the step group (default: all of {','.join(BASELINES)})")
+    p.add_argument("--peak-size", type=int, default=0,
+                   help="side of the matmul-peak matrices (default 0: 4096 on CPU, 8192 on accelerators)")
+    p.add_argument("--pipeline-seconds", type=float, default=5.0, help="how long to run the host pipeline")
+    p.add_argument("--batches", default="64,256",
+                   help="batch sizes of the batch group (default: 64,256; the step group gives --batch-size's row)")
     p.add_argument("--layers", default="6,12,24", help="depths of the layers group")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps before the timed windows")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps before the timed windows (default: 3)")
     p.add_argument("--windows", type=int, default=5, help="timed windows per throughput case (median reported)")
     p.add_argument("--steps-per-window", type=int, default=0,
                    help="steps per timed window (default 0: enough steps for --min-window-s)")
@@ -74,6 +84,14 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
+def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(allowed))
+    if unknown or not names:
+        raise ConfigError(f"{flag} '{text}': choose from {','.join(allowed)}")
+    return names
+
+
 def _extra(pairs: list[str]) -> dict[str, str]:
     extra = {}
     for pair in pairs:
@@ -90,10 +108,10 @@ Entry = dict[str, Any]
 def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     """Every group to run as (group, entries), checked before any process starts. Each entry is
     {label, case, kwargs, env}; a group's contenders are timed interleaved (see `run_pool`)."""
-    groups = [g.strip() for g in args.groups.split(",") if g.strip()]
-    unknown = sorted(set(groups) - set(GROUPS))
-    if unknown:
-        raise ConfigError(f"unknown --groups {','.join(unknown)}: choose from {','.join(GROUPS)}")
+    groups = _names(args.groups, GROUPS, "--groups")
+    baselines = _names(args.baselines, BASELINES, "--baselines")
+    if args.peak_size < 0:
+        raise ConfigError(f"--peak-size must be positive (or 0 for the default), got {args.peak_size}")
     if args.warmup < 0 or args.windows < 1 or args.steps_per_window < 0:
         raise ConfigError("--warmup must be >= 0, --windows >= 1 and --steps-per-window >= 0 (0 = auto)")
     base = {"precision.dtype": args.dtype, "train.batch_size": args.batch_size, **_extra(args.set)}
@@ -109,14 +127,16 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
 
     planned: list[tuple[str, list[Entry]]] = []
     if "step" in groups:
-        planned.append(("step", [
-            entry("matmul peak", "matmul-peak", dtype=args.dtype), ours("shardbench"),
-            entry("seed-style nnx", "seed-style", preset=args.preset, overrides=base),
-            entry("pytorch eager", "torch", preset=args.preset, overrides=base, compile=False),
-            entry("pytorch compile", "torch", preset=args.preset, overrides=base, compile=True),
-        ]))
+        contenders = {
+            "seed-style": entry("seed-style nnx", "seed-style", preset=args.preset, overrides=base),
+            "pytorch-eager": entry("pytorch eager", "torch", preset=args.preset, overrides=base, compile=False),
+            "pytorch-compile": entry("pytorch compile", "torch", preset=args.preset, overrides=base, compile=True),
+        }
+        planned.append(("step", [entry("matmul peak", "matmul-peak", dtype=args.dtype, size=args.peak_size),
+                                 ours("shardbench"), *(contenders[b] for b in baselines)]))
     if "batch" in groups:
-        planned.append(("batch", [ours(f"batch {b}", **{"train.batch_size": b}) for b in batches]))
+        planned.append(("batch", [ours(f"batch {b}", **{"train.batch_size": b}) for b in batches
+                                  if b != args.batch_size or "step" not in groups]))
     if "layers" in groups:
         planned.append(("layers", [
             entry(f"{n} layers {how}", "compile", preset=args.preset,
@@ -127,7 +147,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
         planned.append(("remat", [ours(f"remat {p}", **{"model.remat": p}) for p in config_lib.REMAT_POLICIES]))
     if "pipeline" in groups:
         planned.append(("pipeline", [entry("host pipeline", "pipeline", images=50_000, batch=args.batch_size,
-                                           seconds=5.0, one_core=True)]))
+                                           seconds=args.pipeline_seconds, one_core=True)]))
     if "alloc" in groups:
         planned.append(("alloc", [
             ours("tuned allocator"),
@@ -190,10 +210,10 @@ class Worker:
         self.selector.close()
 
 
-def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str],
-             say: Callable[[str], None]) -> list[dict[str, Any]]:
+def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: Callable[[str], None], *,
+             warmup: int, windows: int) -> list[dict[str, Any]]:
     """Prepare every contender (one at a time, so compilations do not overlap), warm each up, then time
-    `args.windows` rounds in which every contender runs one window, in an order rotated each round.
+    `windows` rounds in which every contender runs one window, in an order rotated each round.
     One-shot cases just report. Returns one result per entry."""
     results: list[dict[str, Any]] = [{} for _ in entries]
     workers: dict[int, Worker] = {}
@@ -211,15 +231,15 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str],
             say(f"  {entry['label']}: {_note(results[i])}")
         spw: dict[int, int] = {}
         for i, worker in list(workers.items()):
-            answer = worker.ask(f"steps {args.warmup}") if args.warmup else {"seconds": None}
+            answer = worker.ask(f"steps {warmup}") if warmup else {"seconds": None}
             if "error" in answer:
                 results[i] = {**results[i], **answer}
                 worker.close()
                 del workers[i]
                 continue
-            per_step = (answer["seconds"] / args.warmup) if args.warmup else results[i].get("first_step_s", 1.0)
+            per_step = (answer["seconds"] / warmup) if warmup else results[i].get("first_step_s", 1.0)
             spw[i] = args.steps_per_window or max(1, math.ceil(args.min_window_s / max(per_step, 1e-9)))
-        for round_ in range(args.windows):
+        for round_ in range(windows if workers else 0):
             order = list(workers)
             order = order[round_ % len(order):] + order[:round_ % len(order)] if order else order
             for i in order:
@@ -230,7 +250,7 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str],
                     continue
                 results[i]["rates"].append(results[i]["work_per_step"] * spw[i] / answer["seconds"])
                 results[i]["steps_per_window"] = spw[i]
-            say(f"  round {round_ + 1}/{args.windows}: " + ", ".join(
+            say(f"  round {round_ + 1}/{windows}: " + ", ".join(
                 f"{entries[i]['label']} {results[i]['rates'][-1]:,.4g}" for i in order if i in workers))
     finally:
         for worker in workers.values():
@@ -269,7 +289,11 @@ def run(args: argparse.Namespace) -> int:
         for group, entries in planned:
             print(f"{group}: {len(entries)} case(s)", flush=True)
             t0 = time.perf_counter()
-            results = run_pool(entries, args, log, lambda line: print(line, flush=True))
+            # The headline group gets the full timing; the scaling groups compare shardbench with itself.
+            full = group == "step"
+            results = run_pool(entries, args, log, lambda line: print(line, flush=True),
+                               warmup=args.warmup if full else min(args.warmup, 1),
+                               windows=args.windows if full else min(args.windows, SCALING_WINDOWS))
             for entry, result in zip(entries, results):
                 cases.append({"group": group, **{k: entry[k] for k in ("label", "case", "kwargs")},
                               "result": result})

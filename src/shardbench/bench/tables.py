@@ -84,6 +84,10 @@ def _pct(x: float | None) -> float | None:
 def batch_table(record: dict[str, Any]) -> list[str]:
     pk = peak(record)
     found = [("batch", c["label"], c["result"]) for c in record["cases"] if c["group"] == "batch"]
+    step = _find(record, "step", "shardbench")
+    if step:
+        found.append(("step", f"batch {record['batch_size']}", step))
+    found.sort(key=lambda x: int(x[1].split()[-1]))
     lines = ["| batch | images/s per device | MFU | compiled temporaries MiB |", "|---:|---:|---:|---:|"]
     if pk is None:
         lines[0] += "  (MFU needs the step group's matmul peak)"
@@ -172,8 +176,9 @@ def render(record: dict[str, Any]) -> str:
     lines = [f"# shardbench bench: {record['preset']}, batch {record['batch_size']}, {record['dtype']}", "",
              f"Machine: {m.get('cpu', '?')}, {m.get('cpu_count')} cores, {m.get('system')}; jax {m.get('jax')}; "
              f"allocator: {m.get('allocator') or 'default'}.",
-             f"Throughput: median of {t['windows']} timed windows after {t['warmup']} warm-up steps; each case in "
-             f"its own process; within a group the contenders' windows alternate, round by round.", ""]
+             f"Throughput: median of {t['windows']} timed windows after {t['warmup']} warm-up steps (other groups: "
+             f"at most 3 windows after 1 warm-up step); each case in its own process; within a group the "
+             f"contenders' windows alternate, round by round.", ""]
     present = {c["group"] for c in record["cases"]}
     for group, title, fn in SECTIONS:
         if group in present:

@@ -16,6 +16,11 @@ PRECISIONS = {
 }
 
 
+def fused_attention(setting: str, platform: str) -> bool:
+    """`model.attention`: 'fused' or 'einsum', or 'auto' = fused on GPUs (cuDNN's kernel), einsum elsewhere."""
+    return setting == "fused" or (setting == "auto" and platform == "gpu")
+
+
 def build_model(cfg: Config, rngs: nnx.Rngs) -> VisionTransformer:
     """The model a configuration describes, with its dtypes and matmul precision."""
     return VisionTransformer(
@@ -24,6 +29,7 @@ def build_model(cfg: Config, rngs: nnx.Rngs) -> VisionTransformer:
         dtype=jnp.dtype(cfg.precision.dtype),
         param_dtype=jnp.dtype(cfg.precision.param_dtype),
         precision=PRECISIONS[cfg.precision.matmul_precision],
+        fused_attention=fused_attention(cfg.model.attention, jax.default_backend()),
         rngs=rngs,
     )
 

@@ -111,10 +111,23 @@ REMAT = {
 }
 
 
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, fused: bool,
+              precision: jax.lax.Precision) -> jax.Array:
+    """Softmax attention over (batch, seq, heads, head_dim) q/k/v. `fused` calls
+    jax.nn.dot_product_attention, which runs cuDNN's fused kernel on NVIDIA GPUs (and XLA's own
+    composition elsewhere); otherwise two einsums with float32 scores."""
+    if fused:
+        return jax.nn.dot_product_attention(q, k, v)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision,
+                        preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+    weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v, precision=precision)
+
+
 class EncoderStack(nnx.Module):
     """`num_layers` pre-LayerNorm encoder blocks, each parameter stacked on a leading 'layers' dim."""
 
-    def __init__(self, cfg: ModelConfig, *, param_dtype: jnp.dtype, rngs: nnx.Rngs) -> None:
+    def __init__(self, cfg: ModelConfig, *, param_dtype: jnp.dtype, fused_attention: bool, rngs: nnx.Rngs) -> None:
         n, e, h, m = cfg.num_layers, cfg.embed_dim, cfg.num_heads, cfg.mlp_dim
         d = e // h
         ones, zeros = jnp.ones, jnp.zeros
@@ -138,6 +151,7 @@ class EncoderStack(nnx.Module):
         self.dropout_rate = cfg.dropout
         self.unroll = layers_per_iteration(cfg)
         self.remat = cfg.remat
+        self.fused_attention = fused_attention
 
     def __call__(self, x: jax.Array, *, rng: jax.Array | None, precision: jax.lax.Precision) -> jax.Array:
         names = ("ln1_scale", "ln1_bias", "qkv_kernel", "qkv_bias", "out_kernel", "out_bias",
@@ -145,7 +159,7 @@ class EncoderStack(nnx.Module):
         stacked = {name: getattr(self, name)[...] for name in names}
         num_layers = stacked["ln1_scale"].shape[0]
         keys = None if rng is None else jax.random.split(rng, num_layers)
-        dtype, rate = x.dtype, self.dropout_rate
+        dtype, rate, fused = x.dtype, self.dropout_rate, self.fused_attention
 
         def block(x: jax.Array, layer: tuple[dict[str, jax.Array], jax.Array | None]) -> tuple[jax.Array, None]:
             p, key = layer
@@ -155,10 +169,7 @@ class EncoderStack(nnx.Module):
             qkv = jnp.einsum("bse,ethd->tbshd", h, p["qkv_kernel"], precision=precision)
             qkv = qkv + p["qkv_bias"][:, None, None]
             q, k, v = (constrain(t, (BATCH, SEQ, HEADS, KV)) for t in qkv)
-            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision,
-                                preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
-            weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
-            attn = jnp.einsum("bhqk,bkhd->bqhd", weights, v, precision=precision)
+            attn = attention(q, k, v, fused=fused, precision=precision)
             attn = jnp.einsum("bqhd,hde->bqe", attn, p["out_kernel"], precision=precision) + p["out_bias"]
             x = constrain(x + attn, (BATCH, SEQ, EMBED))
             h = layer_norm(x, p["ln2_scale"], p["ln2_bias"])
@@ -179,7 +190,8 @@ class VisionTransformer(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, image_size: int, dtype: jnp.dtype = jnp.float32,
                  param_dtype: jnp.dtype = jnp.float32,
-                 precision: jax.lax.Precision = jax.lax.Precision.DEFAULT, rngs: nnx.Rngs) -> None:
+                 precision: jax.lax.Precision = jax.lax.Precision.DEFAULT, fused_attention: bool = False,
+                 rngs: nnx.Rngs) -> None:
         p, e = cfg.patch_size, cfg.embed_dim
         num_patches = (image_size // p) ** 2
         patch = _kernel_init((0, 1, 2), 3)(rngs.params(), (p, p, 3, e))
@@ -188,7 +200,7 @@ class VisionTransformer(nnx.Module):
         self.cls_token = _param(jnp.zeros((1, 1, e)), (None, None, EMBED), param_dtype)
         pos = 0.02 * jax.random.truncated_normal(rngs.params(), -2.0, 2.0, (1, num_patches + 1, e))
         self.pos_embed = _param(pos, (None, SEQ, EMBED), param_dtype)
-        self.encoder = EncoderStack(cfg, param_dtype=param_dtype, rngs=rngs)
+        self.encoder = EncoderStack(cfg, param_dtype=param_dtype, fused_attention=fused_attention, rngs=rngs)
         self.norm_scale = _param(jnp.ones((e,)), (NORM,), param_dtype)
         self.norm_bias = _param(jnp.zeros((e,)), (NORM,), param_dtype)
         head = _kernel_init(0, 1)(rngs.params(), (e, cfg.num_classes))

@@ -141,6 +141,21 @@ def _lock(out: Path) -> IO[str]:
     return handle
 
 
+def overhead(store: Store, started: float, wall_s: float) -> dict[str, Any]:
+    """This invocation's wall time against its runs' own process times (start-up included): what the
+    sweep itself costs on top of its runs (planning, the database, the report)."""
+    runs = [r for r in store.runs() if r.started >= started]
+    own = sum(r.wall_s for r in runs)
+    return {"wall_s": wall_s, "runs": len(runs), "runs_wall_s": own, "ratio": wall_s / own if own else None}
+
+
+def overhead_line(timing: dict[str, Any]) -> str:
+    if not timing["runs"]:
+        return f"sweep: {timing['wall_s']:.1f} s, no run was started"
+    return (f"sweep: {timing['wall_s']:.1f} s wall for {timing['runs']} run(s) whose processes took "
+            f"{timing['runs_wall_s']:.1f} s, start-up included: {timing['ratio']:.3f}x")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the sweep `args` describe: 0 when every run is recorded (failed runs are results), 2 for bad input,
     130 on Ctrl-C."""
@@ -158,18 +173,22 @@ def run(args: argparse.Namespace) -> int:
         out = sweep_dir(args, sweep)
         check_out(out, args.resume)
         lock = _lock(out)
+        started, t0 = time.time(), time.perf_counter()
         try:
             with open_store(out, args.resume, plan_meta(sweep)) as store:
                 print(f"sweep: {len(sweep.runs)} runs -> {out}", flush=True)
                 code = run_sweep(sweep, store, Options(out, args.timeout, args.profile),
                                  out=lambda line: print(line, flush=True))
+                if code == 0 and not args.no_report:
+                    from shardbench.sweep.report import write_report  # matplotlib only for a report
+
+                    paths = write_report(out)
+                    print(f"report: {paths.markdown}\nreport: {paths.html}", flush=True)
+                timing = overhead(store, started, time.perf_counter() - t0)
+                store.set_meta("timing", timing)
+                print(overhead_line(timing), flush=True)
         finally:
             lock.close()
-        if code == 0 and not args.no_report:
-            from shardbench.sweep.report import write_report  # matplotlib only when a report is written
-
-            paths = write_report(out)
-            print(f"report: {paths.markdown}\nreport: {paths.html}", flush=True)
         return code
     except ShardbenchError as err:
         return report(err)

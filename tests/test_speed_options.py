@@ -1,0 +1,211 @@
+"""The speed options change speed and memory, never the arithmetic: unrolled layers, remat, dropout masks,
+the compilation cache and the allocator settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from shardbench import malloc
+from shardbench.bench.cases import compile_only
+from shardbench.config import ModelConfig
+from shardbench.models import fused_attention
+from shardbench.models.vit import keep_mask, layers_per_iteration
+from shardbench.train.loop import run
+from test_training import _losses
+
+
+def _train_losses(micro, **overrides: object) -> list[float]:
+    cfg = micro(**overrides)
+    run(cfg)
+    return _losses(Path(cfg.train.out))
+
+
+@pytest.fixture(scope="module")
+def dropout_reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    from conftest import micro_config
+
+    cfg = micro_config(tmp_path_factory.mktemp("reference"), **{"model.dropout": 0.1})
+    run(cfg)
+    return _losses(Path(cfg.train.out))
+
+
+def test_fused_attention_only_by_default_on_gpus() -> None:
+    assert fused_attention("auto", "gpu") and not fused_attention("auto", "cpu")
+    assert fused_attention("fused", "cpu") and not fused_attention("einsum", "gpu")
+
+
+def test_auto_unroll_rule() -> None:
+    assert layers_per_iteration(ModelConfig(num_layers=6)) == 6
+    assert layers_per_iteration(ModelConfig(num_layers=24)) == 1
+    assert layers_per_iteration(ModelConfig(num_layers=6, remat="full")) == 1
+    assert layers_per_iteration(ModelConfig(num_layers=6, unroll=2)) == 2
+    assert layers_per_iteration(ModelConfig(num_layers=6, unroll=99)) == 6
+
+
+@pytest.mark.parametrize("overrides", [{"model.unroll": 1}, {"model.remat": "block"}, {"model.remat": "full"},
+                                       {"model.attention": "fused"}],
+                         ids=["rolled-loop", "remat-block", "remat-full", "fused-attention"])
+def test_layer_loop_and_remat_give_the_same_losses(micro, dropout_reference, overrides) -> None:
+    """Against the default (two layers unrolled, no remat), with dropout on so the masks are compared too."""
+    reference = dropout_reference
+    losses = _train_losses(micro, **{"model.dropout": 0.1, **overrides})
+    assert len(losses) == len(reference) == 4
+    assert losses == pytest.approx(reference, rel=2e-5, abs=2e-6)
+
+
+def test_remat_saves_compiled_memory() -> None:
+    temp = {policy: compile_only("vit-tiny", {"model.remat": policy, "train.batch_size": 32})["temp_bytes"]
+            for policy in ("none", "block", "full")}
+    assert temp["none"] > temp["block"] > temp["full"] > 0
+
+
+def test_keep_mask_statistics() -> None:
+    shape, keep = (256, 1024), 0.9
+    mask = np.asarray(keep_mask(jax.random.key(0), shape, keep))
+    n = mask.size
+    sigma = (keep * (1 - keep) / n) ** 0.5
+    assert abs(mask.mean() - keep) < 5 * sigma
+    # Neighbours along either axis are uncorrelated.
+    x = mask.astype(np.float64) - mask.mean()
+    for a, b in ((x[:, 1:], x[:, :-1]), (x[1:], x[:-1])):
+        corr = (a * b).mean() / x.var()
+        assert abs(corr) < 5 / n**0.5
+    # Same key, same mask; another key agrees only by chance (keep^2 + (1-keep)^2 of the time).
+    assert np.array_equal(mask, np.asarray(keep_mask(jax.random.key(0), shape, keep)))
+    other = np.asarray(keep_mask(jax.random.key(1), shape, keep))
+    agree = (mask == other).mean()
+    assert abs(agree - (keep**2 + (1 - keep) ** 2)) < 0.01
+
+
+def test_keep_mask_is_the_same_when_sharded() -> None:
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("data",))
+    sharding = NamedSharding(mesh, PartitionSpec("data"))
+    make = jax.jit(lambda k: keep_mask(k, (64, 48), 0.7), out_shardings=sharding)
+    sharded = make(jax.random.key(3))
+    assert len(sharded.sharding.device_set) == 8
+    assert np.array_equal(np.asarray(sharded), np.asarray(keep_mask(jax.random.key(3), (64, 48), 0.7)))
+
+
+def _cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shardbench", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+MICRO_FLAGS = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train", "256",
+               "--data.synthetic-test", "64", "--model.patch-size", "8", "--model.embed-dim", "32",
+               "--model.num-layers", "2", "--model.mlp-dim", "64", "--batch-size", "32", "--steps", "2",
+               "--no-train.eval", "--no-train.progress"]
+
+
+def test_compile_cache_is_hit_by_a_second_process(tmp_path) -> None:
+    cache = tmp_path / "xla"
+    summaries = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        done = _cli(["train", *MICRO_FLAGS, "--data.cache-dir", str(tmp_path / "data"),
+                     "--train.compile-cache", str(cache), "--out", str(out)])
+        assert done.returncode == 0, done.stderr[-2000:]
+        summaries.append(json.loads((out / "summary.json").read_text())["measurements"]["compile_cache"])
+    first, second = summaries
+    assert first["dir"] == second["dir"] == str(cache)
+    assert first["hits"] == 0 and first["requests"] > 0
+    assert second["hits"] == first["requests"]  # every program the first run compiled came from disk
+    assert any(cache.iterdir())
+
+
+def test_compile_cache_off(micro) -> None:
+    cfg = micro(**{"train.compile_cache": "off"})
+    summary = run(cfg)
+    assert summary["measurements"]["compile_cache"]["dir"] is None
+
+
+PRINT_TUNABLES = ("from shardbench import malloc; malloc.maybe_reexec(); import os; "
+                  "print(os.environ.get('GLIBC_TUNABLES', ''))")
+
+
+@pytest.mark.skipif(not malloc.applies({}), reason="needs Linux with glibc")
+def test_reexec_sets_the_allocator_tunables() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SHARDBENCH_MALLOC_TUNED")}
+    done = subprocess.run([sys.executable, "-c", PRINT_TUNABLES], capture_output=True, text=True, env=env)
+    tunables = dict(t.split("=") for t in done.stdout.strip().split(":"))
+    assert tunables == malloc.TUNABLES
+    # A user's own setting wins; the opt-out leaves the environment alone.
+    done = subprocess.run([sys.executable, "-c", PRINT_TUNABLES], capture_output=True, text=True,
+                          env={**env, "GLIBC_TUNABLES": "glibc.malloc.arena_max=4"})
+    assert "glibc.malloc.arena_max=4" in done.stdout and "glibc.malloc.arena_max=1" not in done.stdout
+    assert "glibc.malloc.mmap_max=0" in done.stdout
+    done = subprocess.run([sys.executable, "-c", PRINT_TUNABLES], capture_output=True, text=True,
+                          env={**env, "SHARDBENCH_MALLOC": "default"})
+    assert done.stdout.strip() == ""
+
+
+def test_bench_end_to_end(tmp_path) -> None:
+    """A scaled-down `shardbench bench`: real worker processes, real compilations, interleaved windows."""
+    out = tmp_path / "bench"
+    done = _cli(["bench", "--preset", "vit-tiny", "--groups", "step,pipeline", "--pipeline-seconds", "1",
+                 "--baselines", "seed-style", "--batch-size", "16", "--warmup", "1",
+                 "--windows", "2", "--steps-per-window", "1", "--peak-size", "512",
+                 "--set", "model.embed_dim=32", "--set", "model.mlp_dim=64", "--set", "model.num_layers=2",
+                 "--set", "model.patch_size=8", "--out", str(out)])
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((out / "bench.json").read_text())
+    cases = {(c["group"], c["label"]): c["result"] for c in record["cases"]}
+    for label in ("matmul peak", "shardbench", "seed-style nnx"):
+        assert len(cases["step", label]["rates"]) == 2, cases["step", label]
+        assert min(cases["step", label]["rates"]) > 0
+    assert cases["step", "shardbench"]["train_flops_per_image"] == cases["step", "seed-style nnx"][
+        "train_flops_per_image"]
+    assert cases["step", "seed-style nnx"]["params"] > 0
+    pipeline = cases["pipeline", "host pipeline"]
+    assert pipeline["cores"] == 1 and pipeline["images_per_s"] > 0
+    table = (out / "bench.md").read_text()
+    assert "shardbench / best baseline" in table and "| shardbench |" in table
+
+
+def test_bench_rejects_bad_input_before_starting(tmp_path) -> None:
+    out = tmp_path / "never"
+    for args, words in ((["--groups", "step,warp"], "--groups"), (["--batches", "32,x"], "--batches"),
+                        (["--set", "model.num_heads=7"], "not divisible")):
+        done = _cli(["bench", *args, "--out", str(out)])
+        assert done.returncode == 2
+        assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1
+        assert not out.exists()
+
+
+FAULTS_PER_CALL = """
+import resource, jax, jax.numpy as jnp
+x = jnp.ones((4096, 4096))  # 64 MiB: every call allocates an output this large
+f = jax.jit(lambda x: x * 2.0 + 1.0)
+for _ in range(3):
+    f(x).block_until_ready()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    f(x).block_until_ready()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
+"""
+
+
+@pytest.mark.skipif(not malloc.applies({}), reason="needs Linux with glibc")
+def test_tuned_allocator_reuses_memory_instead_of_faulting_it_in() -> None:
+    """A 64 MiB output is 16,384 pages of 4 KiB: glibc's default maps them afresh on every call, the tuned
+    allocator hands back the block the previous call freed."""
+    base = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SHARDBENCH_MALLOC_TUNED")}
+    faults = {}
+    for name, env in (("default", base), ("tuned", malloc.tuned_environ(base))):
+        done = subprocess.run([sys.executable, "-c", FAULTS_PER_CALL], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        faults[name] = float(done.stdout.strip().splitlines()[-1])
+    pages = 4096 * 4096 * 4 / 4096
+    assert faults["tuned"] < 0.05 * pages
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not (thp.exists() and "[always]" in thp.read_text()):  # with 2 MiB pages everywhere there are fewer
+        assert faults["default"] > 0.5 * pages
