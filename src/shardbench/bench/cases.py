@@ -27,7 +27,7 @@ from shardbench.measure.timing import compile_timed
 from shardbench.models.vit import flops_per_example
 from shardbench.parallel.rules import make_layout
 from shardbench.train.optim import build_optimizer, learning_rate
-from shardbench.train.state import describe_model, init_state, state_shardings
+from shardbench.train.state import abstract_train_state, describe_model, init_state, state_shardings
 from shardbench.train.step import make_steps, place_batch
 
 Result = dict[str, Any]
@@ -61,25 +61,31 @@ def random_batch(cfg: Config, batch: int, seed: int = 0) -> dict[str, np.ndarray
             "mask": np.ones(batch, bool)}
 
 
-def _compiled_step(cfg: Config) -> tuple[Any, Any, Any, Result]:
-    """shardbench's train step on one device, built by the functions `shardbench train` uses, compiled."""
+def _steps(cfg: Config) -> tuple[Any, Any, Any, Any]:
+    """shardbench's steps on one device, built by the functions `shardbench train` uses."""
     layout = make_layout("single", "none", select_devices(1))
     spec = describe_model(cfg)
     tx = build_optimizer(cfg.optim, 1000)
     steps = make_steps(cfg, spec, layout, tx, state_shardings(spec, layout, tx), learning_rate(cfg.optim, 1000))
-    state = init_state(cfg, spec, layout, tx)
-    batch = place_batch(random_batch(cfg, cfg.train.batch_size), steps.batch_sharding)
+    return layout, spec, tx, steps
+
+
+def _compiled(cfg: Config, steps: Any, state: Any, batch: Any) -> tuple[Any, Result]:
+    """Compile the train step for (state, batch); its compile time and compiled temporaries."""
     compiled, times = compile_timed(steps.train, state, batch)
     memory = compiled.memory_analysis()
-    info = {"compile_s": times.lower_s + times.compile_s, "lower_s": times.lower_s,
-            "temp_bytes": getattr(memory, "temp_size_in_bytes", None), "train_flops_per_image": _train_flops(cfg),
-            "batch_size": cfg.train.batch_size, "num_layers": cfg.model.num_layers}
-    return compiled, state, batch, info
+    return compiled, {"compile_s": times.lower_s + times.compile_s, "lower_s": times.lower_s,
+                      "temp_bytes": getattr(memory, "temp_size_in_bytes", None),
+                      "train_flops_per_image": _train_flops(cfg), "batch_size": cfg.train.batch_size,
+                      "num_layers": cfg.model.num_layers}
 
 
 def shardbench_step(preset: str, overrides: dict[str, Any]) -> Prepared:
     cfg = bench_config(preset, overrides)
-    compiled, state, batch, info = _compiled_step(cfg)
+    layout, spec, tx, steps = _steps(cfg)
+    state = init_state(cfg, spec, layout, tx)
+    batch = place_batch(random_batch(cfg, cfg.train.batch_size), steps.batch_sharding)
+    compiled, info = _compiled(cfg, steps, state, batch)
     holder = {"state": state}
 
     def step() -> Any:
@@ -140,19 +146,10 @@ def matmul_peak(dtype: str, size: int = 0, min_step_s: float = 0.25) -> Prepared
 def compile_only(preset: str, overrides: dict[str, Any]) -> Result:
     """Compile time and compiled temporaries of shardbench's step, nothing executed."""
     cfg = bench_config(preset, overrides)
-    layout = make_layout("single", "none", select_devices(1))
-    spec = describe_model(cfg)
-    tx = build_optimizer(cfg.optim, 1000)
-    steps = make_steps(cfg, spec, layout, tx, state_shardings(spec, layout, tx), learning_rate(cfg.optim, 1000))
-    from shardbench.train.state import abstract_train_state
-
-    state = abstract_train_state(spec, layout, tx)
+    layout, spec, tx, steps = _steps(cfg)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch_sharding)
              for k, v in random_batch(cfg, cfg.train.batch_size).items()}
-    compiled, times = compile_timed(steps.train, state, batch)
-    memory = compiled.memory_analysis()
-    return {"compile_s": times.lower_s + times.compile_s, "lower_s": times.lower_s,
-            "temp_bytes": getattr(memory, "temp_size_in_bytes", None), "num_layers": cfg.model.num_layers}
+    return _compiled(cfg, steps, abstract_train_state(spec, layout, tx), batch)[1]
 
 
 def input_pipeline(*, images: int, batch: int, seconds: float, one_core: bool) -> Result:
