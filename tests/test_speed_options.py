@@ -122,6 +122,16 @@ def test_compile_cache_is_hit_by_a_second_process(tmp_path) -> None:
     assert any(cache.iterdir())
 
 
+def test_compile_cache_counts_each_run_alone(micro, tmp_path) -> None:
+    """Two runs in one process with one cache: the second's figures are its own, not the process's total."""
+    cache = str(tmp_path / "xla-shared")
+    first = run(micro(**{"train.compile_cache": cache, "train.out": str(tmp_path / "a")}))
+    second = run(micro(**{"train.compile_cache": cache, "train.out": str(tmp_path / "b")}))
+    a, b = first["measurements"]["compile_cache"], second["measurements"]["compile_cache"]
+    assert a["requests"] > 0 and a["hits"] == 0
+    assert b["requests"] == a["requests"] and b["hits"] == b["requests"]
+
+
 def test_compile_cache_off(micro) -> None:
     cfg = micro(**{"train.compile_cache": "off"})
     summary = run(cfg)

@@ -79,9 +79,10 @@ def _mix32(x: jax.Array) -> jax.Array:
 def keep_mask(key: jax.Array, shape: tuple[int, ...], keep: float) -> jax.Array:
     """Bernoulli(keep) booleans from a counter-based hash of each element's flat index.
 
-    Threefry bits cost ~25x more on a CPU (194 ms for one 128x65x1536 mask on two cores, most of the
-    dropout step); hashing the index with a per-call seed drawn from `key` costs a few integer
-    operations per element, fuses into the consumer, and is just as reproducible: the same key gives
+    On two CPU cores, dropout on one 128x65x1536 array took 159 ms with threefry's Bernoulli mask and
+    7.2 ms with this one (5.3 ms for the rescaling alone): hashing the index with a per-call seed drawn
+    from `key` costs a few integer operations per element and fuses into the consumer. It is just as
+    reproducible: the same key gives
     the same mask on any mesh, since the index is the element's global position.
     """
     seed = jax.random.bits(key, (2,), jnp.uint32)

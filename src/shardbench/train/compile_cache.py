@@ -71,5 +71,12 @@ def _reset() -> None:
         pass
 
 
-def stats(path: Path | None) -> dict[str, object]:
-    return {"dir": None if path is None else str(path), "hits": COUNTER.hits, "requests": COUNTER.requests}
+def counts() -> tuple[int, int]:
+    """(hits, requests) so far in this process: take one before a run and pass it to `stats`."""
+    return COUNTER.hits, COUNTER.requests
+
+
+def stats(path: Path | None, since: tuple[int, int] = (0, 0)) -> dict[str, object]:
+    """The cache's directory and the hits and requests since `since` (one run's share of the process)."""
+    return {"dir": None if path is None else str(path), "hits": COUNTER.hits - since[0],
+            "requests": COUNTER.requests - since[1]}

@@ -175,6 +175,7 @@ def run(cfg: Config) -> dict[str, Any]:
     """Train as `cfg` says; returns the summary also written to <out>/summary.json."""
     cache = compile_cache.resolve(cfg.train.compile_cache, default_cache_dir(cfg))
     compile_cache.enable(cache)  # before the first compilation (plan_run's precision probe compiles)
+    cache_counts = compile_cache.counts()
     plan = plan_run(cfg)
     cfg, out, layout = plan.cfg, plan.out, plan.layout
     is_main = jax.process_index() == 0
@@ -205,7 +206,7 @@ def run(cfg: Config) -> dict[str, Any]:
     finally:
         writer.close()
         checkpoints.close()
-    summary.setdefault("measurements", {})["compile_cache"] = compile_cache.stats(cache)
+    summary.setdefault("measurements", {})["compile_cache"] = compile_cache.stats(cache, cache_counts)
     if is_main:
         write_json_atomic(out / "summary.json", summary)
     return summary
