@@ -114,6 +114,9 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
         raise ConfigError(f"--peak-size must be positive (or 0 for the default), got {args.peak_size}")
     if args.warmup < 0 or args.windows < 1 or args.steps_per_window < 0:
         raise ConfigError("--warmup must be >= 0, --windows >= 1 and --steps-per-window >= 0 (0 = auto)")
+    if args.timeout <= 0 or args.min_window_s < 0 or args.pipeline_seconds <= 0:
+        raise ConfigError(f"--timeout {args.timeout:g}, --pipeline-seconds {args.pipeline_seconds:g}, --min-window-s "
+                          f"{args.min_window_s:g}: the first two must be positive, the last >= 0")
     base = {"precision.dtype": args.dtype, "train.batch_size": args.batch_size, **_extra(args.set)}
     # Fail here, in one line, on a configuration that cannot run.
     config_lib.validate(config_lib.override(config_lib.get_preset(args.preset), base))
