@@ -209,7 +209,7 @@ def test_sources_spec(tarball: tuple[Path, str], tmp_path: Path) -> None:
         load_dataset(f"cifar10:{path}", num_classes=100, **kw)  # type: ignore[arg-type]
     with pytest.raises(DataError, match=r"cifar10 images are 32x32 .* --data.image-size 32"):
         load_dataset("cifar10", num_classes=10, **{**kw, "image_size": 64})  # type: ignore[arg-type]
-    want = r"^unknown dataset 'foo': use cifar10, cifar10:PATH, imagefolder:PATH or synthetic$"
+    want = r"^unknown dataset 'foo': use cifar10, cifar10:PATH, imagefolder:PATH or synthetic \(images\), tokens-uniform"
     with pytest.raises(DataError, match=want):
         load_dataset("foo", num_classes=10, **kw)  # type: ignore[arg-type]
     validate_spec(f"cifar10:{path}")

@@ -16,7 +16,8 @@ from shardbench.models.vit import flops_per_example
 from shardbench.train.loop import plan_run, run
 from shardbench.train.optim import build_optimizer, learning_rate
 from shardbench.train.state import init_state, state_shardings
-from shardbench.train.step import make_steps, place_batch
+from shardbench.tasks import get_task
+from shardbench.train.spmd import make_steps
 
 
 def test_vit_seed_flops_match_a_hand_count() -> None:
@@ -34,11 +35,11 @@ def _compiled_step(micro, strategy: str, mesh: str):
     plan = plan_run(cfg)
     tx = build_optimizer(cfg.optim, 10)
     state = init_state(cfg, plan.spec, plan.layout, tx)
-    steps = make_steps(cfg, plan.spec, plan.layout, tx, state_shardings(plan.spec, plan.layout, tx),
-                       learning_rate(cfg.optim, 10))
+    steps = make_steps(cfg, get_task(cfg), plan.spec, plan.layout, tx, state_shardings(plan.spec, plan.layout, tx),
+                       learning_rate(cfg.optim, 10), ("image", "label"))
     batch = {"image": np.zeros((32, 32, 32, 3), np.uint8), "label": np.zeros(32, np.int32),
              "mask": np.ones(32, bool)}
-    return steps.train.lower(state, place_batch(batch, steps.batch_sharding)).compile(), state
+    return steps.train.lower(state, steps.place(batch)).compile(), state
 
 
 def test_dp_step_all_reduces_exactly_the_gradient_bytes(micro) -> None:

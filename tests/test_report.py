@@ -281,7 +281,7 @@ def test_html_page_in_chromium(written: ReportPaths) -> None:
             page.wait_for_load_state("load")
 
             assert page.locator("table#runs tbody tr").count() == len(sweep_rows())
-            assert page.locator("th[data-key]").count() == 23
+            assert page.locator("th[data-key]").count() == 24  # 23 + test loss; model, spmd, tokens/s are hidden
             charts = page.locator("img.chart")
             assert charts.count() == len(CHARTS)
             for i in range(charts.count()):

@@ -18,7 +18,7 @@ from shardbench import malloc
 from shardbench.bench.cases import compile_only
 from shardbench.config import ModelConfig
 from shardbench.models import fused_attention
-from shardbench.models.vit import keep_mask, layers_per_iteration
+from shardbench.models.transformer import keep_mask, layers_per_iteration
 from shardbench.train.loop import run
 from test_training import _losses
 

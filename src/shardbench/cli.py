@@ -23,24 +23,34 @@ SHORT_FLAGS: dict[str, str] = {
     "parallel.devices": "--devices", "precision.param_dtype": "--param-dtype", "precision.dtype": "--dtype",
     "precision.matmul_precision": "--matmul-precision", "model.dropout": "--dropout", "optim.lr": "--lr",
     "train.seed": "--seed", "train.out": "--out", "train.resume": "--resume", "model.remat": "--remat",
+    "parallel.spmd": "--spmd",
 }
 
 HELP: dict[str, str] = {
-    "data.dataset": "dataset: cifar10 (downloaded and md5-checked), cifar10:PATH (local tarball or folder), "
-                    "imagefolder:PATH (folder or .tar/.tar.gz of <split>/<class>/<image>), synthetic",
+    "data.dataset": "dataset: for vit cifar10 (downloaded and md5-checked), cifar10:PATH (local tarball or "
+                    "folder), imagefolder:PATH (folder or .tar/.tar.gz of <split>/<class>/<image>), synthetic; for "
+                    "lm tokens-uniform or text:PATH (bytes of a local text file); for mlp regression",
     "data.image_size": "image side in pixels",
     "data.val_fraction": "fraction of train held out for validation when the dataset has no val split",
     "data.cache_dir": "where downloads and decoded images are cached ('' = $SHARDBENCH_CACHE or "
                       "~/.cache/shardbench)",
-    "data.synthetic_train": "number of synthetic training images",
-    "data.synthetic_test": "number of synthetic test images",
+    "data.synthetic_train": "number of generated training examples (synthetic, tokens-uniform, regression)",
+    "data.synthetic_test": "number of generated test examples",
     "data.augment": "random flip and resized crop on training images",
     "data.flip": "random horizontal flip (with --data.augment)",
     "data.crop_scale": "random resized crop: range of the crop's area fraction",
     "data.crop_ratio": "random resized crop: range of the crop's aspect ratio",
+    "model.kind": "model: vit (Vision Transformer), lm (decoder-only Transformer language model) or mlp (deep "
+                  "ReLU MLP)",
+    "model.vocab_size": "lm: vocabulary size (256 for text:PATH, which is byte-level)",
+    "model.seq_len": "lm: tokens the model reads per sequence",
+    "model.input_dim": "mlp: input features",
+    "parallel.spmd": "SPMD style: jit (automatic partitioning), shard_map (explicit per-device program with "
+                     "written-out collectives) or pmap (replicated parameters, data parallelism only)",
     "model.patch_size": "patch side in pixels", "model.embed_dim": "model width",
-    "model.num_layers": "encoder blocks", "model.num_heads": "attention heads",
-    "model.mlp_dim": "hidden width of each MLP block", "model.num_classes": "output classes",
+    "model.num_layers": "Transformer blocks, or the MLP's ReLU layers", "model.num_heads": "attention heads",
+    "model.mlp_dim": "hidden width of each MLP block (the MLP model's width)",
+    "model.num_classes": "output classes (the MLP's outputs)",
     "model.dropout": "dropout rate after the MLP's activation and output",
     "model.unroll": "layers per scan iteration: 1 = rolled loop (compile time flat in depth), N = N layers "
                     "per iteration, 0 = auto (all layers up to 8, else 1)",
@@ -136,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "over the devices.",
     )
     add_config_arguments(inspect)
-    inspect.add_argument("--array", default="encoder/mlp2_kernel",
-                         help="parameter to picture over the mesh (default: encoder/mlp2_kernel)")
+    inspect.add_argument("--array", default="",
+                         help="parameter to picture over the mesh (default: encoder/mlp2_kernel for vit, "
+                              "blocks/mlp2_kernel for lm, hidden_kernel for mlp)")
     from shardbench.bench import bench_cmd  # the sweep, report and bench commands live with their code
     from shardbench.sweep import report_cmd, sweep_cmd
 

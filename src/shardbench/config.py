@@ -19,6 +19,7 @@ STRATEGIES = ("auto", "single", "dp", "fsdp", "tp", "dp+tp", "fsdp+tp")
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_POLICIES = ("none", "block", "full")
+SPMD_STYLES = ("jit", "shard_map", "pmap")
 ATTENTION = ("auto", "einsum", "fused")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("cosine", "constant")
@@ -28,11 +29,11 @@ SCHEDULES = ("cosine", "constant")
 class DataConfig:
     """Where images come from and how training images are augmented."""
 
-    dataset: str = "synthetic"  # cifar10 | cifar10:PATH | imagefolder:PATH | synthetic
+    dataset: str = "synthetic"  # images: cifar10[:PATH] | imagefolder:PATH | synthetic; tokens-uniform | text:PATH; regression
     image_size: int = 32
     val_fraction: float = 0.1  # carved from train when the dataset has no val split (45,000/5,000 on CIFAR-10)
     cache_dir: str = ""  # '' = $SHARDBENCH_CACHE or ~/.cache/shardbench
-    synthetic_train: int = 50_000
+    synthetic_train: int = 50_000  # examples (images, sequences or rows) of the generated datasets
     synthetic_test: int = 10_000
     augment: bool = True
     flip: bool = True
@@ -42,8 +43,12 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Vision Transformer shape."""
+    """Which model (`kind`) and its shape. Fields a kind does not use are ignored by it:
+    vit uses patch_size, embed_dim, num_layers, num_heads, mlp_dim, num_classes;
+    lm uses vocab_size, seq_len, embed_dim, num_layers, num_heads, mlp_dim;
+    mlp uses input_dim, mlp_dim (the width), num_layers (hidden layers) and num_classes (outputs)."""
 
+    kind: str = "vit"  # vit | lm | mlp
     patch_size: int = 4
     embed_dim: int = 384
     num_layers: int = 6
@@ -54,6 +59,9 @@ class ModelConfig:
     unroll: int = 0  # layers per scan iteration: 1 = a rolled loop (compile time flat in depth); 0 = auto
     remat: str = "none"  # activation checkpointing per block: none | block (recompute element-wise ops) | full
     attention: str = "auto"  # einsum | fused (jax.nn.dot_product_attention) | auto: fused on GPUs, else einsum
+    vocab_size: int = 512  # lm: tokens
+    seq_len: int = 64  # lm: tokens the model reads per sequence (each example holds seq_len + 1 tokens)
+    input_dim: int = 1024  # mlp: input features
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,7 @@ class ParallelConfig:
     strategy: str = "auto"  # auto: single for --mesh none, dp for a data-only mesh, tp model-only, dp+tp both
     mesh: str = ""  # '' = every device on the strategy's axis; 'none' = one device; '8', '4x2' (data x model), 'data=4,model=2'
     devices: int = 0  # 0 = every device; on a CPU-only machine N simulates N devices
+    spmd: str = "jit"  # jit (automatic partitioning) | shard_map (explicit per-device program) | pmap
 
 
 @dataclass(frozen=True)
@@ -160,10 +169,62 @@ def vit_tiny() -> Config:
     )
 
 
+def lm_seed() -> Config:
+    """The seed's Transformer LM: vocabulary 512, sequence 64, width 256, 8 heads, 4 layers, MLP 1024,
+    batch 32, AdamW 3e-4, 50 steps on 8,192 uniformly random sequences."""
+    return Config(
+        preset="lm-seed",
+        data=DataConfig(dataset="tokens-uniform", synthetic_train=8192, synthetic_test=1024),
+        model=ModelConfig(kind="lm", embed_dim=256, num_layers=4, num_heads=8, mlp_dim=1024, dropout=0.0,
+                          vocab_size=512, seq_len=64),
+        optim=OptimConfig(lr=3e-4, weight_decay=1e-4, schedule="constant", warmup_steps=0, grad_clip=0.0),
+        train=TrainConfig(steps=50, batch_size=32, log_every=10, checkpoint_every=0),
+    )
+
+
+def lm_tiny() -> Config:
+    """A byte-level LM small enough to learn a text file on two CPU cores in a few hundred steps."""
+    return Config(
+        preset="lm-tiny",
+        data=DataConfig(dataset="tokens-uniform", synthetic_train=4096, synthetic_test=512),
+        model=ModelConfig(kind="lm", embed_dim=128, num_layers=2, num_heads=4, mlp_dim=512, dropout=0.0,
+                          vocab_size=256, seq_len=64),
+        optim=OptimConfig(lr=1e-3, weight_decay=1e-4, warmup_steps=10),
+        train=TrainConfig(steps=200, batch_size=32, log_every=20, checkpoint_every=0),
+    )
+
+
+def mlp_seed() -> Config:
+    """The seed's deep MLP: 90 ReLU layers of width 2056 on 1024 inputs, 10 outputs, mean squared error,
+    Adam 1e-4, batch 256 x 27 = 6,912 (about 380M parameters: a GPU preset)."""
+    return Config(
+        preset="mlp-seed",
+        data=DataConfig(dataset="regression", synthetic_train=6912 * 4, synthetic_test=6912),
+        model=ModelConfig(kind="mlp", num_layers=90, mlp_dim=2056, input_dim=1024, num_classes=10, dropout=0.0),
+        optim=OptimConfig(optimizer="adam", lr=1e-4, schedule="constant", warmup_steps=0, grad_clip=0.0),
+        train=TrainConfig(steps=20, batch_size=6912, log_every=5, checkpoint_every=0),
+    )
+
+
+def mlp_small() -> Config:
+    """The seed's MLP scaled for a CPU: 24 ReLU layers of width 512 on 256 inputs, batch 1024."""
+    return Config(
+        preset="mlp-small",
+        data=DataConfig(dataset="regression", synthetic_train=16384, synthetic_test=2048),
+        model=ModelConfig(kind="mlp", num_layers=24, mlp_dim=512, input_dim=256, num_classes=10, dropout=0.0),
+        optim=OptimConfig(optimizer="adam", lr=1e-4, schedule="constant", warmup_steps=0, grad_clip=0.0),
+        train=TrainConfig(steps=20, batch_size=1024, log_every=5, checkpoint_every=0),
+    )
+
+
 PRESETS: dict[str, Callable[[], Config]] = {
     "vit-seed": vit_seed,
     "vit-small": vit_small,
     "vit-tiny": vit_tiny,
+    "lm-seed": lm_seed,
+    "lm-tiny": lm_tiny,
+    "mlp-seed": mlp_seed,
+    "mlp-small": mlp_small,
 }
 
 
@@ -251,16 +312,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"unknown --optim.optimizer '{o.optimizer}': choose one of {', '.join(OPTIMIZERS)}")
     if o.schedule not in SCHEDULES:
         raise ConfigError(f"unknown --optim.schedule '{o.schedule}': choose one of {', '.join(SCHEDULES)}")
-    if cfg.data.image_size % m.patch_size:
-        raise ConfigError(
-            f"image size {cfg.data.image_size} is not divisible by patch size {m.patch_size}: pick a patch size "
-            f"that divides it"
-        )
-    if m.embed_dim % m.num_heads:
-        raise ConfigError(f"embed dim {m.embed_dim} is not divisible by {m.num_heads} heads")
+    if cfg.parallel.spmd not in SPMD_STYLES:
+        raise ConfigError(f"unknown --spmd '{cfg.parallel.spmd}': choose one of {', '.join(SPMD_STYLES)}")
     positive = {
         "model.embed_dim": m.embed_dim, "model.num_layers": m.num_layers, "model.num_heads": m.num_heads,
         "model.mlp_dim": m.mlp_dim, "model.num_classes": m.num_classes, "model.patch_size": m.patch_size,
+        "model.vocab_size": m.vocab_size, "model.seq_len": m.seq_len, "model.input_dim": m.input_dim,
         "train.batch_size": t.batch_size,
     }
     for key, value in positive.items():
@@ -286,3 +343,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--data.crop-ratio {lo},{hi} is invalid: it needs 0 < low <= high")
     if not 0.0 <= cfg.data.val_fraction < 1.0:
         raise ConfigError(f"--data.val-fraction must be in [0, 1), got {cfg.data.val_fraction}")
+    from shardbench.tasks import get_task  # the model kind's own shape checks; tasks build on this module
+
+    get_task(cfg).check(cfg)

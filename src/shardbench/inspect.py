@@ -19,9 +19,21 @@ from shardbench.train.optim import build_optimizer
 from shardbench.train.state import abstract_train_state, check_layout, describe_model
 
 DEFAULT_ARRAY = "encoder/mlp2_kernel"  # the seed pictured the second MLP layer's kernel
+# Per model kind: the array pictured by default, and the batch's shape and name.
+DEFAULT_ARRAYS = {"vit": DEFAULT_ARRAY, "lm": "blocks/mlp2_kernel", "mlp": "hidden_kernel"}
 
 
-def inspect(cfg: Config, array: str = DEFAULT_ARRAY) -> str:
+def _batch(cfg: Config) -> tuple[str, tuple[int, ...]]:
+    b, m = cfg.train.batch_size, cfg.model
+    if m.kind == "lm":
+        return "batch tokens", (b, m.seq_len + 1)
+    if m.kind == "mlp":
+        return "batch inputs", (b, m.input_dim)
+    return "batch images", (b, cfg.data.image_size, cfg.data.image_size, 3)
+
+
+def inspect(cfg: Config, array: str = "") -> str:
+    """The parameter table, one array's picture (`array`, '' = the model's default) and the batch's."""
     config_lib.validate(cfg)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, select_devices(cfg.parallel.devices))
     spec = describe_model(cfg)
@@ -41,13 +53,14 @@ def inspect(cfg: Config, array: str = DEFAULT_ARRAY) -> str:
         "",
     ]
     by_path = {r.path: r for r in rows}
+    array = array or DEFAULT_ARRAYS.get(cfg.model.kind, DEFAULT_ARRAY)
     if array not in by_path:
         raise ConfigError(f"--array {array}: no such parameter; choose one of {', '.join(sorted(by_path))}")
     row = by_path[array]
     lines.append(picture(row.path, row.shape, layout.sharding(row.spec)))
     lines.append("")
-    image = (cfg.train.batch_size, cfg.data.image_size, cfg.data.image_size, 3)
-    lines.append(picture("batch images", image, layout.batch_sharding()))
+    name, shape = _batch(cfg)
+    lines.append(picture(name, shape, layout.batch_sharding()))
     return "\n".join(lines)
 
 

@@ -28,7 +28,9 @@ from shardbench.models.vit import flops_per_example
 from shardbench.parallel.rules import make_layout
 from shardbench.train.optim import build_optimizer, learning_rate
 from shardbench.train.state import abstract_train_state, describe_model, init_state, state_shardings
-from shardbench.train.step import make_steps, place_batch
+from shardbench.tasks import get_task
+from shardbench.train.spmd import make_steps
+from shardbench.train.step import place_batch
 
 Result = dict[str, Any]
 
@@ -66,7 +68,8 @@ def _steps(cfg: Config) -> tuple[Any, Any, Any, Any]:
     layout = make_layout("single", "none", select_devices(1))
     spec = describe_model(cfg)
     tx = build_optimizer(cfg.optim, 1000)
-    steps = make_steps(cfg, spec, layout, tx, state_shardings(spec, layout, tx), learning_rate(cfg.optim, 1000))
+    steps = make_steps(cfg, get_task(cfg), spec, layout, tx, state_shardings(spec, layout, tx),
+                       learning_rate(cfg.optim, 1000), ("image", "label"))
     return layout, spec, tx, steps
 
 
@@ -84,7 +87,7 @@ def shardbench_step(preset: str, overrides: dict[str, Any]) -> Prepared:
     cfg = bench_config(preset, overrides)
     layout, spec, tx, steps = _steps(cfg)
     state = init_state(cfg, spec, layout, tx)
-    batch = place_batch(random_batch(cfg, cfg.train.batch_size), steps.batch_sharding)
+    batch = steps.place(random_batch(cfg, cfg.train.batch_size))
     compiled, info = _compiled(cfg, steps, state, batch)
     holder = {"state": state}
 
@@ -147,7 +150,7 @@ def compile_only(preset: str, overrides: dict[str, Any]) -> Result:
     """Compile time and compiled temporaries of shardbench's step, nothing executed."""
     cfg = bench_config(preset, overrides)
     layout, spec, tx, steps = _steps(cfg)
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch_sharding)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=layout.batch_sharding())
              for k, v in random_batch(cfg, cfg.train.batch_size).items()}
     return _compiled(cfg, steps, abstract_train_state(spec, layout, tx), batch)[1]
 

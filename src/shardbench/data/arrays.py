@@ -1,8 +1,15 @@
-"""In-memory image datasets: uint8 image/label arrays per split, and the seeded train/val split."""
+"""In-memory datasets: a split is named arrays sharing their leading (example) dimension.
+
+`Columns` holds any such split (token sequences, regression rows); `ImageArrays` is the image split
+(uint8 images and int32 labels) that the image loaders produce and check. Both give the input pipeline
+the same two things: their length and `columns()`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -37,6 +44,50 @@ class ImageArrays:
         """The examples at `indices`, in that order (copies)."""
         return ImageArrays(images=self.images[indices], labels=self.labels[indices])
 
+    def columns(self) -> dict[str, np.ndarray]:
+        return {"image": self.images, "label": self.labels}
+
+
+class Split(Protocol):
+    """What the input pipeline reads: a number of examples and their named arrays."""
+
+    def __len__(self) -> int: ...
+
+    def columns(self) -> Mapping[str, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class Columns:
+    """One split of any kind: named arrays with the same number of rows."""
+
+    data: Mapping[str, np.ndarray]
+
+    def __post_init__(self) -> None:
+        rows = {name: a.shape[0] for name, a in self.data.items()}
+        if len(set(rows.values())) > 1:
+            raise DataError(f"a split's arrays disagree on the number of examples: {rows}")
+
+    def __len__(self) -> int:
+        return int(next(iter(self.data.values())).shape[0]) if self.data else 0
+
+    def columns(self) -> Mapping[str, np.ndarray]:
+        return self.data
+
+    def take(self, indices: np.ndarray) -> Columns:
+        return Columns({k: v[indices] for k, v in self.data.items()})
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A named dataset of non-image examples with train/val/test splits; `info` says what a model should
+    know about it (e.g. the vocabulary, or the best loss any model can reach on it and why)."""
+
+    name: str
+    train: Columns
+    val: Columns
+    test: Columns
+    info: dict[str, Any] = field(default_factory=dict)
+
 
 @dataclass(frozen=True)
 class ImageDataset:
@@ -47,6 +98,10 @@ class ImageDataset:
     val: ImageArrays
     test: ImageArrays
     class_names: tuple[str, ...]
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return {"classes": len(self.class_names), "image_size": self.image_size}
 
     @property
     def num_classes(self) -> int:

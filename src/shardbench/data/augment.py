@@ -100,38 +100,46 @@ def augment(
     mean: Sequence[float] = CIFAR_MEAN,
     std: Sequence[float] = CIFAR_STD,
     dtype: DTypeLike = jnp.float32,
+    rows: tuple[jax.Array | int, int] | None = None,
 ) -> jax.Array:
     """Per-image RandomResizedCrop(scale, ratio) to the same size, random flip (p=0.5), normalize.
 
     `images_u8` is uint8 (B, H, W, C); the result has the same shape and `dtype`. Deterministic
-    given `key`; jit- and vmap-friendly (no Python loop over images).
+    given `key`; jit- and vmap-friendly (no Python loop over images). `rows` = (offset, total) says that
+    these B images are rows offset.. of a global batch of `total`: the draws are made for the global batch
+    and sliced, so a per-device program augments each image exactly as the global one does.
     """
     if not 0.0 < scale[0] <= scale[1] <= 1.0:
         raise ConfigError(f"crop scale {scale} is invalid; it must satisfy 0 < low <= high <= 1")
     if not 0.0 < ratio[0] <= ratio[1]:
         raise ConfigError(f"crop ratio {ratio} is invalid; it must satisfy 0 < low <= high")
+    offset, total = (0, images_u8.shape[0]) if rows is None else rows
     return _augment_batch(
-        images_u8, key, (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1])), bool(flip),
-        tuple(float(m) for m in mean), tuple(float(s) for s in std), jnp.dtype(dtype),
+        images_u8, key, jnp.asarray(offset, jnp.int32), (float(scale[0]), float(scale[1])),
+        (float(ratio[0]), float(ratio[1])), bool(flip), tuple(float(m) for m in mean),
+        tuple(float(s) for s in std), jnp.dtype(dtype), int(total),
     )
 
 
 # Jitted on its own so that eager calls compile once instead of op by op; inside a jitted train
 # step it is simply inlined.
-@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5, 6, 7))
+@functools.partial(jax.jit, static_argnums=(3, 4, 5, 6, 7, 8, 9))
 def _augment_batch(
     images_u8: jax.Array,
     key: jax.Array,
+    offset: jax.Array,
     scale: tuple[float, float],
     ratio: tuple[float, float],
     flip: bool,
     mean: tuple[float, ...],
     std: tuple[float, ...],
     dtype: np.dtype,
+    total: int,
 ) -> jax.Array:
     # One draw for the whole batch (area, ratio, top, left, flip per image): far less code to
     # compile than splitting a key per image.
-    u = jax.random.uniform(key, (images_u8.shape[0], 5), dtype=jnp.float32)
+    u = jax.random.uniform(key, (total, 5), dtype=jnp.float32)
+    u = jax.lax.dynamic_slice_in_dim(u, offset, images_u8.shape[0])
     x = images_u8.astype(jnp.float32)
     out = jax.vmap(lambda im, ui: _augment_one(im, ui, scale, ratio, flip))(x, u)
     return _normalize_float(out / 255.0, mean, std, dtype)

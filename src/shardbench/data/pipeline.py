@@ -12,7 +12,7 @@ import grain
 import numpy as np
 from grain.experimental import ThreadPrefetchIterDataset
 
-from shardbench.data.arrays import ImageArrays
+from shardbench.data.arrays import Split
 from shardbench.errors import ConfigError
 
 Batch = dict[str, np.ndarray]
@@ -41,7 +41,7 @@ class BatchSource:
 
     def __init__(
         self,
-        arrays: ImageArrays,
+        arrays: Split,
         *,
         global_batch: int,
         seed: int,
@@ -62,7 +62,7 @@ class BatchSource:
         if repeat and n < global_batch:
             raise ConfigError(f"global batch size {global_batch} is larger than the {n} training examples; "
                               "use a smaller batch")
-        self._arrays = arrays
+        self._columns = dict(arrays.columns())
         self._n = n
         self._global_batch = global_batch
         self._seed = seed
@@ -103,15 +103,16 @@ class BatchSource:
         valid = positions < self._n  # only ever False in the padded last evaluation batch
         idx = self._order(epoch)[positions[valid]]
         b = len(positions)
-        if valid.all():
-            images, labels = self._arrays.images[idx], self._arrays.labels[idx]
-        else:
-            # Padding rows are zeros with mask=False, so metrics can skip them.
-            images = np.zeros((b, *self._arrays.images.shape[1:]), dtype=np.uint8)
-            labels = np.zeros((b,), dtype=np.int32)
-            images[: len(idx)] = self._arrays.images[idx]
-            labels[: len(idx)] = self._arrays.labels[idx]
-        return {"image": images, "label": labels, "mask": valid}
+        out: Batch = {}
+        for name, column in self._columns.items():
+            if valid.all():
+                out[name] = column[idx]
+            else:
+                # Padding rows are zeros with mask=False, so metrics can skip them.
+                out[name] = np.zeros((b, *column.shape[1:]), dtype=column.dtype)
+                out[name][: len(idx)] = column[idx]
+        out["mask"] = valid
+        return out
 
 
 def _closing(it: Iterator[Batch]) -> Iterator[Batch]:
@@ -126,7 +127,7 @@ def _closing(it: Iterator[Batch]) -> Iterator[Batch]:
 
 
 def make_batches(
-    arrays: ImageArrays,
+    arrays: Split,
     *,
     global_batch: int,
     seed: int,
@@ -138,7 +139,8 @@ def make_batches(
     prefetch: int = 2,
     repeat: bool | None = None,
 ) -> Iterator[Batch]:
-    """Batches of `arrays` as dicts image uint8 (b,H,W,3), label int32 (b,), mask bool (b,).
+    """Batches of `arrays` as dicts of its columns (images: image uint8 (b,H,W,3), label int32 (b,)) plus
+    mask bool (b,).
 
     b = global_batch // process_count. `repeat` defaults to `shuffle`: shuffled batches form the
     endless training stream, unshuffled ones a single padded evaluation pass. The stream starts

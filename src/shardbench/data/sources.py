@@ -1,24 +1,37 @@
-"""The `--data` option: parsing a dataset spec and loading it, checked against the model's shape."""
+"""The `--data` option: parsing a dataset spec and loading it, checked against the model's kind and shape.
+
+Image datasets (cifar10, imagefolder, synthetic) feed the ViT; token datasets (tokens-uniform, text) the
+language model; regression the MLP.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from shardbench.data.arrays import ImageDataset
+from shardbench.config import Config
+from shardbench.data.arrays import Dataset, ImageDataset
 from shardbench.data.cifar10 import IMAGE_SIZE as CIFAR10_IMAGE_SIZE
 from shardbench.data.cifar10 import load_cifar10
 from shardbench.data.imagefolder import load_imagefolder
+from shardbench.data.regression import regression
 from shardbench.data.synthetic import make_synthetic
-from shardbench.errors import DataError
+from shardbench.data.tokens import BYTE_VOCAB, text_tokens, uniform_tokens
+from shardbench.errors import ConfigError, DataError
 
-SPEC_HELP = "use cifar10, cifar10:PATH, imagefolder:PATH or synthetic"
-_PATH_KINDS = ("cifar10", "imagefolder")
+SPEC_HELP = "use cifar10, cifar10:PATH, imagefolder:PATH or synthetic (images), tokens-uniform or text:PATH " \
+            "(language model), regression (MLP)"
+_PATH_KINDS = ("cifar10", "imagefolder", "text")
+# Dataset kind -> the model kind it feeds, and whether it needs a PATH.
+DATASETS: dict[str, str] = {
+    "cifar10": "vit", "imagefolder": "vit", "synthetic": "vit", "tokens-uniform": "lm", "text": "lm",
+    "regression": "mlp",
+}
 
 
 def _parse(spec: str) -> tuple[str, Path | None]:
     """(kind, path or None); raises DataError for anything that is not a known spec."""
     kind, sep, rest = spec.partition(":")
-    if not sep and kind in ("cifar10", "synthetic"):
+    if not sep and kind in ("cifar10", "synthetic", "tokens-uniform", "regression"):
         return kind, None
     if sep and kind in _PATH_KINDS:
         if not rest:
@@ -58,6 +71,8 @@ def load_dataset(
 ) -> ImageDataset:
     """Loads the dataset named by the `--data` value `spec`, matching `image_size`/`num_classes`."""
     kind, path = _parse(spec)
+    if DATASETS[kind] != "vit":
+        raise DataError(f"dataset '{spec}' holds no images: {SPEC_HELP}")
     if kind == "cifar10":
         # Checked before any download: CIFAR-10 images are always 32x32.
         if image_size != CIFAR10_IMAGE_SIZE:
@@ -72,3 +87,35 @@ def load_dataset(
                             num_classes=num_classes, seed=seed, val_fraction=val_fraction)
     _check_shape(ds, image_size=image_size, num_classes=num_classes)
     return ds
+
+
+def check_model_kind(spec: str, model_kind: str) -> None:
+    """A dataset feeds one kind of model: say which datasets fit if it is the wrong one."""
+    kind, _ = _parse(spec)
+    if DATASETS[kind] != model_kind:
+        fits = ", ".join(k + (":PATH" if k in _PATH_KINDS and k != "cifar10" else "")
+                         for k, m in DATASETS.items() if m == model_kind)
+        raise ConfigError(f"--data {spec} is a dataset for the {DATASETS[kind]} model, not {model_kind}: "
+                          f"use one of {fits}")
+
+
+def load_for(cfg: Config, cache_dir: Path) -> ImageDataset | Dataset:
+    """The dataset `cfg.data.dataset` names, checked against the model `cfg.model` describes."""
+    d, m = cfg.data, cfg.model
+    check_model_kind(d.dataset, m.kind)
+    kind, path = _parse(d.dataset)
+    if kind == "tokens-uniform":
+        return uniform_tokens(d.synthetic_train, d.synthetic_test, seq_len=m.seq_len, vocab_size=m.vocab_size,
+                              seed=cfg.train.seed, val_fraction=d.val_fraction)
+    if kind == "text":
+        assert path is not None
+        if m.vocab_size < BYTE_VOCAB:
+            raise DataError(f"--data {d.dataset} is byte-level text (256 token ids) but --model.vocab-size is "
+                            f"{m.vocab_size}: pass --model.vocab-size 256")
+        return text_tokens(path, seq_len=m.seq_len, val_fraction=d.val_fraction)
+    if kind == "regression":
+        return regression(d.synthetic_train, d.synthetic_test, input_dim=m.input_dim, outputs=m.num_classes,
+                          seed=cfg.train.seed, val_fraction=d.val_fraction)
+    return load_dataset(d.dataset, cache_dir=cache_dir, image_size=d.image_size, num_classes=m.num_classes,
+                        val_fraction=d.val_fraction, seed=cfg.train.seed, synthetic_train=d.synthetic_train,
+                        synthetic_test=d.synthetic_test)

@@ -11,11 +11,8 @@ from shardbench.measure import flops as flops_lib
 from shardbench.measure.comms import count_collectives
 from shardbench.measure.memory import memory_report
 from shardbench.measure.timing import CompileTimes, StepTimer
-from shardbench.models.vit import flops_per_example
 from shardbench.parallel.rules import Layout, resolve_strategy
-
-FLOPS_FORMULA = ("3 x batch x [2*N*3*p^2*E + L*(8*T*E^2 + 4*T^2*E + 4*T*E*M) + 2*E*C], N=(image/p)^2 patches, "
-                 "T=N+1 tokens (matmul FLOPs; backward = 2 x forward)")
+from shardbench.tasks import Task
 
 
 def default_run_name(cfg: Config, layout: Layout) -> str:
@@ -32,6 +29,8 @@ def default_run_name(cfg: Config, layout: Layout) -> str:
         parts.append(f"dtype_{p.dtype}")
     if p.matmul_precision != "default":
         parts.append(f"matmul_{p.matmul_precision}")
+    if cfg.parallel.spmd != "jit":
+        parts.append(f"spmd_{cfg.parallel.spmd}")
     return "_".join(parts)
 
 
@@ -41,14 +40,16 @@ def layout_devices(layout: Layout) -> list[jax.Device]:
     return [d for d in layout.mesh.devices.flat if d.process_index == jax.process_index()]
 
 
-def build_measurements(*, cfg: Config, layout: Layout, compiled: Any, compile_times: CompileTimes | None,
-                       timer: StepTimer, epoch_times: list[float], steps_run: int, state: Any) -> dict[str, Any]:
+def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any,
+                       compile_times: CompileTimes | None, timer: StepTimer, epoch_times: list[float],
+                       steps_run: int, state: Any) -> dict[str, Any]:
     devices = layout.shape.size
     batch = cfg.train.batch_size
     step_stats = timer.stats()
     train_time = sum(epoch_times)
     throughput = steps_run * batch / train_time if train_time > 0 and steps_run else None
-    analytic = float(flops_per_example(cfg.model, cfg.data.image_size)["train"] * batch)
+    units = None if throughput is None else throughput * task.units_per_example(cfg)
+    analytic = float(task.train_flops_per_example(cfg) * batch)
     xla = flops_lib.xla_flops(compiled) if compiled is not None else None
     peak, source = flops_lib.peak_per_device(layout.device, devices, cfg.precision.dtype,
                                              cfg.precision.matmul_precision)
@@ -64,9 +65,11 @@ def build_measurements(*, cfg: Config, layout: Layout, compiled: Any, compile_ti
         "step_time_s": step_stats,
         "epoch_time_s": epoch_times,
         "throughput": {"examples_per_s": throughput,
-                       "examples_per_s_per_device": None if throughput is None else throughput / devices},
+                       "examples_per_s_per_device": None if throughput is None else throughput / devices,
+                       "unit": task.unit, "units_per_s": units,
+                       "units_per_s_per_device": None if units is None else units / devices},
         "flops": {"analytic_per_step": analytic, "xla_per_step": None if xla is None else xla * devices,
-                  "formula": FLOPS_FORMULA,
+                  "formula": task.formula,
                   # Measured here: for vit-tiny (4 layers) XLA reports ~0.28x the analytic count.
                   "xla_note": "XLA's cost analysis counts a while-loop body once, so with the layers under a "
                               "scan it undercounts by roughly the layer count; MFU uses the analytic count"},

@@ -24,6 +24,8 @@ LAYERS = "layers"  # the stacked-layer dimension that a scan runs over
 NORM = "norm"  # LayerNorm scale and bias: small, never worth sharding
 CLASSES = "classes"  # output classes (or vocabulary)
 PATCH = "patch"  # flattened pixels of one patch
+VOCAB = "vocab"  # token ids of a language model's embedding and output head
+FEATURES = "features"  # input features of a model fed vectors (the MLP)
 
 Constraint = Callable[[jax.Array, Axes], jax.Array]
 

@@ -169,9 +169,61 @@ def strategy_findings(runs: list[Run]) -> list[str]:
     return sentences
 
 
+def _get(record: Any, *keys: str) -> Any:
+    for key in keys:
+        record = record.get(key) if isinstance(record, dict) else None
+    return record
+
+
+def _style(run: Run) -> str:
+    return str(run.config.get("parallel.spmd") or _get(run.record, "spmd") or "jit")
+
+
+def spmd_findings(runs: list[Run]) -> list[str]:
+    """Per strategy run in more than one SPMD style: each style's step time, memory and collectives against jit's."""
+    complete = [r for r in runs if r.ok]
+    sentences = []
+    for strategy in dict.fromkeys(r.strategy for r in complete):
+        group = {_style(r): r for r in complete if r.strategy == strategy}
+        if len(group) < 2:
+            continue
+        base = group.get("jit")
+        parts = []
+        for style, run in group.items():
+            step = run.measured("step_time_s", "median")
+            memory, _ = run.memory
+            text = f"{style} {'–' if step is None else format(1e3 * step, ',.1f')} ms/step"
+            if base is not None and run is not base and step and (ref := base.measured("step_time_s", "median")):
+                text += f" ({step / ref:.2f}x jit)"
+            if memory is not None:
+                text += f", {memory:,.1f} MiB/device"
+            kinds = sorted(run.comms, key=lambda k: -run.comms_bytes(k))
+            if run.comms_mib is not None:
+                text += f", {run.comms_mib:,.2f} MiB of collectives" + (f" ({', '.join(kinds)})" if kinds else "")
+            parts.append(text)
+        sentences.append(f"{STRATEGY_ROLES.get(strategy, strategy)} in each SPMD style: " + "; ".join(parts) + ".")
+    return sentences
+
+
+def loss_floor_findings(runs: list[Run]) -> list[str]:
+    """Where the data sets a best possible loss (uniform tokens, noisy regression): how close the runs came."""
+    sentences = []
+    for note in dict.fromkeys(str(_get(r.record, "dataset", "loss_floor_note")) for r in runs if r.ok
+                              and _get(r.record, "dataset", "loss_floor") is not None):
+        group = [r for r in runs if r.ok and str(_get(r.record, "dataset", "loss_floor_note")) == note]
+        tests = [float(t) for t in (_get(r.record, "test_loss") for r in group) if isinstance(t, (int, float))]
+        text = note[0].upper() + note[1:]
+        if tests:
+            text += f"; the runs reached a test loss of {_span(tests, digits=4)}"
+        sentences.append(text + ".")
+    return sentences
+
+
 def explain(runs: list[Run], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
     """Sentences under their section heading; sections the runs give nothing to say about are left out."""
     role = dtype_role_finding(runs)
     sections = {"Precision and memory": precision_findings(runs, swept) + ([role] if role else []),
-                "Sharding strategies": strategy_findings(runs)}
+                "Sharding strategies": strategy_findings(runs),
+                "SPMD styles": spmd_findings(runs),
+                "What the data allows": loss_floor_findings(runs)}
     return {heading: sentences for heading, sentences in sections.items() if sentences}

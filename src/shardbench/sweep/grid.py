@@ -24,7 +24,7 @@ SWEEP_OWNED = frozenset({"train.out", "train.resume", "train.run_name", "train.p
 NAME_PARTS: dict[str, str] = {
     "parallel.mesh": "mesh", "parallel.strategy": "strategy", "parallel.devices": "devices",
     "train.batch_size": "batch", "precision.param_dtype": "pdtype", "precision.dtype": "dtype",
-    "precision.matmul_precision": "matmul",
+    "precision.matmul_precision": "matmul", "parallel.spmd": "spmd",
 }
 
 
@@ -186,8 +186,24 @@ def strategies() -> SweepPreset:
     return SweepPreset("vit-seed", {"parallel.devices": 8}, [Grid([layouts])], strategies.__doc__ or "")
 
 
+def lm_replicated_vs_fsdp() -> SweepPreset:
+    """The seed's LM experiment: replicated (dp) against FSDP-sharded parameters, lm-seed for 50 steps."""
+    layouts = [{"parallel.strategy": "dp", "parallel.mesh": ""}, {"parallel.strategy": "fsdp", "parallel.mesh": ""}]
+    return SweepPreset("lm-seed", {"train.steps": 50}, [Grid([layouts])], lm_replicated_vs_fsdp.__doc__ or "")
+
+
+def mlp_spmd_styles() -> SweepPreset:
+    """The seed's MLP modes: one device with jit, jit on all devices, pmap, and shard_map (data parallel)."""
+    runs = [{"parallel.strategy": "single", "parallel.mesh": "none", "parallel.spmd": "jit"},
+            {"parallel.strategy": "dp", "parallel.mesh": "", "parallel.spmd": "jit"},
+            {"parallel.strategy": "dp", "parallel.mesh": "", "parallel.spmd": "pmap"},
+            {"parallel.strategy": "dp", "parallel.mesh": "", "parallel.spmd": "shard_map"}]
+    return SweepPreset("mlp-seed", {}, [Grid([runs])], mlp_spmd_styles.__doc__ or "")
+
+
 SWEEP_PRESETS: dict[str, Callable[[], SweepPreset]] = {
     "mesh-grid": mesh_grid, "precision-grid": precision_grid, "strategies": strategies,
+    "lm-replicated-vs-fsdp": lm_replicated_vs_fsdp, "mlp-spmd-styles": mlp_spmd_styles,
 }
 
 

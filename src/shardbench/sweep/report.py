@@ -93,10 +93,31 @@ class Run:
         return None if value is None else value / MIB
 
     @property
+    def unit(self) -> str:
+        """What throughput counts: images (vit, and records from before other models), tokens or examples."""
+        return str(self.measured_text("throughput", "unit") or "images")
+
+    def measured_text(self, *path: str) -> Any:
+        return _dig(self.record, "measurements", *path)
+
+    @property
     def images_per_s(self) -> float | None:
+        if self.unit != "images":
+            return None
         # Records written before measurements existed still carry the top-level figure.
         measured = self.measured("throughput", "examples_per_s")
         return measured if measured is not None else _number(_dig(self.record, "images_per_s"))
+
+    def per_s(self, unit: str) -> float | None:
+        """Throughput in `unit`s per second, for runs that count that unit."""
+        return self.measured("throughput", "units_per_s") if self.unit == unit else None
+
+    @property
+    def rate_text(self) -> str:
+        """Throughput with its unit, for one line: '1300 img/s', '52,000 tokens/s'."""
+        if self.unit == "images":
+            return f"{_fixed(self.images_per_s, '.0f')} img/s"
+        return f"{_fixed(self.per_s(self.unit), ',.0f')} {self.unit}/s"
 
     @property
     def epoch_s(self) -> float | None:
@@ -155,6 +176,8 @@ class Column:
     numeric: bool
     value: Callable[[Run], Any]
     digits: int = 1
+    optional: bool = False  # shown only when some run has a value (e.g. tokens/s only for language models)
+    usual: Any = None  # an optional column whose every value is this one is not shown either (e.g. spmd jit)
 
     def text(self, run: Run) -> str:
         value = self.value(run)
@@ -176,7 +199,11 @@ def _scaled(get: Callable[[Run], float | None], factor: float) -> Callable[[Run]
 COLUMNS: tuple[Column, ...] = (
     Column("run", "run", False, lambda r: r.name),
     Column("status", "status", False, lambda r: r.label),
+    Column("model", "model", False, lambda r: r.config.get("model.kind") or _dig(r.record, "model"), optional=True,
+           usual="vit"),
     Column("strategy", "strategy", False, lambda r: r.strategy),
+    Column("spmd", "spmd", False, lambda r: r.config.get("parallel.spmd") or _dig(r.record, "spmd"), optional=True,
+           usual="jit"),
     Column("mesh", "mesh", False, lambda r: r.field("mesh", "parallel.mesh")),
     Column("devices", "devices", True, lambda r: r.devices, 0),
     Column("batch", "batch", True, lambda r: r.batch, 0),
@@ -187,7 +214,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("step_ms_p90", "step ms p90", True, _scaled(lambda r: r.measured("step_time_s", "p90"), 1e3)),
     Column("compile_s", "compile s", True, lambda r: r.measured("compile", "compile_s"), 2),
     Column("img_s", "img/s", True, lambda r: r.images_per_s, 0),
-    Column("img_s_device", "img/s/device", True, lambda r: r.measured("throughput", "examples_per_s_per_device"), 0),
+    Column("img_s_device", "img/s/device", True,
+           lambda r: r.measured("throughput", "examples_per_s_per_device") if r.unit == "images" else None, 0),
+    Column("tokens_s", "tokens/s", True, lambda r: r.per_s("tokens"), 0, optional=True),
+    Column("examples_s", "examples/s", True, lambda r: r.per_s("examples"), 0, optional=True),
     Column("mfu_pct", "MFU %", True, _scaled(lambda r: r.measured("mfu", "mfu"), 100.0)),
     Column("mem_mib", "memory/device MiB", True, lambda r: r.memory[0]),
     Column("params_mib", "params MiB", True, lambda r: r.part("params")),
@@ -197,6 +227,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("comms_mib", "comms/step MiB", True, lambda r: r.comms_mib, 2),
     Column("collectives", "collectives", False, lambda r: r.collectives),
     Column("test_acc_pct", "test acc %", True, _scaled(lambda r: _number(_dig(r.record, "test_accuracy")), 100.0)),
+    Column("test_loss", "test loss", True, lambda r: _number(_dig(r.record, "test_loss")), 4, optional=True),
+    Column("test_ppl", "test perplexity", True, lambda r: _number(_dig(r.record, "test_perplexity")), 2, optional=True),
+    Column("loss_floor", "best possible loss", True, lambda r: _number(_dig(r.record, "dataset", "loss_floor")), 4, optional=True),
 )
 
 
@@ -343,7 +376,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
     count = f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
     source = f"Read from {origin} in `{sweep_dir}`: {count}, {complete} complete, {len(runs) - complete} failed."
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
-                            columns=COLUMNS, swept=swept, findings=explain(runs, swept),
+                            columns=shown(COLUMNS, runs), swept=swept, findings=explain(runs, swept),
                             charts=plots.write_charts(runs, out), table_note=TABLE_NOTE)
     markdown, page = out / "report.md", out / "report.html"
     markdown.write_text(render_markdown(content), encoding="utf-8")
@@ -352,8 +385,13 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
 
 
 # ---------------------------------------------------------------- terminal lines printed by `shardbench sweep`
-TERMINAL_KEYS = ("run", "status", "epoch_s", "step_ms_median", "img_s", "mfu_pct", "mem_mib", "comms_mib",
-                 "test_acc_pct")
+TERMINAL_KEYS = ("run", "status", "epoch_s", "step_ms_median", "img_s", "tokens_s", "examples_s", "mfu_pct",
+                 "mem_mib", "comms_mib", "test_acc_pct", "test_loss")
+
+
+def shown(columns: tuple[Column, ...], runs: list[Run]) -> tuple[Column, ...]:
+    """The columns to show for `runs`: optional ones only where some run has a value."""
+    return tuple(c for c in columns if not c.optional or any(c.value(r) not in (None, "", c.usual) for r in runs))
 
 
 def _run(row: RunRow) -> Run:
@@ -376,13 +414,13 @@ def progress_line(index: int, total: int, row: RunRow) -> str:
     run = _run(row)
     memory, source = run.memory
     return (f"{head}  complete  {_fixed(_number(_dig(row.record, 'time_s')), '.1f')}s  "
-            f"{_fixed(run.images_per_s, '.0f')} img/s  step {_fixed(run.measured('step_time_s', 'median'), '.3f')}s  "
+            f"{run.rate_text}  step {_fixed(run.measured('step_time_s', 'median'), '.3f')}s  "
             f"mem {_fixed(memory, '.1f')} MiB ({source})  comms {_fixed(run.comms_mib, '.1f')} MiB")
 
 
 def summary_table(rows: list[RunRow]) -> str:
     """The report's main columns at fixed width, names left-aligned and numbers right-aligned."""
-    columns = [c for c in COLUMNS if c.key in TERMINAL_KEYS]
+    columns = [c for c in shown(COLUMNS, [_run(row) for row in rows]) if c.key in TERMINAL_KEYS]
     body = [[status_text(row) if c.key == "status" else c.text(_run(row)) for c in columns] for row in rows]
     header = [c.label for c in columns]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]

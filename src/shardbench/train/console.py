@@ -12,10 +12,11 @@ if TYPE_CHECKING:
 
 
 def epoch_line(r: dict[str, Any]) -> str:
-    parts = [f"epoch {r['epoch']} (step {r['step']})", f"train loss {r.get('train_loss', float('nan')):.4f}",
-             f"acc {r.get('train_accuracy', float('nan')):.3f}"]
+    parts = [f"epoch {r['epoch']} (step {r['step']})", f"train loss {r.get('train_loss', float('nan')):.4f}"
+             + (f" acc {r['train_accuracy']:.3f}" if "train_accuracy" in r else "")]
     if "val_loss" in r:
-        parts.append(f"val loss {r['val_loss']:.4f} acc {r['val_accuracy']:.3f}")
+        parts.append(f"val loss {r['val_loss']:.4f}" + (f" acc {r['val_accuracy']:.3f}" if "val_accuracy" in r else "")
+                     + (f" ppl {r['val_perplexity']:.2f}" if "val_perplexity" in r else ""))
     parts.append(f"{r['time_s']:.1f}s")
     return " | ".join(parts)
 
@@ -27,10 +28,11 @@ def header_line(plan: "Plan") -> str:
     device = plan.layout.device
     mesh = "none" if plan.layout.mesh is None else str(plan.layout.shape)
     return (
-        f"shardbench: {cfg.preset} ({params:,} params) | {plan.layout.strategy.name} on mesh {mesh} "
+        f"shardbench: {cfg.preset} ({cfg.model.kind}, {params:,} params) | {plan.layout.strategy.name} on mesh "
+        f"{mesh}, {cfg.parallel.spmd} "
         f"({plan.layout.shape.size} {device.platform} device(s)) | {cfg.precision.param_dtype} params, "
-        f"{cfg.precision.dtype} compute | data {ds.name}: {len(ds.train.labels):,} train / "
-        f"{len(ds.val.labels):,} val / {len(ds.test.labels):,} test | batch {cfg.train.batch_size}, "
+        f"{cfg.precision.dtype} compute | data {ds.name}: {len(ds.train):,} train / "
+        f"{len(ds.val):,} val / {len(ds.test):,} test | batch {cfg.train.batch_size}, "
         f"{plan.total_steps} steps ({plan.steps_per_epoch}/epoch) | {plan.out}"
     )
 
@@ -38,11 +40,13 @@ def header_line(plan: "Plan") -> str:
 def summary_line(summary: dict[str, Any]) -> str:
     """The one line printed at the end of a run."""
     m = summary.get("measurements", {})
-    rate = summary.get("images_per_s")
+    throughput = m.get("throughput") or {}
+    rate, unit = throughput.get("units_per_s"), throughput.get("unit", "examples")
     step = (m.get("step_time_s") or {}).get("median")
     parts = [f"done: {summary['run_name']}: {summary['steps']} steps on {summary['devices']} device(s) "
-             f"({summary['strategy']}, mesh {summary['mesh']}) in {summary['time_s']:.1f}s"
-             + (f", {rate:.0f} img/s" if rate else "") + (f", step {1000 * step:.1f} ms" if step else "")]
+             f"({summary['strategy']}, mesh {summary['mesh']}, {summary.get('spmd', 'jit')}) in "
+             f"{summary['time_s']:.1f}s" + (f", {rate:,.0f} {unit}/s" if rate else "")
+             + (f", step {1000 * step:.1f} ms" if step else "")]
     mfu = (m.get("mfu") or {}).get("mfu")
     if mfu is not None:
         parts.append(f"MFU {100 * mfu:.1f}%")
@@ -50,5 +54,10 @@ def summary_line(summary: dict[str, Any]) -> str:
         parts.append(f"train loss {summary['train_loss']:.4f}")
     if summary.get("test_accuracy") is not None:
         parts.append(f"test acc {summary['test_accuracy']:.4f}")
+    if summary.get("test_perplexity") is not None:
+        parts.append(f"test perplexity {summary['test_perplexity']:.2f}")
+    floor = (summary.get("dataset") or {}).get("loss_floor")
+    if floor is not None and summary.get("test_loss") is not None:
+        parts.append(f"test loss {summary['test_loss']:.4f} (best possible {floor:.4g})")
     parts.append(f"-> {summary['out']}")
     return "; ".join(parts)

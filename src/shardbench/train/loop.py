@@ -22,9 +22,9 @@ from tqdm import tqdm
 
 from shardbench import config as config_lib
 from shardbench.config import Config
-from shardbench.data.arrays import ImageArrays, ImageDataset
+from shardbench.data.arrays import Dataset, ImageDataset, Split
 from shardbench.data.pipeline import eval_steps, make_batches, steps_per_epoch
-from shardbench.data.sources import load_dataset, validate_spec
+from shardbench.data.sources import check_model_kind, load_for, validate_spec
 from shardbench.devices import select_devices
 from shardbench.errors import ConfigError, TrainingDiverged
 from shardbench.parallel.rules import Layout, make_layout
@@ -40,7 +40,9 @@ from shardbench.train.optim import build_optimizer, learning_rate
 from shardbench.train.state import (
     ModelSpec, TrainState, abstract_train_state, check_layout, describe_model, init_state, state_shardings,
 )
-from shardbench.train.step import Steps, make_steps, place_batch
+from shardbench.tasks import Task, get_task
+from shardbench.train.spmd import check_style, make_steps
+from shardbench.train.step import Steps
 
 # Fields that may differ between a run and its --resume: they change how a run reports, not what it computes.
 # Fault injection for the resume tests: the process kills itself (SIGKILL, no clean-up) after this step.
@@ -54,10 +56,11 @@ class Plan:
     """A checked run: every decision made before anything is compiled or written."""
 
     cfg: Config
+    task: Task
     out: Path
     layout: Layout
     spec: ModelSpec
-    dataset: ImageDataset
+    dataset: ImageDataset | Dataset
     steps_per_epoch: int
     total_steps: int
 
@@ -101,9 +104,12 @@ def check_resume(cfg: Config, out: Path) -> None:
 def plan_run(cfg: Config) -> Plan:
     """Everything that can be checked without compiling: raises ConfigError/DataError in one line."""
     config_lib.validate(cfg)
+    task = get_task(cfg)
     validate_spec(cfg.data.dataset)
+    check_model_kind(cfg.data.dataset, cfg.model.kind)
     devices = select_devices(cfg.parallel.devices)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices)
+    check_style(cfg.parallel.spmd, layout)
     spec = describe_model(cfg)
     check_layout(spec, layout)
     divisor = math.lcm(layout.data_size, jax.process_count())
@@ -116,37 +122,44 @@ def plan_run(cfg: Config) -> Plan:
     out = resolve_out(cfg)
     check_resume(cfg, out)
     check_supported(cfg.precision, layout.device)
-    dataset = load_dataset(
-        cfg.data.dataset, cache_dir=default_cache_dir(cfg), image_size=cfg.data.image_size,
-        num_classes=cfg.model.num_classes, val_fraction=cfg.data.val_fraction, seed=cfg.train.seed,
-        synthetic_train=cfg.data.synthetic_train, synthetic_test=cfg.data.synthetic_test,
-    )
-    per_epoch = steps_per_epoch(len(dataset.train.labels), cfg.train.batch_size)
+    dataset = load_for(cfg, default_cache_dir(cfg))
+    per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size)
     if per_epoch == 0:
         raise ConfigError(
-            f"--batch-size {cfg.train.batch_size} is larger than the {len(dataset.train.labels)} training images"
+            f"--batch-size {cfg.train.batch_size} is larger than the {len(dataset.train)} training examples"
         )
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
-    return Plan(cfg, out, layout, spec, dataset, per_epoch, total)
+    return Plan(cfg, task, out, layout, spec, dataset, per_epoch, total)
 
 
 def eval_batch(cfg: Config) -> int:
     return cfg.train.eval_batch_size or cfg.train.batch_size
 
 
-def evaluate(steps: Steps, state: TrainState, arrays: ImageArrays, cfg: Config) -> dict[str, float]:
-    """Loss and accuracy over every example of a split exactly once (the last batch is padded and masked)."""
-    if len(arrays.labels) == 0:
+def scalar(value: Any) -> float:
+    """A metric as a float: pmap returns one (equal) copy per device."""
+    return float(np.ravel(np.asarray(value))[0])
+
+
+def evaluate(steps: Steps, state: Any, arrays: Split, cfg: Config, task: Task) -> dict[str, float]:
+    """Loss (and accuracy, perplexity where they apply) over every example of a split exactly once
+    (the last batch is padded and masked); the mean is over targets (tokens for a language model)."""
+    if len(arrays) == 0:
         return {}
     batch = eval_batch(cfg)
-    totals = np.zeros(3)
+    totals: dict[str, float] = {}
     batches = make_batches(arrays, global_batch=batch, seed=cfg.train.seed, shuffle=False,
-                           num_steps=eval_steps(len(arrays.labels), batch),
+                           num_steps=eval_steps(len(arrays), batch),
                            process_index=jax.process_index(), process_count=jax.process_count())
     for host_batch in batches:
-        m = steps.evaluate(state, place_batch(host_batch, steps.batch_sharding))
-        totals += np.array([float(m["loss_sum"]), float(m["correct"]), float(m["count"])])
-    return {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2], "count": int(totals[2])}
+        for k, v in jax.device_get(steps.evaluate(state, steps.place(host_batch))).items():
+            totals[k] = totals.get(k, 0.0) + scalar(v)
+    out = {"loss": totals["loss_sum"] / totals["count"], "count": int(totals["count"])}
+    if "correct" in totals:
+        out["accuracy"] = totals["correct"] / totals["count"]
+    if task.perplexity:
+        out["perplexity"] = math.exp(min(out["loss"], 700.0))
+    return out
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -199,7 +212,9 @@ def run(cfg: Config) -> dict[str, Any]:
         state = checkpoints.restore(abstract_train_state(plan.spec, layout, tx), start)
     else:
         state, start = init_state(cfg, plan.spec, layout, tx), 0
-    steps = make_steps(cfg, plan.spec, layout, tx, state_shardings(plan.spec, layout, tx), schedule)
+    steps = make_steps(cfg, plan.task, plan.spec, layout, tx, state_shardings(plan.spec, layout, tx), schedule,
+                       tuple(plan.dataset.train.columns()))
+    state = steps.adopt(state)
     writer = ScalarWriter(out / "tensorboard", enabled=is_main)
     try:
         summary = _loop(plan, steps, state, start, checkpoints, writer)
@@ -216,13 +231,14 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
           writer: ScalarWriter) -> dict[str, Any]:
     cfg, total, per_epoch = plan.cfg, plan.total_steps, plan.steps_per_epoch
     batch, layout = cfg.train.batch_size, plan.layout
+    unit, units = plan.task.unit, plan.task.units_per_example(cfg)
     run_name = cfg.train.run_name or default_run_name(cfg, layout)
     batches: Iterator[dict[str, np.ndarray]] = make_batches(
         plan.dataset.train, global_batch=batch, seed=cfg.train.seed, shuffle=True, start_step=start,
         num_steps=total - start, process_index=jax.process_index(), process_count=jax.process_count(),
     )
     # Compile explicitly on the first batch: lowering and compilation are timed apart from the steps.
-    first = place_batch(next(batches), steps.batch_sharding) if start < total else None
+    first = steps.place(next(batches)) if start < total else None
     compiled, compile_times = compile_timed(steps.train, state, first) if first is not None else (None, None)
     bar = tqdm(total=total, initial=start, disable=not cfg.train.progress or jax.process_index() != 0,
                unit="step", dynamic_ncols=True)
@@ -239,7 +255,7 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     def settle(item: tuple[int, dict[str, jax.Array]]) -> dict[str, float]:
         """Bring a step's metrics to the host (one step late, so the device never waits) and check them."""
         step, metrics = item
-        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        values = {k: scalar(v) for k, v in jax.device_get(metrics).items()}
         timer.completed()
         # The loss comes from the parameters before the update, the gradient norm from the update itself:
         # either one non-finite means the state after this step must not be trusted (or checkpointed).
@@ -258,7 +274,7 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
         profile.before_step(done)
         if profile.active:
             timer.mark_dirty()  # the interval that starts the trace carries its cost too
-        host_batch = first if step == start else place_batch(next(batches), steps.batch_sharding)
+        host_batch = first if step == start else steps.place(next(batches))
         state, metrics = compiled(state, host_batch)
         if pending is not None:
             last = settle(pending)
@@ -269,16 +285,17 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
         if done % cfg.train.log_every == 0 or end_of_epoch or due_checkpoint:
             last, pending = settle(pending), None  # a checkpoint is only written after its loss is known finite
             now = time.perf_counter()
-            rate = window_steps * batch / max(now - window_t, 1e-9)
+            rate = window_steps * batch * units / max(now - window_t, 1e-9)
             window_t, window_steps = now, 0
-            writer.write(done, {f"train/{k}": v for k, v in last.items()} | {"train/images_per_s": rate})
-            bar.set_postfix(epoch=(done - 1) // per_epoch + 1, loss=f"{last['loss']:.4f}", img_s=f"{rate:.0f}")
+            writer.write(done, {f"train/{k}": v for k, v in last.items()} | {f"train/{unit}_per_s": rate})
+            bar.set_postfix({"epoch": (done - 1) // per_epoch + 1, "loss": f"{last['loss']:.4f}",
+                             f"{unit}/s": f"{rate:.0f}"})
         if profile.active:
             timer.mark_dirty()  # traced steps carry the profiler's overhead
         profile.after_step(done, block=metrics)
         bar.update(1)
         if due_checkpoint and done != total:
-            checkpoints.save(state)
+            checkpoints.save(steps.release(state))
             timer.mark_dirty()
         if os.environ.get(KILL_AT_STEP_ENV) == str(done):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -289,7 +306,7 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
             record = {"epoch": (done - 1) // per_epoch + 1, "step": done,
                       **{f"train_{k}": v for k, v in meter.means().items()}}
             if cfg.train.eval:
-                val = evaluate(steps, state, plan.dataset.val, cfg)
+                val = evaluate(steps, state, plan.dataset.val, cfg, plan.task)
                 record |= {f"val_{k}": v for k, v in val.items() if k != "count"}
                 writer.write(done, {f"val/{k}": v for k, v in val.items() if k != "count"})
             record["time_s"] = time.perf_counter() - t0
@@ -303,21 +320,24 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
         last = settle(pending)
     profile.stop()
     bar.close()
-    checkpoints.save(state)
+    checkpoints.save(steps.release(state))
     elapsed = time.perf_counter() - t0
-    measurements = build_measurements(cfg=cfg, layout=layout, compiled=compiled, compile_times=compile_times,
-                                      timer=timer, epoch_times=epoch_times, steps_run=total - start, state=state)
+    measurements = build_measurements(cfg=cfg, task=plan.task, layout=layout, compiled=compiled,
+                                      compile_times=compile_times, timer=timer, epoch_times=epoch_times,
+                                      steps_run=total - start, state=state)
+    throughput = measurements["throughput"]
     summary: dict[str, Any] = {
         "status": "complete", "run_name": run_name, "steps": total, "resumed_from": start, "epochs": history,
-        "train_loss": last.get("loss"), "time_s": elapsed,
-        "images_per_s": measurements["throughput"]["examples_per_s"],
+        "train_loss": last.get("loss"), "time_s": elapsed, "model": cfg.model.kind, "spmd": cfg.parallel.spmd,
+        "examples_per_s": throughput["examples_per_s"], f"{unit}_per_s": throughput["units_per_s"],
         "strategy": layout.strategy.name, "mesh": "none" if layout.mesh is None else str(layout.shape),
         "devices": layout.shape.size, "out": str(plan.out), "measurements": measurements,
+        "dataset": {"name": plan.dataset.name, **plan.dataset.info},
     }
     if profile.path is not None:
         summary["profile"] = str(profile.path)
     if cfg.train.eval:
-        test = evaluate(steps, state, plan.dataset.test, cfg)
-        summary |= {"test_loss": test.get("loss"), "test_accuracy": test.get("accuracy")}
+        test = evaluate(steps, state, plan.dataset.test, cfg, plan.task)
+        summary |= {f"test_{k}": v for k, v in test.items() if k != "count"}
         writer.write(total, {f"test/{k}": v for k, v in test.items() if k != "count"})
     return summary

@@ -11,7 +11,7 @@ import optax
 from flax import nnx
 
 from shardbench.config import Config
-from shardbench.models import AXIS_FIELDS, build_model
+from shardbench.models import axis_fields, build_model
 from shardbench.parallel.rules import Layout, param_axes, param_shapes
 
 Params = dict[str, Any]
@@ -35,23 +35,25 @@ class ModelSpec:
     abstract: nnx.State  # parameters as ShapeDtypeStructs, with their logical axes
     axes: Params  # logical axes per parameter, as a nested dict
     shapes: Params
+    axis_fields: dict[str, str]  # which configuration field each logical axis comes from
 
-    def apply(self, params: Params, images: jax.Array, rng: jax.Array | None) -> jax.Array:
+    def apply(self, params: Params, inputs: jax.Array, rng: jax.Array | None) -> jax.Array:
         """Run the model on `params` (a pure dict, as held in TrainState)."""
         state = jax.tree.map(lambda x: x, self.abstract)  # fresh Variables for this trace
         nnx.replace_by_pure_dict(state, params)
-        return nnx.merge(self.graphdef, state)(images, rng=rng)
+        return nnx.merge(self.graphdef, state)(inputs, rng=rng)
 
 
 def describe_model(cfg: Config) -> ModelSpec:
     """Trace the model's construction abstractly: no parameter is materialised."""
     model = nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(cfg.train.seed)))
     graphdef, abstract = nnx.split(model, nnx.Param)
-    return ModelSpec(graphdef, abstract, param_axes(abstract), param_shapes(abstract))
+    return ModelSpec(graphdef, abstract, param_axes(abstract), param_shapes(abstract),
+                     axis_fields(cfg.model.kind))
 
 
 def check_layout(spec: ModelSpec, layout: Layout) -> None:
-    layout.check_divisible(spec.axes, spec.shapes, AXIS_FIELDS)
+    layout.check_divisible(spec.axes, spec.shapes, spec.axis_fields)
 
 
 def state_shardings(spec: ModelSpec, layout: Layout, tx: optax.GradientTransformation) -> TrainState:

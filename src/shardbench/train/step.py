@@ -1,7 +1,11 @@
-"""The jitted train and eval steps: one `jax.jit` each, state donated, shardings fixed up front.
+"""The train and eval steps, in the SPMD style `--spmd` names; state donated, shardings fixed up front.
 
-Batches arrive as uint8 images; augmentation and normalisation run on the device inside the step,
-so the host pipeline only gathers bytes.
+- `jit` (here): one global program; XLA partitions it from the shardings of the state and the batch.
+- `shard_map` and `pmap`: see `shardbench.train.spmd`, which also picks the style.
+
+Every style computes the same thing from the same pieces: the task turns a batch into the model's input
+(on the device: image augmentation runs inside the step) and the model's output into per-example loss
+terms; the mean is over the global batch.
 """
 
 from __future__ import annotations
@@ -12,84 +16,108 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from shardbench.config import Config
-from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD, augment, normalize
 from shardbench.models.axes import constraints
 from shardbench.parallel.rules import Layout
+from shardbench.tasks import Rows, Task, Terms
 from shardbench.train.state import ModelSpec, TrainState
 
 Batch = dict[str, jax.Array]
+HostBatch = dict[str, np.ndarray]
 Metrics = dict[str, jax.Array]
 
 
 @dataclass(frozen=True)
 class Steps:
-    """The compiled-on-first-call functions a loop needs."""
+    """The compiled-on-first-call functions a loop needs, and how its data and state are laid out.
 
-    train: Callable[[TrainState, Batch], tuple[TrainState, Metrics]]
-    evaluate: Callable[[TrainState, Batch], Metrics]
-    batch_sharding: jax.sharding.Sharding
+    `adopt` turns a train state in its canonical layout (what `init_state` makes and checkpoints hold)
+    into the style's own (pmap stacks one copy per device); `release` turns it back."""
+
+    train: Callable[[Any, Batch], tuple[Any, Metrics]]
+    evaluate: Callable[[Any, Batch], Metrics]
+    place: Callable[[HostBatch], Batch]
+    adopt: Callable[[TrainState], Any] = lambda state: state
+    release: Callable[[Any], TrainState] = lambda state: state
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Per-example cross-entropy, always in float32."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+@dataclass(frozen=True)
+class StepParts:
+    """What every style shares: the task's loss on a (local or global) batch, keys and the optimizer."""
+
+    cfg: Config
+    task: Task
+    spec: ModelSpec
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+
+    def keys(self, step: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(augmentation key, dropout key): a pure function of (seed, step), so a resumed run draws the same."""
+        base = jax.random.key(self.cfg.train.seed)
+        aug, drop = jax.random.split(jax.random.fold_in(base, step))
+        return aug, drop
+
+    def terms(self, params: Any, batch: Batch, step: jax.Array, *, train: bool, rows: Rows,
+              drop_key: jax.Array | None = None) -> Terms:
+        """Per-example loss terms of `batch` under `params`; `rows` places it in the global batch."""
+        aug_key, default_drop = self.keys(step)
+        inputs = self.task.inputs(self.cfg, batch, aug_key, train, rows)
+        use_dropout = train and self.cfg.model.dropout > 0
+        key = (default_drop if drop_key is None else drop_key) if use_dropout else None
+        return self.task.terms(self.spec.apply(params, inputs, key), batch)
+
+    def apply_update(self, state: TrainState, grads: Any) -> TrainState:
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
+
+    def train_metrics(self, state: TrainState, loss: jax.Array, correct: jax.Array | None, count: jax.Array,
+                      grads: Any) -> Metrics:
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": self.schedule(state.step)}
+        if correct is not None:
+            metrics["accuracy"] = correct / count
+        return metrics
 
 
-def make_steps(cfg: Config, spec: ModelSpec, layout: Layout, tx: optax.GradientTransformation,
-               shardings: TrainState, schedule: optax.Schedule) -> Steps:
-    dtype = jnp.dtype(cfg.precision.dtype)
-    data = cfg.data
-    base_key = jax.random.key(cfg.train.seed)
-    use_dropout = cfg.model.dropout > 0
+def eval_sums(terms: Terms, mask: jax.Array) -> Metrics:
+    """Sums over the real (unpadded) examples of a batch: the loop divides them once per split."""
+    m = mask.astype(jnp.float32)
+    sums = {"loss_sum": (terms.loss_sum * m).sum(), "count": (terms.count * m).sum()}
+    if terms.correct is not None:
+        sums["correct"] = (terms.correct * m).sum()
+    return sums
 
-    def prepare(images: jax.Array, key: jax.Array, train: bool) -> jax.Array:
-        if train and data.augment:
-            return augment(images, key, scale=data.crop_scale, ratio=data.crop_ratio, flip=data.flip,
-                           mean=CIFAR_MEAN, std=CIFAR_STD, dtype=dtype)
-        return normalize(images, CIFAR_MEAN, CIFAR_STD, dtype)
+
+def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_keys: tuple[str, ...]) -> Steps:
+    """The global program: the batch is split over data by its sharding, parameters by theirs."""
+    global_batch = parts.cfg.train.batch_size
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        # Randomness is a pure function of (seed, step): a resumed run draws the same numbers.
-        aug_key, drop_key = jax.random.split(jax.random.fold_in(base_key, state.step))
         with constraints(layout.constrain):
-            images = prepare(batch["image"], aug_key, train=True)
+            def loss_fn(params: Any) -> tuple[jax.Array, Terms]:
+                t = parts.terms(params, batch, state.step, train=True, rows=Rows(0, global_batch))
+                return t.loss_sum.sum() / t.count.sum(), t
 
-            def loss_fn(params: Any) -> tuple[jax.Array, jax.Array]:
-                logits = spec.apply(params, images, drop_key if use_dropout else None)
-                return cross_entropy(logits, batch["label"]).mean(), logits
-
-            (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = {
-            "loss": loss,
-            "accuracy": (logits.argmax(-1) == batch["label"]).mean(),
-            "grad_norm": optax.global_norm(grads),
-            "lr": schedule(state.step),
-        }
-        return TrainState(state.step + 1, params, opt_state), metrics
+            (loss, t), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        correct = None if t.correct is None else t.correct.sum()
+        metrics = parts.train_metrics(state, loss, correct, t.count.sum(), grads)
+        return parts.apply_update(state, grads), metrics
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
         with constraints(layout.constrain):
-            logits = spec.apply(state.params, prepare(batch["image"], base_key, train=False), None)
-        mask = batch["mask"].astype(jnp.float32)
-        return {
-            "loss_sum": (cross_entropy(logits, batch["label"]) * mask).sum(),
-            "correct": ((logits.argmax(-1) == batch["label"]) * mask).sum(),
-            "count": mask.sum(),
-        }
+            t = parts.terms(state.params, batch, state.step, train=False, rows=Rows(0, batch["mask"].shape[0]))
+        return eval_sums(t, batch["mask"])
 
     batch_sharding = layout.batch_sharding()
-    batch_shardings = {"image": batch_sharding, "label": batch_sharding, "mask": batch_sharding}
+    batch_shardings = {k: batch_sharding for k in (*batch_keys, "mask")}
     train = jax.jit(train_step, in_shardings=(shardings, batch_shardings),
                     out_shardings=(shardings, layout.replicated), donate_argnums=0)
     evaluate = jax.jit(eval_step, in_shardings=(shardings, batch_shardings), out_shardings=layout.replicated)
-    return Steps(train=train, evaluate=evaluate, batch_sharding=batch_sharding)
+    return Steps(train=train, evaluate=evaluate, place=lambda b: place_batch(b, batch_sharding))
 
 
-def place_batch(batch: dict[str, Any], sharding: jax.sharding.Sharding) -> Batch:
+def place_batch(batch: HostBatch, sharding: jax.sharding.Sharding) -> Batch:
     """Host numpy batch (this process's rows) -> global arrays laid out with the batch sharding."""
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}

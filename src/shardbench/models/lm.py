@@ -1,0 +1,66 @@
+"""A decoder-only Transformer language model in flax nnx, as the seed's data-parallel notebook trains it:
+token embedding plus a trainable position table initialised to sinusoids, pre-LayerNorm blocks with causal
+self-attention and a GELU MLP (`BlockStack`), a final LayerNorm and an untied output head.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from shardbench.config import ModelConfig
+from shardbench.models.axes import BATCH, EMBED, HEADS, MLP, NORM, SEQ, VOCAB, constrain
+from shardbench.models.transformer import BlockStack, block_flops, kernel_init, layer_norm, param
+
+AXIS_FIELDS: dict[str, str] = {
+    EMBED: "model.embed_dim", MLP: "model.mlp_dim", HEADS: "model.num_heads", VOCAB: "model.vocab_size",
+}
+
+
+def sinusoids(length: int, width: int) -> np.ndarray:
+    """(length, width) sine/cosine position codes: even columns sin(p * w_i), odd columns cos(p * w_i)."""
+    positions = np.arange(length)[:, None]
+    freqs = np.exp(-np.log(10000.0) * np.arange(0, width, 2) / width)[None, :]
+    table = np.zeros((length, width), np.float32)
+    table[:, 0::2] = np.sin(positions * freqs)
+    table[:, 1::2] = np.cos(positions * freqs)[:, : width // 2]
+    return table
+
+
+class TransformerLM(nnx.Module):
+    """tokens (batch, seq) int -> next-token logits (batch, seq, vocab) in float32."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype = jnp.float32, param_dtype: jnp.dtype = jnp.float32,
+                 precision: jax.lax.Precision = jax.lax.Precision.DEFAULT, fused_attention: bool = False,
+                 rngs: nnx.Rngs) -> None:
+        e, v = cfg.embed_dim, cfg.vocab_size
+        embed = 0.02 * jax.random.normal(rngs.params(), (v, e))
+        self.token_embed = param(embed, (VOCAB, EMBED), param_dtype)
+        self.pos_embed = param(jnp.asarray(sinusoids(cfg.seq_len, e)), (SEQ, EMBED), param_dtype)
+        self.blocks = BlockStack(cfg, param_dtype=param_dtype, fused_attention=fused_attention, rngs=rngs,
+                                 causal=True)
+        self.norm_scale = param(jnp.ones((e,)), (NORM,), param_dtype)
+        self.norm_bias = param(jnp.zeros((e,)), (NORM,), param_dtype)
+        self.head_kernel = param(kernel_init(0, 1)(rngs.params(), (e, v)), (EMBED, VOCAB), param_dtype)
+        self.dtype = dtype
+        self.precision = precision
+
+    def __call__(self, tokens: jax.Array, *, rng: jax.Array | None = None) -> jax.Array:
+        dtype, precision = self.dtype, self.precision
+        seq = tokens.shape[1]
+        x = jnp.take(self.token_embed[...].astype(dtype), tokens, axis=0)
+        x = constrain(x + self.pos_embed[...][:seq].astype(dtype), (BATCH, SEQ, EMBED))
+        x = self.blocks(x, rng=rng, precision=precision)
+        x = layer_norm(x, self.norm_scale[...], self.norm_bias[...])
+        logits = jnp.einsum("bse,ev->bsv", x, self.head_kernel[...].astype(dtype), precision=precision)
+        return logits.astype(jnp.float32)
+
+
+def flops_per_example(cfg: ModelConfig) -> dict[str, int]:
+    """Matmul FLOPs of one sequence of T = seq_len tokens: the blocks plus the output head 2*T*E*V
+    (the embedding is a lookup). Train = 3 x forward."""
+    t, e = cfg.seq_len, cfg.embed_dim
+    forward = block_flops(t, e, cfg.mlp_dim, cfg.num_layers) + 2 * t * e * cfg.vocab_size
+    return {"forward": forward, "train": 3 * forward}

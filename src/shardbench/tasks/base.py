@@ -1,0 +1,44 @@
+"""What a training step needs to know about a model besides its parameters: how a batch becomes the
+model's input, what the loss is, and how much work one example is. One `Task` per model kind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+
+from shardbench.config import Config
+
+Batch = dict[str, jax.Array]
+
+
+class Rows(NamedTuple):
+    """Where a (per-device) batch sits in the global batch: its first row and the global row count.
+    Per-example randomness is drawn for the global batch and sliced, so every SPMD style draws the same."""
+
+    offset: jax.Array | int
+    total: int
+
+
+class Terms(NamedTuple):
+    """Per-example sums: loss over the example's targets, how many targets, and how many were right
+    (None where accuracy means nothing, as for regression). Means are taken over the global batch."""
+
+    loss_sum: jax.Array
+    count: jax.Array
+    correct: jax.Array | None
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str  # the model.kind it serves
+    unit: str  # what one example holds for throughput: 'images', 'tokens' or 'examples'
+    check: Callable[[Config], None]  # shape checks that need no devices: one-line ConfigError
+    inputs: Callable[[Config, Batch, jax.Array, bool, Rows], jax.Array]  # (cfg, batch, key, train, rows)
+    terms: Callable[[jax.Array, Batch], Terms]  # (model outputs, batch)
+    train_flops_per_example: Callable[[Config], int]
+    units_per_example: Callable[[Config], int]
+    formula: str  # the FLOPs formula, for the record
+    perplexity: bool = False  # report exp(loss) as well (language models)

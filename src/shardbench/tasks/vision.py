@@ -1,0 +1,51 @@
+"""Image classification with the Vision Transformer: uint8 images augmented and normalised on the device,
+softmax cross-entropy over the classes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from shardbench.config import Config
+from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD, augment, normalize
+from shardbench.errors import ConfigError
+from shardbench.models.vit import flops_per_example
+from shardbench.tasks.base import Batch, Rows, Task, Terms
+
+
+def check(cfg: Config) -> None:
+    m = cfg.model
+    if cfg.data.image_size % m.patch_size:
+        raise ConfigError(f"image size {cfg.data.image_size} is not divisible by patch size {m.patch_size}: pick a "
+                          f"patch size that divides it")
+    if m.embed_dim % m.num_heads:
+        raise ConfigError(f"embed dim {m.embed_dim} is not divisible by {m.num_heads} heads")
+
+
+def inputs(cfg: Config, batch: Batch, key: jax.Array, train: bool, rows: Rows) -> jax.Array:
+    data, dtype = cfg.data, jnp.dtype(cfg.precision.dtype)
+    if train and data.augment:
+        return augment(batch["image"], key, scale=data.crop_scale, ratio=data.crop_ratio, flip=data.flip,
+                       mean=CIFAR_MEAN, std=CIFAR_STD, dtype=dtype, rows=rows)
+    return normalize(batch["image"], CIFAR_MEAN, CIFAR_STD, dtype)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-position cross-entropy, always in float32."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+
+
+def terms(logits: jax.Array, batch: Batch) -> Terms:
+    labels = batch["label"]
+    return Terms(cross_entropy(logits, labels), jnp.ones(labels.shape, jnp.float32),
+                 (logits.argmax(-1) == labels).astype(jnp.float32))
+
+
+TASK = Task(
+    kind="vit", unit="images", check=check, inputs=inputs, terms=terms,
+    train_flops_per_example=lambda cfg: flops_per_example(cfg.model, cfg.data.image_size)["train"],
+    units_per_example=lambda cfg: 1,
+    formula="3 x batch x [2*N*3*p^2*E + L*(8*T*E^2 + 4*T^2*E + 4*T*E*M) + 2*E*C], N=(image/p)^2 patches, "
+            "T=N+1 tokens (matmul FLOPs; backward = 2 x forward)",
+)

@@ -1,0 +1,216 @@
+"""The explicit SPMD styles, and `make_steps`, which picks the style `--spmd` names.
+
+- `shard_map`: the step's forward and backward pass is a per-device program over the 'data' axis, with
+  its collectives written out: replicated parameters have their gradients averaged with `pmean`; FSDP
+  parameters are all-gathered before use and their gradients reduce-scattered (`psum_scatter`). The
+  optimizer update then runs element-wise on the shards in the enclosing jit. With a 'model' axis the
+  program is manual over 'data' only and XLA partitions the model axis (tensor parallelism) inside it.
+- `pmap`: the older style. Parameters and optimizer state are replicated with a leading device axis,
+  the batch is reshaped to (devices, batch / devices, ...), gradients are averaged with `pmean`, and every
+  device applies the same update. Data parallelism only.
+
+Both average per-device means, which equals the global mean because every device gets as many examples
+(and targets) as the others in a training batch. Per-example randomness (augmentation) is drawn for the
+global batch and sliced, so all three styles see the same inputs; dropout masks are drawn per device
+(the same in distribution, not element for element).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from shardbench.config import Config
+from shardbench.errors import ConfigError
+from shardbench.models.axes import constraints
+from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
+from shardbench.parallel.rules import Layout, spec_for
+from shardbench.tasks import Rows, Task
+from shardbench.train.state import ModelSpec, TrainState
+from shardbench.train.step import (
+    Batch, HostBatch, Metrics, StepParts, Steps, eval_sums, jit_steps, place_batch,
+)
+
+PMAP_AXIS = "devices"
+
+
+def check_style(style: str, layout: Layout) -> None:
+    """Say before any compilation when a style cannot run a layout."""
+    if style == "pmap":
+        if not hasattr(jax, "pmap"):
+            raise ConfigError(f"--spmd pmap: this JAX ({jax.__version__}) no longer provides jax.pmap; use "
+                              f"--spmd shard_map for explicit per-device programs")
+        if layout.shape.model > 1:
+            raise ConfigError(f"--spmd pmap maps over one axis of devices but --mesh {layout.shape} has a model axis "
+                              f"of {layout.shape.model}: use a 1-D mesh (--mesh {layout.shape.size}) with --strategy "
+                              f"dp, or --spmd jit / shard_map for 2-D meshes")
+        if layout.strategy.name not in ("single", "dp"):
+            raise ConfigError(f"--spmd pmap replicates parameters on every device (data parallelism), so it cannot "
+                              f"run --strategy {layout.strategy.name}: use --strategy dp, or --spmd shard_map / jit")
+
+
+def _mesh(layout: Layout) -> Mesh:
+    """The layout's mesh, or a one-device mesh for `single`: the explicit styles always map over one."""
+    if layout.mesh is not None:
+        return layout.mesh
+    return Mesh(np.asarray([layout.device]).reshape(1, 1), MESH_AXES)
+
+
+def _data_dims(layout: Layout, spec: ModelSpec) -> Any:
+    """Per parameter: the dim FSDP shards over 'data', or None where the parameter is whole on each device."""
+    def dim(axes: tuple[str | None, ...], shape: Any) -> int | None:
+        parts = list(layout.param_spec(axes, tuple(shape)))
+        return parts.index(DATA) if DATA in parts else None
+
+    return jax.tree.map(dim, spec.axes, spec.shapes, is_leaf=lambda x: isinstance(x, tuple) and all(
+        a is None or isinstance(a, str) for a in x))
+
+
+def _manual_spec(dim: int | None, ndim: int) -> PartitionSpec:
+    parts: list[str | None] = [None] * ndim
+    if dim is not None:
+        parts[dim] = DATA
+    return PartitionSpec(*parts)
+
+
+def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,
+                    batch_keys: tuple[str, ...]) -> Steps:
+    mesh = _mesh(layout)
+    dims = _data_dims(layout, parts.spec)
+    flat_dims, treedef = jax.tree.flatten(dims, is_leaf=lambda x: x is None or isinstance(x, int))
+    shapes = treedef.flatten_up_to(parts.spec.shapes)
+    param_specs = treedef.unflatten([_manual_spec(d, len(s)) for d, s in zip(flat_dims, shapes)])
+    batch_specs = {k: PartitionSpec(DATA) for k in (*batch_keys, "mask")}
+    # Manual over every axis unless the model axis carries tensor parallelism, which XLA keeps partitioning.
+    manual = frozenset({DATA}) if layout.shape.model > 1 else frozenset(MESH_AXES)
+    auto_rules = {k: v for k, v in layout.strategy.compute.items() if v == MODEL}
+
+    # XLA rejects collectives over a manual axis of one device next to an automatic axis: skip them there.
+    one = layout.shape.data == 1
+
+    def psum(x: jax.Array) -> jax.Array:
+        return x if one else jax.lax.psum(x, DATA)
+
+    def pmean(x: jax.Array) -> jax.Array:
+        return x if one else jax.lax.pmean(x, DATA)
+
+    def gather(p: jax.Array, dim: int | None) -> jax.Array:
+        return p if dim is None or one else jax.lax.all_gather(p, DATA, axis=dim, tiled=True)
+
+    def reduce(g: jax.Array, dim: int | None) -> jax.Array:
+        if dim is None or one:
+            return pmean(g)
+        return jax.lax.psum_scatter(g, DATA, scatter_dimension=dim, tiled=True) / jax.lax.axis_size(DATA)
+
+    def within(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+        """Inside the per-device program only the automatic model axis may be constrained."""
+        return jax.lax.with_sharding_constraint(x, spec_for(axes, auto_rules))
+
+    constraint = within if MODEL not in manual else None
+
+    def local_train(params: Any, batch: Batch, step: jax.Array) -> tuple[Any, Metrics]:
+        index, size = jax.lax.axis_index(DATA), jax.lax.axis_size(DATA)
+        b = batch["mask"].shape[0]
+        whole = jax.tree.map(gather, params, dims)
+        _, drop = parts.keys(step)
+
+        def loss_fn(p: Any) -> tuple[jax.Array, Any]:
+            with constraints(constraint):
+                t = parts.terms(p, batch, step, train=True, rows=Rows(index * b, b * size),
+                                drop_key=jax.random.fold_in(drop, index))
+            return t.loss_sum.sum() / t.count.sum(), t
+
+        (loss, t), grads = jax.value_and_grad(loss_fn, has_aux=True)(whole)
+        grads = jax.tree.map(reduce, grads, dims)
+        sums = {"loss": pmean(loss), "count": psum(t.count.sum())}
+        if t.correct is not None:
+            sums["correct"] = psum(t.correct.sum())
+        return grads, sums
+
+    def local_eval(params: Any, batch: Batch, step: jax.Array) -> Metrics:
+        whole = jax.tree.map(gather, params, dims)
+        with constraints(constraint):
+            t = parts.terms(whole, batch, step, train=False, rows=Rows(0, batch["mask"].shape[0]))
+        return jax.tree.map(psum, eval_sums(t, batch["mask"]))
+
+    def mapped(fn: Any, out: Any) -> Any:
+        return jax.shard_map(fn, mesh=mesh, in_specs=(param_specs, batch_specs, PartitionSpec()), out_specs=out,
+                             axis_names=manual, check_vma=False)
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        grads, sums = mapped(local_train, (param_specs, PartitionSpec()))(state.params, batch, state.step)
+        metrics = parts.train_metrics(state, sums["loss"], sums.get("correct"), sums["count"], grads)
+        return parts.apply_update(state, grads), metrics
+
+    def eval_step(state: TrainState, batch: Batch) -> Metrics:
+        return mapped(local_eval, PartitionSpec())(state.params, batch, state.step)
+
+    batch_sharding = NamedSharding(mesh, PartitionSpec(DATA))
+    state_sh = shardings if layout.mesh is not None else jax.tree.map(
+        lambda _: NamedSharding(mesh, PartitionSpec()), shardings)
+    batch_sh = {k: batch_sharding for k in batch_specs}
+    replicated = NamedSharding(mesh, PartitionSpec())
+    train = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
+                    donate_argnums=0)
+    evaluate = jax.jit(eval_step, in_shardings=(state_sh, batch_sh), out_shardings=replicated)
+    if layout.mesh is None:  # `single` keeps its state on one device; the program maps over a 1-device mesh
+        return Steps(train=train, evaluate=evaluate, place=lambda hb: place_batch(hb, batch_sharding),
+                     adopt=jax.jit(lambda s: s, out_shardings=state_sh),
+                     release=jax.jit(lambda s: s, out_shardings=shardings))
+    return Steps(train=train, evaluate=evaluate, place=lambda hb: place_batch(hb, batch_sharding))
+
+
+def pmap_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_keys: tuple[str, ...]) -> Steps:
+    mesh = _mesh(layout)
+    devices = list(mesh.devices.flat)
+    n = len(devices)
+    stacked = NamedSharding(mesh, PartitionSpec(DATA))
+    local_devices = [d for d in devices if d.process_index == jax.process_index()]
+
+    def device_train(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        index = jax.lax.axis_index(PMAP_AXIS)
+        b = batch["mask"].shape[0]
+        _, drop = parts.keys(state.step)
+
+        def loss_fn(p: Any) -> tuple[jax.Array, Any]:
+            t = parts.terms(p, batch, state.step, train=True, rows=Rows(index * b, b * n),
+                            drop_key=jax.random.fold_in(drop, index))
+            return t.loss_sum.sum() / t.count.sum(), t
+
+        (loss, t), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        grads = jax.lax.pmean(grads, PMAP_AXIS)
+        correct = None if t.correct is None else jax.lax.psum(t.correct.sum(), PMAP_AXIS)
+        metrics = parts.train_metrics(state, jax.lax.pmean(loss, PMAP_AXIS), correct,
+                                      jax.lax.psum(t.count.sum(), PMAP_AXIS), grads)
+        return parts.apply_update(state, grads), metrics
+
+    def device_eval(state: TrainState, batch: Batch) -> Metrics:
+        t = parts.terms(state.params, batch, state.step, train=False, rows=Rows(0, batch["mask"].shape[0]))
+        return jax.tree.map(lambda x: jax.lax.psum(x, PMAP_AXIS), eval_sums(t, batch["mask"]))
+
+    def place(host: HostBatch) -> Batch:
+        k = len(local_devices)
+        return {name: jax.make_array_from_process_local_data(stacked, v.reshape(k, v.shape[0] // k, *v.shape[1:]))
+                for name, v in host.items()}
+
+    def stack(state: TrainState) -> TrainState:
+        return jax.tree.map(lambda x: jax.numpy.broadcast_to(x[None], (n, *x.shape)), state)
+
+    train = jax.pmap(device_train, axis_name=PMAP_AXIS, devices=devices, donate_argnums=0)
+    evaluate = jax.pmap(device_eval, axis_name=PMAP_AXIS, devices=devices)
+    adopt = jax.jit(stack, out_shardings=jax.tree.map(lambda _: stacked, shardings))
+    release = jax.jit(lambda s: jax.tree.map(lambda x: x[0], s), out_shardings=shardings)
+    return Steps(train=train, evaluate=evaluate, place=place, adopt=adopt, release=release)
+
+
+def make_steps(cfg: Config, task: Task, spec: ModelSpec, layout: Layout, tx: optax.GradientTransformation,
+               shardings: TrainState, schedule: optax.Schedule, batch_keys: tuple[str, ...]) -> Steps:
+    """The steps of `cfg.parallel.spmd`; `batch_keys` are the dataset's columns (the mask comes on top)."""
+    check_style(cfg.parallel.spmd, layout)
+    parts = StepParts(cfg, task, spec, tx, schedule)
+    builders = {"jit": jit_steps, "shard_map": shard_map_steps, "pmap": pmap_steps}
+    return builders[cfg.parallel.spmd](parts, layout, shardings, batch_keys)
