@@ -213,9 +213,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("step_ms_median", "step ms median", True, _scaled(lambda r: r.measured("step_time_s", "median"), 1e3)),
     Column("step_ms_p90", "step ms p90", True, _scaled(lambda r: r.measured("step_time_s", "p90"), 1e3)),
     Column("compile_s", "compile s", True, lambda r: r.measured("compile", "compile_s"), 2),
-    Column("img_s", "img/s", True, lambda r: r.images_per_s, 0),
+    Column("img_s", "img/s", True, lambda r: r.images_per_s, 0, optional=True),
     Column("img_s_device", "img/s/device", True,
-           lambda r: r.measured("throughput", "examples_per_s_per_device") if r.unit == "images" else None, 0),
+           lambda r: r.measured("throughput", "examples_per_s_per_device") if r.unit == "images" else None, 0,
+           optional=True),
     Column("tokens_s", "tokens/s", True, lambda r: r.per_s("tokens"), 0, optional=True),
     Column("examples_s", "examples/s", True, lambda r: r.per_s("examples"), 0, optional=True),
     Column("mfu_pct", "MFU %", True, _scaled(lambda r: r.measured("mfu", "mfu"), 100.0)),
@@ -343,7 +344,8 @@ def render_markdown(content: ReportContent) -> str:
     lines += [f"- `{key}`: {', '.join(map(str, values))}" for key, values in content.varied.items()] or [
         "Nothing: the runs share one configuration."]
     if content.fixed:
-        lines += ["", "Set the same for every run: " + ", ".join(f"`{k}` = {v}" for k, v in content.fixed.items())]
+        lines += ["", "Set the same for every run: " + ", ".join(f"`{k}` = {v if v != '' else '(default)'}"
+                                                                  for k, v in content.fixed.items())]
     if content.findings:
         lines += ["", "## What the numbers say"]
         for heading, sentences in content.findings.items():
