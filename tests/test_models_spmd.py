@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -218,4 +217,3 @@ def test_sweep_compares_spmd_styles_side_by_side(tmp_path: Path) -> None:
               json.loads(p.read_text())["train_loss"] for p in out.rglob("summary.json")}
     assert len(losses) == 4
     np.testing.assert_allclose(list(losses.values()), losses["jitsingle"], rtol=2e-5)
-    assert jax.device_count() == 8  # the sweep's runs were separate processes; this one is untouched

@@ -126,7 +126,7 @@ class Layout:
 
     def param_shardings(self, axes_tree: dict[str, Any], shapes: dict[str, Any]) -> dict[str, Any]:
         return jax.tree.map(lambda axes, shape: self.sharding(self.param_spec(axes, tuple(shape))),
-                            axes_tree, shapes, is_leaf=_is_axes)
+                            axes_tree, shapes, is_leaf=is_axes)
 
     def batch_sharding(self) -> jax.sharding.Sharding:
         """Arrays whose leading dim is the batch: split over data, whole along everything else."""
@@ -158,7 +158,8 @@ class Layout:
                 )
 
 
-def _is_axes(x: Any) -> bool:
+def is_axes(x: Any) -> bool:
+    """A tuple of logical axis names: a leaf of the axes tree."""
     return isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
 
 

@@ -169,14 +169,8 @@ def strategy_findings(runs: list[Run]) -> list[str]:
     return sentences
 
 
-def _get(record: Any, *keys: str) -> Any:
-    for key in keys:
-        record = record.get(key) if isinstance(record, dict) else None
-    return record
-
-
 def _style(run: Run) -> str:
-    return str(run.config.get("parallel.spmd") or _get(run.record, "spmd") or "jit")
+    return str(run.config.get("parallel.spmd") or run.recorded("spmd") or "jit")
 
 
 def spmd_findings(runs: list[Run]) -> list[str]:
@@ -208,10 +202,10 @@ def spmd_findings(runs: list[Run]) -> list[str]:
 def loss_floor_findings(runs: list[Run]) -> list[str]:
     """Where the data sets a best possible loss (uniform tokens, noisy regression): how close the runs came."""
     sentences = []
-    for note in dict.fromkeys(str(_get(r.record, "dataset", "loss_floor_note")) for r in runs if r.ok
-                              and _get(r.record, "dataset", "loss_floor") is not None):
-        group = [r for r in runs if r.ok and str(_get(r.record, "dataset", "loss_floor_note")) == note]
-        tests = [float(t) for t in (_get(r.record, "test_loss") for r in group) if isinstance(t, (int, float))]
+    for note in dict.fromkeys(str(r.recorded("dataset", "loss_floor_note")) for r in runs if r.ok
+                              and r.recorded("dataset", "loss_floor") is not None):
+        group = [r for r in runs if r.ok and str(r.recorded("dataset", "loss_floor_note")) == note]
+        tests = [float(t) for t in (r.recorded("test_loss") for r in group) if isinstance(t, (int, float))]
         text = note[0].upper() + note[1:]
         if tests:
             text += f"; the runs reached a test loss of {_span(tests, digits=4)}"

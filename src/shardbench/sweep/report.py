@@ -62,6 +62,10 @@ class Run:
         """The configuration that defines what ran: two runs with equal settings are the same experiment."""
         return {k: v for k, v in self.config.items() if k not in NOISE}
 
+    def recorded(self, *path: str) -> Any:
+        """A raw value of the run's record (None when absent)."""
+        return _dig(self.record, *path)
+
     def measurement(self, *path: str) -> Any:
         """A raw value under the record's "measurements" (None when absent)."""
         return _dig(self.record, "measurements", *path)
@@ -95,10 +99,7 @@ class Run:
     @property
     def unit(self) -> str:
         """What throughput counts: images (vit, and records from before other models), tokens or examples."""
-        return str(self.measured_text("throughput", "unit") or "images")
-
-    def measured_text(self, *path: str) -> Any:
-        return _dig(self.record, "measurements", *path)
+        return str(self.measurement("throughput", "unit") or "images")
 
     @property
     def images_per_s(self) -> float | None:

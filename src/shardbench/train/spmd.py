@@ -28,7 +28,7 @@ from shardbench.config import Config
 from shardbench.errors import ConfigError
 from shardbench.models.axes import constraints
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
-from shardbench.parallel.rules import Layout, spec_for
+from shardbench.parallel.rules import Layout, is_axes, spec_for
 from shardbench.tasks import Rows, Task
 from shardbench.train.state import ModelSpec, TrainState
 from shardbench.train.step import (
@@ -66,8 +66,7 @@ def _data_dims(layout: Layout, spec: ModelSpec) -> Any:
         parts = list(layout.param_spec(axes, tuple(shape)))
         return parts.index(DATA) if DATA in parts else None
 
-    return jax.tree.map(dim, spec.axes, spec.shapes, is_leaf=lambda x: isinstance(x, tuple) and all(
-        a is None or isinstance(a, str) for a in x))
+    return jax.tree.map(dim, spec.axes, spec.shapes, is_leaf=is_axes)
 
 
 def _manual_spec(dim: int | None, ndim: int) -> PartitionSpec:
@@ -118,13 +117,9 @@ def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,
         whole = jax.tree.map(gather, params, dims)
         _, drop = parts.keys(step)
 
-        def loss_fn(p: Any) -> tuple[jax.Array, Any]:
-            with constraints(constraint):
-                t = parts.terms(p, batch, step, train=True, rows=Rows(index * b, b * size),
-                                drop_key=jax.random.fold_in(drop, index))
-            return t.loss_sum.sum() / t.count.sum(), t
-
-        (loss, t), grads = jax.value_and_grad(loss_fn, has_aux=True)(whole)
+        with constraints(constraint):
+            (loss, t), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
+                whole, batch, step, Rows(index * b, b * size), jax.random.fold_in(drop, index))
         grads = jax.tree.map(reduce, grads, dims)
         sums = {"loss": pmean(loss), "count": psum(t.count.sum())}
         if t.correct is not None:
@@ -176,12 +171,8 @@ def pmap_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_ke
         b = batch["mask"].shape[0]
         _, drop = parts.keys(state.step)
 
-        def loss_fn(p: Any) -> tuple[jax.Array, Any]:
-            t = parts.terms(p, batch, state.step, train=True, rows=Rows(index * b, b * n),
-                            drop_key=jax.random.fold_in(drop, index))
-            return t.loss_sum.sum() / t.count.sum(), t
-
-        (loss, t), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        (loss, t), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
+            state.params, batch, state.step, Rows(index * b, b * n), jax.random.fold_in(drop, index))
         grads = jax.lax.pmean(grads, PMAP_AXIS)
         correct = None if t.correct is None else jax.lax.psum(t.correct.sum(), PMAP_AXIS)
         metrics = parts.train_metrics(state, jax.lax.pmean(loss, PMAP_AXIS), correct,

@@ -69,6 +69,12 @@ class StepParts:
         key = (default_drop if drop_key is None else drop_key) if use_dropout else None
         return self.task.terms(self.spec.apply(params, inputs, key), batch)
 
+    def mean_loss(self, params: Any, batch: Batch, step: jax.Array, rows: Rows,
+                  drop_key: jax.Array | None = None) -> tuple[jax.Array, Terms]:
+        """The training objective of `batch` (mean over its targets) and its terms: differentiate this."""
+        t = self.terms(params, batch, step, train=True, rows=rows, drop_key=drop_key)
+        return t.loss_sum.sum() / t.count.sum(), t
+
     def apply_update(self, state: TrainState, grads: Any) -> TrainState:
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
@@ -96,11 +102,8 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         with constraints(layout.constrain):
-            def loss_fn(params: Any) -> tuple[jax.Array, Terms]:
-                t = parts.terms(params, batch, state.step, train=True, rows=Rows(0, global_batch))
-                return t.loss_sum.sum() / t.count.sum(), t
-
-            (loss, t), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+            (loss, t), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
+                state.params, batch, state.step, Rows(0, global_batch))
         correct = None if t.correct is None else t.correct.sum()
         metrics = parts.train_metrics(state, loss, correct, t.count.sum(), grads)
         return parts.apply_update(state, grads), metrics
