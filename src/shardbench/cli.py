@@ -121,6 +121,23 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                 group.add_argument(*flags, dest=key, default=argparse.SUPPRESS, metavar=metavar, help=help_text)
 
 
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """How this process joins others (jax.distributed); `shardbench launch` sets them through the environment."""
+    group = parser.add_argument_group(
+        "processes", "join a run of several processes (jax.distributed). Without these flags (or SHARDBENCH_* "
+                     "variables) a process runs alone, unless JAX recognises its cluster (SLURM, Cloud TPU, "
+                     "Open MPI): then it joins that cluster's processes by itself")
+    group.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                       help="address of process 0's coordinator (env SHARDBENCH_COORDINATOR)")
+    group.add_argument("--num-processes", type=int, default=None, metavar="N",
+                       help="processes in the run (env SHARDBENCH_NUM_PROCESSES)")
+    group.add_argument("--process-id", type=int, default=None, metavar="I",
+                       help="this process's index, 0 to N-1 (env SHARDBENCH_PROCESS_ID)")
+    group.add_argument("--join-timeout", type=int, default=None, metavar="S",
+                       help="seconds to wait for every process to join or report (env SHARDBENCH_JOIN_TIMEOUT; "
+                            "default 120)")
+
+
 def config_from_args(args: argparse.Namespace) -> config_lib.Config:
     values: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
     cfg = config_lib.get_preset(getattr(args, "preset", "vit-seed"))
@@ -139,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "short one. The resolved configuration is saved as <out>/config.json.",
     )
     add_config_arguments(train)
+    add_cluster_arguments(train)
     inspect = sub.add_parser(
         "inspect", help="print the parameter table and how arrays are laid over the mesh (nothing is compiled)",
         description="Print every parameter's path, logical axes, shape, dtype, bytes, PartitionSpec and per-device "
@@ -149,8 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--array", default="",
                          help="parameter to picture over the mesh (default: encoder/mlp2_kernel for vit, "
                               "blocks/mlp2_kernel for lm, hidden_kernel for mlp)")
-    from shardbench.bench import bench_cmd  # the sweep, report and bench commands live with their code
+    from shardbench import launch  # the launch, sweep, report and bench commands live with their code
+    from shardbench.bench import bench_cmd
     from shardbench.sweep import report_cmd, sweep_cmd
+
+    launch.add_parser(sub)
 
     sweep_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
@@ -169,14 +190,31 @@ def _setup_devices(cfg: config_lib.Config) -> None:
         simulate_devices(cfg.parallel.devices)
 
 
+def _join_or_setup(args: argparse.Namespace, cfg: config_lib.Config) -> None:
+    """Join the other processes of a multi-process run (and make sure all were given the same configuration),
+    or set up this process's devices for a run of its own."""
+    from shardbench import cluster as cluster_lib
+
+    found = cluster_lib.resolve(args.coordinator, args.num_processes, args.process_id, args.join_timeout)
+    if found is None:
+        _setup_devices(cfg)
+        return
+    config_lib.validate(cfg)  # a bad flag fails here, before this process makes the others wait for it
+    cluster_lib.join(found, cluster_lib.local_device_count(found, cfg.parallel.devices))
+    cluster_lib.check_same(config_lib.flatten(cfg))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    _setup_devices(cfg)
+    _join_or_setup(args, cfg)
+    import jax
+
     from shardbench.train.console import summary_line
     from shardbench.train.loop import run
 
     summary = run(cfg)
-    print(summary_line(summary))
+    if jax.process_index() == 0:
+        print(summary_line(summary))
     return 0
 
 
@@ -206,11 +244,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         malloc.maybe_reexec()
     parser = build_parser()
     args = parser.parse_args(argv)
+    from shardbench import launch
     from shardbench.bench import bench_cmd
     from shardbench.sweep import report_cmd, sweep_cmd
 
     commands = {"train": cmd_train, "inspect": cmd_inspect, "sweep": sweep_cmd.run, "report": report_cmd.run,
-                "presets": cmd_presets, "bench": bench_cmd.run}
+                "presets": cmd_presets, "bench": bench_cmd.run, "launch": launch.run}
     try:
         return commands[args.command](args)
     except ShardbenchError as err:

@@ -28,8 +28,18 @@ def simulate_devices(count: int) -> None:
 
 
 def select_devices(count: int) -> list[jax.Device]:
-    """The first `count` devices of the default backend (0 = all of them)."""
-    devices = jax.devices()
+    """The first `count` devices of the default backend (0 = all of them), ordered by process, so that a mesh
+    built from them spans processes along its outer (data) axis first.
+
+    A run of several processes uses every device of every process: a process whose devices were left out
+    would have no part of the program to run."""
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    processes = jax.process_count()
+    if processes > 1 and count not in (0, len(devices)):
+        raise ConfigError(
+            f"--devices {count}: a run of {processes} processes uses all of their {len(devices)} devices; pass "
+            f"--devices {len(devices)} (or 0), or start fewer processes"
+        )
     if count == 0:
         return devices
     if count > len(devices):

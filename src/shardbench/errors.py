@@ -21,8 +21,13 @@ class TrainingDiverged(ShardbenchError):
     """The loss became NaN or infinite."""
 
 
+class ClusterError(ShardbenchError):
+    """Processes could not join, or another process failed: the message says which and why."""
+
+
 def report(err: ShardbenchError) -> int:
-    """Print `err` as one line on stderr and return its exit code: 2 configuration, 3 diverged, 4 data.
+    """Print `err` as one line on stderr and return its exit code: 2 configuration, 3 diverged, 4 data,
+    5 processes (could not join, or another process failed).
 
     Distinct codes let a sweep tell a bad configuration from bad data without reading the message.
     """
@@ -30,4 +35,6 @@ def report(err: ShardbenchError) -> int:
         print(f"shardbench: {err}", file=sys.stderr)
         return 3
     print(f"shardbench: error: {err}", file=sys.stderr)
+    if isinstance(err, ClusterError):
+        return 5
     return 4 if isinstance(err, DataError) else 2

@@ -24,6 +24,17 @@ def per_device_bytes(tree: Any) -> int:
     return total
 
 
+def device_bytes(tree: Any) -> dict[int, int]:
+    """Bytes each of this process's devices holds of the arrays in `tree`, by device id, counted from the
+    shards that are really there (so uneven or replicated layouts count what they hold)."""
+    out: dict[int, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        for shard in getattr(leaf, "addressable_shards", ()):
+            shape = [len(range(*sl.indices(dim))) for sl, dim in zip(shard.index, leaf.shape)]
+            out[shard.device.id] = out.get(shard.device.id, 0) + math.prod(shape) * leaf.dtype.itemsize
+    return out
+
+
 def compiled_memory(compiled: Any) -> dict[str, int] | None:
     try:
         stats = compiled.memory_analysis()
@@ -51,6 +62,13 @@ def runtime_peak(devices: list[jax.Device]) -> int | None:
         if stats and "peak_bytes_in_use" in stats:
             peaks.append(int(stats["peak_bytes_in_use"]))
     return max(peaks) if peaks else None
+
+
+def per_device_report(params: Any, opt_state: Any, devices: list[jax.Device]) -> list[dict[str, Any]]:
+    """One entry per device of this process: what it holds of the state, and its runtime peak where known."""
+    params_b, opt_b = device_bytes(params), device_bytes(opt_state)
+    return [{"device": d.id, "process": d.process_index, "params_bytes": params_b.get(d.id, 0),
+             "optimizer_bytes": opt_b.get(d.id, 0), "peak_bytes_in_use": runtime_peak([d])} for d in devices]
 
 
 def memory_report(compiled: Any, params: Any, opt_state: Any, devices: list[jax.Device]) -> dict[str, Any]:

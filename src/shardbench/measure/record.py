@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import jax
 
+from shardbench import cluster
 from shardbench.config import Config
 from shardbench.measure import flops as flops_lib
 from shardbench.measure.comms import count_collectives
-from shardbench.measure.memory import memory_report
+from shardbench.measure.memory import memory_report, per_device_report
 from shardbench.measure.timing import CompileTimes, StepTimer
 from shardbench.parallel.rules import Layout, resolve_strategy
 from shardbench.tasks import Task
@@ -54,12 +56,21 @@ def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any
     peak, source = flops_lib.peak_per_device(layout.device, devices, cfg.precision.dtype,
                                              cfg.precision.matmul_precision)
     comms = count_collectives(compiled.as_text()) if compiled is not None else None
-    memory = memory_report(compiled, state.params, state.opt_state, layout_devices(layout)) if compiled else {}
+    devices_here = layout_devices(layout)
+    memory = memory_report(compiled, state.params, state.opt_state, devices_here) if compiled else {}
+    # Every process sends what it measured; the one record holds every device of every process.
+    here = {"process": jax.process_index(), "host": socket.gethostname(), "devices": [d.id for d in devices_here],
+            "step_time_median_s": step_stats["median"], "train_time_s": train_time}
+    gathered = cluster.gather_json({"process": here,
+                                    "devices": per_device_report(state.params, state.opt_state, devices_here)})
+    if memory:
+        memory["per_device"] = [entry for g in gathered for entry in g["devices"]]
     return {
         "platform": layout.device.platform,
         "device_kind": getattr(layout.device, "device_kind", layout.device.platform),
         "devices": devices,
         "processes": jax.process_count(),
+        "per_process": [g["process"] for g in gathered],
         "compile": None if compile_times is None else {"lower_s": compile_times.lower_s,
                                                        "compile_s": compile_times.compile_s},
         "step_time_s": step_stats,

@@ -132,6 +132,24 @@ class Layout:
         """Arrays whose leading dim is the batch: split over data, whole along everything else."""
         return self.sharding(spec_for((BATCH,), self.strategy.compute))
 
+    def process_share(self, global_batch: int) -> tuple[int, int]:
+        """(index, count): this process's devices hold rows [index * b, (index + 1) * b) of every global batch,
+        b = global_batch / count. With the data axis across processes first, that is (process index, process
+        count); when processes share a data slice (a model axis across processes) they load the same rows."""
+        if self.mesh is None:
+            return 0, 1
+        spans = sorted({(s[0].start or 0, global_batch if s[0].stop is None else s[0].stop)
+                        for s in self.batch_sharding().addressable_devices_indices_map((global_batch,)).values()})
+        lo, hi = spans[0][0], spans[0][1]
+        for start, stop in spans[1:]:
+            if start > hi:
+                raise ConfigError(f"this process's devices hold rows of the batch that are not next to each "
+                                  f"other (mesh {self.shape}): put each process's devices on neighbouring data "
+                                  f"slices (the data axis spans processes first)")
+            hi = max(hi, stop)
+        size = hi - lo
+        return lo // size, global_batch // size
+
     def constrain(self, x: jax.Array, axes: Axes) -> jax.Array:
         """The activation hook models call through `shardbench.models.axes.constrain`."""
         if self.mesh is None:
@@ -185,6 +203,9 @@ def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device]) -
     strategy = get_strategy(resolve_strategy(strategy_name, mesh_spec, len(devices)))
     spec = mesh_spec.strip().lower()
     if strategy.name == "single":
+        if jax.process_count() > 1:
+            raise ConfigError(f"strategy single runs on one device, but this run has {jax.process_count()} "
+                              f"processes: use a mesh over all {len(devices)} devices (for example --strategy dp)")
         if spec not in ("", "1", "1x1", "auto", *NO_MESH):
             raise ConfigError(f"strategy single runs on one device and takes no mesh, got --mesh {mesh_spec}")
         return Layout(strategy, MeshShape(1, 1), None, devices[0])

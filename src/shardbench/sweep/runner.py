@@ -4,7 +4,6 @@ the moment its process ends, one progress line per run and a table at the end.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -20,23 +19,27 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardbench import config as config_lib
+from shardbench.subprocs import dies_with_parent, kill_group
 from shardbench.sweep.grid import Run, Sweep, field_kind, run_config
 from shardbench.sweep.store import RunRow, Store
 
-KILL_GRACE_S = 5.0
-# `shardbench train` exit codes (cli.main): 2 bad configuration, 3 diverged, 4 missing or corrupt data.
-EXIT_KINDS = {2: "config", 3: "diverged", 4: "data"}
+# `shardbench train` exit codes (cli.main): 2 bad configuration, 3 diverged, 4 missing or corrupt data, 5 the
+# processes of a multi-process run could not join or one of them failed (`shardbench launch` passes them on).
+EXIT_KINDS = {2: "config", 3: "diverged", 4: "data", 5: "processes"}
 OOM_FRACTION = 0.75  # a SIGKILL after the run grew past this share of the host's memory is taken as an OOM kill
 OOM_WORDS = re.compile(r"RESOURCE_EXHAUSTED|out of memory|MemoryError", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Options:
-    """How to run: where, the per-run time limit, and whether to profile (runs inherit the environment)."""
+    """How to run: where, the per-run time limit, whether to profile, and in how many processes (runs inherit
+    the environment)."""
 
     sweep_dir: Path
     timeout_s: float = 1800.0
     profile: bool = False
+    processes: int = 1
+    devices_per_process: int = 0
 
 
 def has_field(key: str) -> bool:
@@ -58,7 +61,11 @@ def _arg(key: str, value: Any) -> list[str]:
 
 
 def train_command(base_preset: str, run: Run, opts: Options) -> list[str]:
-    cmd = [sys.executable, "-m", "shardbench", "train", "--preset", base_preset]
+    cmd = [sys.executable, "-m", "shardbench"]
+    if opts.processes > 1:
+        cmd += ["launch", "--processes", str(opts.processes), "--devices-per-process", str(opts.devices_per_process),
+                "--"]
+    cmd += ["train", "--preset", base_preset]
     for key, value in run.settings.items():
         cmd += _arg(key, value)
     cmd += ["--out", str(opts.sweep_dir / "runs" / run.name)]
@@ -68,38 +75,6 @@ def train_command(base_preset: str, run: Run, opts: Options) -> list[str]:
     if opts.profile:
         cmd += ["--train.profile", "--train.profile-root", str(opts.sweep_dir / "tensorboard")]
     return cmd
-
-
-def _find_prctl() -> Callable[..., int] | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None  # not Linux: Ctrl-C and time limits still end a run; only a SIGKILLed sweep leaves it running
-
-
-# Looked up here, not in the child: between fork and exec the child should do as little as possible.
-_PRCTL = _find_prctl()
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: a sweep killed outright must not leave its run training on as an orphan."""
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the run's process group, then SIGKILL what is left after a grace period."""
-    for sig, wait in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, None)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _tee(source: IO[bytes], log: IO[bytes], lines: list[str]) -> None:
@@ -165,7 +140,7 @@ def run_process(cmd: list[str], log_path: Path, timeout_s: float) -> Outcome:
     lines: list[str] = []
     with open(log_path, "wb", buffering=0) as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_die_with_parent if _PRCTL else None)
+                                start_new_session=True, preexec_fn=dies_with_parent())
         assert proc.stderr is not None
         reader = threading.Thread(target=_tee, args=(proc.stderr, log, lines), daemon=True)
         reader.start()
@@ -174,10 +149,10 @@ def run_process(cmd: list[str], log_path: Path, timeout_s: float) -> Outcome:
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc)
             code = None
         except BaseException:  # Ctrl-C: the run dies with the sweep; its directory is cleared on --resume
-            _kill_group(proc)
+            kill_group(proc)
             raise
         finally:
             peak = memory.stop()

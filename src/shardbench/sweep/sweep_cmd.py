@@ -66,6 +66,12 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take (default 1800)")
     group.add_argument("--profile", action="store_true",
                        help="profile every run; traces land in <out>/tensorboard")
+    group.add_argument("--processes", type=int, default=1,
+                       help="run each configuration as this many processes joined by jax.distributed (through "
+                            "`shardbench launch`; default 1)")
+    group.add_argument("--devices-per-process", type=int, default=0,
+                       help="with --processes: simulated CPU devices in each process (0 = each run's --devices "
+                            "split evenly)")
     group.add_argument("--dry-run", action="store_true", help="print the runs and their overrides, run nothing")
     group.add_argument("--no-report", action="store_true",
                        help="do not write <out>/report at the end (shardbench report <out> writes it later)")
@@ -167,6 +173,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--profile: this shardbench's train has no train.profile_root field")
         if args.timeout <= 0:
             raise ConfigError(f"--timeout must be positive, got {args.timeout:g}")
+        if args.processes < 1 or args.devices_per_process < 0:
+            raise ConfigError(f"--processes must be at least 1 and --devices-per-process 0 or more, got "
+                              f"{args.processes} and {args.devices_per_process}")
         if args.dry_run:
             dry_run(sweep)
             return 0
@@ -177,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             with open_store(out, args.resume, plan_meta(sweep)) as store:
                 print(f"sweep: {len(sweep.runs)} runs -> {out}", flush=True)
-                code = run_sweep(sweep, store, Options(out, args.timeout, args.profile),
+                code = run_sweep(sweep, store, Options(out, args.timeout, args.profile, args.processes,
+                                                            args.devices_per_process),
                                  out=lambda line: print(line, flush=True))
                 if code == 0 and not args.no_report:
                     from shardbench.sweep.report import write_report  # matplotlib only for a report

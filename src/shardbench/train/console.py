@@ -27,10 +27,13 @@ def header_line(plan: "Plan") -> str:
     params = sum(math.prod(s.shape) for s in jax.tree.leaves(plan.spec.abstract))
     device = plan.layout.device
     mesh = "none" if plan.layout.mesh is None else str(plan.layout.shape)
+    where = f"{plan.layout.shape.size} {device.platform} device(s)"
+    if jax.process_count() > 1:
+        where += f" in {jax.process_count()} processes"
     return (
         f"shardbench: {cfg.preset} ({cfg.model.kind}, {params:,} params) | {plan.layout.strategy.name} on mesh "
         f"{mesh}, {cfg.parallel.spmd} "
-        f"({plan.layout.shape.size} {device.platform} device(s)) | {cfg.precision.param_dtype} params, "
+        f"({where}) | {cfg.precision.param_dtype} params, "
         f"{cfg.precision.dtype} compute | data {ds.name}: {len(ds.train):,} train / "
         f"{len(ds.val):,} val / {len(ds.test):,} test | batch {cfg.train.batch_size}, "
         f"{plan.total_steps} steps ({plan.steps_per_epoch}/epoch) | {plan.out}"

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from shardbench import cluster
 from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.data.arrays import Dataset, ImageDataset, Split
@@ -44,10 +45,12 @@ from shardbench.tasks import Task, get_task
 from shardbench.train.spmd import check_style, make_steps
 from shardbench.train.step import Steps
 
-# Fields that may differ between a run and its --resume: they change how a run reports, not what it computes.
-# Fault injection for the resume tests: the process kills itself (SIGKILL, no clean-up) after this step.
+# Fault injection for the resume tests: the process kills itself (SIGKILL, no clean-up) after this step;
+# in a run of several processes only the one KILL_PROCESS_ENV names (all of them when it is unset).
 KILL_AT_STEP_ENV = "SHARDBENCH_FAULT_KILL_AT_STEP"
+KILL_PROCESS_ENV = "SHARDBENCH_FAULT_KILL_PROCESS"
 
+# Fields that may differ between a run and its --resume: they change how a run reports, not what it computes.
 RESUME_FREE = frozenset({"train.resume", "train.out", "train.progress", "train.log_every", "data.cache_dir"})
 
 
@@ -112,8 +115,10 @@ def plan_run(cfg: Config) -> Plan:
     check_style(cfg.parallel.spmd, layout)
     spec = describe_model(cfg)
     check_layout(spec, layout)
-    divisor = math.lcm(layout.data_size, jax.process_count())
     for name, size in (("--batch-size", cfg.train.batch_size), ("--train.eval-batch-size", eval_batch(cfg))):
+        divisor = layout.data_size
+        if size % divisor == 0:
+            divisor = math.lcm(divisor, layout.process_share(size)[1])
         if size % divisor:
             raise ConfigError(
                 f"{name} {size} is not divisible by the data-parallel size {divisor} ({layout.strategy.name} on "
@@ -141,16 +146,16 @@ def scalar(value: Any) -> float:
     return float(np.ravel(np.asarray(value))[0])
 
 
-def evaluate(steps: Steps, state: Any, arrays: Split, cfg: Config, task: Task) -> dict[str, float]:
+def evaluate(steps: Steps, state: Any, arrays: Split, cfg: Config, task: Task, layout: Layout) -> dict[str, float]:
     """Loss (and accuracy, perplexity where they apply) over every example of a split exactly once
     (the last batch is padded and masked); the mean is over targets (tokens for a language model)."""
     if len(arrays) == 0:
         return {}
     batch = eval_batch(cfg)
     totals: dict[str, float] = {}
+    part, parts = layout.process_share(batch)
     batches = make_batches(arrays, global_batch=batch, seed=cfg.train.seed, shuffle=False,
-                           num_steps=eval_steps(len(arrays), batch),
-                           process_index=jax.process_index(), process_count=jax.process_count())
+                           num_steps=eval_steps(len(arrays), batch), process_index=part, process_count=parts)
     for host_batch in batches:
         for k, v in jax.device_get(steps.evaluate(state, steps.place(host_batch))).items():
             totals[k] = totals.get(k, 0.0) + scalar(v)
@@ -189,7 +194,8 @@ def run(cfg: Config) -> dict[str, Any]:
     cache = compile_cache.resolve(cfg.train.compile_cache, default_cache_dir(cfg))
     compile_cache.enable(cache)  # before the first compilation (plan_run's precision probe compiles)
     cache_counts = compile_cache.counts()
-    plan = plan_run(cfg)
+    # Every process plans (and checks) before any of them writes; one process's error stops them all.
+    plan = cluster.agree("planning", lambda: plan_run(cfg))
     cfg, out, layout = plan.cfg, plan.out, plan.layout
     is_main = jax.process_index() == 0
     if is_main:
@@ -233,9 +239,10 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     batch, layout = cfg.train.batch_size, plan.layout
     unit, units = plan.task.unit, plan.task.units_per_example(cfg)
     run_name = cfg.train.run_name or default_run_name(cfg, layout)
+    part, parts = layout.process_share(batch)  # this process reads and augments only its rows of each batch
     batches: Iterator[dict[str, np.ndarray]] = make_batches(
         plan.dataset.train, global_batch=batch, seed=cfg.train.seed, shuffle=True, start_step=start,
-        num_steps=total - start, process_index=jax.process_index(), process_count=jax.process_count(),
+        num_steps=total - start, process_index=part, process_count=parts,
     )
     # Compile explicitly on the first batch: lowering and compilation are timed apart from the steps.
     first = steps.place(next(batches)) if start < total else None
@@ -243,8 +250,9 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     bar = tqdm(total=total, initial=start, disable=not cfg.train.progress or jax.process_index() != 0,
                unit="step", dynamic_ncols=True)
     profile_root = Path(cfg.train.profile_root) if cfg.train.profile_root else plan.out / "tensorboard"
+    is_main = jax.process_index() == 0
     profile = ProfileWindow(profile_root, run_name, start + cfg.train.profile_skip, cfg.train.profile_steps,
-                            cfg.train.profile)
+                            cfg.train.profile and is_main)
     timer = StepTimer(cfg.train.timing_warmup)
     meter, history, epoch_times = EpochMeter(), [], []
     pending: tuple[int, dict[str, jax.Array]] | None = None
@@ -297,7 +305,8 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
         if due_checkpoint and done != total:
             checkpoints.save(steps.release(state))
             timer.mark_dirty()
-        if os.environ.get(KILL_AT_STEP_ENV) == str(done):
+        if os.environ.get(KILL_AT_STEP_ENV) == str(done) and os.environ.get(
+                KILL_PROCESS_ENV, str(jax.process_index())) == str(jax.process_index()):
             os.kill(os.getpid(), signal.SIGKILL)
         if end_of_epoch:
             if pending is not None:
@@ -306,14 +315,15 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
             record = {"epoch": (done - 1) // per_epoch + 1, "step": done,
                       **{f"train_{k}": v for k, v in meter.means().items()}}
             if cfg.train.eval:
-                val = evaluate(steps, state, plan.dataset.val, cfg, plan.task)
+                val = evaluate(steps, state, plan.dataset.val, cfg, plan.task, layout)
                 record |= {f"val_{k}": v for k, v in val.items() if k != "count"}
                 writer.write(done, {f"val/{k}": v for k, v in val.items() if k != "count"})
             record["time_s"] = time.perf_counter() - t0
             history.append(record)
             meter = EpochMeter()
             writer.flush()
-            bar.write(epoch_line(record))
+            if is_main:
+                bar.write(epoch_line(record))
             timer.mark_dirty()
             epoch_t0 = window_t = time.perf_counter()
     if pending is not None:
@@ -337,7 +347,7 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     if profile.path is not None:
         summary["profile"] = str(profile.path)
     if cfg.train.eval:
-        test = evaluate(steps, state, plan.dataset.test, cfg, plan.task)
+        test = evaluate(steps, state, plan.dataset.test, cfg, plan.task, layout)
         summary |= {f"test_{k}": v for k, v in test.items() if k != "count"}
         writer.write(total, {f"test/{k}": v for k, v in test.items() if k != "count"})
     return summary

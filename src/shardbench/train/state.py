@@ -79,7 +79,12 @@ def init_state(cfg: Config, spec: ModelSpec, layout: Layout, tx: optax.GradientT
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-    return jax.jit(create, out_shardings=shardings)()
+    # On CPU, partitionable threefry (JAX's default) makes this program's compilation 4x slower (6.6 s against
+    # 1.6 s for a 24k-parameter ViT, with or without a mesh); the CPU devices share one memory, so drawing each
+    # array whole before it is split costs nothing there. Accelerators keep the partitionable draws, which never
+    # materialise a whole array on one device.
+    with jax.threefry_partitionable(layout.device.platform != "cpu"):
+        return jax.jit(create, out_shardings=shardings)()
 
 
 def abstract_train_state(spec: ModelSpec, layout: Layout, tx: optax.GradientTransformation) -> TrainState:

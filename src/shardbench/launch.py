@@ -1,0 +1,231 @@
+"""`shardbench launch`: one shardbench command as N processes on this host, joined through a coordinator on
+loopback (jax.distributed; gloo between CPU processes). Each line a process prints comes out prefixed with
+its id; when any process fails, or the whole exceeds its time limit, every process is stopped and the launch
+fails with the first failing process's reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import IO
+
+from shardbench import cluster
+from shardbench.errors import ConfigError
+from shardbench.subprocs import dies_with_parent, kill_group
+
+LAUNCHABLE = ("train",)
+STOP_GRACE_S = 3.0
+_SIM_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
+# gloo announces every connection it makes (one line per device per collective group): not the run's output.
+_NOISE = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\.\s*|Expected number of connected peer "
+                    rb"ranks is : \d+\s*")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "launch", help="run a command as several processes on this host (jax.distributed over loopback)",
+        description="Start N processes of `shardbench COMMAND ...` joined through a coordinator on a free "
+                    "loopback port, each with its own simulated CPU devices; stream their output prefixed by "
+                    "process id; stop all of them and fail when one fails or the time limit passes. Example: "
+                    "shardbench launch --processes 2 --devices-per-process 4 -- train --preset vit-tiny "
+                    "--strategy fsdp",
+    )
+    p.add_argument("--processes", type=int, default=2, help="processes to start (default 2)")
+    p.add_argument("--devices-per-process", type=int, default=0,
+                   help="simulated CPU devices in each process (0 = the command's --devices split evenly)")
+    p.add_argument("--timeout", type=float, default=0.0,
+                   help="seconds before every process is stopped and the launch fails (0 = no limit)")
+    p.add_argument("--join-timeout", type=int, default=60,
+                   help="seconds a process waits for the others to join or report (default 60)")
+    p.add_argument("--port", type=int, default=0, help="coordinator port on 127.0.0.1 (0 = a free one)")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="the shardbench command each process runs, after '--' (train)")
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the coordinator binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Child:
+    index: int
+    proc: subprocess.Popen[bytes]
+    said: deque[str] = field(default_factory=lambda: deque(maxlen=20))  # its last stderr lines
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    def reason(self, code: int) -> str:
+        """Why it ended: its own last 'shardbench:' line, else the signal or exit code."""
+        own = [ln for ln in self.said if ln.startswith("shardbench:")]
+        if own:
+            return own[-1].removeprefix("shardbench:").strip().removeprefix("error:").strip()
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        last = next((ln for ln in reversed(self.said) if ln.strip()), "")
+        return f"exit {code}" + (f": {last.strip()[:200]}" if last else "")
+
+
+_write_lock = threading.Lock()
+
+
+def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | None) -> None:
+    """Copy a child's stream to ours a line at a time, each line (or progress-bar redraw) with its prefix."""
+    pending = b""
+    while True:
+        chunk = source.read1(65536) if hasattr(source, "read1") else source.read(65536)
+        if not chunk:
+            break
+        pending += chunk
+        parts = re.split(rb"(?<=[\r\n])", pending)
+        pending = parts.pop()  # what follows the last line break: not a whole line yet
+        with _write_lock:
+            for part in parts:
+                part = _NOISE.sub(b"", part)
+                if not part.strip(b"\r\n") and part != b"\n":
+                    continue
+                sink.write(prefix + part)
+                if keep is not None:
+                    keep.append(part.decode(errors="replace").rstrip())
+            sink.flush()
+    if pending:
+        with _write_lock:
+            sink.write(prefix + pending + b"\n")
+            sink.flush()
+        if keep is not None:
+            keep.append(pending.decode(errors="replace").rstrip())
+
+
+def child_environ(index: int, processes: int, port: int, devices: int, join_timeout: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({cluster.ENV_COORDINATOR: f"127.0.0.1:{port}", cluster.ENV_NUM_PROCESSES: str(processes),
+                cluster.ENV_PROCESS_ID: str(index), cluster.ENV_JOIN_TIMEOUT: str(join_timeout),
+                "PYTHONUNBUFFERED": "1"})
+    if devices > 0:
+        env[cluster.ENV_LOCAL_DEVICES] = str(devices)
+        # An inherited device-count flag would override the per-process count.
+        env["XLA_FLAGS"] = _SIM_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
+    return env
+
+
+def _check(args: argparse.Namespace) -> list[str]:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise ConfigError("launch needs the command to run after '--', e.g. shardbench launch --processes 2 -- "
+                          "train --preset vit-tiny")
+    if argv[0] not in LAUNCHABLE:
+        raise ConfigError(f"launch runs {', '.join(LAUNCHABLE)} across processes, not '{argv[0]}' (a sweep takes "
+                          f"--processes itself: shardbench sweep --processes N ...)")
+    if args.processes < 1:
+        raise ConfigError(f"--processes must be at least 1, got {args.processes}")
+    if args.devices_per_process < 0:
+        raise ConfigError(f"--devices-per-process must be 0 or more, got {args.devices_per_process}")
+    if args.timeout < 0 or args.join_timeout <= 0:
+        raise ConfigError("--timeout must be 0 (no limit) or positive, and --join-timeout positive")
+    if not 0 <= args.port < 65536:
+        raise ConfigError(f"--port {args.port} is not a port: use 1 to 65535, or 0 for a free one")
+    return argv
+
+
+class _Stopped(Exception):
+    """SIGTERM reached the launcher: stop the processes as for Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Stopped()
+
+
+def run(args: argparse.Namespace) -> int:
+    argv = _check(args)
+    n, port = args.processes, args.port or free_port()
+    cmd = [sys.executable, "-m", "shardbench", *argv]
+    children: list[Child] = []
+    ended: queue.Queue[tuple[int, int]] = queue.Queue()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        for i in range(n):
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                    env=child_environ(i, n, port, args.devices_per_process, args.join_timeout),
+                                    start_new_session=True, preexec_fn=dies_with_parent())
+            child = Child(i, proc)
+            prefix = f"[p{i}] ".encode()
+            assert proc.stdout is not None and proc.stderr is not None
+            child.readers = [
+                threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, prefix, None), daemon=True),
+                threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, prefix, child.said),
+                                 daemon=True),
+            ]
+            for t in child.readers:
+                t.start()
+            # One waiter per process: the first to end is known exactly, not by polling order.
+            threading.Thread(target=lambda c=child: ended.put((c.index, c.proc.wait())), daemon=True).start()
+            children.append(child)
+        return _watch(children, ended, args.timeout)
+    except (KeyboardInterrupt, _Stopped):
+        _stop(children)
+        print(f"shardbench: launch interrupted; stopped all {len(children)} processes", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _watch(children: list[Child], ended: queue.Queue[tuple[int, int]], timeout: float) -> int:
+    deadline = time.monotonic() + timeout if timeout > 0 else None
+    running = {c.index for c in children}
+    while running:
+        wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        try:
+            index, code = ended.get(timeout=wait)
+        except queue.Empty:
+            _stop(children)
+            print(f"shardbench: error: no result from process(es) {', '.join(map(str, sorted(running)))} within "
+                  f"the {timeout:g} s time limit: stopped all {len(children)} processes", file=sys.stderr)
+            return 124
+        running.discard(index)
+        if code != 0:
+            others = [c for c in children if c.index in running]
+            _stop(others)
+            child = children[index]
+            for t in child.readers:
+                t.join(timeout=2)  # its last words first
+            stopped = f"; stopped the other {len(others)}" if others else ""
+            print(f"shardbench: error: process {index} of {len(children)} failed: {child.reason(code)}{stopped}",
+                  file=sys.stderr, flush=True)
+            if code < 0:  # end by the same signal, so whoever started the launch sees what a single process shows
+                sys.stdout.flush()
+                with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP cannot be handled anyway
+                    signal.signal(-code, signal.SIG_DFL)
+                os.kill(os.getpid(), -code)
+            return code if code > 0 else 1
+    for c in children:
+        for t in c.readers:
+            t.join(timeout=5)
+    return 0
+
+
+def _stop(children: list[Child]) -> None:
+    """Stop every process still running, in parallel so the bound is one grace period, not one each."""
+    threads = [threading.Thread(target=kill_group, args=(c.proc, STOP_GRACE_S)) for c in children
+               if c.proc.poll() is None]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

@@ -1,0 +1,240 @@
+"""Several processes on jax.distributed: 2 processes x 4 CPU devices compute what 1 process x 8 devices does,
+a failing or hanging process stops the launch as a whole, and a killed run resumes to the uninterrupted result.
+
+Every multi-process run here is real: `shardbench launch` starts two `shardbench train` processes that join
+through a coordinator on loopback and run their collectives through gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from shardbench import cluster
+from shardbench.cli import build_parser, config_from_args
+from shardbench.errors import ConfigError
+from shardbench.launch import free_port
+from shardbench.train.loop import run
+
+MICRO = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train", "512", "--data.synthetic-test",
+         "128", "--model.patch-size", "8", "--model.embed-dim", "32", "--model.num-layers", "2",
+         "--model.mlp-dim", "64", "--batch-size", "32", "--steps", "6", "--train.checkpoint-every", "2",
+         "--train.log-every", "1", "--no-train.progress"]
+STRATEGIES = {"dp": ["--strategy", "dp"], "fsdp": ["--strategy", "fsdp"]}
+
+
+def _env() -> dict[str, str]:
+    # The launcher gives each process its own device count; the test process's 8-device flag must not leak.
+    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+
+
+def _launch(out: Path, cache: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 0,
+            argv: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "shardbench", "launch", "--processes", "2", "--devices-per-process", "4",
+           "--join-timeout", "60", "--timeout", str(timeout), "--", "train",
+           *(MICRO if argv is None else argv), "--out", str(out), "--data.cache-dir", str(cache), *extra]
+    return subprocess.run(cmd, env=_env() | (env or {}), capture_output=True, text=True, timeout=600)
+
+
+def _single(out: Path, cache: Path, *extra: str) -> dict[str, Any]:
+    """The same command line in this process: one process, its 8 simulated devices."""
+    args = build_parser().parse_args(["train", *MICRO, "--out", str(out), "--data.cache-dir", str(cache), *extra])
+    return run(config_from_args(args))
+
+
+def _losses(out: Path) -> dict[int, float]:
+    """train/loss at every step, read back from the run's TensorBoard file."""
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    files = sorted((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 1, files  # one writer: process 0
+    acc = accumulator.EventAccumulator(str(files[0]))
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars("train/loss")}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Each strategy once as 2 processes x 4 devices and once as 1 process x 8 devices, sharing a cache."""
+    root = tmp_path_factory.mktemp("processes")
+    out: dict[str, Any] = {"root": root, "cache": root / "cache"}
+    for name, flags in STRATEGIES.items():
+        launched = _launch(root / f"{name}-2x4", out["cache"], *flags)
+        assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+        out[name] = {"proc": launched, "two": root / f"{name}-2x4",
+                     "one": _single(root / f"{name}-1x8", out["cache"], *flags)}
+    return out
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_two_processes_train_exactly_like_one(runs: dict[str, Any], strategy: str) -> None:
+    r = runs[strategy]
+    two = json.loads((r["two"] / "summary.json").read_text())
+    one = r["one"]
+    assert two["measurements"]["processes"] == 2 and one["measurements"]["processes"] == 1
+    # Same global batches in the same order, same program: the same loss at every step.
+    a, b = _losses(r["two"]), _losses(Path(one["out"]))
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    np.testing.assert_allclose([a[s] for s in sorted(a)], [b[s] for s in sorted(b)], rtol=2e-5)
+    np.testing.assert_allclose(two["test_loss"], one["test_loss"], rtol=2e-5)
+    assert two["test_accuracy"] == one["test_accuracy"]  # 128 test images, counted the same way
+    assert two["epochs"][0]["val_accuracy"] == one["epochs"][0]["val_accuracy"]
+
+    # One record holds every device of both processes, each holding what it holds in the 1-process run.
+    per_device = two["measurements"]["memory"]["per_device"]
+    assert sorted(d["process"] for d in per_device) == [0] * 4 + [1] * 4
+    assert len({d["device"] for d in per_device}) == 8
+    held = {d["params_bytes"] for d in per_device}
+    assert held == {d["params_bytes"] for d in one["measurements"]["memory"]["per_device"]}
+    total = one["measurements"]["memory"]["breakdown"]["params_bytes"]
+    assert len(held) == 1 and held.pop() == total
+    assert [p["process"] for p in two["measurements"]["per_process"]] == [0, 1]
+
+    # Process 0 alone talks: its epoch line and summary; process 1 only joins in.
+    stdout = r["proc"].stdout
+    assert "[p0] epoch 1" in stdout and "[p0] done:" in stdout
+    assert "[p1] epoch" not in stdout and "[p1] done:" not in stdout
+
+
+def test_fsdp_shards_parameters_over_both_processes(runs: dict[str, Any]) -> None:
+    dp = json.loads((runs["dp"]["two"] / "summary.json").read_text())["measurements"]["memory"]
+    fsdp = json.loads((runs["fsdp"]["two"] / "summary.json").read_text())["measurements"]["memory"]
+    dp_bytes = sum(d["params_bytes"] for d in dp["per_device"])
+    fsdp_bytes = sum(d["params_bytes"] for d in fsdp["per_device"])
+    assert dp_bytes == 8 * dp["breakdown"]["params_bytes"]  # replicated on all 8 devices
+    # Sharded: the 8 devices together hold one copy, up to the few small arrays nothing divides.
+    assert fsdp_bytes < dp_bytes / 4
+    assert fsdp_bytes >= dp["breakdown"]["params_bytes"]
+
+
+def test_killed_process_stops_the_launch_and_the_run_resumes_to_the_same_result(runs: dict[str, Any]) -> None:
+    out, cache = runs["root"] / "killed", runs["cache"]
+    killed = _launch(out, cache, *STRATEGIES["dp"],
+                     env={"SHARDBENCH_FAULT_KILL_AT_STEP": "5", "SHARDBENCH_FAULT_KILL_PROCESS": "1"})
+    assert killed.returncode == -9  # the launch ends by its process's signal, as that process would alone
+    assert "process 1 of 2 failed: killed by SIGKILL; stopped the other 1" in killed.stderr
+    assert not (out / "summary.json").exists()
+    assert not _running(str(out))  # process 0 was stopped too, not left waiting in a collective
+
+    resumed = _launch(out, cache, *STRATEGIES["dp"], "--resume")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"] in (2, 4)
+    whole = json.loads((runs["dp"]["two"] / "summary.json").read_text())
+    np.testing.assert_allclose(summary["train_loss"], whole["train_loss"], rtol=1e-6)
+    np.testing.assert_allclose(summary["test_loss"], whole["test_loss"], rtol=1e-6)
+    assert summary["test_accuracy"] == whole["test_accuracy"]
+
+
+def test_a_sweep_runs_each_configuration_as_two_processes(runs: dict[str, Any]) -> None:
+    from shardbench.sweep.store import Store
+
+    out = runs["root"] / "sweep"
+    done = subprocess.run(
+        [sys.executable, "-m", "shardbench", "sweep", *MICRO, "--data.cache-dir", str(runs["cache"]),
+         "--no-train.eval", "--strategy", "dp,fsdp", "--processes", "2", "--devices-per-process", "4",
+         "--no-report", "--out", str(out)], env=_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with Store(out / "sweep.db") as store:
+        records = {r.name: r for r in store.runs()}
+    assert sorted(records) == ["strategy_dp", "strategy_fsdp"], records
+    for name, row in records.items():
+        assert row.status == "complete", (name, row.error)
+        assert row.record["measurements"]["processes"] == 2
+        assert len(row.record["measurements"]["memory"]["per_device"]) == 8
+    # The same configurations as the launches above: the same losses.
+    for name in ("dp", "fsdp"):
+        whole = json.loads((runs[name]["two"] / "summary.json").read_text())
+        np.testing.assert_allclose(records[f"strategy_{name}"].record["train_loss"], whole["train_loss"], rtol=1e-6)
+
+
+def _running(marker: str) -> list[int]:
+    """Processes whose command line mentions `marker` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_hanging_launch_is_stopped_at_its_time_limit(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    hung = _launch(tmp_path / "run", tmp_path / "cache", *STRATEGIES["dp"], "--steps", "100000", timeout=4)
+    assert hung.returncode == 124
+    assert "within the 4 s time limit: stopped all 2 processes" in hung.stderr
+    assert time.monotonic() - t0 < 60
+    assert not _running(str(tmp_path / "run"))
+
+
+def test_unreachable_coordinator_fails_in_bounded_time_with_one_line(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    cmd = [sys.executable, "-m", "shardbench", "train", *MICRO, "--out", str(tmp_path / "run"),
+           "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "1", "--join-timeout", "3"]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 5
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("shardbench:")]
+    assert len(lines) == 1 and f"process 1 could not join the run within 3 s: nothing answered at " \
+                                 f"127.0.0.1:{port}" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_processes_with_different_configurations_all_stop(tmp_path: Path) -> None:
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "shardbench", "train", *MICRO, "--batch-size", batch, "--out", str(tmp_path / "run"),
+         "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i)],
+        env=_env() | {cluster.ENV_LOCAL_DEVICES: "4"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i, batch in enumerate(("32", "64"))]
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 2
+        assert "process 0 has train.batch_size=32 but process 1 has 64" in err
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------- joining flags, without a network
+def test_cluster_resolution_from_flags_and_environment() -> None:
+    env = {cluster.ENV_COORDINATOR: "10.0.0.1:1234", cluster.ENV_NUM_PROCESSES: "4", cluster.ENV_PROCESS_ID: "3"}
+    c = cluster.resolve(environ=env)
+    assert c is not None and (c.coordinator, c.num_processes, c.process_id) == ("10.0.0.1:1234", 4, 3)
+    c = cluster.resolve("h:1", 2, 0, environ=env)  # flags win over the environment
+    assert c is not None and (c.coordinator, c.num_processes, c.process_id) == ("h:1", 2, 0)
+    assert cluster.resolve("h:1", 1, 0, environ={}) is None  # one process: nothing to join
+    for args, words in ((("h:1", 2, None), "missing: --process-id"), (("h", 2, 0), "is not HOST:PORT"),
+                        (("h:1", 2, 2), "--process-id 2 is out of range for 2 processes"),
+                        (("h:1", 0, 0), "--num-processes must be at least 1")):
+        with pytest.raises(ConfigError, match=words):
+            cluster.resolve(*args, environ={})
+    with pytest.raises(ConfigError, match="SHARDBENCH_NUM_PROCESSES must be an integer"):
+        cluster.resolve(environ={cluster.ENV_COORDINATOR: "h:1", cluster.ENV_NUM_PROCESSES: "two"})
+
+
+def test_local_devices_split_the_run_evenly() -> None:
+    c = cluster.Cluster("h:1", 2, 0)
+    assert cluster.local_device_count(c, 8) == 4
+    assert cluster.local_device_count(cluster.Cluster("h:1", 2, 0, local_devices=3), 8) == 3
+    with pytest.raises(ConfigError, match="--devices 7 does not split evenly over 2 processes"):
+        cluster.local_device_count(c, 7)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--", "sweep", "--preset", "strategies"], "launch runs train across processes, not 'sweep'"),
+    (["--processes", "0", "--", "train"], "--processes must be at least 1"),
+    ([], "launch needs the command to run after '--'"),
+])
+def test_launch_rejects_bad_input_in_one_line(argv: list[str], words: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "shardbench", "launch", *argv], env=_env(), capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and words in done.stderr
