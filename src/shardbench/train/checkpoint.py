@@ -6,6 +6,7 @@ restoring the step restores where the data stream stands.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import jax
@@ -14,13 +15,25 @@ import orbax.checkpoint as ocp
 from shardbench.train.state import TrainState
 
 
+_whole_shards = False  # registered in this process already
+
+
 def _write_whole_shards_on_cpu() -> None:
     """orbax's default splits each replicated array between its replicas before writing ("replica parallel"),
     slicing on the device: on CPU every array shape costs a compilation (105 of them, 6 s, for a 24k-parameter
     ViT on 8 simulated devices), and the devices share one disk anyway. There, one replica writes each shard."""
-    if jax.default_backend() == "cpu":
+    global _whole_shards
+    if _whole_shards or jax.default_backend() != "cpu":
+        return
+    absl = logging.getLogger("absl")  # orbax warns that a handler is replaced: here that is the point
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
         ocp.type_handlers.register_type_handler(jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False),
                                                 override=True)
+    finally:
+        absl.setLevel(level)
+    _whole_shards = True
 
 
 class Checkpoints:

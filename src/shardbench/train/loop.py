@@ -194,6 +194,8 @@ def run(cfg: Config) -> dict[str, Any]:
     cache = compile_cache.resolve(cfg.train.compile_cache, default_cache_dir(cfg))
     compile_cache.enable(cache)  # before the first compilation (plan_run's precision probe compiles)
     cache_counts = compile_cache.counts()
+    if jax.process_count() > 1 and not cfg.train.out:  # one directory for all: the name process 0's clock gives
+        cfg = config_lib.override(cfg, {"train.out": cluster.exchange(str(resolve_out(cfg)))[0]})
     # Every process plans (and checks) before any of them writes; one process's error stops them all.
     plan = cluster.agree("planning", lambda: plan_run(cfg))
     cfg, out, layout = plan.cfg, plan.out, plan.layout
