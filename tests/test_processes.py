@@ -28,7 +28,9 @@ MICRO = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train"
          "128", "--model.patch-size", "8", "--model.embed-dim", "32", "--model.num-layers", "2",
          "--model.mlp-dim", "64", "--batch-size", "32", "--steps", "6", "--train.checkpoint-every", "2",
          "--train.log-every", "1", "--no-train.progress"]
-STRATEGIES = {"dp": ["--strategy", "dp"], "fsdp": ["--strategy", "fsdp"]}
+# tp over a 1x8 mesh puts the model axis across the two processes: both then load the whole batch.
+STRATEGIES = {"dp": ["--strategy", "dp"], "fsdp": ["--strategy", "fsdp"],
+              "tp": ["--strategy", "tp", "--mesh", "1x8", "--model.num-heads", "8"]}
 
 
 def _env() -> dict[str, str]:

@@ -249,10 +249,10 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     # Compile explicitly on the first batch: lowering and compilation are timed apart from the steps.
     first = steps.place(next(batches)) if start < total else None
     compiled, compile_times = compile_timed(steps.train, state, first) if first is not None else (None, None)
-    bar = tqdm(total=total, initial=start, disable=not cfg.train.progress or jax.process_index() != 0,
-               unit="step", dynamic_ncols=True)
+    is_main = jax.process_index() == 0  # only process 0 prints, shows progress and writes traces
+    bar = tqdm(total=total, initial=start, disable=not cfg.train.progress or not is_main, unit="step",
+               dynamic_ncols=True)
     profile_root = Path(cfg.train.profile_root) if cfg.train.profile_root else plan.out / "tensorboard"
-    is_main = jax.process_index() == 0
     profile = ProfileWindow(profile_root, run_name, start + cfg.train.profile_skip, cfg.train.profile_steps,
                             cfg.train.profile and is_main)
     timer = StepTimer(cfg.train.timing_warmup)
