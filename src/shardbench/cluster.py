@@ -32,6 +32,9 @@ ENV_LOCAL_DEVICES = "SHARDBENCH_LOCAL_DEVICES"  # simulated CPU devices in each 
 ENV_JOIN_TIMEOUT = "SHARDBENCH_JOIN_TIMEOUT"
 DEFAULT_JOIN_TIMEOUT_S = 120
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60
+# Planning may download and decode a dataset on one host while another has it cached: the others wait this
+# long for it. A process that died meanwhile is noticed sooner, by JAX's heartbeat.
+SLOW_STAGE_TIMEOUT_S = 3600
 
 T = TypeVar("T")
 
@@ -239,9 +242,10 @@ def exchange(value: str, timeout_s: float | None = None) -> list[str]:
     return values
 
 
-def agree(stage: str, fn: Callable[[], T]) -> T:
+def agree(stage: str, fn: Callable[[], T], timeout_s: float | None = None) -> T:
     """Run `fn` in every process and continue only if it succeeded in all of them; otherwise every process
-    raises the first failing process's error (one process's bad data must not leave the others waiting)."""
+    raises the first failing process's error (one process's bad data must not leave the others waiting).
+    `timeout_s` bounds the wait for a process still busy with `fn` (default: the join timeout)."""
     error: ShardbenchError | None = None
     result: T | None = None
     try:
@@ -253,7 +257,8 @@ def agree(stage: str, fn: Callable[[], T]) -> T:
             raise error
         return result  # type: ignore[return-value]
     outcomes = [json.loads(v) for v in exchange(json.dumps(
-        {"ok": error is None, "kind": type(error).__name__ if error else "", "message": str(error or "")}))]
+        {"ok": error is None, "kind": type(error).__name__ if error else "", "message": str(error or "")}),
+        timeout_s)]
     for p, outcome in enumerate(outcomes):
         if not outcome["ok"]:
             if p == jax.process_index() and error is not None:

@@ -197,7 +197,7 @@ def run(cfg: Config) -> dict[str, Any]:
     if jax.process_count() > 1 and not cfg.train.out:  # one directory for all: the name process 0's clock gives
         cfg = config_lib.override(cfg, {"train.out": cluster.exchange(str(resolve_out(cfg)))[0]})
     # Every process plans (and checks) before any of them writes; one process's error stops them all.
-    plan = cluster.agree("planning", lambda: plan_run(cfg))
+    plan = cluster.agree("planning", lambda: plan_run(cfg), timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     cfg, out, layout = plan.cfg, plan.out, plan.layout
     is_main = jax.process_index() == 0
     if is_main:
