@@ -141,6 +141,8 @@ def join(cluster: Cluster, cpu_devices: int = 0) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if cpu_devices > 0:
         jax.config.update("jax_num_cpu_devices", cpu_devices)
+    global _join_timeout_s
+    _join_timeout_s = cluster.join_timeout_s
     joined = threading.Event()
     watchdog = threading.Thread(target=_watch_join, args=(cluster, joined), daemon=True)
     watchdog.start()
@@ -210,6 +212,7 @@ def is_joined() -> bool:
 
 # ------------------------------------------------------------------------------------ talking between processes
 _round = 0  # one key prefix per exchange, so a process that exchanges several times never reads a stale value
+_join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_S  # how long an exchange waits by default: the joined cluster's
 
 
 def _client() -> Any:
@@ -229,8 +232,7 @@ def exchange(value: str, timeout_s: float | None = None) -> list[str]:
         return [value]
     client = _client()
     me = jax.process_index()
-    timeout = timeout_s if timeout_s is not None else float(os.environ.get(ENV_JOIN_TIMEOUT) or
-                                                             DEFAULT_JOIN_TIMEOUT_S)
+    timeout = timeout_s if timeout_s is not None else _join_timeout_s
     client.key_value_set(f"shardbench/{_round}/{me}", value)
     values = []
     for p in range(jax.process_count()):
@@ -277,16 +279,16 @@ def _rebuild(kind: str, message: str) -> ShardbenchError:
 
 def check_same(flat: Mapping[str, Any], what: str = "configuration") -> None:
     """Stop every process when they were started with different configurations, naming the first field."""
-    mine = json.dumps(dict(flat), sort_keys=True, default=str)
-    all_values = exchange(mine)
+    text = json.dumps(dict(flat), sort_keys=True, default=str)
+    mine = json.loads(text)  # as the others see it (tuples become lists)
     me = jax.process_index()
-    for p, text in enumerate(all_values):
-        if text == mine:
+    for p, theirs in enumerate(json.loads(t) for t in exchange(text)):
+        differing = [k for k in sorted(set(theirs) | set(mine)) if theirs.get(k) != mine.get(k)]
+        if not differing:
             continue
-        theirs = json.loads(text)
-        key = next(k for k in sorted(set(theirs) | set(flat)) if theirs.get(k) != json.loads(mine).get(k))
-        first, second = (p, me) if p < me else (me, p)
-        values = {p: theirs.get(key), me: json.loads(mine).get(key)}
+        key = differing[0]
+        values = {p: theirs.get(key), me: mine.get(key)}
+        first, second = sorted((p, me))
         raise ConfigError(
             f"the processes were started with different {what}s: process {first} has {key}={values[first]!r} "
             f"but process {second} has {values[second]!r}; start every process with the same arguments"
