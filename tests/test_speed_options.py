@@ -15,7 +15,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shardbench import malloc
+from shardbench.bench.bench_cmd import settings
 from shardbench.bench.cases import compile_only
+from shardbench.errors import ConfigError
 from shardbench.config import ModelConfig
 from shardbench.models import fused_attention
 from shardbench.models.transformer import keep_mask, layers_per_iteration
@@ -138,47 +140,100 @@ def test_compile_cache_off(micro) -> None:
     assert summary["measurements"]["compile_cache"]["dir"] is None
 
 
-PRINT_TUNABLES = ("from shardbench import malloc; malloc.maybe_reexec(); import os; "
+PRINT_TUNABLES = ("import sys; from shardbench import malloc; malloc.maybe_reexec(int(sys.argv[1])); import os; "
                   "print(os.environ.get('GLIBC_TUNABLES', ''))")
 
 
-@pytest.mark.skipif(not malloc.applies({}), reason="needs Linux with glibc")
+def _tunables(env: dict[str, str], steps: int = 100) -> str:
+    return subprocess.run([sys.executable, "-c", PRINT_TUNABLES, str(steps)], capture_output=True, text=True,
+                          env=env, check=True).stdout.strip()
+
+
+CLEAN = ("GLIBC_TUNABLES", "SHARDBENCH_MALLOC_TUNED", "SHARDBENCH_MALLOC", "SHARDBENCH_MALLOC_CHOICE")
+
+
+@pytest.mark.skipif(not malloc.applies({"JAX_PLATFORMS": "cpu"}), reason="needs Linux with glibc")
 def test_reexec_sets_the_allocator_tunables() -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SHARDBENCH_MALLOC_TUNED")}
-    done = subprocess.run([sys.executable, "-c", PRINT_TUNABLES], capture_output=True, text=True, env=env)
-    tunables = dict(t.split("=") for t in done.stdout.strip().split(":"))
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    env["JAX_PLATFORMS"] = "cpu"
+    tunables = dict(t.split("=") for t in _tunables(env).split(":"))
     assert tunables == malloc.TUNABLES
     # A user's own setting wins; the opt-out leaves the environment alone.
-    done = subprocess.run([sys.executable, "-c", PRINT_TUNABLES], capture_output=True, text=True,
-                          env={**env, "GLIBC_TUNABLES": "glibc.malloc.arena_max=4"})
-    assert "glibc.malloc.arena_max=4" in done.stdout and "glibc.malloc.arena_max=1" not in done.stdout
-    assert "glibc.malloc.mmap_max=0" in done.stdout
-    done = subprocess.run([sys.executable, "-c", PRINT_TUNABLES], capture_output=True, text=True,
-                          env={**env, "SHARDBENCH_MALLOC": "default"})
-    assert done.stdout.strip() == ""
+    done = _tunables({**env, "GLIBC_TUNABLES": "glibc.malloc.arena_max=4"})
+    assert "glibc.malloc.arena_max=4" in done and "glibc.malloc.arena_max=1" not in done
+    assert "glibc.malloc.mmap_max=0" in done
+    assert _tunables({**env, "SHARDBENCH_MALLOC": "default"}) == ""
+
+
+@pytest.mark.skipif(not malloc.applies({"JAX_PLATFORMS": "cpu"}), reason="needs Linux with glibc")
+def test_allocator_is_tuned_only_for_cpu_training_long_enough_to_repay_it() -> None:
+    """A process that JAX will run on a GPU or TPU keeps glibc's allocator (the tuned one slowed XLA's GPU
+    compiler 5x); on the CPU a training process gets the tunables unless it is too short to repay the
+    slower compilation; SHARDBENCH_MALLOC=tuned forces them anywhere."""
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    assert _tunables({**env, "JAX_PLATFORMS": "cpu"}) != ""
+    assert _tunables({**env, "JAX_PLATFORMS": "cpu"}, steps=0) != ""  # trained by epochs
+    assert _tunables({**env, "JAX_PLATFORMS": "cpu"}, steps=malloc.MIN_STEPS - 1) == ""
+    for platform in ("cuda", "gpu", "rocm", "tpu", "cuda,cpu"):
+        assert _tunables({**env, "JAX_PLATFORMS": platform}) == "", platform
+    assert "glibc.malloc.arena_max=1" in _tunables({**env, "JAX_PLATFORMS": "cuda", "SHARDBENCH_MALLOC": "tuned"})
+    # Without JAX_PLATFORMS: an accelerator counts when its plugin is installed and its device files exist.
+    cuda, nvidia = {"jax_cuda13_plugin"}, {"/dev/nvidiactl"}
+    assert malloc.target_platform({}, installed=cuda.__contains__, present=nvidia.__contains__) == "gpu"
+    assert malloc.target_platform({}, installed=cuda.__contains__, present=set().__contains__) == "cpu"
+    assert malloc.target_platform({}, installed=set().__contains__, present=nvidia.__contains__) == "cpu"
+    assert malloc.target_platform({}, installed={"libtpu"}.__contains__,
+                                  present={"/dev/accel[0-9]*"}.__contains__) == "tpu"
+    assert malloc.target_platform({"JAX_PLATFORMS": "cpu"}, installed=cuda.__contains__,
+                                  present=nvidia.__contains__) == "cpu"
+    # What a child that does not choose for itself (a benchmark worker) gets, and what its record says.
+    gpu_worker = malloc.child_environ({**env, "JAX_PLATFORMS": "cuda"}, 0)
+    assert "GLIBC_TUNABLES" not in gpu_worker and malloc.describe(gpu_worker).startswith("default (JAX runs on gpu")
+    cpu_worker = malloc.child_environ({**env, "JAX_PLATFORMS": "cpu"}, 0)
+    assert malloc.describe(cpu_worker).startswith("tuned (CPU training;")
+    assert "GLIBC_TUNABLES" not in malloc.child_environ({**env, "JAX_PLATFORMS": "cpu"}, None)
 
 
 def test_bench_end_to_end(tmp_path) -> None:
     """A scaled-down `shardbench bench`: real worker processes, real compilations, interleaved windows."""
     out = tmp_path / "bench"
     done = _cli(["bench", "--preset", "vit-tiny", "--groups", "step,pipeline", "--pipeline-seconds", "1",
-                 "--baselines", "seed-style", "--batch-size", "16", "--warmup", "1",
+                 "--baselines", "seed-style", "--dtype", "float32,bfloat16", "--batch-size", "16", "--warmup", "1",
                  "--windows", "2", "--steps-per-window", "1", "--peak-size", "512",
                  "--set", "model.embed_dim=32", "--set", "model.mlp_dim=64", "--set", "model.num_layers=2",
                  "--set", "model.patch_size=8", "--out", str(out)])
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((out / "bench.json").read_text())
-    cases = {(c["group"], c["label"]): c["result"] for c in record["cases"]}
-    for label in ("matmul peak", "shardbench", "seed-style nnx"):
-        assert len(cases["step", label]["rates"]) == 2, cases["step", label]
-        assert min(cases["step", label]["rates"]) > 0
-    assert cases["step", "shardbench"]["train_flops_per_image"] == cases["step", "seed-style nnx"][
-        "train_flops_per_image"]
+    assert record["settings"] == ["float32 b16", "bfloat16 b16"]
+    steps = {(c["setting"], c["label"]): c["result"] for c in record["cases"] if c["group"] == "step"}
+    cases = {(c["group"], c["label"]): c["result"] for c in record["cases"] if c["group"] != "step"}
+    for setting in record["settings"]:
+        for label in ("matmul peak", "shardbench", "seed-style nnx"):
+            assert len(steps[setting, label]["rates"]) == 2, steps[setting, label]
+            assert min(steps[setting, label]["rates"]) > 0
+            assert "peak_bytes" in steps[setting, label]  # asked of every worker; None on the CPU
+        assert steps[setting, "shardbench"]["train_flops_per_image"] == steps[setting, "seed-style nnx"][
+            "train_flops_per_image"]
+    assert steps["bfloat16 b16", "matmul peak"]["dtype"] == "bfloat16"
+    cases["step", "seed-style nnx"] = steps["float32 b16", "seed-style nnx"]
     assert cases["step", "seed-style nnx"]["params"] > 0
     pipeline = cases["pipeline", "host pipeline"]
     assert pipeline["cores"] == 1 and pipeline["images_per_s"] > 0
     table = (out / "bench.md").read_text()
-    assert "shardbench / best baseline" in table and "| shardbench |" in table
+    assert table.count("shardbench / best baseline") == 2 and "| shardbench |" in table
+    assert "## Train step, one device, bfloat16 b16" in table and "MFU (data sheet)" in table
+
+
+def test_bench_settings_pair_dtypes_with_batches() -> None:
+    assert settings("", "", "cpu") == [("float32", 128)]
+    assert settings("", "", "gpu") == [("float32", 128), ("bfloat16", 1024)]
+    assert settings("bfloat16", "", "gpu") == [("bfloat16", 128)]
+    assert settings("float32,bfloat16", "64", "cpu") == [("float32", 64), ("bfloat16", 64)]
+    assert settings("float32,bfloat16", "128,1024", "cpu") == [("float32", 128), ("bfloat16", 1024)]
+    for dtypes, batches, words in (("float32,bfloat16", "1,2,3", "same length"), ("bfloat61", "", "bfloat61"),
+                                   ("", "0", "positive")):
+        with pytest.raises(ConfigError, match=words):
+            settings(dtypes, batches, "cpu")
 
 
 def test_bench_rejects_bad_input_before_starting(tmp_path) -> None:

@@ -85,7 +85,10 @@ HELP: dict[str, str] = {
                       "mesh_4_2_batch_1024)",
     "train.compile_cache": "persistent compilation cache: '' = <data cache dir>/xla (~/.cache/shardbench/xla), "
                            "'off', or a directory",
-    "train.timing_warmup": "first step intervals left out of the step-time statistics",
+    "train.timing_warmup": "first step intervals left out of the step-time statistics (lowered, with a line "
+                           "saying so, when a run has too few steps)",
+    "train.recalibrate_peak": "on a CPU, measure the host's matmul peak for MFU afresh (and cache it) instead of "
+                              "using the cached figure",
     "train.profile": "record a jax.profiler trace of a window of steps",
     "train.profile_skip": "steps to run before the traced window",
     "train.profile_steps": "steps in the traced window",
@@ -239,11 +242,22 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_steps(args: argparse.Namespace) -> int | None:
+    """The steps a `train` command will run (0: by epochs), for the allocator's choice; None for the other
+    commands, which leave training to processes of their own, and for a configuration `train` will refuse."""
+    if args.command != "train":
+        return None
+    try:
+        return config_from_args(args).train.steps
+    except ShardbenchError:
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None:  # run as a program (not called from Python): tune the allocator first
-        malloc.maybe_reexec()
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None:  # run as a program (not called from Python): the allocator, before JAX is imported
+        malloc.maybe_reexec(_train_steps(args))
     from shardbench import launch
     from shardbench.bench import bench_cmd
     from shardbench.sweep import report_cmd, sweep_cmd

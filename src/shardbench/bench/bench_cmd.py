@@ -2,7 +2,9 @@
 
 Groups (all but alloc by default):
   step      shardbench's train step vs the seed-style nnx baseline and PyTorch (eager, torch.compile),
-            plus the measured matmul peak that turns every throughput into a measured MFU
+            plus the measured matmul peak that turns every throughput into a measured MFU; once per
+            setting of --dtype and --batch-size (default: float32 batch 128 on a CPU; float32 batch 128
+            and bfloat16 batch 1024 on a GPU or TPU, PyTorch's bfloat16 under autocast)
   batch     shardbench's throughput per device at several batch sizes
   layers    compile time at several depths, layers in a rolled scan and fully unrolled
   remat     --remat none | block | full: compiled temporary memory and throughput
@@ -46,9 +48,13 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--preset", default="vit-seed", choices=sorted(config_lib.PRESETS),
                    help="model to benchmark (default: vit-seed)")
-    p.add_argument("--batch-size", type=int, default=128, help="batch of the step group (default: 128)")
-    p.add_argument("--dtype", default="float32", choices=config_lib.DTYPES,
-                   help="compute dtype of shardbench's step and of the matmul peak (default: float32)")
+    p.add_argument("--batch-size", default="",
+                   help="batch of the step group, or a comma list paired with --dtype's (default: 128 on a CPU, "
+                        "128,1024 on an accelerator)")
+    p.add_argument("--dtype", default="",
+                   help=f"compute dtype of the step group and its matmul peak, or a comma list paired with "
+                        f"--batch-size's, from {','.join(config_lib.DTYPES)} (default: float32 on a CPU, "
+                        f"float32,bfloat16 on an accelerator)")
     p.add_argument("--groups", default=",".join(DEFAULT_GROUPS),
                    help=f"comma list of groups to run, from {','.join(GROUPS)} (default: "
                         f"{','.join(DEFAULT_GROUPS)})")
@@ -103,11 +109,40 @@ def _extra(pairs: list[str]) -> dict[str, str]:
 
 
 Entry = dict[str, Any]
+DEFAULT_SETTINGS = {"cpu": [("float32", 128)], "accelerator": [("float32", 128), ("bfloat16", 1024)]}
+
+
+def settings(dtypes: str, batches: str, platform: str) -> list[tuple[str, int]]:
+    """The step group's (dtype, batch) pairs: the two comma lists paired (a single value pairs with every
+    value of the other list); where both are empty, the platform's default pairs; where one is empty, the
+    default's first value for it."""
+    default = DEFAULT_SETTINGS["cpu" if platform == "cpu" else "accelerator"]
+    if not dtypes.strip() and not batches.strip():
+        return list(default)
+    names = [d.strip() for d in dtypes.split(",") if d.strip()] or [default[0][0]]
+    sizes = _ints(batches, "--batch-size") if batches.strip() else [default[0][1]]
+    bad = sorted(set(names) - set(config_lib.DTYPES))
+    if bad:
+        raise ConfigError(f"--dtype '{dtypes}': {bad[0]} is not a dtype; choose from {','.join(config_lib.DTYPES)}")
+    if len(names) == 1:
+        names = names * len(sizes)
+    if len(sizes) == 1:
+        sizes = sizes * len(names)
+    if len(names) != len(sizes):
+        raise ConfigError(f"--dtype '{dtypes}' and --batch-size '{batches}' pair up: give lists of the same "
+                          f"length, or one value for either")
+    return list(zip(names, sizes))
+
+
+def setting_name(dtype: str, batch: int) -> str:
+    return f"{dtype} b{batch}"
 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     """Every group to run as (group, entries), checked before any process starts. Each entry is
-    {label, case, kwargs, env}; a group's contenders are timed interleaved (see `run_pool`)."""
+    {label, case, kwargs, alloc}; a group's contenders are timed interleaved (see `run_pool`). `alloc` is the
+    worker's allocator: "train" (as a CPU training process gets it: tuned on the CPU, glibc's default on an
+    accelerator), "other" (glibc's default, as for compile-only work), or "tuned"/"default" to compare them."""
     groups = _names(args.groups, GROUPS, "--groups")
     baselines = _names(args.baselines, BASELINES, "--baselines")
     if args.peak_size < 0:
@@ -117,58 +152,70 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     if args.timeout <= 0 or args.min_window_s < 0 or args.pipeline_seconds <= 0:
         raise ConfigError(f"--timeout {args.timeout:g}, --pipeline-seconds {args.pipeline_seconds:g}, --min-window-s "
                           f"{args.min_window_s:g}: the first two must be positive, the last >= 0")
-    base = {"precision.dtype": args.dtype, "train.batch_size": args.batch_size, **_extra(args.set)}
-    # Fail here, in one line, on a configuration that cannot run.
-    config_lib.validate(config_lib.override(config_lib.get_preset(args.preset), base))
+    pairs = settings(args.dtype, args.batch_size, malloc.target_platform(os.environ))
+    extra = _extra(args.set)
+    for dtype, batch in pairs:  # fail here, in one line, on a configuration that cannot run
+        config_lib.validate(config_lib.override(config_lib.get_preset(args.preset),
+                                                {"precision.dtype": dtype, "train.batch_size": batch, **extra}))
+    (args.dtype, args.batch_size), args.settings = pairs[0], pairs  # the other groups use the first setting
+    base = {"precision.dtype": args.dtype, "train.batch_size": args.batch_size, **extra}
     batches, depths = _ints(args.batches, "--batches"), _ints(args.layers, "--layers")
 
-    def entry(label: str, case: str, env: dict[str, str | None] | None = None, **kwargs: Any) -> Entry:
-        return {"label": label, "case": case, "kwargs": kwargs, "env": env or {}}
+    def entry(label: str, case: str, alloc: str = "train", **kwargs: Any) -> Entry:
+        return {"label": label, "case": case, "kwargs": kwargs, "alloc": alloc}
 
     def ours(label: str, **extra: Any) -> Entry:
         return entry(label, "shardbench", preset=args.preset, overrides={**base, **extra})
 
     planned: list[tuple[str, list[Entry]]] = []
-    if "step" in groups:
+    for dtype, batch in pairs if "step" in groups else []:
+        here = {**base, "precision.dtype": dtype, "train.batch_size": batch}
         contenders = {
-            "seed-style": entry("seed-style nnx", "seed-style", preset=args.preset, overrides=base),
-            "pytorch-eager": entry("pytorch eager", "torch", preset=args.preset, overrides=base, compile=False),
-            "pytorch-compile": entry("pytorch compile", "torch", preset=args.preset, overrides=base, compile=True),
+            "seed-style": entry("seed-style nnx", "seed-style", preset=args.preset, overrides=here),
+            "pytorch-eager": entry("pytorch eager", "torch", preset=args.preset, overrides=here, compile=False),
+            "pytorch-compile": entry("pytorch compile", "torch", preset=args.preset, overrides=here, compile=True),
         }
-        planned.append(("step", [entry("matmul peak", "matmul-peak", dtype=args.dtype, size=args.peak_size),
-                                 ours("shardbench"), *(contenders[b] for b in baselines)]))
+        group = [entry("matmul peak", "matmul-peak", dtype=dtype, size=args.peak_size),
+                 entry("shardbench", "shardbench", preset=args.preset, overrides=here),
+                 *(contenders[b] for b in baselines)]
+        planned.append(("step", [{**e, "setting": setting_name(dtype, batch)} for e in group]))
     if "batch" in groups:
         planned.append(("batch", [ours(f"batch {b}", **{"train.batch_size": b}) for b in batches
                                   if b != args.batch_size or "step" not in groups]))
     if "layers" in groups:
         planned.append(("layers", [
-            entry(f"{n} layers {how}", "compile", preset=args.preset,
+            entry(f"{n} layers {how}", "compile", "other", preset=args.preset,
                   overrides={**base, "model.num_layers": n, "model.unroll": unroll})
             for n in depths for unroll, how in ((1, "scan"), (n, "unrolled"))
         ]))
     if "remat" in groups:
         planned.append(("remat", [ours(f"remat {p}", **{"model.remat": p}) for p in config_lib.REMAT_POLICIES]))
     if "pipeline" in groups:
-        planned.append(("pipeline", [entry("host pipeline", "pipeline", images=50_000, batch=args.batch_size,
+        planned.append(("pipeline", [entry("host pipeline", "pipeline", "other", images=50_000, batch=args.batch_size,
                                            seconds=args.pipeline_seconds, one_core=True)]))
     if "alloc" in groups:
         planned.append(("alloc", [
-            ours("tuned allocator"),
-            {**ours("glibc default allocator"), "env": {malloc.OPT_OUT: "default", "GLIBC_TUNABLES": None}},
+            {**ours("tuned allocator"), "alloc": "tuned"},
+            {**ours("glibc default allocator"), "alloc": "default"},
         ]))
     return planned
+
+
+def worker_environ(alloc: str) -> dict[str, str]:
+    """A worker's environment: this one, with the allocator `alloc` names (see `plan`)."""
+    base = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # several workers may share one GPU
+    if alloc == "tuned":
+        return malloc.tuned_environ(base, "compared with glibc's default")
+    if alloc == "default":
+        return malloc.default_environ(base, "compared with the tuned allocator")
+    return malloc.child_environ(base, 0 if alloc == "train" else None)
 
 
 class Worker:
     """A worker process and its line protocol; stderr goes to the benchmark's log."""
 
     def __init__(self, entry: Entry, log: IO[str], timeout: float) -> None:
-        env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # several workers may share one GPU
-        for key, value in entry["env"].items():  # None removes a variable
-            if value is None:
-                env.pop(key, None)
-            else:
-                env[key] = value
+        env = worker_environ(entry["alloc"])
         log.write(f"\n=== {entry['label']}: {entry['case']} {json.dumps(entry['kwargs'])}\n")
         log.flush()
         self.timeout = timeout
@@ -255,6 +302,8 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: 
                 results[i]["steps_per_window"] = spw[i]
             say(f"  round {round_ + 1}/{windows}: " + ", ".join(
                 f"{entries[i]['label']} {results[i]['rates'][-1]:,.4g}" for i in order if i in workers))
+        for i, worker in workers.items():
+            results[i]["peak_bytes"] = worker.ask("memory").get("peak_bytes")
     finally:
         for worker in workers.values():
             worker.close()
@@ -278,7 +327,7 @@ def machine() -> dict[str, Any]:
     import jax
 
     info["jax"] = jax.__version__
-    info["allocator"] = os.environ.get("GLIBC_TUNABLES", "") if malloc.applies(os.environ) else "default"
+    info["allocator"] = "step workers: " + malloc.describe(worker_environ("train"))
     return info
 
 
@@ -290,7 +339,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     with (out / "bench.log").open("w") as log:
         for group, entries in planned:
-            print(f"{group}: {len(entries)} case(s)", flush=True)
+            setting = entries[0].get("setting") if entries else None
+            print(f"{group}{f' ({setting})' if setting else ''}: {len(entries)} case(s)", flush=True)
             t0 = time.perf_counter()
             # The headline group gets the full timing; the scaling groups compare shardbench with itself.
             full = group == "step"
@@ -299,9 +349,10 @@ def run(args: argparse.Namespace) -> int:
                                windows=args.windows if full else min(args.windows, SCALING_WINDOWS))
             for entry, result in zip(entries, results):
                 cases.append({"group": group, **{k: entry[k] for k in ("label", "case", "kwargs")},
-                              "result": result})
+                              "setting": entry.get("setting"), "result": result})
             print(f"{group}: {time.perf_counter() - t0:.0f} s", flush=True)
     record = {"machine": machine(), "preset": args.preset, "dtype": args.dtype, "batch_size": args.batch_size,
+              "settings": [setting_name(d, b) for d, b in args.settings],
               "timing": {"warmup": args.warmup, "windows": args.windows, "steps_per_window": args.steps_per_window,
                          "min_window_s": args.min_window_s},
               "total_s": time.perf_counter() - started, "cases": cases}

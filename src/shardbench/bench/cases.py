@@ -39,12 +39,21 @@ class Skipped(Exception):
     """A contender that cannot run here (e.g. torch is not installed): the message says why, in one line."""
 
 
+def jax_peak_bytes() -> int | None:
+    """The first device's allocator peak where the backend keeps one (GPU, TPU; not the CPU)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return int(peak) if peak is not None else None
+
+
 @dataclass
 class Prepared:
     step: Callable[[], Any]  # one more unit of work; returns something to block on (or None)
     work_per_step: float  # images per step, or FLOPs per step for the matmul peak
     unit: str  # "images/s" or "FLOP/s"
     info: Result = field(default_factory=dict)
+    wait: Callable[[Any], Any] = jax.block_until_ready  # waits for what `step` returned to be done
+    peak_bytes: Callable[[], int | None] = jax_peak_bytes  # the device memory peak so far, where known
 
 
 def bench_config(preset: str, overrides: dict[str, Any]) -> Config:
@@ -106,7 +115,7 @@ def seed_style_step(preset: str, overrides: dict[str, Any]) -> Prepared:
 
     cfg = bench_config(preset, overrides)
     step, info = seed_style.prepare(cfg.model, cfg.optim, batch_size=cfg.train.batch_size,
-                                    image_size=cfg.data.image_size)
+                                    image_size=cfg.data.image_size, dtype=cfg.precision.dtype)
     return Prepared(step, cfg.train.batch_size, "images/s", {**info, "train_flops_per_image": _train_flops(cfg)})
 
 
@@ -117,9 +126,11 @@ def torch_step(preset: str, overrides: dict[str, Any], *, compile: bool) -> Prep
     if reason is not None:
         raise Skipped(reason)
     cfg = bench_config(preset, overrides)
-    step, info = torch_vit.prepare(cfg.model, batch_size=cfg.train.batch_size, compile=compile,
-                                   image_size=cfg.data.image_size)
-    return Prepared(step, cfg.train.batch_size, "images/s", {**info, "train_flops_per_image": _train_flops(cfg)})
+    step, info, where = torch_vit.prepare(cfg.model, batch_size=cfg.train.batch_size, compile=compile,
+                                          image_size=cfg.data.image_size, dtype=cfg.precision.dtype)
+    return Prepared(step, cfg.train.batch_size, "images/s", {**info, "train_flops_per_image": _train_flops(cfg)},
+                    wait=lambda _: torch_vit.synchronize(where),
+                    peak_bytes=lambda: torch_vit.peak_memory_bytes(where))
 
 
 def matmul_peak(dtype: str, size: int = 0, min_step_s: float = 0.25) -> Prepared:

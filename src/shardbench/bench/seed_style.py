@@ -3,7 +3,8 @@
 Patch embedding through `nnx.Conv`, the class token repeated with `jnp.tile`, each block an
 `nnx.MultiHeadAttention` (separate query/key/value projections) and an MLP of `nnx.Linear`, GELU and
 two `nnx.Dropout`s, blocks kept in a Python list and called in a Python loop, the step an `nnx.jit`
-over `nnx.value_and_grad` and `nnx.Optimizer`. Shapes and the parameter count equal shardbench's
+over `nnx.value_and_grad` and `nnx.Optimizer`. A compute dtype is passed to every layer as `dtype=`
+(parameters stay float32), as the seeds' precision runs do. Shapes and the parameter count equal shardbench's
 model; the optimizer is the very optax chain shardbench builds (AdamW, clipping, schedule).
 
 Its inputs are already-normalised float32 images, as the seed's host pipeline hands over; shardbench's
@@ -27,9 +28,9 @@ from shardbench.train.optim import build_optimizer
 
 
 class PatchEmbedding(nnx.Module):
-    def __init__(self, patch_size: int, embed_dim: int, *, rngs: nnx.Rngs) -> None:
+    def __init__(self, patch_size: int, embed_dim: int, *, rngs: nnx.Rngs, dtype: Any = jnp.float32) -> None:
         self.conv_proj = nnx.Conv(3, embed_dim, kernel_size=(patch_size, patch_size),
-                                  strides=(patch_size, patch_size), padding="VALID", rngs=rngs)
+                                  strides=(patch_size, patch_size), padding="VALID", rngs=rngs, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = self.conv_proj(x)
@@ -38,10 +39,11 @@ class PatchEmbedding(nnx.Module):
 
 
 class MLPBlock(nnx.Module):
-    def __init__(self, embed_dim: int, mlp_dim: int, dropout_rate: float, *, rngs: nnx.Rngs) -> None:
-        self.fc1 = nnx.Linear(embed_dim, mlp_dim, rngs=rngs)
+    def __init__(self, embed_dim: int, mlp_dim: int, dropout_rate: float, *, rngs: nnx.Rngs,
+                 dtype: Any = jnp.float32) -> None:
+        self.fc1 = nnx.Linear(embed_dim, mlp_dim, rngs=rngs, dtype=dtype)
         self.dropout1 = nnx.Dropout(rate=dropout_rate, rngs=rngs)
-        self.fc2 = nnx.Linear(mlp_dim, embed_dim, rngs=rngs)
+        self.fc2 = nnx.Linear(mlp_dim, embed_dim, rngs=rngs, dtype=dtype)
         self.dropout2 = nnx.Dropout(rate=dropout_rate, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -49,12 +51,13 @@ class MLPBlock(nnx.Module):
 
 
 class EncoderBlock(nnx.Module):
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, dtype: Any = jnp.float32) -> None:
         e = cfg.embed_dim
-        self.norm1 = nnx.LayerNorm(e, epsilon=1e-6, rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(num_heads=cfg.num_heads, in_features=e, decode=False, rngs=rngs)
-        self.norm2 = nnx.LayerNorm(e, epsilon=1e-6, rngs=rngs)
-        self.mlp = MLPBlock(e, cfg.mlp_dim, cfg.dropout, rngs=rngs)
+        self.norm1 = nnx.LayerNorm(e, epsilon=1e-6, rngs=rngs, dtype=dtype)
+        self.attn = nnx.MultiHeadAttention(num_heads=cfg.num_heads, in_features=e, decode=False, rngs=rngs,
+                                           dtype=dtype)
+        self.norm2 = nnx.LayerNorm(e, epsilon=1e-6, rngs=rngs, dtype=dtype)
+        self.mlp = MLPBlock(e, cfg.mlp_dim, cfg.dropout, rngs=rngs, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x + self.attn(self.norm1(x))
@@ -62,20 +65,21 @@ class EncoderBlock(nnx.Module):
 
 
 class SeedViT(nnx.Module):
-    def __init__(self, cfg: ModelConfig, image_size: int, *, rngs: nnx.Rngs) -> None:
+    def __init__(self, cfg: ModelConfig, image_size: int, *, rngs: nnx.Rngs, dtype: Any = jnp.float32) -> None:
         e = cfg.embed_dim
         num_patches = (image_size // cfg.patch_size) ** 2
-        self.patch_embed = PatchEmbedding(cfg.patch_size, e, rngs=rngs)
+        self.dtype = dtype
+        self.patch_embed = PatchEmbedding(cfg.patch_size, e, rngs=rngs, dtype=dtype)
         self.cls_token = nnx.Param(jnp.zeros((1, 1, e)))
         self.pos_embed = nnx.Param(0.02 * jax.random.normal(rngs.params(), (1, num_patches + 1, e)))
-        self.encoder_blocks = nnx.List([EncoderBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
-        self.norm = nnx.LayerNorm(e, epsilon=1e-6, rngs=rngs)
-        self.head = nnx.Linear(e, cfg.num_classes, rngs=rngs)
+        self.encoder_blocks = nnx.List([EncoderBlock(cfg, rngs=rngs, dtype=dtype) for _ in range(cfg.num_layers)])
+        self.norm = nnx.LayerNorm(e, epsilon=1e-6, rngs=rngs, dtype=dtype)
+        self.head = nnx.Linear(e, cfg.num_classes, rngs=rngs, dtype=dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = self.patch_embed(x)
-        cls_tokens = jnp.tile(self.cls_token[...], (x.shape[0], 1, 1))
-        x = jnp.concatenate((cls_tokens, x), axis=1) + self.pos_embed[...]
+        x = self.patch_embed(x.astype(self.dtype))
+        cls_tokens = jnp.tile(self.cls_token[...].astype(self.dtype), (x.shape[0], 1, 1))
+        x = jnp.concatenate((cls_tokens, x), axis=1) + self.pos_embed[...].astype(self.dtype)
         for block in self.encoder_blocks:
             x = block(x)
         return self.head(self.norm(x[:, 0]))
@@ -86,7 +90,7 @@ def count_params(model: nnx.Module) -> int:
 
 
 def _loss_fn(model: SeedViT, images: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
-    logits = model(images)
+    logits = model(images).astype(jnp.float32)
     return optax.softmax_cross_entropy_with_integer_labels(logits=logits, labels=labels).mean(), logits
 
 
@@ -98,16 +102,17 @@ def train_step(model: SeedViT, optimizer: nnx.Optimizer, images: jax.Array, labe
 
 
 def build(model_cfg: ModelConfig, optim_cfg: OptimConfig, *, image_size: int, total_steps: int,
-          seed: int) -> tuple[SeedViT, nnx.Optimizer]:
-    model = SeedViT(model_cfg, image_size, rngs=nnx.Rngs(seed))
+          seed: int, dtype: str = "float32") -> tuple[SeedViT, nnx.Optimizer]:
+    model = SeedViT(model_cfg, image_size, rngs=nnx.Rngs(seed), dtype=jnp.dtype(dtype))
     return model, nnx.Optimizer(model, build_optimizer(optim_cfg, total_steps), wrt=nnx.Param)
 
 
 def prepare(model_cfg: ModelConfig, optim_cfg: OptimConfig, *, batch_size: int, image_size: int = 32,
-            seed: int = 0) -> tuple[Callable[[], jax.Array], dict[str, Any]]:
+            seed: int = 0, dtype: str = "float32") -> tuple[Callable[[], jax.Array], dict[str, Any]]:
     """Build the model and optimizer and run the first step (compilation included in `first_step_s`);
     returns a function running one more step and the figures to record."""
-    model, optimizer = build(model_cfg, optim_cfg, image_size=image_size, total_steps=1000, seed=seed)
+    model, optimizer = build(model_cfg, optim_cfg, image_size=image_size, total_steps=1000, seed=seed,
+                             dtype=dtype)
     rng = np.random.default_rng(seed)
     images = jnp.asarray(rng.standard_normal((batch_size, image_size, image_size, 3), dtype=np.float32))
     labels = jnp.asarray(rng.integers(0, model_cfg.num_classes, batch_size, dtype=np.int32))

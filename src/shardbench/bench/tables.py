@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from shardbench.measure.flops import table_peak
+
 MiB = 2**20
 
 
@@ -14,15 +16,28 @@ def median_rate(result: dict[str, Any]) -> float | None:
     return float(statistics.median(rates)) if rates else None
 
 
-def _find(record: dict[str, Any], group: str, label: str) -> dict[str, Any]:
+def _first_setting(record: dict[str, Any]) -> str | None:
+    return (record.get("settings") or [None])[0]
+
+
+def _find(record: dict[str, Any], group: str, label: str, setting: str | None = None) -> dict[str, Any]:
+    """A case's result; in the step group, of `setting` (default: the first, which the other groups use)."""
+    if group == "step":
+        setting = setting or _first_setting(record)
     for c in record["cases"]:
-        if c["group"] == group and c["label"] == label:
+        if c["group"] == group and c["label"] == label and (group != "step" or c.get("setting") == setting):
             return c["result"]
     return {}
 
 
-def peak(record: dict[str, Any]) -> float | None:
-    return median_rate(_find(record, "step", "matmul peak"))
+def peak(record: dict[str, Any], setting: str | None = None) -> float | None:
+    return median_rate(_find(record, "step", "matmul peak", setting))
+
+
+def sheet_peak(result: dict[str, Any], dtype: str) -> float | None:
+    """The data-sheet dense peak of the device the contender ran on, where the table knows it."""
+    found = table_peak(result.get("device_kind") or "", dtype, "default")
+    return found[0] if found and result.get("platform") != "cpu" else None
 
 
 def mfu(result: dict[str, Any], peak_flops: float | None) -> float | None:
@@ -44,15 +59,18 @@ def _status(result: dict[str, Any]) -> str | None:
     return None
 
 
-def step_table(record: dict[str, Any]) -> list[str]:
-    pk = peak(record)
-    p = _find(record, "step", "matmul peak")
-    lines = [f"Matmul peak ({record['dtype']}, {p.get('size', '?')}^2 through JAX, median of the windows, "
+def step_table(record: dict[str, Any], setting: str | None = None) -> list[str]:
+    setting = setting or _first_setting(record)
+    dtype = (setting or record["dtype"]).split()[0]
+    pk = peak(record, setting)
+    p = _find(record, "step", "matmul peak", setting)
+    lines = [f"Matmul peak ({dtype}, {p.get('size', '?')}^2 through JAX, median of the windows, "
              f"timed in the same rounds as the steps): {_fmt(pk and pk / 1e9, ',.1f', ' GFLOP/s')}", ""]
-    contenders = [c for c in record["cases"] if c["group"] == "step" and c["case"] != "matmul-peak"]
+    contenders = [c for c in record["cases"] if c["group"] == "step" and c["case"] != "matmul-peak"
+                  and c.get("setting") == setting]
     baselines = [c for c in contenders if c["label"] != "shardbench"]
-    header = "| step | images/s (median) | min - max | MFU | " + " | ".join(
-        f"x {c['label']}" for c in baselines) + " | first step s |"
+    header = ("| step | images/s (median) | min - max | MFU (measured peak) | MFU (data sheet) | "
+              + " | ".join(f"x {c['label']}" for c in baselines) + " | first step s (compile incl.) | peak MiB |")
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for c in contenders:
         r = c["result"]
@@ -68,12 +86,16 @@ def step_table(record: dict[str, Any]) -> list[str]:
         first = r.get("first_step_s", r.get("compile_s"))
         lines.append(f"| {c['label']} | {_fmt(rate, ',.1f')} | {_fmt(min(r['rates']), ',.1f')} - "
                      f"{_fmt(max(r['rates']), ',.1f')} | {_fmt(_pct(mfu(r, pk)), '.1f', '%')} | "
-                     + " | ".join(ratios) + f" | {_fmt(first, '.1f')} |")
+                     f"{_fmt(_pct(mfu(r, sheet_peak(r, dtype))), '.1f', '%')} | "
+                     + " | ".join(ratios) + f" | {_fmt(first, '.1f')} | "
+                     f"{_fmt(r.get('peak_bytes') and r['peak_bytes'] / MiB, ',.0f')} |")
     best = max((median_rate(b["result"]) or 0.0 for b in baselines), default=0.0)
-    ours = median_rate(_find(record, "step", "shardbench"))
-    if best and ours:
-        lines += ["", f"shardbench / best baseline: {ours / best:.2f}x; shardbench MFU against the measured peak: "
-                      f"{_fmt(_pct(mfu(_find(record, 'step', 'shardbench'), pk)), '.1f', '%')}"]
+    ours = _find(record, "step", "shardbench", setting)
+    if best and median_rate(ours):
+        lines += ["", f"shardbench / best baseline: {median_rate(ours) / best:.2f}x; shardbench MFU against the "
+                      f"measured peak: {_fmt(_pct(mfu(ours, pk)), '.1f', '%')}"]
+    lines += ["", "Peak MiB: the device allocator's peak (JAX's memory_stats, torch.cuda.max_memory_allocated); "
+                  "'-' where the backend keeps none (the CPU)."]
     return lines
 
 
@@ -156,8 +178,11 @@ def alloc_lines(record: dict[str, Any]) -> list[str]:
     if status:
         return [f"default allocator: {status}"]
     a, b = median_rate(tuned), median_rate(default)
+    ca, cb = tuned.get("compile_s"), default.get("compile_s")
     return [f"shardbench step with the tuned glibc allocator: {_fmt(a, ',.1f')} images/s; with glibc's default: "
-            f"{_fmt(b, ',.1f')} images/s ({_fmt(a / b if a and b else None, '.2f', 'x')}), timed in alternation"]
+            f"{_fmt(b, ',.1f')} images/s ({_fmt(a / b if a and b else None, '.2f', 'x')}), timed in alternation",
+            f"compile (lower + compile, cache off): {_fmt(ca, '.1f', ' s')} tuned, {_fmt(cb, '.1f', ' s')} default "
+            f"({_fmt(ca / cb if ca and cb else None, '.2f', 'x')})"]
 
 
 SECTIONS = (
@@ -173,7 +198,8 @@ SECTIONS = (
 def render(record: dict[str, Any]) -> str:
     m = record["machine"]
     t = record["timing"]
-    lines = [f"# shardbench bench: {record['preset']}, batch {record['batch_size']}, {record['dtype']}", "",
+    settings = record.get("settings") or [f"{record['dtype']} b{record['batch_size']}"]
+    lines = [f"# shardbench bench: {record['preset']}, {' and '.join(settings)}", "",
              f"Machine: {m.get('cpu', '?')}, {m.get('cpu_count')} cores, {m.get('system')}; jax {m.get('jax')}; "
              f"allocator: {m.get('allocator') or 'default'}.",
              f"Throughput: median of {t['windows']} timed windows after {t['warmup']} warm-up steps (other groups: "
@@ -181,6 +207,9 @@ def render(record: dict[str, Any]) -> str:
              f"contenders' windows alternate, round by round.", ""]
     present = {c["group"] for c in record["cases"]}
     for group, title, fn in SECTIONS:
-        if group in present:
+        if group == "step" and group in present:
+            for setting in record.get("settings") or [None]:
+                lines += [f"## {title}{f', {setting}' if setting else ''}", "", *step_table(record, setting), ""]
+        elif group in present:
             lines += [f"## {title}", "", *fn(record), ""]
     return "\n".join(lines).rstrip()

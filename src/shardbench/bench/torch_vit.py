@@ -4,10 +4,11 @@ The model has the same shapes, parameter count (10,695,562 for the default `Mode
 initialisation as `shardbench.models.vit`: a stride-`patch` Conv2d patch embedding, a class token
 (zeros) in front, a learned position embedding, pre-LayerNorm encoder blocks (fused q/k/v projection,
 `F.scaled_dot_product_attention`, tanh-GELU MLP with dropout), a final LayerNorm on the class token and
-a linear head. The train step is float32: mean cross-entropy, backward, global-norm clipping to 1.0,
+a linear head. The train step keeps float32 parameters (compute in bfloat16/float16 under
+`torch.autocast` when asked, as people run it): mean cross-entropy, backward, global-norm clipping to 1.0,
 AdamW (lr 1e-3, betas (0.9, 0.999), weight decay 0.05 on weight matrices and the patch kernel only),
 `zero_grad(set_to_none=True)`. AdamW uses the fused implementation when this torch build has it for
-CPU, else the foreach one.
+the device, else the foreach one. The step runs on the first CUDA GPU when torch sees one, else on the CPU.
 
 Batches are random normalised float32 images (N, 3, 32, 32) and int64 labels made once up front, so
 only the train step is timed (by `shardbench.bench`, through `prepare`). torch is optional: it is imported inside functions, and `available()`
@@ -180,13 +181,20 @@ def _make_optimizer(module: nn.Module) -> tuple[torch.optim.Optimizer, str]:
 
 # -------------------------------------------------------------------------------------------- train step
 def _make_step(model: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.optim.Optimizer,
-               params: list[torch.Tensor]) -> Step:
-    """One train step on (images, labels); returns the (detached) loss."""
+               params: list[torch.Tensor], autocast: torch.dtype | None = None) -> Step:
+    """One train step on (images, labels); returns the (detached) loss. With `autocast` (a 16-bit dtype)
+    the forward runs under `torch.autocast`, the loss in float32."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
     def step(images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(model(images), labels)
+        context = (torch.autocast(images.device.type, dtype=autocast) if autocast is not None
+                   else contextlib.nullcontext())
+        with context:
+            logits = model(images)
+        loss = F.cross_entropy(logits.float(), labels)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
         optimizer.step()
@@ -196,14 +204,24 @@ def _make_step(model: Callable[[torch.Tensor], torch.Tensor], optimizer: torch.o
     return step
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously; the CPU is already done)."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _timed(step: Step, images: torch.Tensor, labels: torch.Tensor) -> tuple[float, torch.Tensor]:
     start = time.perf_counter()
     loss = step(images, labels)
+    synchronize(images.device)
     return time.perf_counter() - start, loss
 
 
 def _first_step(vit: nn.Module, optimizer: torch.optim.Optimizer, compile: bool, images: torch.Tensor,
-                labels: torch.Tensor) -> tuple[Step, str, float, torch.Tensor]:
+                labels: torch.Tensor, autocast: torch.dtype | None = None
+                ) -> tuple[Step, str, float, torch.Tensor]:
     """Build the step (compiled whole when that works, else with only the model compiled), run it once.
 
     Returns (step, "step" | "model" | "none", seconds of the first step including any compilation, loss).
@@ -212,16 +230,16 @@ def _first_step(vit: nn.Module, optimizer: torch.optim.Optimizer, compile: bool,
 
     params = list(vit.parameters())
     if not compile:
-        step = _make_step(vit, optimizer, params)
+        step = _make_step(vit, optimizer, params, autocast)
         return step, "none", *_timed(step, images, labels)
     torch._dynamo.reset()  # fresh guards and recompile budget for each measurement in one process
     try:
-        step = torch.compile(_make_step(vit, optimizer, params))
+        step = torch.compile(_make_step(vit, optimizer, params, autocast))
         return step, "step", *_timed(step, images, labels)
     except Exception:  # noqa: BLE001 - any compile failure falls back to compiling the model only
         optimizer.zero_grad(set_to_none=True)
         torch._dynamo.reset()
-        step = _make_step(torch.compile(vit), optimizer, params)
+        step = _make_step(torch.compile(vit), optimizer, params, autocast)
         return step, "model", *_timed(step, images, labels)
 
 
@@ -236,21 +254,43 @@ def _batch(model: ModelConfig, batch_size: int, image_size: int,
     return images, labels
 
 
-def prepare(model: ModelConfig, *, batch_size: int, compile: bool, seed: int = 0, threads: int | None = None,
-            image_size: int = 32) -> tuple[Callable[[], None], dict[str, object]]:
-    """Build the model, optimizer and batch, and run the first step (which includes torch.compile's
-    compilation when `compile`). Returns a function that runs one more step (CPU torch is synchronous,
-    so the step is complete when it returns) and what to record: {"first_step_s", "params",
-    "torch_version", "threads", "compiled": "step" | "model" | "none", "adamw": "fused" | "foreach"}.
-    """
+AUTOCAST = {"float32": None, "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def device() -> torch.device:
+    """The first CUDA GPU torch sees, else the CPU."""
     import torch
 
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def peak_memory_bytes(where: torch.device) -> int | None:
+    """The CUDA caching allocator's peak since start (None on the CPU, where torch keeps no such count)."""
+    import torch
+
+    return int(torch.cuda.max_memory_allocated(where)) if where.type == "cuda" else None
+
+
+def prepare(model: ModelConfig, *, batch_size: int, compile: bool, dtype: str = "float32", seed: int = 0,
+            threads: int | None = None, image_size: int = 32
+            ) -> tuple[Callable[[], None], dict[str, object], torch.device]:
+    """Build the model, optimizer and batch on `device()`, and run the first step (which includes
+    torch.compile's compilation when `compile`). `dtype` other than float32 is the autocast dtype.
+    Returns a function that runs one more step (queued on a GPU: `synchronize` waits for it), what to
+    record ({"first_step_s", "params", "torch_version", "threads", "compiled": "step" | "model" | "none",
+    "adamw": "fused" | "foreach", "device", "autocast"}) and the device."""
+    import torch
+
+    if dtype not in AUTOCAST:
+        raise ValueError(f"dtype {dtype!r}: the PyTorch baseline takes {', '.join(AUTOCAST)}")
+    autocast = getattr(torch, AUTOCAST[dtype]) if AUTOCAST[dtype] else None
     used_threads = threads if threads is not None else (os.cpu_count() or 1)
     torch.set_num_threads(used_threads)
-    vit = build_model(model, image_size=image_size, seed=seed)
+    where = device()
+    vit = build_model(model, image_size=image_size, seed=seed).to(where)
     optimizer, adamw = _make_optimizer(vit)
-    images, labels = _batch(model, batch_size, image_size, seed)
-    step, compiled, first_step_s, _ = _first_step(vit, optimizer, compile, images, labels)
+    images, labels = (t.to(where) for t in _batch(model, batch_size, image_size, seed))
+    step, compiled, first_step_s, _ = _first_step(vit, optimizer, compile, images, labels, autocast)
 
     def one_step() -> None:
         step(images, labels)
@@ -262,4 +302,6 @@ def prepare(model: ModelConfig, *, batch_size: int, compile: bool, seed: int = 0
         "threads": used_threads,
         "compiled": compiled,
         "adamw": adamw,
-    }
+        "device": torch.cuda.get_device_name(where) if where.type == "cuda" else "cpu",
+        "autocast": AUTOCAST[dtype],
+    }, where

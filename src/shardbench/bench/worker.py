@@ -4,6 +4,7 @@
   on start       {"ready": info} once the contender is built and its first step has run,
                  {"result": figures} for a one-shot case, {"skipped": why} or {"error": what};
   "steps N"      runs N steps, waits for the last, answers {"seconds": elapsed};
+  "memory"       answers {"peak_bytes": the device's allocator peak so far, or null where unknown};
   "quit"         exits.
 Anything libraries print goes to stderr (the driver's log), never into the protocol. A case that asks
 for one core (`"one_core": true`) is pinned before JAX starts, so XLA sizes its thread pool for it.
@@ -58,18 +59,22 @@ def main(argv: list[str]) -> int:
     except Exception as err:  # noqa: BLE001
         _send(channel, _error(err))
         return 1
+    device = jax.devices()[0]
     _send(channel, {"ready": {**prepared.info, "work_per_step": prepared.work_per_step, "unit": prepared.unit,
-                              "platform": jax.devices()[0].platform}})
+                              "platform": device.platform, "device_kind": device.device_kind}})
     for line in sys.stdin:
         command = line.split()
         if not command or command[0] == "quit":
             break
         try:
+            if command[0] == "memory":
+                _send(channel, {"peak_bytes": prepared.peak_bytes()})
+                continue
             start = time.perf_counter()
             out = None
             for _ in range(int(command[1])):
                 out = prepared.step()
-            jax.block_until_ready(out)
+            prepared.wait(out)
             _send(channel, {"seconds": time.perf_counter() - start})
         except Exception as err:  # noqa: BLE001
             _send(channel, _error(err))
