@@ -181,38 +181,59 @@ def test_store_round_trip(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ real sweeps, real processes
-def test_an_impossible_run_is_recorded_as_failed_and_the_sweep_goes_on(tmp_path: Path,
-                                                                         capsys: pytest.CaptureFixture) -> None:
+def test_an_impossible_run_stops_the_sweep_before_it_starts_unless_skipped(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "s"
-    assert sweep(tmp_path, "--strategy", "dp", "--mesh", "8,4x4", "--out", str(out)) == 0
+    assert sweep(tmp_path, "--strategy", "dp", "--mesh", "8,4x4", "--out", str(out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("shardbench: error: 1 of 2 runs would be refused before running: "
+                                               "mesh_4_4: --mesh 4x4 has 16 devices but 8 devices are in use")
+    assert "--skip-refused" in err[0] and not out.exists()
+
+    assert sweep(tmp_path, "--strategy", "dp", "--mesh", "8,4x4", "--out", str(out), "--skip-refused") == 1
     found = rows(out)
     assert list(found) == ["mesh_8", "mesh_4_4"]
     ok, bad = found["mesh_8"], found["mesh_4_4"]
     assert ok.status == "complete" and ok.record is not None and ok.record["steps"] == 2
     assert ok.config["parallel.mesh"] == "8" and ok.config["model.embed_dim"] == 32
     assert bad.status == "failed" and bad.error_kind == "config" and bad.record is None
-    assert bad.error is not None and bad.error.startswith("shardbench: error:") and "4x4" in bad.error
-    assert bad.overrides == {"parallel.mesh": "4x4"} and bad.wall_s > 0
-    printed = capsys.readouterr().out
-    assert "[1/2] mesh_8  complete" in printed and "[2/2] mesh_4_4  FAILED (config): shardbench: error:" in printed
+    assert bad.error is not None and bad.error.startswith("refused before running: --mesh 4x4 has 16 devices")
+    assert bad.overrides == {"parallel.mesh": "4x4"} and bad.wall_s == 0  # no process was started for it
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert "[1/2] mesh_8  complete" in printed and "[2/2] mesh_4_4  FAILED (config): refused before running" in printed
     table = [line for line in printed.splitlines() if line.startswith("mesh_4_4 ")]
     assert len(table) == 1 and "FAILED (config)" in table[0] and f"sweep: {out}" in printed
+    assert "sweep: 1 of 2 runs failed: 1 config" in captured.err
     with Store(out / "sweep.db") as store:
         assert store.get_meta("preset") == "vit-tiny" and store.get_meta("axes") == [
             [{"parallel.mesh": "8"}, {"parallel.mesh": "4x4"}]]
         assert store.get_meta("base_config")["train.steps"] == 2 and store.get_meta("created") > 0
         timing = store.get_meta("timing")
     # The runs ran one after another inside the sweep's wall time: what is left over is the sweep's own cost.
-    assert timing["runs"] == 2 and timing["runs_wall_s"] == pytest.approx(ok.wall_s + bad.wall_s)
+    assert timing["runs"] == 2 and timing["runs_wall_s"] == pytest.approx(ok.wall_s)
     assert timing["wall_s"] >= timing["runs_wall_s"] and timing["ratio"] >= 1.0
     assert f"for 2 run(s) whose processes took {timing['runs_wall_s']:.1f} s" in printed
-    assert (out / "runs" / "mesh_4_4.log").read_text().strip()
+    assert not (out / "runs" / "mesh_4_4.log").exists()
+
+
+def test_dry_run_marks_the_runs_that_would_be_refused(capsys: pytest.CaptureFixture) -> None:
+    args = parse("--preset", "vit-tiny", "--devices", "8", "--strategy", "dp,fsdpp", "--dtype", "float32,bfloat61",
+                 "--mesh", "8,3x3", "--dry-run")
+    assert sweep_cmd.run(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "8 run(s) from vit-tiny; fixed: parallel.devices=8; 7 would be refused"
+    runs = {line.split()[0]: line for line in lines[1:]}
+    assert "REFUSED" not in runs["strategy_dp_dtype_float32_mesh_8"]
+    assert "REFUSED: unknown --dtype 'bfloat61'" in runs["strategy_dp_dtype_bfloat61_mesh_8"]
+    assert "REFUSED: unknown strategy 'fsdpp'" in runs["strategy_fsdpp_dtype_float32_mesh_8"]
+    assert "REFUSED: --mesh 3x3 has 9 devices" in runs["strategy_dp_dtype_float32_mesh_3_3"]
 
 
 def test_a_run_killed_by_a_signal_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHARDBENCH_FAULT_KILL_AT_STEP", "1")
     out = tmp_path / "s"
-    assert sweep(tmp_path, "--mesh", "8", "--out", str(out)) == 0
+    assert sweep(tmp_path, "--mesh", "8", "--out", str(out)) == 1  # a failed run fails the sweep
     (row,) = rows(out).values()
     assert (row.status, row.error_kind, row.error) == ("failed", "killed", "killed by SIGKILL")
 
@@ -220,7 +241,7 @@ def test_a_run_killed_by_a_signal_is_recorded(tmp_path: Path, monkeypatch: pytes
 def test_a_run_past_its_time_limit_is_recorded_as_timeout(tmp_path: Path) -> None:
     out = tmp_path / "s"
     t0 = time.perf_counter()
-    assert sweep(tmp_path, "--timeout", "1", "--out", str(out)) == 0
+    assert sweep(tmp_path, "--timeout", "1", "--out", str(out)) == 1
     assert time.perf_counter() - t0 < 30
     (row,) = rows(out).values()
     assert (row.status, row.error_kind) == ("failed", "timeout") and "1 s time limit" in (row.error or "")
@@ -229,7 +250,7 @@ def test_a_run_past_its_time_limit_is_recorded_as_timeout(tmp_path: Path) -> Non
 def test_a_killed_sweep_resumes_and_runs_everything_exactly_once(tmp_path: Path) -> None:
     out = tmp_path / "s"
     argv = [*TINY, "--data.cache-dir", str(tmp_path / "cache"), "--strategy", "dp", "--mesh", "4x4,8", "--out",
-            str(out)]
+            str(out), "--skip-refused", "--timeout", "600"]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     proc = subprocess.Popen([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -252,13 +273,20 @@ def test_a_killed_sweep_resumes_and_runs_everything_exactly_once(tmp_path: Path)
         assert time.monotonic() < deadline, "the killed sweep's run is still running"
         time.sleep(0.2)
 
-    resumed = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--resume"], env=env,
+    # A changed argument is refused, naming the field; --out alone resumes the stored plan and options.
+    changed = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--steps", "3", "--resume"], env=env,
                              capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert changed.returncode == 2 and "train.steps=2 in the store, 3 now" in changed.stderr, changed.stderr
+    resumed = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", "--out", str(out), "--resume"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr  # the refused run stays failed
     assert "resuming: 1 of 2 runs already recorded" in resumed.stdout and "[2/2] mesh_8  complete" in resumed.stdout
+    assert "sweep: 1 of 2 runs failed: 1 config" in resumed.stderr
     found = rows(out)
     assert list(found) == ["mesh_4_4", "mesh_8"] and [r.status for r in found.values()] == ["failed", "complete"]
-    assert sorted(p.name for p in (out / "runs").iterdir()) == ["mesh_4_4.log", "mesh_8", "mesh_8.log"]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["mesh_8", "mesh_8.log"]
+    with Store(out / "sweep.db") as store:
+        assert store.get_meta("options")["timeout"] == 600
     assert json.loads((out / "runs" / "mesh_8" / "summary.json").read_text())["resumed_from"] == 0
 
 

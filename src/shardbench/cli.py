@@ -185,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_devices(cfg: config_lib.Config) -> None:
+def setup_devices(cfg: config_lib.Config) -> None:
+    """Simulate the devices a run of its own asks for (`--devices N` on a CPU)."""
     # Must run before anything asks JAX for devices.
     if cfg.parallel.devices > 0:
         from shardbench.devices import simulate_devices
@@ -200,7 +201,7 @@ def _join_or_setup(args: argparse.Namespace, cfg: config_lib.Config) -> None:
 
     found = cluster_lib.resolve(args.coordinator, args.num_processes, args.process_id, args.join_timeout)
     if found is None:
-        _setup_devices(cfg)
+        setup_devices(cfg)
         return
     config_lib.validate(cfg)  # a bad flag fails here, before this process makes the others wait for it
     cluster_lib.join(found, cluster_lib.local_device_count(found, cfg.parallel.devices))
@@ -223,7 +224,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    _setup_devices(cfg)
+    if cfg.parallel.devices == 0:  # nothing runs: a mesh that names its size gets that many devices
+        from shardbench.parallel.mesh import mesh_size
+
+        size = mesh_size(cfg.parallel.mesh)
+        if size:
+            cfg = config_lib.override(cfg, {"parallel.devices": size})
+    setup_devices(cfg)
     from shardbench.inspect import inspect
 
     print(inspect(cfg, args.array))

@@ -117,6 +117,7 @@ class TrainConfig:
     progress: bool = True
     run_name: str = ""  # '' = from the configuration, e.g. mesh_4_2_batch_1024
     timing_warmup: int = 2  # first step intervals left out of the step-time statistics
+    recalibrate_peak: bool = False  # CPU: measure the host's matmul peak afresh instead of using the cached one
     profile: bool = False  # record a jax.profiler trace of a window of steps
     profile_skip: int = 5  # steps before the traced window
     profile_steps: int = 3  # steps in the traced window

@@ -1,17 +1,17 @@
 """FLOPs per step and MFU: a table of known accelerator peaks, or a measured matmul peak on CPU.
 
 MFU = (analytic model FLOPs per step / median step time) / (peak FLOP/s per device x devices).
-A device that is neither in the table nor a CPU gets no MFU rather than an invented one.
+A device that is neither in the table nor a CPU gets no MFU rather than an invented one; on a CPU the
+peak is the host's measured one, shared by every run (`shardbench.measure.peak`).
 """
 
 from __future__ import annotations
 
-import functools
-import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+
+from shardbench.measure.peak import HostPeak
 
 # Dense peak FLOP/s per chip from the vendors' data sheets (no structured sparsity).
 # Keys: (substring of device_kind, lower-case), then compute class: "bf16" (bfloat16/float16),
@@ -50,29 +50,17 @@ def table_peak(device_kind: str, dtype: str, matmul_precision: str) -> tuple[flo
     return None
 
 
-@functools.lru_cache(maxsize=8)
-def calibrate_cpu_peak(dtype: str, size: int = 1536, repeats: int = 5) -> float:
-    """Whole-host matmul FLOP/s on the CPU backend: the best of a few timed n^3 matmuls in `dtype`."""
-    device = jax.devices("cpu")[0]
-    a = jax.device_put(jnp.ones((size, size), dtype), device)
-    b = jax.device_put(jnp.ones((size, size), dtype), device)
-    mm = jax.jit(lambda x, y: x @ y)
-    mm(a, b).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        mm(a, b).block_until_ready()
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * size**3 / best
-
-
-def peak_per_device(device: jax.Device, devices: int, dtype: str, matmul_precision: str
-                    ) -> tuple[float | None, str | None]:
-    """(peak FLOP/s per device, where it came from), or (None, None) for an unknown accelerator."""
+def peak_per_device(device: jax.Device, devices: int, dtype: str, matmul_precision: str,
+                    host: HostPeak | None = None) -> tuple[float | None, str | None]:
+    """(peak FLOP/s per device, where it came from), or (None, None) for an unknown accelerator. On the CPU
+    the host's measured matmul peak (`host`, see `shardbench.measure.peak`) is split among the simulated
+    devices, which share the host's cores."""
     if device.platform == "cpu":
-        # Simulated CPU devices share the host's cores: the host's measured peak is split among them.
-        host = calibrate_cpu_peak(dtype)
-        return host / devices, f"calibrated {dtype} matmul on the host CPU, split over {devices} device(s)"
+        if host is None:
+            return None, None
+        return host.flops_per_s / devices, (f"host {dtype} matmul peak {host.flops_per_s / 1e9:.1f} GFLOP/s "
+                                             f"measured {host.measured_at} ({host.origin}), split over "
+                                             f"{devices} device(s)")
     found = table_peak(getattr(device, "device_kind", ""), dtype, matmul_precision)
     return (found[0], found[1]) if found else (None, None)
 

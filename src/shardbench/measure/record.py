@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
 import jax
 
-from shardbench import cluster
+from shardbench import cluster, malloc
 from shardbench.config import Config
 from shardbench.measure import flops as flops_lib
 from shardbench.measure.comms import count_collectives
 from shardbench.measure.memory import memory_report, per_device_report
+from shardbench.measure.peak import HostPeak
 from shardbench.measure.timing import CompileTimes, StepTimer
 from shardbench.parallel.rules import Layout, resolve_strategy
 from shardbench.tasks import Task
@@ -42,9 +44,19 @@ def layout_devices(layout: Layout) -> list[jax.Device]:
     return [d for d in layout.mesh.devices.flat if d.process_index == jax.process_index()]
 
 
+def _mfu_missing(peak: float | None, step_stats: dict[str, Any], layout: Layout) -> str | None:
+    """Why a run has no MFU, in words a report can print; None when it has one."""
+    if step_stats["median"] is None:
+        return f"no step time: {step_stats['not_measured']}"
+    if peak is None:
+        kind = getattr(layout.device, "device_kind", layout.device.platform)
+        return f"no peak FLOP/s is known for device kind {kind}"
+    return None
+
+
 def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any,
                        compile_times: CompileTimes | None, timer: StepTimer, epoch_times: list[float],
-                       steps_run: int, state: Any) -> dict[str, Any]:
+                       steps_run: int, state: Any, host_peak: HostPeak | None = None) -> dict[str, Any]:
     devices = layout.shape.size
     batch = cfg.train.batch_size
     step_stats = timer.stats()
@@ -54,7 +66,7 @@ def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any
     analytic = float(task.train_flops_per_example(cfg) * batch)
     xla = flops_lib.xla_flops(compiled) if compiled is not None else None
     peak, source = flops_lib.peak_per_device(layout.device, devices, cfg.precision.dtype,
-                                             cfg.precision.matmul_precision)
+                                             cfg.precision.matmul_precision, host_peak)
     comms = count_collectives(compiled.as_text()) if compiled is not None else None
     devices_here = layout_devices(layout)
     memory = memory_report(compiled, state.params, state.opt_state, devices_here) if compiled else {}
@@ -70,6 +82,7 @@ def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any
         "device_kind": getattr(layout.device, "device_kind", layout.device.platform),
         "devices": devices,
         "processes": jax.process_count(),
+        "allocator": malloc.describe(os.environ),
         "per_process": [g["process"] for g in gathered],
         "compile": None if compile_times is None else {"lower_s": compile_times.lower_s,
                                                        "compile_s": compile_times.compile_s},
@@ -85,7 +98,9 @@ def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any
                   "xla_note": "XLA's cost analysis counts a while-loop body once, so with the layers under a "
                               "scan it undercounts by roughly the layer count; MFU uses the analytic count"},
         "mfu": {"mfu": flops_lib.mfu(analytic, step_stats["median"], peak, devices),
-                "peak_flops_per_s_per_device": peak, "peak_source": source},
+                "peak_flops_per_s_per_device": peak, "peak_source": source,
+                "peak_measured_at": host_peak.measured_at if host_peak and peak else None,
+                "not_measured": _mfu_missing(peak, step_stats, layout)},
         "memory": memory,
         "comms": {} if comms is None else comms.as_dict(),
         "comms_total_bytes": 0 if comms is None else comms.total_bytes,

@@ -56,9 +56,27 @@ class StepTimer:
     def mark_dirty(self) -> None:
         self._dirty = True
 
-    def stats(self) -> dict[str, float | int | None]:
+    def stats(self) -> dict[str, Any]:
+        """Median and p90 of the kept intervals; with none kept, `not_measured` says why."""
+        counts = {"measured_steps": len(self.intervals), "excluded_steps": self.excluded, "warmup": self.warmup}
         if not self.intervals:
-            return {"median": None, "p90": None, "measured_steps": 0, "excluded_steps": self.excluded}
+            steps = self._seen + (self._last is not None)
+            others = self.excluded - min(self._seen, self.warmup)
+            why = (f"not measured: {steps} step(s) give {self._seen} interval(s); timing warm-up {self.warmup}"
+                   + (f", {others} more excluded (evaluation, checkpoint or profiler)" if others else ""))
+            return {"median": None, "p90": None, **counts, "not_measured": why}
         arr = np.asarray(self.intervals)
-        return {"median": float(np.median(arr)), "p90": float(np.percentile(arr, 90)),
-                "measured_steps": len(arr), "excluded_steps": self.excluded}
+        return {"median": float(np.median(arr)), "p90": float(np.percentile(arr, 90)), **counts,
+                "not_measured": None}
+
+
+def fit_warmup(warmup: int, steps: int) -> tuple[int, str | None]:
+    """The timing warm-up for a run of `steps` steps, and a line to print when it had to be lowered: `steps`
+    steps give steps - 1 intervals, and at least one of them should be timed. One step gives none at all:
+    the warm-up stays and the record says the step time was not measured."""
+    intervals = steps - 1
+    if intervals <= 0 or intervals > warmup:
+        return warmup, None
+    lowered = intervals - 1
+    return lowered, (f"shardbench: {steps} steps give {intervals} step interval(s), not more than the timing "
+                     f"warm-up of {warmup} (--train.timing-warmup): warm-up lowered to {lowered} for this run")

@@ -30,12 +30,22 @@ class MeshShape:
         return f"{self.data}x{self.model}"
 
 
-def parse_mesh(spec: str, num_devices: int, primary: str = DATA) -> MeshShape:
-    """'' -> every device on `primary`; 'N' -> N on `primary`; 'AxB' -> data=A, model=B; 'data=A,model=B'."""
+def mesh_size(spec: str) -> int | None:
+    """The device count a mesh names ('4x2' -> 8, 'model=8' -> 8), or None where it takes every device ('')
+    or none ('none')."""
+    text = spec.strip().lower()
+    if text in ("", "auto", "none"):
+        return None
+    return parse_mesh(spec, None).size
+
+
+def parse_mesh(spec: str, num_devices: int | None, primary: str = DATA) -> MeshShape:
+    """'' -> every device on `primary`; 'N' -> N on `primary`; 'AxB' -> data=A, model=B; 'data=A,model=B'.
+    `num_devices` None: do not check the count (only for a mesh that names its sizes)."""
     text = spec.strip().lower()
     hint = "use N, AxB (data x model) or data=A,model=B"
     if text in ("", "auto"):
-        sizes = {DATA: 1, MODEL: 1, primary: num_devices}
+        sizes = {DATA: 1, MODEL: 1, primary: num_devices or 1}
     elif re.fullmatch(r"\d+", text):
         sizes = {DATA: 1, MODEL: 1, primary: int(text)}
     elif re.fullmatch(r"\d+x\d+", text):
@@ -53,9 +63,10 @@ def parse_mesh(spec: str, num_devices: int, primary: str = DATA) -> MeshShape:
     shape = MeshShape(sizes[DATA], sizes[MODEL])
     if min(shape.data, shape.model) < 1:
         raise ConfigError(f"--mesh '{spec}': every axis needs at least one device")
-    if shape.size != num_devices:
+    if num_devices is not None and shape.size != num_devices:
+        are = "device is" if num_devices == 1 else "devices are"
         raise ConfigError(
-            f"--mesh {shape} has {shape.size} devices but {num_devices} are in use: make the mesh's product "
+            f"--mesh {shape} has {shape.size} devices but {num_devices} {are} in use: make the mesh's product "
             f"equal the device count, or pass --devices {shape.size}"
         )
     return shape

@@ -23,7 +23,7 @@ DASH = "-"
 # Fields that differ between runs by construction (where each run writes) or that do not change results:
 # they are never "what was swept" and never stop two runs from being compared.
 NOISE = frozenset({"train.out", "train.resume", "train.run_name", "train.profile_root", "train.progress",
-                   "data.cache_dir", "preset"})
+                   "train.recalibrate_peak", "data.cache_dir", "preset"})
 
 
 def _dig(value: Any, *path: str) -> Any:

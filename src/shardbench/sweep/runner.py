@@ -237,8 +237,17 @@ def execute(sweep: Sweep, run: Run, opts: Options) -> RunRow:
                   outcome.wall_s)
 
 
-def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], None] = print) -> int:
-    """Run every run not yet in the store; returns 0 when each is recorded, 130 on Ctrl-C."""
+def refused_row(sweep: Sweep, run: Run, why: str) -> RunRow:
+    """A run the sweep's check refused: recorded as failed without starting a process."""
+    now = time.time()
+    return RunRow(run.name, "failed", "config", _one_line(f"refused before running: {why}"), run.overrides,
+                  run_config(sweep.base_preset, run), None, now, now, 0.0)
+
+
+def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], None] = print,
+              refused: dict[str, str] | None = None) -> int:
+    """Run every run not yet in the store (recording `refused` ones as failed without running them); returns 0
+    when each is recorded, 130 on Ctrl-C."""
     from shardbench.sweep.report import progress_line, summary_table
 
     done = store.names()
@@ -251,7 +260,8 @@ def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], No
             leftover = opts.sweep_dir / "runs" / run.name
             if leftover.exists():  # an interrupted run of an earlier sweep: its directory would refuse `train`
                 shutil.rmtree(leftover)
-            row = execute(sweep, run, opts)
+            row = refused_row(sweep, run, refused[run.name]) if run.name in (refused or {}) else execute(
+                sweep, run, opts)
             store.add(row)
             out(progress_line(i, total, row))
     except KeyboardInterrupt:

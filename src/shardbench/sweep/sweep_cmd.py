@@ -15,7 +15,8 @@ from typing import IO, Any
 from shardbench import config as config_lib
 from shardbench.cli import add_config_arguments
 from shardbench.errors import ConfigError, ShardbenchError, report
-from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep
+from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Grid, Run, Sweep, make_sweep
+from shardbench.sweep.preflight import refusals
 from shardbench.sweep.runner import Options, has_field, run_sweep
 from shardbench.sweep.store import Store
 from shardbench.sweep.sweep_file import load_sweep_file
@@ -30,14 +31,25 @@ Every `train` flag is accepted. A value with commas sweeps the field: `--mesh no
 0.5,1.0, and meshes written data=4,model=2) separate alternatives with ';' instead:
 --data.crop-scale '0.5,1.0;0.9,1.0'. A value with ';' is always split on ';' only.
 
-A sweep file (TOML, or JSON by its .json suffix) holds:
+A sweep file (TOML, or JSON by its .json suffix) holds (in TOML, every key after a [table] header belongs
+to that table, so `axes` and `grid` come before [base]):
     preset = "vit-tiny"                          # the run preset every run starts from
-    [base]                                       # fixed overrides
-    "train.steps" = 20
     axes = [[{"parallel.mesh" = "8x1"}, {"parallel.mesh" = "4x2"}]]   # axes of override tables
     grid = {"train.batch_size" = [128, 1024]}    # shorthand: one axis per field
+    [base]                                       # fixed overrides
+    "train.steps" = 20
+    "parallel.devices" = 8
 Runs are the cartesian product of the axes. Command-line values override the preset's or file's: a single
 value fixes the field (taking it out of every axis), a list replaces its axis.
+
+Before the first run starts, every run is checked as `shardbench train` would check it (choices, mesh and
+device count, strategy against the model, batch against the data axis). A sweep with runs that would be
+refused stops there, naming them; --skip-refused records them as failed and runs the rest. --dry-run lists
+the runs and marks those that would be refused.
+
+`shardbench sweep --out DIR --resume` finishes a sweep from the plan stored in DIR/sweep.db; arguments given
+with it must match that plan. Exit status: 0 when every run completed, 1 when any failed (each is recorded
+with its kind), 2 for bad input, 130 on Ctrl-C.
 """
 
 
@@ -63,43 +75,100 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--out", default="", help="sweep directory ('' = runs/sweep-<preset>-<time>)")
     group.add_argument("--resume", action="store_true",
                        help="finish the sweep in --out: skip recorded runs, re-run interrupted ones")
-    group.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take (default 1800)")
-    group.add_argument("--profile", action="store_true",
+    group.add_argument("--timeout", type=float, default=None,
+                       help=f"seconds each run may take (default {DEFAULT_OPTIONS['timeout']:g})")
+    group.add_argument("--profile", action="store_true", default=None,
                        help="profile every run; traces land in <out>/tensorboard")
-    group.add_argument("--processes", type=int, default=1,
+    group.add_argument("--processes", type=int, default=None,
                        help="run each configuration as this many processes joined by jax.distributed (through "
                             "`shardbench launch`; default 1)")
-    group.add_argument("--devices-per-process", type=int, default=0,
+    group.add_argument("--devices-per-process", type=int, default=None,
                        help="with --processes: simulated CPU devices in each process (0 = each run's --devices "
                             "split evenly)")
-    group.add_argument("--dry-run", action="store_true", help="print the runs and their overrides, run nothing")
+    group.add_argument("--skip-refused", action="store_true", default=None,
+                       help="record runs whose configuration `train` would refuse as failed, and run the rest "
+                            "(default: stop before the first run, naming them)")
+    group.add_argument("--dry-run", action="store_true",
+                       help="print the runs and their overrides, marking those that would be refused; run nothing")
     group.add_argument("--no-report", action="store_true",
                        help="do not write <out>/report at the end (shardbench report <out> writes it later)")
+
+
+DEFAULT_OPTIONS: dict[str, Any] = {"timeout": 1800.0, "profile": False, "processes": 1, "devices_per_process": 0,
+                                   "skip_refused": False}
 
 
 def _fmt(overrides: dict[str, Any]) -> str:
     return " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in overrides.items())
 
 
-def dry_run(sweep: Sweep) -> None:
-    print(f"{len(sweep.runs)} run(s) from {sweep.base_preset}" + (f"; fixed: {_fmt(sweep.base)}" if sweep.base else ""))
+def dry_run(sweep: Sweep, refused: dict[str, str]) -> None:
+    print(f"{len(sweep.runs)} run(s) from {sweep.base_preset}" + (f"; fixed: {_fmt(sweep.base)}" if sweep.base else "")
+          + (f"; {len(refused)} would be refused" if refused else ""))
     width = max((len(r.name) for r in sweep.runs), default=0)
     for run in sweep.runs:
         extra = {k: v for k, v in run.base.items() if sweep.base.get(k, object()) != v}
-        print(f"{run.name.ljust(width)}  {_fmt(run.overrides)}" + (f"  [{_fmt(extra)}]" if extra else ""))
+        print(f"{run.name.ljust(width)}  {_fmt(run.overrides)}" + (f"  [{_fmt(extra)}]" if extra else "")
+              + (f"  REFUSED: {refused[run.name]}" if run.name in refused else ""))
 
 
-def plan_meta(sweep: Sweep) -> dict[str, Any]:
-    """What the store remembers of the sweep; JSON round-tripped so a resumed sweep compares like for like."""
+def refused_error(refused: dict[str, str], total: int) -> ConfigError:
+    """One line naming the refused runs and why (the first reason in full), and what would be right."""
+    first = next(iter(refused))
+    others = f" (and {len(refused) - 1} more: {', '.join(list(refused)[1:4])}{'...' if len(refused) > 4 else ''})"
+    return ConfigError(f"{len(refused)} of {total} runs would be refused before running: {first}: {refused[first]}"
+                       f"{others if len(refused) > 1 else ''}; fix the sweep, or pass --skip-refused to record "
+                       f"them as failed and run the rest (--dry-run lists them all)")
+
+
+def plan_meta(sweep: Sweep, options: dict[str, Any]) -> dict[str, Any]:
+    """What the store remembers of the sweep (enough to resume it from `--out` alone); JSON round-tripped so
+    a resumed sweep compares like for like."""
     base_cfg = config_lib.override(config_lib.get_preset(sweep.base_preset), sweep.base)
     meta = {
-        "preset": sweep.label, "base_preset": sweep.base_preset,
+        "preset": sweep.label, "base_preset": sweep.base_preset, "base": sweep.base,
         "axes": [axis for grid in sweep.grids for axis in grid.axes],
         "grids": [{"base": grid.base, "axes": grid.axes} for grid in sweep.grids],
         "base_config": config_lib.flatten(base_cfg),
         "runs": [{"name": r.name, "overrides": r.overrides, "settings": r.settings} for r in sweep.runs],
+        "options": options,
     }
     return json.loads(json.dumps(meta))
+
+
+def stored_sweep(store: Store) -> Sweep:
+    """The sweep a store holds, as planned when it started."""
+    runs = [Run(r["name"], r["overrides"], {k: v for k, v in r["settings"].items() if k not in r["overrides"]})
+            for r in store.get_meta("runs", [])]
+    grids = [Grid(g["axes"], g["base"]) for g in store.get_meta("grids", [])]
+    return Sweep(store.get_meta("preset"), store.get_meta("base_preset"), store.get_meta("base", {}), grids, runs)
+
+
+def _first_difference(stored: dict[str, Any], now: dict[str, Any]) -> str | None:
+    for key in dict.fromkeys([*stored, *now]):
+        if stored.get(key) != now.get(key):
+            return f"{key}={stored.get(key)!r} in the store, {now.get(key)!r} now"
+    return None
+
+
+def plan_difference(stored: dict[str, Any], meta: dict[str, Any]) -> str | None:
+    """What differs between the stored plan and this invocation's, naming the field; None when they match."""
+    if stored.get("base_preset") != meta["base_preset"]:
+        return f"base preset {stored.get('base_preset')!r} in the store, {meta['base_preset']!r} now"
+    found = _first_difference(stored.get("base_config") or {}, meta["base_config"])
+    if found:
+        return found
+    old = {r["name"]: r["settings"] for r in stored.get("runs") or []}
+    new = {r["name"]: r["settings"] for r in meta["runs"]}
+    if list(old) != list(new):
+        gone, added = [n for n in old if n not in new], [n for n in new if n not in old]
+        return (f"runs {', '.join(gone[:3]) or '-'} in the store only, {', '.join(added[:3]) or '-'} now only"
+                if gone or added else "the runs' order")
+    for name in old:
+        found = _first_difference(old[name], new[name])
+        if found:
+            return f"run {name}: {found}"
+    return None
 
 
 def sweep_dir(args: argparse.Namespace, sweep: Sweep) -> Path:
@@ -112,16 +181,37 @@ def open_store(out: Path, resume: bool, meta: dict[str, Any]) -> Store:
     """A new store, or with --resume the store of the same sweep (run() has checked which exists)."""
     store = Store(out / "sweep.db")
     if resume:
-        for key in ("base_preset", "base_config", "runs"):
-            if store.get_meta(key) != meta[key]:
-                store.close()
-                raise ConfigError(f"--resume: {out} holds a different sweep ({key} differs); resume it with the "
-                                  f"same arguments or start a new one with another --out")
+        stored = {key: store.get_meta(key) for key in ("base_preset", "base_config", "runs")}
+        differs = plan_difference(stored, meta)
+        if differs:
+            store.close()
+            raise ConfigError(f"--resume: {out} holds a different sweep ({differs}); resume it with "
+                              f"`shardbench sweep --out {out} --resume` alone, or start a new one with another --out")
         return store
     for key, value in meta.items():
         store.set_meta(key, value)
     store.set_meta("created", time.time())
     return store
+
+
+def resolve_options(args: argparse.Namespace, stored: dict[str, Any] | None) -> dict[str, Any]:
+    """Timeout, profiling, processes and skipping refused runs: as given, else as the resumed sweep stored them,
+    else the defaults."""
+    return {k: getattr(args, k) if getattr(args, k) is not None else (stored or {}).get(k, default)
+            for k, default in DEFAULT_OPTIONS.items()}
+
+
+def failed_summary(store: Store, names: list[str]) -> str | None:
+    """'2 of 9 runs failed: 1 oom, 1 config' for the sweep's runs, or None when none failed."""
+    rows = [r for r in store.runs() if r.name in set(names)]
+    kinds: dict[str, int] = {}
+    for row in rows:
+        if row.status != "complete":
+            kinds[row.error_kind or "unknown"] = kinds.get(row.error_kind or "unknown", 0) + 1
+    if not kinds:
+        return None
+    return (f"sweep: {sum(kinds.values())} of {len(names)} runs failed: "
+            + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1])))
 
 
 def check_out(out: Path, resume: bool) -> None:
@@ -162,33 +252,53 @@ def overhead_line(timing: dict[str, Any]) -> str:
             f"{timing['runs_wall_s']:.1f} s, start-up included: {timing['ratio']:.3f}x")
 
 
+def _plan(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any] | None]:
+    """The sweep to run, and the stored options when it is resumed from `--out` alone."""
+    values = {k: v for k, v in vars(args).items() if "." in k}
+    from_store = args.resume and args.preset is None and args.sweep_file is None and args.base is None and not values
+    if from_store:
+        if not args.out:
+            raise ConfigError("--resume needs --out: the directory of the sweep to finish")
+        path = Path(args.out) / "sweep.db"
+        if not path.exists():
+            raise ConfigError(f"--resume: {args.out} holds no sweep to resume (no sweep.db); drop --resume to start one")
+        with Store(path) as store:
+            if not store.get_meta("runs"):
+                raise ConfigError(f"--resume: {path} holds no plan to resume; start the sweep again with another --out")
+            return stored_sweep(store), store.get_meta("options") or {}
+    file = load_sweep_file(args.sweep_file) if args.sweep_file is not None else None
+    return make_sweep(args.preset, args.base, file, values), None
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the sweep `args` describe: 0 when every run is recorded (failed runs are results), 2 for bad input,
-    130 on Ctrl-C."""
+    """Run the sweep `args` describe: 0 when every run completed, 1 when any failed (each is recorded), 2 for
+    bad input, 130 on Ctrl-C."""
     try:
-        values = {k: v for k, v in vars(args).items() if "." in k}
-        file = load_sweep_file(args.sweep_file) if args.sweep_file is not None else None
-        sweep = make_sweep(args.preset, args.base, file, values)
-        if args.profile and not has_field("train.profile_root"):
+        sweep, stored_options = _plan(args)
+        options = resolve_options(args, stored_options)
+        if options["profile"] and not has_field("train.profile_root"):
             raise ConfigError("--profile: this shardbench's train has no train.profile_root field")
-        if args.timeout <= 0:
-            raise ConfigError(f"--timeout must be positive, got {args.timeout:g}")
-        if args.processes < 1 or args.devices_per_process < 0:
+        if options["timeout"] <= 0:
+            raise ConfigError(f"--timeout must be positive, got {options['timeout']:g}")
+        if options["processes"] < 1 or options["devices_per_process"] < 0:
             raise ConfigError(f"--processes must be at least 1 and --devices-per-process 0 or more, got "
-                              f"{args.processes} and {args.devices_per_process}")
+                              f"{options['processes']} and {options['devices_per_process']}")
+        refused = refusals(sweep)
         if args.dry_run:
-            dry_run(sweep)
+            dry_run(sweep, refused)
             return 0
+        if refused and not options["skip_refused"]:
+            raise refused_error(refused, len(sweep.runs))
         out = sweep_dir(args, sweep)
         check_out(out, args.resume)
         lock = _lock(out)
         started, t0 = time.time(), time.perf_counter()
         try:
-            with open_store(out, args.resume, plan_meta(sweep)) as store:
+            with open_store(out, args.resume, plan_meta(sweep, options)) as store:
                 print(f"sweep: {len(sweep.runs)} runs -> {out}", flush=True)
-                code = run_sweep(sweep, store, Options(out, args.timeout, args.profile, args.processes,
-                                                            args.devices_per_process),
-                                 out=lambda line: print(line, flush=True))
+                code = run_sweep(sweep, store, Options(out, options["timeout"], options["profile"],
+                                                       options["processes"], options["devices_per_process"]),
+                                 out=lambda line: print(line, flush=True), refused=refused)
                 if code == 0 and not args.no_report:
                     from shardbench.sweep.report import write_report  # matplotlib only for a report
 
@@ -197,6 +307,10 @@ def run(args: argparse.Namespace) -> int:
                 timing = overhead(store, started, time.perf_counter() - t0)
                 store.set_meta("timing", timing)
                 print(overhead_line(timing), flush=True)
+                failed = failed_summary(store, [r.name for r in sweep.runs]) if code == 0 else None
+                if failed:
+                    print(failed, file=sys.stderr, flush=True)
+                    code = 1
         finally:
             lock.close()
         return code

@@ -4,6 +4,7 @@ A sweep repeats programs across runs and across invocations (a resumed sweep, th
 tomorrow), so every `shardbench train` points JAX at one cache directory before its first
 compilation. JAX decides once per process whether the cache is on, at the first compilation, so
 `enable` must run before anything is jitted. Hits are counted from JAX's own monitoring events.
+On a GPU, XLA's per-fusion autotune cache is kept in the same directory where the installed jax can.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from pathlib import Path
 import jax
 
 OFF = "off"
+# With the persistent cache on, XLA's per-fusion GPU autotune results go under it too (jax >= 0.4.36), so a
+# later run of another mesh or batch of the same model skips autotuning the fusions it shares.
+XLA_CACHES_OPTION = "jax_persistent_cache_enable_xla_caches"
+AUTOTUNE_CACHE = "xla_gpu_per_fusion_autotune_cache_dir"
 _HIT = "/jax/compilation_cache/cache_hits"
 _REQUEST = "/jax/compilation_cache/compile_requests_use_cache"
 
@@ -60,6 +65,8 @@ def enable(path: Path | None) -> None:
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    if hasattr(jax.config, XLA_CACHES_OPTION):  # XLA's GPU autotune results too, where this jax can keep them
+        jax.config.update(XLA_CACHES_OPTION, AUTOTUNE_CACHE)
 
 
 def _reset() -> None:
@@ -78,5 +85,6 @@ def counts() -> tuple[int, int]:
 
 def stats(path: Path | None, since: tuple[int, int] = (0, 0)) -> dict[str, object]:
     """The cache's directory and the hits and requests since `since` (one run's share of the process)."""
+    xla = getattr(jax.config, XLA_CACHES_OPTION, None) if path is not None else None
     return {"dir": None if path is None else str(path), "hits": COUNTER.hits - since[0],
-            "requests": COUNTER.requests - since[1]}
+            "requests": COUNTER.requests - since[1], "xla_caches": xla}

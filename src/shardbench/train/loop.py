@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from shardbench import cluster
 from shardbench import config as config_lib
-from shardbench.config import Config
+from shardbench.config import Config, TrainConfig
 from shardbench.data.arrays import Dataset, ImageDataset, Split
 from shardbench.data.pipeline import eval_steps, make_batches, steps_per_epoch
 from shardbench.data.sources import check_model_kind, load_for, validate_spec
@@ -32,7 +32,8 @@ from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.record import build_measurements, default_run_name
-from shardbench.measure.timing import StepTimer, compile_timed
+from shardbench.measure.peak import HostPeak, host_peak
+from shardbench.measure.timing import StepTimer, compile_timed, fit_warmup
 from shardbench.train import compile_cache
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import epoch_line, header_line
@@ -51,7 +52,8 @@ KILL_AT_STEP_ENV = "SHARDBENCH_FAULT_KILL_AT_STEP"
 KILL_PROCESS_ENV = "SHARDBENCH_FAULT_KILL_PROCESS"
 
 # Fields that may differ between a run and its --resume: they change how a run reports, not what it computes.
-RESUME_FREE = frozenset({"train.resume", "train.out", "train.progress", "train.log_every", "data.cache_dir"})
+RESUME_FREE = frozenset({"train.resume", "train.out", "train.progress", "train.log_every", "data.cache_dir",
+                         "train.recalibrate_peak"})
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,9 @@ def check_resume(cfg: Config, out: Path) -> None:
         raise ConfigError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
 
 
-def plan_run(cfg: Config) -> Plan:
-    """Everything that can be checked without compiling: raises ConfigError/DataError in one line."""
+def check_runnable(cfg: Config) -> tuple[Task, Layout, ModelSpec]:
+    """Every check that needs neither the data nor a compilation (what a sweep asks of each run before the
+    first starts): raises ConfigError/DataError in one line."""
     config_lib.validate(cfg)
     task = get_task(cfg)
     validate_spec(cfg.data.dataset)
@@ -124,6 +127,14 @@ def plan_run(cfg: Config) -> Plan:
                 f"{name} {size} is not divisible by the data-parallel size {divisor} ({layout.strategy.name} on "
                 f"mesh {layout.shape}): use a multiple of {divisor}"
             )
+    if cfg.train.steps > 0:
+        check_profile_window(cfg.train, cfg.train.steps)
+    return task, layout, spec
+
+
+def plan_run(cfg: Config) -> Plan:
+    """Everything that can be checked without compiling: raises ConfigError/DataError in one line."""
+    task, layout, spec = check_runnable(cfg)
     out = resolve_out(cfg)
     check_resume(cfg, out)
     check_supported(cfg.precision, layout.device)
@@ -134,7 +145,17 @@ def plan_run(cfg: Config) -> Plan:
             f"--batch-size {cfg.train.batch_size} is larger than the {len(dataset.train)} training examples"
         )
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
+    check_profile_window(cfg.train, total)
     return Plan(cfg, task, out, layout, spec, dataset, per_epoch, total)
+
+
+def check_profile_window(t: TrainConfig, steps_left: int) -> None:
+    """--profile traces steps skip+1 .. skip+steps of this invocation: a run with fewer steps would trace nothing."""
+    if t.profile and t.profile_steps > 0 and steps_left < t.profile_skip + t.profile_steps:
+        raise ConfigError(
+            f"--profile traces steps {t.profile_skip + 1}-{t.profile_skip + t.profile_steps} (--train.profile-skip "
+            f"{t.profile_skip} + --train.profile-steps {t.profile_steps}), but this run has {steps_left} step(s) "
+            f"to train: lower them or train at least {t.profile_skip + t.profile_steps} steps")
 
 
 def eval_batch(cfg: Config) -> int:
@@ -202,6 +223,7 @@ def run(cfg: Config) -> dict[str, Any]:
     is_main = jax.process_index() == 0
     if is_main:
         print(header_line(plan), flush=True)
+    host = shared_host_peak(cfg, layout)
     tx = build_optimizer(cfg.optim, plan.total_steps)
     schedule = learning_rate(cfg.optim, plan.total_steps)
     out.mkdir(parents=True, exist_ok=True)
@@ -215,6 +237,11 @@ def run(cfg: Config) -> dict[str, Any]:
         if is_main:
             print(f"shardbench: {out} already finished all {plan.total_steps} steps; nothing to resume", flush=True)
         return json.loads(finished.read_text())
+    if start is not None:
+        check_profile_window(cfg.train, plan.total_steps - start)
+    elif cfg.train.resume and is_main:
+        print(f"shardbench: --resume: {out / 'checkpoints'} holds no finished checkpoint (the run stopped before "
+              f"its first); training from step 0", flush=True)
     finished.unlink(missing_ok=True)  # a resumed run is incomplete until it finishes again
     if start is not None:
         state = checkpoints.restore(abstract_train_state(plan.spec, layout, tx), start)
@@ -225,7 +252,7 @@ def run(cfg: Config) -> dict[str, Any]:
     state = steps.adopt(state)
     writer = ScalarWriter(out / "tensorboard", enabled=is_main)
     try:
-        summary = _loop(plan, steps, state, start, checkpoints, writer)
+        summary = _loop(plan, steps, state, start, checkpoints, writer, host)
     finally:
         writer.close()
         checkpoints.close()
@@ -235,8 +262,16 @@ def run(cfg: Config) -> dict[str, Any]:
     return summary
 
 
+def shared_host_peak(cfg: Config, layout: Layout) -> HostPeak | None:
+    """On a CPU, the host's matmul peak for MFU (see `shardbench.measure.peak`), process 0's for every process."""
+    if layout.device.platform != "cpu":
+        return None
+    mine = host_peak(cfg.precision.dtype, default_cache_dir(cfg), cfg.train.recalibrate_peak)
+    return HostPeak(**cluster.gather_json(mine.to_dict())[0])
+
+
 def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: Checkpoints,
-          writer: ScalarWriter) -> dict[str, Any]:
+          writer: ScalarWriter, host: HostPeak | None = None) -> dict[str, Any]:
     cfg, total, per_epoch = plan.cfg, plan.total_steps, plan.steps_per_epoch
     batch, layout = cfg.train.batch_size, plan.layout
     unit, units = plan.task.unit, plan.task.units_per_example(cfg)
@@ -255,7 +290,10 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     profile_root = Path(cfg.train.profile_root) if cfg.train.profile_root else plan.out / "tensorboard"
     profile = ProfileWindow(profile_root, run_name, start + cfg.train.profile_skip, cfg.train.profile_steps,
                             cfg.train.profile and is_main)
-    timer = StepTimer(cfg.train.timing_warmup)
+    warmup, lowered = fit_warmup(cfg.train.timing_warmup, total - start)
+    if lowered and is_main:
+        print(lowered, flush=True)
+    timer = StepTimer(warmup)
     meter, history, epoch_times = EpochMeter(), [], []
     pending: tuple[int, dict[str, jax.Array]] | None = None
     t0 = window_t = epoch_t0 = time.perf_counter()
@@ -336,7 +374,7 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     elapsed = time.perf_counter() - t0
     measurements = build_measurements(cfg=cfg, task=plan.task, layout=layout, compiled=compiled,
                                       compile_times=compile_times, timer=timer, epoch_times=epoch_times,
-                                      steps_run=total - start, state=state)
+                                      steps_run=total - start, state=state, host_peak=host)
     throughput = measurements["throughput"]
     summary: dict[str, Any] = {
         "status": "complete", "run_name": run_name, "steps": total, "resumed_from": start, "epochs": history,

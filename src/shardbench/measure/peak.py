@@ -1,0 +1,137 @@
+"""The host's matmul peak on the CPU: measured once, then shared, so every run's MFU divides by the same number.
+
+A CPU has no data-sheet peak, so a short matmul measures it. Measured afresh in every process, it varied from
+160 to 308 GFLOP/s on one 2-core machine, and MFU then ranked runs against their step times. So:
+- a lone `shardbench train` reads the host's cached figure for its compute dtype (`<cache>/peaks.json`, keyed
+  by host name, CPU model, usable cores and dtype), measuring and caching it only when there is none or
+  `--train.recalibrate-peak` asks;
+- a sweep or a launch measures once before its first run and hands the figure to every process it starts
+  through `SHARDBENCH_PEAK_FILE` (a JSON file of {dtype: peak}).
+The record says which figure was used, where it came from and when it was measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+PEAK_FILE_ENV = "SHARDBENCH_PEAK_FILE"
+CACHE_NAME = "peaks.json"
+
+
+@dataclass(frozen=True)
+class HostPeak:
+    """The whole host's matmul FLOP/s in one dtype, and its provenance."""
+
+    dtype: str
+    flops_per_s: float
+    measured_at: str  # UTC, ISO 8601
+    host: str  # host name, CPU model, usable cores
+    origin: str = ""  # how this process got it: measured now, the host cache, or handed over by a sweep/launch
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def host_key() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{socket.gethostname()} | {cpu} | {cores} cores"
+
+
+def measure(dtype: str, size: int = 1536, repeats: int = 5) -> HostPeak:
+    """Whole-host matmul FLOP/s on JAX's CPU backend: the best of a few timed size^3 matmuls in `dtype`."""
+    import jax
+    import jax.numpy as jnp
+
+    device = jax.devices("cpu")[0]
+    a = jax.device_put(jnp.ones((size, size), dtype), device)
+    b = jax.device_put(jnp.ones((size, size), dtype), device)
+    mm = jax.jit(lambda x, y: x @ y)
+    mm(a, b).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mm(a, b).block_until_ready()
+        best = min(best, time.perf_counter() - t0)
+    return HostPeak(dtype, 2.0 * size**3 / best, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), host_key(),
+                    "measured now")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _from(entry: dict[str, Any], origin: str) -> HostPeak:
+    return HostPeak(entry["dtype"], float(entry["flops_per_s"]), entry["measured_at"], entry["host"], origin)
+
+
+def host_peak(dtype: str, cache_dir: Path, recalibrate: bool = False) -> HostPeak:
+    """The figure this process uses: handed over by a sweep or launch, else the host cache, else measured
+    (and cached). `recalibrate` measures afresh and replaces the cached figure."""
+    handed = os.environ.get(PEAK_FILE_ENV)
+    if handed and not recalibrate:
+        entry = _read(Path(handed)).get(dtype)
+        if entry:
+            return _from(entry, f"handed over in {handed}")
+    cache = cache_dir / CACHE_NAME
+    key = f"{host_key()} | {dtype}"
+    entries = _read(cache)
+    if key in entries and not recalibrate:
+        return _from(entries[key], f"host cache {cache}")
+    peak = measure(dtype)
+    entries[key] = {k: v for k, v in peak.to_dict().items() if k != "origin"}
+    _write(cache, entries)
+    return peak
+
+
+def measure_into(path: Path, dtypes: list[str], cache_dir: Path) -> dict[str, dict[str, Any]]:
+    """Measure each dtype's peak afresh in a clean CPU process, write them to `path` (for SHARDBENCH_PEAK_FILE)
+    and into the host cache; returns what was written."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop(PEAK_FILE_ENV, None)
+    done = subprocess.run([sys.executable, "-m", "shardbench.measure.peak", str(cache_dir), *sorted(set(dtypes))],
+                          capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring the host's matmul peak failed: {done.stderr.strip().splitlines()[-1:]}")
+    data = json.loads(done.stdout)
+    _write(path, data)
+    return data
+
+
+def main(argv: list[str]) -> int:
+    """`python -m shardbench.measure.peak CACHE_DIR DTYPE...`: measure, cache, print {dtype: peak} as JSON."""
+    cache_dir, dtypes = Path(argv[0]), argv[1:]
+    print(json.dumps({d: {k: v for k, v in host_peak(d, cache_dir, recalibrate=True).to_dict().items()
+                          if k != "origin"} for d in dtypes}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

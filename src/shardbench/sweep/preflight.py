@@ -1,0 +1,68 @@
+"""Check every run of a sweep before the first one starts: the checks `shardbench train` makes before it loads
+data or compiles (choices, mesh and device count, strategy against the model's dimensions, batch against the
+data axis, SPMD style, profile window), so that a typo or an impossible layout is named up front instead of
+an hour into the sweep.
+
+The checks need JAX and the devices a run would see, so they run in a child process per distinct device count
+(`python -m shardbench.sweep.preflight`, configurations on stdin, {run name: refusal} on stdout), set up as a
+run's own process would be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from shardbench import config as config_lib
+from shardbench.sweep.grid import Sweep, run_config
+
+
+def refusals(sweep: Sweep) -> dict[str, str]:
+    """{run name: why `shardbench train` would refuse it} for every run of `sweep` that would be refused."""
+    configs = {run.name: run_config(sweep.base_preset, run) for run in sweep.runs}
+    by_devices: dict[int, dict[str, dict[str, Any]]] = {}
+    for name, flat in configs.items():
+        by_devices.setdefault(int(flat["parallel.devices"]), {})[name] = flat
+    found: dict[str, str] = {}
+    for group in by_devices.values():
+        done = subprocess.run([sys.executable, "-m", "shardbench.sweep.preflight"], input=json.dumps(group),
+                              capture_output=True, text=True, env=os.environ.copy())
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"the sweep's configuration check failed: {last}")
+        found.update(json.loads(done.stdout))
+    return {name: found[name] for name in configs if name in found}
+
+
+def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """In this process (whose devices are not set up yet): each configuration's refusal, if any."""
+    from shardbench.cli import setup_devices
+    from shardbench.errors import ShardbenchError
+    from shardbench.train.loop import check_runnable
+
+    cfgs = {name: config_lib.override(config_lib.Config(), flat) for name, flat in configs.items()}
+    if cfgs:
+        setup_devices(next(iter(cfgs.values())))  # one device count per process (see `refusals`)
+    out: dict[str, str] = {}
+    for name, cfg in cfgs.items():
+        try:
+            check_runnable(cfg)
+        except ShardbenchError as err:
+            out[name] = str(err)
+    return out
+
+
+def main() -> int:
+    configs = json.loads(sys.stdin.read())
+    channel = sys.stdout
+    sys.stdout = sys.stderr  # anything a library prints stays out of the answer
+    channel.write(json.dumps(check(configs)))
+    channel.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
