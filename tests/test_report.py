@@ -42,7 +42,8 @@ def record(name: str, strategy: str, mesh: str, devices: int, *, breakdown: tupl
             "throughput": {"examples_per_s": img_s, "examples_per_s_per_device": img_s / devices},
             "flops": {"analytic_per_step": 1.2e12, "xla_per_step": None, "formula": "6 * params * tokens"},
             "mfu": {"mfu": mfu, "peak_flops_per_s_per_device": 9.9e11 if mfu is not None else None,
-                    "peak_source": "calibrated matmul (cpu)" if mfu is not None else None},
+                    "peak_source": "calibrated matmul (cpu)" if mfu is not None else None,
+                    "not_measured": None if mfu is not None else "no peak FLOP/s is known for device kind cpu"},
             "memory": {
                 "peak_bytes_in_use": None if peak is None else int(peak * MIB),
                 "compiled": {"argument_bytes": 1, "output_bytes": 1, "temp_bytes": 1, "alias_bytes": 1,
@@ -156,6 +157,7 @@ def test_markdown_explains_precision_and_strategies_from_the_data(written: Repor
 
 def test_charts_are_valid_pngs(written: ReportPaths) -> None:
     assert sorted(written.charts) == sorted(CHARTS)
+    assert written.clipped == {}  # no title, note, label or legend runs past a chart's edge
     for name, path in written.charts.items():
         data = path.read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n", name
@@ -198,6 +200,32 @@ def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path:
     assert "No run reports an MFU: no peak FLOP/s is known for device kind cpu." in text
     with pytest.raises(ShardbenchError, match="no runs to report"):
         write_report(tmp_path / "out")
+
+
+def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> None:
+    """A run too short for a step time, and one trained for part of an epoch: the report, the charts and
+    the sweep's progress line give the record's own reason. A run folder that never finished is listed."""
+    from shardbench.sweep.report import progress_line
+
+    rec = record("short", "dp", "8", 8, breakdown=(1.0, 2.0, 1.0, 4.0), total=8.5, comms={}, epochs=[],
+                 step_ms=1.0, img_s=10.0, mfu=None, acc=0.1)
+    why = "not measured: 1 step(s) give 0 interval(s); timing warm-up 2"
+    rec["measurements"]["step_time_s"] = {"median": None, "p90": None, "measured_steps": 0, "excluded_steps": 0,
+                                          "not_measured": why}
+    rec["measurements"]["mfu"]["not_measured"] = f"no step time: {why}"
+    rec["measurements"]["partial_epochs"] = [{"steps": 1, "of": 16, "time_s": 0.5}]
+    folder = tmp_path / "runs"
+    for name in ("short", "unfinished"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "config.json").write_text(config_lib.get_preset("vit-tiny").to_json())
+    (folder / "short" / "summary.json").write_text(json.dumps(rec))
+    paths = write_report(folder, out_dir=tmp_path / "out")
+    text = paths.markdown.read_text()
+    assert f"No run reports an MFU: no step time: {why}." in text
+    assert paths.incomplete == ("unfinished",) and "no summary.json: the run did not finish" in text
+    assert paths.clipped == {}
+    line = progress_line(1, 1, row("short", {}, rec))
+    assert f"step time {why}" in line and "step -" not in line
 
 
 def test_parameter_dtype_pair_says_the_state_bytes_move() -> None:

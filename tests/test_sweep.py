@@ -217,6 +217,31 @@ def test_an_impossible_run_stops_the_sweep_before_it_starts_unless_skipped(tmp_p
     assert not (out / "runs" / "mesh_4_4.log").exists()
 
 
+def test_one_peak_per_sweep_so_mfu_ranks_runs_as_step_time_does(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    """Two runs of equal FLOPs: the sweep measures the host's peak once and every run divides by it, so MFU
+    orders them exactly inversely to their step times. The 2-step runs still have a step time: the warm-up
+    is lowered, with a line saying so."""
+    out = tmp_path / "s"
+    assert sweep(tmp_path, "--strategy", "dp,fsdp", "--mesh", "8", "--out", str(out)) == 0
+    assert "host matmul peak float32" in capsys.readouterr().out
+    shared = json.loads((out / "peak.json").read_text())["float32"]
+    records = [row.record for row in rows(out).values()]
+    assert len(records) == 2 and all(r is not None for r in records)
+    peaks = {r["measurements"]["mfu"]["peak_flops_per_s_per_device"] for r in records}
+    assert peaks == {shared["flops_per_s"] / 8}
+    assert {r["measurements"]["mfu"]["peak_measured_at"] for r in records} == {shared["measured_at"]}
+    steps = [r["measurements"]["step_time_s"]["median"] for r in records]
+    mfus = [r["measurements"]["mfu"]["mfu"] for r in records]
+    assert records[0]["measurements"]["flops"]["analytic_per_step"] == records[1]["measurements"]["flops"][
+        "analytic_per_step"]
+    assert mfus[0] * steps[0] == pytest.approx(mfus[1] * steps[1], rel=1e-9)
+    assert (steps[0] < steps[1]) == (mfus[0] > mfus[1])
+    log = (out / "runs" / "strategy_dp.log").read_text()
+    assert "warm-up lowered to 0 for this run" in log
+    assert records[0]["measurements"]["step_time_s"]["warmup"] == 0
+
+
 def test_dry_run_marks_the_runs_that_would_be_refused(capsys: pytest.CaptureFixture) -> None:
     args = parse("--preset", "vit-tiny", "--devices", "8", "--strategy", "dp,fsdpp", "--dtype", "float32,bfloat61",
                  "--mesh", "8,3x3", "--dry-run")

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from shardbench.errors import ConfigError
@@ -295,6 +297,14 @@ def from_dict(data: Mapping[str, Any]) -> Config:
 def flatten(cfg: Config) -> dict[str, Any]:
     """{'section.field': value} for every field: what differs between two runs is easy to name."""
     return {f"{s}.{k}": v for s in SECTIONS for k, v in dataclasses.asdict(getattr(cfg, s)).items()}
+
+
+def cache_root(cfg: Config) -> Path:
+    """Where decoded datasets, compiled programs and the host's peak are cached: --data.cache-dir, else
+    $SHARDBENCH_CACHE, else ~/.cache/shardbench."""
+    if cfg.data.cache_dir:
+        return Path(cfg.data.cache_dir).expanduser()
+    return Path(os.environ.get("SHARDBENCH_CACHE", Path.home() / ".cache" / "shardbench")).expanduser()
 
 
 def validate(cfg: Config) -> None:

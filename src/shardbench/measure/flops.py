@@ -59,8 +59,7 @@ def peak_per_device(device: jax.Device, devices: int, dtype: str, matmul_precisi
         if host is None:
             return None, None
         return host.flops_per_s / devices, (f"host {dtype} matmul peak {host.flops_per_s / 1e9:.1f} GFLOP/s "
-                                             f"measured {host.measured_at} ({host.origin}), split over "
-                                             f"{devices} device(s)")
+                                             f"measured {host.measured_at}, split over {devices} device(s)")
     found = table_peak(getattr(device, "device_kind", ""), dtype, matmul_precision)
     return (found[0], found[1]) if found else (None, None)
 

@@ -84,6 +84,10 @@ def memory_report(compiled: Any, params: Any, opt_state: Any, devices: list[jax.
     else:
         report["total_bytes"] = None
         activations = None
+    # What the compiled total holds beyond the state and the temporaries: the batch among the arguments,
+    # and outputs not aliased to a donated input (the step's metrics), so the parts add up to the total.
+    other = (None if report["total_bytes"] is None or activations is None
+             else max(report["total_bytes"] - params_b - opt_b - grads_b - activations, 0))
     report["breakdown"] = {"params_bytes": params_b, "optimizer_bytes": opt_b, "gradients_bytes": grads_b,
-                           "activations_temporaries_bytes": activations}
+                           "activations_temporaries_bytes": activations, "other_bytes": other}
     return report

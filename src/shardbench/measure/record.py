@@ -56,7 +56,8 @@ def _mfu_missing(peak: float | None, step_stats: dict[str, Any], layout: Layout)
 
 def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any,
                        compile_times: CompileTimes | None, timer: StepTimer, epoch_times: list[float],
-                       steps_run: int, state: Any, host_peak: HostPeak | None = None) -> dict[str, Any]:
+                       steps_run: int, state: Any, host_peak: HostPeak | None = None,
+                       epoch_steps: list[int] | None = None, steps_per_epoch: int = 0) -> dict[str, Any]:
     devices = layout.shape.size
     batch = cfg.train.batch_size
     step_stats = timer.stats()
@@ -87,7 +88,11 @@ def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any
         "compile": None if compile_times is None else {"lower_s": compile_times.lower_s,
                                                        "compile_s": compile_times.compile_s},
         "step_time_s": step_stats,
-        "epoch_time_s": epoch_times,
+        # Whole epochs only: a run cut short by --steps (or resumed mid-epoch) ends with a partial one.
+        "epoch_time_s": [t for t, n in zip(epoch_times, epoch_steps or [], strict=False) if n == steps_per_epoch]
+        if epoch_steps is not None else epoch_times,
+        "partial_epochs": [{"steps": n, "of": steps_per_epoch, "time_s": t}
+                           for t, n in zip(epoch_times, epoch_steps or [], strict=False) if n != steps_per_epoch],
         "throughput": {"examples_per_s": throughput,
                        "examples_per_s_per_device": None if throughput is None else throughput / devices,
                        "unit": task.unit, "units_per_s": units,
@@ -100,6 +105,7 @@ def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any
         "mfu": {"mfu": flops_lib.mfu(analytic, step_stats["median"], peak, devices),
                 "peak_flops_per_s_per_device": peak, "peak_source": source,
                 "peak_measured_at": host_peak.measured_at if host_peak and peak else None,
+                "peak_origin": host_peak.origin if host_peak and peak else None,
                 "not_measured": _mfu_missing(peak, step_stats, layout)},
         "memory": memory,
         "comms": {} if comms is None else comms.as_dict(),

@@ -4,14 +4,17 @@ as a labelled gap. Figures are drawn with matplotlib's Agg renderer and never to
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.text import Text
 from matplotlib.transforms import blended_transform_factory
 
 if TYPE_CHECKING:
@@ -20,7 +23,8 @@ if TYPE_CHECKING:
 PALETTE = ("#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c", "#dc7ec0", "#797979", "#d5bb67",
            "#82c6e2")
 BREAKDOWN = (("params", "parameters"), ("optimizer", "optimizer state"), ("gradients", "gradients"),
-             ("activations_temporaries", "activations / temporaries"))
+             ("activations_temporaries", "activations / temporaries"), ("other", "batch and other outputs"))
+NOTE_WIDTH = 110  # characters per line of a chart's note, so that it fits the figure
 BESIDE = (1.01, 1.0)  # legends go beside the axes, where they can never hide a bar
 MEMORY_LABELS = {
     "peak": "runtime peak memory per device, MiB",
@@ -30,12 +34,29 @@ MEMORY_LABELS = {
 
 @dataclass(frozen=True)
 class Chart:
-    """One written chart: `name` is the file stem, `note` says what was left out or assumed ('' = nothing)."""
+    """One written chart: `name` is the file stem, `note` says what was left out or assumed ('' = nothing);
+    `clipped` lists any text the figure's edges cut (none, unless a label outgrew its room)."""
 
     name: str
     title: str
     path: Path
     note: str = ""
+    clipped: tuple[str, ...] = ()
+
+
+def clipped_texts(fig: Figure) -> tuple[str, ...]:
+    """Every visible text of `fig` (titles, labels, notes, legends) that does not lie wholly inside it."""
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+    renderer = canvas.get_renderer()
+    frame = fig.bbox
+    cut = []
+    for text in fig.findobj(match=lambda a: isinstance(a, Text)):
+        if not text.get_visible() or not text.get_text().strip():
+            continue
+        box = text.get_window_extent(renderer)
+        if box.x0 < frame.x0 - 1 or box.x1 > frame.x1 + 1 or box.y0 < frame.y0 - 1 or box.y1 > frame.y1 + 1:
+            cut.append(text.get_text())
+    return tuple(cut)
 
 
 def _figure(rows: int, columns: int = 1) -> tuple[Figure, list[Axes]]:
@@ -51,13 +72,15 @@ def _gap_label(ax: Axes, y: float, text: str) -> None:
     ax.text(0, y, f"  {text}", va="center", fontsize=8, color="#666666", style="italic")
 
 
-def _run_bars(ax: Axes, runs: list[Run], values: list[float | None], fmt: str, colors: list[str]) -> None:
-    """One bar per run; a run without the value keeps its row with the reason written in it."""
+def _run_bars(ax: Axes, runs: list[Run], values: list[float | None], fmt: str, colors: list[str],
+              missing: Callable[[Run], str] | None = None) -> None:
+    """One bar per run; a run without the value keeps its row with the reason written in it (for a complete
+    run, `missing` says why, from its record)."""
     bars = ax.barh(range(len(runs)), [v or 0.0 for v in values], color=colors, height=0.7)
     ax.bar_label(bars, labels=["" if v is None else fmt.format(v) for v in values], padding=3, fontsize=8)
     for y, (run, value) in enumerate(zip(runs, values, strict=True)):
         if value is None:
-            _gap_label(ax, y, run.label if not run.ok else "not measured")
+            _gap_label(ax, y, run.label if not run.ok else missing(run) if missing else "not measured")
     _finish_axes(ax, [r.name for r in runs], range(len(runs)), max((v or 0.0 for v in values), default=0.0))
 
 
@@ -78,25 +101,26 @@ def _save(fig: Figure, out: Path, name: str, title: str, note: str = "") -> Char
     fig.suptitle(title, fontsize=12)
     path = out / f"{name}.png"
     fig.savefig(path, dpi=100)
-    return Chart(name, title, path, note)
+    return Chart(name, title, path, note, clipped_texts(fig))
 
 
 def _simple(runs: list[Run], out: Path, name: str, title: str, xlabel: str, fmt: str,
-            value: Callable[[Run], float | None], colors: dict[str, str] | None = None, note: str = "") -> Chart:
+            value: Callable[[Run], float | None], colors: dict[str, str] | None = None, note: str = "",
+            missing: Callable[[Run], str] | None = None) -> Chart:
     colors = colors or _strategy_colors(runs)
     fig, (ax,) = _figure(len(runs))
-    _run_bars(ax, runs, [value(r) for r in runs], fmt, [colors[r.strategy] for r in runs])
+    _run_bars(ax, runs, [value(r) for r in runs], fmt, [colors[r.strategy] for r in runs], missing)
     ax.set_xlabel(xlabel)
     if note:
-        ax.set_title(note, fontsize=8, color="#555555")
+        ax.set_title(textwrap.fill(note, NOTE_WIDTH), fontsize=8, color="#555555")
     _strategy_legend(ax, {s: c for s, c in colors.items() if any(r.strategy == s for r in runs)})
     return _save(fig, out, name, title, note)
 
 
 def epoch_time(runs: list[Run], out: Path) -> Chart:
     return _simple(runs, out, "epoch_time", "Epoch time per run",
-                   "mean wall time per epoch, s (data loading included, evaluation excluded)", "{:.2f} s",
-                   lambda r: r.epoch_s)
+                   "mean wall time per whole epoch, s (data loading included, evaluation excluded)", "{:.2f} s",
+                   lambda r: r.epoch_s, missing=lambda r: r.why_no_epoch)
 
 
 def peak_memory(runs: list[Run], out: Path) -> Chart:
@@ -118,13 +142,16 @@ def peak_memory(runs: list[Run], out: Path) -> Chart:
 
 
 def throughput(runs: list[Run], out: Path) -> Chart:
+    """Examples per second, counted in the runs' own unit (images, tokens) when they share one."""
     colors = [_strategy_colors(runs)[r.strategy] for r in runs]
     fig, (total, per_device) = _figure(len(runs), columns=2)
-    _run_bars(total, runs, [r.measured("throughput", "examples_per_s") for r in runs], "{:,.0f}", colors)
-    _run_bars(per_device, runs, [r.measured("throughput", "examples_per_s_per_device") for r in runs], "{:,.0f}",
-              colors)
-    total.set_xlabel("images per second (training)")
-    per_device.set_xlabel("images per second per device")
+    units = {r.unit for r in runs if r.ok}
+    unit = units.pop() if len(units) == 1 else "examples"
+    key = "units_per_s" if unit != "examples" else "examples_per_s"
+    _run_bars(total, runs, [r.measured("throughput", key) for r in runs], "{:,.0f}", colors)
+    _run_bars(per_device, runs, [r.measured("throughput", f"{key}_per_device") for r in runs], "{:,.0f}", colors)
+    total.set_xlabel(f"{unit} per second (training)")
+    per_device.set_xlabel(f"{unit} per second per device")
     _strategy_legend(per_device, _strategy_colors(runs))
     return _save(fig, out, "throughput", "Training throughput per run")
 
@@ -132,7 +159,7 @@ def throughput(runs: list[Run], out: Path) -> Chart:
 def _placeholder(out: Path, name: str, title: str, message: str) -> Chart:
     fig = Figure(figsize=(9.0, 2.4), dpi=100, layout="constrained")
     ax = fig.subplots()
-    ax.text(0.5, 0.5, message, ha="center", va="center", wrap=True, fontsize=11)
+    ax.text(0.5, 0.5, textwrap.fill(message, 90), ha="center", va="center", fontsize=11)
     ax.set_axis_off()
     return _save(fig, out, name, title, message)
 
@@ -141,10 +168,8 @@ def mfu(runs: list[Run], out: Path) -> Chart:
     title = "Model FLOPs utilisation per run"
     measured = [r for r in runs if r.measured("mfu", "mfu") is not None]
     if not measured:
-        kinds = sorted({str(r.measurement("device_kind")) for r in runs if r.measurement("device_kind")})
-        why = (f"no peak FLOP/s is known for device kind {', '.join(kinds)}" if kinds
-               else "no complete run carries measurements" if not any(r.measurement() for r in runs)
-               else "the runs do not say which device they ran on")
+        reasons = sorted({r.why_not("mfu") for r in runs if r.ok})
+        why = "; ".join(reasons) if reasons else "no run completed"
         return _placeholder(out, "mfu", title, f"No run reports an MFU: {why}.")
     sources = sorted({str(r.measurement("mfu", "peak_source")) for r in measured})
     omitted = [r.name for r in runs if r.measured("mfu", "mfu") is None]
@@ -195,7 +220,7 @@ def memory_breakdown(runs: list[Run], out: Path) -> Chart:
             y += 1.0
     fig, (ax,) = _figure(len(runs) + len(strategies))
     parts = [(label, [r.part(key) or 0.0 for r in ordered]) for key, label in BREAKDOWN]
-    _stacked(ax, ordered, positions, parts, ["#4878d0", "#82c6e2", "#956cb4", "#ee854a"],
+    _stacked(ax, ordered, positions, parts, ["#4878d0", "#82c6e2", "#956cb4", "#ee854a", "#bbbbbb"],
              lambda r: r.label if not r.ok else "no breakdown measured")
     ax.set_ylim(y - 0.3, -0.6)
     at_left = blended_transform_factory(ax.transAxes, ax.transData)

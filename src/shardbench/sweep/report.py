@@ -9,6 +9,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from shardbench.sweep.store import RunRow, Store
 
 MIB = 1024 * 1024
 DASH = "-"
+INCOMPLETE = "incomplete"  # a run folder without summary.json
 # Fields that differ between runs by construction (where each run writes) or that do not change results:
 # they are never "what was swept" and never stop two runs from being compared.
 NOISE = frozenset({"train.out", "train.resume", "train.run_name", "train.profile_root", "train.progress",
@@ -73,6 +75,15 @@ class Run:
     def measured(self, *path: str) -> float | None:
         return _number(self.measurement(*path))
 
+    def why_not(self, figure: str) -> str:
+        """Why a complete run lacks `figure` ("mfu" or "step_time_s"), as its record says (never a guess)."""
+        said = self.measurement(figure, "not_measured")
+        if said:
+            return str(said)
+        if figure == "mfu" and self.measurement("step_time_s", "not_measured"):
+            return f"no step time: {self.measurement('step_time_s', 'not_measured')}"
+        return "the record does not say why (written by an older shardbench)"
+
     def field(self, record_key: str, config_key: str) -> Any:
         # The record says what actually ran (e.g. the resolved mesh); the config is all a failed run has.
         value = _dig(self.record, record_key)
@@ -124,6 +135,15 @@ class Run:
     def epoch_s(self) -> float | None:
         times = [t for t in map(_number, _dig(self.record, "measurements", "epoch_time_s") or []) if t is not None]
         return statistics.fmean(times) if times else None
+
+    @property
+    def why_no_epoch(self) -> str:
+        """Why a complete run has no epoch time: it trained only part of an epoch (from its record)."""
+        partial = _dig(self.record, "measurements", "partial_epochs") or []
+        if partial:
+            p = partial[0]
+            return f"partial epoch only: {p.get('steps')} of {p.get('of')} steps in {p.get('time_s', 0):.1f} s"
+        return "not measured"
 
     @property
     def memory(self) -> tuple[float | None, str]:
@@ -263,10 +283,20 @@ def _from_folders(root: Path, skip: Path) -> list[Run]:
         if name in {r.name for r in runs}:  # two folders with one run name: their paths tell them apart
             name = relative
         runs.append(Run(name, str(record.get("status", "complete")), None, None, {}, config, record))
+    # A run folder (it has the config.json a run writes first) without summary.json did not finish: it is
+    # listed among the failed runs, never silently left out.
+    for saved in sorted(root.rglob("config.json")):
+        if skip in saved.parents or saved.with_name("summary.json").exists():
+            continue
+        nested = _read_json(saved)
+        config = {f"{s}.{k}": v for s, sec in nested.items() if isinstance(sec, dict) for k, v in sec.items()}
+        runs.append(Run(saved.parent.relative_to(root).as_posix(), "failed", INCOMPLETE,
+                        "no summary.json: the run did not finish (stopped, killed, or still running)", {}, config,
+                        None))
     # A folder keeps no list of swept fields: they are the fields whose values differ between the runs.
     keys = sorted({k for r in runs for k in r.settings})
     swept = [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
-    return [Run(r.name, r.status, None, None, {k: r.config.get(k) for k in swept}, r.config, r.record)
+    return [Run(r.name, r.status, r.error_kind, r.error, {k: r.config.get(k) for k in swept}, r.config, r.record)
             for r in runs]
 
 
@@ -277,6 +307,8 @@ def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[Run], dic
     runs, meta = _from_store(sweep_dir / "sweep.db") if (sweep_dir / "sweep.db").exists() else ([], {})
     if not runs:
         runs, meta = _from_folders(sweep_dir, skip or sweep_dir / "report"), {}
+    if not any(r.ok for r in runs) and all(r.error_kind == INCOMPLETE for r in runs):
+        runs = []  # nothing but unfinished folders is nothing to report
     if not runs:
         raise ShardbenchError(f"{sweep_dir}: no runs to report (no runs in a sweep.db and no summary.json below it)")
     return runs, meta
@@ -300,6 +332,8 @@ class ReportPaths:
     markdown: Path
     html: Path
     charts: dict[str, Path]
+    clipped: dict[str, tuple[str, ...]] = dataclass_field(default_factory=dict)  # per chart: texts its edges cut
+    incomplete: tuple[str, ...] = ()  # run folders without summary.json
 
 
 @dataclass(frozen=True)
@@ -384,7 +418,9 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
     markdown, page = out / "report.md", out / "report.html"
     markdown.write_text(render_markdown(content), encoding="utf-8")
     page.write_text(html_page.render(content), encoding="utf-8")
-    return ReportPaths(out, markdown, page, {c.name: c.path for c in content.charts})
+    return ReportPaths(out, markdown, page, {c.name: c.path for c in content.charts},
+                       {c.name: c.clipped for c in content.charts if c.clipped},
+                       tuple(r.name for r in content.runs if r.error_kind == INCOMPLETE))
 
 
 # ---------------------------------------------------------------- terminal lines printed by `shardbench sweep`
@@ -416,8 +452,10 @@ def progress_line(index: int, total: int, row: RunRow) -> str:
         return f"{head}  {status_text(row)}: {row.error}"
     run = _run(row)
     memory, source = run.memory
+    step = run.measured("step_time_s", "median")
+    step_text = f"step {step:.3f}s" if step is not None else f"step time {run.why_not('step_time_s')}"
     return (f"{head}  complete  {_fixed(_number(_dig(row.record, 'time_s')), '.1f')}s  "
-            f"{run.rate_text}  step {_fixed(run.measured('step_time_s', 'median'), '.3f')}s  "
+            f"{run.rate_text}  {step_text}  "
             f"mem {_fixed(memory, '.1f')} MiB ({source})  comms {_fixed(run.comms_mib, '.1f')} MiB")
 
 

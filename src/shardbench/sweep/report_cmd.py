@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,9 @@ def add_parser(subparsers: Any) -> None:
     """Add the `report` sub-command to an argparse sub-parsers object."""
     parser = subparsers.add_parser(
         "report", help="write a Markdown + HTML report with charts for a sweep or a folder of runs",
-        description="Read DIR/sweep.db (or, without one, every run directory below DIR that has a summary.json) "
-                    "and write report.md, a self-contained report.html and PNG charts into DIR/report.",
+        description="Read DIR/sweep.db (or, without one, every run directory below DIR: those with a summary.json, "
+                    "and those without one listed as failed) and write report.md, a self-contained report.html and "
+                    "PNG charts into DIR/report.",
     )
     parser.add_argument("dir", metavar="DIR", type=Path, help="sweep directory (or any folder of run directories)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: DIR/report)")
@@ -24,6 +26,9 @@ def run(args: argparse.Namespace) -> int:
     from shardbench.sweep.report import write_report
 
     paths = write_report(args.dir, args.out)
+    if paths.incomplete:
+        print(f"report: {len(paths.incomplete)} run folder(s) without summary.json (did not finish), listed as "
+              f"failed: {', '.join(paths.incomplete)}", file=sys.stderr)
     for path in (paths.markdown, *paths.charts.values(), paths.html):
         print(path)
     return 0

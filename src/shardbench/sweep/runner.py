@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,6 +40,7 @@ class Options:
     profile: bool = False
     processes: int = 1
     devices_per_process: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # added to each run's environment (the shared peak)
 
 
 def has_field(key: str) -> bool:
@@ -133,14 +134,15 @@ def host_memory_bytes() -> int | None:
     return _proc_kib("/proc/meminfo", "MemTotal:")
 
 
-def run_process(cmd: list[str], log_path: Path, timeout_s: float) -> Outcome:
+def run_process(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None) -> Outcome:
     """One run's process, alone in its session so that a time limit or Ctrl-C can stop all of it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started, t0 = time.time(), time.perf_counter()
     lines: list[str] = []
     with open(log_path, "wb", buffering=0) as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=dies_with_parent())
+                                env={**os.environ, **(env or {})}, start_new_session=True,
+                                preexec_fn=dies_with_parent())
         assert proc.stderr is not None
         reader = threading.Thread(target=_tee, args=(proc.stderr, log, lines), daemon=True)
         reader.start()
@@ -220,7 +222,7 @@ def execute(sweep: Sweep, run: Run, opts: Options) -> RunRow:
     """Run one configuration to the end (or its time limit) and describe what happened."""
     run_dir = opts.sweep_dir / "runs" / run.name
     log_path = opts.sweep_dir / "runs" / f"{run.name}.log"
-    outcome = run_process(train_command(sweep.base_preset, run, opts), log_path, opts.timeout_s)
+    outcome = run_process(train_command(sweep.base_preset, run, opts), log_path, opts.timeout_s, opts.env)
     finished = outcome.started + outcome.wall_s
     planned = run_config(sweep.base_preset, run)
     record = _read_json(run_dir / "summary.json") if outcome.returncode == 0 else None

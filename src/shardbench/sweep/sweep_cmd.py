@@ -7,15 +7,18 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
 from shardbench import config as config_lib
+from shardbench import malloc
+from shardbench.measure import peak as peak_lib
 from shardbench.cli import add_config_arguments
 from shardbench.errors import ConfigError, ShardbenchError, report
-from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Grid, Run, Sweep, make_sweep
+from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Grid, Run, Sweep, make_sweep, run_config
 from shardbench.sweep.preflight import refusals
 from shardbench.sweep.runner import Options, has_field, run_sweep
 from shardbench.sweep.store import Store
@@ -252,6 +255,23 @@ def overhead_line(timing: dict[str, Any]) -> str:
             f"{timing['runs_wall_s']:.1f} s, start-up included: {timing['ratio']:.3f}x")
 
 
+def share_peak(sweep: Sweep, out: Path) -> dict[str, str]:
+    """On a CPU, measure the host's matmul peak once for the sweep (kept in <out>/peak.json, so a resumed sweep
+    divides by the same figure); returns the environment that hands it to every run's processes."""
+    if malloc.target_platform(os.environ) != "cpu":
+        return {}
+    path = out / "peak.json"
+    configs = [run_config(sweep.base_preset, r) for r in sweep.runs]
+    dtypes = sorted({c["precision.dtype"] for c in configs if c["precision.dtype"] in config_lib.DTYPES})
+    have = set(json.loads(path.read_text())) if path.exists() else set()
+    if set(dtypes) - have:
+        cache = config_lib.cache_root(config_lib.override(config_lib.Config(), configs[0]))
+        measured = peak_lib.measure_into(path, dtypes, cache)
+        print("sweep: host matmul peak " + ", ".join(f"{d} {v['flops_per_s'] / 1e9:.1f} GFLOP/s"
+                                                      for d, v in measured.items()) + f" -> {path}", flush=True)
+    return {peak_lib.PEAK_FILE_ENV: str(path.resolve())}
+
+
 def _plan(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any] | None]:
     """The sweep to run, and the stored options when it is resumed from `--out` alone."""
     values = {k: v for k, v in vars(args).items() if "." in k}
@@ -296,8 +316,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             with open_store(out, args.resume, plan_meta(sweep, options)) as store:
                 print(f"sweep: {len(sweep.runs)} runs -> {out}", flush=True)
+                env = share_peak(sweep, out)
                 code = run_sweep(sweep, store, Options(out, options["timeout"], options["profile"],
-                                                       options["processes"], options["devices_per_process"]),
+                                                       options["processes"], options["devices_per_process"], env),
                                  out=lambda line: print(line, flush=True), refused=refused)
                 if code == 0 and not args.no_report:
                     from shardbench.sweep.report import write_report  # matplotlib only for a report

@@ -45,14 +45,18 @@ def summary_line(summary: dict[str, Any]) -> str:
     m = summary.get("measurements", {})
     throughput = m.get("throughput") or {}
     rate, unit = throughput.get("units_per_s"), throughput.get("unit", "examples")
-    step = (m.get("step_time_s") or {}).get("median")
+    timing = m.get("step_time_s") or {}
+    step = timing.get("median")
     parts = [f"done: {summary['run_name']}: {summary['steps']} steps on {summary['devices']} device(s) "
              f"({summary['strategy']}, mesh {summary['mesh']}, {summary.get('spmd', 'jit')}) in "
              f"{summary['time_s']:.1f}s" + (f", {rate:,.0f} {unit}/s" if rate else "")
-             + (f", step {1000 * step:.1f} ms" if step else "")]
-    mfu = (m.get("mfu") or {}).get("mfu")
-    if mfu is not None:
-        parts.append(f"MFU {100 * mfu:.1f}%")
+             + (f", step {1000 * step:.1f} ms" if step else
+                f", step time {timing['not_measured']}" if timing.get("not_measured") else "")]
+    mfu = m.get("mfu") or {}
+    if mfu.get("mfu") is not None:
+        parts.append(f"MFU {100 * mfu['mfu']:.1f}%")
+    elif mfu.get("not_measured") and step:
+        parts.append(f"MFU not measured: {mfu['not_measured']}")
     if summary.get("train_loss") is not None:
         parts.append(f"train loss {summary['train_loss']:.4f}")
     if summary.get("test_accuracy") is not None:

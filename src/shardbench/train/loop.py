@@ -71,9 +71,7 @@ class Plan:
 
 
 def default_cache_dir(cfg: Config) -> Path:
-    if cfg.data.cache_dir:
-        return Path(cfg.data.cache_dir).expanduser()
-    return Path(os.environ.get("SHARDBENCH_CACHE", Path.home() / ".cache" / "shardbench")).expanduser()
+    return config_lib.cache_root(cfg)
 
 
 def resolve_out(cfg: Config) -> Path:
@@ -263,11 +261,13 @@ def run(cfg: Config) -> dict[str, Any]:
 
 
 def shared_host_peak(cfg: Config, layout: Layout) -> HostPeak | None:
-    """On a CPU, the host's matmul peak for MFU (see `shardbench.measure.peak`), process 0's for every process."""
+    """On a CPU, the host's matmul peak for MFU (see `shardbench.measure.peak`): process 0 reads or measures it
+    and hands it to every other process of the run."""
     if layout.device.platform != "cpu":
         return None
-    mine = host_peak(cfg.precision.dtype, default_cache_dir(cfg), cfg.train.recalibrate_peak)
-    return HostPeak(**cluster.gather_json(mine.to_dict())[0])
+    mine = (host_peak(cfg.precision.dtype, default_cache_dir(cfg), cfg.train.recalibrate_peak).to_dict()
+            if jax.process_index() == 0 else None)
+    return HostPeak(**cluster.gather_json(mine)[0])
 
 
 def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: Checkpoints,
@@ -294,7 +294,8 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     if lowered and is_main:
         print(lowered, flush=True)
     timer = StepTimer(warmup)
-    meter, history, epoch_times = EpochMeter(), [], []
+    meter, history, epoch_times, epoch_steps = EpochMeter(), [], [], []
+    epoch_first = start
     pending: tuple[int, dict[str, jax.Array]] | None = None
     t0 = window_t = epoch_t0 = time.perf_counter()
     window_steps = 0
@@ -352,6 +353,8 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
             if pending is not None:
                 last, pending = settle(pending), None
             epoch_times.append(time.perf_counter() - epoch_t0)  # the seed's epoch time: data + steps, no eval
+            epoch_steps.append(done - epoch_first)
+            epoch_first = done
             record = {"epoch": (done - 1) // per_epoch + 1, "step": done,
                       **{f"train_{k}": v for k, v in meter.means().items()}}
             if cfg.train.eval:
@@ -374,6 +377,7 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     elapsed = time.perf_counter() - t0
     measurements = build_measurements(cfg=cfg, task=plan.task, layout=layout, compiled=compiled,
                                       compile_times=compile_times, timer=timer, epoch_times=epoch_times,
+                                      epoch_steps=epoch_steps, steps_per_epoch=per_epoch,
                                       steps_run=total - start, state=state, host_peak=host)
     throughput = measurements["throughput"]
     summary: dict[str, Any] = {
