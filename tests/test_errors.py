@@ -42,7 +42,11 @@ def _image_tree(root: Path, *, splits: tuple[str, ...] = ("train", "test"), corr
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--devices", "8", "--strategy", "dp+tp", "--mesh", "4x4"], "--mesh 4x4 has 16 devices but 8 are in use"),
+        (["--devices", "8", "--strategy", "dp+tp", "--mesh", "4x4"],
+         "--mesh 4x4 has 16 devices but 8 devices are in use"),
+        (["--devices", "1", "--strategy", "dp", "--mesh", "4x2"], "--mesh 4x2 has 8 devices but 1 device is in use"),
+        (["--profile"], "--profile traces steps 6-8 (--train.profile-skip 5 + --train.profile-steps 3), but this "
+                        "run has 2 step(s) to train"),
         (["--devices", "8", "--strategy", "dp", "--batch-size", "36"],
          "--batch-size 36 is not divisible by the data-parallel size 8"),
         (["--devices", "8", "--strategy", "tp", "--mesh", "model=8"],

@@ -89,3 +89,15 @@ def test_every_run_records_its_measurements(micro, tmp_path: Path) -> None:
     trace = Path(cfg.train.out) / "tensorboard" / "plugins" / "profile" / "mesh_8_1_batch_32_fsdp"
     assert saved["profile"] == str(trace)
     assert any(p.name.endswith(".xplane.pb") for p in trace.iterdir())
+
+
+def test_a_lone_run_uses_the_hosts_cached_peak_until_asked_to_recalibrate(micro) -> None:
+    out = micro().train.out
+    first = run(micro(**{"train.steps": 3}))["measurements"]["mfu"]
+    second = run(micro(**{"train.steps": 3, "train.out": out + "-2"}))["measurements"]["mfu"]
+    third = run(micro(**{"train.steps": 3, "train.out": out + "-3", "train.recalibrate_peak": True}))[
+        "measurements"]["mfu"]
+    assert first["peak_origin"] == "measured now" and second["peak_origin"].startswith("host cache ")
+    assert second["peak_flops_per_s_per_device"] == first["peak_flops_per_s_per_device"]
+    assert second["peak_measured_at"] == first["peak_measured_at"]
+    assert third["peak_origin"] == "measured now"

@@ -11,7 +11,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from shardbench import config as config_lib
 from shardbench.errors import ShardbenchError
@@ -312,11 +314,21 @@ def test_html_page_in_chromium(written: ReportPaths) -> None:
             assert page.locator("th[data-key]").count() == 24  # 23 + test loss; model, spmd, tokens/s are hidden
             charts = page.locator("img.chart")
             assert charts.count() == len(CHARTS)
+            shots = written.directory / "screenshots"
+            shots.mkdir(exist_ok=True)
             for i in range(charts.count()):
                 chart = charts.nth(i)
                 chart.scroll_into_view_if_needed()
                 assert chart.evaluate("img => img.complete && img.naturalWidth") > 0, chart.get_attribute("id")
                 assert chart.is_visible()
+                # As a reader sees it: shown whole (not scaled past the page or cut by it), with a drawing in it.
+                box = chart.bounding_box()
+                assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 1400
+                shot = shots / f"chart-{i}.png"
+                chart.screenshot(path=str(shot))
+                pixels = np.asarray(Image.open(shot).convert("L"))
+                assert (pixels < 200).mean() > 0.01, f"{shot} is nearly blank"
+            page.screenshot(path=str(shots / "page.png"), full_page=True)
             assert "Compute dtype bfloat16 vs float32" in page.locator("#findings").inner_text()
 
             for key in ("epoch_s", "mfu_pct", "img_s_device"):

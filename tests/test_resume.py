@@ -76,3 +76,13 @@ def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
     for k, v in tree.items():
         items += _flatten(v, f"{prefix}{k}/") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
     return items
+
+
+def test_resume_before_the_first_checkpoint_says_it_starts_over(tmp_path: Path) -> None:
+    """Killed at step 2, before the first checkpoint (step 4): --resume says there is none and trains from 0."""
+    killed = _train(tmp_path / "run", tmp_path / "cache", kill_at=2)
+    assert killed.returncode == -signal.SIGKILL
+    resumed = _train(tmp_path / "run", tmp_path / "cache", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "holds no finished checkpoint (the run stopped before its first); training from step 0" in resumed.stdout
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["resumed_from"] == 0

@@ -243,10 +243,20 @@ def cmd_presets(args: argparse.Namespace) -> int:
         if args.json:
             print(f"# {name}\n{cfg.to_json()}")
         else:
-            m = cfg.model
-            print(f"{name:10s} {(make.__doc__ or '').strip().splitlines()[0]}  [embed {m.embed_dim}, "
-                  f"{m.num_layers} layers, {m.num_heads} heads, mlp {m.mlp_dim}]")
+            doc = " ".join((make.__doc__ or "").split())
+            print(f"{name:10s} {doc}  [{preset_shape(cfg)}; batch {cfg.train.batch_size}, data {cfg.data.dataset}]")
     return 0
+
+
+def preset_shape(cfg: config_lib.Config) -> str:
+    """The fields that shape a preset's model, in its own kind's terms."""
+    m = cfg.model
+    if m.kind == "mlp":
+        return f"mlp: {m.num_layers} layers of width {m.mlp_dim} on {m.input_dim} inputs, {m.num_classes} outputs"
+    blocks = f"embed {m.embed_dim}, {m.num_layers} layers, {m.num_heads} heads, mlp {m.mlp_dim}"
+    if m.kind == "lm":
+        return f"lm: vocabulary {m.vocab_size}, sequence {m.seq_len}, {blocks}"
+    return f"{m.kind}: patch {m.patch_size}, {blocks}, {m.num_classes} classes"
 
 
 def _train_steps(args: argparse.Namespace) -> int | None:

@@ -220,6 +220,7 @@ def memory_breakdown(runs: list[Run], out: Path) -> Chart:
             y += 1.0
     fig, (ax,) = _figure(len(runs) + len(strategies))
     parts = [(label, [r.part(key) or 0.0 for r in ordered]) for key, label in BREAKDOWN]
+    parts = [(label, values) for label, values in parts if any(values) or label != BREAKDOWN[-1][1]]
     _stacked(ax, ordered, positions, parts, ["#4878d0", "#82c6e2", "#956cb4", "#ee854a", "#bbbbbb"],
              lambda r: r.label if not r.ok else "no breakdown measured")
     ax.set_ylim(y - 0.3, -0.6)

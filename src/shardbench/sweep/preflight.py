@@ -22,14 +22,19 @@ from shardbench.sweep.grid import Sweep, run_config
 
 def refusals(sweep: Sweep) -> dict[str, str]:
     """{run name: why `shardbench train` would refuse it} for every run of `sweep` that would be refused."""
-    configs = {run.name: run_config(sweep.base_preset, run) for run in sweep.runs}
+    return check_in_processes({run.name: run_config(sweep.base_preset, run) for run in sweep.runs})
+
+
+def check_in_processes(configs: dict[str, dict[str, Any]], env: dict[str, str] | None = None) -> dict[str, str]:
+    """{name: refusal} for the flattened configurations that `shardbench train` would refuse, each checked in a
+    child process (environment `env`, default this one's) set up with the devices that configuration asks for."""
     by_devices: dict[int, dict[str, dict[str, Any]]] = {}
     for name, flat in configs.items():
         by_devices.setdefault(int(flat["parallel.devices"]), {})[name] = flat
     found: dict[str, str] = {}
     for group in by_devices.values():
         done = subprocess.run([sys.executable, "-m", "shardbench.sweep.preflight"], input=json.dumps(group),
-                              capture_output=True, text=True, env=os.environ.copy())
+                              capture_output=True, text=True, env=env if env is not None else os.environ.copy())
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"the sweep's configuration check failed: {last}")

@@ -1,0 +1,180 @@
+"""Every command the README and `--help` show runs as written, so that they cannot rot.
+
+Each `shardbench ...` line of the README's code blocks (and the sweep file `shardbench sweep --help` shows) is
+parsed by the real parser and checked the way it would run, without its hours of training: a `train` or
+`launch` command's configuration goes through every check `train` makes before loading data (in child
+processes set up with the devices the command asks for, from a clean environment, as on a user's machine),
+a sweep is expanded and every run checked (`--dry-run`), `inspect` and `presets` run for real, `bench` plans
+its cases. Local files the commands name (the CIFAR-10 JPEG tar, a text file, the sweep file) are made small
+in a working folder first. Commands that need a cluster (srun, gcloud, HOST:PORT) are listed and skipped.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from shardbench import config as config_lib
+from shardbench.cli import build_parser, config_from_args
+from shardbench.parallel.mesh import mesh_size
+from shardbench.sweep import sweep_cmd
+from shardbench.sweep.preflight import check_in_processes
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+CLUSTER_ONLY = ("HOST:PORT", "--num-processes N")  # templates to fill in on a cluster
+
+
+def readme_commands() -> list[str]:
+    """The README's shardbench command lines (continuations joined, comments and prompts dropped)."""
+    commands, pending = [], ""
+    for raw in README.read_text().splitlines():
+        line = raw[4:] if raw.startswith("    ") else None
+        if line is None:
+            pending = ""
+            continue
+        line = pending + line.strip()
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        pending = ""
+        line = line.removeprefix("$ ")
+        if line.startswith("python benchmarks/bench.py"):
+            line = "shardbench bench" + line[len("python benchmarks/bench.py"):]
+        if line.startswith("shardbench ") and not line.startswith("shardbench.") and "(" not in line.split()[1]:
+            commands.append(line.split("  #")[0].split(" # ")[0].strip())
+    return commands
+
+
+def help_sweep_file() -> str:
+    """The sweep file `shardbench sweep --help` shows, as a user would copy it."""
+    text = sweep_cmd.DESCRIPTION
+    block = text[text.index("    preset ="):text.index("Runs are the cartesian")]
+    return "\n".join(line[4:].split("  #")[0].rstrip() for line in block.splitlines())
+
+
+def _image_tar(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for split in ("train", "test"):
+            for label in range(10):
+                buffer = io.BytesIO()
+                Image.fromarray(np.full((32, 32, 3), 20 * label, np.uint8)).save(buffer, format="PNG")
+                info = tarfile.TarInfo(f"cifar10/{split}/class{label}/0.png")
+                info.size = buffer.tell()
+                buffer.seek(0)
+                tar.addfile(info, buffer)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding what the commands name: the tar (here and at ../shared/data), README.md, my-sweep.toml."""
+    base = tmp_path_factory.mktemp("readme")
+    work = base / "work"
+    for tar in (work / "cifar10-jpeg.tar.gz", base / "shared" / "data" / "cifar10-jpeg.tar.gz"):
+        _image_tar(tar)
+    (work / "README.md").write_text(README.read_text())
+    (work / "my-sweep.toml").write_text(help_sweep_file())
+    return work
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def test_the_readme_has_the_commands_this_test_checks() -> None:
+    commands = readme_commands()
+    kinds = {c.split()[1] for c in commands}
+    assert {"train", "sweep", "inspect", "launch", "bench"} <= kinds, commands
+    assert len(commands) >= 20
+
+
+def test_every_readme_command_runs_as_written(workdir: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.chdir(workdir)
+    monkeypatch.setenv("SHARDBENCH_CACHE", str(workdir / "cache"))
+    parser = build_parser()
+    configs: dict[str, dict[str, object]] = {}
+    problems: list[str] = []
+    for command in readme_commands():
+        if any(t in command for t in CLUSTER_ONLY):
+            continue
+        argv = shlex.split(command)[1:]
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            problems.append(f"{command}: the parser refused it: {capsys.readouterr().err.strip()[-300:]}")
+            continue
+        if args.command == "train":
+            configs[command] = config_lib.flatten(config_from_args(args))
+        elif args.command == "launch":
+            inner = parser.parse_args([a for a in args.argv if a != "--"])
+            flat = config_lib.flatten(config_from_args(inner))
+            flat["parallel.devices"] = flat["parallel.devices"] or args.processes * args.devices_per_process
+            configs[command] = flat
+        elif args.command == "sweep":
+            if args.resume:
+                assert sweep_cmd.run(args) == 2  # nothing to resume here; the plan comes from the store
+                assert "holds no sweep to resume" in capsys.readouterr().err
+                continue
+            args.dry_run = True
+            code = sweep_cmd.run(args)
+            printed = capsys.readouterr()
+            if code != 0 or ("REFUSED" in printed.out and not args.skip_refused):
+                problems.append(f"{command}: {printed.err.strip()[-300:]}"
+                                f"{[l for l in printed.out.splitlines() if 'REFUSED' in l][:2]}")
+        elif args.command == "inspect":
+            done = subprocess.run([sys.executable, "-m", "shardbench", *argv], capture_output=True, text=True,
+                                  env=_clean_env(), cwd=workdir)
+            if done.returncode != 0:
+                problems.append(f"{command}: {done.stderr.strip()[-300:]}")
+        elif args.command == "bench":
+            from shardbench.bench.bench_cmd import plan
+
+            plan(args)
+    refused = check_in_processes(configs, env=_clean_env())
+    problems += [f"{command}: {why}" for command, why in refused.items()]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_sweep_file_in_help_loads_and_expands(workdir: Path) -> None:
+    from shardbench.sweep.grid import make_sweep
+    from shardbench.sweep.sweep_file import load_sweep_file
+
+    loaded = load_sweep_file(workdir / "my-sweep.toml")
+    sweep = make_sweep(sweep_file=loaded)
+    assert loaded.base == {"train.steps": 20, "parallel.devices": 8}
+    assert [r.name for r in sweep.runs] == ["mesh_8_1_batch_128", "mesh_8_1_batch_1024", "mesh_4_2_batch_128",
+                                            "mesh_4_2_batch_1024"]
+
+
+def test_inspect_takes_the_device_count_its_mesh_names(workdir: Path) -> None:
+    assert mesh_size("4x2") == 8 and mesh_size("model=8") == 8 and mesh_size("") is None
+    done = subprocess.run([sys.executable, "-m", "shardbench", "inspect", "--preset", "vit-tiny", "--mesh", "4x2"],
+                          capture_output=True, text=True, env=_clean_env(), cwd=workdir)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"dev 0,2,4,6", done.stdout)
+
+
+def test_presets_print_whole_descriptions_in_each_kinds_terms() -> None:
+    done = subprocess.run([sys.executable, "-m", "shardbench", "presets"], capture_output=True, text=True,
+                          env=_clean_env())
+    lines = {line.split()[0]: line for line in done.stdout.splitlines()}
+    assert set(lines) == set(config_lib.PRESETS)
+    for name, make in config_lib.PRESETS.items():
+        assert " ".join((make.__doc__ or "").split()) in lines[name]
+    assert "mlp: 24 layers of width 512 on 256 inputs, 10 outputs" in lines["mlp-small"]
+    assert "heads" not in lines["mlp-small"] and "embed" not in lines["mlp-seed"]
+    assert "lm: vocabulary 512, sequence 64" in lines["lm-seed"]
