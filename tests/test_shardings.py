@@ -111,8 +111,8 @@ def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: in
     ("strategy", "mesh", "devices", "message"),
     [
         ("dp", "4x2", 8, "strategy dp does not use the model axis"),
-        ("dp", "4", 8, "--mesh 4x1 has 4 devices but 8 are in use"),
-        ("dp+tp", "4x4", 8, "has 16 devices but 8 are in use"),
+        ("dp", "4", 8, "--mesh 4x1 has 4 devices but 8 devices are in use"),
+        ("dp+tp", "4x4", 8, "has 16 devices but 8 devices are in use"),
         ("dp", "4by2", 8, "is not a mesh"),
         ("single", "8", 8, "strategy single runs on one device"),
         ("fsdp", "none", 8, "--mesh none means one device without a mesh, but strategy fsdp needs a mesh"),

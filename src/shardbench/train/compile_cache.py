@@ -83,6 +83,11 @@ def counts() -> tuple[int, int]:
     return COUNTER.hits, COUNTER.requests
 
 
+def shift(since: tuple[int, int], before: tuple[int, int], after: tuple[int, int]) -> tuple[int, int]:
+    """`since` moved past the compilations between `before` and `after`, so that they are not counted."""
+    return since[0] + after[0] - before[0], since[1] + after[1] - before[1]
+
+
 def stats(path: Path | None, since: tuple[int, int] = (0, 0)) -> dict[str, object]:
     """The cache's directory and the hits and requests since `since` (one run's share of the process)."""
     xla = getattr(jax.config, XLA_CACHES_OPTION, None) if path is not None else None
