@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
 from shardbench import config as config_lib
 from shardbench.cli import build_parser, config_from_args
 from shardbench.errors import ConfigError
+from shardbench.tasks import validate
 from shardbench.train.state import describe_model
 
 
@@ -69,13 +71,42 @@ def test_config_round_trips_through_json() -> None:
         ({"model.num_heads": 5}, "not divisible by 5 heads"),
         ({"model.patch_size": 5}, "not divisible by patch size 5"),
         ({"train.batch_size": "many"}, "'many' is not a valid int"),
-        ({"model.dropout": 1.5}, "--dropout must be in [0, 1)"),
+        ({"model.dropout": 1.5}, "--model.dropout must be in [0, 1), got 1.5"),
         ({"data.crop_scale": "0.5,1.5"}, "--data.crop-scale 0.5,1.5 is invalid"),
     ],
 )
 def test_bad_values_are_explained(overrides: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-        config_lib.validate(config_lib.override(config_lib.get_preset("vit-tiny"), overrides))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(config_lib.override(config_lib.get_preset("vit-tiny"), overrides))
+
+
+def _outside(allowed: config_lib.Range, kind: type) -> list[float]:
+    """Values just outside a range (and NaN for a float field)."""
+    step = 1 if kind is int else 1e-6
+    below = allowed.low if allowed.low_open else allowed.low - step
+    values = [below if kind is float else int(below)]
+    if not math.isinf(allowed.high):
+        values.append(allowed.high if allowed.high_open else allowed.high + step)
+    if kind is float:
+        values.append(math.nan)
+    return values
+
+
+@pytest.mark.parametrize("key", sorted(config_lib.RANGES))
+def test_every_numeric_field_has_a_range_checked_before_anything_runs(key: str) -> None:
+    """Each numeric field: a value at its lowest allowed end passes; a value just outside either end (or NaN)
+    stops with one line naming the flag and the range; and `--help` shows the range."""
+    allowed = config_lib.RANGES[key]
+    section, _, name = key.partition(".")
+    kind = config_lib.field_types(type(getattr(config_lib.Config(), section)))[name]
+    base = config_lib.override(config_lib.get_preset("vit-tiny"), {"train.steps": 4})
+    lowest = allowed.low + (1 if kind is int else 1e-3) * allowed.low_open
+    config_lib.check_ranges(config_lib.override(base, {key: kind(lowest)}))
+    for value in _outside(allowed, kind):
+        with pytest.raises(ConfigError, match=re.escape(f"--{key.replace('_', '-')} must be in {allowed.text()}")):
+            config_lib.check_ranges(config_lib.override(base, {key: value}))
+    assert f"range {allowed.text()}" in " ".join(build_parser()._subparsers._group_actions[0].choices["train"]
+                                                 .format_help().split())
 
 
 def test_unknown_preset_and_field() -> None:

@@ -54,6 +54,13 @@ def _image_tree(root: Path, *, splits: tuple[str, ...] = ("train", "test"), corr
         (["--devices", "8", "--strategy", "tp", "--mesh", "model=8", "--model.num-heads", "8", "--model.mlp-dim", "60"],
          "model.mlp_dim = 60 is not divisible by the model axis"),
         (["--strategy", "zero3"], "unknown strategy 'zero3'"),
+        # Tried as a new user would (issue 14): each names its flag before anything compiles.
+        (["--steps", "-5"], "--train.steps must be in [0, inf); 0 = train by --epochs, got -5"),
+        (["--lr", "nan"], "--optim.lr must be in (0, inf), got nan"),
+        (["--train.eval-batch-size", "-3"], "--train.eval-batch-size must be in [0, inf); 0 = --batch-size, got -3"),
+        (["--optim.weight-decay", "-1"], "--optim.weight-decay must be in [0, inf), got -1.0"),
+        (["--train.checkpoint-every", "-1"], "--train.checkpoint-every must be in [0, inf); 0 = only at the end"),
+        (["--devices", "-1"], "--parallel.devices must be in [0, inf); 0 = every device, got -1"),
         (["--dtype", "float8"], "unknown --dtype 'float8'"),
     ],
 )
@@ -77,7 +84,11 @@ def test_bad_dataset_spec(tmp_path, capsys, args, message) -> None:
 def test_unknown_preset_is_rejected_by_the_parser(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["train", "--preset", "vit-huge"])
-    assert exc.value.code == 2 and "invalid choice: 'vit-huge'" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip().splitlines()
+    # The one useful line with the valid choices, and where to read more: not the 36 lines of usage.
+    assert exc.value.code == 2 and len(err) == 2
+    assert "invalid choice: 'vit-huge' (choose from" in err[0] and "'vit-tiny'" in err[0]
+    assert err[1] == "see 'shardbench train --help'"
 
 
 def test_corrupt_image_is_named(tmp_path, capsys) -> None:

@@ -13,7 +13,8 @@ from shardbench import config as config_lib
 from shardbench.measure.comms import count_collectives
 from shardbench.measure.memory import per_device_bytes
 from shardbench.models.vit import flops_per_example
-from shardbench.train.loop import plan_run, run
+from shardbench.train.loop import run
+from shardbench.train.plan import plan_run
 from shardbench.train.optim import build_optimizer, learning_rate
 from shardbench.train.state import init_state, state_shardings
 from shardbench.tasks import get_task

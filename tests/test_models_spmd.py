@@ -19,7 +19,8 @@ from shardbench.models import build_model, count_params
 from shardbench.models.lm import flops_per_example as lm_flops
 from shardbench.models.mlp import flops_per_example as mlp_flops
 from shardbench.sweep.grid import make_sweep
-from shardbench.train.loop import plan_run, run
+from shardbench.train.loop import run
+from shardbench.train.plan import plan_run
 
 LN512 = math.log(512)
 

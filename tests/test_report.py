@@ -169,7 +169,7 @@ def test_charts_are_valid_pngs(written: ReportPaths) -> None:
 
 def test_memory_chart_marks_compiled_totals_when_some_runs_report_a_peak(tmp_path: Path) -> None:
     from shardbench.sweep.plots import peak_memory
-    from shardbench.sweep.report import COLUMNS, Run
+    from shardbench.sweep.content import COLUMNS, Run
 
     def run(name: str, peak: float | None) -> Run:
         return Run(name, "complete", None, None, {}, BASE, record(
@@ -232,7 +232,7 @@ def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> Non
 
 def test_parameter_dtype_pair_says_the_state_bytes_move() -> None:
     from shardbench.sweep.findings import precision_findings
-    from shardbench.sweep.report import Run
+    from shardbench.sweep.content import Run
 
     def run(param_dtype: str, state: float) -> Run:
         config = BASE | {"precision.param_dtype": param_dtype, "train.out": f"runs/{param_dtype}"}

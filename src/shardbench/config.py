@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import typing
 from collections.abc import Callable, Mapping
@@ -307,8 +308,64 @@ def cache_root(cfg: Config) -> Path:
     return Path(os.environ.get("SHARDBENCH_CACHE", Path.home() / ".cache" / "shardbench")).expanduser()
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field takes: low <= value (or low < value), value <= high (or < high)."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False  # the value must be greater than `low`
+    high_open: bool = False  # the value must be less than `high`
+    note: str = ""  # what a special value means, e.g. "0 = train by --epochs"
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def text(self) -> str:
+        low = "(" if self.low_open else "["
+        high = ")" if self.high_open or math.isinf(self.high) else "]"
+        top = "inf" if math.isinf(self.high) else f"{self.high:g}"
+        return f"{low}{self.low:g}, {top}{high}" + (f"; {self.note}" if self.note else "")
+
+
+POSITIVE = Range(0, low_open=True)
+FRACTION = Range(0, 1, high_open=True)
+# The range of every numeric field, checked in one place (`check_ranges`) and shown in `--help`.
+RANGES: dict[str, Range] = {
+    "data.image_size": POSITIVE, "data.val_fraction": FRACTION,
+    "data.synthetic_train": POSITIVE, "data.synthetic_test": POSITIVE,
+    "model.patch_size": POSITIVE, "model.embed_dim": POSITIVE, "model.num_layers": POSITIVE,
+    "model.num_heads": POSITIVE, "model.mlp_dim": POSITIVE, "model.num_classes": POSITIVE,
+    "model.dropout": FRACTION, "model.unroll": Range(0, note="0 = auto"), "model.vocab_size": POSITIVE,
+    "model.seq_len": POSITIVE, "model.input_dim": POSITIVE,
+    "parallel.devices": Range(0, note="0 = every device"),
+    "optim.lr": POSITIVE, "optim.weight_decay": Range(0), "optim.b1": FRACTION, "optim.b2": FRACTION,
+    "optim.momentum": FRACTION, "optim.warmup_steps": Range(-1, note="-1 = 5% of the steps"),
+    "optim.end_lr_fraction": Range(0, 1), "optim.grad_clip": Range(0, note="0 = no clipping"),
+    "train.epochs": Range(0, note="used when --steps is 0"), "train.steps": Range(0, note="0 = train by --epochs"),
+    "train.batch_size": POSITIVE, "train.eval_batch_size": Range(0, note="0 = --batch-size"),
+    "train.seed": Range(0), "train.checkpoint_every": Range(0, note="0 = only at the end"),
+    "train.keep_checkpoints": POSITIVE, "train.log_every": POSITIVE, "train.timing_warmup": Range(0),
+    "train.profile_skip": Range(0), "train.profile_steps": Range(0),
+}
+
+
+def check_ranges(cfg: Config) -> None:
+    """Every numeric field inside its range (`RANGES`): one line naming the flag, the range and the value."""
+    for key, allowed in RANGES.items():
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section), name)
+        if not allowed.holds(float(value)):
+            raise ConfigError(f"--{key.replace('_', '-')} must be in {allowed.text()}, got {value}")
+
+
 def validate(cfg: Config) -> None:
-    """Check every value that can be checked without devices or data; one line per problem."""
+    """Check every value that can be checked without devices or data; one line per problem. The model
+    kind's own shape checks are its task's (`shardbench.tasks.validate` runs both)."""
     m, p, o, t = cfg.model, cfg.precision, cfg.optim, cfg.train
     if cfg.parallel.strategy not in STRATEGIES:
         raise ConfigError(f"unknown strategy '{cfg.parallel.strategy}': choose one of {', '.join(STRATEGIES)}")
@@ -325,25 +382,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"unknown --optim.schedule '{o.schedule}': choose one of {', '.join(SCHEDULES)}")
     if cfg.parallel.spmd not in SPMD_STYLES:
         raise ConfigError(f"unknown --spmd '{cfg.parallel.spmd}': choose one of {', '.join(SPMD_STYLES)}")
-    positive = {
-        "model.embed_dim": m.embed_dim, "model.num_layers": m.num_layers, "model.num_heads": m.num_heads,
-        "model.mlp_dim": m.mlp_dim, "model.num_classes": m.num_classes, "model.patch_size": m.patch_size,
-        "model.vocab_size": m.vocab_size, "model.seq_len": m.seq_len, "model.input_dim": m.input_dim,
-        "train.batch_size": t.batch_size,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"--{key.replace('_', '-')} must be positive, got {value}")
+    check_ranges(cfg)
     if m.remat not in REMAT_POLICIES:
         raise ConfigError(f"unknown --remat '{m.remat}': choose one of {', '.join(REMAT_POLICIES)}")
     if m.attention not in ATTENTION:
         raise ConfigError(f"unknown --model.attention '{m.attention}': choose one of {', '.join(ATTENTION)}")
-    if m.unroll < 0:
-        raise ConfigError(f"--model.unroll must be 0 (auto) or a positive number of layers, got {m.unroll}")
-    if not 0.0 <= m.dropout < 1.0:
-        raise ConfigError(f"--dropout must be in [0, 1), got {m.dropout}")
-    if o.lr <= 0:
-        raise ConfigError(f"--lr must be positive, got {o.lr}")
     if t.epochs <= 0 and t.steps <= 0:
         raise ConfigError("nothing to train: give --epochs or --steps a positive value")
     lo, hi = cfg.data.crop_scale
@@ -352,8 +395,3 @@ def validate(cfg: Config) -> None:
     lo, hi = cfg.data.crop_ratio
     if not 0.0 < lo <= hi:
         raise ConfigError(f"--data.crop-ratio {lo},{hi} is invalid: it needs 0 < low <= high")
-    if not 0.0 <= cfg.data.val_fraction < 1.0:
-        raise ConfigError(f"--data.val-fraction must be in [0, 1), got {cfg.data.val_fraction}")
-    from shardbench.tasks import get_task  # the model kind's own shape checks; tasks build on this module
-
-    get_task(cfg).check(cfg)

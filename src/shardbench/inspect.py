@@ -8,7 +8,7 @@ from __future__ import annotations
 import optax
 
 
-from shardbench import config as config_lib
+from shardbench.tasks import validate
 from shardbench.config import Config
 from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
@@ -34,7 +34,7 @@ def _batch(cfg: Config) -> tuple[str, tuple[int, ...]]:
 
 def inspect(cfg: Config, array: str = "") -> str:
     """The parameter table, one array's picture (`array`, '' = the model's default) and the batch's."""
-    config_lib.validate(cfg)
+    validate(cfg)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, select_devices(cfg.parallel.devices))
     spec = describe_model(cfg)
     check_layout(spec, layout)

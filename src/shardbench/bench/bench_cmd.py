@@ -152,10 +152,12 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     if args.timeout <= 0 or args.min_window_s < 0 or args.pipeline_seconds <= 0:
         raise ConfigError(f"--timeout {args.timeout:g}, --pipeline-seconds {args.pipeline_seconds:g}, --min-window-s "
                           f"{args.min_window_s:g}: the first two must be positive, the last >= 0")
+    from shardbench.tasks import validate  # imports JAX: not at the top, which the CLI's parser loads
+
     pairs = settings(args.dtype, args.batch_size, malloc.target_platform(os.environ))
     extra = _extra(args.set)
     for dtype, batch in pairs:  # fail here, in one line, on a configuration that cannot run
-        config_lib.validate(config_lib.override(config_lib.get_preset(args.preset),
+        validate(config_lib.override(config_lib.get_preset(args.preset),
                                                 {"precision.dtype": dtype, "train.batch_size": batch, **extra}))
     (args.dtype, args.batch_size), args.settings = pairs[0], pairs  # the other groups use the first setting
     base = {"precision.dtype": args.dtype, "train.batch_size": args.batch_size, **extra}

@@ -9,7 +9,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from shardbench.sweep.report import Run
+    from shardbench.sweep.content import Run
 
 PRECISION_KEYS = ("precision.param_dtype", "precision.dtype")
 # How the usual swept fields read in a sentence, in the order they are named ("at strategy fsdp, batch 128").

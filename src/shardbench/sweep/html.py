@@ -10,8 +10,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardbench.sweep.plots import Chart
-    from shardbench.sweep.report import Column, ReportContent, Run
+    from shardbench.sweep.content import Chart, Column, ReportContent, Run
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1400px;

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,8 +16,10 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 from matplotlib.transforms import blended_transform_factory
 
+from shardbench.sweep.content import Chart
+
 if TYPE_CHECKING:
-    from shardbench.sweep.report import Run
+    from shardbench.sweep.content import Run
 
 PALETTE = ("#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c", "#dc7ec0", "#797979", "#d5bb67",
            "#82c6e2")
@@ -30,18 +31,6 @@ MEMORY_LABELS = {
     "peak": "runtime peak memory per device, MiB",
     "compiled": "compiled total per device (XLA: arguments + outputs − aliased + temporaries), MiB",
 }
-
-
-@dataclass(frozen=True)
-class Chart:
-    """One written chart: `name` is the file stem, `note` says what was left out or assumed ('' = nothing);
-    `clipped` lists any text the figure's edges cut (none, unless a label outgrew its room)."""
-
-    name: str
-    title: str
-    path: Path
-    note: str = ""
-    clipped: tuple[str, ...] = ()
 
 
 def clipped_texts(fig: Figure) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from typing import IO, Any
 from shardbench import config as config_lib
 from shardbench import malloc
 from shardbench.measure import peak as peak_lib
-from shardbench.cli import add_config_arguments
+from shardbench.flags import add_config_arguments
 from shardbench.errors import ConfigError, ShardbenchError, report
 from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Grid, Run, Sweep, make_sweep, run_config
 from shardbench.sweep.preflight import refusals

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.models import check_kind
 from shardbench.tasks import language, regression, vision
@@ -15,4 +16,11 @@ def get_task(cfg: Config) -> Task:
     return TASKS[cfg.model.kind]
 
 
-__all__ = ["TASKS", "Rows", "Task", "Terms", "get_task"]
+def validate(cfg: Config) -> None:
+    """Every check that needs neither devices nor data: the configuration's values, then the model kind's
+    shapes (heads dividing the width, ...); one-line ConfigError."""
+    config_lib.validate(cfg)
+    get_task(cfg).check(cfg)
+
+
+__all__ = ["TASKS", "Rows", "Task", "Terms", "get_task", "validate"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 if TYPE_CHECKING:
-    from shardbench.train.loop import Plan
+    from shardbench.train.plan import Plan
 
 
 def epoch_line(r: dict[str, Any]) -> str:

@@ -12,7 +12,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,11 @@ from tqdm import tqdm
 
 from shardbench import cluster
 from shardbench import config as config_lib
-from shardbench.config import Config, TrainConfig
-from shardbench.data.arrays import Dataset, ImageDataset, Split
-from shardbench.data.pipeline import eval_steps, make_batches, steps_per_epoch
-from shardbench.data.sources import check_model_kind, load_for, validate_spec
-from shardbench.devices import select_devices
-from shardbench.errors import ConfigError, TrainingDiverged
-from shardbench.parallel.rules import Layout, make_layout
-from shardbench.precision import check_supported
+from shardbench.config import Config
+from shardbench.data.arrays import Split
+from shardbench.data.pipeline import eval_steps, make_batches
+from shardbench.errors import TrainingDiverged
+from shardbench.parallel.rules import Layout
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.record import build_measurements, default_run_name
 from shardbench.measure.peak import HostPeak, host_peak
@@ -40,125 +36,17 @@ from shardbench.train.console import epoch_line, header_line
 from shardbench.train.events import ScalarWriter
 from shardbench.train.optim import build_optimizer, learning_rate
 from shardbench.train.state import (
-    ModelSpec, TrainState, abstract_train_state, check_layout, describe_model, init_state, state_shardings,
+    TrainState, abstract_train_state, init_state, state_shardings,
 )
-from shardbench.tasks import Task, get_task
-from shardbench.train.spmd import check_style, make_steps
+from shardbench.tasks import Task
+from shardbench.train.spmd import make_steps
+from shardbench.train.plan import Plan, check_profile_window, default_cache_dir, eval_batch, plan_run, resolve_out
 from shardbench.train.step import Steps
 
 # Fault injection for the resume tests: the process kills itself (SIGKILL, no clean-up) after this step;
 # in a run of several processes only the one KILL_PROCESS_ENV names (all of them when it is unset).
 KILL_AT_STEP_ENV = "SHARDBENCH_FAULT_KILL_AT_STEP"
 KILL_PROCESS_ENV = "SHARDBENCH_FAULT_KILL_PROCESS"
-
-# Fields that may differ between a run and its --resume: they change how a run reports, not what it computes.
-RESUME_FREE = frozenset({"train.resume", "train.out", "train.progress", "train.log_every", "data.cache_dir",
-                         "train.recalibrate_peak"})
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A checked run: every decision made before anything is compiled or written."""
-
-    cfg: Config
-    task: Task
-    out: Path
-    layout: Layout
-    spec: ModelSpec
-    dataset: ImageDataset | Dataset
-    steps_per_epoch: int
-    total_steps: int
-
-
-def default_cache_dir(cfg: Config) -> Path:
-    return config_lib.cache_root(cfg)
-
-
-def resolve_out(cfg: Config) -> Path:
-    if cfg.train.out:
-        return Path(cfg.train.out)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.preset}-{cfg.parallel.strategy.replace('+', '_')}-{stamp}"
-
-
-def check_resume(cfg: Config, out: Path) -> None:
-    """A run directory is resumed only with the configuration it was started with."""
-    saved_path = out / "config.json"
-    if cfg.train.resume:
-        if not saved_path.exists():
-            raise ConfigError(f"--resume: {out} holds no run to resume (no config.json); drop --resume to start one")
-        try:
-            saved = config_lib.flatten(config_lib.from_dict(json.loads(saved_path.read_text())))
-        except (json.JSONDecodeError, ConfigError) as err:
-            raise ConfigError(f"--resume: {saved_path} is unreadable ({err}); start a new run with another --out")
-        current = config_lib.flatten(cfg)
-        diffs = [k for k in current if k not in RESUME_FREE and saved.get(k) != current[k]]
-        if diffs:
-            k = diffs[0]
-            more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
-            raise ConfigError(
-                f"--resume: {out} was trained with {k}={saved.get(k)!r}, not {current[k]!r}{more}; resume with "
-                f"the same configuration or start a new run with another --out"
-            )
-    elif out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
-
-
-def check_runnable(cfg: Config) -> tuple[Task, Layout, ModelSpec]:
-    """Every check that needs neither the data nor a compilation (what a sweep asks of each run before the
-    first starts): raises ConfigError/DataError in one line."""
-    config_lib.validate(cfg)
-    task = get_task(cfg)
-    validate_spec(cfg.data.dataset)
-    check_model_kind(cfg.data.dataset, cfg.model.kind)
-    devices = select_devices(cfg.parallel.devices)
-    layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices)
-    check_style(cfg.parallel.spmd, layout)
-    spec = describe_model(cfg)
-    check_layout(spec, layout)
-    for name, size in (("--batch-size", cfg.train.batch_size), ("--train.eval-batch-size", eval_batch(cfg))):
-        divisor = layout.data_size
-        if size % divisor == 0:
-            divisor = math.lcm(divisor, layout.process_share(size)[1])
-        if size % divisor:
-            raise ConfigError(
-                f"{name} {size} is not divisible by the data-parallel size {divisor} ({layout.strategy.name} on "
-                f"mesh {layout.shape}): use a multiple of {divisor}"
-            )
-    if cfg.train.steps > 0:
-        check_profile_window(cfg.train, cfg.train.steps)
-    return task, layout, spec
-
-
-def plan_run(cfg: Config) -> Plan:
-    """Everything that can be checked without compiling: raises ConfigError/DataError in one line."""
-    task, layout, spec = check_runnable(cfg)
-    out = resolve_out(cfg)
-    check_resume(cfg, out)
-    check_supported(cfg.precision, layout.device)
-    dataset = load_for(cfg, default_cache_dir(cfg))
-    per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size)
-    if per_epoch == 0:
-        raise ConfigError(
-            f"--batch-size {cfg.train.batch_size} is larger than the {len(dataset.train)} training examples"
-        )
-    total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
-    check_profile_window(cfg.train, total)
-    return Plan(cfg, task, out, layout, spec, dataset, per_epoch, total)
-
-
-def check_profile_window(t: TrainConfig, steps_left: int) -> None:
-    """--profile traces steps skip+1 .. skip+steps of this invocation: a run with fewer steps would trace nothing."""
-    if t.profile and t.profile_steps > 0 and steps_left < t.profile_skip + t.profile_steps:
-        raise ConfigError(
-            f"--profile traces steps {t.profile_skip + 1}-{t.profile_skip + t.profile_steps} (--train.profile-skip "
-            f"{t.profile_skip} + --train.profile-steps {t.profile_steps}), but this run has {steps_left} step(s) "
-            f"to train: lower them or train at least {t.profile_skip + t.profile_steps} steps")
-
-
-def eval_batch(cfg: Config) -> int:
-    return cfg.train.eval_batch_size or cfg.train.batch_size
-
 
 def scalar(value: Any) -> float:
     """A metric as a float: pmap returns one (equal) copy per device."""

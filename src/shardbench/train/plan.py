@@ -1,0 +1,133 @@
+"""Planning a run: every check that needs no compilation (configuration, mesh, divisibility, SPMD style,
+profile window, dataset, resume directory, precision), before the run directory is written to.
+`check_runnable` is the part that needs no data either: what a sweep asks of every run before its first.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardbench import config as config_lib
+from shardbench.config import Config, TrainConfig
+from shardbench.data.arrays import Dataset, ImageDataset
+from shardbench.data.pipeline import steps_per_epoch
+from shardbench.data.sources import check_model_kind, load_for, validate_spec
+from shardbench.devices import select_devices
+from shardbench.errors import ConfigError
+from shardbench.parallel.rules import Layout, make_layout
+from shardbench.precision import check_supported
+from shardbench.tasks import Task, get_task, validate
+from shardbench.train.spmd import check_style
+from shardbench.train.state import ModelSpec, check_layout, describe_model
+
+# Fields that may differ between a run and its --resume: they change how a run reports, not what it computes.
+RESUME_FREE = frozenset({"train.resume", "train.out", "train.progress", "train.log_every", "data.cache_dir",
+                         "train.recalibrate_peak"})
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked run: every decision made before anything is compiled or written."""
+
+    cfg: Config
+    task: Task
+    out: Path
+    layout: Layout
+    spec: ModelSpec
+    dataset: ImageDataset | Dataset
+    steps_per_epoch: int
+    total_steps: int
+
+
+def default_cache_dir(cfg: Config) -> Path:
+    return config_lib.cache_root(cfg)
+
+
+def resolve_out(cfg: Config) -> Path:
+    if cfg.train.out:
+        return Path(cfg.train.out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.preset}-{cfg.parallel.strategy.replace('+', '_')}-{stamp}"
+
+
+def check_resume(cfg: Config, out: Path) -> None:
+    """A run directory is resumed only with the configuration it was started with."""
+    saved_path = out / "config.json"
+    if cfg.train.resume:
+        if not saved_path.exists():
+            raise ConfigError(f"--resume: {out} holds no run to resume (no config.json); drop --resume to start one")
+        try:
+            saved = config_lib.flatten(config_lib.from_dict(json.loads(saved_path.read_text())))
+        except (json.JSONDecodeError, ConfigError) as err:
+            raise ConfigError(f"--resume: {saved_path} is unreadable ({err}); start a new run with another --out")
+        current = config_lib.flatten(cfg)
+        diffs = [k for k in current if k not in RESUME_FREE and saved.get(k) != current[k]]
+        if diffs:
+            k = diffs[0]
+            more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
+            raise ConfigError(
+                f"--resume: {out} was trained with {k}={saved.get(k)!r}, not {current[k]!r}{more}; resume with "
+                f"the same configuration or start a new run with another --out"
+            )
+    elif out.exists() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
+
+
+def check_runnable(cfg: Config) -> tuple[Task, Layout, ModelSpec]:
+    """Every check that needs neither the data nor a compilation (what a sweep asks of each run before the
+    first starts): raises ConfigError/DataError in one line."""
+    validate(cfg)
+    task = get_task(cfg)
+    validate_spec(cfg.data.dataset)
+    check_model_kind(cfg.data.dataset, cfg.model.kind)
+    devices = select_devices(cfg.parallel.devices)
+    layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices)
+    check_style(cfg.parallel.spmd, layout)
+    spec = describe_model(cfg)
+    check_layout(spec, layout)
+    for name, size in (("--batch-size", cfg.train.batch_size), ("--train.eval-batch-size", eval_batch(cfg))):
+        divisor = layout.data_size
+        if size % divisor == 0:
+            divisor = math.lcm(divisor, layout.process_share(size)[1])
+        if size % divisor:
+            raise ConfigError(
+                f"{name} {size} is not divisible by the data-parallel size {divisor} ({layout.strategy.name} on "
+                f"mesh {layout.shape}): use a multiple of {divisor}"
+            )
+    if cfg.train.steps > 0:
+        check_profile_window(cfg.train, cfg.train.steps)
+    return task, layout, spec
+
+
+def plan_run(cfg: Config) -> Plan:
+    """Everything that can be checked without compiling: raises ConfigError/DataError in one line."""
+    task, layout, spec = check_runnable(cfg)
+    out = resolve_out(cfg)
+    check_resume(cfg, out)
+    check_supported(cfg.precision, layout.device)
+    dataset = load_for(cfg, default_cache_dir(cfg))
+    per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size)
+    if per_epoch == 0:
+        raise ConfigError(
+            f"--batch-size {cfg.train.batch_size} is larger than the {len(dataset.train)} training examples"
+        )
+    total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
+    check_profile_window(cfg.train, total)
+    return Plan(cfg, task, out, layout, spec, dataset, per_epoch, total)
+
+
+def check_profile_window(t: TrainConfig, steps_left: int) -> None:
+    """--profile traces steps skip+1 .. skip+steps of this invocation: a run with fewer steps would trace nothing."""
+    if t.profile and t.profile_steps > 0 and steps_left < t.profile_skip + t.profile_steps:
+        raise ConfigError(
+            f"--profile traces steps {t.profile_skip + 1}-{t.profile_skip + t.profile_steps} (--train.profile-skip "
+            f"{t.profile_skip} + --train.profile-steps {t.profile_steps}), but this run has {steps_left} step(s) "
+            f"to train: lower them or train at least {t.profile_skip + t.profile_steps} steps")
+
+
+def eval_batch(cfg: Config) -> int:
+    return cfg.train.eval_batch_size or cfg.train.batch_size
