@@ -26,6 +26,9 @@ SPMD_STYLES = ("jit", "shard_map", "pmap")
 ATTENTION = ("auto", "einsum", "fused")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("cosine", "constant")
+# What a model of your own (--model FILE:FUNCTION) is trained to do, and the built-in kind whose data, inputs and
+# loss that task shares: images or arrays to classes, tokens to next tokens, inputs to values.
+TASK_KINDS = {"classify": "vit", "next-token": "lm", "regress": "mlp"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class ModelConfig:
     vocab_size: int = 512  # lm: tokens
     seq_len: int = 64  # lm: tokens the model reads per sequence (each example holds seq_len + 1 tokens)
     input_dim: int = 1024  # mlp: input features
+    factory: str = ""  # a model of your own: FILE.py:FUNCTION or package.module:FUNCTION (see models/custom.py)
+    task: str = ""  # with factory: classify | next-token | regress (sets kind to the kind that shares its data)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class ParallelConfig:
     mesh: str = ""  # '' = every device on the strategy's axis; 'none' = one device; '8', '4x2' (data x model), 'data=4,model=2'
     devices: int = 0  # 0 = every device; on a CPU-only machine N simulates N devices
     spmd: str = "jit"  # jit (automatic partitioning) | shard_map (explicit per-device program) | pmap
+    rules: str = ""  # NAME=AXIS,...: a model's own axis names onto shardbench's logical axes (models/custom.py)
 
 
 @dataclass(frozen=True)
@@ -286,6 +292,9 @@ def override(cfg: Config, values: Mapping[str, Any]) -> Config:
         if typing.get_origin(kind) is tuple and isinstance(typed, list):
             typed = tuple(typed)
         sections[section] = dataclasses.replace(sections[section], **{name: typed})
+    model = sections["model"]
+    if model.task in TASK_KINDS and model.kind != TASK_KINDS[model.task]:  # the task decides the data and loss
+        sections["model"] = dataclasses.replace(model, kind=TASK_KINDS[model.task])
     return Config(preset=preset, **sections)
 
 
@@ -380,6 +389,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"unknown --optim.optimizer '{o.optimizer}': choose one of {', '.join(OPTIMIZERS)}")
     if o.schedule not in SCHEDULES:
         raise ConfigError(f"unknown --optim.schedule '{o.schedule}': choose one of {', '.join(SCHEDULES)}")
+    if m.factory and m.task not in TASK_KINDS:
+        raise ConfigError(f"--model {m.factory} needs --task: choose one of {', '.join(TASK_KINDS)}"
+                          + (f" (not '{m.task}')" if m.task else ""))
+    if m.task and not m.factory:
+        raise ConfigError(f"--task {m.task} is for a model of your own: give --model FILE.py:FUNCTION too")
     if cfg.parallel.spmd not in SPMD_STYLES:
         raise ConfigError(f"unknown --spmd '{cfg.parallel.spmd}': choose one of {', '.join(SPMD_STYLES)}")
     check_ranges(cfg)

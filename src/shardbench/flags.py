@@ -18,8 +18,9 @@ SHORT_FLAGS: dict[str, str] = {
     "parallel.devices": "--devices", "precision.param_dtype": "--param-dtype", "precision.dtype": "--dtype",
     "precision.matmul_precision": "--matmul-precision", "model.dropout": "--dropout", "optim.lr": "--lr",
     "train.seed": "--seed", "train.out": "--out", "train.resume": "--resume", "model.remat": "--remat",
-    "parallel.spmd": "--spmd",
+    "parallel.spmd": "--spmd", "model.factory": "--model", "model.task": "--task", "parallel.rules": "--rules",
 }
+REPEATABLE = frozenset({"parallel.rules"})  # given several times, the values join with commas
 
 HELP: dict[str, str] = {
     "data.dataset": "dataset: for vit cifar10 (downloaded and md5-checked), cifar10:PATH (local tarball or "
@@ -40,6 +41,11 @@ HELP: dict[str, str] = {
     "model.vocab_size": "lm: vocabulary size (256 for text:PATH, which is byte-level)",
     "model.seq_len": "lm: tokens the model reads per sequence",
     "model.input_dim": "mlp: input features",
+    "model.factory": "a model of your own: FILE.py:FUNCTION or package.module:FUNCTION, FUNCTION(cfg, rngs) "
+                     "returning an nnx module (see the README's 'Your own model')",
+    "model.task": "with --model: classify, next-token or regress",
+    "parallel.rules": "NAME=AXIS: map your model's axis NAME onto one of shardbench's logical axes (embed, mlp, "
+                      "heads, kv, vocab, classes, layers, ...) or none; repeatable",
     "parallel.spmd": "SPMD style: jit (automatic partitioning), shard_map (explicit per-device program with "
                      "written-out collectives) or pmap (replicated parameters, data parallelism only)",
     "model.patch_size": "patch side in pixels", "model.embed_dim": "model width",
@@ -118,11 +124,12 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                                    default=argparse.SUPPRESS, help=help_text)
             else:
                 metavar = "A,B" if typing.get_origin(kind) is tuple else getattr(kind, "__name__", "X").upper()
-                group.add_argument(*flags, dest=key, default=argparse.SUPPRESS, metavar=metavar, help=help_text)
+                group.add_argument(*flags, dest=key, default=argparse.SUPPRESS, metavar=metavar, help=help_text,
+                                   action="append" if key in REPEATABLE else "store")
 
 
 def config_from_args(args: argparse.Namespace) -> config_lib.Config:
-    values: dict[str, Any] = {k: v for k, v in vars(args).items() if "." in k}
+    values: dict[str, Any] = {k: ",".join(v) if isinstance(v, list) else v for k, v in vars(args).items() if "." in k}
     cfg = config_lib.get_preset(getattr(args, "preset", "vit-seed"))
     return config_lib.override(cfg, values)
 

@@ -5,6 +5,8 @@ Nothing is allocated or compiled: shapes and shardings come from the abstract mo
 
 from __future__ import annotations
 
+import math
+
 import optax
 
 
@@ -43,7 +45,7 @@ def inspect(cfg: Config, array: str = "") -> str:
     target = abstract_train_state(spec, layout, tx)
     mesh = "none" if layout.mesh is None else f"{layout.shape} (data x model)"
     lines = [
-        f"{cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
+        f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
         f"{layout.shape.size} {layout.device.platform} device(s)",
         "",
         format_table(rows),
@@ -53,6 +55,8 @@ def inspect(cfg: Config, array: str = "") -> str:
         "",
     ]
     by_path = {r.path: r for r in rows}
+    if not array and cfg.model.factory:  # a model of your own: its largest parameter
+        array = max(rows, key=lambda r: math.prod(r.shape)).path
     array = array or DEFAULT_ARRAYS.get(cfg.model.kind, DEFAULT_ARRAY)
     if array not in by_path:
         raise ConfigError(f"--array {array}: no such parameter; choose one of {', '.join(sorted(by_path))}")

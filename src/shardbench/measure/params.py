@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from flax import traverse_util
 from jax.sharding import PartitionSpec
 
-from shardbench.parallel.rules import Layout
+from shardbench.parallel.rules import Layout, flat_by_path
 
 
 @dataclass(frozen=True)
@@ -27,8 +26,7 @@ class ParamRow:
 
 def param_table(axes_tree: dict[str, Any], shapes: dict[str, Any], dtype: Any, layout: Layout) -> list[ParamRow]:
     """One row per parameter, in path order, with its layout under `layout`."""
-    flat_axes = traverse_util.flatten_dict(axes_tree, sep="/")
-    flat_shapes = traverse_util.flatten_dict(shapes, sep="/")
+    flat_axes, flat_shapes = flat_by_path(axes_tree), flat_by_path(shapes)
     itemsize = jax.numpy.dtype(dtype).itemsize
     rows = []
     for path in sorted(flat_axes):

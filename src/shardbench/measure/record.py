@@ -64,8 +64,11 @@ def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any
     train_time = sum(epoch_times)
     throughput = steps_run * batch / train_time if train_time > 0 and steps_run else None
     units = None if throughput is None else throughput * task.units_per_example(cfg)
-    analytic = float(task.train_flops_per_example(cfg) * batch)
+    per_example = task.train_flops_per_example(cfg)
+    analytic = None if per_example is None else float(per_example * batch)
     xla = flops_lib.xla_flops(compiled) if compiled is not None else None
+    xla_step = None if xla is None else xla * devices
+    counted = analytic if analytic is not None else xla_step  # a model of your own without its own count
     peak, source = flops_lib.peak_per_device(layout.device, devices, cfg.precision.dtype,
                                              cfg.precision.matmul_precision, host_peak)
     comms = count_collectives(compiled.as_text()) if compiled is not None else None
@@ -97,12 +100,13 @@ def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any
                        "examples_per_s_per_device": None if throughput is None else throughput / devices,
                        "unit": task.unit, "units_per_s": units,
                        "units_per_s_per_device": None if units is None else units / devices},
-        "flops": {"analytic_per_step": analytic, "xla_per_step": None if xla is None else xla * devices,
-                  "formula": task.formula,
+        "flops": {"analytic_per_step": analytic, "xla_per_step": xla_step, "formula": task.formula,
+                  "mfu_uses": "analytic" if analytic is not None else "xla",
                   # Measured here: for vit-tiny (4 layers) XLA reports ~0.28x the analytic count.
                   "xla_note": "XLA's cost analysis counts a while-loop body once, so with the layers under a "
-                              "scan it undercounts by roughly the layer count; MFU uses the analytic count"},
-        "mfu": {"mfu": flops_lib.mfu(analytic, step_stats["median"], peak, devices),
+                              "scan it undercounts by roughly the layer count; MFU uses the analytic count "
+                              "where the model has one"},
+        "mfu": {"mfu": None if counted is None else flops_lib.mfu(counted, step_stats["median"], peak, devices),
                 "peak_flops_per_s_per_device": peak, "peak_source": source,
                 "peak_measured_at": host_peak.measured_at if host_peak and peak else None,
                 "peak_origin": host_peak.origin if host_peak and peak else None,

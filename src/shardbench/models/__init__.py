@@ -14,7 +14,7 @@ from flax import nnx
 
 from shardbench.config import Config
 from shardbench.errors import ConfigError
-from shardbench.models import lm, mlp, vit
+from shardbench.models import custom, lm, mlp, vit
 from shardbench.models.transformer import count_params
 
 PRECISIONS = {
@@ -57,13 +57,19 @@ def check_kind(kind: str) -> None:
         raise ConfigError(f"unknown --model.kind '{kind}': choose one of {', '.join(MODELS)}")
 
 
-def axis_fields(kind: str) -> dict[str, str]:
-    check_kind(kind)
-    return MODELS[kind][1]
+def axis_fields(cfg: Config) -> dict[str, str]:
+    """Which configuration field each logical axis comes from (none for a model of your own)."""
+    if cfg.model.factory:
+        return {}
+    check_kind(cfg.model.kind)
+    return MODELS[cfg.model.kind][1]
 
 
 def build_model(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
-    """The model a configuration describes, with its dtypes and matmul precision."""
+    """The model a configuration describes, with its dtypes and matmul precision; `--model FILE:FUNCTION`
+    builds a model of your own (`shardbench.models.custom`), which takes its dtypes from `cfg` itself."""
+    if cfg.model.factory:
+        return custom.build(cfg, rngs)
     check_kind(cfg.model.kind)
     return MODELS[cfg.model.kind][0](
         cfg, dtype=jnp.dtype(cfg.precision.dtype), param_dtype=jnp.dtype(cfg.precision.param_dtype),

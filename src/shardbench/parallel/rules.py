@@ -160,8 +160,7 @@ class Layout:
                         axis_fields: Mapping[str, str]) -> None:
         """Every sharded dim must divide by its mesh axis: say which field to change if not."""
         sizes = {DATA: self.shape.data, MODEL: self.shape.model}
-        flat_axes = traverse_util.flatten_dict(axes_tree, sep="/")
-        flat_shapes = traverse_util.flatten_dict(shapes, sep="/")
+        flat_axes, flat_shapes = flat_by_path(axes_tree), flat_by_path(shapes)
         for path, axes in sorted(flat_axes.items()):
             spec = spec_for(axes, self.strategy.params)  # the table's demands; FSDP picks only dims that divide
             for dim, (logical, mesh_axis) in enumerate(zip(axes, spec)):
@@ -174,6 +173,12 @@ class Layout:
                     f"({sizes[mesh_axis]} devices, parameter {path}): choose a multiple of {sizes[mesh_axis]} "
                     f"or another mesh"
                 )
+
+
+def flat_by_path(tree: dict[str, Any]) -> dict[str, Any]:
+    """{'encoder/mlp2_kernel': leaf}: a nested dict's leaves by their '/'-joined path (list indices of a model
+    that keeps its layers in a list become numbers in the path)."""
+    return {"/".join(map(str, path)): leaf for path, leaf in traverse_util.flatten_dict(tree).items()}
 
 
 def is_axes(x: Any) -> bool:

@@ -117,12 +117,12 @@ def check_key(key: str) -> str:
 def split_alternatives(key: str, text: str) -> list[str]:
     """The alternatives in one command-line value: 'a,b,c'; ';' where one value itself holds commas.
 
-    Tuple fields (data.crop_scale '0.5,1.0') and meshes in 'data=4,model=2' form take commas inside one value,
+    Tuple fields (data.crop_scale '0.5,1.0'), meshes in 'data=4,model=2' form and --rules take commas inside one value,
     so their alternatives are separated by ';' ('0.5,1.0;0.9,1.0'). Any value holding ';' is split on ';' only.
     """
     if ";" in text:
         parts = text.split(";")
-    elif typing.get_origin(field_kind(key)) is tuple or (key == "parallel.mesh" and "=" in text):
+    elif typing.get_origin(field_kind(key)) is tuple or (key in ("parallel.mesh", "parallel.rules") and "=" in text):
         parts = [text]
     else:
         parts = text.split(",")

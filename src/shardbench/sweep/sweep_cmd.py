@@ -274,7 +274,7 @@ def share_peak(sweep: Sweep, out: Path) -> dict[str, str]:
 
 def _plan(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any] | None]:
     """The sweep to run, and the stored options when it is resumed from `--out` alone."""
-    values = {k: v for k, v in vars(args).items() if "." in k}
+    values = {k: ",".join(v) if isinstance(v, list) else v for k, v in vars(args).items() if "." in k}
     from_store = args.resume and args.preset is None and args.sweep_file is None and args.base is None and not values
     if from_store:
         if not args.out:

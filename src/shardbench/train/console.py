@@ -30,13 +30,22 @@ def header_line(plan: "Plan") -> str:
     where = f"{plan.layout.shape.size} {device.platform} device(s)"
     if jax.process_count() > 1:
         where += f" in {jax.process_count()} processes"
+    model = f"{cfg.model.factory}, task {cfg.model.task}" if cfg.model.factory else cfg.model.kind
+    notes = ""
+    if plan.spec.unmapped:
+        notes += (f" | axes no table maps, kept whole: {', '.join(plan.spec.unmapped)} (map one with --rules "
+                  f"NAME=AXIS)")
+    if plan.task.train_flops_per_example(cfg) is None:
+        notes += (" | FLOPs from XLA's cost analysis (no flops_per_example in the model's file): a loop body "
+                  "counts once, so layers under a scan are undercounted")
     return (
-        f"shardbench: {cfg.preset} ({cfg.model.kind}, {params:,} params) | {plan.layout.strategy.name} on mesh "
+        f"shardbench: {cfg.preset if not cfg.model.factory else 'model'} ({model}, {params:,} params) | "
+        f"{plan.layout.strategy.name} on mesh "
         f"{mesh}, {cfg.parallel.spmd} "
         f"({where}) | {cfg.precision.param_dtype} params, "
         f"{cfg.precision.dtype} compute | data {ds.name}: {len(ds.train):,} train / "
         f"{len(ds.val):,} val / {len(ds.test):,} test | batch {cfg.train.batch_size}, "
-        f"{plan.total_steps} steps ({plan.steps_per_epoch}/epoch) | {plan.out}"
+        f"{plan.total_steps} steps ({plan.steps_per_epoch}/epoch) | {plan.out}{notes}"
     )
 
 

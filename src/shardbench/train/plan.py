@@ -11,6 +11,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
 from shardbench import config as config_lib
 from shardbench.config import Config, TrainConfig
 from shardbench.data.arrays import Dataset, ImageDataset
@@ -88,6 +92,8 @@ def check_runnable(cfg: Config) -> tuple[Task, Layout, ModelSpec]:
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices)
     check_style(cfg.parallel.spmd, layout)
     spec = describe_model(cfg)
+    if cfg.model.factory:
+        check_outputs(cfg, spec)
     check_layout(spec, layout)
     for name, size in (("--batch-size", cfg.train.batch_size), ("--train.eval-batch-size", eval_batch(cfg))):
         divisor = layout.data_size
@@ -101,6 +107,38 @@ def check_runnable(cfg: Config) -> tuple[Task, Layout, ModelSpec]:
     if cfg.train.steps > 0:
         check_profile_window(cfg.train, cfg.train.steps)
     return task, layout, spec
+
+
+def _example_input(cfg: Config) -> tuple[jax.ShapeDtypeStruct, tuple[int, ...], str]:
+    """A model of your own: one batch of its task's input, the output shape its task scores, and what that is."""
+    b, m = 2, cfg.model
+    dtype = jnp.dtype(cfg.precision.dtype)
+    if m.kind == "lm":
+        return (jax.ShapeDtypeStruct((b, m.seq_len), jnp.int32), (b, m.seq_len, m.vocab_size),
+                "logits (batch, positions, --model.vocab-size)")
+    if m.kind == "mlp":
+        return (jax.ShapeDtypeStruct((b, m.input_dim), dtype), (b, m.num_classes),
+                "values (batch, --model.num-classes outputs)")
+    size = cfg.data.image_size
+    return (jax.ShapeDtypeStruct((b, size, size, 3), dtype), (b, m.num_classes),
+            "logits (batch, --model.num-classes)")
+
+
+def check_outputs(cfg: Config, spec: ModelSpec) -> None:
+    """Trace (never compile) the model on one batch of its task's input: its output must be what the task
+    scores, or one line says what came back and what was expected."""
+    example, expected, what = _example_input(cfg)
+    params = nnx.to_pure_dict(spec.abstract)
+    try:
+        out = jax.eval_shape(lambda p, x: spec.apply(p, x, jax.random.key(0)), params, example)
+    except Exception as err:  # noqa: BLE001 - the user's code: one line, not a traceback
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(f"--model {cfg.model.factory}: calling it on {cfg.model.task} input of shape "
+                          f"{example.shape} failed: {type(err).__name__}: {first}") from None
+    shape = getattr(out, "shape", None)
+    if shape != expected:
+        raise ConfigError(f"--model {cfg.model.factory} returned shape {shape} for input {example.shape}; --task "
+                          f"{cfg.model.task} scores {what} = {expected}")
 
 
 def plan_run(cfg: Config) -> Plan:

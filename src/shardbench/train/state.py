@@ -11,7 +11,8 @@ import optax
 from flax import nnx
 
 from shardbench.config import Config
-from shardbench.models import axis_fields, build_model
+from shardbench.errors import ConfigError
+from shardbench.models import axis_fields, build_model, custom
 from shardbench.parallel.rules import Layout, param_axes, param_shapes
 
 Params = dict[str, Any]
@@ -36,20 +37,44 @@ class ModelSpec:
     axes: Params  # logical axes per parameter, as a nested dict
     shapes: Params
     axis_fields: dict[str, str]  # which configuration field each logical axis comes from
+    takes_rng: bool = True  # the model's __call__ takes the step's key as `rng`
+    unmapped: tuple[str, ...] = ()  # a model of your own: axis names no strategy table maps (kept whole)
 
     def apply(self, params: Params, inputs: jax.Array, rng: jax.Array | None) -> jax.Array:
         """Run the model on `params` (a pure dict, as held in TrainState)."""
         state = jax.tree.map(lambda x: x, self.abstract)  # fresh Variables for this trace
         nnx.replace_by_pure_dict(state, params)
-        return nnx.merge(self.graphdef, state)(inputs, rng=rng)
+        model = nnx.merge(self.graphdef, state)
+        return model(inputs, rng=rng) if self.takes_rng else model(inputs)
 
 
 def describe_model(cfg: Config) -> ModelSpec:
     """Trace the model's construction abstractly: no parameter is materialised."""
-    model = nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(cfg.train.seed)))
-    graphdef, abstract = nnx.split(model, nnx.Param)
-    return ModelSpec(graphdef, abstract, param_axes(abstract), param_shapes(abstract),
-                     axis_fields(cfg.model.kind))
+    try:
+        model = nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(cfg.train.seed)))
+    except ConfigError:
+        raise
+    except Exception as err:
+        if not cfg.model.factory:
+            raise
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(f"--model {cfg.model.factory}: building the model failed: {type(err).__name__}: "
+                          f"{first}") from None
+    if not cfg.model.factory:
+        graphdef, abstract = nnx.split(model, nnx.Param)
+        return ModelSpec(graphdef, abstract, param_axes(abstract), param_shapes(abstract), axis_fields(cfg))
+    graphdef, abstract, rest = nnx.split(model, nnx.Param, ...)
+    held = [(path, type(var).__name__) for path, var in nnx.to_flat_state(rest)]
+    if held:
+        path, kind = held[0]
+        raise ConfigError(
+            f"--model {cfg.model.factory}: the module holds state other than parameters ({'/'.join(map(str, path))}: "
+            f"{kind}{f' and {len(held) - 1} more' if len(held) > 1 else ''}); shardbench trains nnx.Param only: "
+            f"draw dropout from an `rng` argument of __call__ instead of a stored nnx.Rngs, and use LayerNorm "
+            f"rather than BatchNorm")
+    axes, unmapped = custom.logical_axes(abstract, custom.parse_rules(cfg.parallel.rules))
+    return ModelSpec(graphdef, abstract, axes, param_shapes(abstract), axis_fields(cfg), custom.takes_rng(model),
+                     unmapped)
 
 
 def check_layout(spec: ModelSpec, layout: Layout) -> None:

@@ -1,0 +1,174 @@
+"""Your own model: a flax nnx module that a function of yours builds, named on the command line.
+
+    shardbench train --model my_model.py:build --task classify --data synthetic --strategy fsdp --devices 8
+
+`--model FILE.py:NAME` loads a file, `--model package.module:NAME` imports a module; `NAME(cfg, rngs)` gets the
+run's Config and an `nnx.Rngs` and returns an `nnx.Module` whose `__call__(inputs)` (or `__call__(inputs,
+rng=key)`, to draw dropout masks from the step's key) returns what the task scores: logits (batch, classes) for
+`classify`, logits (batch, positions, vocabulary) for `next-token`, values (batch, outputs) for `regress`.
+
+Parameters name their dimensions through flax's own sharding metadata (`nnx.with_partitioning(init, ('embed',
+'mlp'))`, or `out_sharding=` / `sharding_names=` on an `nnx.Param`). The conventional names (batch, embed, mlp,
+heads, kv, vocab, classes, layers, ...) and their common aliases map onto shardbench's logical axes, whose
+placement each strategy's table decides; `--rules NAME=AXIS` maps any other name onto one of them. A name no
+table maps is kept whole (FSDP may still shard such a parameter along a dimension that divides), and the run's
+header says which names those were.
+
+Optional functions in the same file: `loss(outputs, batch)` returns the per-example loss (summed over an
+example's targets) in place of the task's own; `flops_per_example(cfg)` returns the training FLOPs of one
+example (forward + backward) for MFU. Without it, FLOPs come from XLA's cost analysis of the compiled step,
+which counts a loop body once (a model that scans over its layers is undercounted by about the layer count).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+from flax import traverse_util
+
+from shardbench.config import Config
+from shardbench.errors import ConfigError
+from shardbench.models import axes as names
+
+SPEC_HINT = "FILE.py:FUNCTION or package.module:FUNCTION"
+# Where flax keeps a parameter's logical names, across its versions; shardbench's own models use "axes".
+METADATA_KEYS = ("axes", "out_sharding", "sharding_names", "sharding")
+KNOWN = frozenset({names.BATCH, names.SEQ, names.EMBED, names.MLP, names.HEADS, names.KV, names.LAYERS,
+                   names.NORM, names.CLASSES, names.PATCH, names.VOCAB, names.FEATURES})
+ALIASES: dict[str, str] = {
+    "joined_kv": names.HEADS, "q_heads": names.HEADS, "kv_heads": names.HEADS, "num_heads": names.HEADS,
+    "hidden": names.MLP, "ffn": names.MLP, "intermediate": names.MLP, "mlp_dim": names.MLP,
+    "model": names.EMBED, "d_model": names.EMBED, "width": names.EMBED,
+    "head_dim": names.KV, "vocabulary": names.VOCAB, "num_classes": names.CLASSES, "labels": names.CLASSES,
+    "layer": names.LAYERS, "stage": names.LAYERS, "length": names.SEQ, "sequence": names.SEQ,
+}
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """What a `--model` file or module gives: its builder and its optional overrides."""
+
+    source: str
+    build: Callable[[Config, nnx.Rngs], Any]
+    loss: Callable[[Any, Any], Any] | None
+    flops_per_example: Callable[[Config], float] | None
+
+
+def _load_module(spec: str, target: str) -> Any:
+    if target.endswith(".py") or "/" in target:
+        path = Path(target).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"--model {spec}: {path} is not a file; give {SPEC_HINT}")
+        name = f"shardbench_user_model_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+        found = importlib.util.spec_from_file_location(name, path)
+        if found is None or found.loader is None:
+            raise ConfigError(f"--model {spec}: {path} cannot be loaded as Python")
+        module = importlib.util.module_from_spec(found)
+        sys.modules[name] = module
+        found.loader.exec_module(module)
+        return module
+    return importlib.import_module(target)
+
+
+@functools.lru_cache(maxsize=16)
+def load(spec: str) -> Plugin:
+    """The plug-in `--model` names, or a one-line ConfigError (bad spec, a file that does not import, no such
+    function, a function that does not take (cfg, rngs))."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise ConfigError(f"--model '{spec}' names no function: give {SPEC_HINT}")
+    try:
+        module = _load_module(spec, target)
+    except ConfigError:
+        raise
+    except BaseException as err:  # noqa: BLE001 - any failure of the user's code is reported in one line
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"--model {spec}: {target} does not import: {type(err).__name__}: {first}") from None
+    build = getattr(module, name, None)
+    if not callable(build):
+        offered = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
+        raise ConfigError(f"--model {spec}: {target} has no function {name} (it has: {', '.join(offered) or 'none'})")
+    try:
+        inspect.signature(build).bind(object(), object())
+    except TypeError:
+        raise ConfigError(f"--model {spec}: {name}{inspect.signature(build)} must take (cfg, rngs): the run's "
+                          f"Config and an nnx.Rngs") from None
+    except ValueError:
+        pass  # no signature to read (a builtin): calling it will tell
+    loss, flops = getattr(module, "loss", None), getattr(module, "flops_per_example", None)
+    return Plugin(spec, build, loss if callable(loss) else None, flops if callable(flops) else None)
+
+
+def build(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
+    """The user's module. Flax's eager sharding stays off: shardbench places every array itself."""
+    plugin = load(cfg.model.factory)
+    with nnx.use_eager_sharding(False):
+        module = plugin.build(cfg, rngs)
+    if not isinstance(module, nnx.Module):
+        raise ConfigError(f"--model {plugin.source} returned a {type(module).__name__}, not an nnx.Module (a linen "
+                          f"module can be wrapped with flax.nnx.bridge.ToNNX)")
+    return module
+
+
+def takes_rng(module: nnx.Module) -> bool:
+    """Whether the module's __call__ takes the step's key as `rng`."""
+    try:
+        return "rng" in inspect.signature(type(module).__call__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def parse_rules(text: str) -> dict[str, str]:
+    """'conv_out=mlp,stage=layers' -> {'conv_out': 'mlp', 'stage': 'layers'}; AXIS is a logical axis or 'none'."""
+    rules: dict[str, str] = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, sep, axis = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--rules '{item}' is not NAME=AXIS, e.g. conv_out=mlp")
+        axis = axis.strip()
+        if axis not in KNOWN and axis != "none":
+            raise ConfigError(f"--rules {item}: {axis} is not one of shardbench's logical axes: choose from "
+                              f"{', '.join(sorted(KNOWN))} or none")
+        rules[name.strip()] = axis
+    return rules
+
+
+def logical_axes(abstract: nnx.State, rules: Mapping[str, str]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Each parameter's dimensions as shardbench's logical axes (None = kept whole by every table), as a nested
+    dict like `nnx.to_pure_dict`, and the names that no table maps (sorted)."""
+    flat, unmapped = {}, set()
+    for path, var in nnx.to_flat_state(abstract):
+        meta = var.get_metadata()
+        given = next((meta[k] for k in METADATA_KEYS if meta.get(k)), None)
+        ndim = len(var.get_value().shape)
+        if given is None or len(tuple(given)) != ndim:
+            flat[path] = (None,) * ndim
+            continue
+        axes = []
+        for name in tuple(given):
+            mapped = _map(name, rules)
+            if name is not None and mapped is None and rules.get(str(name)) != "none":
+                unmapped.add(str(name))
+            axes.append(mapped)
+        flat[path] = tuple(axes)
+    return traverse_util.unflatten_dict(flat), tuple(sorted(unmapped))
+
+
+def _map(name: Any, rules: Mapping[str, str]) -> str | None:
+    if name is None or not isinstance(name, str):
+        return None
+    if name in rules:
+        return None if rules[name] == "none" else rules[name]
+    if name in KNOWN:
+        return name
+    return ALIASES.get(name)

@@ -1,0 +1,113 @@
+"""A model of your own: the two examples (a ConvNet and a Transformer LM written the way flax's examples write
+models) under dp, fsdp and tp on 8 devices give one device's losses; axis names come from flax's sharding
+metadata, unknown ones are kept whole and named, --rules maps them; bad plug-ins stop with one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardbench import config as config_lib
+from shardbench.cli import main
+from shardbench.errors import ConfigError
+from shardbench.parallel.rules import make_layout
+from shardbench.devices import select_devices
+from shardbench.train.loop import run
+from shardbench.train.plan import check_runnable
+from shardbench.train.state import describe_model
+from test_training import _losses
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+CONVNET = {"model.factory": f"{EXAMPLES / 'convnet.py'}:build", "model.task": "classify"}
+TRANSFORMER = {"model.factory": f"{EXAMPLES / 'transformer.py'}:build", "model.task": "next-token",
+               "data.dataset": "tokens-uniform", "model.vocab_size": 64, "model.seq_len": 16, "model.embed_dim": 32,
+               "model.num_heads": 8, "model.mlp_dim": 64, "model.num_layers": 2}
+
+
+def _cfg(micro, model: dict, **extra: object) -> config_lib.Config:
+    return micro(**{**model, "data.augment": False, **extra})
+
+
+@pytest.mark.parametrize("model", [CONVNET, TRANSFORMER], ids=["convnet", "transformer"])
+def test_examples_train_alike_under_every_strategy(micro, tmp_path: Path, model: dict) -> None:
+    single = _cfg(micro, model, **{"parallel.strategy": "single", "train.out": str(tmp_path / "single")})
+    run(single)
+    expected = _losses(tmp_path / "single")
+    assert len(expected) == 4
+    for strategy, mesh in (("dp", "8"), ("fsdp", "8"), ("tp", "model=8")):
+        cfg = _cfg(micro, model, **{"parallel.strategy": strategy, "parallel.mesh": mesh, "parallel.devices": 8,
+                                    "train.out": str(tmp_path / strategy)})
+        summary = run(cfg)
+        assert _losses(tmp_path / strategy) == pytest.approx(expected, rel=2e-5, abs=2e-6), strategy
+        assert summary["strategy"] == strategy and summary["measurements"]["mfu"]["mfu"] is not None
+
+
+def test_axis_names_come_from_flax_metadata_and_rules_map_the_rest(micro) -> None:
+    cfg = _cfg(micro, CONVNET)
+    spec = describe_model(cfg)
+    assert spec.axes["linear1"]["kernel"] == ("embed", "mlp") and spec.axes["linear2"]["kernel"] == ("mlp", "classes")
+    assert spec.axes["conv1"]["kernel"] == (None, None, None, None) and spec.unmapped == ("conv_in", "conv_out")
+    assert spec.axes["conv1"]["bias"] == (None,)  # no names given: whole
+    layout = make_layout("tp", "model=8", select_devices(8))
+    assert tuple(layout.param_spec(spec.axes["linear1"]["kernel"], (4096, 256))) == (None, "model")
+    mapped = describe_model(config_lib.override(cfg, {"parallel.rules": "conv_out=mlp,conv_in=none"}))
+    assert mapped.axes["conv2"]["kernel"] == (None, None, None, "mlp") and mapped.unmapped == ()
+    with pytest.raises(ConfigError, match="--rules conv_out=model: model is not one of shardbench's logical axes"):
+        describe_model(config_lib.override(cfg, {"parallel.rules": "conv_out=model"}))
+
+
+def test_a_model_without_its_own_flop_count_is_measured_by_xla(micro) -> None:
+    summary = run(_cfg(micro, TRANSFORMER, **{"parallel.strategy": "fsdp", "parallel.mesh": "8",
+                                              "parallel.devices": 8}))
+    flops = summary["measurements"]["flops"]
+    assert flops["analytic_per_step"] is None and flops["mfu_uses"] == "xla" and flops["xla_per_step"] > 0
+    assert summary["measurements"]["mfu"]["mfu"] > 0 and summary["measurements"]["throughput"]["unit"] == "tokens"
+
+
+def _plugin(tmp_path: Path, source: str) -> str:
+    path = tmp_path / "mine.py"
+    path.write_text(source)
+    return f"{path}:build"
+
+
+BAD_PLUGINS = [
+    ("def build(cfg, rngs)\n    return None\n", "does not import: SyntaxError"),
+    ("import not_a_module_anywhere\n", "does not import: ModuleNotFoundError"),
+    ("def build(cfg):\n    return None\n", "build(cfg) must take (cfg, rngs)"),
+    ("def make(cfg, rngs):\n    return None\n", "has no function build (it has: make)"),
+    ("def build(cfg, rngs):\n    return 3\n", "returned a int, not an nnx.Module"),
+    ("from flax import nnx\n"
+     "class Wrong(nnx.Module):\n"
+     "    def __init__(self, rngs):\n"
+     "        self.dense = nnx.Linear(32 * 32 * 3, 7, rngs=rngs)\n"
+     "    def __call__(self, x):\n"
+     "        return self.dense(x.reshape(x.shape[0], -1))\n"
+     "def build(cfg, rngs):\n    return Wrong(rngs)\n",
+     "returned shape (2, 7) for input (2, 32, 32, 3); --task classify scores logits (batch, --model.num-classes)"),
+    ("from flax import nnx\n"
+     "class Stateful(nnx.Module):\n"
+     "    def __init__(self, rngs):\n"
+     "        self.norm = nnx.BatchNorm(3, rngs=rngs)\n"
+     "    def __call__(self, x):\n"
+     "        return self.norm(x)\n"
+     "def build(cfg, rngs):\n    return Stateful(rngs)\n", "holds state other than parameters"),
+]
+
+
+@pytest.mark.parametrize(("source", "message"), BAD_PLUGINS, ids=[m.split(":")[0][:24] for _, m in BAD_PLUGINS])
+def test_a_bad_plugin_stops_with_one_line_before_anything_compiles(tmp_path: Path, capsys, source: str,
+                                                                   message: str) -> None:
+    out = tmp_path / "run"
+    code = main(["train", "--model", _plugin(tmp_path, source), "--task", "classify", "--data", "synthetic",
+                 "--steps", "2", "--out", str(out), "--data.cache-dir", str(tmp_path / "cache")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert not out.exists()
+
+
+def test_task_and_model_go_together(micro) -> None:
+    with pytest.raises(ConfigError, match="needs --task: choose one of classify, next-token, regress"):
+        check_runnable(micro(**{"model.factory": CONVNET["model.factory"]}))
+    with pytest.raises(ConfigError, match="--task classify is for a model of your own"):
+        check_runnable(micro(**{"model.task": "classify"}))
