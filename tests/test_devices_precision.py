@@ -6,6 +6,7 @@ import itertools
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -35,15 +36,22 @@ def test_simulate_devices_too_late_is_explained() -> None:
     assert "JAX already started with 1 CPU devices" in done.stdout
 
 
-@pytest.mark.parametrize(("param_dtype", "dtype", "precision"),
-                         list(itertools.product(DTYPES, DTYPES, MATMUL_PRECISIONS)))
-def test_precision_combinations_run_or_are_named(param_dtype: str, dtype: str, precision: str) -> None:
-    cfg = PrecisionConfig(param_dtype, dtype, precision)
-    try:
-        check_supported(cfg, jax.devices()[0])
-    except ConfigError as err:  # must name the combination, in one line
-        assert f"--param-dtype {param_dtype} --dtype {dtype} --matmul-precision {precision}" in str(err)
-        assert "\n" not in str(err)
+def test_every_precision_combination_runs_on_the_cpu() -> None:
+    """XLA's CPU backend runs all 27 combinations: the probe (a matmul, its gradient and a float32 softmax in
+    exactly that precision) passes for each, so no CPU run is refused by it."""
+    for param_dtype, dtype, precision in itertools.product(DTYPES, DTYPES, MATMUL_PRECISIONS):
+        check_supported(PrecisionConfig(param_dtype, dtype, precision), jax.devices()[0])
+
+
+def test_a_combination_the_device_cannot_run_is_named_in_one_line() -> None:
+    """Where the probe fails (here: a device object the runtime cannot place arrays on), the error names the
+    whole combination and the device's platform, in one line."""
+    unusable = types.SimpleNamespace(platform="tpu")
+    with pytest.raises(ConfigError) as err:
+        check_supported(PrecisionConfig("bfloat16", "float16", "highest"), unusable)
+    message = str(err.value)
+    assert message.startswith("--param-dtype bfloat16 --dtype float16 --matmul-precision highest cannot run on tpu")
+    assert "\n" not in message and "try --dtype float32" in message
 
 
 def test_bfloat16_compute_really_computes_in_bfloat16(micro) -> None:

@@ -242,7 +242,8 @@ def test_bench_settings_pair_dtypes_with_batches() -> None:
 def test_bench_rejects_bad_input_before_starting(tmp_path) -> None:
     out = tmp_path / "never"
     for args, words in ((["--groups", "step,warp"], "--groups"), (["--batches", "32,x"], "--batches"),
-                        (["--set", "model.num_heads=7"], "not divisible")):
+                        (["--set", "model.num_heads=7"], "not divisible"),
+                        (["--preset", "lm-seed"], "--preset lm-seed: shardbench bench compares the ViT's")):
         done = _cli(["bench", *args, "--out", str(out)])
         assert done.returncode == 2
         assert words in done.stderr and len(done.stderr.strip().splitlines()) == 1

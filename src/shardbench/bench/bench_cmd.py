@@ -154,6 +154,11 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
                           f"{args.min_window_s:g}: the first two must be positive, the last >= 0")
     from shardbench.tasks import validate  # imports JAX: not at the top, which the CLI's parser loads
 
+    if config_lib.get_preset(args.preset).model.kind != "vit":
+        vits = ", ".join(n for n, make in config_lib.PRESETS.items() if make().model.kind == "vit")
+        raise ConfigError(f"--preset {args.preset}: shardbench bench compares the ViT's train step with ViT "
+                          f"baselines (seed-style nnx, PyTorch); choose one of {vits}, or compare other models "
+                          f"with shardbench sweep")
     pairs = settings(args.dtype, args.batch_size, malloc.target_platform(os.environ))
     extra = _extra(args.set)
     for dtype, batch in pairs:  # fail here, in one line, on a configuration that cannot run

@@ -98,10 +98,14 @@ class ImageDataset:
     val: ImageArrays
     test: ImageArrays
     class_names: tuple[str, ...]
+    # Per-channel (mean, std) on the [0, 1] scale that the model's inputs are normalised with, and whence.
+    norm: tuple[tuple[float, ...], tuple[float, ...]] = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
+    norm_source: str = "CIFAR-10's published statistics"
 
     @property
     def info(self) -> dict[str, Any]:
-        return {"classes": len(self.class_names), "image_size": self.image_size}
+        return {"classes": len(self.class_names), "image_size": self.image_size,
+                "normalization": {"mean": list(self.norm[0]), "std": list(self.norm[1]), "source": self.norm_source}}
 
     @property
     def num_classes(self) -> int:

@@ -6,6 +6,7 @@ language model; regression the MLP.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from shardbench.config import Config
@@ -13,18 +14,21 @@ from shardbench.data.arrays import Dataset, ImageDataset
 from shardbench.data.cifar10 import IMAGE_SIZE as CIFAR10_IMAGE_SIZE
 from shardbench.data.cifar10 import load_cifar10
 from shardbench.data.imagefolder import load_imagefolder
+from shardbench.data.npz import load_arrays
 from shardbench.data.regression import regression
+from shardbench.data.stats import cached_stats
 from shardbench.data.synthetic import make_synthetic
 from shardbench.data.tokens import BYTE_VOCAB, text_tokens, uniform_tokens
 from shardbench.errors import ConfigError, DataError
 
 SPEC_HELP = "use cifar10, cifar10:PATH, imagefolder:PATH or synthetic (images), tokens-uniform or text:PATH " \
-            "(language model), regression (MLP)"
-_PATH_KINDS = ("cifar10", "imagefolder", "text")
+            "(language model), regression (MLP), or arrays:PATH.npz (any)"
+_PATH_KINDS = ("cifar10", "imagefolder", "text", "arrays")
+ANY = "any"  # a dataset kind that feeds every kind of model (your own arrays)
 # Dataset kind -> the model kind it feeds, and whether it needs a PATH.
 DATASETS: dict[str, str] = {
     "cifar10": "vit", "imagefolder": "vit", "synthetic": "vit", "tokens-uniform": "lm", "text": "lm",
-    "regression": "mlp",
+    "regression": "mlp", "arrays": ANY,
 }
 
 
@@ -92,9 +96,9 @@ def load_dataset(
 def check_model_kind(spec: str, model_kind: str) -> None:
     """A dataset feeds one kind of model: say which datasets fit if it is the wrong one."""
     kind, _ = _parse(spec)
-    if DATASETS[kind] != model_kind:
+    if DATASETS[kind] not in (model_kind, ANY):
         fits = ", ".join(k + (":PATH" if k in _PATH_KINDS and k != "cifar10" else "")
-                         for k, m in DATASETS.items() if m == model_kind)
+                         for k, m in DATASETS.items() if m in (model_kind, ANY))
         raise ConfigError(f"--data {spec} is a dataset for the {DATASETS[kind]} model, not {model_kind}: "
                           f"use one of {fits}")
 
@@ -113,9 +117,24 @@ def load_for(cfg: Config, cache_dir: Path) -> ImageDataset | Dataset:
             raise DataError(f"--data {d.dataset} is byte-level text (256 token ids) but --model.vocab-size is "
                             f"{m.vocab_size}: pass --model.vocab-size 256")
         return text_tokens(path, seq_len=m.seq_len, val_fraction=d.val_fraction)
+    if kind == "arrays":
+        assert path is not None
+        found = load_arrays(path, m.kind, num_classes=m.num_classes, seq_len=m.seq_len, vocab_size=m.vocab_size,
+                            input_dim=m.input_dim, val_fraction=d.val_fraction, seed=cfg.train.seed)
+        return normalized(found, kind, cache_dir)
     if kind == "regression":
         return regression(d.synthetic_train, d.synthetic_test, input_dim=m.input_dim, outputs=m.num_classes,
                           seed=cfg.train.seed, val_fraction=d.val_fraction)
-    return load_dataset(d.dataset, cache_dir=cache_dir, image_size=d.image_size, num_classes=m.num_classes,
-                        val_fraction=d.val_fraction, seed=cfg.train.seed, synthetic_train=d.synthetic_train,
-                        synthetic_test=d.synthetic_test)
+    return normalized(load_dataset(d.dataset, cache_dir=cache_dir, image_size=d.image_size,
+                                   num_classes=m.num_classes, val_fraction=d.val_fraction, seed=cfg.train.seed,
+                                   synthetic_train=d.synthetic_train, synthetic_test=d.synthetic_test),
+                      kind, cache_dir)
+
+
+def normalized(ds: ImageDataset | Dataset, kind: str, cache_dir: Path) -> ImageDataset | Dataset:
+    """An image dataset with the statistics its images are normalised with: CIFAR-10's published ones, or
+    those of its own training split (computed once, cached)."""
+    if not isinstance(ds, ImageDataset) or kind == "cifar10":
+        return ds
+    stats = cached_stats(cache_dir, ds.name, ds.train.images)
+    return dataclasses.replace(ds, norm=stats, norm_source="computed from its training split")

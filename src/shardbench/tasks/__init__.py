@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,15 @@ def get_task(cfg: Config) -> Task:
     if cfg.model.factory:
         return custom_task(cfg)
     return TASKS[cfg.model.kind]
+
+
+def for_data(task: Task, dataset: object) -> Task:
+    """The task with what it needs to know of its dataset: an image task normalises with the dataset's own
+    statistics (CIFAR-10's published ones, or those of its training split)."""
+    norm = getattr(dataset, "norm", None)
+    if task.kind != "vit" or norm is None:
+        return task
+    return dataclasses.replace(task, inputs=functools.partial(task.inputs, mean=tuple(norm[0]), std=tuple(norm[1])))
 
 
 def custom_task(cfg: Config) -> Task:
@@ -56,4 +66,4 @@ def validate(cfg: Config) -> None:
     get_task(cfg).check(cfg)
 
 
-__all__ = ["TASKS", "Rows", "Task", "Terms", "get_task", "validate"]
+__all__ = ["TASKS", "Rows", "Task", "Terms", "for_data", "get_task", "validate"]

@@ -23,12 +23,14 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"embed dim {m.embed_dim} is not divisible by {m.num_heads} heads")
 
 
-def inputs(cfg: Config, batch: Batch, key: jax.Array, train: bool, rows: Rows) -> jax.Array:
+def inputs(cfg: Config, batch: Batch, key: jax.Array, train: bool, rows: Rows,
+           mean: tuple[float, ...] = CIFAR_MEAN, std: tuple[float, ...] = CIFAR_STD) -> jax.Array:
+    """uint8 images, augmented (training) and normalised with the dataset's statistics (see `for_data`)."""
     data, dtype = cfg.data, jnp.dtype(cfg.precision.dtype)
     if train and data.augment:
         return augment(batch["image"], key, scale=data.crop_scale, ratio=data.crop_ratio, flip=data.flip,
-                       mean=CIFAR_MEAN, std=CIFAR_STD, dtype=dtype, rows=rows)
-    return normalize(batch["image"], CIFAR_MEAN, CIFAR_STD, dtype)
+                       mean=mean, std=std, dtype=dtype, rows=rows)
+    return normalize(batch["image"], mean, std, dtype)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

@@ -24,7 +24,7 @@ from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
 from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
-from shardbench.tasks import Task, get_task, validate
+from shardbench.tasks import Task, for_data, get_task, validate
 from shardbench.train.spmd import check_style
 from shardbench.train.state import ModelSpec, check_layout, describe_model
 
@@ -155,7 +155,7 @@ def plan_run(cfg: Config) -> Plan:
         )
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
-    return Plan(cfg, task, out, layout, spec, dataset, per_epoch, total)
+    return Plan(cfg, for_data(task, dataset), out, layout, spec, dataset, per_epoch, total)
 
 
 def check_profile_window(t: TrainConfig, steps_left: int) -> None:

@@ -1,0 +1,93 @@
+"""`--data arrays:PATH.npz`: your own arrays for any task.
+
+The file holds `x_train`, `y_train`, `x_test`, `y_test` and optionally `x_val`, `y_val` (without them, a
+seeded `--data.val-fraction` of train is held out). What the arrays must be depends on the task:
+- images to classes (`vit`, `--task classify`): x uint8 (N, H, W, 3), y integer class ids (N,);
+- next-token (`lm`, `--task next-token`): x integer token ids (N, seq_len + 1); y is not used (give zeros);
+- regression (`mlp`, `--task regress`): x float (N, features), y float (N, outputs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from shardbench.data.arrays import Columns, Dataset, ImageArrays, ImageDataset, split_train_val
+from shardbench.errors import DataError
+
+REQUIRED = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _read(path: Path) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as err:
+        raise DataError(f"arrays:{path} is not a readable .npz file: {str(err).splitlines()[0][:200]}") from None
+    missing = [k for k in REQUIRED if k not in arrays]
+    if missing:
+        raise DataError(f"arrays:{path} lacks {', '.join(missing)}: it needs x_train, y_train, x_test, y_test "
+                        f"(and optionally x_val, y_val); it has {', '.join(sorted(arrays)) or 'nothing'}")
+    if ("x_val" in arrays) != ("y_val" in arrays):
+        raise DataError(f"arrays:{path} has only one of x_val and y_val: give both, or neither")
+    for split in ("train", "val", "test"):
+        if f"x_{split}" in arrays and len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
+            raise DataError(f"arrays:{path}: x_{split} has {len(arrays[f'x_{split}'])} rows but y_{split} has "
+                            f"{len(arrays[f'y_{split}'])}")
+    return arrays
+
+
+def _column_splits(arrays: dict[str, np.ndarray], x_key: str, y_key: str | None, val_fraction: float,
+                   seed: int) -> tuple[Columns, Columns, Columns]:
+    """(train, val, test) as columns named `x_key` (and `y_key`); val is held out of train when not given."""
+    def split(name: str) -> Columns:
+        x = arrays[f"x_{name}"]
+        return Columns({x_key: x} if y_key is None else {x_key: x, y_key: arrays[f"y_{name}"]})
+
+    train, test = split("train"), split("test")
+    if "x_val" in arrays:
+        return train, split("val"), test
+    n_val = int(round(len(train) * val_fraction))
+    order = np.random.Generator(np.random.PCG64(seed)).permutation(len(train))
+    return train.take(np.sort(order[n_val:])), train.take(np.sort(order[:n_val])), test
+
+
+def load_arrays(path: Path, kind: str, *, num_classes: int, seq_len: int, vocab_size: int, input_dim: int,
+                val_fraction: float, seed: int) -> ImageDataset | Dataset:
+    """The dataset in `path` for a model of kind `kind` ('vit', 'lm' or 'mlp'), checked against the model."""
+    arrays = _read(path)
+    x = arrays["x_train"]
+    name = f"arrays:{path.name}"
+    if kind == "vit":
+        if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3 or x.shape[1] != x.shape[2]:
+            raise DataError(f"{name}: images to classify must be uint8 (N, H, W, 3) with H = W, got "
+                            f"{x.dtype} {x.shape}")
+        labels = {k: v.astype(np.int32) for k, v in arrays.items() if k.startswith("y_")}
+        if any(v.ndim != 1 or (len(v) and (v.min() < 0 or v.max() >= num_classes)) for v in labels.values()):
+            raise DataError(f"{name}: labels must be class ids in [0, {num_classes}) (--model.num-classes), one per "
+                            f"image")
+        arrays.update(labels)
+        if "x_val" in arrays:
+            train, val = ImageArrays(x, arrays["y_train"]), ImageArrays(arrays["x_val"], arrays["y_val"])
+        else:
+            train, val = split_train_val(ImageArrays(x, arrays["y_train"]), val_fraction, seed)
+        return ImageDataset(name, train, val, ImageArrays(arrays["x_test"], arrays["y_test"]),
+                            tuple(str(i) for i in range(num_classes)))
+
+    if kind == "lm":
+        if not np.issubdtype(x.dtype, np.integer) or x.ndim != 2 or x.shape[1] != seq_len + 1:
+            raise DataError(f"{name}: token sequences must be integers (N, --model.seq-len + 1 = {seq_len + 1}), got "
+                            f"{x.dtype} {x.shape}")
+        if x.min() < 0 or x.max() >= vocab_size:
+            raise DataError(f"{name}: token ids must be in [0, {vocab_size}) (--model.vocab-size)")
+        arrays.update({k: v.astype(np.int32) for k, v in arrays.items() if k.startswith("x_")})
+        train, val, test = _column_splits(arrays, "tokens", None, val_fraction, seed)
+        return Dataset(name, train, val, test, {"vocab_size": vocab_size})
+    if x.ndim != 2 or x.shape[1] != input_dim or arrays["y_train"].ndim != 2 \
+            or arrays["y_train"].shape[1] != num_classes:
+        raise DataError(f"{name}: regression needs x (N, --model.input-dim = {input_dim}) and y (N, "
+                        f"--model.num-classes = {num_classes}), got {x.shape} and {arrays['y_train'].shape}")
+    arrays.update({k: v.astype(np.float32) for k, v in arrays.items()})
+    train, val, test = _column_splits(arrays, "inputs", "targets", val_fraction, seed)
+    return Dataset(name, train, val, test, {"outputs": num_classes})

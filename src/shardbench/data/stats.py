@@ -1,0 +1,65 @@
+"""Per-channel normalisation statistics of an image dataset, computed from its own training split.
+
+CIFAR-10 keeps its published figures (the seeds' and everyone's); any other image dataset (an image folder,
+your own arrays, the synthetic images) is normalised with the mean and standard deviation of its own
+training images, computed once and cached beside the decoded arrays, keyed by what the split holds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD
+
+Stats = tuple[tuple[float, float, float], tuple[float, float, float]]
+CIFAR10: Stats = (CIFAR_MEAN, CIFAR_STD)
+CACHE_NAME = "image-stats.json"
+_CHUNK = 4096  # images per pass, so that the float copy stays small
+
+
+def channel_stats(images: np.ndarray) -> Stats:
+    """Mean and standard deviation of each channel of uint8 images (N, H, W, C), on the [0, 1] scale."""
+    total = np.zeros(images.shape[-1], np.float64)
+    squares = np.zeros(images.shape[-1], np.float64)
+    for start in range(0, len(images), _CHUNK):
+        part = images[start:start + _CHUNK].astype(np.float64) / 255.0
+        total += part.sum(axis=(0, 1, 2))
+        squares += np.square(part).sum(axis=(0, 1, 2))
+    count = max(images.shape[0] * images.shape[1] * images.shape[2], 1)
+    mean = total / count
+    std = np.sqrt(np.maximum(squares / count - mean**2, 1e-12))
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)  # type: ignore[return-value]
+
+
+def fingerprint(images: np.ndarray) -> str:
+    """Identifies a training split by its shape and a sample of its bytes (every 97th image, and the last)."""
+    digest = hashlib.sha1(repr(images.shape).encode())
+    for i in [*range(0, len(images), 97), len(images) - 1]:
+        if i >= 0:
+            digest.update(images[i].tobytes())
+    return digest.hexdigest()
+
+
+def cached_stats(cache_dir: Path, name: str, images: np.ndarray) -> Stats:
+    """`images`' statistics, from `<cache_dir>/image-stats.json` when this split was seen before."""
+    path = cache_dir / CACHE_NAME
+    key = f"{name}|{fingerprint(images)}"
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        mean, std = known[key]
+        return tuple(mean), tuple(std)  # type: ignore[return-value]
+    stats = channel_stats(images)
+    known[key] = [list(stats[0]), list(stats[1])]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(known, indent=1))
+    os.replace(tmp, path)
+    return stats
