@@ -1,5 +1,5 @@
-"""A model of your own: the two examples (a ConvNet and a Transformer LM written the way flax's examples write
-models) under dp, fsdp and tp on 8 devices give one device's losses; axis names come from flax's sharding
+"""A model of your own: the examples (a ConvNet and a Transformer LM written the way flax's examples write
+models, and a linen MLP through flax's nnx bridge) under dp, fsdp and tp on 8 devices give one device's losses; axis names come from flax's sharding
 metadata, unknown ones are kept whole and named, --rules maps them; bad plug-ins stop with one line."""
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ def _cfg(micro, model: dict, **extra: object) -> config_lib.Config:
     return micro(**{**model, "data.augment": False, **extra})
 
 
-@pytest.mark.parametrize("model", [CONVNET, TRANSFORMER], ids=["convnet", "transformer"])
+LINEN = {"model.factory": f"{EXAMPLES / 'linen_mlp.py'}:build", "model.task": "classify"}
+
+
+@pytest.mark.parametrize("model", [CONVNET, TRANSFORMER, LINEN], ids=["convnet", "transformer", "linen-bridge"])
 def test_examples_train_alike_under_every_strategy(micro, tmp_path: Path, model: dict) -> None:
     single = _cfg(micro, model, **{"parallel.strategy": "single", "train.out": str(tmp_path / "single")})
     run(single)

@@ -39,12 +39,14 @@ class ModelSpec:
     axis_fields: dict[str, str]  # which configuration field each logical axis comes from
     takes_rng: bool = True  # the model's __call__ takes the step's key as `rng`
     unmapped: tuple[str, ...] = ()  # a model of your own: axis names no strategy table maps (kept whole)
+    rngs: nnx.State | None = None  # a model of your own that keeps RNG streams (flax's linen bridge): held fixed
 
     def apply(self, params: Params, inputs: jax.Array, rng: jax.Array | None) -> jax.Array:
         """Run the model on `params` (a pure dict, as held in TrainState)."""
         state = jax.tree.map(lambda x: x, self.abstract)  # fresh Variables for this trace
         nnx.replace_by_pure_dict(state, params)
-        model = nnx.merge(self.graphdef, state)
+        streams = () if self.rngs is None else (jax.tree.map(lambda x: x, self.rngs),)  # fresh, in this trace
+        model = nnx.merge(self.graphdef, state, *streams)
         return model(inputs, rng=rng) if self.takes_rng else model(inputs)
 
 
@@ -63,18 +65,20 @@ def describe_model(cfg: Config) -> ModelSpec:
     if not cfg.model.factory:
         graphdef, abstract = nnx.split(model, nnx.Param)
         return ModelSpec(graphdef, abstract, param_axes(abstract), param_shapes(abstract), axis_fields(cfg))
-    graphdef, abstract, rest = nnx.split(model, nnx.Param, ...)
+    graphdef, abstract, streams, rest = nnx.split(model, nnx.Param, nnx.RngState, ...)
     held = [(path, type(var).__name__) for path, var in nnx.to_flat_state(rest)]
     if held:
         path, kind = held[0]
         raise ConfigError(
             f"--model {cfg.model.factory}: the module holds state other than parameters ({'/'.join(map(str, path))}: "
             f"{kind}{f' and {len(held) - 1} more' if len(held) > 1 else ''}); shardbench trains nnx.Param only: "
-            f"draw dropout from an `rng` argument of __call__ instead of a stored nnx.Rngs, and use LayerNorm "
-            f"rather than BatchNorm")
+            f"use LayerNorm rather than BatchNorm")
     axes, unmapped = custom.logical_axes(abstract, custom.parse_rules(cfg.parallel.rules))
+    rngs = None
+    if jax.tree.leaves(streams):  # their values, without materialising a parameter (XLA drops the rest)
+        rngs = jax.jit(lambda: nnx.split(build_model(cfg, nnx.Rngs(cfg.train.seed)), nnx.Param, nnx.RngState)[2])()
     return ModelSpec(graphdef, abstract, axes, param_shapes(abstract), axis_fields(cfg), custom.takes_rng(model),
-                     unmapped)
+                     unmapped, rngs)
 
 
 def check_layout(spec: ModelSpec, layout: Layout) -> None:
