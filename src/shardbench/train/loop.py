@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,15 +23,15 @@ from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.data.arrays import Split
 from shardbench.data.pipeline import eval_steps, make_batches
-from shardbench.errors import TrainingDiverged
 from shardbench.parallel.rules import Layout
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.record import build_measurements, default_run_name
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.measure.timing import StepTimer, compile_timed, fit_warmup
-from shardbench.train import compile_cache
+from shardbench.train import compile_cache, hooks
+from shardbench.train.hooks import scalar
 from shardbench.train.checkpoint import Checkpoints
-from shardbench.train.console import epoch_line, header_line
+from shardbench.train.console import header_line
 from shardbench.train.events import ScalarWriter
 from shardbench.train.optim import build_optimizer, learning_rate
 from shardbench.train.state import (
@@ -45,13 +44,6 @@ from shardbench.train.step import Steps
 
 # Fault injection for the resume tests: the process kills itself (SIGKILL, no clean-up) after this step;
 # in a run of several processes only the one KILL_PROCESS_ENV names (all of them when it is unset).
-KILL_AT_STEP_ENV = "SHARDBENCH_FAULT_KILL_AT_STEP"
-KILL_PROCESS_ENV = "SHARDBENCH_FAULT_KILL_PROCESS"
-
-def scalar(value: Any) -> float:
-    """A metric as a float: pmap returns one (equal) copy per device."""
-    return float(np.ravel(np.asarray(value))[0])
-
 
 def evaluate(steps: Steps, state: Any, arrays: Split, cfg: Config, task: Task, layout: Layout) -> dict[str, float]:
     """Loss (and accuracy, perplexity where they apply) over every example of a split exactly once
@@ -78,22 +70,6 @@ def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
     os.replace(tmp, path)
-
-
-class EpochMeter:
-    """Running means of the train metrics over the current epoch, fed one step late (see `run`)."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.count = 0
-
-    def add(self, metrics: dict[str, float]) -> None:
-        for k, v in metrics.items():
-            self.sums[k] = self.sums.get(k, 0.0) + v
-        self.count += 1
-
-    def means(self) -> dict[str, float]:
-        return {k: v / max(self.count, 1) for k, v in self.sums.items()}
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -162,9 +138,8 @@ def shared_host_peak(cfg: Config, layout: Layout) -> HostPeak | None:
 
 def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: Checkpoints,
           writer: ScalarWriter, host: HostPeak | None = None) -> dict[str, Any]:
-    cfg, total, per_epoch = plan.cfg, plan.total_steps, plan.steps_per_epoch
-    batch, layout = cfg.train.batch_size, plan.layout
-    unit, units = plan.task.unit, plan.task.units_per_example(cfg)
+    cfg, total, per_epoch, layout = plan.cfg, plan.total_steps, plan.steps_per_epoch, plan.layout
+    batch, is_main = cfg.train.batch_size, jax.process_index() == 0  # only process 0 prints and traces
     run_name = cfg.train.run_name or default_run_name(cfg, layout)
     part, parts = layout.process_share(batch)  # this process reads and augments only its rows of each batch
     batches: Iterator[dict[str, np.ndarray]] = make_batches(
@@ -174,114 +149,62 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     # Compile explicitly on the first batch: lowering and compilation are timed apart from the steps.
     first = steps.place(next(batches)) if start < total else None
     compiled, compile_times = compile_timed(steps.train, state, first) if first is not None else (None, None)
-    is_main = jax.process_index() == 0  # only process 0 prints, shows progress and writes traces
-    bar = tqdm(total=total, initial=start, disable=not cfg.train.progress or not is_main, unit="step",
-               dynamic_ncols=True)
-    profile_root = Path(cfg.train.profile_root) if cfg.train.profile_root else plan.out / "tensorboard"
-    profile = ProfileWindow(profile_root, run_name, start + cfg.train.profile_skip, cfg.train.profile_steps,
-                            cfg.train.profile and is_main)
     warmup, lowered = fit_warmup(cfg.train.timing_warmup, total - start)
     if lowered and is_main:
         print(lowered, flush=True)
     timer = StepTimer(warmup)
-    meter, history, epoch_times, epoch_steps = EpochMeter(), [], [], []
-    epoch_first = start
-    pending: tuple[int, dict[str, jax.Array]] | None = None
-    t0 = window_t = epoch_t0 = time.perf_counter()
-    window_steps = 0
-    last: dict[str, float] = {}
-
-    def settle(item: tuple[int, dict[str, jax.Array]]) -> dict[str, float]:
-        """Bring a step's metrics to the host (one step late, so the device never waits) and check them."""
-        step, metrics = item
-        values = {k: scalar(v) for k, v in jax.device_get(metrics).items()}
-        timer.completed()
-        # The loss comes from the parameters before the update, the gradient norm from the update itself:
-        # either one non-finite means the state after this step must not be trusted (or checkpointed).
-        bad = [name for name in ("loss", "grad_norm") if not math.isfinite(values[name])]
-        if bad:
-            good = checkpoints.latest_step()
-            where = f"the last good checkpoint is step {good} in {plan.out / 'checkpoints'}" if good else "no checkpoint"
-            what = "loss" if bad[0] == "loss" else "gradient norm"
-            raise TrainingDiverged(f"{what} became {values[bad[0]]} at step {step} (loss {values['loss']:.4g}): "
-                                   f"training stopped; {where}")
-        meter.add(values)
-        return values
-
+    bar = tqdm(total=total, initial=start, disable=not cfg.train.progress or not is_main, unit="step",
+               dynamic_ncols=True)
+    profile_root = Path(cfg.train.profile_root) if cfg.train.profile_root else plan.out / "tensorboard"
+    window = ProfileWindow(profile_root, run_name, start + cfg.train.profile_skip, cfg.train.profile_steps,
+                           cfg.train.profile and is_main)
+    log = hooks.Log(writer, bar, cfg.train.log_every, cfg.train.checkpoint_every,
+                    batch * plan.task.units_per_example(cfg), plan.task.unit)
+    epochs = hooks.EpochEnd(
+        (lambda st: evaluate(steps, st, plan.dataset.val, cfg, plan.task, layout)) if cfg.train.eval else None,
+        writer, bar, timer, log, is_main)
+    run = hooks.Run(total, per_epoch, hooks.Metrics(timer, hooks.last_good_checkpoint(checkpoints, plan.out)), state)
+    # In order: the profiler brackets the step; the log settles what a checkpoint needs to know; a fault is
+    # injected after the checkpoint it would interrupt; an epoch ends last.
+    side_effects: list[hooks.Hook] = [hooks.Profile(window, timer), log,
+                                      hooks.Checkpoint(checkpoints, cfg.train.checkpoint_every, steps.release, timer),
+                                      hooks.FaultInjection(), epochs]
     for step in range(start, total):
-        done = step + 1
-        profile.before_step(done)
-        if profile.active:
-            timer.mark_dirty()  # the interval that starts the trace carries its cost too
-        host_batch = first if step == start else steps.place(next(batches))
-        state, metrics = compiled(state, host_batch)
-        if pending is not None:
-            last = settle(pending)
-        pending = (done, metrics)
-        window_steps += 1
-        end_of_epoch = done % per_epoch == 0 or done == total
-        due_checkpoint = cfg.train.checkpoint_every > 0 and done % cfg.train.checkpoint_every == 0
-        if done % cfg.train.log_every == 0 or end_of_epoch or due_checkpoint:
-            last, pending = settle(pending), None  # a checkpoint is only written after its loss is known finite
-            now = time.perf_counter()
-            rate = window_steps * batch * units / max(now - window_t, 1e-9)
-            window_t, window_steps = now, 0
-            writer.write(done, {f"train/{k}": v for k, v in last.items()} | {f"train/{unit}_per_s": rate})
-            bar.set_postfix({"epoch": (done - 1) // per_epoch + 1, "loss": f"{last['loss']:.4f}",
-                             f"{unit}/s": f"{rate:.0f}"})
-        if profile.active:
-            timer.mark_dirty()  # traced steps carry the profiler's overhead
-        profile.after_step(done, block=metrics)
-        bar.update(1)
-        if due_checkpoint and done != total:
-            checkpoints.save(steps.release(state))
-            timer.mark_dirty()
-        if os.environ.get(KILL_AT_STEP_ENV) == str(done) and os.environ.get(
-                KILL_PROCESS_ENV, str(jax.process_index())) == str(jax.process_index()):
-            os.kill(os.getpid(), signal.SIGKILL)
-        if end_of_epoch:
-            if pending is not None:
-                last, pending = settle(pending), None
-            epoch_times.append(time.perf_counter() - epoch_t0)  # the seed's epoch time: data + steps, no eval
-            epoch_steps.append(done - epoch_first)
-            epoch_first = done
-            record = {"epoch": (done - 1) // per_epoch + 1, "step": done,
-                      **{f"train_{k}": v for k, v in meter.means().items()}}
-            if cfg.train.eval:
-                val = evaluate(steps, state, plan.dataset.val, cfg, plan.task, layout)
-                record |= {f"val_{k}": v for k, v in val.items() if k != "count"}
-                writer.write(done, {f"val/{k}": v for k, v in val.items() if k != "count"})
-            record["time_s"] = time.perf_counter() - t0
-            history.append(record)
-            meter = EpochMeter()
-            writer.flush()
-            if is_main:
-                bar.write(epoch_line(record))
-            timer.mark_dirty()
-            epoch_t0 = window_t = time.perf_counter()
-    if pending is not None:
-        last = settle(pending)
-    profile.stop()
+        run.done = step + 1
+        for hook in side_effects:
+            hook.before_step(run)
+        run.state, metrics = compiled(run.state, first if step == start else steps.place(next(batches)))
+        run.metrics.push(run.done, metrics)
+        for hook in side_effects:
+            hook.after_step(run)
+    last = run.metrics.settle()
+    window.stop()
     bar.close()
-    checkpoints.save(steps.release(state))
-    elapsed = time.perf_counter() - t0
-    measurements = build_measurements(cfg=cfg, task=plan.task, layout=layout, compiled=compiled,
-                                      compile_times=compile_times, timer=timer, epoch_times=epoch_times,
-                                      epoch_steps=epoch_steps, steps_per_epoch=per_epoch,
-                                      steps_run=total - start, state=state, host_peak=host)
+    checkpoints.save(steps.release(run.state))
+    return _summary(plan, steps, run, writer, start, run_name, window, build_measurements(
+        cfg=cfg, task=plan.task, layout=layout, compiled=compiled, compile_times=compile_times, timer=timer,
+        epoch_times=epochs.times, epoch_steps=epochs.steps, steps_per_epoch=per_epoch, steps_run=total - start,
+        state=run.state, host_peak=host), epochs.history, last)
+
+
+def _summary(plan: Plan, steps: Steps, run: hooks.Run, writer: ScalarWriter, start: int, run_name: str,
+             window: ProfileWindow, measurements: dict[str, Any], history: list[dict[str, Any]],
+             last: dict[str, float]) -> dict[str, Any]:
+    """The run's record: what ran, its measurements, and the test split's metrics."""
+    cfg, layout, unit = plan.cfg, plan.layout, plan.task.unit
     throughput = measurements["throughput"]
     summary: dict[str, Any] = {
-        "status": "complete", "run_name": run_name, "steps": total, "resumed_from": start, "epochs": history,
-        "train_loss": last.get("loss"), "time_s": elapsed, "model": cfg.model.kind, "spmd": cfg.parallel.spmd,
-        "examples_per_s": throughput["examples_per_s"], f"{unit}_per_s": throughput["units_per_s"],
-        "strategy": layout.strategy.name, "mesh": "none" if layout.mesh is None else str(layout.shape),
-        "devices": layout.shape.size, "out": str(plan.out), "measurements": measurements,
-        "dataset": {"name": plan.dataset.name, **plan.dataset.info},
+        "status": "complete", "run_name": run_name, "steps": run.total, "resumed_from": start, "epochs": history,
+        "train_loss": last.get("loss"), "time_s": time.perf_counter() - run.started, "model": cfg.model.kind,
+        "spmd": cfg.parallel.spmd, "examples_per_s": throughput["examples_per_s"],
+        f"{unit}_per_s": throughput["units_per_s"], "strategy": layout.strategy.name,
+        "mesh": "none" if layout.mesh is None else str(layout.shape), "devices": layout.shape.size,
+        "out": str(plan.out), "measurements": measurements, "dataset": {"name": plan.dataset.name, **plan.dataset.info},
     }
-    if profile.path is not None:
-        summary["profile"] = str(profile.path)
+    if window.path is not None:
+        summary["profile"] = str(window.path)
     if cfg.train.eval:
-        test = evaluate(steps, state, plan.dataset.test, cfg, plan.task, layout)
+        test = evaluate(steps, run.state, plan.dataset.test, cfg, plan.task, layout)
         summary |= {f"test_{k}": v for k, v in test.items() if k != "count"}
-        writer.write(total, {f"test/{k}": v for k, v in test.items() if k != "count"})
+        writer.write(run.total, {f"test/{k}": v for k, v in test.items() if k != "count"})
     return summary
