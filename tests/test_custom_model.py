@@ -114,3 +114,23 @@ def test_task_and_model_go_together(micro) -> None:
         check_runnable(micro(**{"model.factory": CONVNET["model.factory"]}))
     with pytest.raises(ConfigError, match="--task classify is for a model of your own"):
         check_runnable(micro(**{"model.task": "classify"}))
+
+
+def test_a_loss_in_the_models_file_replaces_the_tasks(micro, tmp_path: Path) -> None:
+    """`loss(outputs, batch)` in the file: here 3 for every example (tied to the outputs so that it has a
+    gradient), so the run's loss is exactly 3 where the task's cross-entropy would be about ln(10)."""
+    source = (EXAMPLES / "convnet.py").read_text() + (
+        "\n\ndef loss(outputs, batch):\n    return 3.0 + 0.0 * outputs.sum(-1)\n")
+    path = tmp_path / "convnet_own_loss.py"
+    path.write_text(source)
+    summary = run(_cfg(micro, {**CONVNET, "model.factory": f"{path}:build"}, **{"parallel.strategy": "single"}))
+    assert summary["train_loss"] == pytest.approx(3.0, abs=1e-6)
+    assert _losses(Path(summary["out"])) == pytest.approx([3.0] * 4, abs=1e-6)
+
+
+def test_a_model_of_your_own_runs_under_shard_map(micro, tmp_path: Path) -> None:
+    base = _cfg(micro, CONVNET, **{"parallel.strategy": "fsdp", "parallel.mesh": "8", "parallel.devices": 8,
+                                   "train.out": str(tmp_path / "jit")})
+    run(base)
+    run(config_lib.override(base, {"parallel.spmd": "shard_map", "train.out": str(tmp_path / "shard_map")}))
+    assert _losses(tmp_path / "shard_map") == pytest.approx(_losses(tmp_path / "jit"), rel=2e-5, abs=2e-6)

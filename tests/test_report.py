@@ -17,6 +17,7 @@ from PIL import Image
 
 from shardbench import config as config_lib
 from shardbench.errors import ShardbenchError
+from shardbench.measure.run_record import from_json
 from shardbench.sweep import report_cmd
 from shardbench.sweep.report import ReportPaths, write_report
 from shardbench.sweep.store import RunRow, Store
@@ -172,9 +173,9 @@ def test_memory_chart_marks_compiled_totals_when_some_runs_report_a_peak(tmp_pat
     from shardbench.sweep.content import COLUMNS, Run
 
     def run(name: str, peak: float | None) -> Run:
-        return Run(name, "complete", None, None, {}, BASE, record(
+        return Run(name, "complete", None, None, {}, BASE, from_json(record(
             name, "dp", "8", 8, breakdown=(1.0, 2.0, 1.0, 4.0), total=9.0, comms={}, epochs=[1.0], step_ms=1.0,
-            img_s=10.0, mfu=None, acc=0.1, peak=peak))
+            img_s=10.0, mfu=None, acc=0.1, peak=peak)))
 
     mixed = peak_memory([run("gpu", 12.5), run("cpu", None)], tmp_path)
     assert "compiled totals" in mixed.note and mixed.path.stat().st_size > 10_000
@@ -236,9 +237,9 @@ def test_parameter_dtype_pair_says_the_state_bytes_move() -> None:
 
     def run(param_dtype: str, state: float) -> Run:
         config = BASE | {"precision.param_dtype": param_dtype, "train.out": f"runs/{param_dtype}"}
-        return Run(param_dtype, "complete", None, None, {"precision.param_dtype": param_dtype}, config, record(
-            param_dtype, "dp", "8", 8, breakdown=(state / 4, state / 2, state / 4, 10.0), total=state + 10.0,
-            comms={}, epochs=[1.0], step_ms=1.0, img_s=10.0, mfu=None, acc=0.1))
+        return Run(param_dtype, "complete", None, None, {"precision.param_dtype": param_dtype}, config, from_json(
+            record(param_dtype, "dp", "8", 8, breakdown=(state / 4, state / 2, state / 4, 10.0), total=state + 10.0,
+                   comms={}, epochs=[1.0], step_ms=1.0, img_s=10.0, mfu=None, acc=0.1)))
 
     assert precision_findings([run("float32", 160.0), run("bfloat16", 80.0)], {}) == [
         "Parameter dtype bfloat16 vs float32: parameters + optimizer state + gradients 160.0 -> 80.0 MiB (they "

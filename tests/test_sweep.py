@@ -16,7 +16,8 @@ import pytest
 
 from shardbench.errors import ConfigError
 from shardbench.sweep import sweep_cmd
-from shardbench.sweep.grid import axes_from_values, make_sweep, run_name, split_alternatives
+from shardbench.naming import run_name
+from shardbench.sweep.grid import axes_from_values, make_sweep, split_alternatives
 from shardbench.sweep.runner import Options, Outcome, classify, train_command
 from shardbench.sweep.store import RunRow, Store
 from shardbench.sweep.sweep_file import load_sweep_file

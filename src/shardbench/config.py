@@ -26,6 +26,10 @@ SPMD_STYLES = ("jit", "shard_map", "pmap")
 ATTENTION = ("auto", "einsum", "fused")
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("cosine", "constant")
+# Fields that change where and how a run reports, never what it computes: a resumed run may change them, and
+# they are never "what was swept" in a report (sweeps set the first four for every run).
+REPORTING_ONLY = frozenset({"train.out", "train.resume", "train.run_name", "train.profile_root", "train.progress",
+                            "train.log_every", "train.recalibrate_peak", "data.cache_dir", "preset"})
 # What a model of your own (--model FILE:FUNCTION) is trained to do, and the built-in kind whose data, inputs and
 # loss that task shares: images or arrays to classes, tokens to next tokens, inputs to values.
 TASK_KINDS = {"classify": "vit", "next-token": "lm", "regress": "mlp"}

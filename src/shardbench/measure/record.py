@@ -14,28 +14,17 @@ from shardbench.measure import flops as flops_lib
 from shardbench.measure.comms import count_collectives
 from shardbench.measure.memory import memory_report, per_device_report
 from shardbench.measure.peak import HostPeak
+from shardbench.naming import config_run_name
 from shardbench.measure.timing import CompileTimes, StepTimer
 from shardbench.parallel.rules import Layout, resolve_strategy
 from shardbench.tasks import Task
 
 
 def default_run_name(cfg: Config, layout: Layout) -> str:
-    """The seed's naming (mesh_4_2_batch_1024), plus whatever else differs from the plain float32 run."""
+    """A run's name from its configuration and the layout that ran (see `shardbench.naming`)."""
     mesh = "none" if layout.mesh is None else f"{layout.shape.data}_{layout.shape.model}"
-    parts = [f"mesh_{mesh}", f"batch_{cfg.train.batch_size}"]
     implied = resolve_strategy("auto", "none" if layout.mesh is None else str(layout.shape), layout.shape.size)
-    if layout.strategy.name != implied:
-        parts.append(layout.strategy.name.replace("+", "_"))
-    p = cfg.precision
-    if p.param_dtype != "float32":
-        parts.append(f"pdtype_{p.param_dtype}")
-    if p.dtype != "float32":
-        parts.append(f"dtype_{p.dtype}")
-    if p.matmul_precision != "default":
-        parts.append(f"matmul_{p.matmul_precision}")
-    if cfg.parallel.spmd != "jit":
-        parts.append(f"spmd_{cfg.parallel.spmd}")
-    return "_".join(parts)
+    return config_run_name(cfg, mesh, layout.strategy.name, implied)
 
 
 def layout_devices(layout: Layout) -> list[jax.Device]:

@@ -16,6 +16,7 @@ from flax import nnx
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.models.axes import BATCH, EMBED, HEADS, LAYERS, MLP, Axes
 from shardbench.parallel.mesh import DATA, MODEL, MeshShape, build_mesh, parse_mesh
@@ -53,6 +54,11 @@ STRATEGIES: dict[str, Strategy] = {
                  "parameters sharded over data and model; batch over data; Megatron over model", fsdp=True),
     )
 }
+
+
+# The names live in one place (shardbench.config.STRATEGIES, with 'auto'); this is what each one does.
+if set(STRATEGIES) != set(config_lib.STRATEGIES) - {"auto"}:
+    raise RuntimeError(f"strategy tables {sorted(STRATEGIES)} and config.STRATEGIES {config_lib.STRATEGIES} disagree")
 
 
 def get_strategy(name: str) -> Strategy:

@@ -12,22 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shardbench.config import REPORTING_ONLY
+from shardbench.measure.run_record import (
+    Breakdown, Collective, CompileTimes, Measurements, Memory, Mfu, RunRecord, StepTimes, Throughput,
+)
+
 MIB = 1024 * 1024
 DASH = "-"
 INCOMPLETE = "incomplete"  # a run folder without summary.json
 # Fields that differ between runs by construction (where each run writes) or that do not change results:
 # they are never "what was swept" and never stop two runs from being compared.
-NOISE = frozenset({"train.out", "train.resume", "train.run_name", "train.profile_root", "train.progress",
-                   "train.recalibrate_peak", "data.cache_dir", "preset"})
-
-
-def dig(value: Any, *path: str) -> Any:
-    """A nested value of a run record, or None where a trainer did not measure it."""
-    for key in path:
-        if not isinstance(value, dict):
-            return None
-        value = value.get(key)
-    return value
+NOISE = REPORTING_ONLY  # never what was swept: see shardbench.config
 
 
 def fixed(value: float | None, fmt: str) -> str:
@@ -42,7 +37,8 @@ def number(value: Any) -> float | None:
 
 @dataclass(frozen=True)
 class Run:
-    """One run as the report sees it, from the store or from a run directory; metrics are None when absent."""
+    """One run as the report sees it, from the store or from a run directory; figures are None when absent.
+    Its record is read through `shardbench.measure.run_record`, the one schema."""
 
     name: str
     status: str
@@ -50,7 +46,7 @@ class Run:
     error: str | None
     overrides: dict[str, Any]
     config: dict[str, Any]  # flattened {"section.field": value}
-    record: dict[str, Any] | None  # summary.json when complete
+    record: RunRecord | None  # summary.json when complete
 
     @property
     def ok(self) -> bool:
@@ -61,29 +57,52 @@ class Run:
         """The configuration that defines what ran: two runs with equal settings are the same experiment."""
         return {k: v for k, v in self.config.items() if k not in NOISE}
 
-    def recorded(self, *path: str) -> Any:
-        """A raw value of the run's record (None when absent)."""
-        return dig(self.record, *path)
+    @property
+    def rec(self) -> RunRecord:
+        """The record, or an empty one (every figure None) for a run without one."""
+        return self.record or EMPTY
 
-    def measurement(self, *path: str) -> Any:
-        """A raw value under the record's "measurements" (None when absent)."""
-        return dig(self.record, "measurements", *path)
+    @property
+    def m(self) -> Measurements:
+        return self.rec.measurements or Measurements()
 
-    def measured(self, *path: str) -> float | None:
-        return number(self.measurement(*path))
+    @property
+    def step_median(self) -> float | None:
+        return number((self.m.step_time_s or StepTimes()).median)
+
+    @property
+    def step_p90(self) -> float | None:
+        return number((self.m.step_time_s or StepTimes()).p90)
+
+    @property
+    def compile_s(self) -> float | None:
+        return number((self.m.compile or CompileTimes()).compile_s)
+
+    @property
+    def mfu(self) -> Mfu:
+        return self.m.mfu or Mfu()
+
+    @property
+    def mfu_value(self) -> float | None:
+        return number(self.mfu.mfu)
+
+    def rate(self, key: str) -> float | None:
+        """A throughput figure: examples_per_s, units_per_s, and their _per_device."""
+        return number(getattr(self.m.throughput or Throughput(), key))
 
     def why_not(self, figure: str) -> str:
-        """Why a complete run lacks `figure` ("mfu" or "step_time_s"), as its record says (never a guess)."""
-        said = self.measurement(figure, "not_measured")
+        """Why a complete run lacks its MFU or step time ("mfu", "step_time_s"), as its record says."""
+        timing = (self.m.step_time_s or StepTimes()).not_measured
+        said = self.mfu.not_measured if figure == "mfu" else timing
         if said:
             return str(said)
-        if figure == "mfu" and self.measurement("step_time_s", "not_measured"):
-            return f"no step time: {self.measurement('step_time_s', 'not_measured')}"
+        if figure == "mfu" and timing:
+            return f"no step time: {timing}"
         return "the record does not say why (written by an older shardbench)"
 
     def field(self, record_key: str, config_key: str) -> Any:
         # The record says what actually ran (e.g. the resolved mesh); the config is all a failed run has.
-        value = dig(self.record, record_key)
+        value = getattr(self.rec, record_key)
         return self.config.get(config_key) if value in (None, "") else value
 
     @property
@@ -100,26 +119,22 @@ class Run:
         value = number(self.config.get("train.batch_size"))
         return None if value is None else int(value)
 
-    def mib(self, *path: str) -> float | None:
-        value = self.measured(*path)
-        return None if value is None else value / MIB
-
     @property
     def unit(self) -> str:
         """What throughput counts: images (vit, and records from before other models), tokens or examples."""
-        return str(self.measurement("throughput", "unit") or "images")
+        return str((self.m.throughput or Throughput()).unit or "images")
 
     @property
     def images_per_s(self) -> float | None:
         if self.unit != "images":
             return None
         # Records written before measurements existed still carry the top-level figure.
-        measured = self.measured("throughput", "examples_per_s")
-        return measured if measured is not None else number(dig(self.record, "images_per_s"))
+        measured = self.rate("examples_per_s")
+        return measured if measured is not None else number(self.rec.images_per_s)
 
     def per_s(self, unit: str) -> float | None:
         """Throughput in `unit`s per second, for runs that count that unit."""
-        return self.measured("throughput", "units_per_s") if self.unit == unit else None
+        return self.rate("units_per_s") if self.unit == unit else None
 
     @property
     def rate_text(self) -> str:
@@ -130,27 +145,27 @@ class Run:
 
     @property
     def epoch_s(self) -> float | None:
-        times = [t for t in map(number, dig(self.record, "measurements", "epoch_time_s") or []) if t is not None]
+        times = [t for t in map(number, self.m.epoch_time_s or []) if t is not None]
         return statistics.fmean(times) if times else None
 
     @property
     def why_no_epoch(self) -> str:
         """Why a complete run has no epoch time: it trained only part of an epoch (from its record)."""
-        partial = dig(self.record, "measurements", "partial_epochs") or []
-        if partial:
-            p = partial[0]
-            return f"partial epoch only: {p.get('steps')} of {p.get('of')} steps in {p.get('time_s', 0):.1f} s"
+        if self.m.partial_epochs:
+            p = self.m.partial_epochs[0]
+            return f"partial epoch only: {p.steps} of {p.of} steps in {p.time_s or 0:.1f} s"
         return "not measured"
 
     @property
     def memory(self) -> tuple[float | None, str]:
         """Per-device memory in MiB and its source: the runtime peak where reported, else XLA's compiled total."""
-        peak = self.mib("memory", "peak_bytes_in_use")
-        return (peak, "peak") if peak is not None else (self.mib("memory", "total_bytes"), "compiled")
+        memory = self.m.memory or Memory()
+        peak = _mib(memory.peak_bytes_in_use)
+        return (peak, "peak") if peak is not None else (_mib(memory.total_bytes), "compiled")
 
     def part(self, name: str) -> float | None:
-        """One entry of the memory breakdown in MiB: params, optimizer, gradients, activations_temporaries."""
-        return self.mib("memory", "breakdown", f"{name}_bytes")
+        """One entry of the memory breakdown in MiB: params, optimizer, gradients, activations_temporaries, other."""
+        return _mib(getattr((self.m.memory or Memory()).breakdown or Breakdown(), f"{name}_bytes"))
 
     @property
     def state_mib(self) -> float | None:
@@ -159,30 +174,37 @@ class Run:
         return None if None in parts else sum(p for p in parts if p is not None)
 
     @property
-    def comms(self) -> dict[str, dict[str, Any]]:
-        found = dig(self.record, "measurements", "comms")
-        return found if isinstance(found, dict) else {}
+    def comms(self) -> dict[str, Collective]:
+        return self.m.comms or {}
 
     def comms_bytes(self, kind: str) -> float:
-        return number(dig(self.comms, kind, "bytes")) or 0.0
+        return (number(self.comms[kind].bytes) or 0.0) if kind in self.comms else 0.0
 
     @property
     def comms_mib(self) -> float | None:
-        total = self.mib("comms_total_bytes")
-        if total is None and dig(self.record, "measurements", "comms") is not None:
+        total = _mib(self.m.comms_total_bytes)
+        if total is None and self.ok and self.m.comms:
             total = sum(self.comms_bytes(kind) for kind in self.comms) / MIB
         return total
 
     @property
     def collectives(self) -> str:
-        if self.measurement("comms") is None:
+        if not self.ok or self.record is None or self.record.measurements is None:
             return ""
         kinds = sorted(self.comms, key=lambda kind: -self.comms_bytes(kind))  # the heaviest first
-        return ", ".join(f"{k}×{int(number(dig(self.comms, k, 'count')) or 0)}" for k in kinds) or "none"
+        return ", ".join(f"{k}×{int(number(self.comms[k].count) or 0)}" for k in kinds) or "none"
 
     @property
     def label(self) -> str:
         return f"failed ({self.error_kind})" if self.error_kind else self.status
+
+
+def _mib(value: Any) -> float | None:
+    found = number(value)
+    return None if found is None else found / MIB
+
+
+EMPTY = RunRecord()
 
 
 @dataclass(frozen=True)
@@ -217,10 +239,10 @@ def _scaled(get: Callable[[Run], float | None], factor: float) -> Callable[[Run]
 COLUMNS: tuple[Column, ...] = (
     Column("run", "run", False, lambda r: r.name),
     Column("status", "status", False, lambda r: r.label),
-    Column("model", "model", False, lambda r: r.config.get("model.kind") or dig(r.record, "model"), optional=True,
+    Column("model", "model", False, lambda r: r.config.get("model.kind") or r.rec.model, optional=True,
            usual="vit"),
     Column("strategy", "strategy", False, lambda r: r.strategy),
-    Column("spmd", "spmd", False, lambda r: r.config.get("parallel.spmd") or dig(r.record, "spmd"), optional=True,
+    Column("spmd", "spmd", False, lambda r: r.config.get("parallel.spmd") or r.rec.spmd, optional=True,
            usual="jit"),
     Column("mesh", "mesh", False, lambda r: r.field("mesh", "parallel.mesh")),
     Column("devices", "devices", True, lambda r: r.devices, 0),
@@ -228,16 +250,16 @@ COLUMNS: tuple[Column, ...] = (
     Column("param_dtype", "param dtype", False, lambda r: r.config.get("precision.param_dtype")),
     Column("dtype", "dtype", False, lambda r: r.config.get("precision.dtype")),
     Column("epoch_s", "epoch time s", True, lambda r: r.epoch_s, 2),
-    Column("step_ms_median", "step ms median", True, _scaled(lambda r: r.measured("step_time_s", "median"), 1e3)),
-    Column("step_ms_p90", "step ms p90", True, _scaled(lambda r: r.measured("step_time_s", "p90"), 1e3)),
-    Column("compile_s", "compile s", True, lambda r: r.measured("compile", "compile_s"), 2),
+    Column("step_ms_median", "step ms median", True, _scaled(lambda r: r.step_median, 1e3)),
+    Column("step_ms_p90", "step ms p90", True, _scaled(lambda r: r.step_p90, 1e3)),
+    Column("compile_s", "compile s", True, lambda r: r.compile_s, 2),
     Column("img_s", "img/s", True, lambda r: r.images_per_s, 0, optional=True),
     Column("img_s_device", "img/s/device", True,
-           lambda r: r.measured("throughput", "examples_per_s_per_device") if r.unit == "images" else None, 0,
+           lambda r: r.rate("examples_per_s_per_device") if r.unit == "images" else None, 0,
            optional=True),
     Column("tokens_s", "tokens/s", True, lambda r: r.per_s("tokens"), 0, optional=True),
     Column("examples_s", "examples/s", True, lambda r: r.per_s("examples"), 0, optional=True),
-    Column("mfu_pct", "MFU %", True, _scaled(lambda r: r.measured("mfu", "mfu"), 100.0)),
+    Column("mfu_pct", "MFU %", True, _scaled(lambda r: r.mfu_value, 100.0)),
     Column("mem_mib", "memory/device MiB", True, lambda r: r.memory[0]),
     Column("params_mib", "params MiB", True, lambda r: r.part("params")),
     Column("optimizer_mib", "optimizer MiB", True, lambda r: r.part("optimizer")),
@@ -245,10 +267,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("activations_mib", "activations MiB", True, lambda r: r.part("activations_temporaries")),
     Column("comms_mib", "comms/step MiB", True, lambda r: r.comms_mib, 2),
     Column("collectives", "collectives", False, lambda r: r.collectives),
-    Column("test_acc_pct", "test acc %", True, _scaled(lambda r: number(dig(r.record, "test_accuracy")), 100.0)),
-    Column("test_loss", "test loss", True, lambda r: number(dig(r.record, "test_loss")), 4, optional=True),
-    Column("test_ppl", "test perplexity", True, lambda r: number(dig(r.record, "test_perplexity")), 2, optional=True),
-    Column("loss_floor", "best possible loss", True, lambda r: number(dig(r.record, "dataset", "loss_floor")), 4, optional=True),
+    Column("test_acc_pct", "test acc %", True, _scaled(lambda r: number(r.rec.test_accuracy), 100.0)),
+    Column("test_loss", "test loss", True, lambda r: number(r.rec.test_loss), 4, optional=True),
+    Column("test_ppl", "test perplexity", True, lambda r: number(r.rec.test_perplexity), 2, optional=True),
+    Column("loss_floor", "best possible loss", True, lambda r: number(r.rec.dataset.get("loss_floor")), 4,
+           optional=True),
 )
 
 

@@ -170,7 +170,7 @@ def strategy_findings(runs: list[Run]) -> list[str]:
 
 
 def _style(run: Run) -> str:
-    return str(run.config.get("parallel.spmd") or run.recorded("spmd") or "jit")
+    return str(run.config.get("parallel.spmd") or run.rec.spmd or "jit")
 
 
 def spmd_findings(runs: list[Run]) -> list[str]:
@@ -184,10 +184,10 @@ def spmd_findings(runs: list[Run]) -> list[str]:
         base = group.get("jit")
         parts = []
         for style, run in group.items():
-            step = run.measured("step_time_s", "median")
+            step = run.step_median
             memory, _ = run.memory
             text = f"{style} {'–' if step is None else format(1e3 * step, ',.1f')} ms/step"
-            if base is not None and run is not base and step and (ref := base.measured("step_time_s", "median")):
+            if base is not None and run is not base and step and (ref := base.step_median):
                 text += f" ({step / ref:.2f}x jit)"
             if memory is not None:
                 text += f", {memory:,.1f} MiB/device"
@@ -202,10 +202,10 @@ def spmd_findings(runs: list[Run]) -> list[str]:
 def loss_floor_findings(runs: list[Run]) -> list[str]:
     """Where the data sets a best possible loss (uniform tokens, noisy regression): how close the runs came."""
     sentences = []
-    for note in dict.fromkeys(str(r.recorded("dataset", "loss_floor_note")) for r in runs if r.ok
-                              and r.recorded("dataset", "loss_floor") is not None):
-        group = [r for r in runs if r.ok and str(r.recorded("dataset", "loss_floor_note")) == note]
-        tests = [float(t) for t in (r.recorded("test_loss") for r in group) if isinstance(t, (int, float))]
+    for note in dict.fromkeys(str(r.rec.dataset.get("loss_floor_note")) for r in runs if r.ok
+                              and r.rec.dataset.get("loss_floor") is not None):
+        group = [r for r in runs if r.ok and str(r.rec.dataset.get("loss_floor_note")) == note]
+        tests = [float(t) for t in (r.rec.test_loss for r in group) if isinstance(t, (int, float))]
         text = note[0].upper() + note[1:]
         if tests:
             text += f"; the runs reached a test loss of {_span(tests, digits=4)}"

@@ -5,7 +5,6 @@ expanded into named runs (the cartesian product of the axes, first axis outermos
 from __future__ import annotations
 
 import itertools
-import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,20 +12,13 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
+from shardbench.naming import run_name
 
 Override = dict[str, Any]
 Axis = list[Override]
 
 # Set by the sweep for every run: a sweep that overrode them would write runs over each other.
 SWEEP_OWNED = frozenset({"train.out", "train.resume", "train.run_name", "train.profile_root"})
-
-# How a swept field shows in a run name, as in the seed's run names (mesh_4_2_batch_1024); others use the field.
-NAME_PARTS: dict[str, str] = {
-    "parallel.mesh": "mesh", "parallel.strategy": "strategy", "parallel.devices": "devices",
-    "train.batch_size": "batch", "precision.param_dtype": "pdtype", "precision.dtype": "dtype",
-    "precision.matmul_precision": "matmul", "parallel.spmd": "spmd",
-}
-
 
 @dataclass(frozen=True)
 class Grid:
@@ -208,25 +200,6 @@ SWEEP_PRESETS: dict[str, Callable[[], SweepPreset]] = {
 
 
 # ---------------------------------------------------------------------------------------------- expansion
-def _name_value(key: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (tuple, list)):
-        return "_".join(str(v) for v in value)
-    text = str(value)
-    if key == "parallel.mesh" and re.fullmatch(r"\d+x\d+", text.strip().lower()):
-        return text.strip().lower().replace("x", "_")
-    return text or "default"
-
-
-def run_name(overrides: Override) -> str:
-    """The seed's style, from the swept values only: mesh_4_2_batch_1024, pdtype_bfloat16, lr_0.001."""
-    if not overrides:
-        return "base"
-    parts = [f"{NAME_PARTS.get(k, k.partition('.')[2])}_{_name_value(k, v)}" for k, v in overrides.items()]
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(parts)).strip("_")
-
-
 def _strip(axes: list[Axis], keys: set[str]) -> list[Axis]:
     """Drop fields the command line fixes or re-sweeps from an axis; an axis left with nothing goes."""
     out = []

@@ -137,8 +137,8 @@ def throughput(runs: list[Run], out: Path) -> Chart:
     units = {r.unit for r in runs if r.ok}
     unit = units.pop() if len(units) == 1 else "examples"
     key = "units_per_s" if unit != "examples" else "examples_per_s"
-    _run_bars(total, runs, [r.measured("throughput", key) for r in runs], "{:,.0f}", colors)
-    _run_bars(per_device, runs, [r.measured("throughput", f"{key}_per_device") for r in runs], "{:,.0f}", colors)
+    _run_bars(total, runs, [r.rate(key) for r in runs], "{:,.0f}", colors)
+    _run_bars(per_device, runs, [r.rate(f"{key}_per_device") for r in runs], "{:,.0f}", colors)
     total.set_xlabel(f"{unit} per second (training)")
     per_device.set_xlabel(f"{unit} per second per device")
     _strategy_legend(per_device, _strategy_colors(runs))
@@ -155,18 +155,18 @@ def _placeholder(out: Path, name: str, title: str, message: str) -> Chart:
 
 def mfu(runs: list[Run], out: Path) -> Chart:
     title = "Model FLOPs utilisation per run"
-    measured = [r for r in runs if r.measured("mfu", "mfu") is not None]
+    measured = [r for r in runs if r.mfu_value is not None]
     if not measured:
         reasons = sorted({r.why_not("mfu") for r in runs if r.ok})
         why = "; ".join(reasons) if reasons else "no run completed"
         return _placeholder(out, "mfu", title, f"No run reports an MFU: {why}.")
-    sources = sorted({str(r.measurement("mfu", "peak_source")) for r in measured})
-    omitted = [r.name for r in runs if r.measured("mfu", "mfu") is None]
+    sources = sorted({str(r.mfu.peak_source) for r in measured})
+    omitted = [r.name for r in runs if r.mfu_value is None]
     note = f"Peak FLOP/s from: {'; '.join(sources)}." + (
         f" Omitted, no MFU: {', '.join(omitted)}." if omitted else "")
     # Colours come from every run so that a strategy keeps its colour across the charts.
     return _simple(measured, out, "mfu", title, "MFU, % of the device's peak FLOP/s", "{:.1f}%",
-                   lambda r: 100.0 * (r.measured("mfu", "mfu") or 0.0), _strategy_colors(runs), note)
+                   lambda r: 100.0 * (r.mfu_value or 0.0), _strategy_colors(runs), note)
 
 
 def _stacked(ax: Axes, runs: list[Run], positions: list[float], parts: list[tuple[str, list[float]]],

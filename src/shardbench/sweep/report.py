@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.errors import ShardbenchError
+from shardbench.measure.run_record import from_json
 from shardbench.sweep import html as html_page
 from shardbench.sweep import plots
 from shardbench.sweep.content import (
-    COLUMNS, INCOMPLETE, NOISE, ReportContent, Run, dig, fixed, number, shown,
+    COLUMNS, INCOMPLETE, NOISE, ReportContent, Run, fixed, number, shown,
 )
 from shardbench.sweep.findings import explain
 from shardbench.sweep.store import RunRow, Store
@@ -31,7 +32,7 @@ def _from_store(db: Path) -> tuple[list[Run], dict[str, Any]]:
     with Store(db) as store:
         rows = store.runs()
         meta = {key: store.get_meta(key) for key in ("preset", "axes", "created")}
-    return [Run(r.name, r.status, r.error_kind, r.error, r.overrides, r.config, r.record) for r in rows], meta
+    return [_run(r, f"{db}: run {r.name}") for r in rows], meta
 
 
 def _from_folders(root: Path, skip: Path) -> list[Run]:
@@ -46,7 +47,8 @@ def _from_folders(root: Path, skip: Path) -> list[Run]:
         name = str(record.get("run_name") or relative)
         if name in {r.name for r in runs}:  # two folders with one run name: their paths tell them apart
             name = relative
-        runs.append(Run(name, str(record.get("status", "complete")), None, None, {}, config, record))
+        runs.append(Run(name, str(record.get("status", "complete")), None, None, {}, config,
+                        from_json(record, str(summary))))
     # A run folder (it has the config.json a run writes first) without summary.json did not finish: it is
     # listed among the failed runs, never silently left out.
     for saved in sorted(root.rglob("config.json")):
@@ -164,8 +166,10 @@ TERMINAL_KEYS = ("run", "status", "epoch_s", "step_ms_median", "img_s", "tokens_
                  "mem_mib", "comms_mib", "test_acc_pct", "test_loss")
 
 
-def _run(row: RunRow) -> Run:
-    return Run(row.name, row.status, row.error_kind, row.error, row.overrides, row.config, row.record)
+def _run(row: RunRow, source: str = "the run's record") -> Run:
+    """A stored run as the report reads it: its record through the one schema (`from_json`)."""
+    record = None if row.record is None else from_json(row.record, source)
+    return Run(row.name, row.status, row.error_kind, row.error, row.overrides, row.config, record)
 
 
 def status_text(row: RunRow) -> str:
@@ -179,9 +183,9 @@ def progress_line(index: int, total: int, row: RunRow) -> str:
         return f"{head}  {status_text(row)}: {row.error}"
     run = _run(row)
     memory, source = run.memory
-    step = run.measured("step_time_s", "median")
+    step = run.step_median
     step_text = f"step {step:.3f}s" if step is not None else f"step time {run.why_not('step_time_s')}"
-    return (f"{head}  complete  {fixed(number(dig(row.record, 'time_s')), '.1f')}s  "
+    return (f"{head}  complete  {fixed(number(run.rec.time_s), '.1f')}s  "
             f"{run.rate_text}  {step_text}  "
             f"mem {fixed(memory, '.1f')} MiB ({source})  comms {fixed(run.comms_mib, '.1f')} MiB")
 

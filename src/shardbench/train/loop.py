@@ -25,6 +25,7 @@ from shardbench.data.arrays import Split
 from shardbench.data.pipeline import eval_steps, make_batches
 from shardbench.parallel.rules import Layout
 from shardbench.measure.profile import ProfileWindow
+from shardbench.measure import run_record
 from shardbench.measure.record import build_measurements, default_run_name
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.measure.timing import StepTimer, compile_timed, fit_warmup
@@ -207,4 +208,6 @@ def _summary(plan: Plan, steps: Steps, run: hooks.Run, writer: ScalarWriter, sta
         test = evaluate(steps, run.state, plan.dataset.test, cfg, plan.task, layout)
         summary |= {f"test_{k}": v for k, v in test.items() if k != "count"}
         writer.write(run.total, {f"test/{k}": v for k, v in test.items() if k != "count"})
+    summary |= run_record.provenance() | {"device_kind": measurements.get("device_kind")}
+    run_record.from_json(json.loads(json.dumps(summary)))  # the record's schema, checked where it is written
     return summary

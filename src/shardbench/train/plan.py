@@ -28,11 +28,6 @@ from shardbench.tasks import Task, for_data, get_task, validate
 from shardbench.train.spmd import check_style
 from shardbench.train.state import ModelSpec, check_layout, describe_model
 
-# Fields that may differ between a run and its --resume: they change how a run reports, not what it computes.
-RESUME_FREE = frozenset({"train.resume", "train.out", "train.progress", "train.log_every", "data.cache_dir",
-                         "train.recalibrate_peak"})
-
-
 @dataclass(frozen=True)
 class Plan:
     """A checked run: every decision made before anything is compiled or written."""
@@ -69,7 +64,7 @@ def check_resume(cfg: Config, out: Path) -> None:
         except (json.JSONDecodeError, ConfigError) as err:
             raise ConfigError(f"--resume: {saved_path} is unreadable ({err}); start a new run with another --out")
         current = config_lib.flatten(cfg)
-        diffs = [k for k in current if k not in RESUME_FREE and saved.get(k) != current[k]]
+        diffs = [k for k in current if k not in config_lib.REPORTING_ONLY and saved.get(k) != current[k]]
         if diffs:
             k = diffs[0]
             more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""

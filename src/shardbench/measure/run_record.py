@@ -1,0 +1,279 @@
+"""The run record: what one `shardbench train` writes as `<out>/summary.json`, as one versioned schema.
+
+Every field is declared here once, with its unit and meaning (the README's measurements table points here);
+`train` writes a record through `to_json` and every reader (the sweep's report, its findings and charts)
+reads it through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
+
+Versions: 1 is this layout (`schema_version` 1, with the versions of shardbench, jax and flax, the git commit
+when known, the host and the device kind). Records written before versions existed (no `schema_version`,
+"version 0") are still read: missing fields become None. A record newer than this shardbench is refused with
+one line saying which version it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import platform
+import socket
+import subprocess
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardbench.errors import ShardbenchError
+
+SCHEMA_VERSION = 1
+
+
+class RecordError(ShardbenchError):
+    """A summary.json that this shardbench cannot read."""
+
+
+def _f(unit: str, doc: str, default: Any = None) -> Any:
+    return field(default=default, metadata={"unit": unit, "doc": doc})
+
+
+def _list(unit: str, doc: str) -> Any:
+    return field(default_factory=list, metadata={"unit": unit, "doc": doc})
+
+
+def _dict(unit: str, doc: str) -> Any:
+    return field(default_factory=dict, metadata={"unit": unit, "doc": doc})
+
+
+@dataclass(frozen=True)
+class CompileTimes:
+    lower_s: float | None = _f("s", "tracing and lowering the train step")
+    compile_s: float | None = _f("s", "XLA's compilation of the train step")
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    median: float | None = _f("s", "median interval between step completions on the host")
+    p90: float | None = _f("s", "90th percentile of those intervals")
+    measured_steps: int | None = _f("steps", "intervals kept")
+    excluded_steps: int | None = _f("steps", "intervals left out: warm-up, evaluation, checkpoints, profiler")
+    warmup: int | None = _f("steps", "warm-up intervals used (lowered for a short run)")
+    not_measured: str | None = _f("", "why there is no step time, when there is none")
+
+
+@dataclass(frozen=True)
+class PartialEpoch:
+    steps: int | None = _f("steps", "steps trained in the epoch")
+    of: int | None = _f("steps", "steps of a whole epoch")
+    time_s: float | None = _f("s", "its wall time")
+
+
+@dataclass(frozen=True)
+class Throughput:
+    examples_per_s: float | None = _f("examples/s", "training examples per second over the epochs' wall time")
+    examples_per_s_per_device: float | None = _f("examples/s", "the same per device")
+    unit: str | None = _f("", "what throughput counts: images, tokens or examples")
+    units_per_s: float | None = _f("unit/s", "throughput in that unit")
+    units_per_s_per_device: float | None = _f("unit/s", "the same per device")
+
+
+@dataclass(frozen=True)
+class Flops:
+    analytic_per_step: float | None = _f("FLOP", "the model's own count of a train step (None for a model of your "
+                                                 "own without flops_per_example)")
+    xla_per_step: float | None = _f("FLOP", "XLA's cost analysis of the compiled step x devices")
+    formula: str | None = _f("", "how the analytic count is made")
+    mfu_uses: str | None = _f("", "which count MFU divides: analytic or xla")
+    xla_note: str | None = _f("", "the cost analysis' caveat")
+
+
+@dataclass(frozen=True)
+class Mfu:
+    mfu: float | None = _f("fraction", "FLOPs per step / median step time / (peak per device x devices)")
+    peak_flops_per_s_per_device: float | None = _f("FLOP/s", "the peak divided by")
+    peak_source: str | None = _f("", "where the peak comes from (data sheet, or the host's measured matmul)")
+    peak_measured_at: str | None = _f("UTC", "when a measured peak was measured")
+    peak_origin: str | None = _f("", "how this run got a measured peak: measured now, host cache, handed over")
+    not_measured: str | None = _f("", "why there is no MFU, when there is none")
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    params_bytes: int | None = _f("bytes/device", "the device's shards of the parameters")
+    optimizer_bytes: int | None = _f("bytes/device", "the device's shards of the optimizer state")
+    gradients_bytes: int | None = _f("bytes/device", "gradients, laid out like the parameters")
+    activations_temporaries_bytes: int | None = _f("bytes/device", "compiled temporaries - gradients")
+    other_bytes: int | None = _f("bytes/device", "the rest of the compiled total (batch, outputs)")
+
+
+@dataclass(frozen=True)
+class Memory:
+    peak_bytes_in_use: int | None = _f("bytes/device", "the runtime allocator's peak, where the backend has one")
+    compiled: dict[str, Any] | None = _f("bytes/device", "XLA's memory analysis: argument, output, alias, temp, "
+                                                         "generated code bytes")
+    total_bytes: int | None = _f("bytes/device", "arguments + outputs - aliased + temporaries")
+    breakdown: Breakdown | None = _f("", "what the compiled total holds")
+    per_device: list[dict[str, Any]] = _list("bytes", "every device of every process: what it holds")
+
+
+@dataclass(frozen=True)
+class Collective:
+    count: int | None = _f("per step", "executions per step (inside a layer scan: x the trip count)")
+    bytes: int | None = _f("bytes/device/step", "bytes moved per device per step")
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    dir: str | None = _f("", "the persistent compilation cache's directory (None = off)")
+    hits: int | None = _f("programs", "this run's compilations answered from disk")
+    requests: int | None = _f("programs", "this run's compilations that asked the cache")
+    xla_caches: str | None = _f("", "XLA's own caches kept there (the GPU autotune cache)")
+
+
+@dataclass(frozen=True)
+class Measurements:
+    platform: str | None = _f("", "cpu, gpu or tpu")
+    device_kind: str | None = _f("", "the device's kind as JAX names it")
+    devices: int | None = _f("devices", "devices in the run, every process")
+    processes: int | None = _f("processes", "processes in the run")
+    allocator: str | None = _f("", "the glibc allocator the process ran with, and why")
+    per_process: list[dict[str, Any]] = _list("", "each process: host, devices, its median step time")
+    compile: CompileTimes | None = _f("", "compile time of the train step")
+    step_time_s: StepTimes | None = _f("", "step times")
+    epoch_time_s: list[float] = _list("s", "wall time of each whole epoch (data included, evaluation excluded)")
+    partial_epochs: list[PartialEpoch] = _list("", "epochs cut short by --steps or a resume")
+    throughput: Throughput | None = _f("", "training throughput")
+    flops: Flops | None = _f("", "FLOPs per step")
+    mfu: Mfu | None = _f("", "model FLOPs utilisation")
+    memory: Memory | None = _f("", "memory per device")
+    comms: dict[str, Collective] = _dict("", "per collective kind (all-reduce, all-gather, ...)")
+    comms_total_bytes: int | None = _f("bytes/device/step", "every collective's bytes together")
+    compile_cache: CompileCache | None = _f("", "the persistent compilation cache")
+
+
+@dataclass(frozen=True)
+class Versions:
+    shardbench: str | None = _f("", "shardbench's version")
+    jax: str | None = _f("", "jax's version")
+    flax: str | None = _f("", "flax's version")
+    python: str | None = _f("", "Python's version")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    schema_version: int = _f("", "this layout's version", 0)
+    status: str | None = _f("", "complete")
+    run_name: str | None = _f("", "the run's name (the seed's style: mesh_4_2_batch_1024)")
+    steps: int | None = _f("steps", "steps trained in all")
+    resumed_from: int | None = _f("steps", "the step this invocation started from")
+    epochs: list[dict[str, Any]] = _list("", "per epoch: train and validation metrics, time")
+    train_loss: float | None = _f("", "the last step's loss")
+    time_s: float | None = _f("s", "this invocation's training wall time, evaluation included")
+    model: str | None = _f("", "the model's kind: vit, lm or mlp (the task's kind for a model of your own)")
+    spmd: str | None = _f("", "jit, shard_map or pmap")
+    examples_per_s: float | None = _f("examples/s", "as measurements.throughput")
+    images_per_s: float | None = _f("images/s", "for image models")
+    tokens_per_s: float | None = _f("tokens/s", "for language models")
+    strategy: str | None = _f("", "the strategy that ran")
+    mesh: str | None = _f("", "the mesh that ran (data x model), or none")
+    devices: int | None = _f("devices", "devices in the run")
+    out: str | None = _f("", "the run directory")
+    measurements: Measurements | None = _f("", "every measurement (above)")
+    dataset: dict[str, Any] = _dict("", "the dataset's name, classes or vocabulary, normalisation, loss floor")
+    profile: str | None = _f("", "the profiler trace's directory, when --profile wrote one")
+    test_loss: float | None = _f("", "loss on the test split")
+    test_accuracy: float | None = _f("fraction", "accuracy on the test split")
+    test_perplexity: float | None = _f("", "exp(test loss), language models")
+    versions: Versions | None = _f("", "what it ran with")
+    git_commit: str | None = _f("", "shardbench's git commit, when it runs from a checkout")
+    host: str | None = _f("", "the host name of process 0")
+    device_kind: str | None = _f("", "as measurements.device_kind")
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _build(kind: Any, value: Any, strict: bool, where: str) -> Any:
+    """`value` (JSON) as `kind`; dataclasses recursively."""
+    if value is None:
+        return None
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return _build(inner[0], value, strict, where) if len(inner) == 1 else value
+    if dataclasses.is_dataclass(kind):
+        if not isinstance(value, dict):
+            raise RecordError(f"{where} should be an object, not {type(value).__name__}")
+        hints = _hints(kind)
+        unknown = sorted(set(value) - set(hints))
+        if strict and unknown:
+            raise RecordError(f"{where} has unknown field '{unknown[0]}' for record version {SCHEMA_VERSION}")
+        return kind(**{k: _build(hints[k], v, strict, f"{where}.{k}") for k, v in value.items() if k in hints})
+    if origin is list and args:
+        return [_build(args[0], v, strict, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict and len(args) == 2:
+        return {k: _build(args[1], v, strict, f"{where}.{k}") for k, v in value.items()}
+    return value
+
+
+def from_json(data: Any, source: str = "summary.json") -> RunRecord:
+    """A record as written by any shardbench with a schema this one reads; one-line RecordError otherwise."""
+    if not isinstance(data, dict):
+        raise RecordError(f"{source} is not a run record (a JSON object)")
+    version = data.get("schema_version", 0)
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise RecordError(f"{source} is a version-{version} run record; this shardbench reads versions 0 to "
+                          f"{SCHEMA_VERSION}: upgrade shardbench to read it")
+    return _build(RunRecord, {**data, "schema_version": version}, version == SCHEMA_VERSION, source)
+
+
+def to_json(record: RunRecord) -> dict[str, Any]:
+    return dataclasses.asdict(record)
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout shardbench runs from, if it runs from one."""
+    root = Path(__file__).resolve().parents[3]
+    if not (root / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None if done.returncode == 0 else None
+
+
+def provenance() -> dict[str, Any]:
+    """What a record says about where and with what it ran."""
+    import flax
+    import jax
+
+    try:
+        ours: str | None = importlib.metadata.version("shardbench")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        ours = None
+    return {"schema_version": SCHEMA_VERSION, "git_commit": git_commit(), "host": socket.gethostname(),
+            "versions": {"shardbench": ours, "jax": jax.__version__, "flax": flax.__version__,
+                         "python": platform.python_version()}}
+
+
+def field_table() -> list[tuple[str, str, str]]:
+    """(path, unit, meaning) of every field, for documentation."""
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            path = f"{prefix}{f.name}"
+            rows.append((path, f.metadata.get("unit", ""), f.metadata.get("doc", "")))
+            kind = hints[f.name]
+            inner = [a for a in typing.get_args(kind) if dataclasses.is_dataclass(a)]
+            if dataclasses.is_dataclass(kind):
+                walk(kind, path + ".")
+            elif inner:
+                walk(inner[0], path + ("[]." if typing.get_origin(kind) is list else
+                                       ".*." if typing.get_origin(kind) is dict else "."))
+
+    walk(RunRecord, "")
+    return rows

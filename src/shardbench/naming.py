@@ -1,0 +1,54 @@
+"""How runs are named, in one place: the seed's style (`mesh_4_2_batch_1024`), from a configuration for a
+run of its own, or from the values a sweep varies for each of its runs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from shardbench.config import Config
+
+# How a swept field shows in a run name, as in the seed's run names (mesh_4_2_batch_1024); others use the field.
+NAME_PARTS: dict[str, str] = {
+    "parallel.mesh": "mesh", "parallel.strategy": "strategy", "parallel.devices": "devices",
+    "train.batch_size": "batch", "precision.param_dtype": "pdtype", "precision.dtype": "dtype",
+    "precision.matmul_precision": "matmul", "parallel.spmd": "spmd",
+}
+
+
+def _name_value(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return "_".join(str(v) for v in value)
+    text = str(value)
+    if key == "parallel.mesh" and re.fullmatch(r"\d+x\d+", text.strip().lower()):
+        return text.strip().lower().replace("x", "_")
+    return text or "default"
+
+
+def run_name(overrides: dict[str, Any]) -> str:
+    """The seed's style, from the swept values only: mesh_4_2_batch_1024, pdtype_bfloat16, lr_0.001."""
+    if not overrides:
+        return "base"
+    parts = [f"{NAME_PARTS.get(k, k.partition('.')[2])}_{_name_value(k, v)}" for k, v in overrides.items()]
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(parts)).strip("_")
+
+
+def config_run_name(cfg: Config, mesh: str, strategy: str, implied: str) -> str:
+    """The seed's naming (mesh_4_2_batch_1024) for a run of its own, plus whatever else differs from the plain
+    float32 run: `mesh` as data_model or 'none', the strategy that ran, and the one its mesh implies."""
+    parts = [f"mesh_{mesh}", f"batch_{cfg.train.batch_size}"]
+    if strategy != implied:
+        parts.append(strategy.replace("+", "_"))
+    p = cfg.precision
+    if p.param_dtype != "float32":
+        parts.append(f"pdtype_{p.param_dtype}")
+    if p.dtype != "float32":
+        parts.append(f"dtype_{p.dtype}")
+    if p.matmul_precision != "default":
+        parts.append(f"matmul_{p.matmul_precision}")
+    if cfg.parallel.spmd != "jit":
+        parts.append(f"spmd_{cfg.parallel.spmd}")
+    return "_".join(parts)

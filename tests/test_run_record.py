@@ -1,0 +1,56 @@
+"""The run record: one versioned schema, written by `train` and read back through `from_json`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import flax
+import jax
+import pytest
+
+from shardbench.measure.run_record import (
+    SCHEMA_VERSION, Collective, Measurements, RecordError, RunRecord, field_table, from_json,
+)
+from shardbench.train.loop import run
+
+
+def test_train_writes_a_versioned_record_that_reads_back_typed(micro) -> None:
+    cfg = micro(**{"parallel.strategy": "dp", "parallel.mesh": "8", "train.steps": 3})
+    run(cfg)
+    saved = json.loads((Path(cfg.train.out) / "summary.json").read_text())
+    record = from_json(saved)
+    assert record.schema_version == SCHEMA_VERSION == saved["schema_version"]
+    assert record.versions is not None and record.versions.jax == jax.__version__
+    assert record.versions.flax == flax.__version__ and record.host and record.device_kind == "cpu"
+    m = record.measurements
+    assert isinstance(m, Measurements) and m.step_time_s is not None
+    assert m.step_time_s.median == saved["measurements"]["step_time_s"]["median"]
+    assert isinstance(m.comms["all-reduce"], Collective)
+    assert m.comms["all-reduce"].bytes == saved["measurements"]["comms"]["all-reduce"]["bytes"]
+    assert m.memory is not None and m.memory.breakdown is not None and m.memory.breakdown.params_bytes > 0
+
+
+def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> None:
+    old = {"status": "complete", "run_name": "mesh_8_batch_128", "images_per_s": 1234.0,
+           "measurements": {"step_time_s": {"median": 0.1, "p90": 0.12, "measured_steps": 5, "excluded_steps": 2}},
+           "something_older": 1}
+    record = from_json(old)  # version 0: no schema_version, unknown fields tolerated, missing ones None
+    assert record.schema_version == 0 and record.images_per_s == 1234.0
+    assert record.measurements is not None and record.measurements.step_time_s.warmup is None
+    with pytest.raises(RecordError, match="is a version-7 run record; this shardbench reads versions 0 to 1"):
+        from_json({"schema_version": 7})
+    with pytest.raises(RecordError, match=r"summary.json.measurements has unknown field 'stepp_time_s'"):
+        from_json({"schema_version": SCHEMA_VERSION, "measurements": {"stepp_time_s": {}}})
+
+
+def test_every_field_is_documented_with_its_unit_in_one_place() -> None:
+    rows = field_table()
+    paths = [path for path, _, _ in rows]
+    assert "measurements.step_time_s.median" in paths and "measurements.comms.*.bytes" in paths
+    assert "measurements.partial_epochs[].steps" in paths
+    assert all(doc for _, _, doc in rows), [p for p, _, d in rows if not d]
+    units = dict((path, unit) for path, unit, _ in rows)
+    assert units["measurements.step_time_s.median"] == "s" and units["measurements.mfu.peak_flops_per_s_per_device"] \
+        == "FLOP/s"
+    assert RunRecord().schema_version == 0
