@@ -180,9 +180,12 @@ def sweep_dir(args: argparse.Namespace, sweep: Sweep) -> Path:
     return Path("runs") / f"sweep-{sweep.label}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def open_store(out: Path, resume: bool, meta: dict[str, Any]) -> Store:
-    """A new store, or with --resume the store of the same sweep (run() has checked which exists)."""
+def open_store(out: Path, resume: bool, meta: dict[str, Any], from_store: bool = False) -> Store:
+    """A new store, or with --resume the store of the same sweep (run() has checked which exists); a plan read
+    from the store itself (`from_store`) is that sweep by construction."""
     store = Store(out / "sweep.db")
+    if resume and from_store:
+        return store
     if resume:
         stored = {key: store.get_meta(key) for key in ("base_preset", "base_config", "runs")}
         differs = plan_difference(stored, meta)
@@ -314,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         lock = _lock(out)
         started, t0 = time.time(), time.perf_counter()
         try:
-            with open_store(out, args.resume, plan_meta(sweep, options)) as store:
+            with open_store(out, args.resume, plan_meta(sweep, options), stored_options is not None) as store:
                 print(f"sweep: {len(sweep.runs)} runs -> {out}", flush=True)
                 env = share_peak(sweep, out)
                 code = run_sweep(sweep, store, Options(out, options["timeout"], options["profile"],
