@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardbench import config as config_lib
 from shardbench.data.sources import load_for
 from shardbench.data.stats import CACHE_NAME, channel_stats
 from shardbench.errors import DataError
@@ -90,4 +89,3 @@ def test_cifar10_keeps_its_published_statistics(micro, tmp_path: Path) -> None:
     ds = make_synthetic(64, 16, image_size=32, num_classes=10, seed=0, val_fraction=0.0)
     assert normalized(ds, "cifar10", tmp_path).norm == (CIFAR_MEAN, CIFAR_STD)
     assert normalized(ds, "synthetic", tmp_path).norm == channel_stats(ds.train.images)
-    assert config_lib.get_preset("vit-tiny").data.dataset == "synthetic"

@@ -8,13 +8,12 @@ training images, computed once and cached beside the decoded arrays, keyed by wh
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD
+from shardbench.jsonfile import read_json_dict, write_json_atomic
 
 Stats = tuple[tuple[float, float, float], tuple[float, float, float]]
 CIFAR10: Stats = (CIFAR_MEAN, CIFAR_STD)
@@ -49,17 +48,10 @@ def cached_stats(cache_dir: Path, name: str, images: np.ndarray) -> Stats:
     """`images`' statistics, from `<cache_dir>/image-stats.json` when this split was seen before."""
     path = cache_dir / CACHE_NAME
     key = f"{name}|{fingerprint(images)}"
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
+    known = read_json_dict(path)
     if key in known:
         mean, std = known[key]
         return tuple(mean), tuple(std)  # type: ignore[return-value]
     stats = channel_stats(images)
-    known[key] = [list(stats[0]), list(stats[1])]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(known, indent=1))
-    os.replace(tmp, path)
+    write_json_atomic(path, {**known, key: [list(stats[0]), list(stats[1])]})
     return stats

@@ -5,8 +5,10 @@ A CPU has no data-sheet peak, so a short matmul measures it. Measured afresh in 
 - a lone `shardbench train` reads the host's cached figure for its compute dtype (`<cache>/peaks.json`, keyed
   by host name, CPU model, usable cores and dtype), measuring and caching it only when there is none or
   `--train.recalibrate-peak` asks;
-- a sweep or a launch measures once before its first run and hands the figure to every process it starts
-  through `SHARDBENCH_PEAK_FILE` (a JSON file of {dtype: peak}).
+- a sweep measures once before its first run and hands the figure to every run through
+  `SHARDBENCH_PEAK_FILE` (a JSON file of {dtype: peak}, kept as `<sweep>/peak.json` for a resume);
+- the processes of one run (`shardbench launch`, a cluster) all use process 0's figure, exchanged when
+  they have joined (`shardbench.train.loop.shared_host_peak`).
 The record says which figure was used, where it came from and when it was measured.
 """
 
@@ -22,6 +24,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from shardbench.jsonfile import read_json_dict, write_json_atomic
 
 PEAK_FILE_ENV = "SHARDBENCH_PEAK_FILE"
 CACHE_NAME = "peaks.json"
@@ -73,21 +77,6 @@ def measure(dtype: str, size: int = 1536, repeats: int = 5) -> HostPeak:
                     "measured now")
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
-
-
 def _from(entry: dict[str, Any], origin: str) -> HostPeak:
     return HostPeak(entry["dtype"], float(entry["flops_per_s"]), entry["measured_at"], entry["host"], origin)
 
@@ -97,17 +86,17 @@ def host_peak(dtype: str, cache_dir: Path, recalibrate: bool = False) -> HostPea
     (and cached). `recalibrate` measures afresh and replaces the cached figure."""
     handed = os.environ.get(PEAK_FILE_ENV)
     if handed and not recalibrate:
-        entry = _read(Path(handed)).get(dtype)
+        entry = read_json_dict(Path(handed)).get(dtype)
         if entry:
             return _from(entry, f"handed over in {handed}")
     cache = cache_dir / CACHE_NAME
     key = f"{host_key()} | {dtype}"
-    entries = _read(cache)
+    entries = read_json_dict(cache)
     if key in entries and not recalibrate:
         return _from(entries[key], f"host cache {cache}")
     peak = measure(dtype)
     entries[key] = {k: v for k, v in peak.to_dict().items() if k != "origin"}
-    _write(cache, entries)
+    write_json_atomic(cache, entries)
     return peak
 
 
@@ -121,7 +110,7 @@ def measure_into(path: Path, dtypes: list[str], cache_dir: Path) -> dict[str, di
     if done.returncode != 0:
         raise RuntimeError(f"measuring the host's matmul peak failed: {done.stderr.strip().splitlines()[-1:]}")
     data = json.loads(done.stdout)
-    _write(path, data)
+    write_json_atomic(path, data)
     return data
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from shardbench.data.arrays import Split
 from shardbench.data.pipeline import eval_steps, make_batches
 from shardbench.parallel.rules import Layout
 from shardbench.measure.profile import ProfileWindow
+from shardbench.jsonfile import write_json_atomic
 from shardbench.measure import run_record
 from shardbench.measure.record import build_measurements, default_run_name
 from shardbench.measure.peak import HostPeak, host_peak
@@ -65,12 +65,6 @@ def evaluate(steps: Steps, state: Any, arrays: Split, cfg: Config, task: Task, l
     if task.perplexity:
         out["perplexity"] = math.exp(min(out["loss"], 700.0))
     return out
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def run(cfg: Config) -> dict[str, Any]:
