@@ -11,28 +11,8 @@ from typing import Any
 
 import jax
 
+from shardbench.hardware import chip_for_kind
 from shardbench.measure.peak import HostPeak
-
-# Dense peak FLOP/s per chip from the vendors' data sheets (no structured sparsity).
-# Keys: (substring of device_kind, lower-case), then compute class: "bf16" (bfloat16/float16),
-# "tf32" (float32 matmuls at default precision on NVIDIA), "f32" (float32 at highest precision).
-PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("h200", {"bf16": 989e12, "tf32": 494e12, "f32": 67e12}),
-    ("h100 pcie", {"bf16": 756e12, "tf32": 378e12, "f32": 51e12}),
-    ("h100", {"bf16": 989e12, "tf32": 494e12, "f32": 67e12}),
-    ("b200", {"bf16": 2250e12, "tf32": 1100e12, "f32": 75e12}),
-    ("a100", {"bf16": 312e12, "tf32": 156e12, "f32": 19.5e12}),
-    ("l4", {"bf16": 121e12, "tf32": 60e12, "f32": 30e12}),
-    ("v100", {"bf16": 125e12, "tf32": 15.7e12, "f32": 15.7e12}),
-    ("tpu v6 lite", {"bf16": 918e12, "tf32": 918e12, "f32": 918e12 / 6}),
-    ("tpu v5 lite", {"bf16": 197e12, "tf32": 197e12, "f32": 197e12 / 6}),
-    ("tpu v5p", {"bf16": 459e12, "tf32": 459e12, "f32": 459e12 / 6}),
-    ("tpu v5", {"bf16": 459e12, "tf32": 459e12, "f32": 459e12 / 6}),
-    ("tpu v4", {"bf16": 275e12, "tf32": 275e12, "f32": 275e12 / 6}),
-    ("tpu v3", {"bf16": 123e12, "tf32": 123e12, "f32": 123e12 / 6}),
-    ("tpu v2", {"bf16": 45e12, "tf32": 45e12, "f32": 45e12 / 6}),
-)
-
 
 def compute_class(dtype: str, matmul_precision: str) -> str:
     if dtype in ("bfloat16", "float16"):
@@ -42,12 +22,12 @@ def compute_class(dtype: str, matmul_precision: str) -> str:
 
 
 def table_peak(device_kind: str, dtype: str, matmul_precision: str) -> tuple[float, str] | None:
-    kind = device_kind.lower()
+    """(dense peak FLOP/s per chip, its source) from the data-sheet table (`shardbench.hardware`)."""
+    chip = chip_for_kind(device_kind)
+    if chip is None:
+        return None
     cls = compute_class(dtype, matmul_precision)
-    for needle, peaks in PEAKS:
-        if needle in kind:
-            return peaks[cls], f"table: {needle} {cls}"
-    return None
+    return chip.peaks[cls], f"table: {chip.name} {cls} ({chip.source})"
 
 
 def peak_per_device(device: jax.Device, devices: int, dtype: str, matmul_precision: str,

@@ -1,0 +1,90 @@
+"""Accelerators from their data sheets: dense peak FLOP/s by compute class, memory, and the links between chips.
+
+One table, each number with its source. MFU divides by these peaks (`shardbench.measure.flops`); the planner
+of issue 15 will read the memory and link figures. Peaks are dense (no structured sparsity), per chip. Compute
+classes: "bf16" (bfloat16/float16 matmuls), "tf32" (float32 matmuls at default precision: TF32 on NVIDIA,
+bfloat16 passes on TPUs), "f32" (float32 at highest precision). Link bandwidths are per chip and per
+direction; None where the data sheet gives none.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One accelerator as its data sheet gives it."""
+
+    name: str  # what `--target` calls it, e.g. "h100"
+    kind_match: str  # a regular expression for JAX's device_kind (lower case) that identifies it
+    peaks: dict[str, float]  # compute class -> dense FLOP/s per chip
+    memory_bytes: float  # HBM (or GDDR) capacity per chip
+    memory_bandwidth: float | None  # bytes/s per chip
+    intra_bandwidth: float | None  # bytes/s per chip per direction to chips of the same node/slice (NVLink, ICI)
+    inter_bandwidth: float | None  # bytes/s per chip per direction to other nodes (InfiniBand, DCN)
+    per_node: int  # chips a node (host) holds
+    source: str
+
+
+CHIPS: tuple[Chip, ...] = (
+    # NVIDIA H200 SXM data sheet: 989 TF BF16, 494 TF TF32, 67 TF FP32 (dense), 141 GB HBM3e at 4.8 TB/s, NVLink
+    # 900 GB/s (bidirectional); HGX H200: 8 GPUs, one 400 Gb/s ConnectX-7 NIC per GPU.
+    Chip("h200", "h200", {"bf16": 989e12, "tf32": 494e12, "f32": 67e12}, 141 * GB, 4.8e12, 450 * GB, 50 * GB, 8,
+         "NVIDIA H200 Tensor Core GPU data sheet (SXM); HGX H200"),
+    # NVIDIA H100 PCIe: 756 TF BF16, 378 TF TF32, 51 TF FP32, 80 GB HBM2e at 2.0 TB/s; NVLink bridge 600 GB/s.
+    Chip("h100-pcie", "h100 pcie", {"bf16": 756e12, "tf32": 378e12, "f32": 51e12}, 80 * GB, 2.0e12, 300 * GB,
+         50 * GB, 8, "NVIDIA H100 Tensor Core GPU data sheet (PCIe)"),
+    # NVIDIA H100 SXM: 989 TF BF16, 494 TF TF32, 67 TF FP32, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s
+    # (bidirectional); DGX/HGX H100: 8 GPUs, 8x 400 Gb/s ConnectX-7 (one per GPU).
+    Chip("h100", "h100", {"bf16": 989e12, "tf32": 494e12, "f32": 67e12}, 80 * GB, 3.35e12, 450 * GB, 50 * GB, 8,
+         "NVIDIA H100 Tensor Core GPU data sheet (SXM); DGX H100"),
+    # NVIDIA DGX B200: 8 GPUs, 72 PF FP8 training (sparse) -> 2.25 PF BF16 dense per GPU, 1.1 PF TF32 dense,
+    # 75 TF FP32; 1,440 GB HBM3e in all (180 GB per GPU) at 8 TB/s per GPU; NVLink 5 1.8 TB/s (bidirectional);
+    # 8x 400 Gb/s ConnectX-7.
+    Chip("b200", "b200", {"bf16": 2250e12, "tf32": 1100e12, "f32": 75e12}, 180 * GB, 8e12, 900 * GB, 50 * GB, 8,
+         "NVIDIA DGX B200 data sheet"),
+    # NVIDIA A100 80GB SXM: 312 TF BF16, 156 TF TF32, 19.5 TF FP32, 2,039 GB/s HBM2e, NVLink 600 GB/s
+    # (bidirectional); DGX A100: 8 GPUs, 8x 200 Gb/s HDR InfiniBand.
+    Chip("a100", "a100", {"bf16": 312e12, "tf32": 156e12, "f32": 19.5e12}, 80 * GB, 2.039e12, 300 * GB, 25 * GB, 8,
+         "NVIDIA A100 Tensor Core GPU data sheet (80GB SXM); DGX A100"),
+    # NVIDIA L4: 121 TF BF16 and 60 TF TF32 dense (242 / 120 with sparsity), 30.3 TF FP32, 24 GB GDDR6 at
+    # 300 GB/s; PCIe Gen4 x16 (32 GB/s per direction), no NVLink.
+    Chip("l4", r"\bl4\b", {"bf16": 121e12, "tf32": 60e12, "f32": 30.3e12}, 24 * GB, 300 * GB, 32 * GB, None, 8,
+         "NVIDIA L4 Tensor Core GPU data sheet"),
+    # NVIDIA V100 SXM2: 125 TF (FP16 tensor), 15.7 TF FP32 (no TF32); 32 GB HBM2 at 900 GB/s, NVLink 300 GB/s.
+    Chip("v100", "v100", {"bf16": 125e12, "tf32": 15.7e12, "f32": 15.7e12}, 32 * GB, 900 * GB, 150 * GB, None, 8,
+         "NVIDIA V100 Tensor Core GPU data sheet (SXM2)"),
+    # Cloud TPU v6e (Trillium) system architecture: 918 TF bf16, 32 GB HBM at 1,638 GB/s, ICI 800 GB/s
+    # bidirectional per chip, 8 chips per host, 256-chip pod (2D torus). float32 matmuls run as bf16 passes:
+    # "f32" at highest precision takes six passes (XLA's default), hence / 6.
+    Chip("tpu-v6e", "tpu v6 lite", {"bf16": 918e12, "tf32": 918e12, "f32": 918e12 / 6}, 32 * GB, 1638 * GB,
+         400 * GB, None, 8, "Cloud TPU v6e system architecture"),
+    # Cloud TPU v5e: 197 TF bf16, 16 GB HBM2 at 819 GB/s, ICI 400 GB/s bidirectional per chip, 8 chips per host,
+    # 2 x 100 Gb/s NICs per host (DCN), 256-chip pod (2D torus).
+    Chip("tpu-v5e", "tpu v5 lite", {"bf16": 197e12, "tf32": 197e12, "f32": 197e12 / 6}, 16 * GB, 819 * GB,
+         200 * GB, 2 * 12.5 * GB / 8, 8, "Cloud TPU v5e system architecture"),
+    # Cloud TPU v5p: 459 TF bf16, 95 GB HBM2e at 2,765 GB/s, ICI 4,800 Gb/s per chip, 3D torus; 4 chips per host.
+    # JAX names it "TPU v5" (v5e is "TPU v5 lite", listed first).
+    Chip("tpu-v5p", "tpu v5", {"bf16": 459e12, "tf32": 459e12, "f32": 459e12 / 6}, 95 * GB, 2765 * GB,
+         4800 / 8 * GB / 2, None, 4, "Cloud TPU v5p system architecture"),
+    # Cloud TPU v4: 275 TF bf16, 32 GiB HBM2 at 1,200 GB/s, 3D mesh/torus; 4 chips per host. The data sheet
+    # gives no per-chip ICI bandwidth.
+    Chip("tpu-v4", "tpu v4", {"bf16": 275e12, "tf32": 275e12, "f32": 275e12 / 6}, 32 * 2**30, 1200 * GB, None,
+         None, 4, "Cloud TPU v4 system architecture"),
+    # Cloud TPU v3: 123 TF bf16 per chip, 32 GiB HBM; Cloud TPU v2: 45 TF, 16 GiB (the TPU v2/v3 documentation).
+    Chip("tpu-v3", "tpu v3", {"bf16": 123e12, "tf32": 123e12, "f32": 123e12 / 6}, 32 * 2**30, None, None,
+         None, 4, "Cloud TPU v3 documentation"),
+    Chip("tpu-v2", "tpu v2", {"bf16": 45e12, "tf32": 45e12, "f32": 45e12 / 6}, 16 * 2**30, None, None,
+         None, 4, "Cloud TPU v2 documentation"),
+)
+BY_NAME: dict[str, Chip] = {c.name: c for c in CHIPS}
+
+
+def chip_for_kind(device_kind: str) -> Chip | None:
+    """The table's chip for JAX's `device_kind` (the first that matches; more specific ones come first)."""
+    kind = device_kind.lower()
+    return next((c for c in CHIPS if re.search(c.kind_match, kind)), None)
