@@ -32,10 +32,23 @@ class Collective:
     bytes: int = 0
 
 
+@dataclass(frozen=True)
+class CollectiveOp:
+    """One collective instruction: how often it runs per step, its bytes per device per run, and the groups of
+    devices (logical ids, in the program's device assignment) that exchange data; None where XLA gave none
+    (every device in one group)."""
+
+    kind: str
+    count: int
+    bytes_each: int
+    groups: tuple[tuple[int, ...], ...] | None
+
+
 @dataclass
 class CommsReport:
     by_kind: dict[str, Collective] = field(default_factory=dict)
     unknown_trip_counts: int = 0  # loops whose trip count XLA did not record: counted once
+    ops: list[CollectiveOp] = field(default_factory=list)  # every collective instruction, for link assignment
 
     @property
     def total_bytes(self) -> int:
@@ -127,6 +140,39 @@ def _payload(inst: _Instruction, kind: str, shapes: dict[str, str]) -> int:
     return total
 
 
+_GROUPS = re.compile(r"replica_groups=(\{[{}0-9, ]*\}|\[[0-9,]+\]<=\[[0-9,]+\](?:T\([0-9,]+\))?)")
+_PAIRS = re.compile(r"source_target_pairs=(\{[{}0-9, ]*\})")
+
+
+def _iota_groups(text: str) -> tuple[tuple[int, ...], ...]:
+    """XLA's iota form '[G,S]<=[d0,d1,...]T(p...)': arange(prod d) reshaped to d, transposed by p (when given),
+    reshaped to G groups of S."""
+    import numpy as np
+
+    shape_text, _, rest = text.partition("<=")
+    out_shape = [int(v) for v in shape_text.strip("[]").split(",")]
+    dims_text, _, perm_text = rest.partition("T")
+    dims = [int(v) for v in dims_text.strip("[]").split(",")]
+    ids = np.arange(int(np.prod(dims))).reshape(dims)
+    if perm_text:
+        ids = ids.transpose([int(v) for v in perm_text.strip("()").split(",")])
+    return tuple(tuple(int(i) for i in row) for row in ids.reshape(out_shape[0], -1))
+
+
+def device_groups(attributes: str) -> tuple[tuple[int, ...], ...] | None:
+    """The device groups of a collective from its HLO attributes: `replica_groups` in the explicit
+    ({{0,1},{2,3}}) or iota ([2,2]<=[4]) form, or a collective-permute's source-target pairs."""
+    found = _GROUPS.search(attributes) or _PAIRS.search(attributes)
+    if found is None:
+        return None
+    text = found.group(1)
+    if text.startswith("["):
+        return _iota_groups(text)
+    groups = tuple(tuple(int(v) for v in inner.split(",") if v.strip())
+                   for inner in re.findall(r"\{([0-9, ]*)\}", text))
+    return tuple(g for g in groups if g) or None
+
+
 def count_collectives(hlo: str) -> CommsReport:
     """Collectives of a compiled module, each counted as often as it executes in one call."""
     comps, entry = _computations(hlo)
@@ -143,8 +189,10 @@ def count_collectives(hlo: str) -> CommsReport:
             kind = _kind(inst.opcode)
             if kind is not None:
                 c = report.by_kind.setdefault(kind, Collective(kind))
+                payload = _payload(inst, kind, shapes)
                 c.count += times
-                c.bytes += times * _payload(inst, kind, shapes)
+                c.bytes += times * payload
+                report.ops.append(CollectiveOp(kind, times, payload, device_groups(inst.rest)))
             callees = [n.strip().lstrip("%") for m in _CALLEES.finditer(inst.rest) for n in m.group(1).split(",")]
             if not callees:
                 continue
