@@ -1,0 +1,70 @@
+"""`--target`: the hardware a plan is for, by count and chip.
+
+    8xh100        one node of 8 H100s (NVLink inside the node)
+    2x8xh100      2 nodes x 8 H100s (NVLink inside a node, InfiniBand across)
+    tpu-v5e:16x16 a TPU v5e slice of 16x16 chips (ICI inside the slice; 8 chips per host)
+    tpu-v4:4x4x4  a TPU v4 slice of 4x4x4 chips
+    cpu           this host (its measured matmul peak and memory)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from shardbench.errors import ConfigError
+from shardbench.hardware import BY_NAME, Chip
+
+HINT = "e.g. 8xh100, 2x8xh100, tpu-v5e:16x16, tpu-v4:4x4x4 or cpu"
+
+
+@dataclass(frozen=True)
+class Target:
+    """`devices` chips of one kind (`chip` None: this host's CPU), `per_node` to a node or host; a TPU slice
+    keeps its topology (its chips share ICI whatever the host)."""
+
+    spec: str
+    chip: Chip | None
+    devices: int
+    per_node: int
+    topology: tuple[int, ...] = ()
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.devices / self.per_node)
+
+
+def _chip(name: str, spec: str) -> Chip:
+    if name not in BY_NAME:
+        raise ConfigError(f"--target {spec}: unknown chip '{name}'; choose one of {', '.join(BY_NAME)} ({HINT})")
+    return BY_NAME[name]
+
+
+def parse_target(spec: str, cpu_devices: int = 1) -> Target:
+    """The target `spec` names, or one line saying what is wrong and what would be right."""
+    text = spec.strip().lower()
+    if text == "cpu":
+        return Target(spec, None, cpu_devices, cpu_devices)
+    if ":" in text:
+        name, _, shape = text.partition(":")
+        if not re.fullmatch(r"\d+(x\d+){1,2}", shape):
+            raise ConfigError(f"--target {spec}: a TPU slice is CHIP:AxB or CHIP:AxBxC ({HINT})")
+        chip = _chip(name, spec)
+        if not name.startswith("tpu-"):
+            raise ConfigError(f"--target {spec}: a topology (:{shape}) is for TPU chips; write {name} targets as "
+                              f"NODESxPER_NODEx{name}")
+        dims = tuple(int(v) for v in shape.split("x"))
+        if min(dims) < 1:
+            raise ConfigError(f"--target {spec}: every side of the slice needs at least one chip")
+        return Target(spec, chip, math.prod(dims), chip.per_node, dims)
+    found = re.fullmatch(r"(?:(\d+)x)?(\d+)x([a-z0-9\-]+)", text)
+    if not found:
+        raise ConfigError(f"--target '{spec}' is not a target ({HINT})")
+    nodes, per_node, name = int(found.group(1) or 1), int(found.group(2)), found.group(3)
+    chip = _chip(name, spec)
+    if nodes < 1 or per_node < 1:
+        raise ConfigError(f"--target {spec}: nodes and chips per node must be at least 1")
+    if name.startswith("tpu-"):
+        raise ConfigError(f"--target {spec}: give a TPU slice by its topology, e.g. {name}:4x4")
+    return Target(spec, chip, nodes * per_node, per_node)
