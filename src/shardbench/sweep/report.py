@@ -104,8 +104,8 @@ class ReportPaths:
 
 TABLE_NOTE = ("Byte figures are per device; comms are per training step. Memory/device is the runtime peak "
                "where the backend reports one (\"peak\"), else XLA's compiled total: arguments + outputs − "
-               "aliased + temporaries (\"compiled\"). Epoch time is the mean wall time per epoch, data loading "
-               "included, evaluation excluded.")
+               "aliased + temporaries (\"compiled\"). Epoch time is the mean wall time per whole epoch, data "
+               "loading included, evaluation excluded ('–' for a run that trained only part of one).")
 
 
 def _md_cell(text: str) -> str:
