@@ -263,7 +263,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 """
 
 
-@pytest.mark.skipif(not malloc.applies({}), reason="needs Linux with glibc")
+@pytest.mark.skipif(not malloc.applies({"JAX_PLATFORMS": "cpu"}), reason="needs Linux with glibc")
 def test_tuned_allocator_reuses_memory_instead_of_faulting_it_in() -> None:
     """64 MiB of temporaries are 16,384 pages of 4 KiB: glibc's default maps them afresh on every call; the
     tuned allocator hands back most of what the previous call freed (measured on a Xeon: 3,277 faults per call

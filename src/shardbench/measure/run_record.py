@@ -1,8 +1,9 @@
 """The run record: what one `shardbench train` writes as `<out>/summary.json`, as one versioned schema.
 
 Every field is declared here once, with its unit and meaning (the README's measurements table points here);
-`train` writes a record through `to_json` and every reader (the sweep's report, its findings and charts)
-reads it through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
+`train` checks the record it writes against this schema (`from_json` on what it is about to write) and every
+reader (the sweep's report, its findings and charts) reads it through `from_json`, so a renamed field fails
+loudly in one place instead of silently in four.
 
 Versions: 1 is this layout (`schema_version` 1, with the versions of shardbench, jax and flax, the git commit
 when known, the host and the device kind). Records written before versions existed (no `schema_version`,
@@ -225,10 +226,6 @@ def from_json(data: Any, source: str = "summary.json") -> RunRecord:
         raise RecordError(f"{source} is a version-{version} run record; this shardbench reads versions 0 to "
                           f"{SCHEMA_VERSION}: upgrade shardbench to read it")
     return _build(RunRecord, {**data, "schema_version": version}, version == SCHEMA_VERSION, source)
-
-
-def to_json(record: RunRecord) -> dict[str, Any]:
-    return dataclasses.asdict(record)
 
 
 def git_commit() -> str | None:
