@@ -5,8 +5,9 @@ parsed by the real parser and checked the way it would run, without its hours of
 `launch` command's configuration goes through every check `train` makes before loading data (in child
 processes set up with the devices the command asks for, from a clean environment, as on a user's machine),
 a sweep is expanded and every run checked (`--dry-run`), `inspect` and `presets` run for real, `bench` plans
-its cases. Local files the commands name (the CIFAR-10 JPEG tar, a text file, the sweep file) are made small
-in a working folder first. Commands that need a cluster (srun, gcloud, HOST:PORT) are listed and skipped.
+its cases, `plan` makes every check it makes before compiling (a `plan --validate` is only parsed). Local files
+the commands name (the CIFAR-10 JPEG tar, a text file, the sweep file) are made small in a working folder first.
+Commands that need a cluster (srun, gcloud, HOST:PORT) are listed and skipped.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def _clean_env() -> dict[str, str]:
 def test_the_readme_has_the_commands_this_test_checks() -> None:
     commands = readme_commands()
     kinds = {c.split()[1] for c in commands}
-    assert {"train", "sweep", "inspect", "launch", "bench"} <= kinds, commands
+    assert {"train", "sweep", "inspect", "launch", "bench", "plan"} <= kinds, commands
     assert len(commands) >= 20
 
 
@@ -147,6 +148,16 @@ def test_every_readme_command_runs_as_written(workdir: Path, monkeypatch: pytest
             from shardbench.bench.bench_cmd import plan
 
             plan(args)
+        elif args.command == "plan" and args.validate is None:  # every check a plan makes before compiling
+            from shardbench.errors import ShardbenchError
+            from shardbench.plan.plan_cmd import prepare
+            from shardbench.plan.tpu import libtpu_installed
+
+            try:
+                prepare(args)
+            except ShardbenchError as err:
+                if not ("needs libtpu" in str(err) and not libtpu_installed()):
+                    problems.append(f"{command}: {err}")
     refused = check_in_processes(configs, env=_clean_env())
     problems += [f"{command}: {why}" for command, why in refused.items()]
     assert not problems, "\n".join(problems)

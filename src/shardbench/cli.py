@@ -67,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "blocks/mlp2_kernel for lm, hidden_kernel for mlp)")
     from shardbench import launch  # the launch, sweep, report and bench commands live with their code
     from shardbench.bench import bench_cmd
+    from shardbench.plan import plan_cmd
     from shardbench.sweep import report_cmd, sweep_cmd
 
     launch.add_parser(sub)
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_cmd.add_parser(sub)
     report_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
+    plan_cmd.add_parser(sub)
     presets = sub.add_parser("presets", help="list the named configurations",
                              description="List the named configurations and what they are for.")
     presets.add_argument("--json", action="store_true", help="print each preset's full configuration as JSON")
@@ -165,10 +167,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         malloc.maybe_reexec(_train_steps(args))
     from shardbench import launch
     from shardbench.bench import bench_cmd
+    from shardbench.plan import plan_cmd
     from shardbench.sweep import report_cmd, sweep_cmd
 
     commands = {"train": cmd_train, "inspect": cmd_inspect, "sweep": sweep_cmd.run, "report": report_cmd.run,
-                "presets": cmd_presets, "bench": bench_cmd.run, "launch": launch.run}
+                "presets": cmd_presets, "bench": bench_cmd.run, "launch": launch.run,
+                "plan": plan_cmd.run}
     try:
         return commands[args.command](args)
     except ShardbenchError as err:

@@ -209,3 +209,29 @@ def count_collectives(hlo: str) -> CommsReport:
 
     visit(entry, 1, 0)
     return report
+
+
+_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+_NOT_KERNELS = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast"})
+
+
+def kernel_count(hlo: str) -> int:
+    """Instructions a call of the compiled module executes outside fusions (a fusion counts once; a loop body
+    as often as it runs): roughly the kernels one step launches, for the per-kernel cost the planner fits."""
+    comps, entry = _computations(hlo)
+
+    def visit(name: str, times: int, depth: int) -> int:
+        if depth > 64 or name not in comps:
+            return 0
+        total = 0
+        for inst in comps[name]:
+            if inst.opcode not in _NOT_KERNELS:
+                total += times
+            if inst.opcode == "while":
+                trip = _TRIP.search(inst.rest)
+                body = _BODY.search(inst.rest)
+                if body:
+                    total += visit(body.group(1), times * (int(trip.group(1)) if trip else 1), depth + 1)
+        return total
+
+    return visit(entry, 1, 0) if entry else 0

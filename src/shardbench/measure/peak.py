@@ -114,6 +114,35 @@ def measure_into(path: Path, dtypes: list[str], cache_dir: Path) -> dict[str, di
     return data
 
 
+def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """The host's memory bandwidth in bytes/s: the best of a few copies of a `megabytes` array (each byte read
+    once and written once), what a collective between simulated devices does."""
+    import numpy as np
+
+    src = np.ones(megabytes * 2**20 // 8, np.float64)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * src.nbytes / best
+
+
+def host_bandwidth(cache_dir: Path) -> tuple[float, str]:
+    """(this host's memory bandwidth in bytes/s, where the figure comes from), cached beside the peaks."""
+    cache = cache_dir / CACHE_NAME
+    key = f"{host_key()} | memory bandwidth"
+    entries = read_json_dict(cache)
+    if key not in entries:
+        entries[key] = {"bytes_per_s": measure_bandwidth(),
+                        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        write_json_atomic(cache, entries)
+    entry = entries[key]
+    return float(entry["bytes_per_s"]), f"host memory copy {entry['bytes_per_s'] / 1e9:.1f} GB/s measured " \
+                                        f"{entry['measured_at']}"
+
+
 def main(argv: list[str]) -> int:
     """`python -m shardbench.measure.peak CACHE_DIR DTYPE...`: measure, cache, print {dtype: peak} as JSON."""
     cache_dir, dtypes = Path(argv[0]), argv[1:]

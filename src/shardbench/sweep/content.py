@@ -47,6 +47,7 @@ class Run:
     overrides: dict[str, Any]
     config: dict[str, Any]  # flattened {"section.field": value}
     record: RunRecord | None  # summary.json when complete
+    predicted: dict[str, Any] | None = None  # the planner's prediction of this run (`shardbench plan --validate`)
 
     @property
     def ok(self) -> bool:
@@ -251,6 +252,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("dtype", "dtype", False, lambda r: r.config.get("precision.dtype")),
     Column("epoch_s", "epoch time s", True, lambda r: r.epoch_s, 2),
     Column("step_ms_median", "step ms median", True, _scaled(lambda r: r.step_median, 1e3)),
+    Column("step_ms_predicted", "step ms predicted", True,
+           _scaled(lambda r: number((r.predicted or {}).get("step_s")), 1e3), optional=True),
     Column("step_ms_p90", "step ms p90", True, _scaled(lambda r: r.step_p90, 1e3)),
     Column("compile_s", "compile s", True, lambda r: r.compile_s, 2),
     Column("img_s", "img/s", True, lambda r: r.images_per_s, 0, optional=True),
@@ -261,6 +264,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("examples_s", "examples/s", True, lambda r: r.per_s("examples"), 0, optional=True),
     Column("mfu_pct", "MFU %", True, _scaled(lambda r: r.mfu_value, 100.0)),
     Column("mem_mib", "memory/device MiB", True, lambda r: r.memory[0]),
+    Column("mem_mib_predicted", "memory/device MiB predicted", True,
+           lambda r: _mib((r.predicted or {}).get("total_bytes")), optional=True),
     Column("params_mib", "params MiB", True, lambda r: r.part("params")),
     Column("optimizer_mib", "optimizer MiB", True, lambda r: r.part("optimizer")),
     Column("gradients_mib", "gradients MiB", True, lambda r: r.part("gradients")),

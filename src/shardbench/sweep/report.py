@@ -4,6 +4,7 @@ report.md, a self-contained report.html and PNG charts, plus the terminal lines 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -80,6 +81,18 @@ def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[Run], dic
     return runs, meta
 
 
+PREDICTIONS = "plan-validation.json"  # written by `shardbench plan --validate DIR`
+
+
+def with_predictions(runs: list[Run], sweep_dir: Path) -> list[Run]:
+    """The runs with the planner's predictions of them, where `shardbench plan --validate` left some."""
+    path = sweep_dir / PREDICTIONS
+    if not path.exists():
+        return runs
+    predicted = _read_json(path).get("runs", {})
+    return [dataclasses.replace(r, predicted=predicted.get(r.name)) for r in runs]
+
+
 def swept_fields(runs: list[Run]) -> dict[str, list[Any]]:
     """Each swept field with its distinct values, in the order the runs first use them."""
     fields: dict[str, list[Any]] = {}
@@ -105,7 +118,8 @@ class ReportPaths:
 TABLE_NOTE = ("Byte figures are per device; comms are per training step. Memory/device is the runtime peak "
                "where the backend reports one (\"peak\"), else XLA's compiled total: arguments + outputs − "
                "aliased + temporaries (\"compiled\"). Epoch time is the mean wall time per whole epoch, data "
-               "loading included, evaluation excluded ('–' for a run that trained only part of one).")
+               "loading included, evaluation excluded ('–' for a run that trained only part of one). \"Predicted\" "
+               "columns, where present, are `shardbench plan --validate`'s predictions of the same runs.")
 
 
 def _md_cell(text: str) -> str:
@@ -143,6 +157,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
     runs, meta = load_runs(sweep_dir, skip=out)
+    runs = with_predictions(runs, sweep_dir)
     out.mkdir(parents=True, exist_ok=True)
     swept = swept_fields(runs)
     complete = sum(r.ok for r in runs)

@@ -76,14 +76,16 @@ def check_resume(cfg: Config, out: Path) -> None:
         raise ConfigError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
 
 
-def check_runnable(cfg: Config) -> tuple[Task, Layout, ModelSpec]:
+def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tuple[Task, Layout, ModelSpec]:
     """Every check that needs neither the data nor a compilation (what a sweep asks of each run before the
-    first starts): raises ConfigError/DataError in one line."""
+    first starts): raises ConfigError/DataError in one line. `devices`: lay the run over these (a planner's
+    target devices) instead of this process's."""
     validate(cfg)
     task = get_task(cfg)
     validate_spec(cfg.data.dataset)
     check_model_kind(cfg.data.dataset, cfg.model.kind)
-    devices = select_devices(cfg.parallel.devices)
+    if devices is None:
+        devices = select_devices(cfg.parallel.devices)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices)
     check_style(cfg.parallel.spmd, layout)
     spec = describe_model(cfg)

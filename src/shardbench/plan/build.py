@@ -1,0 +1,176 @@
+"""A plan: every candidate compiled, predicted on the target and ranked, with a recommendation; printed as a
+table and written as plan.json and plan.md."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from shardbench import config as config_lib
+from shardbench.jsonfile import write_json_atomic
+from shardbench.plan.calibration import ACTIVATION_SCALE, Coefficients, to_dict
+from shardbench.plan.candidates import Candidate
+from shardbench.plan.predict import Hardware, predict
+from shardbench.plan.recommend import GB, LINK_NAMES, Row, rank, recommendation
+from shardbench.plan.target import Target
+
+MB = 1e6
+
+
+@dataclass(frozen=True)
+class Plan:
+    cfg: config_lib.Config
+    target: Target
+    hardware: dict[str, Hardware]  # per dtype
+    coefficients: Coefficients
+    activation_source: str
+    rows: list[Row]  # ranked
+    compile_s: float  # wall time of all the compilation
+    line: str
+
+    def header(self) -> list[str]:
+        c = self.cfg
+        model = c.model.factory or c.preset
+        hw = next(iter(self.hardware.values()))
+        return [f"plan for {model} at global batch {c.train.batch_size} on {self.target.spec}: {hw.name}",
+                f"{len(self.rows)} candidate(s) compiled for {self.target.devices} device(s) in "
+                f"{self.compile_s:.0f} s; nothing was run"]
+
+    def assumptions(self) -> list[str]:
+        hw = next(iter(self.hardware.values()))
+        k = self.coefficients
+        peaks = "; ".join(f"{d}: {h.peak_source}" for d, h in self.hardware.items())
+        return [
+            "state (params, optimizer, gradients) and collectives: exact, from the compiled step",
+            f"activations: {self.activation_source}",
+            f"memory: {hw.memory_source}",
+            f"compute: {peaks}; at {k.efficiency:.1%} efficiency",
+            f"links: {hw.bandwidth_source}; {k.collective_s * 1e6:.1f} us per collective; {k.overlap:.0%} of "
+            f"communication overlapped with compute",
+            f"kernels: {k.kernel_s * 1e6:.2f} us each",
+            f"coefficients: {k.source}",
+        ]
+
+    def table(self) -> list[list[str]]:
+        names = LINK_NAMES.get(next(iter(self.hardware.values())).platform, LINK_NAMES["gpu"])
+        head = ["#", "candidate", "memory/device", "fits", "params+opt+grads", "activations",
+                f"{names['intra']} MB", f"{names['inter']} MB" if names["inter"] != names["intra"] else "other MB",
+                "compute ms", "comms ms", "step ms", "examples/s", "MFU"]
+        rows = [head]
+        for i, r in enumerate(self.rows, 1):
+            p = r.prediction
+            if p is None:  # a short row: number, name, why
+                rows.append([str(i), r.candidate.name, r.problem])
+                continue
+            state = p.params_bytes + p.optimizer_bytes + p.gradients_bytes
+            rows.append([
+                str(i), r.candidate.name, f"{p.total_bytes / GB:.2f} GB",
+                f"yes ({p.headroom:.0%} free)" if p.fits else f"no ({p.total_bytes / p.memory_bytes:.1f}x)",
+                f"{state / GB:.3f} GB", f"{p.activations_bytes / GB:.2f} GB",
+                f"{p.comm_bytes.get('intra', 0) / MB:.1f}", f"{p.comm_bytes.get('inter', 0) / MB:.1f}",
+                f"{p.compute_s * 1e3:.3g}", f"{p.exposed_comm_s * 1e3:.3g}", f"{p.step_s * 1e3:.3g}",
+                f"{p.examples_per_s:,.0f}", f"{p.mfu:.1%}"])
+        return rows
+
+    def text(self) -> str:
+        rows = self.table()
+        shown = [r for r in rows if len(r) == len(rows[0])]
+        widths = [max(len(r[i]) for r in shown) for i in range(len(rows[0]))]
+        lines = [*self.header(), ""]
+        lines += [("  ".join(cell.ljust(w) for cell, w in zip(r, widths)) if len(r) == len(widths) else
+                   f"{r[0].ljust(widths[0])}  {r[1]}: {r[-1]}").rstrip() for r in rows]
+        lines += ["", "assumptions:", *(f"  {a}" for a in self.assumptions()), "", self.line]
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        rows = self.table()
+        lines = [f"# {self.header()[0]}", "", self.header()[1], "", f"**{self.line}**", ""]
+        lines += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        for r in rows[1:]:
+            cells = r if len(r) == len(rows[0]) else [*r, *[""] * (len(rows[0]) - len(r))]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines += ["", "Assumptions and sources:", "", *(f"- {a}" for a in self.assumptions()), ""]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "target": self.target.spec, "devices": self.target.devices, "config": config_lib.flatten(self.cfg),
+            "hardware": {d: h.__dict__ for d, h in self.hardware.items()},
+            "coefficients": to_dict(self.coefficients), "recommendation": self.line,
+            "compile_s": self.compile_s, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "candidates": [{"name": r.candidate.name, "strategy": r.candidate.strategy, "mesh": r.candidate.mesh,
+                            "remat": r.candidate.remat, "dtype": r.candidate.dtype,
+                            "prediction": r.prediction.to_dict() if r.prediction else None,
+                            "problem": r.problem or None} for r in self.rows],
+        }
+
+    def write(self, out: Path) -> tuple[Path, Path]:
+        out.mkdir(parents=True, exist_ok=True)
+        md = out / "plan.md"
+        write_json_atomic(out / "plan.json", self.to_dict())
+        tmp = md.with_suffix(".md.tmp")
+        tmp.write_text(self.markdown())
+        tmp.replace(md)
+        return out / "plan.json", md
+
+
+def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], workers: int,
+              calibrate: list[Path], progress: TextIO | None = sys.stderr) -> Plan:
+    """Compile every candidate (refusing those `shardbench train` would refuse), predict and rank them.
+    Raises ConfigError when every candidate is refused: nothing was compiled."""
+    from shardbench.errors import ConfigError
+    from shardbench.plan.machine import hardware
+    from shardbench.plan.plan_cmd import candidate_config
+    from shardbench.plan.records import calibrate as fit_runs
+    from shardbench.plan.workers import compile_all, default_workers
+    from shardbench.train.plan import default_cache_dir
+
+    platform = "cpu" if target.chip is None else ("tpu" if target.topology else "gpu")
+    coefficients = fit_runs(calibrate, workers, progress)[platform]
+    span = target.devices if target.topology else target.per_node
+    topology = ({"chip": target.chip.name, "shape": list(target.topology)} if target.topology and target.chip
+                else None)
+    gpu_kind = target.chip.name if platform == "gpu" and target.chip else None
+    jobs = [{"name": c.name, "config": candidate_config(cfg, c, target.devices), "link_span": span,
+             "topology": topology, "gpu_kind": gpu_kind} for c in cands]
+    done = [0]
+
+    def show(line: dict[str, object]) -> None:
+        done[0] += 1
+        if progress is not None:
+            what = ("compiled" if "result" in line else "refused" if "refused" in line else "failed")
+            print(f"plan: {done[0]}/{len(jobs)} {what}: {line['name']}", file=progress, flush=True)
+
+    start = time.perf_counter()
+    found = compile_all(jobs, workers or default_workers(), show)
+    elapsed = time.perf_counter() - start
+    lines = [found[c.name] for c in cands]
+    if all("refused" in line for line in lines):
+        raise ConfigError(f"no candidate can run on {target.devices} device(s): {lines[0]['refused']}")
+    hw = {d: hardware(target, d, cfg.precision.matmul_precision, default_cache_dir(cfg))
+          for d in dict.fromkeys(c.dtype for c in cands)}
+    sources: set[str] = set()
+    rows: list[Row] = []
+    for c, line in zip(cands, lines):
+        if "result" not in line:
+            kind = "refused" if "refused" in line else "failed to compile"
+            rows.append(Row(c, None, f"{kind}: {line.get('refused') or line.get('error')}"))
+            continue
+        scale, source = activation_scale(line["result"]["platform"], platform)
+        sources.add(source)
+        rows.append(Row(c, predict(line["result"], hw[c.dtype], coefficients, batch=cfg.train.batch_size,
+                                   remat=c.remat, activation_scale=scale, activation_source=source)))
+    ranked = rank(rows)
+    return Plan(cfg, target, hw, coefficients, "; ".join(sorted(sources)), ranked, elapsed,
+                recommendation(ranked, platform))
+
+
+def activation_scale(compiled_for: str, target_platform: str) -> tuple[float, str]:
+    """(factor on the compiled temporaries, its source): 1 where the target's own compiler compiled the step,
+    else the calibration's ratio of the target's compiler to the one that did."""
+    if compiled_for == target_platform:
+        return 1.0, f"the {target_platform.upper()} compiler's own temporaries"
+    return ACTIVATION_SCALE[target_platform]

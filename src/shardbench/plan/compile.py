@@ -1,0 +1,154 @@
+"""Compile one candidate's train step without running it, and read off what the compiler knows: the sharded
+state per device (exact), the compiled memory, every collective with its device groups, and the FLOPs.
+
+The step is the one `shardbench train` compiles (`make_steps` on the abstract state and an abstract batch),
+so a plan's figures are the run's figures, not a re-implementation of them. Runs in a worker process set up
+with the target's device count (`python -m shardbench.plan.compile`, see `shardbench.plan.workers`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from shardbench.config import Config
+from shardbench.measure import flops as flops_lib
+from shardbench.measure.comms import count_collectives, kernel_count
+from shardbench.measure.memory import compiled_memory, per_device_bytes
+from shardbench.parallel.rules import Layout
+from shardbench.train.optim import build_optimizer, learning_rate
+from shardbench.train.spmd import make_steps
+from shardbench.train.state import abstract_train_state, state_shardings
+
+ABSTRACT_STEPS = 1000  # the schedule's length: it changes no shape
+
+
+def abstract_batch(cfg: Config, layout: Layout) -> dict[str, jax.ShapeDtypeStruct]:
+    """One global batch as the input pipeline delivers it (uint8 images, int32 labels and tokens, float32
+    regression pairs), laid out with the run's batch sharding."""
+    b, m = cfg.train.batch_size, cfg.model
+    if m.kind == "lm":
+        shapes = {"tokens": ((b, m.seq_len + 1), jnp.int32)}
+    elif m.kind == "mlp":
+        shapes = {"inputs": ((b, m.input_dim), jnp.float32), "targets": ((b, m.num_classes), jnp.float32)}
+    else:
+        size = cfg.data.image_size
+        shapes = {"image": ((b, size, size, 3), jnp.uint8), "label": ((b,), jnp.int32)}
+    shapes["mask"] = ((b,), jnp.bool_)
+    sharding = layout.batch_sharding()
+    return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
+
+
+def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | None = None) -> dict[str, Any]:
+    """The compiler's figures for `cfg`'s train step (see the module docstring); `link_span` devices share a
+    node (its collectives' groups decide the link each crosses). `devices`: compile for these (a TPU
+    topology's) instead of the process's own."""
+    from shardbench.measure.links import INTRA, link_of
+    from shardbench.tasks import get_task
+    from shardbench.train.plan import check_runnable
+
+    task, layout, spec = check_runnable(cfg, None if devices is None else devices[:cfg.parallel.devices])
+    tx = build_optimizer(cfg.optim, ABSTRACT_STEPS)
+    shardings = state_shardings(spec, layout, tx)
+    batch = abstract_batch(cfg, layout)
+    steps = make_steps(cfg, get_task(cfg), spec, layout, tx, shardings, learning_rate(cfg.optim, ABSTRACT_STEPS),
+                       tuple(k for k in batch if k != "mask"))
+    state = abstract_train_state(spec, layout, tx)
+    start = time.perf_counter()
+    compiled = steps.train.lower(state, batch).compile()
+    compile_s = time.perf_counter() - start
+    hlo = compiled.as_text()
+    comms = count_collectives(hlo)
+    size = layout.shape.size
+    grouped: dict[tuple[str, str, int], list[int]] = {}
+    for op in comms.ops:
+        group = len(op.groups[0]) if op.groups else size
+        link = "intra" if link_of(op.groups, size, link_span) == INTRA else "inter"
+        entry = grouped.setdefault((op.kind, link, group), [0, 0])
+        entry[0] += op.count
+        entry[1] += op.count * op.bytes_each
+    per_example = task.train_flops_per_example(cfg)
+    xla = flops_lib.xla_flops(compiled)
+    params_b, opt_b = per_device_bytes(state.params), per_device_bytes(state.opt_state)
+    return {
+        "devices": size,
+        "platform": layout.device.platform,
+        "device_kind": getattr(layout.device, "device_kind", layout.device.platform),
+        "compile_s": compile_s,
+        "state": {"params_bytes": params_b, "optimizer_bytes": opt_b, "gradients_bytes": params_b},
+        "batch_bytes": per_device_bytes(batch),
+        "compiled": compiled_memory(compiled),
+        "flops": {"analytic_per_step": None if per_example is None else float(per_example * cfg.train.batch_size),
+                  "xla_per_device": xla},
+        "kernels": kernel_count(hlo),
+        "collectives": [{"kind": k, "link": link, "group": g, "count": c, "bytes": b}
+                        for (k, link, g), (c, b) in sorted(grouped.items())],
+        "unknown_trip_counts": comms.unknown_trip_counts,
+    }
+
+
+def local_gpus(kind: str | None, count: int) -> list[jax.Device] | None:
+    """This host's GPUs when they are the target's chip (`kind`, a data-sheet name) and there are at least
+    `count` of them: then the GPU compiler compiles the step, its temporaries included. None otherwise (the
+    CPU compiler, which the worker's simulated devices are set up for)."""
+    from shardbench.hardware import chip_for_kind
+
+    if not kind:
+        return None
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        return None
+    found = chip_for_kind(getattr(gpus[0], "device_kind", "")) if gpus else None
+    if found is None or found.name != kind or len(gpus) < count:
+        return None
+    return gpus
+
+
+def run_jobs(jobs: list[dict[str, Any]], out: Any) -> None:
+    """Each job {name, config (flattened), link_span}: one JSON line {name, result | refused | error} on `out`
+    as soon as it is done."""
+    from shardbench import config as config_lib
+    from shardbench.errors import ShardbenchError
+    from shardbench.flags import setup_devices
+    from shardbench.plan.tpu import topology_devices
+    from shardbench.train import compile_cache
+    from shardbench.train.plan import default_cache_dir
+
+    cfgs = [(job, config_lib.override(Config(), job["config"])) for job in jobs]
+    if not cfgs:
+        return
+    first = cfgs[0][1]
+    setup_devices(first)
+    compile_cache.enable(compile_cache.resolve(first.train.compile_cache, default_cache_dir(first)))
+    topology = jobs[0].get("topology")
+    devices = (topology_devices(topology["chip"], topology["shape"]) if topology else
+               local_gpus(jobs[0].get("gpu_kind"), first.parallel.devices))
+    for job, cfg in cfgs:
+        line: dict[str, Any] = {"name": job["name"]}
+        try:
+            line["result"] = compile_candidate(cfg, int(job["link_span"]), devices)
+        except ShardbenchError as err:
+            line["refused"] = str(err)
+        except Exception as err:  # noqa: BLE001 - a candidate that fails to compile is a row, not the end
+            first_line = (str(err).strip().splitlines() or [""])[0][:300]
+            line["error"] = f"{type(err).__name__}: {first_line}"
+        out.write(json.dumps(line) + "\n")
+        out.flush()
+
+
+def main() -> int:
+    jobs = json.loads(sys.stdin.read())
+    channel = sys.stdout
+    sys.stdout = sys.stderr  # anything a library prints stays out of the answer
+    run_jobs(jobs, channel)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

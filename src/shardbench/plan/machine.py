@@ -1,0 +1,76 @@
+"""The target's numbers the model needs, per device: peak FLOP/s in the candidate's compute class, usable
+memory, and each link's bandwidth; from the data sheet (`shardbench.hardware`) or, for `cpu`, measured on
+this host."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shardbench.measure.flops import compute_class
+from shardbench.plan.predict import Hardware
+from shardbench.plan.target import Target
+
+# JAX preallocates 75% of a GPU's memory and allocates from that pool (XLA_PYTHON_CLIENT_MEM_FRACTION).
+GPU_MEMORY_FRACTION = 0.75
+
+
+def gpu_memory_fraction() -> tuple[float, str]:
+    given = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    if given:
+        try:
+            return float(given), f"XLA_PYTHON_CLIENT_MEM_FRACTION={given}"
+        except ValueError:
+            pass
+    return GPU_MEMORY_FRACTION, "JAX's default pool: 75% of it (XLA_PYTHON_CLIENT_MEM_FRACTION)"
+
+
+def host_memory_bytes() -> float:
+    """This host's available memory (MemAvailable), else its physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def hardware(target: Target, dtype: str, matmul_precision: str, cache_dir: Path,
+             host_peak: tuple[float, str] | None = None) -> Hardware:
+    """`host_peak`: (the host's whole matmul FLOP/s, its source) for a `cpu` target; measured (and cached)
+    when not given."""
+    chip = target.chip
+    if chip is None:
+        from shardbench.measure.peak import host_bandwidth
+        from shardbench.measure.peak import host_peak as measured_peak
+
+        if host_peak is None:
+            peak = measured_peak(dtype, cache_dir)
+            host_peak = (peak.flops_per_s, f"host {dtype} matmul peak {peak.flops_per_s / 1e9:.1f} GFLOP/s "
+                                           f"measured {peak.measured_at}")
+        bandwidth, bw_source = host_bandwidth(cache_dir)
+        devices = target.devices
+        return Hardware(
+            name=f"{devices} simulated CPU device(s) on this host", platform="cpu",
+            peak_flops=host_peak[0] / devices, peak_source=f"{host_peak[1]}, split over {devices} device(s)",
+            memory_bytes=host_memory_bytes() / devices,
+            memory_source=f"this host's available memory, split over {devices} device(s)",
+            bandwidth={"intra": bandwidth, "inter": bandwidth}, bandwidth_source=bw_source, shared_host=True)
+    cls = compute_class(dtype, matmul_precision)
+    tpu = chip.name.startswith("tpu-")
+    fraction, fraction_source = (1.0, "the whole HBM") if tpu else gpu_memory_fraction()
+    placement = (f"a {'x'.join(map(str, target.topology))} slice (ICI throughout)" if tpu else
+                 f"{target.nodes} node(s) x {target.per_node}")
+    intra = chip.intra_bandwidth or 0.0
+    inter = chip.inter_bandwidth or intra
+    return Hardware(
+        name=f"{target.devices} {chip.name} on {placement}", platform="tpu" if tpu else "gpu",
+        peak_flops=chip.peaks[cls], peak_source=f"data sheet: {chip.name} {cls} {chip.peaks[cls] / 1e12:.0f} "
+                                                f"TFLOP/s ({chip.source})",
+        memory_bytes=chip.memory_bytes * fraction,
+        memory_source=f"data sheet: {chip.memory_bytes / 1e9:.0f} GB, {fraction_source}",
+        bandwidth={"intra": intra or float("inf"), "inter": inter or float("inf")},
+        bandwidth_source=(f"data sheet: {intra / 1e9:.0f} GB/s per direction inside a node"
+                          + (f", {inter / 1e9:.0f} GB/s across nodes" if not tpu else "")
+                          if intra else "no link bandwidth on the data sheet: transfers not timed"))

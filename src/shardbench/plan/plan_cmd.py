@@ -1,0 +1,126 @@
+"""`shardbench plan`: predict memory, communication and step time of every candidate layout on a target, rank
+them and recommend one; or, with `--validate DIR`, predict runs that were measured and print the error."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from shardbench import config as config_lib
+from shardbench.errors import ConfigError
+from shardbench.flags import add_config_arguments, config_from_args
+from shardbench.plan.candidates import USES, Candidate, candidates
+from shardbench.plan.target import HINT, Target, parse_target
+
+LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat"}  # a plan takes comma lists of these
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="predict memory, communication and step time on hardware you don't have, and recommend "
+                     "a layout",
+        description="Compile the train step of every candidate layout (strategy x mesh x --remat x --dtype) for "
+                    "the target's device count, without running a step, and predict per device: the state, "
+                    "activations and peak memory and whether it fits, every collective's bytes on the link it "
+                    "crosses, and the step time (compute + exposed communication). Writes plan.json and plan.md "
+                    "into --out. With --validate DIR: predict every run measured below DIR on the hardware it "
+                    "ran on, and print the errors.")
+    add_config_arguments(parser)
+    group = parser.add_argument_group("plan options")
+    group.add_argument("--target", default="", help=f"the hardware: {HINT}")
+    group.add_argument("--candidates", default=",".join(USES), metavar="S,S",
+                       help=f"strategies to consider (default: all: {','.join(USES)})")
+    group.add_argument("--workers", type=int, default=0, help="compile worker processes (0 = one per core)")
+    group.add_argument("--calibrate", action="append", default=[], type=Path, metavar="DIR",
+                       help="fit the step-time model to the runs measured below DIR (repeatable)")
+    group.add_argument("--validate", default=None, type=Path, metavar="DIR",
+                       help="predict every run below DIR (a sweep or run folder) and print the errors")
+
+
+def _lists(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The comma lists of --dtype and --remat (removed from `args`, which then holds one value of each)."""
+    out: dict[str, list[str]] = {}
+    for key, flag in LIST_FLAGS.items():
+        given = getattr(args, key, None)
+        if given is None:
+            continue
+        values = [v.strip() for v in str(given).split(",") if v.strip()]
+        if not values:
+            raise ConfigError(f"{flag} '{given}': give one value or a comma list")
+        out[key] = values
+        setattr(args, key, values[0])
+    return out
+
+
+def _choices(cfg: config_lib.Config, lists: dict[str, list[str]]) -> tuple[list[str], list[str]]:
+    dtypes = lists.get("precision.dtype", [cfg.precision.dtype])
+    for d in dtypes:
+        if d not in config_lib.DTYPES:
+            raise ConfigError(f"--dtype {d}: choose from {', '.join(config_lib.DTYPES)}")
+    if cfg.model.factory:  # a model of your own decides for itself whether it checkpoints
+        return dtypes, [cfg.model.remat]
+    remats = lists.get("model.remat", ["none", "block"])
+    for r in remats:
+        if r not in config_lib.REMAT_POLICIES:
+            raise ConfigError(f"--remat {r}: choose from {', '.join(config_lib.REMAT_POLICIES)}")
+    return dtypes, remats
+
+
+def candidate_config(cfg: config_lib.Config, c: Candidate, devices: int) -> dict[str, Any]:
+    """The flattened configuration `shardbench train` would run for candidate `c`."""
+    single = c.strategy == "single"
+    return {**config_lib.flatten(cfg), "parallel.strategy": c.strategy, "parallel.mesh": c.mesh,
+            "parallel.devices": 1 if single else devices, "model.remat": c.remat, "precision.dtype": c.dtype,
+            "parallel.spmd": cfg.parallel.spmd}
+
+
+def default_out(cfg: config_lib.Config, target: Target) -> Path:
+    if cfg.train.out:
+        return Path(cfg.train.out)
+    spec = target.spec.replace(":", "-")
+    return Path("runs") / f"plan-{cfg.model.factory and 'model' or cfg.preset}-{spec}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[Candidate]]:
+    """Everything a plan checks before compiling (one-line ConfigError): the configuration, the target, libtpu
+    for a TPU target, and the candidates."""
+    lists = _lists(args)
+    cfg = config_from_args(args)
+    if not args.target:
+        raise ConfigError(f"plan needs --target ({HINT}), or --validate DIR")
+    from shardbench.tasks import validate
+
+    validate(cfg)
+    if cfg.parallel.spmd == "pmap":
+        raise ConfigError("--spmd pmap replicates parameters and runs data parallelism only: plan with --spmd jit "
+                          "or shard_map")
+    target = parse_target(args.target, cpu_devices=cfg.parallel.devices or 8)
+    if target.topology:
+        from shardbench.plan.tpu import check_available
+
+        check_available(target.spec)
+    dtypes, remats = _choices(cfg, lists)
+    strategies = [s.strip() for s in args.candidates.split(",") if s.strip()]
+    return cfg, target, candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.validate is not None:
+        from shardbench.plan.validate import validate_dir
+
+        _lists(args)
+        return validate_dir(args.validate, args.calibrate, args.workers, config_from_args(args))
+    cfg, target, cands = prepare(args)
+    from shardbench.plan.build import make_plan
+
+    plan = make_plan(cfg, target, cands, args.workers, args.calibrate, progress=sys.stderr)
+    paths = plan.write(default_out(cfg, target))
+    print(plan.text())
+    print(f"\nplan written to {paths[0]} and {paths[1]}")
+    return 0
+
+
+__all__ = ["add_parser", "candidate_config", "prepare", "run"]

@@ -1,0 +1,144 @@
+"""`shardbench plan --validate DIR`: predict every measured run below DIR on the hardware it ran on and say how
+far off the planner is: memory and step-time error per run, their mean absolute percentage error, and
+Kendall's tau between the predicted and the measured rankings. The predictions are kept in
+DIR/plan-validation.json, which `shardbench report` shows beside the measurements."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardbench import config as config_lib
+from shardbench.errors import ShardbenchError
+from shardbench.jsonfile import write_json_atomic
+from shardbench.plan.build import activation_scale
+from shardbench.plan.calibration import to_dict
+from shardbench.plan.predict import Prediction, predict
+from shardbench.sweep.report import PREDICTIONS
+
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's tau-b between two lists of scores (ties count for neither side)."""
+    concordant = discordant = ties_a = ties_b = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            da, db = a[i] - a[j], b[i] - b[j]
+            if da == 0 and db == 0:
+                continue
+            if da == 0:
+                ties_a += 1
+            elif db == 0:
+                ties_b += 1
+            elif (da > 0) == (db > 0):
+                concordant += 1
+            else:
+                discordant += 1
+    denominator = ((concordant + discordant + ties_a) * (concordant + discordant + ties_b)) ** 0.5
+    return (concordant - discordant) / denominator if denominator else float("nan")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    measured_step: float | None
+    predicted_step: float | None
+    measured_memory: float | None
+    predicted_memory: float | None
+    memory_kind: str
+    problem: str = ""
+
+    @staticmethod
+    def error(measured: float | None, predicted: float | None) -> float | None:
+        return None if not measured or predicted is None else (predicted - measured) / measured
+
+
+def mape(pairs: list[tuple[float | None, float | None]]) -> float | None:
+    errors = [abs(Check.error(m, p)) for m, p in pairs if Check.error(m, p) is not None]
+    return sum(errors) / len(errors) if errors else None
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.1%}"
+
+
+def validate_dir(directory: Path, calibrate: list[Path], workers: int, cfg: config_lib.Config) -> int:
+    """Print the validation of `directory` and write DIR/plan-validation.json; 0 when at least one run was
+    predicted."""
+    from shardbench.plan.records import calibrate as fit_runs
+    from shardbench.plan.records import measured_runs
+
+    coefficients = fit_runs(calibrate, workers)
+    in_sample = any(directory.resolve() == d.resolve() for d in calibrate)
+    checks: list[Check] = []
+    predictions: dict[str, Prediction] = {}
+    measured = measured_runs(directory, workers)
+    for m in measured:
+        if m.result is None or m.hardware is None:
+            checks.append(Check(m.run.name, m.step_s, None, m.memory_bytes, None, m.memory_kind, m.problem))
+            continue
+        scale, source = activation_scale(m.result["platform"], m.hardware.platform)
+        p = predict(m.result, m.hardware, coefficients[m.hardware.platform], batch=m.cfg.train.batch_size,
+                    remat=m.cfg.model.remat, activation_scale=scale, activation_source=source)
+        predictions[m.run.name] = p
+        checks.append(Check(m.run.name, m.step_s, p.step_s, m.memory_bytes, p.total_bytes, m.memory_kind))
+    if not predictions:
+        raise ShardbenchError(f"--validate {directory}: no run could be predicted"
+                              + (f" ({checks[0].problem})" if checks else ""))
+    used = {m.hardware.platform for m in measured if m.hardware is not None}
+    print(render(directory, checks, {k: v for k, v in coefficients.items() if k in used}, in_sample))
+    write_json_atomic(directory / PREDICTIONS, {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "coefficients": {k: to_dict(v) for k, v in coefficients.items()}, "in_sample": in_sample,
+        "runs": {name: p.to_dict() for name, p in predictions.items()},
+        "summary": summary(checks)})
+    print(f"\npredictions written to {directory / PREDICTIONS} (shardbench report {directory} shows them beside the "
+          f"measurements)")
+    return 0
+
+
+def summary(checks: list[Check]) -> dict[str, float | int | None]:
+    ok = [c for c in checks if c.predicted_step is not None and c.measured_step]
+    steps = ([c.measured_step for c in ok], [c.predicted_step for c in ok])
+    memory = [c for c in checks if c.predicted_memory is not None and c.measured_memory]
+    return {
+        "runs": len(ok),
+        "step_mape": mape([(c.measured_step, c.predicted_step) for c in ok]),
+        "memory_mape": mape([(c.measured_memory, c.predicted_memory) for c in memory]),
+        "step_tau": kendall_tau(*steps) if len(ok) > 1 else None,
+        "memory_tau": kendall_tau([c.measured_memory for c in memory], [c.predicted_memory for c in memory])
+        if len(memory) > 1 else None,
+    }
+
+
+def render(directory: Path, checks: list[Check], coefficients: dict[str, object], in_sample: bool) -> str:
+    head = ["run", "memory measured", "predicted", "error", "step measured", "predicted", "error"]
+    rows = [head]
+    for c in checks:
+        if c.predicted_step is None:
+            rows.append([c.name, "", "", "", "", "", f"not predicted: {c.problem}"])
+            continue
+        rows.append([c.name, f"{(c.measured_memory or 0) / 2**20:.1f} MiB ({c.memory_kind})",
+                     f"{(c.predicted_memory or 0) / 2**20:.1f} MiB",
+                     _pct(Check.error(c.measured_memory, c.predicted_memory)),
+                     f"{(c.measured_step or 0) * 1e3:.1f} ms", f"{(c.predicted_step or 0) * 1e3:.1f} ms",
+                     _pct(Check.error(c.measured_step, c.predicted_step))])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = [f"validation of the planner on {directory}: {len(checks)} run(s)", ""]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    s = summary(checks)
+
+    def fmt(v: float | int | None, pct: bool = True) -> str:
+        return "–" if v is None else (f"{v:.1%}" if pct else f"{v:.2f}")
+
+    lines += ["", f"memory: mean absolute error {fmt(s['memory_mape'])}; step time: mean absolute error "
+                  f"{fmt(s['step_mape'])}; Kendall's tau of the step-time ranking {fmt(s['step_tau'], False)} "
+                  f"over {s['runs']} run(s)"]
+    used = {getattr(v, "source", "") for v in coefficients.values()}
+    lines.append("coefficients: " + "; ".join(sorted(u for u in used if u)))
+    if in_sample:
+        lines.append("note: the model was calibrated on these same runs (in-sample): calibrate on other runs for "
+                     "an honest error")
+    return "\n".join(lines)
+

@@ -1,0 +1,248 @@
+"""`shardbench plan`: the compiled figures against hand counts, the time model's arithmetic, the ranking and
+recommendation on constructed cases, the TPU path, bad input, and --validate on a real CPU sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardbench import config as config_lib
+from shardbench.plan.calibration import Coefficients, fit
+from shardbench.plan.candidates import Candidate
+from shardbench.plan.compile import compile_candidate
+from shardbench.plan.predict import Hardware, predict, sent_fraction
+from shardbench.plan.recommend import Row, rank, recommendation
+from shardbench.plan.tpu import libtpu_installed
+from shardbench.plan.validate import kendall_tau
+
+SMALL_MLP = {"model.num_layers": 3, "model.mlp_dim": 64, "model.input_dim": 16, "model.num_classes": 8,
+             "train.batch_size": 64}
+# Parameters of that MLP: in (16x64 + 64), two hidden layers (2x64x64 + 2x64), out (64x8 + 8), float32.
+MLP_PARAM_BYTES = (16 * 64 + 64 + 2 * 64 * 64 + 2 * 64 + 64 * 8 + 8) * 4
+
+
+def mlp_config(**overrides: Any) -> config_lib.Config:
+    return config_lib.override(config_lib.get_preset("mlp-small"), {**SMALL_MLP, "parallel.devices": 8,
+                                                                     **overrides})
+
+
+def test_sharded_state_bytes_match_hand_counts() -> None:
+    """dp keeps every parameter whole; fsdp on 8 splits every one 8 ways (the out bias's 8 values: 1 each);
+    Adam's two moments are laid out like the parameters; gradients like the parameters."""
+    dp = compile_candidate(mlp_config(**{"parallel.strategy": "dp", "parallel.mesh": "8"}), link_span=8)
+    fsdp = compile_candidate(mlp_config(**{"parallel.strategy": "fsdp", "parallel.mesh": "8"}), link_span=8)
+    assert dp["state"]["params_bytes"] == MLP_PARAM_BYTES == 39_712
+    assert fsdp["state"]["params_bytes"] == MLP_PARAM_BYTES // 8
+    for r in (dp, fsdp):
+        assert r["state"]["gradients_bytes"] == r["state"]["params_bytes"]
+    counters = dp["state"]["optimizer_bytes"] - 2 * dp["state"]["params_bytes"]
+    assert 0 < counters < 64  # Adam's step counters, replicated
+    assert fsdp["state"]["optimizer_bytes"] == 2 * fsdp["state"]["params_bytes"] + counters
+    # dp all-reduces every gradient once per step: the payload is the whole gradient (+ the loss terms).
+    reduces = [c for c in dp["collectives"] if c["kind"] == "all-reduce"]
+    assert sum(c["bytes"] for c in reduces) >= MLP_PARAM_BYTES
+    assert all(c["group"] == 8 and c["link"] == "intra" for c in dp["collectives"])
+
+
+def test_collectives_are_placed_on_the_link_they_cross() -> None:
+    """fsdp+tp on a 2x4 mesh with 4 devices to a node: the model axis (4 neighbours) stays inside a node,
+    the data axis (devices i and i + 4) crosses nodes."""
+    r = compile_candidate(mlp_config(**{"parallel.strategy": "fsdp+tp", "parallel.mesh": "2x4"}), link_span=4)
+    groups = {(c["group"], c["link"]) for c in r["collectives"]}
+    assert groups, "fsdp+tp moves data"
+    assert all(link == ("inter" if group == 2 else "intra") for group, link in groups if group in (2, 4))
+    assert (2, "inter") in groups
+    one_node = compile_candidate(mlp_config(**{"parallel.strategy": "fsdp+tp", "parallel.mesh": "2x4"}),
+                                 link_span=8)
+    assert {c["link"] for c in one_node["collectives"]} == {"intra"}
+
+
+GPU = Hardware(name="test", platform="gpu", peak_flops=1e12, peak_source="test", memory_bytes=1e9,
+               memory_source="test", bandwidth={"intra": 1e9, "inter": 1e8}, bandwidth_source="test")
+UNIT = Coefficients(efficiency=0.5, kernel_s=1e-6, collective_s=1e-5, overlap=0.0, source="test")
+
+
+def result(*, flops: float, temp: int, collectives: list[dict[str, Any]], devices: int = 8,
+           params: int = 1000) -> dict[str, Any]:
+    """A compile result as `compile_candidate` gives one, with the numbers a test chooses."""
+    return {"devices": devices, "platform": "cpu", "device_kind": "cpu", "compile_s": 0.0,
+            "state": {"params_bytes": params, "optimizer_bytes": 2 * params, "gradients_bytes": params},
+            "batch_bytes": 0, "compiled": {"argument_bytes": 3 * params, "output_bytes": 3 * params,
+                                           "alias_bytes": 3 * params, "temp_bytes": temp, "generated_code_bytes": 0},
+            "flops": {"analytic_per_step": flops, "xla_per_device": None}, "kernels": 100,
+            "collectives": collectives, "unknown_trip_counts": 0}
+
+
+def test_step_time_is_compute_plus_kernels_plus_communication() -> None:
+    """8e9 FLOPs on 8 devices at 50% of 1 TFLOP/s = 2 ms; 100 kernels at 1 us; one all-reduce of 1 MB over
+    8 devices sends 2 x 7/8 MB at 1 GB/s = 1.75 ms, plus 10 us."""
+    r = result(flops=8e9, temp=5000, collectives=[{"kind": "all-reduce", "link": "intra", "group": 8,
+                                                   "count": 1, "bytes": 1_000_000}])
+    p = predict(r, GPU, UNIT, batch=64, remat="none", activation_scale=0.5, activation_source="test")
+    assert p.compute_s == pytest.approx(2e-3)
+    assert p.kernels_s == pytest.approx(1e-4)
+    assert p.comm_s["intra"] == pytest.approx(1.75e-3)
+    assert p.step_s == pytest.approx(2e-3 + 1e-4 + 1.75e-3 + 1e-5)
+    assert p.examples_per_s == pytest.approx(64 / p.step_s)
+    # Memory: state exact, activations (temporaries - gradients) scaled: 1000 + 2000 + 1000 + 4000 x 0.5.
+    assert p.activations_bytes == 2000 and p.total_bytes == 6000
+    assert sent_fraction("all-gather", 4) == 0.75 and sent_fraction("collective-permute", 2) == 1.0
+    assert sent_fraction("all-reduce", 1) == 0.0
+
+
+def test_fit_recovers_known_coefficients() -> None:
+    """Step times made by the model itself with known coefficients are fitted back to them."""
+    truth = Coefficients(efficiency=0.4, kernel_s=3e-6, collective_s=5e-5, overlap=0.0, source="truth")
+    samples = []
+    for flops, kernels, colls in [(1e9, 100, 2), (4e9, 300, 10), (2e9, 50, 40), (8e9, 500, 0), (3e9, 200, 20)]:
+        f = {"compute": flops / 1e12, "kernels": float(kernels), "collectives": float(colls),
+             "link_intra": 1e-4, "link_inter": 0.0}
+        samples.append((f, f["compute"] / 0.4 + kernels * 3e-6 + colls * 5e-5 + 1e-4))
+    got = fit(samples, UNIT, "fitted")
+    assert got.efficiency == pytest.approx(truth.efficiency, rel=1e-6)
+    assert got.kernel_s == pytest.approx(truth.kernel_s, rel=1e-6)
+    assert got.collective_s == pytest.approx(truth.collective_s, rel=1e-6)
+    assert fit(samples[:2], UNIT, "too few") is UNIT
+
+
+def _row(name: str, *, flops: float, temp: int, inter_bytes: int = 0) -> Row:
+    colls = [{"kind": "all-gather", "link": "inter", "group": 8, "count": 1, "bytes": inter_bytes}] if inter_bytes \
+        else []
+    p = predict(result(flops=flops, temp=temp, collectives=colls), GPU, UNIT, batch=64, remat="none",
+                activation_scale=1.0, activation_source="test")
+    strategy, mesh = name.split()
+    return Row(Candidate(strategy, mesh, "none", "float32"), p)
+
+
+def test_recommendation_on_a_case_with_a_known_answer() -> None:
+    """Three layouts: the fastest needs more memory than there is, the second fits and is the answer, the
+    third fits but spends most of its step on the inter-node link."""
+    too_big = _row("dp 8x1", flops=1e9, temp=2_000_000_000)
+    answer = _row("fsdp 8x1", flops=2e9, temp=100_000_000)
+    chatty = _row("dp+tp 4x2", flops=2e9, temp=100_000_000, inter_bytes=10_000_000)
+    refused = Row(Candidate("tp", "1x8", "none", "float32"), None, "refused: heads")
+    ranked = rank([too_big, chatty, refused, answer])
+    assert [r.candidate.strategy for r in ranked] == ["fsdp", "dp+tp", "dp", "tp"]
+    line = recommendation(ranked, "gpu")
+    q = chatty.prediction
+    assert line.startswith("use fsdp 8x1 remat=none float32: fits with 90% headroom")
+    assert f"{q.step_s / answer.prediction.step_s:.2f}x faster than dp+tp 4x2" in line
+    assert f"spends {q.comm_share('inter'):.0%} of its step on InfiniBand" in line
+    assert "dp 8x1 remat=none float32 would be" in line and "faster but needs 2.0 GB of 1.0 GB" in line
+    assert recommendation(rank([too_big]), "gpu").startswith("nothing fits: the smallest, dp 8x1")
+
+
+def test_kendall_tau() -> None:
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+
+
+def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "") -> subprocess.CompletedProcess[str]:
+    """The CLI in a fresh process (its own devices), optionally after `code` runs."""
+    environ = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
+    environ.pop("XLA_FLAGS", None)
+    script = f"import sys; {code}; from shardbench.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=environ,
+                          timeout=600)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--target", "8xh900"], "unknown chip 'h900'"),
+    (["--target", "8xh100", "--candidates", "dp,fsdp", "--batch-size", "12"], "--batch-size 12 is divisible by"),
+    (["--target", "tpu-v5e:4x4x4x4"], "a TPU slice is CHIP:AxB or CHIP:AxBxC"),
+    (["--target", "8xh100", "--candidates", "dp,zero"], "unknown strategy 'zero'"),
+    (["--target", "8xh100", "--dtype", "float32,float8"], "--dtype float8: choose from"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str, tmp_path: Path) -> None:
+    done = shardbench("plan", "--preset", "mlp-small", "--out", str(tmp_path / "p"), *args)
+    assert done.returncode == 2, done.stderr
+    assert expected in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_no_candidate_runs_is_refused_before_compiling(tmp_path: Path) -> None:
+    """7 devices for tp: no model axis of 7 divides the MLP's width, so every candidate is refused."""
+    done = shardbench("plan", "--preset", "mlp-small", "--target", "7xh100", "--candidates", "tp",
+                      "--out", str(tmp_path / "p"))
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("shardbench: no candidate can run on 7 device(s): tp:"), done.stderr
+    assert "compiled:" not in done.stderr and not (tmp_path / "p").exists()
+
+
+def test_tpu_target_without_libtpu_says_how_to_install(tmp_path: Path) -> None:
+    done = shardbench("plan", "--preset", "mlp-small", "--target", "tpu-v5e:2x4", "--out", str(tmp_path / "p"),
+                      code="sys.modules['libtpu'] = None")  # as if it were not installed
+    assert done.returncode == 2
+    assert "needs libtpu, which is not installed: pip install 'shardbench[tpu]'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_plan_ranks_every_candidate_and_writes_json_and_markdown(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    done = shardbench("plan", "--preset", "mlp-small", *_flags(SMALL_MLP), "--target", "2x4xh100",
+                      "--candidates", "dp,fsdp,tp,fsdp+tp", "--remat", "none", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    names = [c["name"] for c in plan["candidates"]]
+    assert len(names) == 1 + 1 + 1 + 2  # dp 8x1, fsdp 8x1, tp 1x8, fsdp+tp 2x4 and 4x2
+    predicted = [c for c in plan["candidates"] if c["prediction"]]
+    steps = [c["prediction"]["step_s"] for c in predicted if c["prediction"]["fits"]]
+    assert steps == sorted(steps)
+    assert plan["recommendation"].startswith(f"use {predicted[0]['name']}")
+    assert plan["recommendation"] in done.stdout
+    # 2 nodes of 4: fsdp's all-gathers over 8 devices cross nodes; the state is 1/8 of dp's.
+    by = {c["strategy"] + " " + c["mesh"]: c["prediction"] for c in predicted}
+    assert by["fsdp 8x1"]["comm_bytes"].get("inter", 0) > 0
+    assert by["fsdp 8x1"]["params_bytes"] == MLP_PARAM_BYTES // 8 and by["dp 8x1"]["params_bytes"] == MLP_PARAM_BYTES
+    md = (out / "plan.md").read_text()
+    assert plan["recommendation"] in md and "InfiniBand MB" in md and "Assumptions and sources" in md
+
+
+def _flags(overrides: dict[str, Any]) -> list[str]:
+    return [arg for k, v in overrides.items() for arg in ("--" + k.replace("_", "-"), str(v))]
+
+
+@pytest.mark.skipif(not libtpu_installed(), reason="libtpu is not installed (pip install 'shardbench[tpu]'): the "
+                                                   "TPU compiler cannot be tried here")
+def test_tpu_slice_compiles_with_the_tpu_compiler(tmp_path: Path) -> None:
+    out = tmp_path / "plan"
+    done = shardbench("plan", "--preset", "mlp-small", *_flags(SMALL_MLP), "--target", "tpu-v5e:2x4",
+                      "--candidates", "dp,fsdp", "--remat", "none", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["devices"] == 8
+    by = {c["strategy"]: c["prediction"] for c in plan["candidates"]}
+    assert by["fsdp"]["params_bytes"] == MLP_PARAM_BYTES // 8 and by["dp"]["params_bytes"] == MLP_PARAM_BYTES
+    assert by["dp"]["sources"]["activations"] == "the TPU compiler's own temporaries"
+    assert "ICI MB" in (out / "plan.md").read_text()
+
+
+def test_validate_predicts_a_measured_cpu_sweep(tmp_path: Path) -> None:
+    """A real sweep of one model at three batch sizes (8x apart) on 8 simulated devices: the planner recompiles
+    each run as it ran, so its memory is the run's compiled total exactly, and its step times rank the runs
+    as measured. The report then shows the predictions beside the measurements."""
+    sweep = tmp_path / "sweep"
+    done = shardbench("sweep", "--preset", "mlp-small", *_flags({**SMALL_MLP, "model.mlp_dim": 256}),
+                      "--batch-size", "32,256,2048", "--devices", "8", "--strategy", "dp", "--steps", "12",
+                      "--out", str(sweep), "--no-report", env={"SHARDBENCH_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    done = shardbench("plan", "--validate", str(sweep), env={"SHARDBENCH_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    saved = json.loads((sweep / "plan-validation.json").read_text())
+    assert saved["summary"]["runs"] == 3
+    assert saved["summary"]["memory_mape"] == 0.0  # the same compiler, the same program: the same bytes
+    assert saved["summary"]["step_tau"] == 1.0
+    assert "Kendall's tau of the step-time ranking 1.00 over 3 run(s)" in done.stdout
+
+    from shardbench.sweep.report import write_report
+
+    markdown = write_report(sweep).markdown.read_text()
+    assert "step ms predicted" in markdown and "memory/device MiB predicted" in markdown
