@@ -64,32 +64,38 @@ def test_collectives_are_placed_on_the_link_they_cross() -> None:
 
 
 GPU = Hardware(name="test", platform="gpu", peak_flops=1e12, peak_source="test", memory_bytes=1e9,
-               memory_source="test", bandwidth={"intra": 1e9, "inter": 1e8}, bandwidth_source="test")
-UNIT = Coefficients(efficiency=0.5, kernel_s=1e-6, collective_s=1e-5, overlap=0.0, source="test")
+               memory_source="test", bandwidth={"intra": 1e9, "inter": 1e8}, bandwidth_source="test",
+               memory_bandwidth=1e11, memory_bandwidth_source="test")
+UNIT = Coefficients(efficiency=0.5, memory_efficiency=0.5, kernel_s=1e-6, collective_s=1e-5, fixed_s=1e-4,
+                    overlap=0.0, source="test")
 
 
 def result(*, flops: float, temp: int, collectives: list[dict[str, Any]], devices: int = 8,
-           params: int = 1000) -> dict[str, Any]:
+           params: int = 1000, traffic: float = 0.0) -> dict[str, Any]:
     """A compile result as `compile_candidate` gives one, with the numbers a test chooses."""
     return {"devices": devices, "platform": "cpu", "device_kind": "cpu", "compile_s": 0.0,
             "state": {"params_bytes": params, "optimizer_bytes": 2 * params, "gradients_bytes": params},
             "batch_bytes": 0, "compiled": {"argument_bytes": 3 * params, "output_bytes": 3 * params,
                                            "alias_bytes": 3 * params, "temp_bytes": temp, "generated_code_bytes": 0},
-            "flops": {"analytic_per_step": flops, "xla_per_device": None}, "kernels": 100,
+            "flops": {"analytic_per_step": flops, "xla_per_device": None}, "bytes_accessed": traffic, "kernels": 100,
             "collectives": collectives, "unknown_trip_counts": 0}
 
 
-def test_step_time_is_compute_plus_kernels_plus_communication() -> None:
-    """8e9 FLOPs on 8 devices at 50% of 1 TFLOP/s = 2 ms; 100 kernels at 1 us; one all-reduce of 1 MB over
-    8 devices sends 2 x 7/8 MB at 1 GB/s = 1.75 ms, plus 10 us."""
-    r = result(flops=8e9, temp=5000, collectives=[{"kind": "all-reduce", "link": "intra", "group": 8,
-                                                   "count": 1, "bytes": 1_000_000}])
+def test_step_time_is_the_slower_of_compute_and_memory_plus_overheads_and_communication() -> None:
+    """8e9 FLOPs on 8 devices at 50% of 1 TFLOP/s = 2 ms; 1e8 bytes accessed at 50% of 100 GB/s = 2 ms too;
+    100 kernels at 1 us and 0.1 ms per step; one all-reduce of 1 MB over 8 devices sends 2 x 7/8 MB at
+    1 GB/s = 1.75 ms, plus 10 us."""
+    ring = [{"kind": "all-reduce", "link": "intra", "group": 8, "count": 1, "bytes": 1_000_000}]
+    r = result(flops=8e9, temp=5000, collectives=ring, traffic=1e8)
     p = predict(r, GPU, UNIT, batch=64, remat="none", activation_scale=0.5, activation_source="test")
     assert p.compute_s == pytest.approx(2e-3)
-    assert p.kernels_s == pytest.approx(1e-4)
+    assert p.kernels_s == pytest.approx(1e-4 + 1e-4)
     assert p.comm_s["intra"] == pytest.approx(1.75e-3)
-    assert p.step_s == pytest.approx(2e-3 + 1e-4 + 1.75e-3 + 1e-5)
+    assert p.step_s == pytest.approx(2e-3 + 2e-4 + 1.75e-3 + 1e-5)
     assert p.examples_per_s == pytest.approx(64 / p.step_s)
+    slower = predict(result(flops=8e9, temp=5000, collectives=ring, traffic=3e8), GPU, UNIT, batch=64,
+                     remat="none", activation_scale=0.5, activation_source="test")
+    assert slower.bound == "memory" and slower.compute_s == pytest.approx(6e-3)  # max, not a sum
     # Memory: state exact, activations (temporaries - gradients) scaled: 1000 + 2000 + 1000 + 4000 x 0.5.
     assert p.activations_bytes == 2000 and p.total_bytes == 6000
     assert sent_fraction("all-gather", 4) == 0.75 and sent_fraction("collective-permute", 2) == 1.0
@@ -97,18 +103,21 @@ def test_step_time_is_compute_plus_kernels_plus_communication() -> None:
 
 
 def test_fit_recovers_known_coefficients() -> None:
-    """Step times made by the model itself with known coefficients are fitted back to them."""
-    truth = Coefficients(efficiency=0.4, kernel_s=3e-6, collective_s=5e-5, overlap=0.0, source="truth")
+    """Step times made by the model itself, with efficiencies on the fitting grid, are fitted back exactly."""
+    from shardbench.plan.calibration import GRID
+
+    truth = Coefficients(efficiency=float(GRID[30]), memory_efficiency=float(GRID[20]), kernel_s=3e-6,
+                         collective_s=5e-5, fixed_s=2e-3, overlap=0.0, source="truth")
     samples = []
-    for flops, kernels, colls in [(1e9, 100, 2), (4e9, 300, 10), (2e9, 50, 40), (8e9, 500, 0), (3e9, 200, 20)]:
-        f = {"compute": flops / 1e12, "kernels": float(kernels), "collectives": float(colls),
-             "link_intra": 1e-4, "link_inter": 0.0}
-        samples.append((f, f["compute"] / 0.4 + kernels * 3e-6 + colls * 5e-5 + 1e-4))
+    for flops, traffic, kernels, colls in [(1e9, 1e8, 100, 2), (4e9, 9e8, 300, 10), (2e9, 2e8, 50, 40),
+                                           (8e9, 1e9, 500, 0), (3e9, 6e8, 200, 20), (5e9, 2e8, 80, 7)]:
+        f = {"compute": flops / 1e12, "traffic": traffic / 1e11, "kernels": float(kernels),
+             "collectives": float(colls), "link_intra": 1e-4, "link_inter": 0.0}
+        samples.append((f, truth.step(f)))
     got = fit(samples, UNIT, "fitted")
-    assert got.efficiency == pytest.approx(truth.efficiency, rel=1e-6)
-    assert got.kernel_s == pytest.approx(truth.kernel_s, rel=1e-6)
-    assert got.collective_s == pytest.approx(truth.collective_s, rel=1e-6)
-    assert fit(samples[:2], UNIT, "too few") is UNIT
+    for name in ("efficiency", "memory_efficiency", "kernel_s", "collective_s", "fixed_s"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert fit(samples[:3], UNIT, "too few") is UNIT
 
 
 def _row(name: str, *, flops: float, temp: int, inter_bytes: int = 0) -> Row:
@@ -133,7 +142,8 @@ def test_recommendation_on_a_case_with_a_known_answer() -> None:
     q = chatty.prediction
     assert line.startswith("use fsdp 8x1 remat=none float32: fits with 90% headroom")
     assert f"{q.step_s / answer.prediction.step_s:.2f}x faster than dp+tp 4x2" in line
-    assert f"spends {q.comm_share('inter'):.0%} of its step on InfiniBand" in line
+    assert q.main_link == "inter" and q.comm_share > 0.5
+    assert f", which spends {q.comm_share:.0%} of its step communicating over InfiniBand" in line
     assert "dp 8x1 remat=none float32 would be" in line and "faster but needs 2.0 GB of 1.0 GB" in line
     assert recommendation(rank([too_big]), "gpu").startswith("nothing fits: the smallest, dp 8x1")
 
@@ -144,7 +154,7 @@ def test_kendall_tau() -> None:
     assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
 
 
-def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "") -> subprocess.CompletedProcess[str]:
+def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "pass") -> subprocess.CompletedProcess[str]:
     """The CLI in a fresh process (its own devices), optionally after `code` runs."""
     environ = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
     environ.pop("XLA_FLAGS", None)
@@ -173,7 +183,7 @@ def test_no_candidate_runs_is_refused_before_compiling(tmp_path: Path) -> None:
                       "--out", str(tmp_path / "p"))
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("shardbench: no candidate can run on 7 device(s): tp:"), done.stderr
+    assert last.startswith("shardbench: error: no candidate can run on 7 device(s): tp:"), done.stderr
     assert "compiled:" not in done.stderr and not (tmp_path / "p").exists()
 
 
@@ -226,12 +236,13 @@ def test_tpu_slice_compiles_with_the_tpu_compiler(tmp_path: Path) -> None:
 
 
 def test_validate_predicts_a_measured_cpu_sweep(tmp_path: Path) -> None:
-    """A real sweep of one model at three batch sizes (8x apart) on 8 simulated devices: the planner recompiles
-    each run as it ran, so its memory is the run's compiled total exactly, and its step times rank the runs
-    as measured. The report then shows the predictions beside the measurements."""
+    """A real sweep of one MLP at three batch sizes (8x apart, so the ranking is not noise) on 8 simulated
+    devices: the planner recompiles each run as it ran, so its memory is the run's compiled total exactly, and
+    its step times rank the runs as measured. The report then shows the predictions beside the measurements."""
     sweep = tmp_path / "sweep"
-    done = shardbench("sweep", "--preset", "mlp-small", *_flags({**SMALL_MLP, "model.mlp_dim": 256}),
-                      "--batch-size", "32,256,2048", "--devices", "8", "--strategy", "dp", "--steps", "12",
+    wide = {**SMALL_MLP, "model.mlp_dim": 1024, "model.num_layers": 4, "model.input_dim": 256}
+    done = shardbench("sweep", "--preset", "mlp-small", *_flags(wide),
+                      "--batch-size", "64,512,4096", "--devices", "8", "--strategy", "dp", "--steps", "8",
                       "--out", str(sweep), "--no-report", env={"SHARDBENCH_CACHE": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr
     done = shardbench("plan", "--validate", str(sweep), env={"SHARDBENCH_CACHE": str(tmp_path / "cache")})

@@ -81,13 +81,14 @@ def _image_tar(path: Path) -> None:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder holding what the commands name: the tar (here and at ../shared/data), README.md, my-sweep.toml,
-    the examples."""
+    the examples and the benchmarks' sweep files."""
     base = tmp_path_factory.mktemp("readme")
     work = base / "work"
     for tar in (work / "cifar10-jpeg.tar.gz", base / "shared" / "data" / "cifar10-jpeg.tar.gz"):
         _image_tar(tar)
     (work / "README.md").write_text(README.read_text())
     shutil.copytree(ROOT / "examples", work / "examples")  # commands name them relative to the checkout
+    shutil.copytree(ROOT / "benchmarks", work / "benchmarks")
     (work / "my-sweep.toml").write_text(help_sweep_file())
     return work
 

@@ -173,6 +173,25 @@ def device_groups(attributes: str) -> tuple[tuple[int, ...], ...] | None:
     return tuple(g for g in groups if g) or None
 
 
+_CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
+_BOUND = re.compile(r"^[su](?:32|64)\[\]")
+
+
+def trip_count(inst: _Instruction, comps: dict[str, list[_Instruction]]) -> int | None:
+    """How often a `while` runs: XLA's known_trip_count where it recorded one (the CPU and GPU compilers do),
+    else the integer bound its condition compares the counter with (the TPU compiler records none), else
+    None."""
+    known = _TRIP.search(inst.rest)
+    if known:
+        return int(known.group(1))
+    condition = _CONDITION.search(inst.rest)
+    body = comps.get(condition.group(1), []) if condition else []
+    bounds = [int(m.group(1)) for i in body if i.opcode == "constant" and _BOUND.match(i.shape.strip())
+              for m in [re.match(r"\s*(-?\d+)\)", i.rest)] if m]
+    compares = [i for i in body if i.opcode == "compare"]
+    return bounds[0] if len(bounds) == 1 and len(compares) == 1 and bounds[0] > 0 else None
+
+
 def count_collectives(hlo: str) -> CommsReport:
     """Collectives of a compiled module, each counted as often as it executes in one call."""
     comps, entry = _computations(hlo)
@@ -198,9 +217,9 @@ def count_collectives(hlo: str) -> CommsReport:
                 continue
             trips = 1
             if inst.opcode == "while":
-                trip = _TRIP.search(inst.rest)
-                if trip:
-                    trips = int(trip.group(1))
+                found = trip_count(inst, comps)
+                if found is not None:
+                    trips = found
                 else:
                     report.unknown_trip_counts += 1
             for callee in callees:
@@ -218,20 +237,91 @@ _NOT_KERNELS = frozenset({"parameter", "constant", "get-tuple-element", "tuple",
 def kernel_count(hlo: str) -> int:
     """Instructions a call of the compiled module executes outside fusions (a fusion counts once; a loop body
     as often as it runs): roughly the kernels one step launches, for the per-kernel cost the planner fits."""
+    return executed(hlo)[0]
+
+
+def traffic_bytes(hlo: str) -> int:
+    """Bytes a call of the compiled module reads and writes: every executed top-level instruction's operands
+    and result (a fusion's, not its insides'), a loop body as often as it runs. XLA's own cost analysis
+    counts a loop body once, so it undercounts layers under a scan by the layer count."""
+    return executed(hlo)[1]
+
+
+_CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
+
+
+def _operands(inst: _Instruction) -> list[str]:
+    return re.findall(r"%([\w.\-]+)", inst.rest.split(")")[0])
+
+
+def _bytes(shape: str) -> int:
+    return sum(shape_bytes(shape))
+
+
+def _moved(inst: _Instruction, shapes: dict[str, str], comps: dict[str, list[_Instruction]]) -> int:
+    """Bytes one instruction reads and writes. A dynamic slice reads its slice, not the buffer; a dynamic
+    update slice writes its update in place; inside a fusion, the same holds for each of its parameters and
+    for its root (so that a scanned layer reading its weights from the stacked array counts one layer)."""
+    operands = _operands(inst)
+    if inst.opcode == "dynamic-slice":
+        return 2 * _bytes(inst.shape)
+    if inst.opcode == "dynamic-update-slice" and len(operands) > 1:
+        return 2 * _bytes(shapes.get(operands[1], ""))
+    callee = _CALLS.search(inst.rest) if inst.opcode == "fusion" else None
+    body = comps.get(callee.group(1), []) if callee else []
+    if not body:
+        return _bytes(inst.shape) + sum(_bytes(shapes.get(o, "")) for o in operands)
+    inner = {i.name: i for i in body}
+    users: dict[str, list[_Instruction]] = {}
+    for i in body:
+        for o in _operands(i):
+            users.setdefault(o, []).append(i)
+    read = 0
+    for i in body:
+        if i.opcode != "parameter":
+            continue
+        index = int(re.match(r"\s*(\d+)", i.rest).group(1)) if re.match(r"\s*(\d+)", i.rest) else -1
+        outer = _bytes(shapes.get(operands[index], "")) if 0 <= index < len(operands) else _bytes(i.shape)
+        uses = users.get(i.name, [])
+        if uses and all(u.opcode == "dynamic-slice" and _operands(u)[0] == i.name for u in uses):
+            read += sum(_bytes(u.shape) for u in uses)
+        elif uses and all(u.opcode == "dynamic-update-slice" and _operands(u)[0] == i.name for u in uses):
+            continue  # the buffer updated in place: its update is counted as written
+        else:
+            read += outer
+    root = body[-1]  # HLO text ends a computation with its ROOT
+    roots = [inner.get(o) for o in _operands(root)] if root.opcode == "tuple" else [root]
+    written = 0
+    for r in roots:
+        if r is not None and r.opcode == "dynamic-update-slice" and len(_operands(r)) > 1:
+            update = inner.get(_operands(r)[1])
+            written += _bytes(update.shape) if update is not None else 0
+        elif r is not None:
+            written += _bytes(r.shape)
+    return read + written
+
+
+def executed(hlo: str) -> tuple[int, int]:
+    """(kernels, bytes read and written) of one call: see `kernel_count` and `traffic_bytes`."""
     comps, entry = _computations(hlo)
 
-    def visit(name: str, times: int, depth: int) -> int:
+    def visit(name: str, times: int, depth: int) -> tuple[int, int]:
         if depth > 64 or name not in comps:
-            return 0
-        total = 0
-        for inst in comps[name]:
-            if inst.opcode not in _NOT_KERNELS:
-                total += times
+            return 0, 0
+        insts = comps[name]
+        shapes = {i.name: i.shape for i in insts}
+        kernels = traffic = 0
+        for inst in insts:
             if inst.opcode == "while":
-                trip = _TRIP.search(inst.rest)
                 body = _BODY.search(inst.rest)
                 if body:
-                    total += visit(body.group(1), times * (int(trip.group(1)) if trip else 1), depth + 1)
-        return total
+                    k, t = visit(body.group(1), times * (trip_count(inst, comps) or 1), depth + 1)
+                    kernels, traffic = kernels + k, traffic + t
+                continue
+            if inst.opcode in _NOT_KERNELS:
+                continue
+            kernels += times
+            traffic += times * _moved(inst, shapes, comps)
+        return kernels, traffic
 
-    return visit(entry, 1, 0) if entry else 0
+    return visit(entry, 1, 0) if entry else (0, 0)

@@ -44,16 +44,22 @@ def peak_per_device(device: jax.Device, devices: int, dtype: str, matmul_precisi
     return (found[0], found[1]) if found else (None, None)
 
 
-def xla_flops(compiled: Any) -> float | None:
-    """FLOPs of one call of the compiled per-device program, from XLA's cost analysis."""
+def xla_cost(compiled: Any, key: str = "flops") -> float | None:
+    """One figure of XLA's cost analysis of one call of the compiled per-device program: "flops" or
+    "bytes accessed" (memory traffic). A loop body counts once, however often it runs."""
     try:
         cost = compiled.cost_analysis()
     except Exception:  # some backends do not implement it
         return None
     if isinstance(cost, list):
         cost = cost[0] if cost else {}
-    value = (cost or {}).get("flops")
+    value = (cost or {}).get(key)
     return float(value) if value else None
+
+
+def xla_flops(compiled: Any) -> float | None:
+    """FLOPs of one call of the compiled per-device program, from XLA's cost analysis."""
+    return xla_cost(compiled, "flops")
 
 
 def mfu(flops_per_step: float, step_time_s: float | None, peak: float | None, devices: int) -> float | None:

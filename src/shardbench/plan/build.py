@@ -47,18 +47,20 @@ class Plan:
             "state (params, optimizer, gradients) and collectives: exact, from the compiled step",
             f"activations: {self.activation_source}",
             f"memory: {hw.memory_source}",
-            f"compute: {peaks}; at {k.efficiency:.1%} efficiency",
+            f"compute: the slower of matmuls at {k.efficiency:.1%} of the peak ({peaks}) and XLA's count of the "
+            f"bytes the step reads and writes at {k.memory_efficiency:.0%} of {hw.memory_bandwidth_source}",
             f"links: {hw.bandwidth_source}; {k.collective_s * 1e6:.1f} us per collective; {k.overlap:.0%} of "
             f"communication overlapped with compute",
-            f"kernels: {k.kernel_s * 1e6:.2f} us each",
+            f"overheads: {k.kernel_s * 1e6:.2f} us per kernel, {k.fixed_s * 1e3:.1f} ms per step",
             f"coefficients: {k.source}",
         ]
 
     def table(self) -> list[list[str]]:
         names = LINK_NAMES.get(next(iter(self.hardware.values())).platform, LINK_NAMES["gpu"])
+        two_links = names["inter"] != names["intra"]  # a CPU's simulated devices have one: memory copies
         head = ["#", "candidate", "memory/device", "fits", "params+opt+grads", "activations",
-                f"{names['intra']} MB", f"{names['inter']} MB" if names["inter"] != names["intra"] else "other MB",
-                "compute ms", "comms ms", "step ms", "examples/s", "MFU"]
+                f"{names['intra']} MB", *([f"{names['inter']} MB"] if two_links else []),
+                "compute ms", "bound", "comms ms", "step ms", "examples/s", "MFU"]
         rows = [head]
         for i, r in enumerate(self.rows, 1):
             p = r.prediction
@@ -70,8 +72,9 @@ class Plan:
                 str(i), r.candidate.name, f"{p.total_bytes / GB:.2f} GB",
                 f"yes ({p.headroom:.0%} free)" if p.fits else f"no ({p.total_bytes / p.memory_bytes:.1f}x)",
                 f"{state / GB:.3f} GB", f"{p.activations_bytes / GB:.2f} GB",
-                f"{p.comm_bytes.get('intra', 0) / MB:.1f}", f"{p.comm_bytes.get('inter', 0) / MB:.1f}",
-                f"{p.compute_s * 1e3:.3g}", f"{p.exposed_comm_s * 1e3:.3g}", f"{p.step_s * 1e3:.3g}",
+                f"{p.comm_bytes.get('intra', 0) / MB:.1f}",
+                *([f"{p.comm_bytes.get('inter', 0) / MB:.1f}"] if two_links else []),
+                f"{p.compute_s * 1e3:.3g}", p.bound, f"{p.exposed_comm_s * 1e3:.3g}", f"{p.step_s * 1e3:.3g}",
                 f"{p.examples_per_s:,.0f}", f"{p.mfu:.1%}"])
         return rows
 

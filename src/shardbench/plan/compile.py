@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from shardbench.config import Config
 from shardbench.measure import flops as flops_lib
-from shardbench.measure.comms import count_collectives, kernel_count
+from shardbench.measure.comms import count_collectives, executed
 from shardbench.measure.memory import compiled_memory, per_device_bytes
 from shardbench.parallel.rules import Layout
 from shardbench.train.optim import build_optimizer, learning_rate
@@ -64,6 +64,7 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
     compile_s = time.perf_counter() - start
     hlo = compiled.as_text()
     comms = count_collectives(hlo)
+    kernels, traffic = executed(hlo)
     size = layout.shape.size
     grouped: dict[tuple[str, str, int], list[int]] = {}
     for op in comms.ops:
@@ -85,7 +86,9 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
         "compiled": compiled_memory(compiled),
         "flops": {"analytic_per_step": None if per_example is None else float(per_example * cfg.train.batch_size),
                   "xla_per_device": xla},
-        "kernels": kernel_count(hlo),
+        "bytes_accessed": traffic,  # per device, every loop iteration counted (measure.comms.traffic_bytes)
+        "xla_bytes_accessed": flops_lib.xla_cost(compiled, "bytes accessed"),  # XLA's: a loop body once
+        "kernels": kernels,
         "collectives": [{"kind": k, "link": link, "group": g, "count": c, "bytes": b}
                         for (k, link, g), (c, b) in sorted(grouped.items())],
         "unknown_trip_counts": comms.unknown_trip_counts,

@@ -56,7 +56,8 @@ def hardware(target: Target, dtype: str, matmul_precision: str, cache_dir: Path,
             peak_flops=host_peak[0] / devices, peak_source=f"{host_peak[1]}, split over {devices} device(s)",
             memory_bytes=host_memory_bytes() / devices,
             memory_source=f"this host's available memory, split over {devices} device(s)",
-            bandwidth={"intra": bandwidth, "inter": bandwidth}, bandwidth_source=bw_source, shared_host=True)
+            bandwidth={"intra": bandwidth, "inter": bandwidth}, bandwidth_source=bw_source,
+            memory_bandwidth=bandwidth, memory_bandwidth_source=bw_source, shared_host=True)
     cls = compute_class(dtype, matmul_precision)
     tpu = chip.name.startswith("tpu-")
     fraction, fraction_source = (1.0, "the whole HBM") if tpu else gpu_memory_fraction()
@@ -73,4 +74,7 @@ def hardware(target: Target, dtype: str, matmul_precision: str, cache_dir: Path,
         bandwidth={"intra": intra or float("inf"), "inter": inter or float("inf")},
         bandwidth_source=(f"data sheet: {intra / 1e9:.0f} GB/s per direction inside a node"
                           + (f", {inter / 1e9:.0f} GB/s across nodes" if not tpu else "")
-                          if intra else "no link bandwidth on the data sheet: transfers not timed"))
+                          if intra else "no link bandwidth on the data sheet: transfers not timed"),
+        memory_bandwidth=chip.memory_bandwidth or float("inf"),
+        memory_bandwidth_source=(f"data sheet: {chip.memory_bandwidth / 1e12:.2f} TB/s" if chip.memory_bandwidth
+                                 else "no memory bandwidth on the data sheet: traffic not timed"))

@@ -48,6 +48,8 @@ class Hardware:
     memory_source: str
     bandwidth: dict[str, float]  # link ("intra", "inter") -> bytes/s per device per direction
     bandwidth_source: str
+    memory_bandwidth: float  # bytes/s per device (the host's, shared, on a CPU)
+    memory_bandwidth_source: str
     shared_host: bool = False  # cpu: every simulated device shares the host's cores and memory bus
 
 
@@ -64,8 +66,9 @@ class Prediction:
     memory_bytes: float  # usable per device
     fits: bool
     comm_bytes: dict[str, int]  # link -> bytes per device per step (payload)
-    compute_s: float
-    kernels_s: float
+    compute_s: float  # the slower of matmuls and memory traffic
+    bound: str  # which: "compute" or "memory"
+    kernels_s: float  # kernel launches and the step's fixed cost
     comm_s: dict[str, float]  # link -> seconds per step, before overlap
     exposed_comm_s: float
     step_s: float
@@ -79,9 +82,15 @@ class Prediction:
     def headroom(self) -> float:
         return 1.0 - self.total_bytes / self.memory_bytes
 
-    def comm_share(self, link: str) -> float:
-        """The fraction of the step spent on `link`'s exposed (not overlapped) transfers."""
-        return self.comm_s.get(link, 0.0) * (1.0 - self.overlap) / self.step_s if self.step_s else 0.0
+    @property
+    def comm_share(self) -> float:
+        """The fraction of the step spent communicating and not overlapped (bytes and per-collective cost)."""
+        return self.exposed_comm_s / self.step_s if self.step_s else 0.0
+
+    @property
+    def main_link(self) -> str | None:
+        """The link that carries the most bytes per step (None: no communication)."""
+        return max(self.comm_bytes, key=lambda k: self.comm_bytes[k]) if self.comm_bytes else None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "headroom": self.headroom}
@@ -103,18 +112,20 @@ def memory(result: dict[str, Any], activation_scale: float) -> tuple[int, int, i
 
 
 def step_features(result: dict[str, Any], hw: Hardware, remat: str) -> dict[str, float]:
-    """The step-time model's terms at unit coefficients: matmul seconds at the peak, kernels launched,
-    collectives run, and seconds on each link at full bandwidth (see `predict`)."""
+    """The step-time model's terms at unit coefficients (`shardbench.plan.calibration`): matmul seconds at the
+    peak, memory-traffic seconds at the bandwidth, kernels launched, collectives run, and seconds on each
+    link at its bandwidth."""
     devices = result["devices"]
     flops = result["flops"]["analytic_per_step"]
     per_device = (flops / devices if flops is not None else (result["flops"]["xla_per_device"] or 0.0))
     per_device *= REMAT_FLOPS.get(remat, 1.0)
-    # Simulated CPU devices take turns on the host's cores and memory: their work adds up.
+    # Simulated CPU devices take turns on the host's cores and share its memory bus: their kernels, traffic and
+    # collectives add up (the peak is already split between them).
     share = devices if hw.shared_host else 1
-    features = {"compute": per_device * share / hw.peak_flops, "kernels": float(result["kernels"] * share),
-                "collectives": 0.0}
-    for link in ("intra", "inter"):
-        features[f"link_{link}"] = 0.0
+    features = {"compute": per_device / hw.peak_flops,
+                "traffic": (result.get("bytes_accessed") or 0.0) * share / hw.memory_bandwidth,
+                "kernels": float(result["kernels"] * share), "collectives": 0.0, "link_intra": 0.0,
+                "link_inter": 0.0}
     for c in result["collectives"]:
         features["collectives"] += c["count"] * share
         sent = c["bytes"] * sent_fraction(c["kind"], int(c["group"])) * share
@@ -126,12 +137,11 @@ def predict(result: dict[str, Any], hw: Hardware, coeff: Coefficients, *, batch:
             activation_scale: float, activation_source: str) -> Prediction:
     params, opt, grads, acts, other, total = memory(result, activation_scale)
     f = step_features(result, hw, remat)
-    compute_s = f["compute"] / coeff.efficiency
-    kernels_s = f["kernels"] * coeff.kernel_s
+    matmuls, traffic = f["compute"] / coeff.efficiency, f["traffic"] / coeff.memory_efficiency
+    kernels_s = f["kernels"] * coeff.kernel_s + coeff.fixed_s
     comm_s = {link: f[f"link_{link}"] for link in ("intra", "inter") if f[f"link_{link}"] > 0}
-    latency = f["collectives"] * coeff.collective_s
-    exposed = (1.0 - coeff.overlap) * (sum(comm_s.values()) + latency)
-    step = compute_s + kernels_s + exposed
+    exposed = (1.0 - coeff.overlap) * (sum(comm_s.values()) + f["collectives"] * coeff.collective_s)
+    step = coeff.step(f)
     flops = (result["flops"]["analytic_per_step"] or (result["flops"]["xla_per_device"] or 0.0) * result["devices"])
     comm_bytes: dict[str, int] = {}
     for c in result["collectives"]:
@@ -140,16 +150,19 @@ def predict(result: dict[str, Any], hw: Hardware, coeff: Coefficients, *, batch:
     return Prediction(
         params_bytes=params, optimizer_bytes=opt, gradients_bytes=grads, activations_bytes=acts, other_bytes=other,
         total_bytes=total, memory_bytes=hw.memory_bytes, fits=total <= hw.memory_bytes, comm_bytes=comm_bytes,
-        compute_s=compute_s, kernels_s=kernels_s, comm_s=comm_s, exposed_comm_s=exposed, step_s=step,
-        flops_per_step=flops, examples_per_s=batch / step if step > 0 else 0.0,
+        compute_s=max(matmuls, traffic), bound="compute" if matmuls >= traffic else "memory", kernels_s=kernels_s,
+        comm_s=comm_s, exposed_comm_s=exposed, step_s=step, flops_per_step=flops,
+        examples_per_s=batch / step if step > 0 else 0.0,
         mfu=flops / step / (hw.peak_flops * result["devices"]) if step > 0 else 0.0, overlap=coeff.overlap,
         sources={
             "state": f"exact: the compiled step's sharded state ({compiler})",
             "collectives": f"exact: every collective of the compiled step ({compiler}), placed {hw.name}",
             "activations": activation_source,
             "memory": hw.memory_source,
-            "compute": f"{hw.peak_source}; efficiency {coeff.efficiency:.0%} ({coeff.source})",
-            "kernels": f"{coeff.kernel_s * 1e6:.1f} us per kernel ({coeff.source})",
+            "compute": f"{hw.peak_source} at {coeff.efficiency:.0%}; XLA's bytes accessed ({compiler}) at "
+                       f"{coeff.memory_efficiency:.0%} of {hw.memory_bandwidth_source} ({coeff.source})",
+            "kernels": f"{coeff.kernel_s * 1e6:.1f} us per kernel, {coeff.fixed_s * 1e3:.1f} ms per step "
+                       f"({coeff.source})",
             "communication": f"{hw.bandwidth_source}; {coeff.collective_s * 1e6:.1f} us per collective, "
                              f"{coeff.overlap:.0%} overlapped with compute ({coeff.source})",
         })

@@ -62,8 +62,8 @@ def recommendation(ranked: list[Row], platform: str) -> str:
         return line + (", the only layout that fits" if len(predicted) > 1 else "")
     q = other.prediction
     names = LINK_NAMES.get(platform, LINK_NAMES["gpu"])
-    link = max(q.comm_s, key=lambda k: q.comm_share(k), default=None)
-    share = q.comm_share(link) if link else 0.0
-    why = (f"which spends {share:.0%} of its step on {names[link]}" if link and share >= 0.05 else
-           f"({q.step_s * 1e3:.3g} ms against {p.step_s * 1e3:.3g} ms per step)")
-    return f"{line}, {q.step_s / p.step_s:.2f}x faster than {other.candidate.name}, {why}"
+    link = q.main_link
+    why = (f", which spends {q.comm_share:.0%} of its step communicating over {names[link]}"
+           if link and q.comm_share >= 0.05 else
+           f" ({q.step_s * 1e3:.3g} ms against {p.step_s * 1e3:.3g} ms per step)")
+    return f"{line}, {q.step_s / p.step_s:.2f}x faster than {other.candidate.name}{why}"

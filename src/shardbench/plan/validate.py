@@ -13,7 +13,7 @@ from shardbench import config as config_lib
 from shardbench.errors import ShardbenchError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.build import activation_scale
-from shardbench.plan.calibration import to_dict
+from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.predict import Prediction, predict
 from shardbench.sweep.report import PREDICTIONS
 
@@ -112,7 +112,7 @@ def summary(checks: list[Check]) -> dict[str, float | int | None]:
     }
 
 
-def render(directory: Path, checks: list[Check], coefficients: dict[str, object], in_sample: bool) -> str:
+def render(directory: Path, checks: list[Check], coefficients: dict[str, Coefficients], in_sample: bool) -> str:
     head = ["run", "memory measured", "predicted", "error", "step measured", "predicted", "error"]
     rows = [head]
     for c in checks:
@@ -135,8 +135,7 @@ def render(directory: Path, checks: list[Check], coefficients: dict[str, object]
     lines += ["", f"memory: mean absolute error {fmt(s['memory_mape'])}; step time: mean absolute error "
                   f"{fmt(s['step_mape'])}; Kendall's tau of the step-time ranking {fmt(s['step_tau'], False)} "
                   f"over {s['runs']} run(s)"]
-    used = {getattr(v, "source", "") for v in coefficients.values()}
-    lines.append("coefficients: " + "; ".join(sorted(u for u in used if u)))
+    lines += [f"coefficients ({platform}): {c.describe()}" for platform, c in coefficients.items()]
     if in_sample:
         lines.append("note: the model was calibrated on these same runs (in-sample): calibrate on other runs for "
                      "an honest error")
