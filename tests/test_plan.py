@@ -169,6 +169,7 @@ def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "pass"
     (["--target", "tpu-v5e:4x4x4x4"], "a TPU slice is CHIP:AxB or CHIP:AxBxC"),
     (["--target", "8xh100", "--candidates", "dp,zero"], "unknown strategy 'zero'"),
     (["--target", "8xh100", "--dtype", "float32,float8"], "--dtype float8: choose from"),
+    (["--target", "8xh100", "--workers", "-1"], "--workers -1: give a number of processes"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str, tmp_path: Path) -> None:
     done = shardbench("plan", "--preset", "mlp-small", "--out", str(tmp_path / "p"), *args)

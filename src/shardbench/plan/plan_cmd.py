@@ -108,11 +108,12 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workers < 0:
+        raise ConfigError(f"--workers {args.workers}: give a number of processes, or 0 for one per core")
     if args.validate is not None:
         from shardbench.plan.validate import validate_dir
 
-        _lists(args)
-        return validate_dir(args.validate, args.calibrate, args.workers, config_from_args(args))
+        return validate_dir(args.validate, args.calibrate, args.workers)
     cfg, target, cands = prepare(args)
     from shardbench.plan.build import make_plan
 
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     paths = plan.write(default_out(cfg, target))
     print(plan.text())
     print(f"\nplan written to {paths[0]} and {paths[1]}")
-    return 0
+    return 0 if any(r.prediction for r in plan.rows) else 1  # every candidate failed to compile
 
 
 __all__ = ["add_parser", "candidate_config", "prepare", "run"]

@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardbench import config as config_lib
 from shardbench.errors import ShardbenchError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.build import activation_scale
@@ -63,7 +62,7 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{value:+.1%}"
 
 
-def validate_dir(directory: Path, calibrate: list[Path], workers: int, cfg: config_lib.Config) -> int:
+def validate_dir(directory: Path, calibrate: list[Path], workers: int) -> int:
     """Print the validation of `directory` and write DIR/plan-validation.json; 0 when at least one run was
     predicted."""
     from shardbench.plan.records import calibrate as fit_runs
