@@ -349,3 +349,27 @@ def test_html_page_in_chromium(written: ReportPaths) -> None:
             assert not outside and not errors, (outside, errors)
         finally:
             browser.close()
+
+
+def test_accuracy_across_seeds_says_whether_a_difference_beats_the_spread(tmp_path: Path) -> None:
+    """Three precisions x three seeds, accuracies chosen by hand: float32 80.0/81.0/82.0 (mean 81.00, spread
+    2.00), bfloat16 compute 80.5/81.5/82.5 (+0.50: within), bfloat16 parameters 75.0/75.5/76.0 (-5.50:
+    larger than the spread of 2.00)."""
+    directory = tmp_path / "sweep"
+    accuracies = {("float32", "float32"): (0.80, 0.81, 0.82), ("float32", "bfloat16"): (0.805, 0.815, 0.825),
+                  ("bfloat16", "bfloat16"): (0.75, 0.755, 0.76)}
+    with Store(directory / "sweep.db") as store:
+        for (param, compute), accs in accuracies.items():
+            for seed, acc in enumerate(accs):
+                name = f"{param}_{compute}_seed_{seed}"
+                over = {"precision.param_dtype": param, "precision.dtype": compute, "train.seed": seed}
+                store.add(row(name, over, record(name, "single", "1", 1, breakdown=(1, 2, 1, 1), total=5.0,
+                                                 comms={}, epochs=[1.0], step_ms=10.0, img_s=10.0, mfu=0.1,
+                                                 acc=acc)))
+    text = write_report(directory).markdown.read_text()
+    assert "### Accuracy across seeds" in text
+    assert "parameters float32, compute float32: test accuracy 81.00% ± 1.00 over 3 seeds (80.00–82.00%)" in text
+    assert ("parameters float32, compute bfloat16 vs parameters float32, compute float32: +0.50 points, within the "
+            "seed-to-seed spread (2.00 points)") in text
+    assert ("parameters bfloat16, compute bfloat16 vs parameters float32, compute float32: -5.50 points, larger "
+            "than the seed-to-seed spread (2.00 points)") in text

@@ -22,6 +22,7 @@ STRATEGIES = ("auto", "single", "dp", "fsdp", "tp", "dp+tp", "fsdp+tp")
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_POLICIES = ("none", "block", "full")
+CROPS = ("resized", "pad")
 SPMD_STYLES = ("jit", "shard_map", "pmap")
 ATTENTION = ("auto", "einsum", "fused")
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -49,6 +50,11 @@ class DataConfig:
     flip: bool = True
     crop_scale: tuple[float, float] = (0.9, 1.0)
     crop_ratio: tuple[float, float] = (0.9, 1.1)
+    crop: str = "resized"  # resized (RandomResizedCrop: crop_scale, crop_ratio) | pad (crop_pad zeros, random crop)
+    crop_pad: int = 4  # pixels of zeros around the image for crop=pad
+    trivial_augment: bool = False  # one colour or geometric op per image at a random magnitude
+    mixup: float = 0.0  # Beta(alpha, alpha) weight for mixing the images of a pair; 0 = no mixing
+    cutmix: float = 0.0  # with mixup > 0: the probability that a pair is cut-mixed rather than blended
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ class ModelConfig:
     mlp_dim: int = 1536
     num_classes: int = 10
     dropout: float = 0.1
+    drop_path: float = 0.0  # stochastic depth: the last block's rate (linear from 0 at the first); 0 = off
     unroll: int = 0  # layers per scan iteration: 1 = a rolled loop (compile time flat in depth); 0 = auto
     remat: str = "none"  # activation checkpointing per block: none | block (recompute element-wise ops) | full
     attention: str = "auto"  # einsum | fused (jax.nn.dot_product_attention) | auto: fused on GPUs, else einsum
@@ -110,6 +117,7 @@ class OptimConfig:
     schedule: str = "cosine"
     end_lr_fraction: float = 0.01
     grad_clip: float = 1.0  # global-norm clipping; 0 turns it off
+    ema: float = 0.0  # decay of an exponential moving average of the weights, evaluated instead of them; 0 = off
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,7 @@ class TrainConfig:
     steps: int = 0  # > 0: train exactly this many steps, ignoring epochs
     batch_size: int = 128  # global batch
     eval_batch_size: int = 0  # 0 = batch_size
+    label_smoothing: float = 0.0  # classification: this much of each target spread evenly over the classes
     seed: int = 12
     out: str = ""  # '' = runs/<preset>-<strategy>-<time>
     resume: bool = False
@@ -183,6 +192,19 @@ def vit_tiny() -> Config:
     )
 
 
+def vit_cifar() -> Config:
+    """vit-seed's model (10.7M parameters) with a recipe for CIFAR-10 accuracy, all on the device: a padded random
+    crop and flip, TrivialAugment, mixup or CutMix between pairs, label smoothing and stochastic depth;
+    AdamW, cosine, 100 epochs at batch 512 (the GPU target: 90% test accuracy in 5 minutes of training)."""
+    return Config(
+        preset="vit-cifar",
+        data=DataConfig(dataset="cifar10", crop="pad", crop_pad=4, trivial_augment=True, mixup=1.0, cutmix=0.5),
+        model=ModelConfig(dropout=0.0, drop_path=0.1),
+        optim=OptimConfig(lr=1e-3, weight_decay=0.05, warmup_steps=-1),
+        train=TrainConfig(epochs=100, batch_size=512, label_smoothing=0.1, checkpoint_every=2000),
+    )
+
+
 def lm_seed() -> Config:
     """The seed's Transformer LM: vocabulary 512, sequence 64, width 256, 8 heads, 4 layers, MLP 1024,
     batch 32, AdamW 3e-4, 50 steps on 8,192 uniformly random sequences."""
@@ -235,6 +257,7 @@ PRESETS: dict[str, Callable[[], Config]] = {
     "vit-seed": vit_seed,
     "vit-small": vit_small,
     "vit-tiny": vit_tiny,
+    "vit-cifar": vit_cifar,
     "lm-seed": lm_seed,
     "lm-tiny": lm_tiny,
     "mlp-seed": mlp_seed,
@@ -353,7 +376,9 @@ RANGES: dict[str, Range] = {
     "data.synthetic_train": POSITIVE, "data.synthetic_test": POSITIVE,
     "model.patch_size": POSITIVE, "model.embed_dim": POSITIVE, "model.num_layers": POSITIVE,
     "model.num_heads": POSITIVE, "model.mlp_dim": POSITIVE, "model.num_classes": POSITIVE,
-    "model.dropout": FRACTION, "model.unroll": Range(0, note="0 = auto"), "model.vocab_size": POSITIVE,
+    "model.dropout": FRACTION, "model.drop_path": FRACTION, "data.crop_pad": Range(0),
+    "data.mixup": Range(0, note="0 = no mixing"), "data.cutmix": Range(0, 1), "optim.ema": FRACTION,
+    "train.label_smoothing": FRACTION, "model.unroll": Range(0, note="0 = auto"), "model.vocab_size": POSITIVE,
     "model.seq_len": POSITIVE, "model.input_dim": POSITIVE,
     "parallel.devices": Range(0, note="0 = every device"),
     "optim.lr": POSITIVE, "optim.weight_decay": Range(0), "optim.b1": FRACTION, "optim.b2": FRACTION,
@@ -403,6 +428,11 @@ def validate(cfg: Config) -> None:
     check_ranges(cfg)
     if m.remat not in REMAT_POLICIES:
         raise ConfigError(f"unknown --remat '{m.remat}': choose one of {', '.join(REMAT_POLICIES)}")
+    if cfg.data.crop not in CROPS:
+        raise ConfigError(f"unknown --data.crop '{cfg.data.crop}': choose one of {', '.join(CROPS)}")
+    if cfg.data.cutmix > 0 and cfg.data.mixup <= 0:
+        raise ConfigError(f"--data.cutmix {cfg.data.cutmix} needs --data.mixup > 0 (the Beta alpha both mixes draw "
+                          f"their weight from), e.g. --data.mixup 1.0")
     if m.attention not in ATTENTION:
         raise ConfigError(f"unknown --model.attention '{m.attention}': choose one of {', '.join(ATTENTION)}")
     if t.epochs <= 0 and t.steps <= 0:

@@ -36,6 +36,14 @@ HELP: dict[str, str] = {
     "data.flip": "random horizontal flip (with --data.augment)",
     "data.crop_scale": "random resized crop: range of the crop's area fraction",
     "data.crop_ratio": "random resized crop: range of the crop's aspect ratio",
+    "data.crop": "training crop: resized (RandomResizedCrop by --data.crop-scale and --data.crop-ratio) or pad "
+                 "(a random crop of the image padded with --data.crop-pad zeros)",
+    "data.crop_pad": "pixels of zeros around the image for --data.crop pad",
+    "data.trivial_augment": "TrivialAugment: one colour or geometric op per training image at a random magnitude",
+    "data.mixup": "mix the two images of each pair with a Beta(alpha, alpha) weight (and their labels alike); "
+                  "0 = off",
+    "data.cutmix": "with --data.mixup: the probability that a pair is cut-mixed (a box pasted) rather than "
+                   "blended",
     "model.kind": "model: vit (Vision Transformer), lm (decoder-only Transformer language model) or mlp (deep "
                   "ReLU MLP)",
     "model.vocab_size": "lm: vocabulary size (256 for text:PATH, which is byte-level)",
@@ -53,6 +61,8 @@ HELP: dict[str, str] = {
     "model.mlp_dim": "hidden width of each MLP block (the MLP model's width)",
     "model.num_classes": "output classes (the MLP's outputs)",
     "model.dropout": "dropout rate after the MLP's activation and output",
+    "model.drop_path": "stochastic depth: the probability that the last block's residual branches are dropped "
+                       "for an example (linear from 0 at the first block); 0 = off",
     "model.unroll": "layers per scan iteration: 1 = rolled loop (compile time flat in depth), N = N layers "
                     "per iteration, 0 = auto (all layers up to 8, else 1)",
     "model.attention": "attention kernel: einsum, fused (jax.nn.dot_product_attention: cuDNN on NVIDIA GPUs) "
@@ -74,9 +84,13 @@ HELP: dict[str, str] = {
     "optim.schedule": "cosine (decay after warm-up) or constant",
     "optim.end_lr_fraction": "final learning rate as a fraction of the peak (cosine)",
     "optim.grad_clip": "clip gradients to this global norm (0 = off)",
+    "optim.ema": "decay of an exponential moving average of the weights, which evaluation then uses (e.g. "
+                 "0.999); 0 = off",
     "train.epochs": "epochs to train", "train.steps": "train exactly this many steps (overrides --epochs)",
     "train.batch_size": "global batch size (split over the data axis)",
-    "train.eval_batch_size": "evaluation batch size (0 = --batch-size)", "train.seed": "random seed",
+    "train.eval_batch_size": "evaluation batch size (0 = --batch-size)",
+    "train.label_smoothing": "classification: spread this fraction of each training target evenly over the "
+                             "classes", "train.seed": "random seed",
     "train.out": "run directory ('' = runs/<preset>-<strategy>-<time>)",
     "train.resume": "continue the run in --out from its last checkpoint",
     "train.checkpoint_every": "save a checkpoint every N steps (and at the end; 0 = only at the end)",

@@ -29,10 +29,10 @@ def normalize(
 ) -> jax.Array:
     """(x / 255 - mean) / std per channel, computed in float32 and returned as `dtype`."""
     x = images_u8.astype(jnp.float32) / 255.0
-    return _normalize_float(x, mean, std, dtype)
+    return normalize_float(x, mean, std, dtype)
 
 
-def _normalize_float(x: jax.Array, mean: Sequence[float], std: Sequence[float], dtype: DTypeLike) -> jax.Array:
+def normalize_float(x: jax.Array, mean: Sequence[float], std: Sequence[float], dtype: DTypeLike) -> jax.Array:
     m = jnp.asarray(mean, dtype=jnp.float32)
     s = jnp.asarray(std, dtype=jnp.float32)
     return ((x - m) / s).astype(dtype)
@@ -74,7 +74,7 @@ def _resize_weights(offset: jax.Array, size: jax.Array, out_size: int, in_size: 
     return jax.nn.one_hot(lo_i, in_size) * (1.0 - frac) + jax.nn.one_hot(hi_i, in_size) * frac
 
 
-def _augment_one(
+def resized_crop_flip(
     image: jax.Array, u: jax.Array, scale: tuple[float, float], ratio: tuple[float, float], flip: bool
 ) -> jax.Array:
     """One float32 (H, W, C) image in [0, 255] and its 5 uniforms: crop, resize back, maybe mirror."""
@@ -141,5 +141,5 @@ def _augment_batch(
     u = jax.random.uniform(key, (total, 5), dtype=jnp.float32)
     u = jax.lax.dynamic_slice_in_dim(u, offset, images_u8.shape[0])
     x = images_u8.astype(jnp.float32)
-    out = jax.vmap(lambda im, ui: _augment_one(im, ui, scale, ratio, flip))(x, u)
-    return _normalize_float(out / 255.0, mean, std, dtype)
+    out = jax.vmap(lambda im, ui: resized_crop_flip(im, ui, scale, ratio, flip))(x, u)
+    return normalize_float(out / 255.0, mean, std, dtype)

@@ -98,6 +98,19 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
     return jnp.where(keep_mask(key, x.shape, 1.0 - rate), x / (1.0 - rate), jnp.zeros_like(x))
 
 
+def drop_rows(x: jax.Array, rate: jax.Array, key: jax.Array) -> jax.Array:
+    """Stochastic depth: each example's (leading row's) `x` zeroed with probability `rate` (a traced scalar),
+    the rest scaled by 1 / (1 - rate). The mask hashes each row's global index (see `keep_mask`), so it is
+    the same on any mesh."""
+    keep = 1.0 - rate
+    seed = jax.random.bits(key, (2,), jnp.uint32)
+    rows = jax.lax.broadcasted_iota(jnp.uint32, (x.shape[0],) + (1,) * (x.ndim - 1), 0)
+    bits = _mix32(_mix32(rows ^ seed[0]) + seed[1])
+    # A uniform in [0, 1) from the hash (float32 keeps 24 of its bits: rates are exact to 6e-8).
+    kept = bits.astype(jnp.float32) * (1.0 / 2.0**32) < keep
+    return jnp.where(kept, x / jnp.maximum(keep, 1e-6).astype(x.dtype), jnp.zeros_like(x))
+
+
 # What a block keeps for the backward pass under each --remat setting (None = no checkpointing).
 REMAT = {
     "none": None,
@@ -161,6 +174,7 @@ class BlockStack(nnx.Module):
         self.mlp2_bias = param(zeros((n, e)), (LAYERS, EMBED), param_dtype)
         self.num_heads = h
         self.dropout_rate = cfg.dropout
+        self.drop_path = cfg.drop_path
         self.unroll = layers_per_iteration(cfg)
         self.remat = cfg.remat
         self.fused_attention = fused_attention
@@ -173,26 +187,32 @@ class BlockStack(nnx.Module):
         num_layers = stacked["ln1_scale"].shape[0]
         keys = None if rng is None else jax.random.split(rng, num_layers)
         dtype, rate, fused, causal = x.dtype, self.dropout_rate, self.fused_attention, self.causal
+        # Stochastic depth: rates rising linearly to drop_path at the last block (none without a key).
+        depth = jnp.linspace(0.0, self.drop_path, num_layers) if num_layers > 1 else jnp.full((1,), self.drop_path)
+        drop_path = self.drop_path > 0 and rng is not None
 
-        def block(x: jax.Array, layer: tuple[dict[str, jax.Array], jax.Array | None]) -> tuple[jax.Array, None]:
-            p, key = layer
+        def block(x: jax.Array, layer: tuple[dict[str, jax.Array], jax.Array | None, jax.Array]
+                  ) -> tuple[jax.Array, None]:
+            p, key, path_rate = layer
             p = {k: v.astype(dtype) for k, v in p.items()}
             k1, k2 = (None, None) if key is None else jax.random.split(key)
+            branch = (lambda h, salt: h) if not drop_path else (
+                lambda h, salt: drop_rows(h, path_rate, jax.random.fold_in(key, salt)))
             h = layer_norm(x, p["ln1_scale"], p["ln1_bias"])
             qkv = jnp.einsum("bse,ethd->tbshd", h, p["qkv_kernel"], precision=precision)
             qkv = qkv + p["qkv_bias"][:, None, None]
             q, k, v = (constrain(t, (BATCH, SEQ, HEADS, KV)) for t in qkv)
             attn = attention(q, k, v, fused=fused, precision=precision, causal=causal)
             attn = jnp.einsum("bqhd,hde->bqe", attn, p["out_kernel"], precision=precision) + p["out_bias"]
-            x = constrain(x + attn, (BATCH, SEQ, EMBED))
+            x = constrain(x + branch(attn, 1), (BATCH, SEQ, EMBED))
             h = layer_norm(x, p["ln2_scale"], p["ln2_bias"])
             h = jnp.einsum("bse,em->bsm", h, p["mlp1_kernel"], precision=precision) + p["mlp1_bias"]
             h = constrain(dropout(jax.nn.gelu(h), rate, k1), (BATCH, SEQ, MLP))
             h = jnp.einsum("bsm,me->bse", h, p["mlp2_kernel"], precision=precision) + p["mlp2_bias"]
-            x = constrain(x + dropout(h, rate, k2), (BATCH, SEQ, EMBED))
+            x = constrain(x + branch(dropout(h, rate, k2), 2), (BATCH, SEQ, EMBED))
             return x, None
 
-        return scan_layers(block, x, (stacked, keys), remat=self.remat, unroll=self.unroll)
+        return scan_layers(block, x, (stacked, keys, depth), remat=self.remat, unroll=self.unroll)
 
 
 

@@ -11,8 +11,8 @@ from typing import TextIO
 
 from shardbench import config as config_lib
 from shardbench.jsonfile import write_json_atomic
-from shardbench.plan.calibration import ACTIVATION_SCALE, Coefficients, to_dict
-from shardbench.plan.candidates import Candidate
+from shardbench.plan.calibration import Coefficients, activation_scale, to_dict
+from shardbench.plan.candidates import Candidate, candidate_config
 from shardbench.plan.predict import Hardware, predict
 from shardbench.plan.recommend import GB, LINK_NAMES, Row, rank, recommendation
 from shardbench.plan.target import Target
@@ -126,7 +126,6 @@ def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], wo
     Raises ConfigError when every candidate is refused: nothing was compiled."""
     from shardbench.errors import ConfigError
     from shardbench.plan.machine import hardware
-    from shardbench.plan.plan_cmd import candidate_config
     from shardbench.plan.records import calibrate as fit_runs
     from shardbench.plan.workers import compile_all, default_workers
     from shardbench.train.plan import default_cache_dir
@@ -169,11 +168,3 @@ def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], wo
     ranked = rank(rows)
     return Plan(cfg, target, hw, coefficients, "; ".join(sorted(sources)), ranked, elapsed,
                 recommendation(ranked, platform))
-
-
-def activation_scale(compiled_for: str, target_platform: str) -> tuple[float, str]:
-    """(factor on the compiled temporaries, its source): 1 where the target's own compiler compiled the step,
-    else the calibration's ratio of the target's compiler to the one that did."""
-    if compiled_for == target_platform:
-        return 1.0, f"the {target_platform.upper()} compiler's own temporaries"
-    return ACTIVATION_SCALE[target_platform]

@@ -114,3 +114,11 @@ def fit(samples: list[tuple[dict[str, float], float]], base: Coefficients, sourc
 def to_dict(c: Coefficients) -> dict[str, Any]:
     return {"efficiency": c.efficiency, "memory_efficiency": c.memory_efficiency, "kernel_s": c.kernel_s,
             "collective_s": c.collective_s, "fixed_s": c.fixed_s, "overlap": c.overlap, "source": c.source}
+
+
+def activation_scale(compiled_for: str, target_platform: str) -> tuple[float, str]:
+    """(factor on the compiled temporaries, its source): 1 where the target's own compiler compiled the step,
+    else the calibration's ratio of the target's compiler to the one that did."""
+    if compiled_for == target_platform:
+        return 1.0, f"the {target_platform.upper()} compiler's own temporaries"
+    return ACTIVATION_SCALE[target_platform]

@@ -4,7 +4,9 @@ strategy can use, at the given global batch, for each remat policy and dtype ask
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 
 
@@ -57,3 +59,11 @@ def candidates(devices: int, batch: int, strategies: list[str], remats: list[str
         raise ConfigError(f"--batch-size {batch} is divisible by no candidate's data-parallel size "
                           f"({', '.join(map(str, sizes))}): use a multiple of one of them")
     return [Candidate(s, m, r, d) for s, m in fitting for r in remats for d in dtypes]
+
+
+def candidate_config(cfg: config_lib.Config, c: Candidate, devices: int) -> dict[str, Any]:
+    """The flattened configuration `shardbench train` would run for candidate `c`."""
+    single = c.strategy == "single"
+    return {**config_lib.flatten(cfg), "parallel.strategy": c.strategy, "parallel.mesh": c.mesh,
+            "parallel.devices": 1 if single else devices, "model.remat": c.remat, "precision.dtype": c.dtype,
+            "parallel.spmd": cfg.parallel.spmd}

@@ -69,14 +69,6 @@ def _choices(cfg: config_lib.Config, lists: dict[str, list[str]]) -> tuple[list[
     return dtypes, remats
 
 
-def candidate_config(cfg: config_lib.Config, c: Candidate, devices: int) -> dict[str, Any]:
-    """The flattened configuration `shardbench train` would run for candidate `c`."""
-    single = c.strategy == "single"
-    return {**config_lib.flatten(cfg), "parallel.strategy": c.strategy, "parallel.mesh": c.mesh,
-            "parallel.devices": 1 if single else devices, "model.remat": c.remat, "precision.dtype": c.dtype,
-            "parallel.spmd": cfg.parallel.spmd}
-
-
 def default_out(cfg: config_lib.Config, target: Target) -> Path:
     if cfg.train.out:
         return Path(cfg.train.out)
@@ -124,4 +116,4 @@ def run(args: argparse.Namespace) -> int:
     return 0 if any(r.prediction for r in plan.rows) else 1  # every candidate failed to compile
 
 
-__all__ = ["add_parser", "candidate_config", "prepare", "run"]
+__all__ = ["add_parser", "prepare", "run"]

@@ -11,8 +11,7 @@ from pathlib import Path
 
 from shardbench.errors import ShardbenchError
 from shardbench.jsonfile import write_json_atomic
-from shardbench.plan.build import activation_scale
-from shardbench.plan.calibration import Coefficients, to_dict
+from shardbench.plan.calibration import Coefficients, activation_scale, to_dict
 from shardbench.plan.predict import Prediction, predict
 from shardbench.sweep.report import PREDICTIONS
 
@@ -121,7 +120,8 @@ def render(directory: Path, checks: list[Check], coefficients: dict[str, Coeffic
         rows.append([c.name, f"{(c.measured_memory or 0) / 2**20:.1f} MiB ({c.memory_kind})",
                      f"{(c.predicted_memory or 0) / 2**20:.1f} MiB",
                      _pct(Check.error(c.measured_memory, c.predicted_memory)),
-                     f"{(c.measured_step or 0) * 1e3:.1f} ms", f"{(c.predicted_step or 0) * 1e3:.1f} ms",
+                     "–" if c.measured_step is None else f"{c.measured_step * 1e3:.1f} ms",
+                     f"{(c.predicted_step or 0) * 1e3:.1f} ms",
                      _pct(Check.error(c.measured_step, c.predicted_step))])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [f"validation of the planner on {directory}: {len(checks)} run(s)", ""]

@@ -213,11 +213,52 @@ def loss_floor_findings(runs: list[Run]) -> list[str]:
     return sentences
 
 
+def _setting(run: Run, swept: dict[str, list[Any]]) -> str:
+    """What distinguishes a run from the others apart from its seed, in a few words."""
+    keys = [k for k, values in swept.items() if len(values) > 1 and k != "train.seed"]
+    if set(PRECISION_KEYS) & set(keys):
+        p, d = _dtypes(run)
+        rest = [k for k in keys if k not in PRECISION_KEYS]
+        head = f"parameters {p}, compute {d}"
+    else:
+        rest, head = keys, ""
+    parts = [head] if head else []
+    parts += [f"{SHORT_NAMES.get(k, k)} {run.overrides.get(k, run.config.get(k))}" for k in rest]
+    return ", ".join(parts) or "the one setting"
+
+
+def seed_findings(runs: list[Run], swept: dict[str, list[Any]]) -> list[str]:
+    """Test accuracy per setting over its seeds (mean, spread = max - min), and whether each difference between
+    settings is larger than the seed-to-seed spread of both."""
+    if len(swept.get("train.seed", [])) < 2:
+        return []
+    groups: dict[str, list[float]] = {}
+    for run in runs:
+        accuracy = run.rec.test_accuracy if run.ok else None
+        if isinstance(accuracy, (int, float)):
+            groups.setdefault(_setting(run, swept), []).append(100.0 * accuracy)
+    groups = {k: v for k, v in groups.items() if len(v) >= 2}
+    if not groups:
+        return []
+    out = [f"{name}: test accuracy {sum(v) / len(v):.2f}% ± {(max(v) - min(v)) / 2:.2f} over {len(v)} seeds "
+           f"({min(v):.2f}–{max(v):.2f}%)" for name, v in groups.items()]
+    names = list(groups)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            va, vb = groups[a], groups[b]
+            diff = sum(vb) / len(vb) - sum(va) / len(va)
+            spread = max(max(va) - min(va), max(vb) - min(vb))
+            verdict = "larger than" if abs(diff) > spread else "within"
+            out.append(f"{b} vs {a}: {diff:+.2f} points, {verdict} the seed-to-seed spread ({spread:.2f} points)")
+    return out
+
+
 def explain(runs: list[Run], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
     """Sentences under their section heading; sections the runs give nothing to say about are left out."""
     role = dtype_role_finding(runs)
     sections = {"Precision and memory": precision_findings(runs, swept) + ([role] if role else []),
                 "Sharding strategies": strategy_findings(runs),
                 "SPMD styles": spmd_findings(runs),
-                "What the data allows": loss_floor_findings(runs)}
+                "What the data allows": loss_floor_findings(runs),
+                "Accuracy across seeds": seed_findings(runs, swept)}
     return {heading: sentences for heading, sentences in sections.items() if sentences}

@@ -193,9 +193,20 @@ def mlp_spmd_styles() -> SweepPreset:
     return SweepPreset("mlp-seed", {}, [Grid([runs])], mlp_spmd_styles.__doc__ or "")
 
 
+def precision_accuracy() -> SweepPreset:
+    """The seed's precision question in accuracy: vit-cifar at float32, bfloat16 compute, and bfloat16 parameters
+    and compute, 3 seeds each (--epochs sets the length)."""
+    precisions = [{"precision.param_dtype": "float32", "precision.dtype": "float32"},
+                  {"precision.param_dtype": "float32", "precision.dtype": "bfloat16"},
+                  {"precision.param_dtype": "bfloat16", "precision.dtype": "bfloat16"}]
+    seeds = [{"train.seed": seed} for seed in (0, 1, 2)]
+    return SweepPreset("vit-cifar", {}, [Grid([precisions, seeds])], precision_accuracy.__doc__ or "")
+
+
 SWEEP_PRESETS: dict[str, Callable[[], SweepPreset]] = {
     "mesh-grid": mesh_grid, "precision-grid": precision_grid, "strategies": strategies,
     "lm-replicated-vs-fsdp": lm_replicated_vs_fsdp, "mlp-spmd-styles": mlp_spmd_styles,
+    "precision-accuracy": precision_accuracy,
 }
 
 

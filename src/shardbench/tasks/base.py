@@ -42,3 +42,6 @@ class Task:
     units_per_example: Callable[[Config], int]
     formula: str  # the FLOPs formula, for the record
     perplexity: bool = False  # report exp(loss) as well (language models)
+    # The batch as the loss sees it in training, drawn from the same key as `inputs` (cfg, batch, key, rows):
+    # e.g. soft targets for mixed images and label smoothing. None: the batch as it is.
+    targets: Callable[[Config, Batch, jax.Array, Rows], Batch] | None = None

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import optax
 
 from shardbench.config import Config
-from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD, augment, normalize
+from shardbench.data import recipe
+from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD, augment, normalize, normalize_float
 from shardbench.errors import ConfigError
 from shardbench.models.vit import flops_per_example
 from shardbench.tasks.base import Batch, Rows, Task, Terms
@@ -27,6 +28,9 @@ def inputs(cfg: Config, batch: Batch, key: jax.Array, train: bool, rows: Rows,
            mean: tuple[float, ...] = CIFAR_MEAN, std: tuple[float, ...] = CIFAR_STD) -> jax.Array:
     """uint8 images, augmented (training) and normalised with the dataset's statistics (see `for_data`)."""
     data, dtype = cfg.data, jnp.dtype(cfg.precision.dtype)
+    if train and recipe.uses_recipe(data):
+        return normalize_float(recipe.recipe_images(data, batch["image"], key, (rows.offset, rows.total)) / 255.0,
+                               mean, std, dtype)
     if train and data.augment:
         return augment(batch["image"], key, scale=data.crop_scale, ratio=data.crop_ratio, flip=data.flip,
                        mean=mean, std=std, dtype=dtype, rows=rows)
@@ -38,14 +42,27 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
 
 
+def targets(cfg: Config, batch: Batch, key: jax.Array, rows: Rows) -> Batch:
+    """In training, soft targets where images are mixed or labels smoothed (`soft`); else the batch as is."""
+    smoothing = cfg.train.label_smoothing
+    if cfg.data.mixup <= 0 and smoothing <= 0:
+        return batch
+    soft = recipe.soft_targets(cfg.data, batch["label"], cfg.model.num_classes, smoothing, key,
+                               (rows.offset, rows.total))
+    return {**batch, "soft": soft}
+
+
 def terms(logits: jax.Array, batch: Batch) -> Terms:
+    """Cross-entropy against the label, or against the soft targets where training made some; accuracy is
+    always against the image's own label."""
     labels = batch["label"]
-    return Terms(cross_entropy(logits, labels), jnp.ones(labels.shape, jnp.float32),
-                 (logits.argmax(-1) == labels).astype(jnp.float32))
+    loss = (optax.softmax_cross_entropy(logits.astype(jnp.float32), batch["soft"]) if "soft" in batch
+            else cross_entropy(logits, labels))
+    return Terms(loss, jnp.ones(labels.shape, jnp.float32), (logits.argmax(-1) == labels).astype(jnp.float32))
 
 
 TASK = Task(
-    kind="vit", unit="images", check=check, inputs=inputs, terms=terms,
+    kind="vit", unit="images", check=check, inputs=inputs, terms=terms, targets=targets,
     train_flops_per_example=lambda cfg: flops_per_example(cfg.model, cfg.data.image_size)["train"],
     units_per_example=lambda cfg: 1,
     formula="3 x batch x [2*N*3*p^2*E + L*(8*T*E^2 + 4*T^2*E + 4*T*E*M) + 2*E*C], N=(image/p)^2 patches, "

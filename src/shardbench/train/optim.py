@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from shardbench.config import OptimConfig
@@ -36,6 +37,40 @@ def _decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(lambda path, _: _param_name(path).endswith("kernel"), params)
 
 
+class EmaState(NamedTuple):
+    """An exponential moving average of the weights, kept in the optimizer state (so it is sharded like the
+    parameters and checkpointed with them) and used by evaluation instead of the weights."""
+
+    count: jax.Array
+    ema: Any
+
+
+def track_ema(decay: float) -> optax.GradientTransformation:
+    """After the update: ema <- d ema + (1 - d) (params + updates), with d = min(decay, (1 + t) / (10 + t)) so
+    that the early average does not cling to the initial weights. Updates pass through unchanged."""
+
+    def init(params: Any) -> EmaState:
+        return EmaState(count=jnp.zeros([], jnp.int32), ema=jax.tree.map(lambda p: p, params))
+
+    def update(updates: Any, state: EmaState, params: Any = None) -> tuple[Any, EmaState]:
+        if params is None:
+            raise ValueError("track_ema needs the parameters")
+        t = state.count.astype(jnp.float32)
+        d = jnp.minimum(decay, (1.0 + t) / (10.0 + t))
+        ema = jax.tree.map(lambda e, p, u: (d * e.astype(jnp.float32) + (1.0 - d) * (p + u).astype(jnp.float32)
+                                            ).astype(e.dtype), state.ema, params, updates)
+        return updates, EmaState(count=state.count + 1, ema=ema)
+
+    return optax.GradientTransformation(init, update)
+
+
+def ema_params(opt_state: Any) -> Any | None:
+    """The weights' moving average in `opt_state`, or None when the optimizer keeps none."""
+    found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, EmaState))
+             if isinstance(s, EmaState)]
+    return found[0].ema if found else None
+
+
 def build_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
     schedule = learning_rate(cfg, total_steps)
     if cfg.optimizer == "adamw":
@@ -46,4 +81,6 @@ def build_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransfo
         tx = optax.sgd(schedule, momentum=cfg.momentum, nesterov=False)
     if cfg.grad_clip > 0:
         tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), tx)
+    if cfg.ema > 0:
+        tx = optax.chain(tx, track_ema(cfg.ema))
     return tx

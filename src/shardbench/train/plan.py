@@ -101,6 +101,11 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
                 f"{name} {size} is not divisible by the data-parallel size {divisor} ({layout.strategy.name} on "
                 f"mesh {layout.shape}): use a multiple of {divisor}"
             )
+    if cfg.data.mixup > 0 and (cfg.train.batch_size // layout.data_size) % 2:
+        per = cfg.train.batch_size // layout.data_size
+        raise ConfigError(f"--data.mixup mixes the images of pairs, which must sit on one device: --batch-size "
+                          f"{cfg.train.batch_size} gives {per} per data slice ({layout.strategy.name} on mesh "
+                          f"{layout.shape}); use a batch of {2 * layout.data_size * max(1, per // 2)}")
     if cfg.train.steps > 0:
         check_profile_window(cfg.train, cfg.train.steps)
     return task, layout, spec

@@ -142,7 +142,7 @@ def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,
         return parts.apply_update(state, grads), metrics
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
-        return mapped(local_eval, PartitionSpec())(state.params, batch, state.step)
+        return mapped(local_eval, PartitionSpec())(parts.eval_params(state), batch, state.step)
 
     batch_sharding = NamedSharding(mesh, PartitionSpec(DATA))
     state_sh = shardings if layout.mesh is not None else jax.tree.map(
@@ -180,7 +180,8 @@ def pmap_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_ke
         return parts.apply_update(state, grads), metrics
 
     def device_eval(state: TrainState, batch: Batch) -> Metrics:
-        t = parts.terms(state.params, batch, state.step, train=False, rows=Rows(0, batch["mask"].shape[0]))
+        t = parts.terms(parts.eval_params(state), batch, state.step, train=False,
+                        rows=Rows(0, batch["mask"].shape[0]))
         return jax.tree.map(lambda x: jax.lax.psum(x, PMAP_AXIS), eval_sums(t, batch["mask"]))
 
     def place(host: HostBatch) -> Batch:

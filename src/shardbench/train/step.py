@@ -23,6 +23,7 @@ from shardbench.config import Config
 from shardbench.models.axes import constraints
 from shardbench.parallel.rules import Layout
 from shardbench.tasks import Rows, Task, Terms
+from shardbench.train.optim import ema_params
 from shardbench.train.state import ModelSpec, TrainState
 
 Batch = dict[str, jax.Array]
@@ -65,7 +66,9 @@ class StepParts:
         """Per-example loss terms of `batch` under `params`; `rows` places it in the global batch."""
         aug_key, default_drop = self.keys(step)
         inputs = self.task.inputs(self.cfg, batch, aug_key, train, rows)
-        use_dropout = train and self.cfg.model.dropout > 0
+        if train and self.task.targets is not None:
+            batch = self.task.targets(self.cfg, batch, aug_key, rows)
+        use_dropout = train and (self.cfg.model.dropout > 0 or self.cfg.model.drop_path > 0)
         key = (default_drop if drop_key is None else drop_key) if use_dropout else None
         return self.task.terms(self.spec.apply(params, inputs, key), batch)
 
@@ -74,6 +77,12 @@ class StepParts:
         """The training objective of `batch` (mean over its targets) and its terms: differentiate this."""
         t = self.terms(params, batch, step, train=True, rows=rows, drop_key=drop_key)
         return t.loss_sum.sum() / t.count.sum(), t
+
+    @staticmethod
+    def eval_params(state: TrainState) -> Any:
+        """What evaluation scores: the weights' moving average where the optimizer keeps one (--optim.ema)."""
+        ema = ema_params(state.opt_state)
+        return state.params if ema is None else ema
 
     def apply_update(self, state: TrainState, grads: Any) -> TrainState:
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
@@ -110,7 +119,8 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
         with constraints(layout.constrain):
-            t = parts.terms(state.params, batch, state.step, train=False, rows=Rows(0, batch["mask"].shape[0]))
+            t = parts.terms(parts.eval_params(state), batch, state.step, train=False,
+                            rows=Rows(0, batch["mask"].shape[0]))
         return eval_sums(t, batch["mask"])
 
     batch_sharding = layout.batch_sharding()
