@@ -196,3 +196,27 @@ def test_mixing_needs_pairs_on_one_device(micro) -> None:
                                 "parallel.mesh": "8"}))
     with pytest.raises(ConfigError, match="--data.cutmix 0.5 needs --data.mixup > 0"):
         config_lib.validate(micro(**{"data.cutmix": 0.5}))
+
+
+def test_recipe_flags_are_refused_where_they_mean_nothing() -> None:
+    for preset, overrides, flag in [("lm-tiny", {"data.mixup": 1.0}, "--data.mixup"),
+                                    ("mlp-small", {"train.label_smoothing": 0.1}, "--train.label-smoothing"),
+                                    ("mlp-small", {"model.drop_path": 0.1}, "--model.drop-path")]:
+        from shardbench.errors import ConfigError
+
+        with pytest.raises(ConfigError, match=flag):
+            config_lib.validate(config_lib.override(config_lib.get_preset(preset), overrides))
+
+
+def test_mixing_pairs_moves_nothing_between_devices(micro) -> None:
+    """Under jit with the batch split over 8 devices, swapping pair partners is a reshape within each device's
+    rows: the compiled step has the same collectives with mixing as without."""
+    from shardbench.plan.compile import compile_candidate
+
+    def collectives(mixup: float) -> list[tuple[str, int, int]]:
+        cfg = micro(**{"parallel.strategy": "dp", "parallel.mesh": "8", "data.crop": "pad", "data.mixup": mixup,
+                       "data.cutmix": 0.5 if mixup else 0.0})
+        r = compile_candidate(cfg, link_span=8)
+        return sorted((c["kind"], c["count"], c["bytes"]) for c in r["collectives"])
+
+    assert collectives(1.0) == collectives(0.0)

@@ -430,6 +430,14 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"unknown --remat '{m.remat}': choose one of {', '.join(REMAT_POLICIES)}")
     if cfg.data.crop not in CROPS:
         raise ConfigError(f"unknown --data.crop '{cfg.data.crop}': choose one of {', '.join(CROPS)}")
+    image_only = {"--data.mixup": cfg.data.mixup > 0, "--data.trivial-augment": cfg.data.trivial_augment,
+                  "--data.crop pad": cfg.data.crop != "resized", "--train.label-smoothing": cfg.train.label_smoothing > 0}
+    used = [flag for flag, on in image_only.items() if on]
+    if used and m.kind != "vit":
+        raise ConfigError(f"{used[0]} applies to image classification (vit or --task classify), not to model kind "
+                          f"'{m.kind}': drop it")
+    if m.drop_path > 0 and m.kind == "mlp":
+        raise ConfigError("--model.drop-path drops Transformer blocks; the mlp model has none: drop it")
     if cfg.data.cutmix > 0 and cfg.data.mixup <= 0:
         raise ConfigError(f"--data.cutmix {cfg.data.cutmix} needs --data.mixup > 0 (the Beta alpha both mixes draw "
                           f"their weight from), e.g. --data.mixup 1.0")

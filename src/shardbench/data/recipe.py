@@ -88,7 +88,7 @@ def trivial_augment(image: jax.Array, u: jax.Array) -> jax.Array:
     lo_bits, hi_bits = POSTERIZE_BITS
     bits = jnp.where(chosen("posterize"), hi_bits - jnp.round(u[1] * (hi_bits - lo_bits)), 8.0)
     step = 2.0 ** (8.0 - bits)
-    x = jnp.floor(x / step) * step
+    x = jnp.where(chosen("posterize"), jnp.floor(x / step) * step, x)
     lo, hi = x.min(axis=(0, 1)), x.max(axis=(0, 1))
     stretched = jnp.where(hi > lo, (x - lo) * 255.0 / jnp.maximum(hi - lo, 1e-6), x)
     x = jnp.where(chosen("autocontrast"), jnp.clip(stretched, 0.0, 255.0), x)
@@ -109,13 +109,25 @@ def trivial_augment(image: jax.Array, u: jax.Array) -> jax.Array:
     return jnp.where(geometric, _affine(x, matrix), x)
 
 
+def _swap(x: jax.Array) -> jax.Array:
+    """Each row's pair partner (rows 2k and 2k+1 exchanged), by a reshape: a batch split over devices in even
+    shares swaps without moving anything between them (a gather by index could)."""
+    b = x.shape[0]
+    return x.reshape(b // 2, 2, *x.shape[1:])[:, ::-1].reshape(x.shape)
+
+
+def _first(x: jax.Array) -> jax.Array:
+    """Each row replaced by its pair's first row."""
+    b = x.shape[0]
+    pairs = x.reshape(b // 2, 2, *x.shape[1:])
+    return jnp.broadcast_to(pairs[:, :1], pairs.shape).reshape(x.shape)
+
+
 def _pairs(u: jax.Array, lam: jax.Array, cutmix: float, h: int, w: int
            ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """For every row: (use CutMix?, its box as an (B, h, w) mask, the weight of the row's own label), from its
     pair's first row's draws."""
-    b = u.shape[0]
-    first = jnp.arange(b) & ~1
-    u, lam = u[first], lam[first]
+    u, lam = _first(u), _first(lam)
     # The box: sqrt(1 - lam) of each side, centred uniformly, clipped to the image; the same box in both.
     cut_h, cut_w = jnp.sqrt(1.0 - lam) * h, jnp.sqrt(1.0 - lam) * w
     cy, cx = u[:, 1] * h, u[:, 2] * w
@@ -134,9 +146,9 @@ def mix_pairs(images: jax.Array, u: jax.Array, lam: jax.Array, cutmix: float) ->
     (CutMix), else each becomes lam x itself + (1 - lam) x its partner (mixup). `u` holds (choice, box y,
     box x) uniforms and `lam` the weight, per row; a pair uses its first row's. Returns the images and the
     weight of each image's own label (its partner's label gets the rest)."""
-    b, h, w = images.shape[0], images.shape[1], images.shape[2]
+    h, w = images.shape[1], images.shape[2]
     use_cut, box, own = _pairs(u, lam, cutmix, h, w)
-    other = images[jnp.arange(b) ^ 1]
+    other = _swap(images)
     weight = own[:, None, None, None]
     blended = weight * images + (1.0 - weight) * other
     cut = jnp.where(box[..., None], other, images)
@@ -198,5 +210,5 @@ def soft_targets(data: DataConfig, labels: jax.Array, classes: int, smoothing: f
         b = labels.shape[0]
         u_mix, lam = mix_draws(data, key, rows, b)
         own = _pairs(u_mix, lam, data.cutmix, data.image_size, data.image_size)[2]
-        target = own[:, None] * target + (1.0 - own[:, None]) * target[jnp.arange(b) ^ 1]
+        target = own[:, None] * target + (1.0 - own[:, None]) * _swap(target)
     return (1.0 - smoothing) * target + smoothing / classes

@@ -250,8 +250,13 @@ def traffic_bytes(hlo: str) -> int:
 _CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
 
 
+_LAYOUT = re.compile(r"\{[^{}]*\}")
+
+
 def _operands(inst: _Instruction) -> list[str]:
-    return re.findall(r"%([\w.\-]+)", inst.rest.split(")")[0])
+    """The operand names of an instruction (layouts such as {1,0:T(8,128)} removed first: their parentheses
+    would end the operand list early)."""
+    return re.findall(r"%([\w.\-]+)", _LAYOUT.sub("", inst.rest).split(")")[0])
 
 
 def _bytes(shape: str) -> int:

@@ -100,14 +100,14 @@ def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
 
 def drop_rows(x: jax.Array, rate: jax.Array, key: jax.Array) -> jax.Array:
     """Stochastic depth: each example's (leading row's) `x` zeroed with probability `rate` (a traced scalar),
-    the rest scaled by 1 / (1 - rate). The mask hashes each row's global index (see `keep_mask`), so it is
-    the same on any mesh."""
+    the rest scaled by 1 / (1 - rate). The mask hashes each row's index in `x` (see `keep_mask`): under jit
+    that is the global batch, the same on any mesh; shard_map and pmap draw per device, as for dropout."""
     keep = 1.0 - rate
     seed = jax.random.bits(key, (2,), jnp.uint32)
     rows = jax.lax.broadcasted_iota(jnp.uint32, (x.shape[0],) + (1,) * (x.ndim - 1), 0)
     bits = _mix32(_mix32(rows ^ seed[0]) + seed[1])
-    # A uniform in [0, 1) from the hash (float32 keeps 24 of its bits: rates are exact to 6e-8).
-    kept = bits.astype(jnp.float32) * (1.0 / 2.0**32) < keep
+    # A uniform in [0, 1) from the hash's top 24 bits (all a float32 holds exactly: never rounds up to 1).
+    kept = (bits >> 8).astype(jnp.float32) * (1.0 / 2.0**24) < keep
     return jnp.where(kept, x / jnp.maximum(keep, 1e-6).astype(x.dtype), jnp.zeros_like(x))
 
 

@@ -132,6 +132,8 @@ def run_jobs(jobs: list[dict[str, Any]], out: Any) -> None:
     topology = jobs[0].get("topology")
     devices = (topology_devices(topology["chip"], topology["shape"]) if topology else
                local_gpus(jobs[0].get("gpu_kind"), first.parallel.devices))
+    if devices is None and jax.default_backend() != "cpu":  # GPUs here, but not the target's: the CPU compiler
+        devices = jax.devices("cpu")
     for job, cfg in cfgs:
         line: dict[str, Any] = {"name": job["name"]}
         try:

@@ -103,7 +103,7 @@ def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.s
 def calibrate(directories: list[Path], workers: int, progress: TextIO | None = sys.stderr
               ) -> dict[str, Coefficients]:
     """The model's coefficients per platform: fitted to the runs below `directories` where they hold at least
-    three of that platform, the defaults (`shardbench.plan.calibration`) elsewhere."""
+    four of that platform, the defaults (`shardbench.plan.calibration`) elsewhere."""
     coefficients = dict(DEFAULTS)
     if not directories:
         return coefficients

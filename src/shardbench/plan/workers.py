@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,9 @@ def _environ(job: Job) -> dict[str, str]:
         from shardbench.plan.tpu import ENVIRON
 
         env.update({k: v for k, v in ENVIRON.items() if k not in env})
-    if not (job.get("gpu_kind") and malloc.target_platform(env) == "gpu"):
+    if job.get("gpu_kind") and malloc.target_platform(env) == "gpu":
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # workers share the GPUs: no pool each
+    else:
         # The CPU backend (a TPU slice is described by libtpu beside it): the sharded state and the
         # collectives are exact whatever compiles them.
         env["JAX_PLATFORMS"] = "cpu"
@@ -48,37 +51,46 @@ def compile_all(jobs: list[Job], workers: int, on_result: Callable[[dict[str, An
         shares.extend([group[i::n] for i in range(n)])
     found: dict[str, dict[str, Any]] = {}
     lock = threading.Lock()
-    failures: list[str] = []
 
     def serve(share: list[Job]) -> None:
-        proc = subprocess.Popen([sys.executable, "-m", "shardbench.plan.compile"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_environ(share[0]),
-                                start_new_session=True, preexec_fn=dies_with_parent())
+        last = "no result"
         try:
-            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-            proc.stdin.write(json.dumps(share))
-            proc.stdin.close()
-            for text in proc.stdout:
-                line = json.loads(text)
-                with lock:
-                    found[line["name"]] = line
-                    if on_result is not None:
-                        on_result(line)
-            err = proc.stderr.read()
-            proc.wait()
+            # The child's stderr goes to a file: a pipe nobody reads until the end could fill and stall it.
+            with tempfile.TemporaryFile(mode="w+") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "shardbench.plan.compile"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=log, text=True, env=_environ(share[0]),
+                                        start_new_session=True, preexec_fn=dies_with_parent())
+                try:
+                    assert proc.stdin is not None and proc.stdout is not None
+                    proc.stdin.write(json.dumps(share))
+                    proc.stdin.close()
+                    for text in proc.stdout:
+                        try:
+                            line = json.loads(text)
+                        except ValueError:
+                            continue  # not ours: something a library wrote to the same descriptor
+                        if not isinstance(line, dict) or "name" not in line:
+                            continue
+                        with lock:
+                            found[line["name"]] = line
+                            if on_result is not None:
+                                on_result(line)
+                    proc.wait()
+                finally:
+                    kill_group(proc, grace_s=1.0)
+                log.seek(0)
+                if proc.returncode != 0:
+                    last = (log.read().strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        except (OSError, subprocess.SubprocessError) as err:
+            last = f"{type(err).__name__}: {err}"
         finally:
-            kill_group(proc, grace_s=1.0)
-        if proc.returncode != 0:
-            last = (err.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-            with lock:
-                failures.append(last)
-        for job in share:  # a worker that died leaves its remaining candidates as errors, not gaps
-            with lock:
-                found.setdefault(job["name"], {"name": job["name"], "error": f"the compile worker stopped: "
-                                               f"{failures[-1] if failures else 'no result'}"})
+            for job in share:  # a worker that died leaves its remaining candidates as errors, not gaps
+                with lock:
+                    found.setdefault(job["name"], {"name": job["name"],
+                                                   "error": f"the compile worker stopped: {last}"})
 
     threads = [threading.Thread(target=serve, args=(share,), daemon=True) for share in shares if share]
-    # Device counts run one after another (each worker group uses every core); workers within one at once.
+    # At most `workers` worker processes at once, whatever device counts they serve.
     running: list[threading.Thread] = []
     for thread in threads:
         thread.start()

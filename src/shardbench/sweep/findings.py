@@ -228,8 +228,8 @@ def _setting(run: Run, swept: dict[str, list[Any]]) -> str:
 
 
 def seed_findings(runs: list[Run], swept: dict[str, list[Any]]) -> list[str]:
-    """Test accuracy per setting over its seeds (mean, spread = max - min), and whether each difference between
-    settings is larger than the seed-to-seed spread of both."""
+    """Test accuracy per setting over its seeds (mean ± half the range), and whether each difference between
+    settings is larger than the seed-to-seed spread (the larger of the two ranges, max - min)."""
     if len(swept.get("train.seed", [])) < 2:
         return []
     groups: dict[str, list[float]] = {}

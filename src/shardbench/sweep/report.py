@@ -89,7 +89,11 @@ def with_predictions(runs: list[Run], sweep_dir: Path) -> list[Run]:
     path = sweep_dir / PREDICTIONS
     if not path.exists():
         return runs
-    predicted = _read_json(path).get("runs", {})
+    saved = _read_json(path)
+    predicted = saved.get("runs") if isinstance(saved, dict) else None
+    if not isinstance(predicted, dict):
+        raise ShardbenchError(f"{path} is not a plan validation (no 'runs' object): run shardbench plan --validate "
+                              f"{sweep_dir} again, or remove it")
     return [dataclasses.replace(r, predicted=predicted.get(r.name)) for r in runs]
 
 

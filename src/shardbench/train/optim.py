@@ -49,16 +49,18 @@ def track_ema(decay: float) -> optax.GradientTransformation:
     """After the update: ema <- d ema + (1 - d) (params + updates), with d = min(decay, (1 + t) / (10 + t)) so
     that the early average does not cling to the initial weights. Updates pass through unchanged."""
 
+    # Kept in float32 whatever the parameters' dtype: in bfloat16 a step of (1 - d) x (p - ema) rounds to
+    # nothing once d is near 1, and the average would stop moving.
     def init(params: Any) -> EmaState:
-        return EmaState(count=jnp.zeros([], jnp.int32), ema=jax.tree.map(lambda p: p, params))
+        return EmaState(count=jnp.zeros([], jnp.int32), ema=jax.tree.map(lambda p: p.astype(jnp.float32), params))
 
     def update(updates: Any, state: EmaState, params: Any = None) -> tuple[Any, EmaState]:
         if params is None:
             raise ValueError("track_ema needs the parameters")
         t = state.count.astype(jnp.float32)
         d = jnp.minimum(decay, (1.0 + t) / (10.0 + t))
-        ema = jax.tree.map(lambda e, p, u: (d * e.astype(jnp.float32) + (1.0 - d) * (p + u).astype(jnp.float32)
-                                            ).astype(e.dtype), state.ema, params, updates)
+        ema = jax.tree.map(lambda e, p, u: d * e + (1.0 - d) * (p.astype(jnp.float32) + u.astype(jnp.float32)),
+                           state.ema, params, updates)
         return updates, EmaState(count=state.count + 1, ema=ema)
 
     return optax.GradientTransformation(init, update)

@@ -82,7 +82,7 @@ class StepParts:
     def eval_params(state: TrainState) -> Any:
         """What evaluation scores: the weights' moving average where the optimizer keeps one (--optim.ema)."""
         ema = ema_params(state.opt_state)
-        return state.params if ema is None else ema
+        return state.params if ema is None else jax.tree.map(lambda e, p: e.astype(p.dtype), ema, state.params)
 
     def apply_update(self, state: TrainState, grads: Any) -> TrainState:
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
