@@ -234,19 +234,6 @@ _BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 _NOT_KERNELS = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast"})
 
 
-def kernel_count(hlo: str) -> int:
-    """Instructions a call of the compiled module executes outside fusions (a fusion counts once; a loop body
-    as often as it runs): roughly the kernels one step launches, for the per-kernel cost the planner fits."""
-    return executed(hlo)[0]
-
-
-def traffic_bytes(hlo: str) -> int:
-    """Bytes a call of the compiled module reads and writes: every executed top-level instruction's operands
-    and result (a fusion's, not its insides'), a loop body as often as it runs. XLA's own cost analysis
-    counts a loop body once, so it undercounts layers under a scan by the layer count."""
-    return executed(hlo)[1]
-
-
 _CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
 
 
@@ -307,7 +294,12 @@ def _moved(inst: _Instruction, shapes: dict[str, str], comps: dict[str, list[_In
 
 
 def executed(hlo: str) -> tuple[int, int]:
-    """(kernels, bytes read and written) of one call: see `kernel_count` and `traffic_bytes`."""
+    """What one call of the compiled module executes: (kernels, bytes read and written).
+
+    Kernels: instructions outside fusions (a fusion counts once), roughly the kernels a step launches, for
+    the per-kernel cost the planner fits. Bytes: every executed top-level instruction's operands and result
+    (a fusion's, not its insides'; see `_moved` for slices). A loop body counts as often as it runs, where
+    XLA's own cost analysis counts it once and so undercounts layers under a scan by the layer count."""
     comps, entry = _computations(hlo)
 
     def visit(name: str, times: int, depth: int) -> tuple[int, int]:
