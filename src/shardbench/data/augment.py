@@ -38,6 +38,13 @@ def normalize_float(x: jax.Array, mean: Sequence[float], std: Sequence[float], d
     return ((x - m) / s).astype(dtype)
 
 
+def draws(key: jax.Array, total: int, offset: jax.Array | int, rows: int, count: int) -> jax.Array:
+    """(rows, count) uniforms: the rows offset.. of one (total, count) draw for the global batch, so that a
+    program holding some rows of the batch draws for them what the whole batch's program does."""
+    u = jax.random.uniform(key, (total, count), dtype=jnp.float32)
+    return jax.lax.dynamic_slice_in_dim(u, jnp.asarray(offset, jnp.int32), rows)
+
+
 def _crop_box(
     u: jax.Array, h: int, w: int, scale: tuple[float, float], ratio: tuple[float, float]
 ) -> tuple[jax.Array, ...]:
@@ -138,8 +145,7 @@ def _augment_batch(
 ) -> jax.Array:
     # One draw for the whole batch (area, ratio, top, left, flip per image): far less code to
     # compile than splitting a key per image.
-    u = jax.random.uniform(key, (total, 5), dtype=jnp.float32)
-    u = jax.lax.dynamic_slice_in_dim(u, offset, images_u8.shape[0])
+    u = draws(key, total, offset, images_u8.shape[0], 5)
     x = images_u8.astype(jnp.float32)
     out = jax.vmap(lambda im, ui: resized_crop_flip(im, ui, scale, ratio, flip))(x, u)
     return normalize_float(out / 255.0, mean, std, dtype)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from shardbench.config import DataConfig
+from shardbench.data.augment import draws, resized_crop_flip
 
 OPS = ("identity", "brightness", "contrast", "saturation", "solarize", "posterize", "autocontrast", "rotate",
        "shear_x", "shear_y", "translate_x", "translate_y")
@@ -27,12 +28,6 @@ TRANSLATE = 0.3  # of the image side
 POSTERIZE_BITS = (2, 8)  # bits kept: 8 (identity) down to 2
 FILL = 128.0  # grey where a geometric op uncovers the image
 UNIFORMS = 8  # per image: 5 for the crop and flip (3 for the padded one), then op, magnitude, sign
-
-
-def draws(key: jax.Array, total: int, offset: jax.Array | int, rows: int, count: int) -> jax.Array:
-    """(rows, count) uniforms: the rows offset.. of one (total, count) draw for the global batch."""
-    u = jax.random.uniform(key, (total, count), dtype=jnp.float32)
-    return jax.lax.dynamic_slice_in_dim(u, jnp.asarray(offset, jnp.int32), rows)
 
 
 def pad_crop_flip(image: jax.Array, u: jax.Array, pad: int, flip: bool) -> jax.Array:
@@ -184,8 +179,6 @@ def recipe_images(data: DataConfig, images_u8: jax.Array, key: jax.Array,
                   rows: tuple[jax.Array | int, int]) -> jax.Array:
     """Training images through the recipe, as float32 in [0, 255]: the crop (padded, or resized as the seed's)
     and flip, TrivialAugment, then mixing within pairs."""
-    from shardbench.data.augment import resized_crop_flip
-
     offset, total = rows
     b = images_u8.shape[0]
     x = images_u8.astype(jnp.float32)
