@@ -196,12 +196,17 @@ def test_tpu_target_without_libtpu_says_how_to_install(tmp_path: Path) -> None:
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def _plan(out: Path, target: str, candidates: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """`shardbench plan` of the small MLP without remat candidates: the process and its plan.json."""
+    done = shardbench("plan", "--preset", "mlp-small", *_flags(SMALL_MLP), "--target", target,
+                      "--candidates", candidates, "--remat", "none", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    return done, json.loads((out / "plan.json").read_text())
+
+
 def test_plan_ranks_every_candidate_and_writes_json_and_markdown(tmp_path: Path) -> None:
     out = tmp_path / "plan"
-    done = shardbench("plan", "--preset", "mlp-small", *_flags(SMALL_MLP), "--target", "2x4xh100",
-                      "--candidates", "dp,fsdp,tp,fsdp+tp", "--remat", "none", "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    plan = json.loads((out / "plan.json").read_text())
+    done, plan = _plan(out, "2x4xh100", "dp,fsdp,tp,fsdp+tp")
     names = [c["name"] for c in plan["candidates"]]
     assert len(names) == 1 + 1 + 1 + 2  # dp 8x1, fsdp 8x1, tp 1x8, fsdp+tp 2x4 and 4x2
     predicted = [c for c in plan["candidates"] if c["prediction"]]
@@ -225,10 +230,7 @@ def _flags(overrides: dict[str, Any]) -> list[str]:
                                                    "TPU compiler cannot be tried here")
 def test_tpu_slice_compiles_with_the_tpu_compiler(tmp_path: Path) -> None:
     out = tmp_path / "plan"
-    done = shardbench("plan", "--preset", "mlp-small", *_flags(SMALL_MLP), "--target", "tpu-v5e:2x4",
-                      "--candidates", "dp,fsdp", "--remat", "none", "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    plan = json.loads((out / "plan.json").read_text())
+    _, plan = _plan(out, "tpu-v5e:2x4", "dp,fsdp")
     assert plan["devices"] == 8
     by = {c["strategy"]: c["prediction"] for c in plan["candidates"]}
     assert by["fsdp"]["params_bytes"] == MLP_PARAM_BYTES // 8 and by["dp"]["params_bytes"] == MLP_PARAM_BYTES

@@ -72,8 +72,8 @@ def _choices(cfg: config_lib.Config, lists: dict[str, list[str]]) -> tuple[list[
 def default_out(cfg: config_lib.Config, target: Target) -> Path:
     if cfg.train.out:
         return Path(cfg.train.out)
-    spec = target.spec.replace(":", "-")
-    return Path("runs") / f"plan-{cfg.model.factory and 'model' or cfg.preset}-{spec}-{time.strftime('%Y%m%d-%H%M%S')}"
+    model = "model" if cfg.model.factory else cfg.preset
+    return Path("runs") / f"plan-{model}-{target.spec.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[Candidate]]:
