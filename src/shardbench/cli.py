@@ -100,6 +100,10 @@ def _join_or_setup(args: argparse.Namespace, cfg: config_lib.Config) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    if cfg.train.xla_presets:  # XLA reads its flags once, when JAX starts: set and check them before that
+        from shardbench import xla_presets
+
+        xla_presets.check_known(xla_presets.apply(cfg.train.xla_presets))
     _join_or_setup(args, cfg)
     import jax
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shardbench import xla_presets
 from shardbench.errors import ConfigError
 
 STRATEGIES = ("auto", "single", "dp", "fsdp", "tp", "dp+tp", "fsdp+tp")
@@ -145,6 +146,7 @@ class TrainConfig:
     profile_steps: int = 3  # steps in the traced window
     compile_cache: str = ""  # persistent compilation cache: '' = <cache dir>/xla, 'off', or a directory
     profile_root: str = ""  # '' = <out>/tensorboard; traces land in <root>/plugins/profile/<run-name>/
+    xla_presets: str = ""  # comma list of named XLA compiler option sets (shardbench.xla_presets), put in XLA_FLAGS
 
 
 @dataclass(frozen=True)
@@ -443,6 +445,7 @@ def validate(cfg: Config) -> None:
                           f"their weight from), e.g. --data.mixup 1.0")
     if m.attention not in ATTENTION:
         raise ConfigError(f"unknown --model.attention '{m.attention}': choose one of {', '.join(ATTENTION)}")
+    xla_presets.parse(t.xla_presets)
     if t.epochs <= 0 and t.steps <= 0:
         raise ConfigError("nothing to train: give --epochs or --steps a positive value")
     lo, hi = cfg.data.crop_scale

@@ -107,6 +107,9 @@ HELP: dict[str, str] = {
     "train.profile": "record a jax.profiler trace of a window of steps",
     "train.profile_skip": "steps to run before the traced window",
     "train.profile_steps": "steps in the traced window",
+    "train.xla_presets": "comma list of named XLA compiler option sets put into XLA_FLAGS before JAX starts "
+                         "(command-buffers, no-command-buffers, cudnn-layernorm, cudnn-gemm-fusion, no-triton-gemm, "
+                         "autotune-0 .. autotune-4, latency-hiding); the flags the run used are in its record",
     "train.profile_root": "TensorBoard log dir for traces ('' = <out>/tensorboard); a trace lands in "
                           "<root>/plugins/profile/<run-name>/",
 }

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from shardbench import cluster
+from shardbench import cluster, xla_presets
 from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.data.arrays import Split
@@ -69,6 +69,7 @@ def evaluate(steps: Steps, state: Any, arrays: Split, cfg: Config, task: Task, l
 
 def run(cfg: Config) -> dict[str, Any]:
     """Train as `cfg` says; returns the summary also written to <out>/summary.json."""
+    xla_presets.apply(cfg.train.xla_presets)  # refused where JAX's backends already run without those flags
     cache = compile_cache.resolve(cfg.train.compile_cache, default_cache_dir(cfg))
     compile_cache.enable(cache)  # before the first compilation (plan_run's precision probe compiles)
     cache_counts = compile_cache.counts()
