@@ -23,13 +23,14 @@ from shardbench.sweep.report import ReportPaths, write_report
 from shardbench.sweep.store import RunRow, Store
 
 MIB = 2**20
-CHARTS = ("epoch_time", "peak_memory", "throughput", "mfu", "comms", "memory_breakdown")
+CHARTS = ("step_time", "throughput", "epoch_time", "peak_memory", "mfu", "comms", "memory_breakdown")
 BASE = config_lib.flatten(config_lib.get_preset("vit-tiny"))
 
 
 def record(name: str, strategy: str, mesh: str, devices: int, *, breakdown: tuple[float, float, float, float],
            total: float, comms: dict[str, tuple[int, float]], epochs: list[float], step_ms: float, img_s: float,
-           mfu: float | None, acc: float, peak: float | None = None) -> dict[str, Any]:
+           mfu: float | None, acc: float, peak: float | None = None,
+           partial: tuple[int, int, float] | None = None) -> dict[str, Any]:
     """A summary.json as `shardbench train` writes it; every size is given in MiB."""
     params, optimizer, gradients, activations = breakdown
     return {
@@ -42,6 +43,8 @@ def record(name: str, strategy: str, mesh: str, devices: int, *, breakdown: tupl
             "step_time_s": {"median": step_ms / 1e3, "p90": step_ms * 1.25 / 1e3, "measured_steps": 37,
                             "excluded_steps": 3},
             "epoch_time_s": epochs,
+            "partial_epochs": [] if partial is None else [{"steps": partial[0], "of": partial[1],
+                                                           "time_s": partial[2]}],
             "throughput": {"examples_per_s": img_s, "examples_per_s_per_device": img_s / devices},
             "flops": {"analytic_per_step": 1.2e12, "xla_per_step": None, "formula": "6 * params * tokens"},
             "mfu": {"mfu": mfu, "peak_flops_per_s_per_device": 9.9e11 if mfu is not None else None,
@@ -92,8 +95,8 @@ def sweep_rows() -> list[RunRow]:
             img_s=3400.0, mfu=None, acc=0.40)),
         row("dptp_4x2", over("dp+tp", 8, "4x2"), record(
             "dptp_4x2", "dp+tp", "4x2", 8, breakdown=(20.05, 40.1, 20.05, 8.0), total=90.0,
-            comms={"all-reduce": (30, 25.0), "all-gather": (6, 5.0)}, epochs=[6.0, 5.0], step_ms=45.0,
-            img_s=2900.0, mfu=0.08, acc=0.39)),
+            comms={"all-reduce": (30, 25.0), "all-gather": (6, 5.0)}, epochs=[], step_ms=45.0,
+            img_s=2900.0, mfu=0.08, acc=0.39, partial=(40, 352, 2.5))),
         row("fsdp_8_batch_4096", over("fsdp", 8, "8", batch=4096), None,
             ("oom", "RESOURCE_EXHAUSTED: out of memory allocating 1.20GiB")),
     ]
@@ -128,11 +131,13 @@ def test_markdown_table_has_every_run_with_its_numbers(written: ReportPaths) -> 
     assert (fp32["status"], fp32["strategy"], fp32["devices"], fp32["batch"]) == ("complete", "single", "1", "128")
     assert (fp32["param dtype"], fp32["dtype"], fp32["epoch time s"]) == ("float32", "float32", "12.00")
     assert (fp32["step ms median"], fp32["step ms p90"], fp32["compile s"]) == ("95.0", "118.8", "3.25")
-    assert (fp32["img/s"], fp32["MFU %"], fp32["memory/device MiB"]) == ("1,300", "31.0", "210.0 (compiled)")
+    # Records without a schema version divided by wall time (1,300 img/s): the report derives the steady state,
+    # batch / median step = 128 / 0.095 s, as step time and MFU use it.
+    assert (fp32["img/s"], fp32["MFU %"], fp32["memory/device MiB"]) == ("1,347", "31.0", "210.0 (compiled)")
     assert (fp32["params MiB"], fp32["optimizer MiB"], fp32["activations MiB"]) == ("40.1", "80.2", "41.2")
     assert (fp32["comms/step MiB"], fp32["collectives"], fp32["test acc %"]) == ("0.00", "none", "41.2")
     fsdp = rows["fsdp_8"]
-    assert (fsdp["img/s/device"], fsdp["MFU %"], fsdp["comms/step MiB"]) == ("425", "–", "105.30")
+    assert (fsdp["img/s/device"], fsdp["MFU %"], fsdp["comms/step MiB"]) == ("421", "–", "105.30")
     assert fsdp["collectives"] == "all-gather×12, reduce-scatter×6"
     failed = rows["fsdp_8_batch_4096"]
     assert (failed["status"], failed["strategy"], failed["batch"], failed["epoch time s"]) == (
@@ -200,7 +205,10 @@ def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path:
     assert [r["run"] for r in markdown_table(text)] == ["tiny_bfloat16", "tiny_float32"]
     assert "`precision.dtype`: bfloat16, float32" in text
     assert "activations/temporaries 30.0 -> 15.0 MiB" in text and "moves 21% (70.0 -> 55.0 MiB)" in text
-    assert "No run reports an MFU: no peak FLOP/s is known for device kind cpu." in text
+    assert ("Model FLOPs utilisation per run: left out, as no run reports an MFU (no peak FLOP/s is known for device "
+            "kind cpu).") in text
+    assert "Communication per step: left out, as no run moves bytes between devices." in text
+    assert sorted(paths.charts) == ["epoch_time", "memory_breakdown", "peak_memory", "step_time", "throughput"]
     with pytest.raises(ShardbenchError, match="no runs to report"):
         write_report(tmp_path / "out")
 
@@ -224,7 +232,9 @@ def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> Non
     (folder / "short" / "summary.json").write_text(json.dumps(rec))
     paths = write_report(folder, out_dir=tmp_path / "out")
     text = paths.markdown.read_text()
-    assert f"No run reports an MFU: no step time: {why}." in text
+    assert f"left out, as no run reports an MFU (no step time: {why})." in text
+    assert "Step time per run: left out, as no run has a step time." in text
+    assert "step_time" not in paths.charts and "epoch_time" not in paths.charts  # nothing to draw: no chart
     assert paths.incomplete == ("unfinished",) and "no summary.json: the run did not finish" in text
     assert paths.clipped == {}
     line = progress_line(1, 1, row("short", {}, rec))
@@ -251,7 +261,7 @@ def test_terminal_lines_of_a_sweep() -> None:
     from shardbench.sweep.report import progress_line, summary_table
 
     rows = sweep_rows()
-    assert progress_line(1, 6, rows[0]) == ("[1/6] single_fp32  complete  29.0s  1300 img/s  step 0.095s  "
+    assert progress_line(1, 6, rows[0]) == ("[1/6] single_fp32  complete  29.0s  1347 img/s  step 0.095s  "
                                             "mem 210.0 MiB (compiled)  comms 0.0 MiB")
     assert progress_line(6, 6, rows[-1]).startswith("[6/6] fsdp_8_batch_4096  FAILED (oom): RESOURCE_EXHAUSTED")
     table = summary_table(rows).splitlines()
@@ -330,7 +340,14 @@ def test_html_page_in_chromium(written: ReportPaths) -> None:
                 pixels = np.asarray(Image.open(shot).convert("L"))
                 assert (pixels < 200).mean() > 0.01, f"{shot} is nearly blank"
             page.screenshot(path=str(shots / "page.png"), full_page=True)
-            assert "Compute dtype bfloat16 vs float32" in page.locator("#findings").inner_text()
+            findings = page.locator("#findings").inner_text()
+            assert "Compute dtype bfloat16 vs float32" in findings
+            # The speed finding comes first, and the layouts are said to be one computation.
+            assert findings.index("Speed") < findings.index("Precision and memory")
+            assert "Fastest: dp_8, 30.0 ms per step" in findings
+            assert "are the same computation in different layouts" in findings
+            assert page.locator("img#chart-step_time").is_visible()
+            assert "projected" in page.locator("#figure-epoch_time figcaption").inner_text()
 
             for key in ("epoch_s", "mfu_pct", "img_s_device"):
                 original = _column(page, key)
@@ -373,3 +390,54 @@ def test_accuracy_across_seeds_says_whether_a_difference_beats_the_spread(tmp_pa
             "seed-to-seed spread (2.00 points)") in text
     assert ("parameters bfloat16, compute bfloat16 vs parameters float32, compute float32: -5.50 points, larger "
             "than the seed-to-seed spread (2.00 points)") in text
+
+
+def test_speed_ties_and_a_layout_that_computes_something_else(tmp_path: Path) -> None:
+    """Three layouts of one computation at batch 128: b is 5% slower than a with a 10% step spread (a tie), c
+    twice as slow with 40 MiB of all-reduce per step and a test loss 25% off (not the same computation)."""
+    directory = tmp_path / "sweep"
+
+    def rec(name: str, step_ms: float, comms: dict[str, tuple[int, float]], test_loss: float) -> dict[str, Any]:
+        made = record(name, "dp", "8", 8, breakdown=(1, 2, 1, 1), total=5.0, comms=comms, epochs=[],
+                      step_ms=step_ms, img_s=0.0, mfu=0.1, acc=0.5, partial=(10, 100, 1.0))
+        made["measurements"]["step_time_s"]["p90"] = step_ms * 1.10 / 1e3
+        made["test_loss"] = test_loss
+        return made
+
+    runs = {"a": (100.0, {}, 2.0), "b": (105.0, {}, 2.0), "c": (200.0, {"all-reduce": (6, 40.0)}, 2.5)}
+    with Store(directory / "sweep.db") as store:
+        for i, (name, (step, comms, loss)) in enumerate(runs.items()):
+            store.add(row(name, {"parallel.mesh": f"{8 >> i}x{1 << i}"}, rec(name, step, comms, loss)))
+    paths = write_report(directory)
+    text = paths.markdown.read_text()
+    speed = text.split("### Speed", 1)[1].split("###", 1)[0]
+    assert "Fastest: a, 100.0 ms per step" in speed
+    assert "b ties with a (105.0 ms against 100.0 ms): the 5.0% difference is within the spread" in speed
+    assert "c is 2.00x slower (200.0 ms against 100.0 ms): it moves 40.0 MiB per device per step" in speed
+    assert "a, b, c should be the same computation but differ" in text and "at test loss" in text
+    assert paths.differing and paths.differing[0].startswith("a, b, c differ by 2.0e-01 at test loss")
+    # no run trained a whole epoch: the epoch chart is projected (100 steps x the median step)
+    assert "epoch_time" in paths.charts and "projected" in text
+
+
+def test_the_seeds_mesh_by_batch_charts_from_a_short_sweep(tmp_path: Path) -> None:
+    """A mesh x batch grid of runs that trained part of an epoch each: the seeds' two charts, epoch time
+    (projected) and memory per mesh grouped by batch size, still come out; a chart with nothing is left out."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for mesh in ("8x1", "4x2", "2x4"):
+            for batch in (64, 256):
+                name = f"mesh_{mesh}_batch_{batch}"
+                made = record(name, "dp+tp", mesh, 8, breakdown=(1, 2, 1, batch / 64), total=4 + batch / 64,
+                              comms={}, epochs=[], step_ms=batch / 8, img_s=0.0, mfu=None, acc=0.3,
+                              partial=(5, 50_000 // batch, 1.0))
+                store.add(row(name, {"parallel.mesh": mesh, "train.batch_size": batch}, made))
+    paths = write_report(directory)
+    assert {"mesh_batch_epoch_time", "mesh_batch_memory", "epoch_time", "step_time"} <= set(paths.charts)
+    assert "mfu" not in paths.charts and "comms" not in paths.charts  # nothing to draw: left out, said in a line
+    text = paths.markdown.read_text()
+    assert "Communication per step: left out" in text and "left out, as no run reports an MFU" in text
+    for name in ("mesh_batch_epoch_time", "mesh_batch_memory"):
+        image = Image.open(paths.charts[name])
+        assert image.size[0] >= 500 and (np.asarray(image.convert("L")) < 200).mean() > 0.01
+    assert paths.clipped == {}

@@ -241,6 +241,18 @@ def test_one_peak_per_sweep_so_mfu_ranks_runs_as_step_time_does(tmp_path: Path,
     log = (out / "runs" / "strategy_dp.log").read_text()
     assert "warm-up lowered to 0 for this run" in log
     assert records[0]["measurements"]["step_time_s"]["warmup"] == 0
+    # Every speed figure agrees: throughput is the batch over the median step, in the record and in the report,
+    # whose first finding names the faster run; the two layouts are one computation, and the report says so.
+    for r in records:
+        assert r["examples_per_s"] == pytest.approx(32 / r["measurements"]["step_time_s"]["median"], rel=1e-9)
+    text = (out / "report" / "report.md").read_text()
+    table = [line.split(" | ") for line in text.splitlines() if line.startswith("| strategy_")]
+    header = next(line for line in text.splitlines() if line.startswith("| run |")).split(" | ")
+    for cells, r in zip(table, records, strict=True):
+        assert cells[header.index("img/s")] == f"{32 / r['measurements']['step_time_s']['median']:,.0f}"
+    faster = min(rows(out).values(), key=lambda row: row.record["measurements"]["step_time_s"]["median"])
+    assert f"- Fastest: {faster.name}," in text.split("### Speed", 1)[1]
+    assert "strategy_dp, strategy_fsdp are the same computation in different layouts" in text
 
 
 def test_dry_run_marks_the_runs_that_would_be_refused(capsys: pytest.CaptureFixture) -> None:

@@ -5,10 +5,12 @@ Every field is declared here once, with its unit and meaning (the README's measu
 reader (the sweep's report, its findings and charts) reads it through `from_json`, so a renamed field fails
 loudly in one place instead of silently in four.
 
-Versions: 1 is this layout (`schema_version` 1, with the versions of shardbench, jax and flax, the git commit
-when known, the host and the device kind). Records written before versions existed (no `schema_version`,
-"version 0") are still read: missing fields become None. A record newer than this shardbench is refused with
-one line saying which version it is.
+Versions: 2 is this layout (`schema_version` 2, with the versions of shardbench, jax and flax, the git commit
+when known, the host and the device kind; throughput is the global batch over the median step). Version 1 records
+(throughput over the epochs' wall time) and records written before versions existed (no `schema_version`,
+"version 0") are still read: missing fields become None, and readers derive the steady-state throughput from the
+step time (`shardbench.sweep.content.Run.rate`). A record newer than this shardbench is refused with one line
+saying which version it is.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from shardbench.errors import ShardbenchError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class RecordError(ShardbenchError):
@@ -70,11 +72,14 @@ class PartialEpoch:
 
 @dataclass(frozen=True)
 class Throughput:
-    examples_per_s: float | None = _f("examples/s", "training examples per second over the epochs' wall time")
+    examples_per_s: float | None = _f("examples/s", "global batch / median step time: the steady state, as MFU "
+                                                    "(records written before schema 2: over the epochs' wall time)")
     examples_per_s_per_device: float | None = _f("examples/s", "the same per device")
     unit: str | None = _f("", "what throughput counts: images, tokens or examples")
     units_per_s: float | None = _f("unit/s", "throughput in that unit")
     units_per_s_per_device: float | None = _f("unit/s", "the same per device")
+    wall_examples_per_s: float | None = _f("examples/s", "wall-clock: examples trained / the epochs' wall time, "
+                                                         "the first step's compilation and data loading included")
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,7 @@ class Measurements:
     devices: int | None = _f("devices", "devices in the run, every process")
     processes: int | None = _f("processes", "processes in the run")
     allocator: str | None = _f("", "the glibc allocator the process ran with, and why")
+    xla_flags: str | None = _f("", "the XLA_FLAGS the process ran with: --train.xla-presets' flags and hand-set ones")
     per_process: list[dict[str, Any]] = _list("", "each process: host, devices, its median step time")
     compile: CompileTimes | None = _f("", "compile time of the train step")
     step_time_s: StepTimes | None = _f("", "step times")

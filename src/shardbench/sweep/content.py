@@ -48,6 +48,7 @@ class Run:
     config: dict[str, Any]  # flattened {"section.field": value}
     record: RunRecord | None  # summary.json when complete
     predicted: dict[str, Any] | None = None  # the planner's prediction of this run (`shardbench plan --validate`)
+    losses: tuple[tuple[int, float], ...] | None = None  # (step, train loss) as logged, where the run folder has them
 
     @property
     def ok(self) -> bool:
@@ -88,8 +89,20 @@ class Run:
         return number(self.mfu.mfu)
 
     def rate(self, key: str) -> float | None:
-        """A throughput figure: examples_per_s, units_per_s, and their _per_device."""
-        return number(getattr(self.m.throughput or Throughput(), key))
+        """A throughput figure: examples_per_s, units_per_s, and their _per_device: the global batch over the
+        median step (derived so for records before schema 2, which divided by the epochs' wall time)."""
+        recorded = self.m.throughput or Throughput()
+        if self.rec.schema_version >= 2 or self.step_median is None or self.batch is None:
+            return number(getattr(recorded, key))
+        examples = self.batch / self.step_median
+        per_example = 1.0
+        if key.startswith("units"):
+            old_units, old_examples = number(recorded.units_per_s), number(recorded.examples_per_s)
+            if not old_units or not old_examples:
+                return None
+            per_example = old_units / old_examples
+        devices = self.devices or 1
+        return examples * per_example / (devices if key.endswith("_per_device") else 1)
 
     def why_not(self, figure: str) -> str:
         """Why a complete run lacks its MFU or step time ("mfu", "step_time_s"), as its record says."""
@@ -148,6 +161,21 @@ class Run:
     def epoch_s(self) -> float | None:
         times = [t for t in map(number, self.m.epoch_time_s or []) if t is not None]
         return statistics.fmean(times) if times else None
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Steps in a whole epoch, where the record says (a run cut short by --steps records its partial epoch)."""
+        for partial in self.m.partial_epochs:
+            if partial.of:
+                return int(partial.of)
+        return None
+
+    @property
+    def epoch_projected_s(self) -> float | None:
+        """For a run that trained no whole epoch: steps per epoch x median step (data loading not included)."""
+        if self.epoch_s is not None or not self.steps_per_epoch or not self.step_median:
+            return None
+        return self.steps_per_epoch * self.step_median
 
     @property
     def why_no_epoch(self) -> str:
@@ -309,6 +337,7 @@ class ReportContent:
     findings: dict[str, list[str]]
     charts: list[Chart]
     table_note: str
+    omitted: tuple[str, ...] = ()  # one line per chart left out because it would have nothing to show
 
     @property
     def failed(self) -> list[Run]:

@@ -1,5 +1,6 @@
-"""Explanatory sentences computed from a sweep's runs: what the parameter and compute dtypes change in the
-memory breakdown, and what each sharding strategy holds per device and sends per step.
+"""Explanatory sentences computed from a sweep's runs: which run was fastest and whether the layouts computed the
+same thing (`shardbench.sweep.speed`) first, then what the parameter and compute dtypes change in the memory
+breakdown, and what each sharding strategy holds per device and sends per step.
 """
 
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 from typing import TYPE_CHECKING, Any
+
+from shardbench.sweep.speed import equivalence_findings, speed_findings
 
 if TYPE_CHECKING:
     from shardbench.sweep.content import Run
@@ -256,7 +259,9 @@ def seed_findings(runs: list[Run], swept: dict[str, list[Any]]) -> list[str]:
 def explain(runs: list[Run], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
     """Sentences under their section heading; sections the runs give nothing to say about are left out."""
     role = dtype_role_finding(runs)
-    sections = {"Precision and memory": precision_findings(runs, swept) + ([role] if role else []),
+    sections = {"Speed": speed_findings(runs),
+                "The same computation?": equivalence_findings(runs),
+                "Precision and memory": precision_findings(runs, swept) + ([role] if role else []),
                 "Sharding strategies": strategy_findings(runs),
                 "SPMD styles": spmd_findings(runs),
                 "What the data allows": loss_floor_findings(runs),

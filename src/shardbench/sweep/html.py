@@ -138,7 +138,9 @@ def render(content: ReportContent) -> str:
             f'<li class="failed-run" data-run="{html.escape(r.name)}"><code>{html.escape(r.name)}</code>: '
             f"{html.escape(r.error_kind or r.status)}: {html.escape(r.error or 'no message')}</li>"
             for r in content.failed) + "</ul></section>")
-    parts.append('<section id="charts"><h2>Charts</h2>' + "\n".join(map(_figure, content.charts)) + "</section>")
+    left_out = "".join(f'<p class="omitted">{html.escape(line)}</p>' for line in content.omitted)
+    parts.append('<section id="charts"><h2>Charts</h2>' + "\n".join(map(_figure, content.charts)) + left_out
+                 + "</section>")
     body = "\n".join(parts)
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'

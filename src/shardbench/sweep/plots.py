@@ -38,9 +38,17 @@ def clipped_texts(fig: Figure) -> tuple[str, ...]:
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
     renderer = canvas.get_renderer()
     frame = fig.bbox
+    # Tick labels of ticks beyond an axis' view are kept by matplotlib but never drawn: not a text anyone sees.
+    undrawn = set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            for loc, label in zip(axis.get_majorticklocs(), axis.get_majorticklabels(), strict=False):
+                if not low - 1e-9 * abs(high - low) <= loc <= high + 1e-9 * abs(high - low):
+                    undrawn.add(id(label))
     cut = []
     for text in fig.findobj(match=lambda a: isinstance(a, Text)):
-        if not text.get_visible() or not text.get_text().strip():
+        if not text.get_visible() or not text.get_text().strip() or id(text) in undrawn:
             continue
         box = text.get_window_extent(renderer)
         if box.x0 < frame.x0 - 1 or box.x1 > frame.x1 + 1 or box.y0 < frame.y0 - 1 or box.y1 > frame.y1 + 1:
@@ -106,13 +114,116 @@ def _simple(runs: list[Run], out: Path, name: str, title: str, xlabel: str, fmt:
     return _save(fig, out, name, title, note)
 
 
-def epoch_time(runs: list[Run], out: Path) -> Chart:
-    return _simple(runs, out, "epoch_time", "Epoch time per run",
-                   "mean wall time per whole epoch, s (data loading included, evaluation excluded)", "{:.2f} s",
-                   lambda r: r.epoch_s, missing=lambda r: r.why_no_epoch)
+PROJECTED_NOTE = ("Hatched bars are projected: steps per epoch x median step, for runs that trained only part of an "
+                  "epoch (data loading not included); solid bars are measured whole epochs.")
 
 
-def peak_memory(runs: list[Run], out: Path) -> Chart:
+def _epoch(run: Run) -> float | None:
+    return run.epoch_s if run.epoch_s is not None else run.epoch_projected_s
+
+
+def epoch_time(runs: list[Run], out: Path) -> Chart | str:
+    if not any(_epoch(r) is not None for r in runs):
+        return "Epoch time per run: left out, as no run trained a whole epoch or has a step time to project one from."
+    projected = any(r.epoch_projected_s is not None for r in runs)
+    chart_note = PROJECTED_NOTE if projected else ""
+    colors = _strategy_colors(runs)
+    fig, (ax,) = _figure(len(runs))
+    _run_bars(ax, runs, [_epoch(r) for r in runs], "{:.2f} s", [colors[r.strategy] for r in runs],
+              lambda r: r.why_no_epoch)
+    for patch, run in zip(ax.patches, runs, strict=True):
+        if run.epoch_projected_s is not None:
+            patch.set_hatch("//")
+            patch.set_alpha(0.6)
+    ax.set_xlabel("wall time per epoch, s (measured: data loading included, evaluation excluded)"
+                  if not projected else "time per epoch, s: measured, or projected (hatched)")
+    if chart_note:
+        ax.set_title(textwrap.fill(chart_note, NOTE_WIDTH), fontsize=8, color="#555555")
+    _strategy_legend(ax, colors)
+    return _save(fig, out, "epoch_time", "Epoch time per run" + (" (measured or projected)" if projected else ""),
+                 chart_note)
+
+
+def step_time(runs: list[Run], out: Path) -> Chart | str:
+    """Median step per run with a whisker to its p90: the one speed figure every timed run has."""
+    if not any(r.step_median is not None for r in runs):
+        return "Step time per run: left out, as no run has a step time."
+    colors = _strategy_colors(runs)
+    fig, (ax,) = _figure(len(runs))
+    medians = [None if r.step_median is None else 1e3 * r.step_median for r in runs]
+    ends = [1e3 * (r.step_p90 or r.step_median or 0.0) for r in runs]
+    ax.barh(range(len(runs)), [m or 0.0 for m in medians], color=[colors[r.strategy] for r in runs], height=0.7)
+    for y, (run, median, end) in enumerate(zip(runs, medians, ends, strict=True)):
+        if median is None:
+            _gap_label(ax, y, run.label if not run.ok else run.why_not("step_time_s"))
+            continue
+        if end > median:
+            ax.plot([median, end], [y, y], color="#333333", linewidth=1.2)
+            ax.plot([end, end], [y - 0.2, y + 0.2], color="#333333", linewidth=1.2)
+        ax.text(end, y, f"  {median:,.1f} ms", va="center", fontsize=8)
+    _finish_axes(ax, [r.name for r in runs], range(len(runs)), max(ends, default=0.0) * 1.1)
+    ax.set_xlabel("median step time, ms (the line runs to the 90th percentile); shorter is faster")
+    _strategy_legend(ax, colors)
+    return _save(fig, out, "step_time", "Step time per run")
+
+
+def _mesh(run: Run) -> str:
+    return str(run.field("mesh", "parallel.mesh") or run.strategy)
+
+
+def _grouped(runs: list[Run], out: Path, name: str, title: str, ylabel: str,
+             value: Callable[[Run], float | None], hatched: Callable[[Run], bool], note: str) -> Chart | str:
+    """The seeds' layout: one group of bars per mesh, one bar per batch size (vertical, as drawn by hand)."""
+    meshes = list(dict.fromkeys(_mesh(r) for r in runs if r.ok))
+    batches = sorted({r.batch for r in runs if r.ok and r.batch})
+    cells = {(_mesh(r), r.batch): r for r in runs if r.ok and value(r) is not None}
+    if len(meshes) < 2 or len(batches) < 2 or not cells:
+        return ""
+    fig = Figure(figsize=(2.0 + 1.3 * len(meshes) * max(1, len(batches) / 2), 4.2), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(batches)
+    for i, batch in enumerate(batches):
+        xs, heights, hatches = [], [], []
+        for j, mesh in enumerate(meshes):
+            run = cells.get((mesh, batch))
+            if run is not None:
+                xs.append(j - 0.4 + width * (i + 0.5))
+                heights.append(value(run) or 0.0)
+                hatches.append(hatched(run))
+        bars = ax.bar(xs, heights, width=width * 0.95, color=PALETTE[i % len(PALETTE)], label=f"batch {batch}")
+        for bar, hatch in zip(bars, hatches, strict=True):
+            if hatch:
+                bar.set_hatch("//")
+        ax.bar_label(bars, fmt="{:,.1f}", fontsize=7, padding=2)
+    ax.set_xticks(range(len(meshes)), meshes, fontsize=9)
+    ax.set_xlabel("mesh (data x model)")
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=BESIDE)
+    if note:
+        ax.set_title(textwrap.fill(note, 70), fontsize=8, color="#555555")
+    return _save(fig, out, name, title, note)
+
+
+def mesh_batch_epoch(runs: list[Run], out: Path) -> Chart | str:
+    projected = any(r.epoch_projected_s is not None for r in runs if r.ok)
+    return _grouped(runs, out, "mesh_batch_epoch_time", "Epoch time per mesh and batch size",
+                    "time per epoch, s" + (" (hatched: projected)" if projected else ""), _epoch,
+                    lambda r: r.epoch_projected_s is not None, PROJECTED_NOTE if projected else "")
+
+
+def mesh_batch_memory(runs: list[Run], out: Path) -> Chart | str:
+    sources = {r.memory[1] for r in runs if r.ok and r.memory[0] is not None}
+    label = "MiB per device: " + ("runtime peak" if sources == {"peak"} else "compiled total" if sources ==
+                                  {"compiled"} else "runtime peak; hatched: compiled total")
+    return _grouped(runs, out, "mesh_batch_memory", "Peak memory per device per mesh and batch size", label,
+                    lambda r: r.memory[0], lambda r: r.memory[1] == "compiled" and len(sources) > 1, "")
+
+
+def peak_memory(runs: list[Run], out: Path) -> Chart | str:
+    if not any(r.memory[0] is not None for r in runs):
+        return "Peak memory per run: left out, as no run reports its memory."
     colors = _strategy_colors(runs)
     fig, (ax,) = _figure(len(runs))
     _run_bars(ax, runs, [r.memory[0] for r in runs], "{:.1f}", [colors[r.strategy] for r in runs])
@@ -130,8 +241,10 @@ def peak_memory(runs: list[Run], out: Path) -> Chart:
     return _save(fig, out, "peak_memory", "Peak memory per device per run", note)
 
 
-def throughput(runs: list[Run], out: Path) -> Chart:
-    """Examples per second, counted in the runs' own unit (images, tokens) when they share one."""
+def throughput(runs: list[Run], out: Path) -> Chart | str:
+    """Examples per second (global batch / median step), in the runs' own unit (images, tokens) when they share one."""
+    if not any(r.rate("examples_per_s") is not None for r in runs):
+        return "Training throughput per run: left out, as no run has a step time to derive it from."
     colors = [_strategy_colors(runs)[r.strategy] for r in runs]
     fig, (total, per_device) = _figure(len(runs), columns=2)
     units = {r.unit for r in runs if r.ok}
@@ -139,27 +252,19 @@ def throughput(runs: list[Run], out: Path) -> Chart:
     key = "units_per_s" if unit != "examples" else "examples_per_s"
     _run_bars(total, runs, [r.rate(key) for r in runs], "{:,.0f}", colors)
     _run_bars(per_device, runs, [r.rate(f"{key}_per_device") for r in runs], "{:,.0f}", colors)
-    total.set_xlabel(f"{unit} per second (training)")
+    total.set_xlabel(f"{unit} per second (global batch / median step)")
     per_device.set_xlabel(f"{unit} per second per device")
     _strategy_legend(per_device, _strategy_colors(runs))
     return _save(fig, out, "throughput", "Training throughput per run")
 
 
-def _placeholder(out: Path, name: str, title: str, message: str) -> Chart:
-    fig = Figure(figsize=(9.0, 2.4), dpi=100, layout="constrained")
-    ax = fig.subplots()
-    ax.text(0.5, 0.5, textwrap.fill(message, 90), ha="center", va="center", fontsize=11)
-    ax.set_axis_off()
-    return _save(fig, out, name, title, message)
-
-
-def mfu(runs: list[Run], out: Path) -> Chart:
+def mfu(runs: list[Run], out: Path) -> Chart | str:
     title = "Model FLOPs utilisation per run"
     measured = [r for r in runs if r.mfu_value is not None]
     if not measured:
         reasons = sorted({r.why_not("mfu") for r in runs if r.ok})
         why = "; ".join(reasons) if reasons else "no run completed"
-        return _placeholder(out, "mfu", title, f"No run reports an MFU: {why}.")
+        return f"{title}: left out, as no run reports an MFU ({why})."
     sources = sorted({str(r.mfu.peak_source) for r in measured})
     omitted = [r.name for r in runs if r.mfu_value is None]
     note = f"Peak FLOP/s from: {'; '.join(sources)}." + (
@@ -186,8 +291,10 @@ def _stacked(ax: Axes, runs: list[Run], positions: list[float], parts: list[tupl
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=BESIDE)
 
 
-def comms(runs: list[Run], out: Path) -> Chart:
+def comms(runs: list[Run], out: Path) -> Chart | str:
     kinds = sorted({k for r in runs for k in r.comms}, key=lambda k: -sum(r.comms_bytes(k) for r in runs))
+    if not any(r.comms_bytes(k) for r in runs for k in kinds):
+        return "Communication per step: left out, as no run moves bytes between devices."
     fig, (ax,) = _figure(len(runs))
     parts = [(kind, [r.comms_bytes(kind) / 2**20 for r in runs]) for kind in kinds]
     _stacked(ax, runs, list(range(len(runs))), parts, list(PALETTE), lambda r: "no collectives" if r.ok
@@ -196,7 +303,9 @@ def comms(runs: list[Run], out: Path) -> Chart:
     return _save(fig, out, "comms", "Communication per step per device")
 
 
-def memory_breakdown(runs: list[Run], out: Path) -> Chart:
+def memory_breakdown(runs: list[Run], out: Path) -> Chart | str:
+    if not any(r.part(key) for r in runs for key, _ in BREAKDOWN):
+        return "Memory breakdown: left out, as no run has one."
     # Grouped by strategy (in order of first appearance) so the same model's bytes line up strategy by strategy.
     strategies = list(dict.fromkeys(r.strategy for r in runs))
     ordered, positions, headers, y = [], [], [], 0.0
@@ -220,6 +329,23 @@ def memory_breakdown(runs: list[Run], out: Path) -> Chart:
     return _save(fig, out, "memory_breakdown", "Memory breakdown per device, grouped by strategy")
 
 
-def write_charts(runs: list[Run], out: Path) -> list[Chart]:
-    """Every chart of the report, written as PNGs into `out`, in the order the report shows them."""
-    return [chart(runs, out) for chart in (epoch_time, peak_memory, throughput, mfu, comms, memory_breakdown)]
+CHARTS: tuple[Callable[[list[Run], Path], Chart | str], ...] = (
+    step_time, throughput, epoch_time, mesh_batch_epoch, mesh_batch_memory, peak_memory, mfu, comms, memory_breakdown)
+
+
+def write_charts(runs: list[Run], out: Path) -> tuple[list[Chart], list[str]]:
+    """Every chart with something to show, written as PNGs into `out` in the order the report shows them, and one
+    line for each chart left out (none is drawn empty). A chart that does not apply to these runs (the per-mesh
+    charts of a sweep that varies no mesh and batch) is left out without a line."""
+    charts: list[Chart] = []
+    omitted: list[str] = []
+    for stale in ("epoch_time", "step_time", "mesh_batch_epoch_time", "mesh_batch_memory", "peak_memory",
+                  "throughput", "mfu", "comms", "memory_breakdown"):
+        (out / f"{stale}.png").unlink(missing_ok=True)  # a chart left out this time must not linger from the last
+    for draw in CHARTS:
+        made = draw(runs, out)
+        if isinstance(made, Chart):
+            charts.append(made)
+        elif made:
+            omitted.append(made)
+    return charts, omitted

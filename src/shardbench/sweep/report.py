@@ -19,6 +19,7 @@ from shardbench.sweep.content import (
     COLUMNS, INCOMPLETE, NOISE, ReportContent, Run, fixed, number, shown,
 )
 from shardbench.sweep.findings import explain
+from shardbench.sweep.speed import differing
 from shardbench.sweep.store import RunRow, Store
 
 # ------------------------------------------------------------------------------------------- loading runs
@@ -67,6 +68,26 @@ def _from_folders(root: Path, skip: Path) -> list[Run]:
             for r in runs]
 
 
+def _logged_losses(run: Run, sweep_dir: Path) -> tuple[tuple[int, float], ...] | None:
+    """(step, train loss) from the run folder's metrics.jsonl: under the sweep's runs/, at the folder's own path,
+    or where the record says it wrote (resolved from the working directory)."""
+    places = [sweep_dir / "runs" / run.name, sweep_dir / run.name]
+    places += [Path(p) for p in (run.rec.out, run.config.get("train.out")) if p]
+    for place in places:
+        metrics = place / "tensorboard" / "metrics.jsonl"
+        if metrics.is_file():
+            losses = []
+            try:
+                for line in metrics.read_text().splitlines():
+                    row = json.loads(line)
+                    if isinstance(row.get("train/loss"), (int, float)) and isinstance(row.get("step"), int):
+                        losses.append((row["step"], float(row["train/loss"])))
+            except (OSError, ValueError):
+                return None  # unreadable scalars: compared on the record's own losses only
+            return tuple(losses)
+    return None
+
+
 def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[Run], dict[str, Any]]:
     """The runs in store order (path order for a plain folder of runs) and the sweep's meta."""
     if not sweep_dir.is_dir():
@@ -78,7 +99,7 @@ def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[Run], dic
         runs = []  # nothing but unfinished folders is nothing to report
     if not runs:
         raise ShardbenchError(f"{sweep_dir}: no runs to report (no runs in a sweep.db and no summary.json below it)")
-    return runs, meta
+    return [dataclasses.replace(r, losses=_logged_losses(r, sweep_dir)) if r.ok else r for r in runs], meta
 
 
 PREDICTIONS = "plan-validation.json"  # written by `shardbench plan --validate DIR`
@@ -117,13 +138,17 @@ class ReportPaths:
     charts: dict[str, Path]
     clipped: dict[str, tuple[str, ...]] = dataclass_field(default_factory=dict)  # per chart: texts its edges cut
     incomplete: tuple[str, ...] = ()  # run folders without summary.json
+    differing: tuple[str, ...] = ()  # runs that should be the same computation but whose losses differ
 
 
-TABLE_NOTE = ("Byte figures are per device; comms are per training step. Memory/device is the runtime peak "
-               "where the backend reports one (\"peak\"), else XLA's compiled total: arguments + outputs − "
-               "aliased + temporaries (\"compiled\"). Epoch time is the mean wall time per whole epoch, data "
-               "loading included, evaluation excluded ('–' for a run that trained only part of one). \"Predicted\" "
-               "columns, where present, are `shardbench plan --validate`'s predictions of the same runs.")
+TABLE_NOTE = ("Throughput is the global batch over the median step, the same steady state as step time and MFU "
+              "(the wall-clock rate, compilation and data included, is the record's "
+              "measurements.throughput.wall_examples_per_s). Byte figures are per device; comms are per training "
+              "step. Memory/device is the runtime peak where the backend reports one (\"peak\"), else XLA's "
+              "compiled total: arguments + outputs − aliased + temporaries (\"compiled\"). Epoch time is the mean "
+              "wall time per whole epoch, data loading included, evaluation excluded ('–' for a run that trained "
+              "only part of one; the epoch chart projects it). \"Predicted\" columns, where present, are "
+              "`shardbench plan --validate`'s predictions of the same runs.")
 
 
 def _md_cell(text: str) -> str:
@@ -153,6 +178,7 @@ def render_markdown(content: ReportContent) -> str:
     for chart in content.charts:
         lines += ["", f"### {chart.title}", "", f"![{chart.title}]({chart.path.name})"]
         lines += ["", f"_{chart.note}_"] if chart.note else []
+    lines += [""] + [f"- {line}" for line in content.omitted] if content.omitted else []
     return "\n".join(lines) + "\n"
 
 
@@ -169,15 +195,18 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
     origin = f"`sweep.db`{preset}" if meta else "the run folders below it"
     count = f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
     source = f"Read from {origin} in `{sweep_dir}`: {count}, {complete} complete, {len(runs) - complete} failed."
+    charts, omitted = plots.write_charts(runs, out)
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
                             columns=shown(COLUMNS, runs), swept=swept, findings=explain(runs, swept),
-                            charts=plots.write_charts(runs, out), table_note=TABLE_NOTE)
+                            charts=charts, table_note=TABLE_NOTE, omitted=tuple(omitted))
     markdown, page = out / "report.md", out / "report.html"
     markdown.write_text(render_markdown(content), encoding="utf-8")
     page.write_text(html_page.render(content), encoding="utf-8")
     return ReportPaths(out, markdown, page, {c.name: c.path for c in content.charts},
                        {c.name: c.clipped for c in content.charts if c.clipped},
-                       tuple(r.name for r in content.runs if r.error_kind == INCOMPLETE))
+                       tuple(r.name for r in content.runs if r.error_kind == INCOMPLETE),
+                       tuple(f"{', '.join(eq.runs)} differ by {eq.largest:.1e} at {eq.where} (tolerance "
+                             f"{eq.tolerance:.0e}): see the report" for eq in differing(runs)))
 
 
 # ---------------------------------------------------------------- terminal lines printed by `shardbench sweep`

@@ -328,6 +328,9 @@ def run(args: argparse.Namespace) -> int:
 
                     paths = write_report(out)
                     print(f"report: {paths.markdown}\nreport: {paths.html}", flush=True)
+                    for line in paths.differing:  # layouts that should agree but do not: said at the end too
+                        print(f"sweep: warning: runs that differ only in layout computed different losses: {line}",
+                              file=sys.stderr, flush=True)
                 timing = overhead(store, started, time.perf_counter() - t0)
                 store.set_meta("timing", timing)
                 print(overhead_line(timing), flush=True)
