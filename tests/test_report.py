@@ -412,7 +412,7 @@ def test_speed_ties_and_a_layout_that_computes_something_else(tmp_path: Path) ->
     text = paths.markdown.read_text()
     speed = text.split("### Speed", 1)[1].split("###", 1)[0]
     assert "Fastest: a, 100.0 ms per step" in speed
-    assert "b ties with a (105.0 ms against 100.0 ms): the 5.0% difference is within the spread" in speed
+    assert "b ties with a (105.0 ms against 100.0 ms): the 5.0% difference is within the spread of their step times" in speed
     assert "c is 2.00x slower (200.0 ms against 100.0 ms): it moves 40.0 MiB per device per step" in speed
     assert "a, b, c should be the same computation but differ" in text and "at test loss" in text
     assert paths.differing and paths.differing[0].startswith("a, b, c differ by 2.0e-01 at test loss")

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from shardbench import config as config_lib
 from shardbench import malloc
-from shardbench.errors import ShardbenchError, report
+from shardbench.errors import ShardbenchError, run_reported
 from shardbench.flags import add_config_arguments, config_from_args, setup_devices
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="shardbench",
         description="Train and compare JAX models under any device mesh, sharding strategy and precision.",
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of a failure (also SHARDBENCH_DEBUG=1), for bug reports")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     train = sub.add_parser(
         "train", help="train a model (the Vision Transformer on CIFAR-10 by default)",
@@ -177,13 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"train": cmd_train, "inspect": cmd_inspect, "sweep": sweep_cmd.run, "report": report_cmd.run,
                 "presets": cmd_presets, "bench": bench_cmd.run, "launch": launch.run,
                 "plan": plan_cmd.run}
-    try:
-        return commands[args.command](args)
-    except ShardbenchError as err:
-        return report(err)
-    except KeyboardInterrupt:
-        print("shardbench: interrupted", file=sys.stderr)
-        return 130
+    return run_reported(lambda: commands[args.command](args), args.debug)
 
 
 if __name__ == "__main__":

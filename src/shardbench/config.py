@@ -403,6 +403,44 @@ def check_ranges(cfg: Config) -> None:
             raise ConfigError(f"--{key.replace('_', '-')} must be in {allowed.text()}, got {value}")
 
 
+SYNTHETIC_DATASETS = ("synthetic", "tokens-uniform", "regression")
+
+
+def inert_notes(cfg: Config) -> list[str]:
+    """One line for each field set away from its preset's value that this configuration never reads, so that a
+    setting that does nothing is said rather than silently accepted (nothing is said for a preset of unknown name)."""
+    if cfg.preset not in PRESETS:
+        return []
+    base = flatten(PRESETS[cfg.preset]())
+    now = flatten(cfg)
+    d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
+    unused = {
+        "optim.momentum": (o.optimizer != "sgd", f"it applies to --optim.optimizer sgd, not {o.optimizer}"),
+        "optim.end_lr_fraction": (o.schedule != "cosine", "it applies to the cosine schedule"),
+        "data.crop_pad": (d.crop != "pad", "it applies to --data.crop pad"),
+        "data.crop_scale": (d.crop != "resized", "it applies to --data.crop resized"),
+        "data.crop_ratio": (d.crop != "resized", "it applies to --data.crop resized"),
+        "data.synthetic_train": (d.dataset.split(":")[0] not in SYNTHETIC_DATASETS,
+                                 f"it sizes generated data, and --data is {d.dataset}"),
+        "data.synthetic_test": (d.dataset.split(":")[0] not in SYNTHETIC_DATASETS,
+                                f"it sizes generated data, and --data is {d.dataset}"),
+        "train.eval_batch_size": (not t.eval, "evaluation is off (--no-train.eval)"),
+        "train.profile_skip": (not t.profile, "it places the --profile window, and --profile is off"),
+        "train.profile_steps": (not t.profile, "it sizes the --profile window, and --profile is off"),
+        "train.profile_root": (not t.profile, "it says where --profile writes, and --profile is off"),
+        "train.epochs": (t.steps > 0, f"--steps {t.steps} decides the length"),
+        "model.vocab_size": (m.kind != "lm", f"the {m.kind} model reads no tokens"),
+        "model.seq_len": (m.kind != "lm", f"the {m.kind} model reads no token sequences"),
+        "model.patch_size": (m.kind != "vit", f"the {m.kind} model has no patches"),
+        "model.input_dim": (m.kind != "mlp", f"the {m.kind} model's input is not a feature vector"),
+    }
+    if not d.augment:
+        for name in ("data.flip", "data.crop", "data.trivial_augment"):
+            unused.setdefault(name, (True, "augmentation is off (--no-data.augment)"))
+    return [f"--{key.replace('_', '-')} {now[key]} does nothing here: {why}"
+            for key, (inert, why) in unused.items() if inert and now[key] != base.get(key)]
+
+
 def validate(cfg: Config) -> None:
     """Check every value that can be checked without devices or data; one line per problem. The model
     kind's own shape checks are its task's (`shardbench.tasks.validate` runs both)."""
@@ -446,6 +484,9 @@ def validate(cfg: Config) -> None:
     if m.attention not in ATTENTION:
         raise ConfigError(f"unknown --model.attention '{m.attention}': choose one of {', '.join(ATTENTION)}")
     xla_presets.parse(t.xla_presets)
+    if t.profile and t.profile_steps == 0:
+        raise ConfigError("--profile with --train.profile-steps 0 traces nothing: give the window a positive number of "
+                          "steps (default 3), or drop --profile")
     if t.epochs <= 0 and t.steps <= 0:
         raise ConfigError("nothing to train: give --epochs or --steps a positive value")
     lo, hi = cfg.data.crop_scale

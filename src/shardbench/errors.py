@@ -1,8 +1,25 @@
-"""Errors that shardbench reports to users as one line, without a traceback, and their exit codes."""
+"""Errors that shardbench reports to users as one line, without a traceback, and their exit codes.
+
+Every command goes through `run_reported`: a ShardbenchError is printed as its one line; a fault of the operating
+system or of a file (missing, unwritable, not a directory, a file where a folder should be, disk full, empty or
+corrupt npz/tar/JSON/SQLite) is turned into one line naming the path, what is wrong and what would be right
+(`describe_fault`); anything else is a bug in shardbench, said in one line with how to get the traceback. With
+`shardbench --debug` (or SHARDBENCH_DEBUG=1) the full traceback is shown instead, for bug reports.
+
+Exit statuses: 1 some runs of a sweep failed, 2 configuration, 3 diverged, 4 data, 5 processes, 6 a file or folder
+the run needs, 70 an internal error (a bug), 130 interrupted.
+"""
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import sqlite3
 import sys
+import tarfile
+import zipfile
+from collections.abc import Callable
 
 
 class ShardbenchError(Exception):
@@ -25,16 +42,108 @@ class ClusterError(ShardbenchError):
     """Processes could not join, or another process failed: the message says which and why."""
 
 
+class FileFault(ShardbenchError):
+    """A file or folder the run needs cannot be created, written or read: the message names the path."""
+
+
+EXIT_CODES = {"sweep runs failed": 1, "configuration": 2, "diverged": 3, "data": 4, "processes": 5, "files": 6,
+              "internal error": 70, "interrupted": 130}
+DEBUG_ENV = "SHARDBENCH_DEBUG"
+
+
+def _one_line(text: object) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return (lines[0] if lines else "")[:300]
+
+
 def report(err: ShardbenchError) -> int:
     """Print `err` as one line on stderr and return its exit code: 2 configuration, 3 diverged, 4 data,
-    5 processes (could not join, or another process failed).
+    5 processes (could not join, or another process failed), 6 files.
 
     Distinct codes let a sweep tell a bad configuration from bad data without reading the message.
     """
     if isinstance(err, TrainingDiverged):
-        print(f"shardbench: {err}", file=sys.stderr)
+        print(f"shardbench: {_one_line(err)}", file=sys.stderr)
         return 3
-    print(f"shardbench: error: {err}", file=sys.stderr)
+    print(f"shardbench: error: {_one_line(err)}", file=sys.stderr)
     if isinstance(err, ClusterError):
         return 5
+    if isinstance(err, FileFault):
+        return 6
     return 4 if isinstance(err, DataError) else 2
+
+
+_OS_FIXES = {
+    errno.ENOENT: ("does not exist", "create it, or give a path whose folder exists"),
+    errno.EACCES: ("cannot be written or read (permission denied)", "choose a folder you can write to"),
+    errno.EPERM: ("cannot be written (operation not permitted)", "choose a folder you can write to"),
+    errno.EROFS: ("is on a read-only filesystem", "choose a writable folder"),
+    errno.ENOTDIR: ("has a file where a folder is needed", "remove that file or choose another path"),
+    errno.EISDIR: ("is a folder where a file is needed", "give a file's path"),
+    errno.EEXIST: ("already exists as something else", "remove it or choose another path"),
+    errno.ENOSPC: ("has no space left on its device", "free some space or write elsewhere"),
+    errno.EDQUOT: ("is over its disk quota", "free some space or write elsewhere"),
+    errno.ENAMETOOLONG: ("has a name too long for its filesystem", "choose a shorter path"),
+}
+
+
+def describe_fault(err: BaseException) -> ShardbenchError | None:
+    """A fault of the operating system or of a file's contents as one line (None: not such a fault)."""
+    if isinstance(err, OSError) and err.errno in _OS_FIXES:
+        what, fix = _OS_FIXES[err.errno]
+        path = err.filename or "a path"
+        if err.filename2:
+            path = f"{err.filename} -> {err.filename2}"
+        return FileFault(f"{path} {what}: {fix}")
+    if isinstance(err, OSError):
+        return FileFault(f"{err.filename or 'a file'}: {err.strerror or _one_line(err)}")
+    if isinstance(err, (EOFError, zipfile.BadZipFile, tarfile.TarError)):
+        detail = _one_line(err) or "no detail"
+        return DataError(f"a file is empty, truncated or corrupt ({type(err).__name__}: {detail}); give a complete "
+                         f"file, or run with --debug to see which")
+    if isinstance(err, json.JSONDecodeError):
+        return DataError(f"a JSON file is corrupt ({_one_line(err)}); remove or rewrite it, or run with --debug to "
+                         f"see which")
+    if isinstance(err, sqlite3.DatabaseError):
+        return DataError(f"a SQLite database is corrupt or not a database ({_one_line(err)}); remove it or choose "
+                         f"another --out")
+    return None
+
+
+def writable_dir(path: os.PathLike[str] | str, flag: str) -> None:
+    """Create the folder `path` (with its parents) where missing and check that a file can be written in it, before
+    any work starts: one line naming the flag, the path and what is wrong otherwise."""
+    from pathlib import Path
+
+    folder = Path(path)
+    probe = folder / f".shardbench-write-check-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        fault = describe_fault(err)
+        raise FileFault(f"{flag} {folder}: {fault if fault is not None else _one_line(err)}") from None
+
+
+def run_reported(command: Callable[[], int], debug: bool = False) -> int:
+    """Run one command; every failure becomes one line on stderr and an exit status (see EXIT_CODES)."""
+    debug = debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    try:
+        return command()
+    except ShardbenchError as err:
+        if debug:
+            raise
+        return report(err)
+    except KeyboardInterrupt:
+        print("shardbench: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - the one place where every other failure becomes a line
+        if debug:
+            raise
+        fault = describe_fault(err)
+        if fault is not None:
+            return report(fault)
+        print(f"shardbench: internal error: {type(err).__name__}: {_one_line(err)} (a bug in shardbench: run again "
+              f"with --debug or {DEBUG_ENV}=1 for the traceback, and report it)", file=sys.stderr)
+        return 70

@@ -32,7 +32,7 @@ from typing import IO, Any
 from shardbench import config as config_lib
 from shardbench import malloc
 from shardbench.bench.tables import render
-from shardbench.errors import ConfigError
+from shardbench.errors import ConfigError, writable_dir
 
 GROUPS = ("step", "batch", "layers", "remat", "pipeline", "alloc")
 SCALING_WINDOWS = 3  # timed windows of the groups other than step
@@ -341,7 +341,7 @@ def machine() -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     planned = plan(args)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
+    writable_dir(out, "--out")
     cases = []
     started = time.perf_counter()
     with (out / "bench.log").open("w") as log:

@@ -9,6 +9,7 @@ seeded `--data.val-fraction` of train is held out). What the arrays must be depe
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,12 @@ def _read(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as err:
-        raise DataError(f"arrays:{path} is not a readable .npz file: {str(err).splitlines()[0][:200]}") from None
+    except FileNotFoundError:
+        raise DataError(f"arrays:{path} does not exist: give the path of an .npz file (numpy.savez)") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        detail = (str(err).splitlines() or [type(err).__name__])[0][:200] or type(err).__name__
+        raise DataError(f"arrays:{path} is empty, truncated or not an .npz file ({detail}): write it with "
+                        f"numpy.savez") from None
     missing = [k for k in REQUIRED if k not in arrays]
     if missing:
         raise DataError(f"arrays:{path} lacks {', '.join(missing)}: it needs x_train, y_train, x_test, y_test "

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench import config as config_lib
-from shardbench.errors import ConfigError
+from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import add_config_arguments, config_from_args
 from shardbench.plan.candidates import USES, Candidate, candidates
 from shardbench.plan.target import HINT, Target, parse_target
@@ -107,10 +107,12 @@ def run(args: argparse.Namespace) -> int:
 
         return validate_dir(args.validate, args.calibrate, args.workers)
     cfg, target, cands = prepare(args)
+    out = default_out(cfg, target)
+    writable_dir(out, "--out")  # before the compiling, not after it
     from shardbench.plan.build import make_plan
 
     plan = make_plan(cfg, target, cands, args.workers, args.calibrate, progress=sys.stderr)
-    paths = plan.write(default_out(cfg, target))
+    paths = plan.write(out)
     print(plan.text())
     print(f"\nplan written to {paths[0]} and {paths[1]}")
     return 0 if any(r.prediction for r in plan.rows) else 1  # every candidate failed to compile

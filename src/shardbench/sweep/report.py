@@ -11,7 +11,7 @@ from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
-from shardbench.errors import ShardbenchError
+from shardbench.errors import ShardbenchError, writable_dir
 from shardbench.measure.run_record import from_json
 from shardbench.sweep import html as html_page
 from shardbench.sweep import plots
@@ -188,7 +188,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
     out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
     runs, meta = load_runs(sweep_dir, skip=out)
     runs = with_predictions(runs, sweep_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    writable_dir(out, "--out")
     swept = swept_fields(runs)
     complete = sum(r.ok for r in runs)
     preset = f" (preset {meta['preset']})" if meta.get("preset") else ""

@@ -91,8 +91,8 @@ def speed_findings(runs: list[Run]) -> list[str]:
                    f"{_throughput(run):,.0f} against {_throughput(fastest):,.0f} examples/s")
         if ratio - 1.0 <= noise:
             sentences.append(f"{run.name} ties with {fastest.name} ({figures}): the {100 * (ratio - 1):.1f}% "
-                             f"difference is within the spread of their step times (median to p90, "
-                             f"{100 * noise:.1f}%).")
+                             f"difference is within the spread of their step times (median to p90, up to "
+                             f"{100 * noise:.1f}%), so this ranking cannot tell them apart.")
             continue
         cause = _cause(run, fastest)
         sentences.append(f"{run.name} is {ratio:.2f}x slower ({figures})" + (f": {cause}." if cause else "."))

@@ -7,11 +7,13 @@ restoring the step restores where the data stream stands.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
 
+from shardbench.errors import DataError
 from shardbench.train.state import TrainState
 
 
@@ -43,7 +45,8 @@ class Checkpoints:
         _write_whole_shards_on_cpu()
         options = ocp.CheckpointManagerOptions(max_to_keep=max(keep, 1), create=True,
                                                enable_async_checkpointing=True)
-        self._manager = ocp.CheckpointManager(directory.absolute(), options=options)
+        self._directory = directory.absolute()
+        self._manager = ocp.CheckpointManager(self._directory, options=options)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -61,6 +64,26 @@ class Checkpoints:
     def restore(self, target: TrainState, step: int | None = None) -> TrainState:
         step = self.latest_step() if step is None else step
         return self._manager.restore(step, args=ocp.args.StandardRestore(target))
+
+    def restore_good(self, target: TrainState, newest: int) -> tuple[TrainState, int]:
+        """The newest checkpoint at or before step `newest` that restores, and its step. A damaged one is named in
+        a line and the one before it is used; where none restores, one line says what to do."""
+        damaged: list[str] = []
+        for step in sorted((s for s in self.all_steps() if s <= newest), reverse=True):
+            try:
+                state = self._manager.restore(step, args=ocp.args.StandardRestore(target))
+            except Exception as err:  # noqa: BLE001 - orbax raises many kinds on a damaged file
+                detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+                damaged.append(f"step {step}")
+                print(f"shardbench: --resume: the checkpoint of step {step} in {self._directory} is damaged "
+                      f"({type(err).__name__}: {detail}); trying the one before it", file=sys.stderr, flush=True)
+                continue
+            if damaged:
+                print(f"shardbench: --resume: resuming from step {step}, the last checkpoint that restores",
+                      file=sys.stderr, flush=True)
+            return state, step
+        raise DataError(f"--resume: no checkpoint in {self._directory} restores (damaged: {', '.join(damaged)}): "
+                        f"remove that folder to train again from step 0, or put back a copy of it")
 
     def wait(self) -> None:
         self._manager.wait_until_finished()

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import jax
 
+from shardbench.errors import writable_dir
+
 OFF = "off"
 # With the persistent cache on, XLA's per-fusion GPU autotune results go under it too (jax >= 0.4.36), so a
 # later run of another mesh or batch of the same model skips autotuning the fusions it shares.
@@ -58,7 +60,7 @@ def enable(path: Path | None) -> None:
             _reset()
         jax.config.update("jax_enable_compilation_cache", False)
         return
-    path.mkdir(parents=True, exist_ok=True)
+    writable_dir(path, "--train.compile-cache")
     if jax.config.jax_compilation_cache_dir not in (None, str(path)):
         _reset()  # this process already opened another cache directory (several runs in one process)
     jax.config.update("jax_enable_compilation_cache", True)

@@ -81,6 +81,8 @@ def run(cfg: Config) -> dict[str, Any]:
     is_main = jax.process_index() == 0
     if is_main:
         print(header_line(plan), flush=True)
+        for note in config_lib.inert_notes(cfg):
+            print(f"shardbench: note: {note}", flush=True)
     before = compile_cache.counts()
     host = shared_host_peak(cfg, layout)  # measuring it compiles a matmul: not one of this run's programs
     cache_counts = compile_cache.shift(cache_counts, before, compile_cache.counts())
@@ -104,7 +106,11 @@ def run(cfg: Config) -> dict[str, Any]:
               f"its first); training from step 0", flush=True)
     finished.unlink(missing_ok=True)  # a resumed run is incomplete until it finishes again
     if start is not None:
-        state = checkpoints.restore(abstract_train_state(plan.spec, layout, tx), start)
+        try:
+            state, start = checkpoints.restore_good(abstract_train_state(plan.spec, layout, tx), start)
+        except BaseException:
+            checkpoints.close()  # orbax's background threads end here, not in an interpreter shutting down
+            raise
     else:
         state, start = init_state(cfg, plan.spec, layout, tx), 0
     steps = make_steps(cfg, plan.task, plan.spec, layout, tx, state_shardings(plan.spec, layout, tx), schedule,

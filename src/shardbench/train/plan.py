@@ -21,7 +21,7 @@ from shardbench.data.arrays import Dataset, ImageDataset
 from shardbench.data.pipeline import steps_per_epoch
 from shardbench.data.sources import check_model_kind, load_for, validate_spec
 from shardbench.devices import select_devices
-from shardbench.errors import ConfigError
+from shardbench.errors import ConfigError, FileFault, writable_dir
 from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
 from shardbench.tasks import Task, for_data, get_task, validate
@@ -55,6 +55,8 @@ def resolve_out(cfg: Config) -> Path:
 
 def check_resume(cfg: Config, out: Path) -> None:
     """A run directory is resumed only with the configuration it was started with."""
+    if out.exists() and not out.is_dir():
+        raise FileFault(f"--out {out} is a file: give a folder for the run (it holds config.json, checkpoints, ...)")
     saved_path = out / "config.json"
     if cfg.train.resume:
         if not saved_path.exists():
@@ -149,6 +151,7 @@ def plan_run(cfg: Config) -> Plan:
     out = resolve_out(cfg)
     check_resume(cfg, out)
     check_supported(cfg.precision, layout.device)
+    writable_dir(default_cache_dir(cfg), "--data.cache-dir")  # decoded datasets and the host's peak go there
     dataset = load_for(cfg, default_cache_dir(cfg))
     per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size)
     if per_epoch == 0:
@@ -157,11 +160,13 @@ def plan_run(cfg: Config) -> Plan:
         )
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
+    writable_dir(out, "--out")  # last: a run refused above leaves no folder behind
     return Plan(cfg, for_data(task, dataset), out, layout, spec, dataset, per_epoch, total)
 
 
 def check_profile_window(t: TrainConfig, steps_left: int) -> None:
-    """--profile traces steps skip+1 .. skip+steps of this invocation: a run with fewer steps would trace nothing."""
+    """--profile traces steps skip+1 .. skip+steps of this invocation: a run with fewer steps, or a window of no
+    steps, would trace nothing."""
     if t.profile and t.profile_steps > 0 and steps_left < t.profile_skip + t.profile_steps:
         raise ConfigError(
             f"--profile traces steps {t.profile_skip + 1}-{t.profile_skip + t.profile_steps} (--train.profile-skip "

@@ -1,0 +1,272 @@
+"""Whatever the user gets wrong, every command answers with one line and a documented exit status, never a
+traceback, and leaves nothing a later run could take for finished work.
+
+The cases are generated from tables: every path-taking option of every command against every way a path can be
+unusable, every file-reading option against every way a file can be empty or corrupt, and bad values and
+settings that would do nothing, for each command. Add a row when a new mistake is found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardbench.cli import main
+from shardbench.errors import EXIT_CODES
+
+BAD_INPUT_CODES = {EXIT_CODES[k] for k in ("configuration", "data", "files")}
+# Artefacts that say "finished": none may appear after a refused command.
+FINISHED = ("summary.json", "sweep.db", "report.md", "report.html", "plan.json", "plan-validation.json", "bench.json")
+TINY = ["--preset", "vit-tiny", "--data.synthetic-train", "64", "--data.synthetic-test", "32", "--batch-size", "16",
+        "--steps", "2", "--model.embed-dim", "16", "--model.mlp-dim", "32", "--model.num-layers", "1",
+        "--no-train.progress", "--no-train.eval", "--devices", "1", "--mesh", "none"]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    argv: Callable[[Path], list[str]]  # the command line, given a fresh folder for this case
+    says: str  # what the one line must name
+
+
+# ------------------------------------------------------------------------------------ unusable paths
+def _file_in_the_way(tmp: Path) -> Path:
+    (tmp / "a-file").write_text("not a folder")
+    return tmp / "a-file" / "out"
+
+
+PATH_FAULTS: dict[str, Callable[[Path], Path]] = {
+    "parent is a file": _file_in_the_way,
+    "under /proc": lambda tmp: Path("/proc/shardbench-nope/out"),
+    "a file given as the folder": lambda tmp: (tmp / "given-file").write_text("x") and tmp / "given-file",
+}
+
+
+def _sweep_dir(tmp: Path) -> Path:
+    run = tmp / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"train": {"batch_size": 16}}))
+    (run / "summary.json").write_text(json.dumps({"status": "complete", "run_name": "r1"}))
+    return tmp / "runs"
+
+
+PATH_NAMES = {"parent is a file": "a-file", "under /proc": "shardbench-nope", "a file given as the folder": "given-file"}
+PATH_OPTIONS: dict[str, Callable[[Path, str], list[str]]] = {
+    "train --out": lambda tmp, p: ["train", *TINY, "--out", p],
+    "train --data.cache-dir": lambda tmp, p: ["train", *TINY, "--data.cache-dir", p, "--out", str(tmp / "o")],
+    "train --train.compile-cache": lambda tmp, p: ["train", *TINY, "--train.compile-cache", p,
+                                                   "--out", str(tmp / "o")],
+    "sweep --out": lambda tmp, p: ["sweep", *TINY, "--batch-size", "16,32", "--out", p],
+    "report --out": lambda tmp, p: ["report", str(_sweep_dir(tmp)), "--out", p],
+    "bench --out": lambda tmp, p: ["bench", "--preset", "vit-tiny", "--groups", "pipeline", "--out", p],
+    "plan --out": lambda tmp, p: ["plan", "--preset", "vit-tiny", "--target", "cpu", "--devices", "1",
+                                  "--train.out", p],
+}
+
+
+def _path_cases() -> list[Case]:
+    return [Case(f"{option}: {fault}", lambda tmp, o=option, f=fault: PATH_OPTIONS[o](tmp, str(PATH_FAULTS[f](tmp))),
+                 says=PATH_NAMES[fault])
+            for option in PATH_OPTIONS for fault in PATH_FAULTS]
+
+
+# ------------------------------------------------------------------------------- empty or corrupt files
+def _truncated_npz(path: Path) -> None:
+    full = path.with_suffix(".full.npz")
+    np.savez(full, x_train=np.zeros((4, 8, 8, 3), np.uint8), y_train=np.zeros(4, np.int64))
+    path.write_bytes(full.read_bytes()[:60])
+
+
+CONTENTS: dict[str, Callable[[Path], None]] = {
+    "empty": lambda p: p.write_bytes(b""),
+    "random bytes": lambda p: p.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, np.uint8).tobytes()),
+    "a truncated zip": _truncated_npz,
+}
+
+
+def _store_over(tmp: Path, fill: Callable[[Path], None]) -> Path:
+    (tmp / "s").mkdir()
+    fill(tmp / "s" / "sweep.db")
+    return tmp / "s"
+
+
+def _summary_over(tmp: Path, fill: Callable[[Path], None]) -> Path:
+    run = tmp / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"train": {"batch_size": 16}}))
+    fill(run / "summary.json")
+    return tmp / "runs"
+
+
+def _file(tmp: Path, name: str, fill: Callable[[Path], None]) -> Path:
+    fill(tmp / name)
+    return tmp / name
+
+
+FILE_OPTIONS: dict[str, tuple[Callable[[Path, Callable[[Path], None]], list[str]], str]] = {
+    "train --data arrays:": (lambda tmp, f: ["train", *TINY, "--data", f"arrays:{_file(tmp, 'd.npz', f)}",
+                                             "--out", str(tmp / "o")], "d.npz"),
+    "train --data imagefolder:": (lambda tmp, f: ["train", *TINY, "--data", f"imagefolder:{_file(tmp, 'i.tar.gz', f)}",
+                                                  "--out", str(tmp / "o")], "i.tar.gz"),
+    "train --data cifar10:": (lambda tmp, f: ["train", *TINY, "--data", f"cifar10:{_file(tmp, 'c.tar.gz', f)}",
+                                              "--out", str(tmp / "o")], "c.tar.gz"),
+    "sweep --sweep-file (toml)": (lambda tmp, f: ["sweep", "--sweep-file", str(_file(tmp, "s.toml", f)),
+                                                  "--out", str(tmp / "o")], "s.toml"),
+    "sweep --sweep-file (json)": (lambda tmp, f: ["sweep", "--sweep-file", str(_file(tmp, "s.json", f)),
+                                                  "--out", str(tmp / "o")], "s.json"),
+    "report of a sweep.db": (lambda tmp, f: ["report", str(_store_over(tmp, f))], "sweep.db"),
+    "sweep --resume of a sweep.db": (lambda tmp, f: ["sweep", "--resume", "--out", str(_store_over(tmp, f))],
+                                     "sweep.db"),
+    "report of a summary.json": (lambda tmp, f: ["report", str(_summary_over(tmp, f))], "summary.json"),
+    "plan --validate of a summary.json": (lambda tmp, f: ["plan", "--validate", str(_summary_over(tmp, f))],
+                                          "summary.json"),
+}
+
+
+def _file_cases() -> list[Case]:
+    return [Case(f"{option}: {content}", lambda tmp, o=option, c=content: FILE_OPTIONS[o][0](tmp, CONTENTS[c]),
+                 says=FILE_OPTIONS[option][1]) for option in FILE_OPTIONS for content in CONTENTS]
+
+
+# ------------------------------------------------------------------- bad values, and settings that do nothing
+def _empty_sweep_file(tmp: Path) -> list[str]:
+    (tmp / "s.toml").write_text('preset = "vit-tiny"\n[base]\n"train.steps" = 2\n')
+    return ["sweep", "--sweep-file", str(tmp / "s.toml"), "--out", str(tmp / "o")]
+
+
+VALUES: list[tuple[str, Callable[[Path], list[str]], str]] = [
+    ("train: a profile window of no steps", lambda t: ["train", *TINY, "--profile", "--train.profile-steps", "0",
+                                                       "--out", str(t / "o")], "--train.profile-steps 0"),
+    ("train: an unknown XLA preset", lambda t: ["train", *TINY, "--train.xla-presets", "turbo", "--out", str(t / "o")],
+     "turbo"),
+    ("train: a batch the data cannot fill", lambda t: ["train", *TINY, "--batch-size", "4096", "--out", str(t / "o")],
+     "4096"),
+    ("train: --resume of nothing", lambda t: ["train", *TINY, "--resume", "--out", str(t / "o")], "--resume"),
+    ("train: arrays that do not exist", lambda t: ["train", *TINY, "--data", f"arrays:{t / 'none.npz'}",
+                                                   "--out", str(t / "o")], "none.npz"),
+    ("train: a model file that does not exist", lambda t: ["train", *TINY, "--model", f"{t / 'm.py'}:make",
+                                                           "--task", "classify", "--out", str(t / "o")], "m.py"),
+    ("train: a negative learning rate", lambda t: ["train", *TINY, "--lr", "-1", "--out", str(t / "o")], "--optim.lr"),
+    ("train: a mesh bigger than the devices", lambda t: ["train", *TINY, "--mesh", "16", "--out", str(t / "o")], "16"),
+    ("sweep: a sweep file with no axes", _empty_sweep_file, "no axes"),
+    ("sweep: a sweep file that does not exist", lambda t: ["sweep", "--sweep-file", str(t / "no.toml")], "no.toml"),
+    ("sweep: a negative timeout", lambda t: ["sweep", *TINY, "--batch-size", "16,32", "--timeout", "-1",
+                                             "--out", str(t / "o")], "--timeout"),
+    ("report: a folder that does not exist", lambda t: ["report", str(t / "nothing")], "nothing"),
+    ("report: a folder with no runs", lambda t: (t / "e").mkdir() or ["report", str(t / "e")], "no runs"),
+    ("plan: an unknown chip", lambda t: ["plan", "--preset", "vit-tiny", "--target", "8xnope"], "nope"),
+    ("plan: negative workers", lambda t: ["plan", "--preset", "vit-tiny", "--target", "cpu", "--workers", "-2"],
+     "--workers"),
+    ("plan: --validate of a missing folder", lambda t: ["plan", "--validate", str(t / "gone")], "gone"),
+    ("inspect: a strategy that does not exist", lambda t: ["inspect", "--preset", "vit-tiny", "--strategy", "zero3"],
+     "zero3"),
+    ("inspect: a parameter that does not exist", lambda t: ["inspect", "--preset", "vit-tiny", "--devices", "1",
+                                                            "--array", "nope/kernel"], "nope/kernel"),
+    ("bench: an unknown group", lambda t: ["bench", "--groups", "speed", "--out", str(t / "o")], "speed"),
+    ("bench: a language model", lambda t: ["bench", "--preset", "lm-tiny", "--out", str(t / "o")], "lm-tiny"),
+    ("launch: no processes", lambda t: ["launch", "--processes", "0", "train", *TINY], "--processes"),
+]
+
+
+def _value_cases() -> list[Case]:
+    return [Case(name, argv, says) for name, argv, says in VALUES]
+
+
+CASES = _path_cases() + _file_cases() + _value_cases()
+
+
+def _finished_files(root: Path) -> set[Path]:
+    return {p for name in FINISHED for p in root.rglob(name)} if root.exists() else set()
+
+
+def _invoke(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse's own refusals
+        code = int(stop.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_tables_hold_enough_cases(tmp_path: Path) -> None:
+    assert len(CASES) >= 60, len(CASES)
+    assert len({c.name for c in CASES}) == len(CASES)
+    commands = set()
+    for i, case in enumerate(_value_cases()):
+        (tmp_path / str(i)).mkdir()
+        commands.add(case.argv(tmp_path / str(i))[0])
+    assert commands == {"train", "sweep", "report", "plan", "inspect", "bench", "launch"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_is_one_line(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # a default output folder would land here
+    monkeypatch.setenv("SHARDBENCH_CACHE", str(tmp_path / "cache"))
+    work = tmp_path / "case"
+    work.mkdir()
+    argv = case.argv(work)
+    before = _finished_files(tmp_path)
+    code, out, err = _invoke(argv, capsys)
+    assert code in BAD_INPUT_CODES, (code, err)
+    assert "Traceback" not in out + err
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("shardbench: error:", "shardbench sweep: error",
+                                                         "shardbench train: error", "shardbench: "))
+              and "error" in line]
+    assert len(errors) == 1, lines
+    assert case.says in errors[0], (case.says, errors[0])
+    assert all(line.startswith(("shardbench", "see '")) for line in lines), lines
+    assert _finished_files(tmp_path) == before  # nothing a later run or report could take for finished
+
+
+def test_a_process_shows_no_traceback_unless_asked(tmp_path: Path) -> None:
+    """The real command line: the same one line, and the whole traceback with --debug for a bug report."""
+    (tmp_path / "empty.npz").write_bytes(b"")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    args = [sys.executable, "-m", "shardbench", "train", *TINY, "--data", f"arrays:{tmp_path / 'empty.npz'}",
+            "--out", str(tmp_path / "o")]
+    quiet = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == EXIT_CODES["data"] and "Traceback" not in quiet.stderr
+    assert quiet.stderr.strip().splitlines()[-1].startswith("shardbench: error: arrays:")
+    loud = subprocess.run([*args[:3], "--debug", *args[3:]], env=env, capture_output=True, text=True, timeout=300)
+    assert loud.returncode != 0 and "Traceback" in loud.stderr
+
+
+def test_a_damaged_checkpoint_is_named_and_the_last_good_one_used(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    args = ["train", *TINY, "--steps", "4", "--train.checkpoint-every", "2", "--out", str(out),
+            "--data.cache-dir", str(tmp_path / "cache")]
+    assert main(args) == 0
+    (out / "summary.json").unlink()  # as if it had been stopped after its last checkpoint
+    for chunk in (out / "checkpoints" / "4").rglob("d/*"):
+        chunk.write_bytes(b"")
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "the checkpoint of step 4" in err and "is damaged" in err and "resuming from step 2" in err
+    assert json.loads((out / "summary.json").read_text())["resumed_from"] == 2
+    (out / "summary.json").unlink()
+    for chunk in (out / "checkpoints").rglob("d/*"):
+        chunk.write_bytes(b"")
+    code, _, err = _invoke([*args, "--resume"], capsys)
+    assert code == EXIT_CODES["data"] and "no checkpoint in" in err and "Traceback" not in err
+    assert not (out / "summary.json").exists()
+
+
+def test_settings_that_do_nothing_are_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", *TINY, "--optim.momentum", "0.5", "--train.profile-steps", "5", "--out",
+                 str(tmp_path / "o"), "--data.cache-dir", str(tmp_path / "cache")]) == 0
+    out = capsys.readouterr().out
+    assert "note: --optim.momentum 0.5 does nothing here: it applies to --optim.optimizer sgd" in out
+    assert "note: --train.profile-steps 5 does nothing here" in out
+
