@@ -54,15 +54,47 @@ def test_a_combination_the_device_cannot_run_is_named_in_one_line() -> None:
     assert "\n" not in message and "try --dtype float32" in message
 
 
+def _dots(jaxpr: jax.extend.core.Jaxpr) -> list:
+    """Every dot_general of `jaxpr`, inside scans, remat and custom rules too."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    found += _dots(inner)
+    return found
+
+
 def test_bfloat16_compute_really_computes_in_bfloat16(micro) -> None:
+    """Every matmul of the train step, forward and backward: the patch embedding, the six of each layer (q/k/v,
+    scores, weighted sum, output, two MLP), the head, and their gradients take bfloat16 operands. The one
+    exception is by design: the attention scores accumulate in float32 (preferred_element_type), so their
+    cotangent, and with it the two matmuls of the scores' backward, are float32 against a bfloat16 operand."""
     from flax import nnx
 
     from shardbench.models import build_model
 
-    cfg = micro(**{"precision.dtype": "bfloat16", "precision.param_dtype": "float32"})
+    cfg = micro(**{"precision.dtype": "bfloat16", "precision.param_dtype": "float32", "model.attention": "einsum"})
     model = build_model(cfg, nnx.Rngs(0))
     assert model.head_kernel[...].dtype == jnp.float32
-    jaxpr = jax.make_jaxpr(lambda x: model(x))(jnp.ones((2, 32, 32, 3)))
-    dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
-    assert dots and all(e.invars[0].aval.dtype == jnp.bfloat16 for e in dots[:1])
-    assert jaxpr.out_avals[0].dtype == jnp.float32  # logits (and so the loss) in float32
+    graph, params = nnx.split(model)
+    images = jnp.ones((2, 32, 32, 3))
+
+    def loss(p, x):
+        return nnx.merge(graph, p)(x).sum()
+
+    forward = jax.make_jaxpr(loss)(params, images)
+    dots = _dots(forward.jaxpr)
+    assert len(dots) == 1 + 6 + 1  # the layer stack's body holds a layer's six once, whatever the depth
+    assert all(e.invars[0].aval.dtype == e.invars[1].aval.dtype == jnp.bfloat16 for e in dots)
+    backward = _dots(jax.make_jaxpr(jax.grad(loss))(params, images).jaxpr)
+    assert len(backward) >= 3 * len(dots) - 2  # each matmul again forward, then two gradients (none for the input)
+    scores_shape = (2, cfg.model.num_heads, 17, 17)  # (batch, heads, queries, keys): 16 patches + the class token
+    mixed = [e for e in backward if e.invars[0].aval.dtype != e.invars[1].aval.dtype]
+    assert [e.invars[0].aval.shape for e in mixed] == [scores_shape, scores_shape]
+    assert all(e.invars[0].aval.dtype == jnp.float32 for e in mixed)
+    assert all(e.invars[0].aval.dtype == e.invars[1].aval.dtype == jnp.bfloat16 for e in backward if e not in mixed)
+    assert forward.out_avals[0].dtype == jnp.float32  # logits (and so the loss) in float32

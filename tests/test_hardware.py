@@ -30,9 +30,21 @@ def test_the_figures_are_consistent() -> None:
         assert chip.memory_bytes > 0 and chip.per_node > 0 and chip.source, chip.name
         if chip.intra_bandwidth and chip.inter_bandwidth:
             assert chip.intra_bandwidth > chip.inter_bandwidth, chip.name  # NVLink/ICI beyond the network
-    # The figures the issues quote: an H100's 989 TFLOP/s bfloat16 and 80 GB.
-    assert BY_NAME["h100"].peaks["bf16"] == 989e12 and BY_NAME["h100"].memory_bytes == 80e9
-    assert table_peak("NVIDIA H100 80GB HBM3", "bfloat16", "default") == (
-        989e12, "table: h100 bf16 (NVIDIA H100 Tensor Core GPU data sheet (SXM); DGX H100)")
-    assert table_peak("TPU v5 lite", "float32", "highest")[0] == pytest.approx(197e12 / 6)
+
+
+
+@pytest.mark.parametrize("kind", ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "TPU v5 lite", "TPU v4"])
+def test_a_run_gets_the_peak_of_its_compute_class(kind: str) -> None:
+    """What MFU divides by follows the run's precision through the device's kind: bfloat16 and float16 compute
+    use the 16-bit peak; float32 at default precision the TF32 (GPU) or bf16-pass (TPU) peak; 'highest' the
+    full float32 peak; and the source names the chip and class it came from."""
+    chip = chip_for_kind(kind)
+    assert chip is not None
+    expected = {("bfloat16", "default"): "bf16", ("float16", "highest"): "bf16", ("float32", "default"): "tf32",
+                ("float32", "high"): "tf32", ("float32", "highest"): "f32"}
+    for (dtype, precision), cls in expected.items():
+        peak, source = table_peak(kind, dtype, precision)
+        assert peak == chip.peaks[cls] and source.startswith(f"table: {chip.name} {cls} (")
+    assert table_peak(kind, "float32", "highest")[0] < table_peak(kind, "float32", "default")[0] <= \
+        table_peak(kind, "bfloat16", "default")[0]
     assert table_peak("cpu", "float32", "default") is None
