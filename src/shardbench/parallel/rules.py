@@ -1,8 +1,12 @@
 """Strategies as tables from logical axis names to mesh axes, and the shardings a layout derives from them.
 
 A strategy has two tables (as Levanter separates parameter and compute axis mappings): one for where
-parameters and optimizer state live, one for how activations and batches are split. FSDP differs from
-DP only in its parameter table: 'embed' is sharded over the data axis and gathered for compute.
+parameters and optimizer state live, one for how activations and batches are split. FSDP (and FSDP+TP) is not a
+table alone: it is the table of DP (or TP) plus a rule, `Strategy.fsdp`, applied per array by
+`Layout.param_spec`: each parameter takes one more dim over the data axis, 'embed' where the data size divides
+it, else its largest dim that does (never the stacked 'layers' dim), and stays replicated where none does. A
+table could not say this, since which dim divides depends on each array's shape; the parameters are gathered
+for compute by XLA (ZeRO-3).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""The side effects of a training loop, each a hook with its own interval: logging, checkpoints, the profiler
-window, fault injection for tests, and the end of an epoch (evaluation, the epoch's line and record).
+"""The side effects of a training loop as hooks, and when each runs: logging, checkpoints, fault injection for
+tests, the end of an epoch (evaluation, the epoch's line and record), and the profiler window around steps.
 
-The loop (`shardbench.train.loop`) only steps; each hook sees the `Run` (what the loop knows: the step just
-dispatched, the state, the metrics settled so far) before and after every step. Metrics reach the host one
-step late (`Metrics`), so the device never waits for the host; a hook that needs the latest step's numbers
-(a checkpoint must know its loss is finite) settles them first.
+The loop (`shardbench.train.loop`) steps and calls each hook when its `Every` says so (every N steps, at each
+epoch's end, or both), Levanter-style; no hook knows another. What they share is the `Run`: the step just
+dispatched, the state, the metrics (brought to the host one step late, so the device never waits; a hook that
+needs the latest step's numbers, as a checkpoint must know its loss is finite, settles them itself) and the time
+spent outside training steps (evaluation), which the logged rate leaves out.
 """
 
 from __future__ import annotations
@@ -99,26 +100,34 @@ class Run:
     metrics: Metrics
     state: Any
     started: float = field(default_factory=time.perf_counter)
+    start: int = 0  # the step this invocation started from (a resumed run's checkpoint)
     done: int = 0  # steps completed, counting the one just dispatched
+    paused_s: float = 0.0  # seconds spent outside training steps so far (evaluation)
 
     @property
     def end_of_epoch(self) -> bool:
         return self.done % self.per_epoch == 0 or self.done == self.total
 
 
-class Hook:
-    """A side effect of the loop; both methods do nothing unless a hook overrides them."""
+Hook = Callable[[Run], None]  # called after a step the loop finds it due at
 
-    def before_step(self, run: Run) -> None:
-        """`run.done` is the step about to be dispatched."""
 
-    def after_step(self, run: Run) -> None:
-        """`run.done` is the step just dispatched; its metrics are pending."""
+@dataclass(frozen=True)
+class Every:
+    """When the loop calls `hook`: every `steps` steps (0: never by count) and/or at each epoch's end (the last
+    step ends an epoch too)."""
+
+    hook: Hook
+    steps: int = 0
+    epoch_end: bool = False
+
+    def due(self, run: Run) -> bool:
+        return (self.steps > 0 and run.done % self.steps == 0) or (self.epoch_end and run.end_of_epoch)
 
 
 @dataclass
-class Profile(Hook):
-    """The profiler window; the intervals it touches are left out of the step times."""
+class Profile:
+    """The profiler window, around the steps it traces; the intervals it touches are left out of the step times."""
 
     window: ProfileWindow
     timer: StepTimer
@@ -135,64 +144,52 @@ class Profile(Hook):
 
 
 @dataclass
-class Log(Hook):
-    """Every `every` steps, at each epoch's end and before each checkpoint: the train scalars and the rate."""
+class Log:
+    """The train scalars and the training rate since the last call (time outside steps left out)."""
 
     writer: ScalarWriter
     bar: Any
-    every: int
-    checkpoint_every: int
     examples_per_step: float  # in the task's unit (images, tokens, examples)
     unit: str
-    _window: tuple[float, int] = field(default_factory=lambda: (time.perf_counter(), 0))
+    _since: tuple[float, int, float] | None = None  # (clock, steps done, paused seconds) at the last call
 
-    def after_step(self, run: Run) -> None:
-        start, steps = self._window
-        self._window = (start, steps + 1)
-        due_checkpoint = self.checkpoint_every > 0 and run.done % self.checkpoint_every == 0
-        if run.done % self.every == 0 or run.end_of_epoch or due_checkpoint:
-            last = run.metrics.settle()
-            now = time.perf_counter()
-            rate = (steps + 1) * self.examples_per_step / max(now - start, 1e-9)
-            self._window = (now, 0)
-            self.writer.write(run.done, {f"train/{k}": v for k, v in last.items()} | {f"train/{self.unit}_per_s": rate})
-            self.bar.set_postfix({"epoch": (run.done - 1) // run.per_epoch + 1, "loss": f"{last['loss']:.4f}",
-                                  f"{self.unit}/s": f"{rate:.0f}"})
-        self.bar.update(1)
-
-    def restart_window(self) -> None:
-        """After evaluation: the next rate counts training only."""
-        self._window = (time.perf_counter(), 0)
+    def __call__(self, run: Run) -> None:
+        now = time.perf_counter()
+        clock, done, paused = self._since or (run.started, run.start, 0.0)
+        last = run.metrics.settle()
+        seconds = max(now - clock - (run.paused_s - paused), 1e-9)
+        rate = (run.done - done) * self.examples_per_step / seconds
+        self._since = (now, run.done, run.paused_s)
+        self.writer.write(run.done, {f"train/{k}": v for k, v in last.items()} | {f"train/{self.unit}_per_s": rate})
+        self.bar.set_postfix({"epoch": (run.done - 1) // run.per_epoch + 1, "loss": f"{last['loss']:.4f}",
+                              f"{self.unit}/s": f"{rate:.0f}"})
 
 
 @dataclass
-class Checkpoint(Hook):
-    """Every `every` steps (the final one is written after the loop), once the step's loss is known finite."""
+class Checkpoint:
+    """A checkpoint once the step's loss is known finite (the final one is written after the loop)."""
 
     checkpoints: Checkpoints
-    every: int
     release: Callable[[Any], Any]
     timer: StepTimer
 
-    def after_step(self, run: Run) -> None:
-        if self.every > 0 and run.done % self.every == 0 and run.done != run.total:
+    def __call__(self, run: Run) -> None:
+        if run.done != run.total:
             run.metrics.settle()
             self.checkpoints.save(self.release(run.state))
             self.timer.mark_dirty()
 
 
-class FaultInjection(Hook):
+def inject_fault(run: Run) -> None:
     """Tests: SIGKILL this process after the step `SHARDBENCH_FAULT_KILL_AT_STEP` names (in the process
     `SHARDBENCH_FAULT_KILL_PROCESS` names, default every one), as a crash or an OOM kill would."""
-
-    def after_step(self, run: Run) -> None:
-        if os.environ.get(KILL_AT_STEP_ENV) == str(run.done) and os.environ.get(
-                KILL_PROCESS_ENV, str(jax.process_index())) == str(jax.process_index()):
-            os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(KILL_AT_STEP_ENV) == str(run.done) and os.environ.get(
+            KILL_PROCESS_ENV, str(jax.process_index())) == str(jax.process_index()):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclass
-class EpochEnd(Hook):
+class EpochEnd:
     """At each epoch's end: its wall time (data and steps, no evaluation: the seed's epoch time), the
     validation metrics, the epoch's record and line."""
 
@@ -200,27 +197,20 @@ class EpochEnd(Hook):
     writer: ScalarWriter
     bar: Any
     timer: StepTimer
-    log: Log
     show: bool
     history: list[dict[str, Any]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
-    _clock: tuple[float, int] | None = None  # (start, first step) of the current epoch
+    _clock: tuple[float, int] | None = None  # (start, steps done) of the current epoch
 
-    def before_step(self, run: Run) -> None:
-        if self._clock is None:
-            self._clock = (time.perf_counter(), run.done - 1)
-
-    def after_step(self, run: Run) -> None:
-        if not run.end_of_epoch:
-            return
+    def __call__(self, run: Run) -> None:
         run.metrics.settle()
-        assert self._clock is not None
-        start, first = self._clock
+        start, first = self._clock or (run.started, run.start)
         self.times.append(time.perf_counter() - start)
         self.steps.append(run.done - first)
         record = {"epoch": (run.done - 1) // run.per_epoch + 1, "step": run.done,
                   **{f"train_{k}": v for k, v in run.metrics.meter.means().items()}}
+        paused = time.perf_counter()
         if self.evaluate is not None:
             val = self.evaluate(run.state)
             record |= {f"val_{k}": v for k, v in val.items() if k != "count"}
@@ -232,8 +222,8 @@ class EpochEnd(Hook):
         if self.show:
             self.bar.write(epoch_line(record))
         self.timer.mark_dirty()
+        run.paused_s += time.perf_counter() - paused
         self._clock = (time.perf_counter(), run.done)
-        self.log.restart_window()
 
 
 def last_good_checkpoint(checkpoints: Checkpoints, out: Path) -> Callable[[], str]:

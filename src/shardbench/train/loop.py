@@ -160,25 +160,29 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     profile_root = Path(cfg.train.profile_root) if cfg.train.profile_root else plan.out / "tensorboard"
     window = ProfileWindow(profile_root, run_name, start + cfg.train.profile_skip, cfg.train.profile_steps,
                            cfg.train.profile and is_main)
-    log = hooks.Log(writer, bar, cfg.train.log_every, cfg.train.checkpoint_every,
-                    batch * plan.task.units_per_example(cfg), plan.task.unit)
     epochs = hooks.EpochEnd(
         (lambda st: evaluate(steps, st, plan.dataset.val, cfg, plan.task, layout)) if cfg.train.eval else None,
-        writer, bar, timer, log, is_main)
-    run = hooks.Run(total, per_epoch, hooks.Metrics(timer, hooks.last_good_checkpoint(checkpoints, plan.out)), state)
-    # In order: the profiler brackets the step; the log settles what a checkpoint needs to know; a fault is
-    # injected after the checkpoint it would interrupt; an epoch ends last.
-    side_effects: list[hooks.Hook] = [hooks.Profile(window, timer), log,
-                                      hooks.Checkpoint(checkpoints, cfg.train.checkpoint_every, steps.release, timer),
-                                      hooks.FaultInjection(), epochs]
+        writer, bar, timer, is_main)
+    run = hooks.Run(total, per_epoch, hooks.Metrics(timer, hooks.last_good_checkpoint(checkpoints, plan.out)), state,
+                    start=start)
+    profile = hooks.Profile(window, timer)
+    schedule = [
+        hooks.Every(hooks.Log(writer, bar, batch * plan.task.units_per_example(cfg), plan.task.unit),
+                    cfg.train.log_every, epoch_end=True),
+        hooks.Every(hooks.Checkpoint(checkpoints, steps.release, timer), cfg.train.checkpoint_every),
+        hooks.Every(hooks.inject_fault, 1),  # after the checkpoint of its step, as a crash would come
+        hooks.Every(epochs, epoch_end=True),
+    ]
     for step in range(start, total):
         run.done = step + 1
-        for hook in side_effects:
-            hook.before_step(run)
+        profile.before_step(run)
         run.state, metrics = compiled(run.state, first if step == start else steps.place(next(batches)))
         run.metrics.push(run.done, metrics)
-        for hook in side_effects:
-            hook.after_step(run)
+        profile.after_step(run)
+        bar.update(1)
+        for every in schedule:
+            if every.due(run):
+                every.hook(run)
     last = run.metrics.settle()
     window.stop()
     bar.close()
