@@ -1,4 +1,4 @@
-"""What each piece of the CIFAR recipe adds to the train step's compile time (issue 16), on this machine.
+"""What each piece of the CIFAR recipe adds to the train step's compile time, on this machine.
 
     python benchmarks/recipe_compile.py [--preset vit-tiny] [--rounds 2]
 

@@ -1,4 +1,4 @@
-"""Planning groundwork (issue 15): targets by count and chip, and the candidate layouts for a device count."""
+"""Planning: targets by count and chip, and the candidate layouts for a device count."""
 
 from __future__ import annotations
 

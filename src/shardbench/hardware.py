@@ -1,7 +1,7 @@
 """Accelerators from their data sheets: dense peak FLOP/s by compute class, memory, and the links between chips.
 
 One table, each number with its source. MFU divides by these peaks (`shardbench.measure.flops`); the planner
-of issue 15 will read the memory and link figures. Peaks are dense (no structured sparsity), per chip. Compute
+(`shardbench.plan`) reads the memory and link figures too. Peaks are dense (no structured sparsity), per chip. Compute
 classes: "bf16" (bfloat16/float16 matmuls), "tf32" (float32 matmuls at default precision: TF32 on NVIDIA,
 bfloat16 passes on TPUs), "f32" (float32 at highest precision). Link bandwidths are per chip and per
 direction; None where the data sheet gives none.
