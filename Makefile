@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup setup-test chromium clean
+.PHONY: demo test setup setup-test chromium slurm clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 # libtpu (the `tpu` extra) lets the tests compile for a TPU slice on this CPU; where it cannot be installed,
 # that test is skipped, saying why.
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,slurm]'
 	$(BIN)/python -m pip install --quiet -e '.[tpu]' || \
 		echo "WARNING: libtpu could not be installed; the TPU planning test will be skipped" >&2
 	touch $@
@@ -37,7 +37,17 @@ chromium:
 		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } || \
 		echo "WARNING: chromium could not be installed; the report's browser test will be skipped" >&2
 
-test: $(VENV)/.installed-test chromium
+# The SLURM executor's tests start a one-node SLURM cluster (slurmctld, slurmd, munge; slurmdbd on mariadb for job
+# states) from Debian's packages. Where they are missing and apt-get can run (as root), they are installed;
+# otherwise those tests are skipped, saying why.
+SLURM_PACKAGES := slurm-wlm munge slurmdbd mariadb-server
+slurm:
+	@{ command -v slurmctld && command -v slurmd && command -v slurmdbd && command -v munged && \
+		command -v mysqld_safe; } >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SLURM_PACKAGES) >/dev/null; } || \
+		echo "WARNING: SLURM could not be installed; the SLURM executor's tests will be skipped" >&2
+
+test: $(VENV)/.installed-test chromium slurm
 	$(BIN)/python -m pytest -q
 
 clean:

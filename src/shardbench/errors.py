@@ -110,18 +110,28 @@ def describe_fault(err: BaseException) -> ShardbenchError | None:
     return None
 
 
-def writable_dir(path: os.PathLike[str] | str, flag: str) -> None:
-    """Create the folder `path` (with its parents) where missing and check that a file can be written in it, before
-    any work starts: one line naming the flag, the path and what is wrong otherwise."""
+def writable_dir(path: os.PathLike[str] | str, flag: str, create: bool = True) -> None:
+    """Check, before any work starts, that the folder `path` can hold the files a command will write: create it
+    (with its parents) and write a file in it, or with `create=False` leave it uncreated and check its nearest
+    existing folder instead. One line naming the flag, the path and what is wrong otherwise."""
     from pathlib import Path
 
-    folder = Path(path)
+    requested = folder = Path(path)
+    if not create:
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            raise FileFault(f"{flag} {requested}: {folder} is a file where a folder is needed: remove it or choose "
+                            f"another path")
     probe = folder / f".shardbench-write-check-{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
+        if folder != requested:  # the folder to create it in is the one that refused
+            raise FileFault(f"{flag} {requested}: it cannot be created in {folder} ({err.strerror or err}): choose a "
+                            f"folder you can write to") from None
         fault = describe_fault(err)
         raise FileFault(f"{flag} {folder}: {fault if fault is not None else _one_line(err)}") from None
 

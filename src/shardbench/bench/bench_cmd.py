@@ -341,7 +341,8 @@ def machine() -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     planned = plan(args)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    writable_dir(out, "--out")
+    writable_dir(out, "--out", create=False)
+    out.mkdir(parents=True, exist_ok=True)
     cases = []
     started = time.perf_counter()
     with (out / "bench.log").open("w") as log:

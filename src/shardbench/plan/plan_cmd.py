@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         return validate_dir(args.validate, args.calibrate, args.workers)
     cfg, target, cands = prepare(args)
     out = default_out(cfg, target)
-    writable_dir(out, "--out")  # before the compiling, not after it
+    writable_dir(out, "--out", create=False)  # before the compiling, not after it
     from shardbench.plan.build import make_plan
 
     plan = make_plan(cfg, target, cands, args.workers, args.calibrate, progress=sys.stderr)

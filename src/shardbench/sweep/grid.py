@@ -8,11 +8,14 @@ import itertools
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.naming import run_name
+
+if TYPE_CHECKING:
+    from shardbench.sweep.store import Store
 
 Override = dict[str, Any]
 Axis = list[Override]
@@ -296,3 +299,11 @@ def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_
 def run_config(base_preset: str, run: Run) -> dict[str, Any]:
     """The flattened configuration a run asks for (what its process resolves before it validates anything)."""
     return config_lib.flatten(config_lib.override(config_lib.get_preset(base_preset), run.settings))
+
+
+def stored_sweep(store: Store) -> Sweep:
+    """The sweep a store holds, as planned when it started."""
+    runs = [Run(r["name"], r["overrides"], {k: v for k, v in r["settings"].items() if k not in r["overrides"]})
+            for r in store.get_meta("runs", [])]
+    grids = [Grid(g["axes"], g["base"]) for g in store.get_meta("grids", [])]
+    return Sweep(store.get_meta("preset"), store.get_meta("base_preset"), store.get_meta("base", {}), grids, runs)

@@ -61,10 +61,34 @@ def _arg(key: str, value: Any) -> list[str]:
     return [f"{flag}={value}"]
 
 
-def train_command(base_preset: str, run: Run, opts: Options) -> list[str]:
+def run_processes(devices: int, opts: Options) -> int:
+    """How many processes a run of `devices` devices takes: --processes when given, else, with
+    --devices-per-process, as many as its devices fill (a sweep over --devices then mixes 1- and
+    several-process runs; `check_process_split` refuses counts that do not divide before the sweep starts)."""
+    if opts.processes > 1 or opts.devices_per_process <= 0 or devices <= opts.devices_per_process:
+        return opts.processes
+    return max(devices // opts.devices_per_process, 1)
+
+
+def check_process_split(sweep: Sweep, opts: Options) -> None:
+    """Runs given processes by --devices-per-process alone must fill whole processes, or one line naming one."""
+    if opts.processes > 1 or opts.devices_per_process <= 0:
+        return
+    for run in sweep.runs:
+        devices = int(run_config(sweep.base_preset, run)["parallel.devices"])
+        if devices > opts.devices_per_process and devices % opts.devices_per_process:
+            raise config_lib.ConfigError(
+                f"run {run.name}: --devices {devices} does not fill whole processes of --devices-per-process "
+                f"{opts.devices_per_process}; use a multiple of it")
+
+
+def train_command(base_preset: str, run: Run, opts: Options, launch: bool = True) -> list[str]:
+    """The command that runs `run`: `shardbench train`, through `shardbench launch` for several processes on
+    this host unless `launch` is False (a cluster starts the processes itself)."""
     cmd = [sys.executable, "-m", "shardbench"]
-    if opts.processes > 1:
-        cmd += ["launch", "--processes", str(opts.processes), "--devices-per-process", str(opts.devices_per_process),
+    processes = run_processes(int(run_config(base_preset, run)["parallel.devices"]), opts)
+    if processes > 1 and launch:
+        cmd += ["launch", "--processes", str(processes), "--devices-per-process", str(opts.devices_per_process),
                 "--"]
     cmd += ["train", "--preset", base_preset]
     for key, value in run.settings.items():

@@ -1,4 +1,5 @@
-"""The sweep store: one SQLite file (`<sweep_dir>/sweep.db`) with a row per finished run and the sweep's meta.
+"""The sweep store: one SQLite file (`<sweep_dir>/sweep.db`) with a row per finished run and the sweep's meta,
+and, for a sweep whose runs are cluster jobs, each run's latest job and its state.
 
 Every `add` commits at once, so a sweep killed at any moment keeps every run it had finished.
 """
@@ -7,9 +8,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from shardbench.errors import DataError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -26,6 +30,14 @@ CREATE TABLE IF NOT EXISTS runs (
     position INTEGER
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS jobs (
+    name TEXT PRIMARY KEY,
+    job_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT,
+    submitted REAL,
+    updated REAL
+);
 """
 
 STATUSES = ("complete", "failed")
@@ -48,6 +60,18 @@ class RunRow:
     wall_s: float  # the run's process wall time, start-up included
 
 
+@dataclass(frozen=True)
+class JobRow:
+    """The latest cluster job of a run (sweeps with `--executor slurm`): its id and the state last seen."""
+
+    name: str
+    job_id: str  # SLURM's id, "123" or "123_4" for an element of a job array
+    state: str  # SLURM's state word (PENDING, RUNNING, COMPLETED, TIMEOUT, ...), or SUBMITTED
+    reason: str | None  # SLURM's reason or note, when it gave one
+    submitted: float  # unix time
+    updated: float  # when the state was last read
+
+
 def _dump(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
@@ -60,9 +84,14 @@ class Store:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # A generous busy timeout: a report reading the file while the sweep writes must wait, not fail.
         self._db = sqlite3.connect(self.path, timeout=30.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
-        self._db.commit()
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(SCHEMA)
+            self._db.commit()
+        except sqlite3.DatabaseError as err:
+            self._db.close()
+            raise DataError(f"{self.path} is not a sweep database ({err}): remove it, or give --out a new folder "
+                            f"for the sweep") from None
 
     def add(self, row: RunRow) -> None:
         if row.status not in STATUSES:
@@ -93,6 +122,24 @@ class Store:
                    started=started, finished=finished, wall_s=wall_s)
             for name, status, kind, error, overrides, config, record, started, finished, wall_s in rows
         ]
+
+    def set_job(self, name: str, job_id: str, state: str, reason: str | None = None,
+                submitted: float | None = None) -> None:
+        """Record a run's job (a new submission replaces the run's earlier job) or its latest state."""
+        now = time.time()
+        with self._db:
+            self._db.execute(
+                "INSERT INTO jobs (name, job_id, state, reason, submitted, updated) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET job_id = excluded.job_id, state = excluded.state, "
+                "reason = excluded.reason, submitted = COALESCE(?, jobs.submitted), updated = excluded.updated",
+                (name, job_id, state, reason, submitted if submitted is not None else now, now, submitted),
+            )
+
+    def jobs(self) -> dict[str, JobRow]:
+        """{run name: its latest job}."""
+        rows = self._db.execute("SELECT name, job_id, state, reason, submitted, updated FROM jobs")
+        return {name: JobRow(name, job_id, state, reason, submitted, updated)
+                for name, job_id, state, reason, submitted, updated in rows}
 
     def set_meta(self, key: str, value: Any) -> None:
         with self._db:

@@ -17,10 +17,11 @@ from shardbench import config as config_lib
 from shardbench import malloc
 from shardbench.measure import peak as peak_lib
 from shardbench.flags import add_config_arguments
-from shardbench.errors import ConfigError, ShardbenchError, report
-from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Grid, Run, Sweep, make_sweep, run_config
+from shardbench.errors import ConfigError, ShardbenchError, report, writable_dir
+from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep, run_config, stored_sweep
 from shardbench.sweep.preflight import refusals
-from shardbench.sweep.runner import Options, has_field, run_sweep
+from shardbench.sweep import slurm as slurm_lib
+from shardbench.sweep.runner import Options, check_process_split, has_field, run_sweep
 from shardbench.sweep.store import Store
 from shardbench.sweep.sweep_file import load_sweep_file
 
@@ -87,7 +88,7 @@ def add_parser(subparsers: Any) -> None:
                             "`shardbench launch`; default 1)")
     group.add_argument("--devices-per-process", type=int, default=None,
                        help="with --processes: simulated CPU devices in each process (0 = each run's --devices "
-                            "split evenly)")
+                            "split evenly); without it, each run takes as many processes as its --devices fill")
     group.add_argument("--skip-refused", action="store_true", default=None,
                        help="record runs whose configuration `train` would refuse as failed, and run the rest "
                             "(default: stop before the first run, naming them)")
@@ -95,6 +96,7 @@ def add_parser(subparsers: Any) -> None:
                        help="print the runs and their overrides, marking those that would be refused; run nothing")
     group.add_argument("--no-report", action="store_true",
                        help="do not write <out>/report at the end (shardbench report <out> writes it later)")
+    slurm_lib.add_arguments(parser)
 
 
 DEFAULT_OPTIONS: dict[str, Any] = {"timeout": 1800.0, "profile": False, "processes": 1, "devices_per_process": 0,
@@ -137,14 +139,6 @@ def plan_meta(sweep: Sweep, options: dict[str, Any]) -> dict[str, Any]:
         "options": options,
     }
     return json.loads(json.dumps(meta))
-
-
-def stored_sweep(store: Store) -> Sweep:
-    """The sweep a store holds, as planned when it started."""
-    runs = [Run(r["name"], r["overrides"], {k: v for k, v in r["settings"].items() if k not in r["overrides"]})
-            for r in store.get_meta("runs", [])]
-    grids = [Grid(g["axes"], g["base"]) for g in store.get_meta("grids", [])]
-    return Sweep(store.get_meta("preset"), store.get_meta("base_preset"), store.get_meta("base", {}), grids, runs)
 
 
 def _first_difference(stored: dict[str, Any], now: dict[str, Any]) -> str | None:
@@ -252,7 +246,7 @@ def overhead(store: Store, started: float, wall_s: float) -> dict[str, Any]:
 
 
 def overhead_line(timing: dict[str, Any]) -> str:
-    if not timing["runs"]:
+    if not timing["runs"] or timing["ratio"] is None:  # none, or only runs that never started a process
         return f"sweep: {timing['wall_s']:.1f} s, no run was started"
     return (f"sweep: {timing['wall_s']:.1f} s wall for {timing['runs']} run(s) whose processes took "
             f"{timing['runs_wall_s']:.1f} s, start-up included: {timing['ratio']:.3f}x")
@@ -290,15 +284,34 @@ def _plan(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any] | None]:
                 raise ConfigError(f"--resume: {path} holds no plan to resume; start the sweep again with another --out")
             return stored_sweep(store), store.get_meta("options") or {}
     file = load_sweep_file(args.sweep_file) if args.sweep_file is not None else None
-    return make_sweep(args.preset, args.base, file, values), None
+    sweep = make_sweep(args.preset, args.base, file, values)
+    if file is not None and not file.axes and len(sweep.runs) == 1:
+        raise ConfigError(f"--sweep-file {args.sweep_file} defines no axes or grid, so the sweep would be one run of "
+                          f"its base: add axes = [[...]] or grid = {{\"field\" = [values]}} (see shardbench sweep "
+                          f"--help), or train that one run with shardbench train")
+    return sweep, None
+
+
+def _stored_slurm(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The SLURM options a sweep being resumed was started with (None for a local or a new sweep)."""
+    path = Path(args.out) / "sweep.db" if args.out else None
+    if not args.resume or path is None or not path.exists():
+        return None
+    with Store(path) as store:
+        return store.get_meta("slurm")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the sweep `args` describe: 0 when every run completed, 1 when any failed (each is recorded), 2 for
     bad input, 130 on Ctrl-C."""
     try:
+        if getattr(args, "status", False) or getattr(args, "cancel", False):
+            return slurm_lib.watch(args)
         sweep, stored_options = _plan(args)
         options = resolve_options(args, stored_options)
+        executor, slurm_meta, slurm_opts = slurm_lib.resolve(args, _stored_slurm(args))
+        if executor == "local" and args.resume and args.out:
+            slurm_lib.check_no_live_jobs(Path(args.out))
         if options["profile"] and not has_field("train.profile_root"):
             raise ConfigError("--profile: this shardbench's train has no train.profile_root field")
         if options["timeout"] <= 0:
@@ -306,6 +319,14 @@ def run(args: argparse.Namespace) -> int:
         if options["processes"] < 1 or options["devices_per_process"] < 0:
             raise ConfigError(f"--processes must be at least 1 and --devices-per-process 0 or more, got "
                               f"{options['processes']} and {options['devices_per_process']}")
+        checked = Options(Path("."), options["timeout"], options["profile"], options["processes"],
+                          options["devices_per_process"])
+        check_process_split(sweep, checked)
+        if executor == "slurm":
+            shapes = slurm_lib.check_shapes(sweep, checked, slurm_opts)
+            if not args.dry_run:
+                slurm_lib.check_available()
+                slurm_lib.check_submittable(shapes, checked, slurm_opts)
         refused = refusals(sweep)
         if args.dry_run:
             dry_run(sweep, refused)
@@ -314,15 +335,23 @@ def run(args: argparse.Namespace) -> int:
             raise refused_error(refused, len(sweep.runs))
         out = sweep_dir(args, sweep)
         check_out(out, args.resume)
+        writable_dir(out, "--out")
         lock = _lock(out)
         started, t0 = time.time(), time.perf_counter()
         try:
             with open_store(out, args.resume, plan_meta(sweep, options), stored_options is not None) as store:
                 print(f"sweep: {len(sweep.runs)} runs -> {out}", flush=True)
-                env = share_peak(sweep, out)
-                code = run_sweep(sweep, store, Options(out, options["timeout"], options["profile"],
-                                                       options["processes"], options["devices_per_process"], env),
-                                 out=lambda line: print(line, flush=True), refused=refused)
+                # A cluster's nodes are not this host: there each run measures (and caches) its own node's peak.
+                env = share_peak(sweep, out) if executor == "local" else {}
+                run_opts = Options(out, options["timeout"], options["profile"], options["processes"],
+                                   options["devices_per_process"], env)
+                if executor == "slurm":
+                    store.set_meta("slurm", slurm_meta)
+                    code = slurm_lib.run_slurm_sweep(sweep, store, run_opts, slurm_opts,
+                                                     out=lambda line: print(line, flush=True), refused=refused)
+                else:
+                    code = run_sweep(sweep, store, run_opts, out=lambda line: print(line, flush=True),
+                                     refused=refused)
                 if code == 0 and not args.no_report:
                     from shardbench.sweep.report import write_report  # matplotlib only for a report
 
