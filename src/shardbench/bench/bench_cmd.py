@@ -5,11 +5,21 @@ Groups (all but alloc by default):
             plus the measured matmul peak that turns every throughput into a measured MFU; once per
             setting of --dtype and --batch-size (default: float32 batch 128 on a CPU; float32 batch 128
             and bfloat16 batch 1024 on a GPU or TPU, PyTorch's bfloat16 under autocast)
-  batch     shardbench's throughput per device at several batch sizes
-  layers    compile time at several depths, layers in a rolled scan and fully unrolled
+  batch     shardbench's throughput per device at several batch sizes (default 64,256; 256 on an accelerator)
+  layers    compile time at several depths, layers in a rolled scan and fully unrolled (default 6,12,24;
+            6,12 on an accelerator, where the 24-layer unrolled compile alone outlasts a 10-minute run)
   remat     --remat none | block | full: compiled temporary memory and throughput
   pipeline  the host input pipeline alone on one core, and the on-device augmentation
   alloc     shardbench's step with glibc's default allocator instead of the tuned one
+
+Float32 fairness: JAX runs float32 matmuls on an NVIDIA GPU as TF32 unless --matmul-precision (or
+--set precision.matmul_precision=) is highest, and the PyTorch baselines are given the same arithmetic
+(TF32 allowed for default and high, full float32 for highest; on the CPU both sides are full float32).
+Each step table says which arithmetic each side's float32 matmuls used.
+
+On a GPU or TPU the defaults are trimmed to finish in under 10 minutes on one H100 (see
+`ACCELERATOR_DEFAULTS`); the run's first lines and bench.md say what was left out, and explicit
+--batches/--layers/--timeout run what they name.
 
 Prints the tables and writes <out>/bench.json and <out>/bench.md.
 """
@@ -31,6 +41,7 @@ from typing import IO, Any
 
 from shardbench import config as config_lib
 from shardbench import malloc
+from shardbench.bench.matmul import jax_matmul
 from shardbench.bench.tables import render
 from shardbench.errors import ConfigError, writable_dir
 
@@ -38,6 +49,21 @@ GROUPS = ("step", "batch", "layers", "remat", "pipeline", "alloc")
 SCALING_WINDOWS = 3  # timed windows of the groups other than step
 DEFAULT_GROUPS = GROUPS[:-1]  # the allocator comparison is opt-in: --groups alloc
 BASELINES = ("seed-style", "pytorch-eager", "pytorch-compile")
+CPU_DEFAULTS = {"batches": "64,256", "layers": "6,12,24", "timeout": 600.0, "compile_timeout": 600.0}
+# On a GPU or TPU, what `shardbench bench` runs when --batches/--layers/--timeout are not given, sized to finish
+# in under 10 minutes on one H100. Measured there with the CPU defaults (jax 0.11.2, torch 2.11): step group
+# 153 s (float32 b128) + 139 s (bfloat16 b1024) = 292 s; batch group 65 s for batches 64,256 (about 33 s a
+# case: worker start, a ~22 s compile, 1 warm-up step, 3 windows); layers group still compiling 24 layers
+# unrolled when the run reached 550 s. With these defaults:
+#   step 292 s (unchanged: the headline keeps its 3 warm-up steps and 5 windows)
+#   batch 256 only (128 comes from the step group): ~33 s
+#   layers 6,12, scan and unrolled, compile only: 4 x (~6 s start) + ~10 + ~22 + ~14 + ~45 s of compiling ~ 115 s,
+#     each capped at `compile_timeout` (a compile past it becomes a "timed out" row; the rest still runs)
+#   remat none/block/full: 3 x ~33 s ~ 100 s
+#   pipeline: 5 s of host pipeline + start and the augmentation ~ 15 s
+# ~ 555 s in all, under 600 s; at worst (each compile-only case hitting its 120 s cap) the layers group alone
+# would take 8 min, so the cap is a guard against a hang, not part of the estimate.
+ACCELERATOR_DEFAULTS = {"batches": "256", "layers": "6,12", "timeout": 600.0, "compile_timeout": 120.0}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -63,17 +89,28 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--peak-size", type=int, default=0,
                    help="side of the matmul-peak matrices (default 0: 4096 on CPU, 8192 on accelerators)")
     p.add_argument("--pipeline-seconds", type=float, default=5.0, help="how long to run the host pipeline")
-    p.add_argument("--batches", default="64,256",
-                   help="batch sizes of the batch group (default: 64,256; the step group gives --batch-size's row)")
-    p.add_argument("--layers", default="6,12,24", help="depths of the layers group")
+    p.add_argument("--batches", default="",
+                   help="batch sizes of the batch group (default: 64,256 on a CPU, 256 on an accelerator; the step "
+                        "group gives --batch-size's row)")
+    p.add_argument("--layers", default="",
+                   help="depths of the layers group (default: 6,12,24 on a CPU; 6,12 on an accelerator, where the "
+                        "24-layer unrolled compile did not finish within a 10-minute run on an H100: pass --layers "
+                        "6,12,24 to run it)")
+    p.add_argument("--matmul-precision", default="", choices=["", *config_lib.MATMUL_PRECISIONS],
+                   metavar="|".join(config_lib.MATMUL_PRECISIONS),
+                   help="float32 matmul arithmetic of both sides (default: the preset's, 'default'): default or high "
+                        "= TF32 on an NVIDIA GPU for JAX and PyTorch alike, highest = full float32; the CPU is "
+                        "always full float32; the same as --set precision.matmul_precision=...")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps before the timed windows (default: 3)")
     p.add_argument("--windows", type=int, default=5, help="timed windows per throughput case (median reported)")
     p.add_argument("--steps-per-window", type=int, default=0,
                    help="steps per timed window (default 0: enough steps for --min-window-s)")
     p.add_argument("--min-window-s", type=float, default=1.0,
                    help="with --steps-per-window 0, the shortest window in seconds (default: 1)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds allowed for any one answer of a worker (preparing, a window)")
+    p.add_argument("--timeout", type=float, default=0.0,
+                   help="seconds allowed for any one answer of a worker (preparing, a window); a case past it "
+                        "is stopped and becomes a 'timed out' row (default 0: 600 s, and 120 s for the "
+                        "compile-only cases of the layers group on an accelerator)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="extra configuration for shardbench's step, e.g. --set model.unroll=1 (repeatable)")
     p.add_argument("--out", default="", help="output directory (default: runs/bench-<time>)")
@@ -149,9 +186,9 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
         raise ConfigError(f"--peak-size must be positive (or 0 for the default), got {args.peak_size}")
     if args.warmup < 0 or args.windows < 1 or args.steps_per_window < 0:
         raise ConfigError("--warmup must be >= 0, --windows >= 1 and --steps-per-window >= 0 (0 = auto)")
-    if args.timeout <= 0 or args.min_window_s < 0 or args.pipeline_seconds <= 0:
+    if args.timeout < 0 or args.min_window_s < 0 or args.pipeline_seconds <= 0:
         raise ConfigError(f"--timeout {args.timeout:g}, --pipeline-seconds {args.pipeline_seconds:g}, --min-window-s "
-                          f"{args.min_window_s:g}: the first two must be positive, the last >= 0")
+                          f"{args.min_window_s:g}: --pipeline-seconds must be positive, the others >= 0")
     from shardbench.tasks import validate  # imports JAX: not at the top, which the CLI's parser loads
 
     if config_lib.get_preset(args.preset).model.kind != "vit":
@@ -159,14 +196,26 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
         raise ConfigError(f"--preset {args.preset}: shardbench bench compares the ViT's train step with ViT "
                           f"baselines (seed-style nnx, PyTorch); choose one of {vits}, or compare other models "
                           f"with shardbench sweep")
-    pairs = settings(args.dtype, args.batch_size, malloc.target_platform(os.environ))
+    where = malloc.target_platform(os.environ)
+    pairs = settings(args.dtype, args.batch_size, where)
     extra = _extra(args.set)
+    if args.matmul_precision:
+        if extra.get("precision.matmul_precision", args.matmul_precision) != args.matmul_precision:
+            raise ConfigError(f"--matmul-precision {args.matmul_precision} and --set precision.matmul_precision="
+                              f"{extra['precision.matmul_precision']} disagree: give one")
+        extra["precision.matmul_precision"] = args.matmul_precision
     for dtype, batch in pairs:  # fail here, in one line, on a configuration that cannot run
         validate(config_lib.override(config_lib.get_preset(args.preset),
                                                 {"precision.dtype": dtype, "train.batch_size": batch, **extra}))
     (args.dtype, args.batch_size), args.settings = pairs[0], pairs  # the other groups use the first setting
     base = {"precision.dtype": args.dtype, "train.batch_size": args.batch_size, **extra}
-    batches, depths = _ints(args.batches, "--batches"), _ints(args.layers, "--layers")
+    args.matmul_precision = config_lib.override(config_lib.get_preset(args.preset), extra).precision.matmul_precision
+    defaults = CPU_DEFAULTS if where == "cpu" else ACCELERATOR_DEFAULTS
+    args.trimmed = trimmed(args, groups, where)
+    batches = _ints(args.batches or defaults["batches"], "--batches")
+    depths = _ints(args.layers or defaults["layers"], "--layers")
+    compile_timeout = args.timeout or defaults["compile_timeout"]
+    args.timeout = args.timeout or defaults["timeout"]
 
     def entry(label: str, case: str, alloc: str = "train", **kwargs: Any) -> Entry:
         return {"label": label, "case": case, "kwargs": kwargs, "alloc": alloc}
@@ -182,7 +231,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
             "pytorch-eager": entry("pytorch eager", "torch", preset=args.preset, overrides=here, compile=False),
             "pytorch-compile": entry("pytorch compile", "torch", preset=args.preset, overrides=here, compile=True),
         }
-        group = [entry("matmul peak", "matmul-peak", dtype=dtype, size=args.peak_size),
+        group = [entry("matmul peak", "matmul-peak", dtype=dtype, size=args.peak_size,
+                       matmul_precision=args.matmul_precision),
                  entry("shardbench", "shardbench", preset=args.preset, overrides=here),
                  *(contenders[b] for b in baselines)]
         planned.append(("step", [{**e, "setting": setting_name(dtype, batch)} for e in group]))
@@ -191,8 +241,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
                                   if b != args.batch_size or "step" not in groups]))
     if "layers" in groups:
         planned.append(("layers", [
-            entry(f"{n} layers {how}", "compile", "other", preset=args.preset,
-                  overrides={**base, "model.num_layers": n, "model.unroll": unroll})
+            {**entry(f"{n} layers {how}", "compile", "other", preset=args.preset,
+                     overrides={**base, "model.num_layers": n, "model.unroll": unroll}), "timeout": compile_timeout}
             for n in depths for unroll, how in ((1, "scan"), (n, "unrolled"))
         ]))
     if "remat" in groups:
@@ -206,6 +256,36 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
             {**ours("glibc default allocator"), "alloc": "default"},
         ]))
     return planned
+
+
+def trimmed(args: argparse.Namespace, groups: list[str], where: str) -> list[str]:
+    """What the accelerator defaults leave out of the CPU defaults, in words (none on a CPU, or where the
+    flags were given): printed at the start of a run and noted in bench.md."""
+    if where == "cpu":
+        return []
+    notes = []
+    if "layers" in groups and not args.layers:
+        notes.append(f"layers {CPU_DEFAULTS['layers']} -> {ACCELERATOR_DEFAULTS['layers']}: the 24-layer compiles, "
+                     f"whose unrolled one was still compiling when a run reached 550 s on an H100; pass --layers "
+                     f"{CPU_DEFAULTS['layers']} to run them")
+    if "batch" in groups and not args.batches:
+        notes.append(f"batches {CPU_DEFAULTS['batches']} -> {ACCELERATOR_DEFAULTS['batches']} (the step group "
+                     f"gives its own batch's row); pass --batches {CPU_DEFAULTS['batches']} to run them")
+    if "layers" in groups and not args.timeout:
+        notes.append(f"each compile-only case of the layers group is stopped after "
+                     f"{ACCELERATOR_DEFAULTS['compile_timeout']:.0f} s (a 'timed out' row); pass --timeout to "
+                     f"change it")
+    return notes
+
+
+def matmul_summary(matmul_precision: str, where: str) -> str:
+    """The float32 matmul arithmetic a run asks of both sides, in words, before any worker reports it."""
+    jax_side = jax_matmul(matmul_precision, where)
+    if where == "gpu":
+        return f"float32 matmuls as {jax_side} on both sides (JAX and PyTorch on CUDA; float32 before Ampere)"
+    if where == "cpu":
+        return "float32 matmuls in full float32 on both sides (the CPU has nothing else)"
+    return f"JAX's float32 matmuls as {jax_side}; PyTorch runs on the host CPU in full float32"
 
 
 def worker_environ(alloc: str) -> dict[str, str]:
@@ -237,8 +317,9 @@ class Worker:
     def read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         if not self.selector.select(self.timeout):
+            self.proc.kill()  # a hung compile reads no "quit"
             self.close()
-            return {"error": f"no answer within {self.timeout:.0f} s: stopped"}
+            return {"error": f"timed out: no answer within {self.timeout:.0f} s, stopped (see --timeout)"}
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
@@ -277,7 +358,7 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: 
     try:
         for i, entry in enumerate(entries):
             say(f"  {entry['label']}: preparing ...")
-            worker = Worker(entry, log, args.timeout)
+            worker = Worker(entry, log, entry.get("timeout", args.timeout))
             answer = worker.read()
             if "ready" in answer:
                 workers[i] = worker
@@ -340,11 +421,15 @@ def machine() -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     planned = plan(args)
+    where = malloc.target_platform(os.environ)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     writable_dir(out, "--out", create=False)
     out.mkdir(parents=True, exist_ok=True)
     cases = []
     started = time.perf_counter()
+    print(f"matmul precision {args.matmul_precision}: {matmul_summary(args.matmul_precision, where)}", flush=True)
+    for note in args.trimmed:
+        print(f"trimmed on an accelerator: {note}", flush=True)
     with (out / "bench.log").open("w") as log:
         for group, entries in planned:
             setting = entries[0].get("setting") if entries else None
@@ -361,6 +446,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{group}: {time.perf_counter() - t0:.0f} s", flush=True)
     record = {"machine": machine(), "preset": args.preset, "dtype": args.dtype, "batch_size": args.batch_size,
               "settings": [setting_name(d, b) for d, b in args.settings],
+              "matmul_precision": args.matmul_precision, "trimmed": args.trimmed,
               "timing": {"warmup": args.warmup, "windows": args.windows, "steps_per_window": args.steps_per_window,
                          "min_window_s": args.min_window_s},
               "total_s": time.perf_counter() - started, "cases": cases}

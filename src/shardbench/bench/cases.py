@@ -39,6 +39,22 @@ class Skipped(Exception):
     """A contender that cannot run here (e.g. torch is not installed): the message says why, in one line."""
 
 
+def jax_matmul_label(matmul_precision: str, dtype: str = "float32") -> str:
+    """What this process's JAX matmuls compute in (see `shardbench.bench.matmul`): for float32, by the
+    precision and the first device; a 16-bit dtype is its own."""
+    from shardbench.bench.matmul import jax_matmul
+
+    if dtype != "float32":
+        return dtype
+    device = jax.devices()[0]
+    capability = getattr(device, "compute_capability", None)
+    try:
+        parsed = tuple(int(v) for v in str(capability).split(".")[:2]) if capability else None
+    except ValueError:
+        parsed = None
+    return jax_matmul(matmul_precision, device.platform, parsed if device.platform == "gpu" else None)
+
+
 def jax_peak_bytes() -> int | None:
     """The first device's allocator peak where the backend keeps one (GPU, TPU; not the CPU)."""
     stats = jax.devices()[0].memory_stats() or {}
@@ -107,6 +123,7 @@ def shardbench_step(preset: str, overrides: dict[str, Any]) -> Prepared:
     start = time.perf_counter()
     jax.block_until_ready(step())
     info["first_step_s"] = info["compile_s"] + time.perf_counter() - start
+    info["matmul"] = jax_matmul_label(cfg.precision.matmul_precision, cfg.precision.dtype)
     return Prepared(step, cfg.train.batch_size, "images/s", info)
 
 
@@ -114,9 +131,13 @@ def seed_style_step(preset: str, overrides: dict[str, Any]) -> Prepared:
     from shardbench.bench import seed_style
 
     cfg = bench_config(preset, overrides)
+    # The seed-style layers take no precision: this process's default gives them shardbench's.
+    jax.config.update("jax_default_matmul_precision", cfg.precision.matmul_precision)
     step, info = seed_style.prepare(cfg.model, cfg.optim, batch_size=cfg.train.batch_size,
                                     image_size=cfg.data.image_size, dtype=cfg.precision.dtype)
-    return Prepared(step, cfg.train.batch_size, "images/s", {**info, "train_flops_per_image": _train_flops(cfg)})
+    return Prepared(step, cfg.train.batch_size, "images/s", {
+        **info, "train_flops_per_image": _train_flops(cfg),
+        "matmul": jax_matmul_label(cfg.precision.matmul_precision, cfg.precision.dtype)})
 
 
 def torch_step(preset: str, overrides: dict[str, Any], *, compile: bool) -> Prepared:
@@ -127,21 +148,27 @@ def torch_step(preset: str, overrides: dict[str, Any], *, compile: bool) -> Prep
         raise Skipped(reason)
     cfg = bench_config(preset, overrides)
     step, info, where = torch_vit.prepare(cfg.model, batch_size=cfg.train.batch_size, compile=compile,
-                                          image_size=cfg.data.image_size, dtype=cfg.precision.dtype)
+                                          image_size=cfg.data.image_size, dtype=cfg.precision.dtype,
+                                          matmul_precision=cfg.precision.matmul_precision)
+    if cfg.precision.dtype != "float32":
+        info["matmul"] = cfg.precision.dtype
     return Prepared(step, cfg.train.batch_size, "images/s", {**info, "train_flops_per_image": _train_flops(cfg)},
                     wait=lambda _: torch_vit.synchronize(where),
                     peak_bytes=lambda: torch_vit.peak_memory_bytes(where))
 
 
-def matmul_peak(dtype: str, size: int = 0, min_step_s: float = 0.25) -> Prepared:
-    """One large square matmul through JAX in `dtype` per step (4096 on CPU, 8192 elsewhere), repeated
-    inside a step until a step lasts at least `min_step_s`, so the rate is not a dispatch-overhead figure."""
+def matmul_peak(dtype: str, size: int = 0, min_step_s: float = 0.25, matmul_precision: str = "default") -> Prepared:
+    """One large square matmul through JAX in `dtype` and `matmul_precision` per step (4096 on CPU, 8192
+    elsewhere), repeated inside a step until a step lasts at least `min_step_s`, so the rate is not a
+    dispatch-overhead figure."""
+    from shardbench.models import PRECISIONS
+
     device = jax.devices()[0]
     n = size or (4096 if device.platform == "cpu" else 8192)
     key_a, key_b = jax.random.split(jax.random.key(0))
     a = jax.random.normal(key_a, (n, n), jnp.float32).astype(dtype)
     b = jax.random.normal(key_b, (n, n), jnp.float32).astype(dtype)
-    mm = jax.jit(lambda x, y: x @ y)
+    mm = jax.jit(lambda x, y: jnp.matmul(x, y, precision=PRECISIONS[matmul_precision]))
     mm(a, b).block_until_ready()
     start = time.perf_counter()
     mm(a, b).block_until_ready()
@@ -154,7 +181,8 @@ def matmul_peak(dtype: str, size: int = 0, min_step_s: float = 0.25) -> Prepared
         return out
 
     return Prepared(step, 2.0 * n**3 * repeats, "FLOP/s", {"size": n, "dtype": dtype, "repeats": repeats,
-                                                          "device": device.device_kind})
+                                                          "device": device.device_kind,
+                                                          "matmul": jax_matmul_label(matmul_precision, dtype)})
 
 
 def compile_only(preset: str, overrides: dict[str, Any]) -> Result:

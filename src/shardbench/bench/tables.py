@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from shardbench.bench.matmul import label as matmul_label
 from shardbench.measure.flops import table_peak
 
 MiB = 2**20
@@ -34,9 +35,9 @@ def peak(record: dict[str, Any], setting: str | None = None) -> float | None:
     return median_rate(_find(record, "step", "matmul peak", setting))
 
 
-def sheet_peak(result: dict[str, Any], dtype: str) -> float | None:
+def sheet_peak(result: dict[str, Any], dtype: str, matmul_precision: str = "default") -> float | None:
     """The data-sheet dense peak of the device the contender ran on, where the table knows it."""
-    found = table_peak(result.get("device_kind") or "", dtype, "default")
+    found = table_peak(result.get("device_kind") or "", dtype, matmul_precision)
     return found[0] if found and result.get("platform") != "cpu" else None
 
 
@@ -53,30 +54,55 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
 
 def _status(result: dict[str, Any]) -> str | None:
     if "error" in result:
-        return f"failed: {result['error']}"
+        error = str(result["error"])
+        return error if error.startswith("timed out") else f"failed: {error}"
     if "skipped" in result:
         return f"skipped: {result['skipped']}"
     return None
 
 
+def setting_matmul(record: dict[str, Any], setting: str | None = None) -> str:
+    """What the setting's float32 matmuls computed in on each side, as the workers reported it: "TF32 both",
+    "float32 both", or each side's where they differ ("JAX TF32, PyTorch float32")."""
+    setting = setting or _first_setting(record)
+    dtype = (setting or record["dtype"]).split()[0]
+    sides: dict[str, str] = {}
+    for c in record["cases"]:
+        if c["group"] == "step" and c.get("setting") == setting and c["result"].get("matmul"):
+            side = "PyTorch" if c["case"] == "torch" else "JAX"
+            sides.setdefault(side, c["result"]["matmul"])
+    return matmul_label(dtype, sides)
+
+
+def setting_title(record: dict[str, Any], setting: str | None) -> str:
+    """A setting's name with the matmul arithmetic both sides used, e.g. "float32 b128 (TF32 both)"."""
+    how = setting_matmul(record, setting)
+    return f"{setting}{f' ({how})' if how else ''}"
+
+
 def step_table(record: dict[str, Any], setting: str | None = None) -> list[str]:
     setting = setting or _first_setting(record)
     dtype = (setting or record["dtype"]).split()[0]
+    precision = record.get("matmul_precision", "default")
     pk = peak(record, setting)
     p = _find(record, "step", "matmul peak", setting)
     lines = [f"Matmul peak ({dtype}, {p.get('size', '?')}^2 through JAX, median of the windows, "
              f"timed in the same rounds as the steps): {_fmt(pk and pk / 1e9, ',.1f', ' GFLOP/s')}", ""]
+    if dtype == "float32":
+        lines += [f"Matmul precision {precision}: float32 matmuls computed in {setting_matmul(record, setting) or '?'} "
+                  f"(JAX's precision '{precision}'; PyTorch given the closest: TF32 allowed for default and high "
+                  f"on CUDA, full float32 for highest and on the CPU).", ""]
     contenders = [c for c in record["cases"] if c["group"] == "step" and c["case"] != "matmul-peak"
                   and c.get("setting") == setting]
     baselines = [c for c in contenders if c["label"] != "shardbench"]
-    header = ("| step | images/s (median) | min - max | MFU (measured peak) | MFU (data sheet) | "
+    header = ("| step | matmul | images/s (median) | min - max | MFU (measured peak) | MFU (data sheet) | "
               + " | ".join(f"x {c['label']}" for c in baselines) + " | first step s (compile incl.) | peak MiB |")
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for c in contenders:
         r = c["result"]
         status = _status(r)
         if status:
-            lines.append(f"| {c['label']} | {status} |" + " |" * (header.count("|") - 3))
+            lines.append(f"| {c['label']} | {r.get('matmul') or '-'} | {status} |" + " |" * (header.count("|") - 4))
             continue
         rate = median_rate(r)
         ratios = []
@@ -84,9 +110,10 @@ def step_table(record: dict[str, Any], setting: str | None = None) -> list[str]:
             other = median_rate(b["result"])
             ratios.append(_fmt(rate / other if rate and other else None, ".2f", "x"))
         first = r.get("first_step_s", r.get("compile_s"))
-        lines.append(f"| {c['label']} | {_fmt(rate, ',.1f')} | {_fmt(min(r['rates']), ',.1f')} - "
+        lines.append(f"| {c['label']} | {r.get('matmul') or '-'} | {_fmt(rate, ',.1f')} | "
+                     f"{_fmt(min(r['rates']), ',.1f')} - "
                      f"{_fmt(max(r['rates']), ',.1f')} | {_fmt(_pct(mfu(r, pk)), '.1f', '%')} | "
-                     f"{_fmt(_pct(mfu(r, sheet_peak(r, dtype))), '.1f', '%')} | "
+                     f"{_fmt(_pct(mfu(r, sheet_peak(r, dtype, precision))), '.1f', '%')} | "
                      + " | ".join(ratios) + f" | {_fmt(first, '.1f')} | "
                      f"{_fmt(r.get('peak_bytes') and r['peak_bytes'] / MiB, ',.0f')} |")
     best = max((median_rate(b["result"]) or 0.0 for b in baselines), default=0.0)
@@ -199,17 +226,21 @@ def render(record: dict[str, Any]) -> str:
     m = record["machine"]
     t = record["timing"]
     settings = record.get("settings") or [f"{record['dtype']} b{record['batch_size']}"]
-    lines = [f"# shardbench bench: {record['preset']}, {' and '.join(settings)}", "",
+    titles = [setting_title(record, s) for s in settings]
+    lines = [f"# shardbench bench: {record['preset']}, {' and '.join(titles)}", "",
              f"Machine: {m.get('cpu', '?')}, {m.get('cpu_count')} cores, {m.get('system')}; jax {m.get('jax')}; "
              f"allocator: {m.get('allocator') or 'default'}.",
              f"Throughput: median of {t['windows']} timed windows after {t['warmup']} warm-up steps (other groups: "
              f"at most 3 windows after 1 warm-up step); each case in its own process; within a group the "
              f"contenders' windows alternate, round by round.", ""]
+    for note in record.get("trimmed") or []:
+        lines.insert(-1, f"Trimmed on an accelerator: {note}.")
     present = {c["group"] for c in record["cases"]}
     for group, title, fn in SECTIONS:
         if group == "step" and group in present:
             for setting in record.get("settings") or [None]:
-                lines += [f"## {title}{f', {setting}' if setting else ''}", "", *step_table(record, setting), ""]
+                lines += [f"## {title}{f', {setting_title(record, setting)}' if setting else ''}", "",
+                          *step_table(record, setting), ""]
         elif group in present:
             lines += [f"## {title}", "", *fn(record), ""]
     return "\n".join(lines).rstrip()

@@ -9,6 +9,8 @@ a linear head. The train step keeps float32 parameters (compute in bfloat16/floa
 AdamW (lr 1e-3, betas (0.9, 0.999), weight decay 0.05 on weight matrices and the patch kernel only),
 `zero_grad(set_to_none=True)`. AdamW uses the fused implementation when this torch build has it for
 the device, else the foreach one. The step runs on the first CUDA GPU when torch sees one, else on the CPU.
+Float32 matmuls get the arithmetic JAX's run uses (TF32 on a GPU for JAX's "default" and "high", full
+float32 for "highest" and on the CPU; see `shardbench.bench.matmul`).
 
 Batches are random normalised float32 images (N, 3, 32, 32) and int64 labels made once up front, so
 only the train step is timed (by `shardbench.bench`, through `prepare`). torch is optional: it is imported inside functions, and `available()`
@@ -271,14 +273,33 @@ def peak_memory_bytes(where: torch.device) -> int | None:
     return int(torch.cuda.max_memory_allocated(where)) if where.type == "cuda" else None
 
 
+def set_matmul_precision(matmul_precision: str, where: torch.device) -> dict[str, object]:
+    """Give float32 matmuls and convolutions on `where` the arithmetic JAX's run uses for shardbench's
+    `matmul_precision` (see `shardbench.bench.matmul`); returns what was set and what matmuls compute in."""
+    import torch
+
+    from shardbench.bench.matmul import torch_matmul
+
+    capability = torch.cuda.get_device_capability(where) if where.type == "cuda" else None
+    chosen = torch_matmul(matmul_precision, where.type, capability)
+    torch.set_float32_matmul_precision(chosen.float32_matmul_precision)
+    torch.backends.cuda.matmul.allow_tf32 = chosen.allow_tf32
+    torch.backends.cudnn.allow_tf32 = chosen.allow_tf32
+    return {"matmul": chosen.label, "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+
+
 def prepare(model: ModelConfig, *, batch_size: int, compile: bool, dtype: str = "float32", seed: int = 0,
-            threads: int | None = None, image_size: int = 32
+            threads: int | None = None, image_size: int = 32, matmul_precision: str = "default"
             ) -> tuple[Callable[[], None], dict[str, object], torch.device]:
     """Build the model, optimizer and batch on `device()`, and run the first step (which includes
-    torch.compile's compilation when `compile`). `dtype` other than float32 is the autocast dtype.
+    torch.compile's compilation when `compile`). `dtype` other than float32 is the autocast dtype;
+    `matmul_precision` is shardbench's name for the float32 matmul arithmetic (`set_matmul_precision`).
     Returns a function that runs one more step (queued on a GPU: `synchronize` waits for it), what to
     record ({"first_step_s", "params", "torch_version", "threads", "compiled": "step" | "model" | "none",
-    "adamw": "fused" | "foreach", "device", "autocast"}) and the device."""
+    "adamw": "fused" | "foreach", "device", "autocast", "matmul" and the torch settings behind it}) and
+    the device."""
     import torch
 
     if dtype not in AUTOCAST:
@@ -287,6 +308,7 @@ def prepare(model: ModelConfig, *, batch_size: int, compile: bool, dtype: str = 
     used_threads = threads if threads is not None else (os.cpu_count() or 1)
     torch.set_num_threads(used_threads)
     where = device()
+    matmul = set_matmul_precision(matmul_precision, where)  # before torch.compile, which reads it
     vit = build_model(model, image_size=image_size, seed=seed).to(where)
     optimizer, adamw = _make_optimizer(vit)
     images, labels = (t.to(where) for t in _batch(model, batch_size, image_size, seed))
@@ -304,4 +326,5 @@ def prepare(model: ModelConfig, *, batch_size: int, compile: bool, dtype: str = 
         "adamw": adamw,
         "device": torch.cuda.get_device_name(where) if where.type == "cuda" else "cpu",
         "autocast": AUTOCAST[dtype],
+        **matmul,
     }, where

@@ -1,0 +1,150 @@
+"""`shardbench bench` without running its cases: the float32 matmul arithmetic both sides get, the trimmed
+defaults on an accelerator, how the tables name both, and a case past its timeout becoming a row."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from shardbench.bench import bench_cmd
+from shardbench.bench.matmul import TorchMatmul, jax_matmul, label, torch_matmul
+from shardbench.bench.tables import render
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_cmd.add_parser(parser.add_subparsers())
+    return parser.parse_args(["bench", *argv])
+
+
+def test_torch_gets_the_matmul_arithmetic_jax_uses() -> None:
+    h100, v100 = (9, 0), (7, 0)
+    for precision in ("default", "high"):
+        assert torch_matmul(precision, "cuda", h100) == TorchMatmul("high", True, "TF32")
+        assert jax_matmul(precision, "gpu", h100) == "TF32"
+        assert torch_matmul(precision, "cuda", v100).label == jax_matmul(precision, "gpu", v100) == "float32"
+    assert torch_matmul("highest", "cuda", h100) == TorchMatmul("highest", False, "float32")
+    assert jax_matmul("highest", "gpu", h100) == "float32"
+    for precision in ("default", "high", "highest"):  # the CPU: full float32 on both sides, whatever is asked
+        assert torch_matmul(precision, "cpu") == TorchMatmul("highest", False, "float32")
+        assert jax_matmul(precision, "cpu") == "float32"
+    assert jax_matmul("high", "tpu") == "bfloat16 x3"
+    assert label("float32", {"JAX": "TF32", "PyTorch": "TF32"}) == "TF32 both"
+    assert label("float32", {"JAX": "TF32", "PyTorch": "float32"}) == "JAX TF32, PyTorch float32"
+    assert label("bfloat16", {"JAX": "bfloat16"}) == "bfloat16 matmuls both"
+    with pytest.raises(ValueError, match="medium"):
+        torch_matmul("medium", "cuda", h100)
+
+
+def test_torch_worker_sets_the_mapped_precision(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    from shardbench.bench.torch_vit import set_matmul_precision
+
+    before = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+              torch.backends.cudnn.allow_tf32)
+    try:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda where=None: (9, 0))
+        got = set_matmul_precision("default", torch.device("cuda", 0))
+        assert got["matmul"] == "TF32" and got["float32_matmul_precision"] == "high"
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        got = set_matmul_precision("highest", torch.device("cuda", 0))
+        assert got == {"matmul": "float32", "float32_matmul_precision": "highest", "allow_tf32": False,
+                       "cudnn_allow_tf32": False}
+        assert set_matmul_precision("default", torch.device("cpu"))["matmul"] == "float32"
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[1:]
+
+
+def _planned(monkeypatch, platform: str, *argv: str) -> tuple[argparse.Namespace, dict[str, list[dict]]]:
+    monkeypatch.setenv("JAX_PLATFORMS", platform)  # what `malloc.target_platform` reads first
+    args = _args(*argv)
+    groups: dict[str, list[dict]] = {}
+    for group, entries in bench_cmd.plan(args):
+        groups.setdefault(group, []).extend(entries)
+    return args, groups
+
+
+def test_accelerator_defaults_are_trimmed_and_say_so(monkeypatch) -> None:
+    args, groups = _planned(monkeypatch, "cuda")
+    assert [e["label"] for e in groups["layers"]] == ["6 layers scan", "6 layers unrolled", "12 layers scan",
+                                                      "12 layers unrolled"]
+    assert {e["timeout"] for e in groups["layers"]} == {bench_cmd.ACCELERATOR_DEFAULTS["compile_timeout"]}
+    assert [e["label"] for e in groups["batch"]] == ["batch 256"]
+    assert args.timeout == 600 and args.settings == [("float32", 128), ("bfloat16", 1024)]
+    assert any("--layers 6,12,24" in note for note in args.trimmed)
+    assert any("--batches 64,256" in note for note in args.trimmed)
+    steps = [e for e in groups["step"] if e["setting"] == "float32 b128"]
+    assert steps[0]["kwargs"]["matmul_precision"] == "default"
+    # Explicit flags run what they name, untrimmed.
+    args, groups = _planned(monkeypatch, "cuda", "--layers", "6,12,24", "--batches", "64,256", "--timeout", "900")
+    assert "24 layers unrolled" in [e["label"] for e in groups["layers"]]
+    assert {e["timeout"] for e in groups["layers"]} == {900}
+    assert [e["label"] for e in groups["batch"]] == ["batch 64", "batch 256"] and args.trimmed == []
+
+
+def test_cpu_defaults_stay(monkeypatch) -> None:
+    args, groups = _planned(monkeypatch, "cpu")
+    assert [e["label"] for e in groups["layers"]][-1] == "24 layers unrolled"
+    assert {e["timeout"] for e in groups["layers"]} == {600}
+    assert [e["label"] for e in groups["batch"]] == ["batch 64", "batch 256"]
+    assert args.trimmed == [] and args.timeout == 600 and args.settings == [("float32", 128)]
+
+
+def test_matmul_precision_flag_drives_every_side(monkeypatch) -> None:
+    args, groups = _planned(monkeypatch, "cuda", "--matmul-precision", "highest", "--groups", "step")
+    for e in groups["step"]:
+        if e["case"] == "matmul-peak":
+            assert e["kwargs"]["matmul_precision"] == "highest"
+        else:
+            assert e["kwargs"]["overrides"]["precision.matmul_precision"] == "highest"
+    args, _ = _planned(monkeypatch, "cuda", "--set", "precision.matmul_precision=high", "--groups", "step")
+    assert args.matmul_precision == "high"
+    from shardbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="disagree"):
+        _planned(monkeypatch, "cuda", "--matmul-precision", "highest", "--set", "precision.matmul_precision=high")
+
+
+def _case(setting: str, label: str, case: str, **result: object) -> dict:
+    return {"group": "step", "label": label, "case": case, "kwargs": {}, "setting": setting, "result": result}
+
+
+def test_tables_name_the_matmul_arithmetic_and_what_was_trimmed() -> None:
+    ok = {"rates": [10.0, 12.0, 11.0], "train_flops_per_image": 1e9}
+    record = {
+        "machine": {}, "preset": "vit-seed", "dtype": "float32", "batch_size": 128, "matmul_precision": "default",
+        "settings": ["float32 b128", "bfloat16 b1024"],
+        "timing": {"warmup": 3, "windows": 5},
+        "trimmed": ["layers 6,12,24 -> 6,12: pass --layers 6,12,24 to run them"],
+        "cases": [
+            _case("float32 b128", "matmul peak", "matmul-peak", rates=[1e12], size=8192, matmul="TF32"),
+            _case("float32 b128", "shardbench", "shardbench", matmul="TF32", **ok),
+            _case("float32 b128", "pytorch compile", "torch", matmul="TF32", **ok),
+            _case("bfloat16 b1024", "shardbench", "shardbench", matmul="bfloat16", **ok),
+            _case("bfloat16 b1024", "pytorch compile", "torch",
+                  error="timed out: no answer within 120 s, stopped (see --timeout)"),
+            {"group": "layers", "label": "12 layers unrolled", "case": "compile", "kwargs": {}, "setting": None,
+             "result": {"error": "timed out: no answer within 120 s, stopped (see --timeout)"}},
+        ],
+    }
+    text = render(record)
+    assert "## Train step, one device, float32 b128 (TF32 both)" in text
+    assert "## Train step, one device, bfloat16 b1024 (bfloat16 matmuls both)" in text
+    assert "| shardbench | TF32 | 11.0 |" in text and "| step | matmul |" in text
+    assert "Trimmed on an accelerator: layers 6,12,24 -> 6,12" in text
+    assert "| 12 | - | timed out: no answer within 120 s" in text
+    assert "| pytorch compile | - | timed out:" in text
+
+
+def test_a_case_past_its_timeout_becomes_a_row_and_the_rest_run(tmp_path) -> None:
+    """The worker cannot even import JAX in 0.05 s: it is stopped, and the next case still runs."""
+    args = argparse.Namespace(timeout=600.0, steps_per_window=1, min_window_s=0.0)
+    entries = [{"label": "slow", "case": "pipeline", "alloc": "other", "timeout": 0.05,
+                "kwargs": {"images": 64, "batch": 8, "seconds": 0.1, "one_core": True}},
+               {"label": "unknown", "case": "no-such-case", "alloc": "other", "kwargs": {}}]
+    with (tmp_path / "bench.log").open("w") as log:
+        results = bench_cmd.run_pool(entries, args, log, lambda line: None, warmup=0, windows=1)
+    assert results[0]["error"].startswith("timed out: no answer within 0 s")
+    assert "error" in results[1] and not results[1]["error"].startswith("timed out")
