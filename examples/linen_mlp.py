@@ -4,7 +4,8 @@
 
 `nnx.bridge.ToNNX` wraps the linen module and `lazy_init` creates its parameters from one sample input; the
 names given with `nn.with_logical_partitioning` come through as the nnx parameters' sharding metadata. The
-wrapper keeps an RNG stream, which shardbench holds fixed (this model draws no random numbers).
+wrapper keeps an RNG stream, which shardbench carries in the training state and advances every step (this
+model draws no random numbers; `examples/linen_resnet.py` does, and keeps BatchNorm statistics too).
 """
 
 import flax.linen as nn

@@ -88,13 +88,6 @@ BAD_PLUGINS = [
      "        return self.dense(x.reshape(x.shape[0], -1))\n"
      "def build(cfg, rngs):\n    return Wrong(rngs)\n",
      "returned shape (2, 7) for input (2, 32, 32, 3); --task classify scores logits (batch, --model.num-classes)"),
-    ("from flax import nnx\n"
-     "class Stateful(nnx.Module):\n"
-     "    def __init__(self, rngs):\n"
-     "        self.norm = nnx.BatchNorm(3, rngs=rngs)\n"
-     "    def __call__(self, x):\n"
-     "        return self.norm(x)\n"
-     "def build(cfg, rngs):\n    return Stateful(rngs)\n", "holds state other than parameters"),
 ]
 
 

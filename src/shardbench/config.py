@@ -82,6 +82,7 @@ class ModelConfig:
     input_dim: int = 1024  # mlp: input features
     factory: str = ""  # a model of your own: FILE.py:FUNCTION or package.module:FUNCTION (see models/custom.py)
     task: str = ""  # with factory: classify | next-token | regress (sets kind to the kind that shares its data)
+    mode_argument: str = ""  # with factory: the __call__ keyword that says train or evaluate (train, deterministic)
 
 
 @dataclass(frozen=True)
@@ -463,6 +464,9 @@ def validate(cfg: Config) -> None:
                           + (f" (not '{m.task}')" if m.task else ""))
     if m.task and not m.factory:
         raise ConfigError(f"--task {m.task} is for a model of your own: give --model FILE.py:FUNCTION too")
+    if m.mode_argument and not m.factory:
+        raise ConfigError(f"--model.mode-argument {m.mode_argument} is for a model of your own: give --model "
+                          f"FILE.py:FUNCTION too")
     if cfg.parallel.spmd not in SPMD_STYLES:
         raise ConfigError(f"unknown --spmd '{cfg.parallel.spmd}': choose one of {', '.join(SPMD_STYLES)}")
     check_ranges(cfg)

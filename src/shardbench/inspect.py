@@ -6,8 +6,11 @@ Nothing is allocated or compiled: shapes and shardings come from the abstract mo
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import jax
 import optax
+from flax import nnx
 
 
 from shardbench.tasks import validate
@@ -16,9 +19,9 @@ from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
 from shardbench.measure.memory import per_device_bytes
 from shardbench.measure.params import format_table, param_table, picture
-from shardbench.parallel.rules import make_layout
+from shardbench.parallel.rules import flat_by_path, make_layout
 from shardbench.train.optim import build_optimizer
-from shardbench.train.state import abstract_train_state, check_layout, describe_model
+from shardbench.train.state import ModelSpec, abstract_train_state, check_layout, describe_model
 
 DEFAULT_ARRAY = "encoder/mlp2_kernel"  # the seed pictured the second MLP layer's kernel
 # Per model kind: the array pictured by default, and the batch's shape and name.
@@ -32,6 +35,20 @@ def _batch(cfg: Config) -> tuple[str, tuple[int, ...]]:
     if m.kind == "mlp":
         return "batch inputs", (b, m.input_dim)
     return "batch images", (b, cfg.data.image_size, cfg.data.image_size, 3)
+
+
+def model_state_lines(spec: ModelSpec, model_state: Any) -> list[str]:
+    """A model of your own's variables besides its parameters (BatchNorm statistics, RNG streams, Variables of
+    its own): one line each with its layout, then their bytes per device, which the step carries too."""
+    kinds = {"/".join(map(str, p)): type(v).__name__ for p, v in nnx.to_flat_state(spec.state_abstract)}
+    lines = [f"model state ({', '.join(spec.state_kinds)}): carried and checkpointed with the parameters; "
+             f"replicated unless its metadata names axes"]
+    for path, leaf in sorted(flat_by_path(model_state).items()):
+        device_shape = tuple(leaf.sharding.shard_shape(leaf.shape))
+        lines.append(f"  {path}  {kinds.get(path, '')}  {tuple(leaf.shape)} {leaf.dtype}  per device "
+                     f"{device_shape}  {math.prod(device_shape) * leaf.dtype.itemsize:,} bytes")
+    lines.append(f"model state: {per_device_bytes(model_state):,} bytes per device")
+    return lines
 
 
 def inspect(cfg: Config, array: str = "") -> str:
@@ -54,6 +71,8 @@ def inspect(cfg: Config, array: str = "") -> str:
         f"parameters: {per_device_bytes(target.params):,} bytes per device",
         "",
     ]
+    if jax.tree.leaves(target.model_state):
+        lines[-1:-1] = model_state_lines(spec, target.model_state)
     by_path = {r.path: r for r in rows}
     if not array and cfg.model.factory:  # a model of your own: its largest parameter
         array = max(rows, key=lambda r: math.prod(r.shape)).path

@@ -66,12 +66,14 @@ def build_measurements(*, cfg: Config, task: Task, layout: Layout, compiled: Any
                                              cfg.precision.matmul_precision, host_peak)
     comms = count_collectives(compiled.as_text()) if compiled is not None else None
     devices_here = layout_devices(layout)
-    memory = memory_report(compiled, state.params, state.opt_state, devices_here) if compiled else {}
+    memory = (memory_report(compiled, state.params, state.opt_state, devices_here, state.model_state)
+              if compiled else {})
     # Every process sends what it measured; the one record holds every device of every process.
     here = {"process": jax.process_index(), "host": socket.gethostname(), "devices": [d.id for d in devices_here],
             "step_time_median_s": step_stats["median"], "train_time_s": train_time}
     gathered = cluster.gather_json({"process": here,
-                                    "devices": per_device_report(state.params, state.opt_state, devices_here)})
+                                    "devices": per_device_report(state.params, state.opt_state, devices_here,
+                                                                 state.model_state)})
     if memory:
         memory["per_device"] = [entry for g in gathered for entry in g["devices"]]
     return {

@@ -106,6 +106,8 @@ class Mfu:
 class Breakdown:
     params_bytes: int | None = _f("bytes/device", "the device's shards of the parameters")
     optimizer_bytes: int | None = _f("bytes/device", "the device's shards of the optimizer state")
+    model_state_bytes: int | None = _f("bytes/device", "a model of your own's other variables (BatchNorm "
+                                                       "statistics, RNG streams); 0 for the built-in models")
     gradients_bytes: int | None = _f("bytes/device", "gradients, laid out like the parameters")
     activations_temporaries_bytes: int | None = _f("bytes/device", "compiled temporaries - gradients")
     other_bytes: int | None = _f("bytes/device", "the rest of the compiled total (batch, outputs)")

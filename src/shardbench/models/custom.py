@@ -14,6 +14,15 @@ placement each strategy's table decides; `--rules NAME=AXIS` maps any other name
 table maps is kept whole (FSDP may still shard such a parameter along a dimension that divides), and the run's
 header says which names those were.
 
+Training state beyond the parameters: every other `nnx.Variable` the module holds (`nnx.BatchStat`, linen's
+`batch_stats` through the bridge, a Variable subclass of your own) is carried by the step as the module updates
+it, checkpointed, and replicated unless its metadata names axes; RNG streams the module keeps (`nnx.Dropout(rate,
+rngs=rngs)`, the bridge's) are carried too, so they advance every step. Modes: the module is switched with
+`model.train()` for the step and `model.eval()` for evaluation; a `__call__(inputs, rngs=...)` gets an
+`nnx.Rngs` built from the step's key; a module whose `__call__` takes a mode flag (linen's `train=` or
+`deterministic=`) declares it with `mode_argument = "train"` in its file (or `--model.mode-argument`); an nnx
+module's own `__call__` parameter of such a name is found without it.
+
 Optional functions in the same file: `loss(outputs, batch)` returns the per-example loss (summed over an
 example's targets) in place of the task's own; `flops_per_example(cfg)` returns the training FLOPs of one
 example (forward + backward) for MFU. Without it, FLOPs come from XLA's cost analysis of the compiled step,
@@ -62,6 +71,7 @@ class Plugin:
     build: Callable[[Config, nnx.Rngs], Any]
     loss: Callable[[Any, Any], Any] | None
     flops_per_example: Callable[[Config], float] | None
+    mode_argument: str = ""  # the file's `mode_argument`: the keyword of __call__ that says train or evaluate
 
 
 def _load_module(spec: str, target: str) -> Any:
@@ -106,7 +116,11 @@ def load(spec: str) -> Plugin:
     except ValueError:
         pass  # no signature to read (a builtin): calling it will tell
     loss, flops = getattr(module, "loss", None), getattr(module, "flops_per_example", None)
-    return Plugin(spec, build, loss if callable(loss) else None, flops if callable(flops) else None)
+    mode = getattr(module, "mode_argument", "")
+    if not isinstance(mode, str):
+        raise ConfigError(f"--model {spec}: mode_argument = {mode!r} in {target} must be a keyword's name, e.g. "
+                          f"'train' or 'deterministic'")
+    return Plugin(spec, build, loss if callable(loss) else None, flops if callable(flops) else None, mode)
 
 
 def build(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
@@ -120,12 +134,59 @@ def build(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
     return module
 
 
+def _call_parameters(module: nnx.Module) -> Mapping[str, inspect.Parameter]:
+    try:
+        return inspect.signature(type(module).__call__).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
 def takes_rng(module: nnx.Module) -> bool:
     """Whether the module's __call__ takes the step's key as `rng`."""
-    try:
-        return "rng" in inspect.signature(type(module).__call__).parameters
-    except (TypeError, ValueError):
-        return False
+    return "rng" in _call_parameters(module)
+
+
+def takes_rngs(module: nnx.Module) -> bool:
+    """Whether the module's __call__ takes an `nnx.Rngs` as `rngs` (flax's NNX idiom). The linen bridge's
+    `rngs` replaces the streams it keeps, which shardbench carries and advances instead, so it gets none."""
+    return "rngs" in _call_parameters(module) and not isinstance(module, nnx.bridge.ToNNX)
+
+
+# A mode keyword's value in training: True for these, False for the evaluation-named ones.
+TRAIN_TRUE = frozenset({"train", "training", "is_training"})
+EVAL_TRUE = frozenset({"deterministic", "eval", "evaluate", "is_eval", "inference", "use_running_average"})
+
+
+def mode_argument(cfg: Config, module: nnx.Module) -> tuple[str, bool] | None:
+    """The keyword that tells the module's __call__ train or evaluate, and its value in training: from
+    `--model.mode-argument`, else the model file's `mode_argument`, else an nnx module's own `__call__`
+    parameter of a known name (`train`, `deterministic`, ...); None when there is none."""
+    name = cfg.model.mode_argument or load(cfg.model.factory).mode_argument
+    if not name and not isinstance(module, nnx.bridge.ToNNX):
+        name = next((p for p in _call_parameters(module) if p in TRAIN_TRUE | EVAL_TRUE), "")
+    if not name:
+        return None
+    if name not in TRAIN_TRUE | EVAL_TRUE:
+        raise ConfigError(f"--model {cfg.model.factory}: unknown mode argument '{name}': name one True in training "
+                          f"({', '.join(sorted(TRAIN_TRUE))}) or in evaluation ({', '.join(sorted(EVAL_TRUE))})")
+    params = _call_parameters(module)
+    bridged = isinstance(module, nnx.bridge.ToNNX)  # a linen module's keywords pass through the wrapper
+    if not bridged and params and name not in params and not any(
+            p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        raise ConfigError(f"--model {cfg.model.factory}: mode argument '{name}' is not a parameter of "
+                          f"{type(module).__name__}.__call__: name one it takes, or none")
+    return name, name in TRAIN_TRUE
+
+
+def axis_names(module: nnx.Module) -> tuple[str, ...]:
+    """The collective axis names the module's layers name (`nnx.BatchNorm(axis_name=...)`), sorted."""
+    found: set[str] = set()
+    for _, sub in nnx.iter_modules(module):
+        given = getattr(sub, "axis_name", None)
+        for name in (given if isinstance(given, (tuple, list)) else (given,)):
+            if isinstance(name, str):
+                found.add(name)
+    return tuple(sorted(found))
 
 
 def parse_rules(text: str) -> dict[str, str]:

@@ -35,6 +35,13 @@ def header_line(plan: "Plan") -> str:
     if plan.spec.unmapped:
         notes += (f" | axes no table maps, kept whole: {', '.join(plan.spec.unmapped)} (map one with --rules "
                   f"NAME=AXIS)")
+    if (plan.spec.has_statistics and not plan.spec.axis_names and cfg.parallel.spmd != "jit"
+            and plan.layout.shape.data > 1):
+        per = cfg.train.batch_size // plan.layout.shape.data
+        notes += (f" | BatchNorm statistics per shard: no layer names an axis (axis_name=), so under "
+                  f"{cfg.parallel.spmd} each device normalises its {per} examples with their own statistics "
+                  f"(running averages are averaged over devices); name one, e.g. axis_name='batch', for "
+                  f"global statistics")
     if plan.task.train_flops_per_example(cfg) is None:
         notes += (" | FLOPs from XLA's cost analysis (no flops_per_example in the model's file): a loop body "
                   "counts once, so layers under a scan are undercounted")

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from shardbench import config as config_lib
@@ -26,7 +25,7 @@ from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
 from shardbench.tasks import Task, for_data, get_task, validate
 from shardbench.train.spmd import check_style
-from shardbench.train.state import ModelSpec, check_layout, describe_model
+from shardbench.train.state import ModelSpec, check_layout, describe_model, example_input
 
 @dataclass(frozen=True)
 class Plan:
@@ -113,28 +112,13 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
     return task, layout, spec
 
 
-def _example_input(cfg: Config) -> tuple[jax.ShapeDtypeStruct, tuple[int, ...], str]:
-    """A model of your own: one batch of its task's input, the output shape its task scores, and what that is."""
-    b, m = 2, cfg.model
-    dtype = jnp.dtype(cfg.precision.dtype)
-    if m.kind == "lm":
-        return (jax.ShapeDtypeStruct((b, m.seq_len), jnp.int32), (b, m.seq_len, m.vocab_size),
-                "logits (batch, positions, --model.vocab-size)")
-    if m.kind == "mlp":
-        return (jax.ShapeDtypeStruct((b, m.input_dim), dtype), (b, m.num_classes),
-                "values (batch, --model.num-classes outputs)")
-    size = cfg.data.image_size
-    return (jax.ShapeDtypeStruct((b, size, size, 3), dtype), (b, m.num_classes),
-            "logits (batch, --model.num-classes)")
-
-
 def check_outputs(cfg: Config, spec: ModelSpec) -> None:
     """Trace (never compile) the model on one batch of its task's input: its output must be what the task
     scores, or one line says what came back and what was expected."""
-    example, expected, what = _example_input(cfg)
+    example, expected, what = example_input(cfg)
     params = nnx.to_pure_dict(spec.abstract)
     try:
-        out = jax.eval_shape(lambda p, x: spec.apply(p, x, jax.random.key(0)), params, example)
+        out = spec.trace_outputs(params, example)
     except Exception as err:  # noqa: BLE001 - the user's code: one line, not a traceback
         first = (str(err).strip().splitlines() or [""])[0][:300]
         raise ConfigError(f"--model {cfg.model.factory}: calling it on {cfg.model.task} input of shape "

@@ -12,7 +12,14 @@
 Both average per-device means, which equals the global mean because every device gets as many examples
 (and targets) as the others in a training batch. Per-example randomness (augmentation) is drawn for the
 global batch and sliced, so all three styles see the same inputs; dropout masks are drawn per device
-(the same in distribution, not element for element).
+(the same in distribution, not element for element), from the model's own RNG streams too (the device's
+index is folded into their keys).
+
+A model of your own that keeps BatchNorm statistics: a layer that names an axis (`axis_name='batch'`) gets
+the data axis bound under that name (the mapped mesh's data axis, or pmap's axis, carries it), so its
+statistics span the global batch as under jit. One that names none normalises each device's examples with
+their own statistics; the running averages it keeps are then averaged over the devices after every step, so
+every device holds the same ones.
 """
 
 from __future__ import annotations
@@ -60,6 +67,22 @@ def _mesh(layout: Layout) -> Mesh:
     return Mesh(np.asarray([layout.device]).reshape(1, 1), MESH_AXES)
 
 
+def data_axis_name(spec: ModelSpec, default: str) -> str:
+    """The name the data axis is bound under in the per-device program: the one the model's layers name
+    (BatchNorm's axis_name), else shardbench's own."""
+    return spec.axis_names[0] if spec.axis_names else default
+
+
+def sync_statistics(spec: ModelSpec, model_state: Any, axis: str) -> Any:
+    """Per-shard statistics (no layer names the data axis): average the floating-point variables the step
+    left over the devices, so each keeps the same running averages; counters and RNG state are the same on
+    every device already. Where the axis is bound, statistics are global and nothing is averaged."""
+    if spec.axis_names or not spec.has_statistics:
+        return model_state
+    return jax.tree.map(lambda x: jax.lax.pmean(x, axis) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
+                        else x, model_state)
+
+
 def _data_dims(layout: Layout, spec: ModelSpec) -> Any:
     """Per parameter: the dim FSDP shards over 'data', or None where the parameter is whole on each device."""
     def dim(axes: tuple[str | None, ...], shape: Any) -> int | None:
@@ -69,41 +92,48 @@ def _data_dims(layout: Layout, spec: ModelSpec) -> Any:
     return jax.tree.map(dim, spec.axes, spec.shapes, is_leaf=is_axes)
 
 
-def _manual_spec(dim: int | None, ndim: int) -> PartitionSpec:
+def _manual_spec(dim: int | None, ndim: int, data: str = DATA) -> PartitionSpec:
     parts: list[str | None] = [None] * ndim
     if dim is not None:
-        parts[dim] = DATA
+        parts[dim] = data
     return PartitionSpec(*parts)
 
 
 def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,
                     batch_keys: tuple[str, ...]) -> Steps:
-    mesh = _mesh(layout)
+    outer = _mesh(layout)
+    data = data_axis_name(parts.spec, DATA)
+    if data in MESH_AXES[1:]:
+        raise ConfigError(f"--spmd shard_map: the model's layers name the collective axis '{data}', which is the "
+                          f"mesh's model axis: name the data axis something else in the model (axis_name='batch')")
+    # The per-device program maps over the same devices, its data axis named as the model's layers name it.
+    mesh = outer if data == DATA else Mesh(outer.devices, (data, *outer.axis_names[1:]))
     dims = _data_dims(layout, parts.spec)
     flat_dims, treedef = jax.tree.flatten(dims, is_leaf=lambda x: x is None or isinstance(x, int))
     shapes = treedef.flatten_up_to(parts.spec.shapes)
-    param_specs = treedef.unflatten([_manual_spec(d, len(s)) for d, s in zip(flat_dims, shapes)])
-    batch_specs = {k: PartitionSpec(DATA) for k in (*batch_keys, "mask")}
+    param_specs = treedef.unflatten([_manual_spec(d, len(s), data) for d, s in zip(flat_dims, shapes)])
+    state_specs = jax.tree.map(lambda _: PartitionSpec(), shardings.model_state)
+    batch_specs = {k: PartitionSpec(data) for k in (*batch_keys, "mask")}
     # Manual over every axis unless the model axis carries tensor parallelism, which XLA keeps partitioning.
-    manual = frozenset({DATA}) if layout.shape.model > 1 else frozenset(MESH_AXES)
+    manual = frozenset({data}) if layout.shape.model > 1 else frozenset(mesh.axis_names)
     auto_rules = {k: v for k, v in layout.strategy.compute.items() if v == MODEL}
 
     # XLA rejects collectives over a manual axis of one device next to an automatic axis: skip them there.
     one = layout.shape.data == 1
 
     def psum(x: jax.Array) -> jax.Array:
-        return x if one else jax.lax.psum(x, DATA)
+        return x if one else jax.lax.psum(x, data)
 
     def pmean(x: jax.Array) -> jax.Array:
-        return x if one else jax.lax.pmean(x, DATA)
+        return x if one else jax.lax.pmean(x, data)
 
     def gather(p: jax.Array, dim: int | None) -> jax.Array:
-        return p if dim is None or one else jax.lax.all_gather(p, DATA, axis=dim, tiled=True)
+        return p if dim is None or one else jax.lax.all_gather(p, data, axis=dim, tiled=True)
 
     def reduce(g: jax.Array, dim: int | None) -> jax.Array:
         if dim is None or one:
             return pmean(g)
-        return jax.lax.psum_scatter(g, DATA, scatter_dimension=dim, tiled=True) / jax.lax.axis_size(DATA)
+        return jax.lax.psum_scatter(g, data, scatter_dimension=dim, tiled=True) / jax.lax.axis_size(data)
 
     def within(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
         """Inside the per-device program only the automatic model axis may be constrained."""
@@ -111,44 +141,45 @@ def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,
 
     constraint = within if MODEL not in manual else None
 
-    def local_train(params: Any, batch: Batch, step: jax.Array) -> tuple[Any, Metrics]:
-        index, size = jax.lax.axis_index(DATA), jax.lax.axis_size(DATA)
+    def local_train(params: Any, model_state: Any, batch: Batch, step: jax.Array) -> tuple[Any, Any, Metrics]:
+        index, size = jax.lax.axis_index(data), jax.lax.axis_size(data)
         b = batch["mask"].shape[0]
         whole = jax.tree.map(gather, params, dims)
         _, drop = parts.keys(step)
 
         with constraints(constraint):
-            (loss, t), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
-                whole, batch, step, Rows(index * b, b * size), jax.random.fold_in(drop, index))
+            (loss, (t, after)), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
+                whole, model_state, batch, step, Rows(index * b, b * size), jax.random.fold_in(drop, index), index)
         grads = jax.tree.map(reduce, grads, dims)
         sums = {"loss": pmean(loss), "count": psum(t.count.sum())}
         if t.correct is not None:
             sums["correct"] = psum(t.correct.sum())
-        return grads, sums
+        return grads, (after if one else sync_statistics(parts.spec, after, data)), sums
 
-    def local_eval(params: Any, batch: Batch, step: jax.Array) -> Metrics:
+    def local_eval(params: Any, model_state: Any, batch: Batch, step: jax.Array) -> Metrics:
         whole = jax.tree.map(gather, params, dims)
         with constraints(constraint):
-            t = parts.terms(whole, batch, step, train=False, rows=Rows(0, batch["mask"].shape[0]))
+            t, _ = parts.terms(whole, model_state, batch, step, train=False, rows=Rows(0, batch["mask"].shape[0]))
         return jax.tree.map(psum, eval_sums(t, batch["mask"]))
 
     def mapped(fn: Any, out: Any) -> Any:
-        return jax.shard_map(fn, mesh=mesh, in_specs=(param_specs, batch_specs, PartitionSpec()), out_specs=out,
-                             axis_names=manual, check_vma=False)
+        return jax.shard_map(fn, mesh=mesh, in_specs=(param_specs, state_specs, batch_specs, PartitionSpec()),
+                             out_specs=out, axis_names=manual, check_vma=False)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        grads, sums = mapped(local_train, (param_specs, PartitionSpec()))(state.params, batch, state.step)
+        grads, model_state, sums = mapped(local_train, (param_specs, state_specs, PartitionSpec()))(
+            state.params, state.model_state, batch, state.step)
         metrics = parts.train_metrics(state, sums["loss"], sums.get("correct"), sums["count"], grads)
-        return parts.apply_update(state, grads), metrics
+        return parts.apply_update(state, grads, model_state), metrics
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
-        return mapped(local_eval, PartitionSpec())(parts.eval_params(state), batch, state.step)
+        return mapped(local_eval, PartitionSpec())(parts.eval_params(state), state.model_state, batch, state.step)
 
-    batch_sharding = NamedSharding(mesh, PartitionSpec(DATA))
+    batch_sharding = NamedSharding(outer, PartitionSpec(DATA))
     state_sh = shardings if layout.mesh is not None else jax.tree.map(
-        lambda _: NamedSharding(mesh, PartitionSpec()), shardings)
+        lambda _: NamedSharding(outer, PartitionSpec()), shardings)
     batch_sh = {k: batch_sharding for k in batch_specs}
-    replicated = NamedSharding(mesh, PartitionSpec())
+    replicated = NamedSharding(outer, PartitionSpec())
     train = jax.jit(train_step, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, replicated),
                     donate_argnums=0)
     evaluate = jax.jit(eval_step, in_shardings=(state_sh, batch_sh), out_shardings=replicated)
@@ -161,28 +192,30 @@ def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,
 
 def pmap_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_keys: tuple[str, ...]) -> Steps:
     mesh = _mesh(layout)
+    axis = data_axis_name(parts.spec, PMAP_AXIS)
     devices = list(mesh.devices.flat)
     n = len(devices)
     stacked = NamedSharding(mesh, PartitionSpec(DATA))
     local_devices = [d for d in devices if d.process_index == jax.process_index()]
 
     def device_train(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        index = jax.lax.axis_index(PMAP_AXIS)
+        index = jax.lax.axis_index(axis)
         b = batch["mask"].shape[0]
         _, drop = parts.keys(state.step)
 
-        (loss, t), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
-            state.params, batch, state.step, Rows(index * b, b * n), jax.random.fold_in(drop, index))
-        grads = jax.lax.pmean(grads, PMAP_AXIS)
-        correct = None if t.correct is None else jax.lax.psum(t.correct.sum(), PMAP_AXIS)
-        metrics = parts.train_metrics(state, jax.lax.pmean(loss, PMAP_AXIS), correct,
-                                      jax.lax.psum(t.count.sum(), PMAP_AXIS), grads)
-        return parts.apply_update(state, grads), metrics
+        (loss, (t, after)), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
+            state.params, state.model_state, batch, state.step, Rows(index * b, b * n),
+            jax.random.fold_in(drop, index), index)
+        grads = jax.lax.pmean(grads, axis)
+        correct = None if t.correct is None else jax.lax.psum(t.correct.sum(), axis)
+        metrics = parts.train_metrics(state, jax.lax.pmean(loss, axis), correct,
+                                      jax.lax.psum(t.count.sum(), axis), grads)
+        return parts.apply_update(state, grads, sync_statistics(parts.spec, after, axis)), metrics
 
     def device_eval(state: TrainState, batch: Batch) -> Metrics:
-        t = parts.terms(parts.eval_params(state), batch, state.step, train=False,
-                        rows=Rows(0, batch["mask"].shape[0]))
-        return jax.tree.map(lambda x: jax.lax.psum(x, PMAP_AXIS), eval_sums(t, batch["mask"]))
+        t, _ = parts.terms(parts.eval_params(state), state.model_state, batch, state.step, train=False,
+                           rows=Rows(0, batch["mask"].shape[0]))
+        return jax.tree.map(lambda x: jax.lax.psum(x, axis), eval_sums(t, batch["mask"]))
 
     def place(host: HostBatch) -> Batch:
         k = len(local_devices)
@@ -192,8 +225,8 @@ def pmap_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_ke
     def stack(state: TrainState) -> TrainState:
         return jax.tree.map(lambda x: jax.numpy.broadcast_to(x[None], (n, *x.shape)), state)
 
-    train = jax.pmap(device_train, axis_name=PMAP_AXIS, devices=devices, donate_argnums=0)
-    evaluate = jax.pmap(device_eval, axis_name=PMAP_AXIS, devices=devices)
+    train = jax.pmap(device_train, axis_name=axis, devices=devices, donate_argnums=0)
+    evaluate = jax.pmap(device_eval, axis_name=axis, devices=devices)
     adopt = jax.jit(stack, out_shardings=jax.tree.map(lambda _: stacked, shardings))
     release = jax.jit(lambda s: jax.tree.map(lambda x: x[0], s), out_shardings=shardings)
     return Steps(train=train, evaluate=evaluate, place=place, adopt=adopt, release=release)

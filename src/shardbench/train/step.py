@@ -61,22 +61,29 @@ class StepParts:
         aug, drop = jax.random.split(jax.random.fold_in(base, step))
         return aug, drop
 
-    def terms(self, params: Any, batch: Batch, step: jax.Array, *, train: bool, rows: Rows,
-              drop_key: jax.Array | None = None) -> Terms:
-        """Per-example loss terms of `batch` under `params`; `rows` places it in the global batch."""
+    def terms(self, params: Any, model_state: Any, batch: Batch, step: jax.Array, *, train: bool, rows: Rows,
+              drop_key: jax.Array | None = None, fold: jax.Array | None = None) -> tuple[Terms, Any]:
+        """Per-example loss terms of `batch` under `params` and the model's other variables as the call left
+        them; `rows` places the batch in the global one, `fold` makes the model's own RNG streams per device."""
         aug_key, default_drop = self.keys(step)
         inputs = self.task.inputs(self.cfg, batch, aug_key, train, rows)
         if train and self.task.targets is not None:
             batch = self.task.targets(self.cfg, batch, aug_key, rows)
-        use_dropout = train and (self.cfg.model.dropout > 0 or self.cfg.model.drop_path > 0)
+        # A model of your own always gets the step's key (its own layers decide whether to drop anything).
+        use_dropout = self.spec.custom or (train and (self.cfg.model.dropout > 0 or self.cfg.model.drop_path > 0))
         key = (default_drop if drop_key is None else drop_key) if use_dropout else None
-        return self.task.terms(self.spec.apply(params, inputs, key), batch)
+        if not self.spec.custom:
+            return self.task.terms(self.spec.apply(params, model_state, inputs, key)[0], batch), model_state
+        outputs, after = self.spec.apply(params, model_state, inputs, key, train=train, fold=fold)
+        return self.task.terms(outputs, batch), after
 
-    def mean_loss(self, params: Any, batch: Batch, step: jax.Array, rows: Rows,
-                  drop_key: jax.Array | None = None) -> tuple[jax.Array, Terms]:
-        """The training objective of `batch` (mean over its targets) and its terms: differentiate this."""
-        t = self.terms(params, batch, step, train=True, rows=rows, drop_key=drop_key)
-        return t.loss_sum.sum() / t.count.sum(), t
+    def mean_loss(self, params: Any, model_state: Any, batch: Batch, step: jax.Array, rows: Rows,
+                  drop_key: jax.Array | None = None,
+                  fold: jax.Array | None = None) -> tuple[jax.Array, tuple[Terms, Any]]:
+        """The training objective of `batch` (mean over its targets), its terms and the model's other
+        variables after the step: differentiate this with respect to `params`."""
+        t, after = self.terms(params, model_state, batch, step, train=True, rows=rows, drop_key=drop_key, fold=fold)
+        return t.loss_sum.sum() / t.count.sum(), (t, after)
 
     @staticmethod
     def eval_params(state: TrainState) -> Any:
@@ -84,9 +91,9 @@ class StepParts:
         ema = ema_params(state.opt_state)
         return state.params if ema is None else jax.tree.map(lambda e, p: e.astype(p.dtype), ema, state.params)
 
-    def apply_update(self, state: TrainState, grads: Any) -> TrainState:
+    def apply_update(self, state: TrainState, grads: Any, model_state: Any) -> TrainState:
         updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state)
+        return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state, model_state)
 
     def train_metrics(self, state: TrainState, loss: jax.Array, correct: jax.Array | None, count: jax.Array,
                       grads: Any) -> Metrics:
@@ -111,16 +118,16 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         with constraints(layout.constrain):
-            (loss, t), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
-                state.params, batch, state.step, Rows(0, global_batch))
+            (loss, (t, model_state)), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
+                state.params, state.model_state, batch, state.step, Rows(0, global_batch))
         correct = None if t.correct is None else t.correct.sum()
         metrics = parts.train_metrics(state, loss, correct, t.count.sum(), grads)
-        return parts.apply_update(state, grads), metrics
+        return parts.apply_update(state, grads, model_state), metrics
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
         with constraints(layout.constrain):
-            t = parts.terms(parts.eval_params(state), batch, state.step, train=False,
-                            rows=Rows(0, batch["mask"].shape[0]))
+            t, _ = parts.terms(parts.eval_params(state), state.model_state, batch, state.step, train=False,
+                               rows=Rows(0, batch["mask"].shape[0]))
         return eval_sums(t, batch["mask"])
 
     batch_sharding = layout.batch_sharding()
