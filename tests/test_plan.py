@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from shardbench import config as config_lib
 from shardbench.plan.calibration import Coefficients, fit
+from shardbench.plan.steptime import StepFeatures, step_time
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.compile import compile_candidate
 from shardbench.plan.predict import Hardware, predict, sent_fraction
@@ -87,14 +89,15 @@ def test_step_time_is_the_slower_of_compute_and_memory_plus_overheads_and_commun
     1 GB/s = 1.75 ms, plus 10 us."""
     ring = [{"kind": "all-reduce", "link": "intra", "group": 8, "count": 1, "bytes": 1_000_000}]
     r = result(flops=8e9, temp=5000, collectives=ring, traffic=1e8)
-    p = predict(r, GPU, UNIT, batch=64, remat="none", activation_scale=0.5, activation_source="test")
+    p = predict(r, GPU, UNIT, batch=64, remat="none", dtype="float32", activation_scale=0.5,
+                activation_source="test")
     assert p.compute_s == pytest.approx(2e-3)
     assert p.kernels_s == pytest.approx(1e-4 + 1e-4)
     assert p.comm_s["intra"] == pytest.approx(1.75e-3)
     assert p.step_s == pytest.approx(2e-3 + 2e-4 + 1.75e-3 + 1e-5)
     assert p.examples_per_s == pytest.approx(64 / p.step_s)
     slower = predict(result(flops=8e9, temp=5000, collectives=ring, traffic=3e8), GPU, UNIT, batch=64,
-                     remat="none", activation_scale=0.5, activation_source="test")
+                     remat="none", dtype="float32", activation_scale=0.5, activation_source="test")
     assert slower.bound == "memory" and slower.compute_s == pytest.approx(6e-3)  # max, not a sum
     # Memory: state exact, activations (temporaries - gradients) scaled: 1000 + 2000 + 1000 + 4000 x 0.5.
     assert p.activations_bytes == 2000 and p.total_bytes == 6000
@@ -103,20 +106,26 @@ def test_step_time_is_the_slower_of_compute_and_memory_plus_overheads_and_commun
 
 
 def test_fit_recovers_known_coefficients() -> None:
-    """Step times made by the model itself, with efficiencies on the fitting grid, are fitted back exactly."""
+    """Step times made by the model itself, with coefficients on the fitting grids, are fitted back exactly:
+    a roofline (the CPU's form) and a sum of matmuls and 16-bit-scaled traffic (the GPU's). (about 3 s)"""
     from shardbench.plan.calibration import GRID
 
-    truth = Coefficients(efficiency=float(GRID[30]), memory_efficiency=float(GRID[20]), kernel_s=3e-6,
-                         collective_s=5e-5, fixed_s=2e-3, overlap=0.0, source="truth")
-    samples = []
-    for flops, traffic, kernels, colls in [(1e9, 1e8, 100, 2), (4e9, 9e8, 300, 10), (2e9, 2e8, 50, 40),
-                                           (8e9, 1e9, 500, 0), (3e9, 6e8, 200, 20), (5e9, 2e8, 80, 7)]:
-        f = {"compute": flops / 1e12, "traffic": traffic / 1e11, "kernels": float(kernels),
-             "collectives": float(colls), "link_intra": 1e-4, "link_inter": 0.0}
-        samples.append((f, truth.step(f)))
-    got = fit(samples, UNIT, "fitted")
-    for name in ("efficiency", "memory_efficiency", "kernel_s", "collective_s", "fixed_s"):
-        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    roofline = Coefficients(efficiency=float(GRID[30]), memory_efficiency=float(GRID[20]), kernel_s=3e-6,
+                            collective_s=5e-5, fixed_s=2e-3, overlap=0.0, source="truth")
+    summed = replace(roofline, compute_memory_overlap=0.0, low_precision_traffic=0.6)
+    for truth in (roofline, summed):
+        samples = []
+        for i, (flops, traffic, kernels, colls) in enumerate([
+                (1e9, 1e8, 100, 2), (4e9, 9e8, 300, 10), (2e9, 2e8, 50, 40), (8e9, 1e9, 500, 0), (3e9, 6e8, 200, 20),
+                (5e9, 2e8, 80, 7), (6e9, 5e8, 120, 3)]):
+            f = StepFeatures(compute_s=flops / 1e12, traffic_s=traffic / 1e11, kernels=float(kernels),
+                             collectives=float(colls), link_s={"intra": 1e-4, "inter": 0.0},
+                             low_precision=truth is summed and i % 2 == 1)
+            samples.append((f, step_time(f, truth).total_s))
+        got = fit(samples, UNIT, "fitted")
+        for name in ("efficiency", "memory_efficiency", "kernel_s", "collective_s", "fixed_s",
+                     "compute_memory_overlap", "low_precision_traffic"):
+            assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
     assert fit(samples[:3], UNIT, "too few") is UNIT
 
 
@@ -124,7 +133,7 @@ def _row(name: str, *, flops: float, temp: int, inter_bytes: int = 0) -> Row:
     colls = [{"kind": "all-gather", "link": "inter", "group": 8, "count": 1, "bytes": inter_bytes}] if inter_bytes \
         else []
     p = predict(result(flops=flops, temp=temp, collectives=colls), GPU, UNIT, batch=64, remat="none",
-                activation_scale=1.0, activation_source="test")
+                dtype="float32", activation_scale=1.0, activation_source="test")
     strategy, mesh = name.split()
     return Row(Candidate(strategy, mesh, "none", "float32"), p)
 
@@ -254,7 +263,11 @@ def test_validate_predicts_a_measured_cpu_sweep(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     saved = json.loads((sweep / "plan-validation.json").read_text())
     assert saved["summary"]["runs"] == 3
-    assert saved["summary"]["memory_mape"] == 0.0  # the same compiler, the same program: the same bytes
+    # 0 by construction, not a measure of accuracy: on a CPU the run's memory figure is XLA's compiled total
+    # (the CPU keeps no runtime peak) and the planner recompiles the same program with the same compiler, so
+    # the bytes are the same. It checks that the recompiled step is the run's step (shardings, batch,
+    # precision); GPU memory accuracy is benchmarks/plan-h100.md's held-out error.
+    assert saved["summary"]["memory_mape"] == 0.0
     assert saved["summary"]["step_tau"] == 1.0
     assert "Kendall's tau of the step-time ranking 1.00 over 3 run(s)" in done.stdout
 

@@ -1,2 +1,2 @@
-"""Planning for hardware you do not have (issue 15): the target, the candidate layouts, and (to come) their
-compiled memory and communication, predicted step times and a recommendation."""
+"""Planning for hardware you do not have: the target, the candidate layouts, their compiled memory and
+communication, the predicted step times (one model, `steptime.py`) and a recommendation."""

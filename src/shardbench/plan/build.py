@@ -11,10 +11,11 @@ from typing import TextIO
 
 from shardbench import config as config_lib
 from shardbench.jsonfile import write_json_atomic
-from shardbench.plan.calibration import Coefficients, activation_scale, to_dict
+from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.candidates import Candidate, candidate_config
 from shardbench.plan.predict import Hardware, predict
 from shardbench.plan.recommend import GB, LINK_NAMES, Row, rank, recommendation
+from shardbench.plan.steptime import FORMULA
 from shardbench.plan.target import Target
 
 MB = 1e6
@@ -27,6 +28,7 @@ class Plan:
     hardware: dict[str, Hardware]  # per dtype
     coefficients: Coefficients
     activation_source: str
+    compilers: str  # the compilers that compiled the candidates
     rows: list[Row]  # ranked
     compile_s: float  # wall time of all the compilation
     line: str
@@ -43,17 +45,21 @@ class Plan:
         hw = next(iter(self.hardware.values()))
         k = self.coefficients
         peaks = "; ".join(f"{d}: {h.peak_source}" for d, h in self.hardware.items())
-        return [
+        lines = [
+            f"compiled by: {self.compilers}",
             "state (params, optimizer, gradients) and collectives: exact, from the compiled step",
             f"activations: {self.activation_source}",
             f"memory: {hw.memory_source}",
-            f"compute: the slower of matmuls at {k.efficiency:.1%} of the peak ({peaks}) and XLA's count of the "
-            f"bytes the step reads and writes at {k.memory_efficiency:.0%} of {hw.memory_bandwidth_source}",
-            f"links: {hw.bandwidth_source}; {k.collective_s * 1e6:.1f} us per collective; {k.overlap:.0%} of "
-            f"communication overlapped with compute",
-            f"overheads: {k.kernel_s * 1e6:.2f} us per kernel, {k.fixed_s * 1e3:.1f} ms per step",
-            f"coefficients: {k.source}",
+            f"step time: {FORMULA}",
+            f"compute: matmul FLOPs at the peak ({peaks}); traffic: XLA's count of the bytes the step reads and "
+            f"writes at {hw.memory_bandwidth_source}",
+            f"links: {hw.bandwidth_source}",
+            f"coefficients: {k.describe()}",
         ]
+        if hw.platform == "gpu" and self.target.devices > 1:
+            lines.append("communication: data sheet (link bandwidths, ring algorithms) and an assumed per-collective "
+                         "cost; no multi-GPU run has checked it (the GPU calibration is one H100)")
+        return lines
 
     def table(self) -> list[list[str]]:
         names = LINK_NAMES.get(next(iter(self.hardware.values())).platform, LINK_NAMES["gpu"])
@@ -102,7 +108,8 @@ class Plan:
         return {
             "target": self.target.spec, "devices": self.target.devices, "config": config_lib.flatten(self.cfg),
             "hardware": {d: h.__dict__ for d, h in self.hardware.items()},
-            "coefficients": to_dict(self.coefficients), "recommendation": self.line,
+            "coefficients": to_dict(self.coefficients), "recommendation": self.line, "compilers": self.compilers,
+            "sources": self.assumptions(),
             "compile_s": self.compile_s, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "candidates": [{"name": r.candidate.name, "strategy": r.candidate.strategy, "mesh": r.candidate.mesh,
                             "remat": r.candidate.remat, "dtype": r.candidate.dtype,
@@ -131,7 +138,8 @@ def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], wo
     from shardbench.train.plan import default_cache_dir
 
     platform = "cpu" if target.chip is None else ("tpu" if target.topology else "gpu")
-    coefficients = fit_runs(calibrate, workers, progress)[platform]
+    calibration = fit_runs(calibrate, workers, progress)
+    coefficients = calibration.coefficients[platform]
     span = target.devices if target.topology else target.per_node
     topology = ({"chip": target.chip.name, "shape": list(target.topology)} if target.topology and target.chip
                 else None)
@@ -155,16 +163,21 @@ def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], wo
     hw = {d: hardware(target, d, cfg.precision.matmul_precision, default_cache_dir(cfg))
           for d in dict.fromkeys(c.dtype for c in cands)}
     sources: set[str] = set()
+    compilers: set[str] = set()
     rows: list[Row] = []
     for c, line in zip(cands, lines):
         if "result" not in line:
             kind = "refused" if "refused" in line else "failed to compile"
             rows.append(Row(c, None, f"{kind}: {line.get('refused') or line.get('error')}"))
             continue
-        scale, source = activation_scale(line["result"]["platform"], platform)
+        compiled_for = line["result"]["platform"]
+        scale, source = calibration.activation_scale(compiled_for, platform, c.dtype)
         sources.add(source)
-        rows.append(Row(c, predict(line["result"], hw[c.dtype], coefficients, batch=cfg.train.batch_size,
-                                   remat=c.remat, activation_scale=scale, activation_source=source)))
+        p = predict(line["result"], hw[c.dtype], coefficients, batch=cfg.train.batch_size, remat=c.remat,
+                    dtype=c.dtype, activation_scale=scale, activation_source=source,
+                    runtime_bytes=calibration.runtime(compiled_for, platform))
+        compilers.add(p.compiler)
+        rows.append(Row(c, p))
     ranked = rank(rows)
-    return Plan(cfg, target, hw, coefficients, "; ".join(sorted(sources)), ranked, elapsed,
-                recommendation(ranked, platform))
+    return Plan(cfg, target, hw, coefficients, "; ".join(sorted(sources)), ", ".join(sorted(compilers)) or "none",
+                ranked, elapsed, recommendation(ranked, platform))

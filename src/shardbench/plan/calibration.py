@@ -1,124 +1,184 @@
-"""The step-time model's coefficients, per platform, and fitting them to measured runs.
+"""The step-time model's coefficients and the memory model's activation ratios, per platform, and fitting both
+to measured runs.
 
-    step = max(compute / efficiency, traffic / memory_efficiency)      the slower of matmuls and memory
-           + kernels x kernel_s + fixed_s                              launching kernels, a step's own cost
-           + (1 - overlap) x (collectives x collective_s + link seconds)
-
-`compute` is the step's matmul FLOPs per device at the peak, `traffic` XLA's count of the bytes the compiled
-step reads and writes at the memory bandwidth, `kernels` the kernels it launches, `collectives` how many it
-runs, and link seconds its bytes at each link's bandwidth (`shardbench.plan.predict`). `--calibrate DIR`
-fits everything but overlap to the runs below DIR, recompiled as they ran: the two efficiencies on a grid,
-the rest by non-negative least squares, minimising relative error. The defaults below say what each was
-fitted to or assumed from; the README shows how well they predict runs they were not fitted to.
+The model itself is `shardbench.plan.steptime` (one formula, one function). `--calibrate DIR` recompiles the
+runs below DIR as they ran and fits everything but the communication overlap: the efficiencies, the 16-bit
+traffic factor and the compute/traffic overlap on a grid, the per-kernel, per-collective and per-step costs
+by non-negative least squares, minimising the mean relative error. Runs measured on another platform than the
+compiler's (GPU records recompiled on a CPU) also fit that platform's temporaries relative to the CPU
+compiler's, per compute dtype, and the bytes the runtime holds beyond the compiled program. The defaults below
+say what each was fitted to or assumed from.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from shardbench.plan.steptime import LINEAR, Coefficients, StepFeatures, linear_split, step_time
 
-@dataclass(frozen=True)
-class Coefficients:
-    efficiency: float  # fraction of the peak FLOP/s the matmul work reaches
-    memory_efficiency: float  # fraction of the memory bandwidth the step's traffic reaches
-    kernel_s: float  # seconds per kernel (per device program)
-    collective_s: float  # seconds per collective, besides its bytes
-    fixed_s: float  # seconds per step whatever it holds (dispatch, the host's share)
-    overlap: float  # fraction of communication hidden behind compute
-    source: str
-
-    def describe(self) -> str:
-        return (f"matmuls at {self.efficiency:.1%} of the peak, memory traffic at {self.memory_efficiency:.1%} of "
-                f"the bandwidth, {self.kernel_s * 1e6:.2f} us per kernel, {self.fixed_s * 1e3:.2f} ms per step, "
-                f"{self.collective_s * 1e6:.2f} us per collective, {self.overlap:.0%} overlap ({self.source})")
-
-    def step(self, f: dict[str, float]) -> float:
-        """Seconds per step for the features `f` (see `shardbench.plan.predict.step_features`)."""
-        return (max(f["compute"] / self.efficiency, f["traffic"] / self.memory_efficiency)
-                + f["kernels"] * self.kernel_s + self.fixed_s
-                + (1.0 - self.overlap) * (f["collectives"] * self.collective_s + f["link_intra"] + f["link_inter"]))
-
+__all__ = ["Coefficients", "Calibration", "DEFAULTS", "GRID", "activation_scale", "fit", "fit_activations",
+           "to_dict"]
 
 # Fitted with `shardbench plan --calibrate` to the CPU sweep benchmarks/plan-calibration-cpu.toml (vit-tiny with
 # 8 heads under every strategy at batch 32 and 512 on 8 simulated devices: 11 runs, tp at 512 ran out of host
 # memory) on a 2-core Intel Xeon, 2026-11-22 (benchmarks/plan-cpu.md); XLA's CPU collectives run synchronously,
-# hence no overlap.
+# hence no overlap; a roofline (the slower of matmuls and traffic) and the CPU's own traffic counts.
 CPU_DEFAULT = Coefficients(efficiency=0.263, memory_efficiency=0.531, kernel_s=0.0, collective_s=23.22e-6,
                            fixed_s=0.09849, overlap=0.0,
                            source="CPU default, fitted to the sweep benchmarks/plan-calibration-cpu.toml")
-# Issue 16's measurement of vit-seed at bfloat16, batch 512 on one H100 SXM: 32,000 images/s of 4.26 GFLOP
-# each = 13.8% of the 989 TFLOP/s data-sheet peak, taken as the matmul efficiency (kernels folded in). HBM at
-# 70% of its bandwidth, NCCL's small-message latency of tens of microseconds and no overlap (an upper bound
-# on the step) are assumptions, not measurements.
-GPU_DEFAULT = Coefficients(efficiency=0.138, memory_efficiency=0.7, kernel_s=0.0, collective_s=20e-6, fixed_s=0.0,
-                           overlap=0.0, source="GPU default, from one vit-seed bf16 b512 run on an H100 (issue 16) "
-                                               "and assumptions; no GPU calibration runs yet")
+
+# The H100 records these GPU defaults were fitted to (benchmarks/plan-h100.md has the commands and the errors).
+H100_RECORDS = ("H100 records of 2026-11-24 (NVIDIA H100 80GB HBM3, jax 0.11.2; benchmarks/data/h100-2026-11-24/"
+                "fit: vit-seed b256 f32/bf16, b4096 f32, bf16 b1024 remat block/full, lm-seed b32 f32)")
+# Fitted with `shardbench plan --calibrate benchmarks/data/h100-2026-11-24/fit` on a CPU-only machine, with the
+# CPU compiler (as a user without a GPU would): 6 runs; the held-out runs (vit-seed b1024 f32/bf16, lm-seed b32
+# bf16) were not used. The fit chose the sum of matmuls and traffic over their maximum, a bfloat16 step moving
+# 0.55 of the bytes the CPU compiler counts for it (which holds bfloat16 work in float32), and a per-step cost
+# of 1.47 ms (lm-seed's launch-bound step) over a per-kernel one (the CPU compiler's kernel count is not the
+# GPU's). The memory efficiency passes 1 because the GPU's fusions move fewer bytes than the CPU compiler
+# counts. On a single GPU there are no collectives: the per-collective cost is NCCL's small-message latency,
+# and the links are the data sheet's, both unmeasured.
+GPU_DEFAULT = Coefficients(efficiency=0.5737, memory_efficiency=1.2521, kernel_s=0.0, collective_s=20e-6,
+                           fixed_s=1.469e-3, overlap=0.0, compute_memory_overlap=0.0, low_precision_traffic=0.55,
+                           source=f"GPU default, fitted with the CPU compiler's features to the {H100_RECORDS}; "
+                                  f"communication: data sheet and an assumed 20 us per collective, no multi-GPU "
+                                  f"run measured")
 # No TPU run has been measured with shardbench: the GPU's efficiencies are borrowed, and said to be.
-TPU_DEFAULT = replace(GPU_DEFAULT, collective_s=10e-6,
+TPU_DEFAULT = replace(GPU_DEFAULT, collective_s=10e-6, low_precision_traffic=1.0,
                       source="TPU default, assumed equal to the GPU default (no TPU run measured yet)")
 DEFAULTS = {"cpu": CPU_DEFAULT, "gpu": GPU_DEFAULT, "tpu": TPU_DEFAULT}
 
-# Temporaries (activations) of another compiler, relative to XLA's CPU compiler, on the same step. GPU: the
-# vit-seed float32 b128 step compiled to 1,564 MB of temporaries for an H100 and 2,420 MB on the CPU
-# (issue 15's measurement). TPU targets compile with the TPU compiler itself, so need no ratio.
-ACTIVATION_SCALE = {"gpu": (1564 / 2420, "the CPU compiler's temporaries x 0.646, the H100/CPU ratio measured on "
-                                         "vit-seed f32 b128 (issue 15): not the GPU compiler's own")}
-GRID = np.geomspace(0.02, 2.0, 60)  # efficiencies tried
+# Temporaries (activations) of another platform's compiler per byte of the CPU compiler's, on the same step,
+# by compute dtype: (ratio, source). The CPU compiler holds bfloat16 work in float32, so its bfloat16 steps
+# overstate a GPU's more than its float32 ones. Fitted as above (the GPU compiler's temporaries are in each
+# record); the ratio is the one that best predicts the runs' runtime peaks. The remat policies differ by under
+# 5% (the GPU's temporaries per the CPU's, bfloat16: none 0.43, block 0.42, full 0.41), so one ratio per dtype. TPU targets compile with the TPU compiler itself, so need none.
+# float16 is assumed to behave as bfloat16 (no float16 run measured).
+ACTIVATION_RATIOS: dict[str, dict[str, float]] = {"gpu": {"float32": 0.643, "bfloat16": 0.421, "float16": 0.421}}
+# Bytes the runtime holds at its peak beyond the compiled program (the median over the same records: 18-90 MiB).
+RUNTIME_BYTES: dict[str, float] = {"gpu": 25_326_008.0}
+ACTIVATION_SOURCE = {"gpu": f"fitted to the {H100_RECORDS}"}
+
+# Grids of the coefficients the step time is not linear in.
+# Efficiencies tried: the matmuls cannot beat the peak; the memory efficiency is relative to the traffic the
+# compiling compiler counted, which a GPU's larger fusions can undercut, so it may pass 1.
+GRID = np.geomspace(0.02, 2.0, 60)
+LOW_PRECISION_GRID = np.round(np.arange(0.3, 1.001, 0.05), 2)
+OVERLAP_GRID = (1.0, 0.0)
 
 
-def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Non-negative least squares for a handful of unknowns: the best of least squares on every subset of
-    the columns whose solution is non-negative."""
-    best, best_err = np.zeros(a.shape[1]), float(np.sum(b**2))
-    for size in range(1, a.shape[1] + 1):
-        for cols in itertools.combinations(range(a.shape[1]), size):
-            x, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+@dataclass(frozen=True)
+class Calibration:
+    """Everything a prediction takes from calibration, per platform."""
+
+    coefficients: dict[str, Coefficients] = field(default_factory=lambda: dict(DEFAULTS))
+    activation_ratios: dict[str, dict[str, float]] = field(default_factory=lambda: {
+        k: dict(v) for k, v in ACTIVATION_RATIOS.items()})
+    runtime_bytes: dict[str, float] = field(default_factory=lambda: dict(RUNTIME_BYTES))
+    activation_sources: dict[str, str] = field(default_factory=lambda: dict(ACTIVATION_SOURCE))
+
+    def activation_scale(self, compiled_for: str, target_platform: str, dtype: str) -> tuple[float, str]:
+        """(factor on the compiled temporaries, its source): 1 where the target's own compiler compiled the
+        step, else the calibrated ratio of the target's compiler to the one that did."""
+        if compiled_for == target_platform:
+            return 1.0, f"the {target_platform.upper()} compiler's own temporaries"
+        ratios = self.activation_ratios.get(target_platform, {})
+        ratio = ratios.get(dtype, ratios.get("float32", 1.0))
+        return ratio, (f"the {compiled_for.upper()} compiler's temporaries x {ratio:.3f}, the {target_platform.upper()}"
+                       f"/{compiled_for.upper()} ratio for {dtype} "
+                       f"({self.activation_sources.get(target_platform, 'assumed')}): not the "
+                       f"{target_platform.upper()} compiler's own")
+
+    def runtime(self, compiled_for: str, target_platform: str) -> float:
+        """Bytes the target's runtime holds beyond the program: only where another compiler compiled it (a
+        GPU's own compiled total already matched its runtime peak within 0.3%)."""
+        return 0.0 if compiled_for == target_platform else self.runtime_bytes.get(target_platform, 0.0)
+
+
+def activation_scale(compiled_for: str, target_platform: str, dtype: str = "float32") -> tuple[float, str]:
+    """The shipped defaults' `Calibration.activation_scale`."""
+    return Calibration().activation_scale(compiled_for, target_platform, dtype)
+
+
+class _NNLS:
+    """Non-negative least squares for a handful of unknowns and one matrix `a`, many right-hand sides: the
+    best of least squares on every subset of the columns that are not all zero whose solution is
+    non-negative (each subset's pseudo-inverse computed once)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+        live = [i for i in range(a.shape[1]) if np.any(a[:, i])]
+        self.subsets = [(list(cols), np.linalg.pinv(a[:, list(cols)]))
+                        for size in range(1, len(live) + 1) for cols in itertools.combinations(live, size)]
+
+    def __call__(self, b: np.ndarray) -> np.ndarray:
+        best, best_err = np.zeros(self.a.shape[1]), float(np.sum(b**2))
+        for cols, pinv in self.subsets:
+            x = pinv @ b
             if np.any(x < 0):
                 continue
-            err = float(np.sum((a[:, cols] @ x - b) ** 2))
+            err = float(np.sum((self.a[:, cols] @ x - b) ** 2))
             if err < best_err - 1e-15:
-                full = np.zeros(a.shape[1])
-                full[list(cols)] = x
-                best, best_err = full, err
-    return best
+                best = np.zeros(self.a.shape[1])
+                best[cols] = x
+                best_err = err
+        return best
 
 
-def fit(samples: list[tuple[dict[str, float], float]], base: Coefficients, source: str) -> Coefficients:
-    """Coefficients fitted to (features, measured step seconds) pairs, minimising the mean relative error;
-    overlap is kept from `base`. Fewer than 4 samples keep `base` (too few to fit five numbers honestly)."""
+def fit(samples: list[tuple[StepFeatures, float]], base: Coefficients, source: str) -> Coefficients:
+    """Coefficients fitted to (features, measured step seconds) pairs, minimising the mean relative error of
+    `step_time`; overlap is kept from `base`, and so is the 16-bit traffic factor when no sample is 16-bit on a
+    borrowed compiler. Fewer than 4 samples keep `base` (too few to fit the model honestly)."""
     if len(samples) < 4:
         return base
-    keep = 1.0 - base.overlap
     measured = np.asarray([m for _, m in samples])
-    links = np.asarray([keep * (f["link_intra"] + f["link_inter"]) for f, _ in samples])
-    compute = np.asarray([f["compute"] for f, _ in samples])
-    traffic = np.asarray([f["traffic"] for f, _ in samples])
-    rest = np.asarray([[f["kernels"], keep * f["collectives"], 1.0] for f, _ in samples]) / measured[:, None]
-    best: tuple[float, float, float, np.ndarray] | None = None
-    for eff, meff in itertools.product(GRID, GRID):
-        bound = np.maximum(compute / eff, traffic / meff) + links
-        x = _nnls(rest, (measured - bound) / measured)
-        error = float(np.mean(np.abs(bound / measured + rest @ x - 1.0)))
-        if best is None or error < best[0]:
-            best = (error, float(eff), float(meff), x)
+    # The linear coefficients' columns do not depend on the others: one `linear_split` each.
+    columns = np.asarray([linear_split(f, base)[1] for f, _ in samples]) / measured[:, None]
+    nnls = _NNLS(columns)
+    low = LOW_PRECISION_GRID if any(f.low_precision for f, _ in samples) else (base.low_precision_traffic,)
+    best: tuple[float, Coefficients] | None = None
+    zero = {name: 0.0 for name in LINEAR}
+    for eff, meff, lp, cmo in itertools.product(GRID[GRID <= 1.0], GRID, low, OVERLAP_GRID):
+        trial = replace(base, efficiency=float(eff), memory_efficiency=float(meff), low_precision_traffic=float(lp),
+                        compute_memory_overlap=float(cmo), **zero)
+        rest = np.asarray([step_time(f, trial).total_s for f, _ in samples])
+        x = nnls((measured - rest) / measured)
+        error = float(np.mean(np.abs(rest / measured + columns @ x - 1.0)))
+        if best is None or error < best[0] - 1e-12:
+            # A cost no sample exercises (collectives, on one GPU) stays as it was, not 0.
+            kept = {name: float(x[i]) if np.any(columns[:, i]) else getattr(base, name)
+                    for i, name in enumerate(LINEAR)}
+            best = (error, replace(trial, **kept, source=source))
     assert best is not None
-    _, eff, meff, x = best
-    return Coefficients(efficiency=eff, memory_efficiency=meff, kernel_s=float(x[0]), collective_s=float(x[1]),
-                        fixed_s=float(x[2]), overlap=base.overlap, source=source)
+    return best[1]
+
+
+def fit_activations(samples: list[tuple[str, float, float, float]]) -> dict[str, float]:
+    """{compute dtype: the activation ratio} fitted to (dtype, the bytes predicted besides the activations,
+    the CPU compiler's activations, the measured peak) per run: the ratio that minimises the mean relative
+    error of the predicted peak, i.e. the weighted median of each run's own ratio."""
+    by: dict[str, list[tuple[float, float]]] = {}
+    for dtype, rest, cpu, measured in samples:
+        if cpu > 0 and measured > 0:
+            by.setdefault(dtype, []).append(((measured - rest) / cpu, cpu / measured))
+    out: dict[str, float] = {}
+    for dtype, pairs in by.items():
+        pairs.sort()
+        half, acc = sum(w for _, w in pairs) / 2, 0.0
+        for ratio, weight in pairs:
+            acc += weight
+            if acc >= half:
+                out[dtype] = float(ratio)
+                break
+    return out
 
 
 def to_dict(c: Coefficients) -> dict[str, Any]:
     return {"efficiency": c.efficiency, "memory_efficiency": c.memory_efficiency, "kernel_s": c.kernel_s,
-            "collective_s": c.collective_s, "fixed_s": c.fixed_s, "overlap": c.overlap, "source": c.source}
-
-
-def activation_scale(compiled_for: str, target_platform: str) -> tuple[float, str]:
-    """(factor on the compiled temporaries, its source): 1 where the target's own compiler compiled the step,
-    else the calibration's ratio of the target's compiler to the one that did."""
-    if compiled_for == target_platform:
-        return 1.0, f"the {target_platform.upper()} compiler's own temporaries"
-    return ACTIVATION_SCALE[target_platform]
+            "collective_s": c.collective_s, "fixed_s": c.fixed_s, "overlap": c.overlap,
+            "compute_memory_overlap": c.compute_memory_overlap, "low_precision_traffic": c.low_precision_traffic,
+            "source": c.source}

@@ -35,7 +35,8 @@ def add_parser(subparsers: Any) -> None:
                        help=f"strategies to consider (default: all: {','.join(USES)})")
     group.add_argument("--workers", type=int, default=0, help="compile worker processes (0 = one per core)")
     group.add_argument("--calibrate", action="append", default=[], type=Path, metavar="DIR",
-                       help="fit the step-time model to the runs measured below DIR (repeatable)")
+                       help="fit the step-time model to the runs measured below DIR (repeatable); GPU runs recompiled "
+                            "on the CPU also fit the GPU/CPU activation ratio per dtype")
     group.add_argument("--validate", default=None, type=Path, metavar="DIR",
                        help="predict every run below DIR (a sweep or run folder) and print the errors")
 

@@ -1,5 +1,5 @@
 """From what the compiler says about a candidate to what it will cost on the target: memory per device and
-whether it fits, communication per link, and a step time = compute + kernel overhead + exposed communication.
+whether it fits, communication per link, and a step time (`shardbench.plan.steptime`).
 
 Every figure carries its source:
 - the sharded state (parameters, optimizer state, gradients) and every collective's bytes and device groups
@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shardbench.plan.calibration import Coefficients
+from shardbench.measure.memory import Breakdown, breakdown
+from shardbench.plan.steptime import LOW_PRECISION, Coefficients, StepFeatures, step_time
 
 # Bytes each device sends for a collective whose per-device payload is S, over a group of n (ring algorithms):
 # all-reduce 2(n-1)/n S (reduce-scatter then all-gather), all-gather and reduce-scatter (n-1)/n S, all-to-all
@@ -61,21 +62,24 @@ class Prediction:
     optimizer_bytes: int
     gradients_bytes: int
     activations_bytes: float
-    other_bytes: int
+    other_bytes: int  # the batch, unaliased outputs and a model of your own's other variables
+    runtime_bytes: float  # what the target's runtime holds beyond the compiled program
     total_bytes: float
     memory_bytes: float  # usable per device
     fits: bool
     comm_bytes: dict[str, int]  # link -> bytes per device per step (payload)
-    compute_s: float  # the slower of matmuls and memory traffic
+    compute_s: float  # matmuls and memory traffic together (`StepTime.compute_s`)
     bound: str  # which: "compute" or "memory"
     kernels_s: float  # kernel launches and the step's fixed cost
     comm_s: dict[str, float]  # link -> seconds per step, before overlap
     exposed_comm_s: float
     step_s: float
+    breakdown_s: dict[str, float]  # `shardbench.plan.steptime.StepTime.parts`: adds up to step_s
     flops_per_step: float
     examples_per_s: float
     mfu: float
     overlap: float
+    compiler: str  # which compiler compiled the step: "gpu compiler (NVIDIA H100 80GB HBM3)", "cpu compiler"
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -96,25 +100,20 @@ class Prediction:
         return {**asdict(self), "headroom": self.headroom}
 
 
-def memory(result: dict[str, Any], activation_scale: float) -> tuple[int, int, int, float, int, float]:
-    """(params, optimizer, gradients, activations, other, total) bytes per device. The compiled total is
-    arguments + outputs - aliased + temporaries; temporaries hold the gradients (exact: laid out like the
-    parameters) and the activations, which alone are scaled when another compiler's are borrowed."""
-    state, compiled = result["state"], result["compiled"] or {}
-    params, opt, grads = state["params_bytes"], state["optimizer_bytes"], state["gradients_bytes"]
-    temp = compiled.get("temp_bytes", 0)
-    total = (compiled.get("argument_bytes", 0) + compiled.get("output_bytes", 0) - compiled.get("alias_bytes", 0)
-             + temp)
-    activations = max(temp - grads, 0)
-    other = max(total - temp - params - opt, 0)
-    scaled = activations * activation_scale
-    return params, opt, grads, scaled, other, params + opt + grads + scaled + other
+def memory(result: dict[str, Any], activation_scale: float, runtime_bytes: float = 0.0) -> Breakdown:
+    """One device's bytes (`shardbench.measure.memory.breakdown`, the breakdown a run records): the state is
+    exact, the activations alone are scaled when another compiler's temporaries are borrowed, and
+    `runtime_bytes` is what the target's runtime holds beyond the program."""
+    state = result["state"]
+    compiled = result["compiled"] or {"argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": 0}
+    return breakdown(compiled, state["params_bytes"], state["optimizer_bytes"], state.get("model_state_bytes", 0),
+                     activation_scale=activation_scale, runtime_bytes=runtime_bytes)
 
 
-def step_features(result: dict[str, Any], hw: Hardware, remat: str) -> dict[str, float]:
-    """The step-time model's terms at unit coefficients (`shardbench.plan.calibration`): matmul seconds at the
+def step_features(result: dict[str, Any], hw: Hardware, remat: str, dtype: str) -> StepFeatures:
+    """The step-time model's terms at unit coefficients (`shardbench.plan.steptime`): matmul seconds at the
     peak, memory-traffic seconds at the bandwidth, kernels launched, collectives run, and seconds on each
-    link at its bandwidth."""
+    link at its bandwidth; 16-bit compute is flagged where another platform's compiler counted the traffic."""
     devices = result["devices"]
     flops = result["flops"]["analytic_per_step"]
     per_device = (flops / devices if flops is not None else (result["flops"]["xla_per_device"] or 0.0))
@@ -122,47 +121,60 @@ def step_features(result: dict[str, Any], hw: Hardware, remat: str) -> dict[str,
     # Simulated CPU devices take turns on the host's cores and share its memory bus: their kernels, traffic and
     # collectives add up (the peak is already split between them).
     share = devices if hw.shared_host else 1
-    features = {"compute": per_device / hw.peak_flops,
-                "traffic": (result.get("bytes_accessed") or 0.0) * share / hw.memory_bandwidth,
-                "kernels": float(result["kernels"] * share), "collectives": 0.0, "link_intra": 0.0,
-                "link_inter": 0.0}
+    collectives = 0.0
+    links = {"intra": 0.0, "inter": 0.0}
     for c in result["collectives"]:
-        features["collectives"] += c["count"] * share
+        collectives += c["count"] * share
         sent = c["bytes"] * sent_fraction(c["kind"], int(c["group"])) * share
-        features[f"link_{c['link']}"] += sent / hw.bandwidth.get(c["link"], float("inf"))
-    return features
+        links[c["link"]] += sent / hw.bandwidth.get(c["link"], float("inf"))
+    return StepFeatures(compute_s=per_device / hw.peak_flops,
+                        traffic_s=(result.get("bytes_accessed") or 0.0) * share / hw.memory_bandwidth,
+                        kernels=float(result["kernels"] * share), collectives=collectives, link_s=links,
+                        low_precision=dtype in LOW_PRECISION and result["platform"] != hw.platform)
 
 
-def predict(result: dict[str, Any], hw: Hardware, coeff: Coefficients, *, batch: int, remat: str,
-            activation_scale: float, activation_source: str) -> Prediction:
-    params, opt, grads, acts, other, total = memory(result, activation_scale)
-    f = step_features(result, hw, remat)
-    matmuls, traffic = f["compute"] / coeff.efficiency, f["traffic"] / coeff.memory_efficiency
-    kernels_s = f["kernels"] * coeff.kernel_s + coeff.fixed_s
-    comm_s = {link: f[f"link_{link}"] for link in ("intra", "inter") if f[f"link_{link}"] > 0}
-    exposed = (1.0 - coeff.overlap) * (sum(comm_s.values()) + f["collectives"] * coeff.collective_s)
-    step = coeff.step(f)
+def compiler_name(result: dict[str, Any]) -> str:
+    """The compiler that compiled a candidate, as every prediction names it: "gpu compiler (NVIDIA H100 ...)"."""
+    kind = result.get("device_kind") or result["platform"]
+    return f"{result['platform']} compiler" + (f" ({kind})" if kind != result["platform"] else "")
+
+
+def predict(result: dict[str, Any], hw: Hardware, coeff: Coefficients, *, batch: int, remat: str, dtype: str,
+            activation_scale: float, activation_source: str, runtime_bytes: float = 0.0) -> Prediction:
+    mem = memory(result, activation_scale, runtime_bytes)
+    f = step_features(result, hw, remat, dtype)
+    t = step_time(f, coeff)
+    step = t.total_s
     flops = (result["flops"]["analytic_per_step"] or (result["flops"]["xla_per_device"] or 0.0) * result["devices"])
     comm_bytes: dict[str, int] = {}
     for c in result["collectives"]:
         comm_bytes[c["link"]] = comm_bytes.get(c["link"], 0) + int(c["bytes"])
-    compiler = f"{result['platform']} compiler"
+    compiler = compiler_name(result)
+    on_paper = ("data sheet, not measured: no multi-GPU run has checked it" if hw.platform == "gpu"
+                and comm_bytes else "")
     return Prediction(
-        params_bytes=params, optimizer_bytes=opt, gradients_bytes=grads, activations_bytes=acts, other_bytes=other,
-        total_bytes=total, memory_bytes=hw.memory_bytes, fits=total <= hw.memory_bytes, comm_bytes=comm_bytes,
-        compute_s=max(matmuls, traffic), bound="compute" if matmuls >= traffic else "memory", kernels_s=kernels_s,
-        comm_s=comm_s, exposed_comm_s=exposed, step_s=step, flops_per_step=flops,
+        params_bytes=mem.params_bytes, optimizer_bytes=mem.optimizer_bytes, gradients_bytes=mem.gradients_bytes,
+        activations_bytes=mem.activations_bytes, other_bytes=mem.other_bytes + mem.model_state_bytes,
+        runtime_bytes=mem.runtime_bytes, total_bytes=mem.total_bytes, memory_bytes=hw.memory_bytes,
+        fits=mem.total_bytes <= hw.memory_bytes, comm_bytes=comm_bytes, compute_s=t.compute_s, bound=t.bound,
+        kernels_s=t.kernels_s + t.fixed_s, comm_s={k: v for k, v in f.link_s.items() if v > 0},
+        exposed_comm_s=t.exposed_comm_s, step_s=step, breakdown_s=t.parts(), flops_per_step=flops,
         examples_per_s=batch / step if step > 0 else 0.0,
         mfu=flops / step / (hw.peak_flops * result["devices"]) if step > 0 else 0.0, overlap=coeff.overlap,
+        compiler=compiler,
         sources={
+            "compiler": compiler,
             "state": f"exact: the compiled step's sharded state ({compiler})",
             "collectives": f"exact: every collective of the compiled step ({compiler}), placed {hw.name}",
             "activations": activation_source,
+            "runtime": (f"{runtime_bytes / 2**20:.1f} MiB the runtime holds beyond the program ({activation_source})"
+                        if runtime_bytes else "none added"),
             "memory": hw.memory_source,
             "compute": f"{hw.peak_source} at {coeff.efficiency:.0%}; XLA's bytes accessed ({compiler}) at "
                        f"{coeff.memory_efficiency:.0%} of {hw.memory_bandwidth_source} ({coeff.source})",
-            "kernels": f"{coeff.kernel_s * 1e6:.1f} us per kernel, {coeff.fixed_s * 1e3:.1f} ms per step "
+            "kernels": f"{coeff.kernel_s * 1e6:.1f} us per kernel, {coeff.fixed_s * 1e3:.2f} ms per step "
                        f"({coeff.source})",
             "communication": f"{hw.bandwidth_source}; {coeff.collective_s * 1e6:.1f} us per collective, "
-                             f"{coeff.overlap:.0%} overlapped with compute ({coeff.source})",
+                             f"{coeff.overlap:.0%} overlapped with compute ({coeff.source})"
+                             + (f"; {on_paper}" if on_paper else ""),
         })

@@ -3,10 +3,14 @@
 Each complete run below a directory (a sweep's store or any folder of run directories) is compiled again with
 its own configuration and device count (compile only, in worker processes), and predicted on the hardware it
 ran on: a CPU run on this host's CPU with the matmul peak its record used, a GPU run on its chip's data sheet.
+A GPU run is compiled by the GPU compiler where this host has enough GPUs of its chip, else by the CPU compiler
+(records measured on another machine and platform read the same way); its record's own compiled memory and
+runtime peak are what `--calibrate` fits the activation ratio to.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +18,10 @@ from typing import Any, TextIO
 
 from shardbench import config as config_lib
 from shardbench.hardware import chip_for_kind
-from shardbench.plan.calibration import DEFAULTS, Coefficients, fit
-from shardbench.plan.predict import Hardware, step_features
+from shardbench.measure.memory import compiled_total
+from shardbench.plan.calibration import DEFAULTS, Calibration, fit, fit_activations
+from shardbench.plan.predict import Hardware, memory, step_features
+from shardbench.plan.steptime import StepFeatures
 from shardbench.plan.target import Target
 from shardbench.plan.workers import compile_all, default_workers
 from shardbench.sweep.content import Run
@@ -48,9 +54,30 @@ class Measured:
         mem = self.run.m.memory if self.run.record and self.run.m else None
         return "runtime peak" if mem is not None and mem.peak_bytes_in_use is not None else "compiled total"
 
-    def features(self) -> dict[str, float]:
+    @property
+    def dtype(self) -> str:
+        return self.cfg.precision.dtype
+
+    def features(self) -> StepFeatures:
         assert self.result is not None and self.hardware is not None
-        return step_features(self.result, self.hardware, self.cfg.model.remat)
+        return step_features(self.result, self.hardware, self.cfg.model.remat, self.dtype)
+
+    def memory_parts(self) -> tuple[float, float] | None:
+        """(the predicted bytes besides the activations, the recompiling compiler's activations), where the run
+        was measured on another platform than this host compiles for and recorded its runtime peak: what the
+        activation ratio is fitted to."""
+        if (self.result is None or self.hardware is None or not self.result.get("compiled")
+                or self.result["platform"] == self.hardware.platform or self.memory_kind != "runtime peak"):
+            return None
+        parts = memory(self.result, 0.0)
+        return parts.total_bytes, memory(self.result, 1.0).activations_bytes
+
+    def runtime_extra(self) -> float | None:
+        """Bytes the run's runtime held at its peak beyond its own compiled total."""
+        mem = self.run.m.memory if self.run.record and self.run.m else None
+        if mem is None or mem.peak_bytes_in_use is None or not mem.compiled:
+            return None
+        return float(mem.peak_bytes_in_use - compiled_total(mem.compiled))
 
 
 def where_it_ran(run: Run, cfg: config_lib.Config, cache_dir: Path) -> Hardware | str:
@@ -87,8 +114,11 @@ def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.s
             continue
         cfg = config_lib.override(config_lib.Config(), {k: v for k, v in run.config.items()})
         chosen.append((run, cfg, where_it_ran(run, cfg, default_cache_dir(cfg))))
+    # A GPU run names its chip: on a host with enough of those GPUs the worker compiles with the GPU compiler.
     jobs = [{"name": run.name, "config": {**config_lib.flatten(cfg), "parallel.devices": int(run.m.devices or 1)},
-             "link_span": int(run.m.devices or 1)} for run, cfg, hw in chosen if not isinstance(hw, str)]
+             "link_span": int(run.m.devices or 1),
+             "gpu_kind": chip.name if hw.platform == "gpu" and (chip := chip_for_kind(run.m.device_kind or ""))
+             else None} for run, cfg, hw in chosen if not isinstance(hw, str)]
     if progress is not None and jobs:
         print(f"plan: recompiling {len(jobs)} measured run(s) of {directory}", file=progress, flush=True)
     found = compile_all(jobs, workers or default_workers())
@@ -103,19 +133,36 @@ def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.s
     return out
 
 
-def calibrate(directories: list[Path], workers: int, progress: TextIO | None = sys.stderr
-              ) -> dict[str, Coefficients]:
-    """The model's coefficients per platform: fitted to the runs below `directories` where they hold at least
-    four of that platform, the defaults (`shardbench.plan.calibration`) elsewhere."""
-    coefficients = dict(DEFAULTS)
+def calibrate(directories: list[Path], workers: int, progress: TextIO | None = sys.stderr) -> Calibration:
+    """The model's coefficients per platform, fitted to the runs below `directories` where they hold at least
+    four of that platform, the defaults (`shardbench.plan.calibration`) elsewhere; and, from runs measured on
+    another platform than this host compiles for, that platform's activation ratio per compute dtype and the
+    bytes its runtime holds beyond the program (their medians)."""
+    found = Calibration()
     if not directories:
-        return coefficients
-    samples: dict[str, list[tuple[dict[str, float], float]]] = {}
+        return found
+    samples: dict[str, list[tuple[StepFeatures, float]]] = {}
+    parts: dict[str, list[tuple[str, float, float, float]]] = {}
+    extra: dict[str, list[float]] = {}
     for directory in directories:
         for m in measured_runs(directory, workers, progress):
-            if m.result is not None and m.hardware is not None and m.step_s:
-                samples.setdefault(m.hardware.platform, []).append((m.features(), m.step_s))
+            if m.result is None or m.hardware is None:
+                continue
+            platform = m.hardware.platform
+            if m.step_s:
+                samples.setdefault(platform, []).append((m.features(), m.step_s))
+            split, runtime = m.memory_parts(), m.runtime_extra()
+            if split is not None and runtime is not None and m.memory_bytes:
+                parts.setdefault(platform, []).append((m.dtype, *split, m.memory_bytes))
+                extra.setdefault(platform, []).append(runtime)
     names = ", ".join(str(d) for d in directories)
-    for platform, found in samples.items():
-        coefficients[platform] = fit(found, DEFAULTS[platform], f"fitted to {len(found)} {platform} run(s) in {names}")
-    return coefficients
+    for platform, pairs in samples.items():
+        found.coefficients[platform] = fit(pairs, DEFAULTS[platform],
+                                           f"fitted to {len(pairs)} {platform} run(s) in {names}")
+    for platform, values in extra.items():
+        # First the runtime's own bytes (their median), then the ratio that best predicts the peaks with them.
+        found.runtime_bytes[platform] = runtime = float(statistics.median(values))
+        ratios = fit_activations([(d, rest + runtime, acts, peak) for d, rest, acts, peak in parts[platform]])
+        found.activation_ratios.setdefault(platform, {}).update(ratios)
+        found.activation_sources[platform] = f"fitted to {len(values)} {platform} run(s) in {names}"
+    return found

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from shardbench.errors import ShardbenchError
 from shardbench.jsonfile import write_json_atomic
-from shardbench.plan.calibration import Coefficients, activation_scale, to_dict
+from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.predict import Prediction, predict
 from shardbench.sweep.report import PREDICTIONS
 
@@ -67,7 +67,8 @@ def validate_dir(directory: Path, calibrate: list[Path], workers: int) -> int:
     from shardbench.plan.records import calibrate as fit_runs
     from shardbench.plan.records import measured_runs
 
-    coefficients = fit_runs(calibrate, workers)
+    calibration = fit_runs(calibrate, workers)
+    coefficients = calibration.coefficients
     in_sample = any(directory.resolve() == d.resolve() for d in calibrate)
     checks: list[Check] = []
     predictions: dict[str, Prediction] = {}
@@ -76,19 +77,29 @@ def validate_dir(directory: Path, calibrate: list[Path], workers: int) -> int:
         if m.result is None or m.hardware is None:
             checks.append(Check(m.run.name, m.step_s, None, m.memory_bytes, None, m.memory_kind, m.problem))
             continue
-        scale, source = activation_scale(m.result["platform"], m.hardware.platform)
-        p = predict(m.result, m.hardware, coefficients[m.hardware.platform], batch=m.cfg.train.batch_size,
-                    remat=m.cfg.model.remat, activation_scale=scale, activation_source=source)
+        compiled_for, target = m.result["platform"], m.hardware.platform
+        scale, source = calibration.activation_scale(compiled_for, target, m.dtype)
+        p = predict(m.result, m.hardware, coefficients[target], batch=m.cfg.train.batch_size,
+                    remat=m.cfg.model.remat, dtype=m.dtype, activation_scale=scale, activation_source=source,
+                    runtime_bytes=calibration.runtime(compiled_for, target))
         predictions[m.run.name] = p
         checks.append(Check(m.run.name, m.step_s, p.step_s, m.memory_bytes, p.total_bytes, m.memory_kind))
     if not predictions:
         raise ShardbenchError(f"--validate {directory}: no run could be predicted"
                               + (f" ({checks[0].problem})" if checks else ""))
     used = {m.hardware.platform for m in measured if m.hardware is not None}
-    print(render(directory, checks, {k: v for k, v in coefficients.items() if k in used}, in_sample))
+    compilers = sorted({p.compiler for p in predictions.values()})
+    print(render(directory, checks, {k: v for k, v in coefficients.items() if k in used}, in_sample, compilers))
+    for platform in sorted(used & set(calibration.activation_ratios)):
+        ratios = ", ".join(f"{d} x {r:.3f}" for d, r in sorted(calibration.activation_ratios[platform].items()))
+        print(f"activations ({platform}, where another compiler's are borrowed): {ratios}, plus "
+              f"{calibration.runtime_bytes.get(platform, 0.0) / 2**20:.1f} MiB the runtime holds "
+              f"({calibration.activation_sources.get(platform, 'assumed')})")
     write_json_atomic(directory / PREDICTIONS, {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "coefficients": {k: to_dict(v) for k, v in coefficients.items()}, "in_sample": in_sample,
+        "compilers": compilers, "activation_ratios": calibration.activation_ratios,
+        "runtime_bytes": calibration.runtime_bytes,
         "runs": {name: p.to_dict() for name, p in predictions.items()},
         "summary": summary(checks)})
     print(f"\npredictions written to {directory / PREDICTIONS} (shardbench report {directory} shows them beside the "
@@ -110,7 +121,8 @@ def summary(checks: list[Check]) -> dict[str, float | int | None]:
     }
 
 
-def render(directory: Path, checks: list[Check], coefficients: dict[str, Coefficients], in_sample: bool) -> str:
+def render(directory: Path, checks: list[Check], coefficients: dict[str, Coefficients], in_sample: bool,
+           compilers: list[str] | None = None) -> str:
     head = ["run", "memory measured", "predicted", "error", "step measured", "predicted", "error"]
     rows = [head]
     for c in checks:
@@ -135,6 +147,8 @@ def render(directory: Path, checks: list[Check], coefficients: dict[str, Coeffic
                   f"{fmt(s['step_mape'])}; Kendall's tau of the step-time ranking {fmt(s['step_tau'], False)} "
                   f"over {s['runs']} run(s)"]
     lines += [f"coefficients ({platform}): {c.describe()}" for platform, c in coefficients.items()]
+    if compilers:
+        lines.append(f"compiled with: {', '.join(compilers)}")
     if in_sample:
         lines.append("note: the model was calibrated on these same runs (in-sample): calibrate on other runs for "
                      "an honest error")

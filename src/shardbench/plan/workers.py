@@ -24,13 +24,27 @@ def default_workers() -> int:
     return max(1, cores)
 
 
+def compiler_platform(job: Job, environ: dict[str, str] | os._Environ[str]) -> str:
+    """The platform whose compiler a worker for `job` uses: "tpu" for a TPU slice (libtpu describes it beside
+    the CPU backend), "gpu" for a GPU target or GPU record (`gpu_kind`) where JAX would run on GPUs here (the
+    same probe that picks the allocator, `shardbench.malloc.target_platform`), else "cpu". A GPU worker still
+    falls back to the CPU compiler when this host's GPUs are not the target's chip, or too few
+    (`shardbench.plan.compile.local_gpus`): each prediction names the compiler that really compiled it."""
+    if job.get("topology") is not None:
+        return "tpu"
+    if job.get("gpu_kind") and malloc.target_platform(environ) == "gpu":
+        return "gpu"
+    return "cpu"
+
+
 def _environ(job: Job) -> dict[str, str]:
     env = malloc.default_environ(os.environ, "compile-only planning worker")
-    if job.get("topology") is not None:
+    platform = compiler_platform(job, env)
+    if platform == "tpu":
         from shardbench.plan.tpu import ENVIRON
 
         env.update({k: v for k, v in ENVIRON.items() if k not in env})
-    if job.get("gpu_kind") and malloc.target_platform(env) == "gpu":
+    if platform == "gpu":
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # workers share the GPUs: no pool each
     else:
         # The CPU backend (a TPU slice is described by libtpu beside it): the sharded state and the
