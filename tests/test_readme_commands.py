@@ -1,6 +1,7 @@
-"""Every command the README and `--help` show runs as written, so that they cannot rot.
+"""Every command the README, the pages under docs/ and `--help` show runs as written, so that they cannot rot.
 
-Each `shardbench ...` line of the README's code blocks (and the sweep file `shardbench sweep --help` shows) is
+Each `shardbench ...` line of the code blocks of the README and of every docs/*.md page (and the sweep file
+`shardbench sweep --help` shows) is
 parsed by the real parser and checked the way it would run, without its hours of training: a `train` or
 `launch` command's configuration goes through every check `train` makes before loading data (in child
 processes set up with the devices the command asks for, from a clean environment, as on a user's machine),
@@ -34,13 +35,14 @@ from shardbench.sweep.preflight import check_in_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 CLUSTER_ONLY = ("HOST:PORT", "--num-processes N")  # templates to fill in on a cluster
 
 
-def readme_commands() -> list[str]:
-    """The README's shardbench command lines (continuations joined, comments and prompts dropped)."""
+def page_commands(page: Path) -> list[str]:
+    """One page's shardbench command lines (continuations joined, comments and prompts dropped)."""
     commands, pending = [], ""
-    for raw in README.read_text().splitlines():
+    for raw in page.read_text().splitlines():
         line = raw[4:] if raw.startswith("    ") else None
         if line is None:
             pending = ""
@@ -50,12 +52,25 @@ def readme_commands() -> list[str]:
             pending = line[:-1] + " "
             continue
         pending = ""
-        line = line.removeprefix("$ ")
+        line = line.removeprefix("$ ").removeprefix(".venv/bin/")
         if line.startswith("python benchmarks/bench.py"):
             line = "shardbench bench" + line[len("python benchmarks/bench.py"):]
         if line.startswith("shardbench ") and not line.startswith("shardbench.") and "(" not in line.split()[1]:
-            commands.append(line.split("  #")[0].split(" # ")[0].strip())
+            command = line.split("  #")[0].split(" # ")[0].strip()
+            if command.count("'") % 2 == 0:  # not the tail of a quoted remote command (ssh --command='...')
+                commands.append(command)
     return commands
+
+
+def readme_commands() -> list[str]:
+    """The README's shardbench command lines."""
+    return page_commands(README)
+
+
+def doc_commands() -> list[str]:
+    """Every shardbench command line of the README and of the pages under docs/, each once (a command shown on
+    several pages is checked once)."""
+    return list(dict.fromkeys(c for page in (README, *DOCS) for c in page_commands(page)))
 
 
 def help_sweep_file() -> str:
@@ -99,11 +114,16 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def test_the_readme_has_the_commands_this_test_checks() -> None:
-    commands = readme_commands()
+def test_the_readme_and_docs_have_the_commands_this_test_checks() -> None:
+    commands = doc_commands()
     kinds = {c.split()[1] for c in commands}
-    assert {"train", "sweep", "inspect", "launch", "bench", "plan"} <= kinds, commands
+    assert {"train", "sweep", "inspect", "launch", "bench", "plan", "report"} <= kinds, commands
     assert len(commands) >= 20
+    pages = {page.name: page_commands(page) for page in DOCS}
+    for name in ("training.md", "parallelism.md", "precision.md", "own-model.md", "cifar-recipe.md",
+                 "sweeps-and-reports.md", "measurements.md", "planning.md", "benchmarks.md", "processes.md"):
+        assert pages.get(name), f"docs/{name} shows no shardbench command this test can find"
+    assert set(readme_commands()) <= set(commands)
 
 
 def test_every_readme_command_runs_as_written(workdir: Path, monkeypatch: pytest.MonkeyPatch,
@@ -113,7 +133,7 @@ def test_every_readme_command_runs_as_written(workdir: Path, monkeypatch: pytest
     parser = build_parser()
     configs: dict[str, dict[str, object]] = {}
     problems: list[str] = []
-    for command in readme_commands():
+    for command in doc_commands():
         if any(t in command for t in CLUSTER_ONLY):
             continue
         argv = shlex.split(command)[1:]
@@ -130,6 +150,10 @@ def test_every_readme_command_runs_as_written(workdir: Path, monkeypatch: pytest
             flat["parallel.devices"] = flat["parallel.devices"] or args.processes * args.devices_per_process
             configs[command] = flat
         elif args.command == "sweep":
+            if args.status or args.cancel:  # following a SLURM sweep's jobs: nothing to follow here
+                assert sweep_cmd.run(args) == 2
+                assert "holds no sweep" in capsys.readouterr().err
+                continue
             if args.resume:
                 assert sweep_cmd.run(args) == 2  # nothing to resume here; the plan comes from the store
                 assert "holds no sweep to resume" in capsys.readouterr().err

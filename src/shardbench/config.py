@@ -24,8 +24,17 @@ DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_POLICIES = ("none", "block", "full")
 CROPS = ("resized", "pad")
+ERASING_FILLS = ("random", "mean")  # random erasing: normal noise once normalised (timm's 'pixel'), or the mean
 SPMD_STYLES = ("jit", "shard_map", "pmap")
-ATTENTION = ("auto", "einsum", "fused")
+ATTENTION = ("auto", "einsum", "fused", "cudnn")
+QKV_LAYOUTS = ("fused", "split", "seq-major")
+POOLS = ("cls", "mean")
+# Adam's first moment: "" keeps the parameters' dtype (optax's own default), the others force theirs.
+MU_DTYPES = ("", "float32", "bfloat16")
+# What cuDNN's fused attention takes (jax._src.cudnn.fused_attention_stablehlo.check_is_flash_attention): a
+# compute dtype of 16 bits and a head dim that is a multiple of 8, at most 256 (Hopper and later; 128 before).
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_MAX_HEAD_DIM = 256
 OPTIMIZERS = ("adamw", "adam", "sgd")
 SCHEDULES = ("cosine", "constant")
 # Fields that change where and how a run reports, never what it computes: a resumed run may change them, and
@@ -56,6 +65,14 @@ class DataConfig:
     trivial_augment: bool = False  # one colour or geometric op per image at a random magnitude
     mixup: float = 0.0  # Beta(alpha, alpha) weight for mixing the images of a pair; 0 = no mixing
     cutmix: float = 0.0  # with mixup > 0: the probability that a pair is cut-mixed rather than blended
+    mix_prob: float = 1.0  # with mixup > 0: the probability that a pair is mixed at all
+    mix_until: float = 1.0  # with mixup > 0: mix only in this first fraction of the training steps; 1 = throughout
+    randaugment: int = 0  # RandAugment: ops per image (N), all at --data.randaugment-magnitude; 0 = off
+    randaugment_magnitude: float = 9.0  # RandAugment's M in [0, 30] (torchvision's scale; timm's m9 is 27 here)
+    autoaugment: bool = False  # AutoAugment's CIFAR-10 policy: one of 25 learned pairs of ops per image
+    random_erasing: float = 0.0  # the probability that a random box of each training image is erased; 0 = off
+    erasing_fill: str = "random"  # what an erased box holds: random (normal noise once normalised) | mean
+    repeat_augment: int = 1  # each training image k times per batch, differently augmented (B/k distinct images)
 
 
 @dataclass(frozen=True)
@@ -76,7 +93,13 @@ class ModelConfig:
     drop_path: float = 0.0  # stochastic depth: the last block's rate (linear from 0 at the first); 0 = off
     unroll: int = 0  # layers per scan iteration: 1 = a rolled loop (compile time flat in depth); 0 = auto
     remat: str = "none"  # activation checkpointing per block: none | block (recompute element-wise ops) | full
-    attention: str = "auto"  # einsum | fused (jax.nn.dot_product_attention) | auto: fused on GPUs, else einsum
+    attention: str = "auto"  # einsum | fused (jax.nn.dot_product_attention) | cudnn | auto: fused on GPUs, else einsum
+    # cudnn: the sequence is padded to a multiple of this (65 tokens -> 72), the padding masked by sequence lengths.
+    # 8: jax's check (check_is_flash_attention) asks training for even lengths, and 8 leaves a margin (the why is
+    # at models.transformer.padded_attention); 64 (cuDNN's tile) is the other length the GPU suite measures.
+    attention_pad_multiple: int = 8
+    qkv_layout: str = "fused"  # q/k/v projection: fused (one einsum to [3,b,s,h,d]) | split (three) | seq-major
+    pool: str = "cls"  # vit: cls (class token, the seed's model) | mean (mean of the patch tokens, no class token)
     vocab_size: int = 512  # lm: tokens
     seq_len: int = 64  # lm: tokens the model reads per sequence (each example holds seq_len + 1 tokens)
     input_dim: int = 1024  # mlp: input features
@@ -120,6 +143,7 @@ class OptimConfig:
     end_lr_fraction: float = 0.01
     grad_clip: float = 1.0  # global-norm clipping; 0 turns it off
     ema: float = 0.0  # decay of an exponential moving average of the weights, evaluated instead of them; 0 = off
+    mu_dtype: str = ""  # adam/adamw first moment: '' = the parameters' dtype (as optax does) | float32 | bfloat16
 
 
 @dataclass(frozen=True)
@@ -208,6 +232,60 @@ def vit_cifar() -> Config:
     )
 
 
+def vit_cifar_spt() -> Config:
+    """A candidate beside vit-cifar following the training recipe of the SPT/LSA ViT code (Lee, Lee and Song, 2021,
+    "Vision Transformer for Small-Size Datasets": 93.6% on CIFAR-10 with their tokenizer and attention): their ViT's
+    shape (width 192, depth 9, 12 heads, MLP ratio 2, patch 4: 2.7M parameters, 3.8x fewer FLOPs per image than
+    vit-seed), AdamW lr 1e-3 and weight decay 0.05, 10 warm-up epochs, cosine, label smoothing 0.1, drop-path 0.1,
+    the padded crop and flip, AutoAugment's CIFAR-10 policy, random erasing 0.25 filled with the mean (as their
+    RandomErasing), mixup 1.0 / CutMix 1.0 applied to half of the pairs (half of those cut), repeated
+    augmentation x3.
+
+    Sized for about 5 minutes of training on one H100 at vit-seed's ~33,000 images/s (this narrower model should
+    go faster, so that is an upper bound): batch 384 = 128 distinct images x 3, 45,000 // 128 = 351 steps per
+    epoch, 70 epochs = 24,570 steps = 9.43M images = 286 s; the warm-up is 10 epochs = 3,510 steps.
+
+    TODO(model): the shifted-patch tokenizer and locality self-attention, once models/vit.py has them, make this
+    the published model: it will set model.tokenizer "shifted-patch" and model.attention_lsa (names as that work
+    fixes them). Until then it trains today's ViT at that shape."""
+    return Config(
+        preset="vit-cifar-spt",
+        data=DataConfig(dataset="cifar10", crop="pad", crop_pad=4, autoaugment=True, random_erasing=0.25,
+                        erasing_fill="mean", mixup=1.0, cutmix=0.5, mix_prob=0.5, repeat_augment=3),
+        model=ModelConfig(embed_dim=192, num_layers=9, num_heads=12, mlp_dim=384, patch_size=4, dropout=0.0,
+                          drop_path=0.1),
+        optim=OptimConfig(lr=1e-3, weight_decay=0.05, warmup_steps=3510),
+        train=TrainConfig(epochs=70, batch_size=384, label_smoothing=0.1, checkpoint_every=5000),
+    )
+
+
+def vit_cifar_cct() -> Config:
+    """A candidate beside vit-cifar following the CIFAR recipe of Compact Transformers (Hassani et al., 2021,
+    "Escaping the Big Data Paradigm with Compact Transformers": CCT-7/3x1 94.8%, ViT-Lite-7/4 91.4% in 200 epochs):
+    ViT-Lite-7/4's shape (width 256, 7 layers, 4 heads, MLP ratio 2, patch 4: 3.7M parameters, 2.8x fewer FLOPs
+    per image than vit-seed), AdamW lr 5.5e-4 and weight decay 0.06, 10 warm-up epochs, cosine, label smoothing 0.1,
+    drop-path 0.1, the padded crop and flip, AutoAugment's CIFAR-10 policy, random erasing 0.25 (timm's noise fill),
+    mixup at alpha 0.8 with CutMix on half of the pairs (CCT's CutMix alpha is 1.0; here one alpha serves both),
+    and mixing turned off for the last 40% of the steps.
+
+    Sized for about 5 minutes of training on one H100 at vit-seed's ~33,000 images/s (an upper bound for this
+    model): batch 256, 45,000 // 256 = 175 steps per epoch, 200 epochs (CCT's length) = 35,000 steps = 8.96M
+    images = 272 s; the warm-up is 10 epochs = 1,750 steps.
+
+    TODO(model): the convolutional tokenizer (3x3 convolution, ReLU, 3x3 max-pool of stride 2) and sequence
+    pooling, once models/vit.py has them, make this CCT-7/3x1: it will set model.stem "conv" and model.pool
+    "sequence" (names as that work fixes them). Until then it trains ViT-Lite-7/4."""
+    return Config(
+        preset="vit-cifar-cct",
+        data=DataConfig(dataset="cifar10", crop="pad", crop_pad=4, autoaugment=True, random_erasing=0.25,
+                        mixup=0.8, cutmix=0.5, mix_until=0.6),
+        model=ModelConfig(embed_dim=256, num_layers=7, num_heads=4, mlp_dim=512, patch_size=4, dropout=0.0,
+                          drop_path=0.1),
+        optim=OptimConfig(lr=5.5e-4, weight_decay=0.06, warmup_steps=1750),
+        train=TrainConfig(epochs=200, batch_size=256, label_smoothing=0.1, checkpoint_every=5000),
+    )
+
+
 def lm_seed() -> Config:
     """The seed's Transformer LM: vocabulary 512, sequence 64, width 256, 8 heads, 4 layers, MLP 1024,
     batch 32, AdamW 3e-4, 50 steps on 8,192 uniformly random sequences."""
@@ -261,6 +339,8 @@ PRESETS: dict[str, Callable[[], Config]] = {
     "vit-small": vit_small,
     "vit-tiny": vit_tiny,
     "vit-cifar": vit_cifar,
+    "vit-cifar-spt": vit_cifar_spt,
+    "vit-cifar-cct": vit_cifar_cct,
     "lm-seed": lm_seed,
     "lm-tiny": lm_tiny,
     "mlp-seed": mlp_seed,
@@ -381,8 +461,11 @@ RANGES: dict[str, Range] = {
     "model.num_heads": POSITIVE, "model.mlp_dim": POSITIVE, "model.num_classes": POSITIVE,
     "model.dropout": FRACTION, "model.drop_path": FRACTION, "data.crop_pad": Range(0),
     "data.mixup": Range(0, note="0 = no mixing"), "data.cutmix": Range(0, 1), "optim.ema": FRACTION,
+    "data.mix_prob": Range(0, 1, low_open=True), "data.mix_until": Range(0, 1, low_open=True, note="1 = throughout"),
+    "data.randaugment": Range(0, note="0 = off"), "data.randaugment_magnitude": Range(0, 30),
+    "data.random_erasing": Range(0, 1, note="0 = off"), "data.repeat_augment": Range(1, note="1 = off"),
     "train.label_smoothing": FRACTION, "model.unroll": Range(0, note="0 = auto"), "model.vocab_size": POSITIVE,
-    "model.seq_len": POSITIVE, "model.input_dim": POSITIVE,
+    "model.seq_len": POSITIVE, "model.input_dim": POSITIVE, "model.attention_pad_multiple": POSITIVE,
     "parallel.devices": Range(0, note="0 = every device"),
     "optim.lr": POSITIVE, "optim.weight_decay": Range(0), "optim.b1": FRACTION, "optim.b2": FRACTION,
     "optim.momentum": FRACTION, "optim.warmup_steps": Range(-1, note="-1 = 5% of the steps"),
@@ -434,9 +517,15 @@ def inert_notes(cfg: Config) -> list[str]:
         "model.seq_len": (m.kind != "lm", f"the {m.kind} model reads no token sequences"),
         "model.patch_size": (m.kind != "vit", f"the {m.kind} model has no patches"),
         "model.input_dim": (m.kind != "mlp", f"the {m.kind} model's input is not a feature vector"),
+        "model.attention_pad_multiple": (m.attention != "cudnn", "it pads the sequence for --model.attention cudnn"),
+        "model.qkv_layout": (m.kind == "mlp", "the mlp model has no attention"),
+        "optim.mu_dtype": (o.optimizer == "sgd", "it applies to adam and adamw, not sgd"),
     }
+    unused["data.randaugment_magnitude"] = (d.randaugment == 0, "it is RandAugment's, and --data.randaugment is 0")
+    unused["data.erasing_fill"] = (d.random_erasing == 0, "it fills erased boxes, and --data.random-erasing is 0")
     if not d.augment:
-        for name in ("data.flip", "data.crop", "data.trivial_augment"):
+        for name in ("data.flip", "data.crop", "data.trivial_augment", "data.randaugment", "data.autoaugment",
+                     "data.random_erasing"):
             unused.setdefault(name, (True, "augmentation is off (--no-data.augment)"))
     return [f"--{key.replace('_', '-')} {now[key]} does nothing here: {why}"
             for key, (inert, why) in unused.items() if inert and now[key] != base.get(key)]
@@ -475,7 +564,10 @@ def validate(cfg: Config) -> None:
     if cfg.data.crop not in CROPS:
         raise ConfigError(f"unknown --data.crop '{cfg.data.crop}': choose one of {', '.join(CROPS)}")
     image_only = {"--data.mixup": cfg.data.mixup > 0, "--data.trivial-augment": cfg.data.trivial_augment,
-                  "--data.crop pad": cfg.data.crop != "resized", "--train.label-smoothing": cfg.train.label_smoothing > 0}
+                  "--data.crop pad": cfg.data.crop != "resized", "--train.label-smoothing": cfg.train.label_smoothing > 0,
+                  "--data.randaugment": cfg.data.randaugment > 0, "--data.autoaugment": cfg.data.autoaugment,
+                  "--data.random-erasing": cfg.data.random_erasing > 0,
+                  "--data.repeat-augment": cfg.data.repeat_augment > 1}
     used = [flag for flag, on in image_only.items() if on]
     if used and m.kind != "vit":
         raise ConfigError(f"{used[0]} applies to image classification (vit or --task classify), not to model kind "
@@ -485,8 +577,10 @@ def validate(cfg: Config) -> None:
     if cfg.data.cutmix > 0 and cfg.data.mixup <= 0:
         raise ConfigError(f"--data.cutmix {cfg.data.cutmix} needs --data.mixup > 0 (the Beta alpha both mixes draw "
                           f"their weight from), e.g. --data.mixup 1.0")
+    check_recipe(cfg)
     if m.attention not in ATTENTION:
         raise ConfigError(f"unknown --model.attention '{m.attention}': choose one of {', '.join(ATTENTION)}")
+    check_speed_switches(cfg)
     xla_presets.parse(t.xla_presets)
     if t.profile and t.profile_steps == 0:
         raise ConfigError("--profile with --train.profile-steps 0 traces nothing: give the window a positive number of "
@@ -499,3 +593,51 @@ def validate(cfg: Config) -> None:
     lo, hi = cfg.data.crop_ratio
     if not 0.0 < lo <= hi:
         raise ConfigError(f"--data.crop-ratio {lo},{hi} is invalid: it needs 0 < low <= high")
+
+
+def check_recipe(cfg: Config) -> None:
+    """The augmentation recipe's knobs that depend on each other (ranges are `RANGES`'): one op policy at a time,
+    mixing knobs only with mixing, a known erasing fill, repeats that divide the batch. One line each."""
+    d = cfg.data
+    policies = [flag for flag, on in (("--data.trivial-augment", d.trivial_augment),
+                                      (f"--data.randaugment {d.randaugment}", d.randaugment > 0),
+                                      ("--data.autoaugment", d.autoaugment)) if on]
+    if len(policies) > 1:
+        raise ConfigError(f"{' and '.join(policies)} are two op policies; an image gets one: keep one of them")
+    for flag, value in (("--data.mix-prob", d.mix_prob), ("--data.mix-until", d.mix_until)):
+        if value != 1.0 and d.mixup <= 0:
+            raise ConfigError(f"{flag} {value} shapes mixing, which is off: add --data.mixup (e.g. 1.0) or drop it")
+    if d.erasing_fill not in ERASING_FILLS:
+        raise ConfigError(f"unknown --data.erasing-fill '{d.erasing_fill}': choose one of {', '.join(ERASING_FILLS)}")
+    k, batch = d.repeat_augment, cfg.train.batch_size
+    if k > 1 and (batch % k or batch // k < 2):
+        raise ConfigError(f"--data.repeat-augment {k} repeats each image {k} times in a batch: --batch-size {batch} "
+                          f"must be a multiple of {k} holding at least 2 distinct images, e.g. {max(2, -(-batch // k)) * k}")
+
+
+def check_speed_switches(cfg: Config) -> None:
+    """The model's and optimizer's speed switches (q/k/v layout, pooling, cuDNN attention, Adam's first-moment
+    dtype): each a known choice, on a model that has it, and cuDNN attention only where the configuration alone
+    shows it can run (its platform is checked where the model is built: `shardbench.models`). One line each."""
+    m, o = cfg.model, cfg.optim
+    if m.qkv_layout not in QKV_LAYOUTS:
+        raise ConfigError(f"unknown --model.qkv-layout '{m.qkv_layout}': choose one of {', '.join(QKV_LAYOUTS)}")
+    if m.pool not in POOLS:
+        raise ConfigError(f"unknown --model.pool '{m.pool}': choose one of {', '.join(POOLS)}")
+    if o.mu_dtype not in MU_DTYPES:
+        raise ConfigError(f"unknown --optim.mu-dtype '{o.mu_dtype}': choose one of "
+                          f"{', '.join(d or repr(d) for d in MU_DTYPES)} ('' = the parameters' dtype)")
+    if m.pool != "cls" and (m.kind != "vit" or m.factory):
+        what = f"a model of your own (--model {m.factory})" if m.factory else f"model kind '{m.kind}'"
+        raise ConfigError(f"--model.pool {m.pool} applies to the vit model only, not to {what}: drop it")
+    if m.attention == "cudnn" and m.kind in ("vit", "lm") and not m.factory:
+        dtype = cfg.precision.dtype
+        if dtype not in CUDNN_DTYPES:
+            raise ConfigError(f"--model.attention cudnn needs a 16-bit compute dtype, not --dtype {dtype}: add "
+                              f"--dtype bfloat16 (or float16), or use --model.attention fused")
+        if m.num_heads > 0 and m.embed_dim % m.num_heads == 0:
+            head_dim = m.embed_dim // m.num_heads
+            if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+                raise ConfigError(f"--model.attention cudnn needs a head dim (embed dim / heads) that is a multiple "
+                                  f"of 8 and at most {CUDNN_MAX_HEAD_DIM}, not {m.embed_dim}/{m.num_heads} = "
+                                  f"{head_dim}: change --model.num-heads, or use --model.attention fused")

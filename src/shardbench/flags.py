@@ -44,6 +44,24 @@ HELP: dict[str, str] = {
                   "0 = off",
     "data.cutmix": "with --data.mixup: the probability that a pair is cut-mixed (a box pasted) rather than "
                    "blended",
+    "data.mix_prob": "with --data.mixup: the probability that a pair is mixed at all (the rest train on their own "
+                     "images and labels)",
+    "data.mix_until": "with --data.mixup: mix only during this first fraction of the training steps (0.6: off for "
+                      "the last 40%%); 1 = throughout",
+    "data.randaugment": "RandAugment: N ops per training image, each drawn uniformly from 14 (identity, shears, "
+                        "translations, rotate, brightness, saturation, contrast, sharpness, posterize, solarize, "
+                        "autocontrast, equalize); 0 = off. One op policy at a time (trivial, rand or auto)",
+    "data.randaugment_magnitude": "RandAugment's M in [0, 30]: every op at M/30 of its strongest setting "
+                                  "(torchvision's scale; timm's rand-m9 is 27 here)",
+    "data.autoaugment": "AutoAugment's CIFAR-10 policy: per training image one of its 25 sub-policies, each of "
+                        "two ops applied with its probability at its level",
+    "data.random_erasing": "the probability that a random box (2-33%% of the image, aspect 0.3-3.3) of each "
+                           "training image is erased, after the ops and before mixing; 0 = off",
+    "data.erasing_fill": "what an erased box holds: random (a standard normal per pixel once normalised, as "
+                         "timm's 'pixel' mode) or mean (the dataset's mean: 0 once normalised)",
+    "data.repeat_augment": "repeated augmentation: each training batch holds batch/k distinct images, each k "
+                           "times with different draws; an epoch is one pass over the distinct images (k times "
+                           "the steps); 1 = off",
     "model.kind": "model: vit (Vision Transformer), lm (decoder-only Transformer language model) or mlp (deep "
                   "ReLU MLP)",
     "model.vocab_size": "lm: vocabulary size (256 for text:PATH, which is byte-level)",
@@ -65,8 +83,17 @@ HELP: dict[str, str] = {
                        "for an example (linear from 0 at the first block); 0 = off",
     "model.unroll": "layers per scan iteration: 1 = rolled loop (compile time flat in depth), N = N layers "
                     "per iteration, 0 = auto (all layers up to 8, else 1)",
-    "model.attention": "attention kernel: einsum, fused (jax.nn.dot_product_attention: cuDNN on NVIDIA GPUs) "
-                       "or auto (fused on GPUs, einsum elsewhere)",
+    "model.attention": "attention kernel: einsum (two einsums, float32 scores), fused (jax.nn.dot_product_attention "
+                       "with no implementation: XLA's composition), cudnn (cuDNN's fused kernel on a sequence padded "
+                       "to --model.attention-pad-multiple; NVIDIA GPUs, bfloat16 or float16) or auto (fused on GPUs, "
+                       "einsum elsewhere)",
+    "model.attention_pad_multiple": "--model.attention cudnn: pad the sequence to a multiple of this (65 tokens: 72 "
+                                    "for 8, 128 for 64); the padding is masked and sliced off",
+    "model.qkv_layout": "q/k/v projection, from the same parameter: fused (one einsum to [3, batch, seq, heads, "
+                        "dim]), split (three einsums) or seq-major (one einsum to [batch, seq, 3, heads, dim]); the "
+                        "last two avoid the backward's [3, heads, dim, batch, seq] transpose",
+    "model.pool": "vit: what the head sees: cls (the class token) or mean (the mean of the patch tokens after the "
+                  "final LayerNorm; no class token: a different model)",
     "model.remat": "activation checkpointing per block: none, block (keep matmul outputs, recompute the "
                    "element-wise ops) or full (keep only each block's input)",
     "parallel.strategy": "how parameters and batches are split: auto (from the mesh), single, dp, fsdp, tp, "
@@ -84,6 +111,7 @@ HELP: dict[str, str] = {
     "optim.schedule": "cosine (decay after warm-up) or constant",
     "optim.end_lr_fraction": "final learning rate as a fraction of the peak (cosine)",
     "optim.grad_clip": "clip gradients to this global norm (0 = off)",
+    "optim.mu_dtype": "adam/adamw first moment dtype: '' (the parameters' dtype), float32 or bfloat16",
     "optim.ema": "decay of an exponential moving average of the weights, which evaluation then uses (e.g. "
                  "0.999); 0 = off",
     "train.epochs": "epochs to train", "train.steps": "train exactly this many steps (overrides --epochs)",

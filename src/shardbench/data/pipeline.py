@@ -1,6 +1,15 @@
 """Host input pipeline: whole batches as grain records, seeded per-epoch shuffles, thread prefetch.
 
 A record is a full batch, so the per-record overhead of grain is paid once per batch, not per image.
+
+Repeated augmentation (`repeats` k > 1; Hoffer et al., 2020, and DeiT's RASampler) is decided here: a
+training batch holds B/k distinct images, the block of them repeated k times ([a, b, c, a, b, c] for k = 2), and
+the device augments every row with its own draws, so each image is seen k times differently. The copies sit B/k
+rows apart, so they spread over the devices, and the pair partners of mixing (rows 2i, 2i+1) are different
+images. An epoch stays one pass over the distinct images (k times the steps of an epoch without repeats), as in
+the SPT/LSA ViT code, whose 100 epochs at k = 3 are about 300 passes of augmented images; DeiT's RASampler keeps
+the epoch's length instead and sees only 1/k of the images in each. Chosen so that `--epochs` keeps counting
+passes over the dataset and no image is left out of an epoch.
 """
 
 from __future__ import annotations
@@ -20,9 +29,10 @@ Batch = dict[str, np.ndarray]
 _ENDLESS = 2**62
 
 
-def steps_per_epoch(n: int, global_batch: int) -> int:
-    """Training steps per epoch: full batches only (the remainder is dropped)."""
-    return n // global_batch
+def steps_per_epoch(n: int, global_batch: int, repeats: int = 1) -> int:
+    """Training steps per epoch: full batches only (the remainder is dropped); with `repeats` k a batch holds
+    global_batch / k distinct images, and an epoch is one pass over them."""
+    return n // (global_batch // repeats)
 
 
 def eval_steps(n: int, global_batch: int) -> int:
@@ -36,7 +46,8 @@ class BatchSource:
     With `repeat` (training) the stream is endless: batch i belongs to epoch i // steps_per_epoch,
     which visits the examples in the order of permutation PCG64([seed, epoch]) (or in order
     without `shuffle`), dropping the remainder. Without `repeat` (evaluation) it is one pass whose
-    last batch is padded with mask=False rows.
+    last batch is padded with mask=False rows. `repeats` k (training only): each batch is global_batch / k
+    consecutive examples of that order, tiled k times (see the module's docstring).
     """
 
     def __init__(
@@ -49,6 +60,7 @@ class BatchSource:
         repeat: bool,
         process_index: int = 0,
         process_count: int = 1,
+        repeats: int = 1,
     ) -> None:
         if global_batch < 1:
             raise ConfigError(f"global batch size is {global_batch}; it must be at least 1")
@@ -58,8 +70,13 @@ class BatchSource:
         if global_batch % process_count:
             raise ConfigError(f"global batch size {global_batch} does not divide by the {process_count} "
                               "processes; pick a multiple of the process count")
+        if repeats < 1 or global_batch % repeats or (repeat and repeats > 1 and global_batch // repeats < 2):
+            raise ConfigError(f"global batch size {global_batch} does not hold {repeats} copies of at least 2 "
+                              f"distinct images; pick a multiple of {repeats} of at least {2 * repeats}")
         n = len(arrays)
-        if repeat and n < global_batch:
+        self._repeats = repeats if repeat else 1
+        distinct = global_batch // self._repeats
+        if repeat and n < distinct:
             raise ConfigError(f"global batch size {global_batch} is larger than the {n} training examples; "
                               "use a smaller batch")
         self._columns = dict(arrays.columns())
@@ -71,7 +88,8 @@ class BatchSource:
         per_process = global_batch // process_count
         # This process's contiguous rows of every global batch.
         self._lo, self._hi = process_index * per_process, (process_index + 1) * per_process
-        self._steps_per_epoch = steps_per_epoch(n, global_batch) if repeat else eval_steps(n, global_batch)
+        self._steps_per_epoch = (steps_per_epoch(n, global_batch, self._repeats) if repeat
+                                 else eval_steps(n, global_batch))
         self._perms: dict[int, np.ndarray] = {}
         # grain may read records from several threads; the permutation cache is shared.
         self._lock = threading.Lock()
@@ -98,8 +116,13 @@ class BatchSource:
         if index < 0 or index >= len(self):
             raise IndexError(f"batch {index} is out of range [0, {len(self)})")
         epoch, step = divmod(index, self._steps_per_epoch) if self._repeat else (0, index)
-        start = step * self._global_batch
-        positions = np.arange(start + self._lo, start + self._hi)
+        if self._repeats > 1:
+            distinct = self._global_batch // self._repeats
+            block = np.arange(step * distinct, (step + 1) * distinct)
+            positions = np.tile(block, self._repeats)[self._lo:self._hi]
+        else:
+            start = step * self._global_batch
+            positions = np.arange(start + self._lo, start + self._hi)
         valid = positions < self._n  # only ever False in the padded last evaluation batch
         idx = self._order(epoch)[positions[valid]]
         b = len(positions)
@@ -138,6 +161,7 @@ def make_batches(
     process_count: int = 1,
     prefetch: int = 2,
     repeat: bool | None = None,
+    repeats: int = 1,
 ) -> Iterator[Batch]:
     """Batches of `arrays` as dicts of its columns (images: image uint8 (b,H,W,3), label int32 (b,)) plus
     mask bool (b,).
@@ -145,7 +169,8 @@ def make_batches(
     b = global_batch // process_count. `repeat` defaults to `shuffle`: shuffled batches form the
     endless training stream, unshuffled ones a single padded evaluation pass. The stream starts
     at batch `start_step` (a resumed run continues where it stopped) and yields at most
-    `num_steps` batches; `prefetch` batches are prepared ahead in a background thread.
+    `num_steps` batches; `prefetch` batches are prepared ahead in a background thread. `repeats` k > 1: each
+    training batch holds global_batch / k distinct examples k times (repeated augmentation).
     """
     if start_step < 0 or (num_steps is not None and num_steps < 0):
         raise ConfigError(f"start_step {start_step} and num_steps {num_steps} must not be negative")
@@ -157,6 +182,7 @@ def make_batches(
         repeat=shuffle if repeat is None else repeat,
         process_index=process_index,
         process_count=process_count,
+        repeats=repeats,
     )
     stop = None if num_steps is None else start_step + num_steps
     ds = grain.MapDataset.source(source)[start_step:stop]

@@ -1,7 +1,7 @@
 """Memory per device: the runtime's peak where reported, the compiled program's analysis, and a breakdown.
 
 The breakdown names what the bytes are: parameters and optimizer state are the per-device shards of the
-train state (in the parameter dtype), and a model of your own's other variables (BatchNorm statistics, RNG
+train state (each leaf counted in its own dtype: a bfloat16 first moment, --optim.mu-dtype, counts 2 bytes), and a model of your own's other variables (BatchNorm statistics, RNG
 streams, Variables of its own) are its model state; gradients are laid out like the parameters; activations
 and other temporaries are the compiled temporaries minus the gradients. So a change of compute dtype moves only the
 last figure, which is why precision alone barely moves memory when the batch is small.

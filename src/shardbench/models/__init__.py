@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from shardbench.config import Config
+from shardbench.config import CUDNN_MAX_HEAD_DIM, Config
 from shardbench.errors import ConfigError
 from shardbench.models import custom, lm, mlp, vit
-from shardbench.models.transformer import count_params
+from shardbench.models.transformer import CUDNN, EINSUM, FUSED, count_params
 
 PRECISIONS = {
     "default": jax.lax.Precision.DEFAULT,
@@ -25,19 +25,59 @@ PRECISIONS = {
 
 
 def fused_attention(setting: str, platform: str) -> bool:
-    """`model.attention`: 'fused' or 'einsum', or 'auto' = fused on GPUs (cuDNN's kernel), einsum elsewhere."""
+    """`model.attention`: 'fused' or 'einsum', or 'auto' = fused on GPUs, einsum elsewhere. 'fused' is
+    jax.nn.dot_product_attention with no implementation, which is XLA's composition: it never calls cuDNN."""
+    # auto is unchanged (it never picks cudnn) until the GPU suite measures cudnn: what it has measured is auto
+    # (fused) 30.6 ms against einsum 31.27 ms per step, vit-seed bfloat16 batch 1024 on an H100, 2026-11-24.
     return setting == "fused" or (setting == "auto" and platform == "gpu")
 
 
+def attention_kind(setting: str, platform: str) -> str:
+    """The attention kind a block runs for `model.attention` on `platform` (jax.default_backend()): cudnn,
+    fused or einsum (see `fused_attention` for auto)."""
+    if setting == CUDNN:
+        return CUDNN
+    return FUSED if fused_attention(setting, platform) else EINSUM
+
+
+def check_cudnn_devices(cfg: Config, devices: list[jax.Device]) -> None:
+    """Refuse --model.attention cudnn in one line where cuDNN cannot run it: off NVIDIA GPUs (cuDNN's fused
+    attention needs compute capability 8.0 or later) or, before Hopper (9.0), with a head dim over 128. The
+    dtype and the head dim's other limits need no devices and are config.validate's."""
+    device = devices[0] if devices else None
+    platform = "none" if device is None else device.platform
+    version = "" if device is None else str(getattr(device.client, "platform_version", "")).lower()
+    if platform != "gpu" or "cuda" not in version:
+        where = platform if platform != "gpu" else f"gpu ({version or 'not CUDA'})"
+        raise ConfigError(f"--model.attention cudnn needs an NVIDIA GPU (cuDNN), and this platform is {where}: use "
+                          f"--model.attention fused or einsum here")
+    capability = str(getattr(device, "compute_capability", "0.0"))
+    major_minor = tuple(int(part) for part in capability.split(".")[:2] if part.isdigit())
+    head_dim = cfg.model.embed_dim // max(cfg.model.num_heads, 1)
+    if major_minor < (8, 0):
+        raise ConfigError(f"--model.attention cudnn needs compute capability 8.0 (Ampere) or later; this GPU "
+                          f"({device.device_kind}) has {capability}: use --model.attention fused")
+    if major_minor < (9, 0) and head_dim > 128:
+        raise ConfigError(f"--model.attention cudnn takes a head dim of at most 128 before Hopper (at most "
+                          f"{CUDNN_MAX_HEAD_DIM} from 9.0); this GPU ({device.device_kind}, {capability}) has "
+                          f"{head_dim}: change --model.num-heads, or use --model.attention fused")
+
+
+def resolve_attention(cfg: Config) -> str:
+    """The attention kind this process's devices run for `cfg`; cudnn is checked against them first (one line)."""
+    kind = attention_kind(cfg.model.attention, jax.default_backend())
+    if kind == CUDNN:
+        check_cudnn_devices(cfg, jax.devices())
+    return kind
+
+
 def _vit(cfg: Config, **common: Any) -> nnx.Module:
-    return vit.VisionTransformer(cfg.model, image_size=cfg.data.image_size,
-                                 fused_attention=fused_attention(cfg.model.attention, jax.default_backend()),
+    return vit.VisionTransformer(cfg.model, image_size=cfg.data.image_size, attention=resolve_attention(cfg),
                                  **common)
 
 
 def _lm(cfg: Config, **common: Any) -> nnx.Module:
-    return lm.TransformerLM(cfg.model, fused_attention=fused_attention(cfg.model.attention, jax.default_backend()),
-                            **common)
+    return lm.TransformerLM(cfg.model, attention=resolve_attention(cfg), **common)
 
 
 def _mlp(cfg: Config, **common: Any) -> nnx.Module:
@@ -77,4 +117,5 @@ def build_model(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
     )
 
 
-__all__ = ["MODELS", "PRECISIONS", "axis_fields", "build_model", "count_params", "fused_attention"]
+__all__ = ["MODELS", "PRECISIONS", "attention_kind", "axis_fields", "build_model", "check_cudnn_devices",
+           "count_params", "fused_attention", "resolve_attention"]

@@ -30,17 +30,17 @@ def sinusoids(length: int, width: int) -> np.ndarray:
 
 
 class TransformerLM(nnx.Module):
-    """tokens (batch, seq) int -> next-token logits (batch, seq, vocab) in float32."""
+    """tokens (batch, seq) int -> next-token logits (batch, seq, vocab) in float32. `attention`: the resolved
+    attention kind (`transformer.ATTENTION_KINDS`)."""
 
     def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype = jnp.float32, param_dtype: jnp.dtype = jnp.float32,
-                 precision: jax.lax.Precision = jax.lax.Precision.DEFAULT, fused_attention: bool = False,
+                 precision: jax.lax.Precision = jax.lax.Precision.DEFAULT, attention: str = "einsum",
                  rngs: nnx.Rngs) -> None:
         e, v = cfg.embed_dim, cfg.vocab_size
         embed = 0.02 * jax.random.normal(rngs.params(), (v, e))
         self.token_embed = param(embed, (VOCAB, EMBED), param_dtype)
         self.pos_embed = param(jnp.asarray(sinusoids(cfg.seq_len, e)), (SEQ, EMBED), param_dtype)
-        self.blocks = BlockStack(cfg, param_dtype=param_dtype, fused_attention=fused_attention, rngs=rngs,
-                                 causal=True)
+        self.blocks = BlockStack(cfg, param_dtype=param_dtype, attention=attention, rngs=rngs, causal=True)
         self.norm_scale = param(jnp.ones((e,)), (NORM,), param_dtype)
         self.norm_bias = param(jnp.zeros((e,)), (NORM,), param_dtype)
         self.head_kernel = param(kernel_init(0, 1)(rngs.params(), (e, v)), (EMBED, VOCAB), param_dtype)

@@ -121,13 +121,56 @@ REMAT = {
 }
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, fused: bool, precision: jax.lax.Precision,
-              causal: bool = False) -> jax.Array:
+# The attention kinds a block runs (`attention`): the resolved --model.attention, plus PADDED_XLA, which runs the
+# cudnn kind's padding and sequence lengths through XLA's implementation so that a machine without cuDNN (the
+# tests' CPU) checks that path's arithmetic against the einsum's.
+EINSUM, FUSED, CUDNN, PADDED_XLA = "einsum", "fused", "cudnn", "padded-xla"
+ATTENTION_KINDS = (EINSUM, FUSED, CUDNN, PADDED_XLA)
+
+
+def padded_length(length: int, multiple: int) -> int:
+    """`length` rounded up to a multiple of `multiple` (65 -> 66 for 2, 72 for 8, 128 for 64)."""
+    return -(-length // multiple) * multiple
+
+
+def padded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, multiple: int,
+                     implementation: str = "cudnn") -> jax.Array:
+    """jax.nn.dot_product_attention with `implementation` on (batch, seq, heads, head_dim) q/k/v zero-padded
+    at the end of the sequence to a multiple of `multiple`; the padding is masked by query and key/value sequence
+    lengths and sliced off, so the output equals unpadded attention (causal too: padding at the end is never
+    seen by a real position). A sequence already of such a length goes in as it is, with no mask.
+
+    Why pad: cuDNN refuses to train on vit-seed's 65 tokens ("Unsupported sequence length Q 65, KV 65", jax
+    0.11.2 on an H100), so jax.nn.dot_product_attention with no implementation never calls it. The only
+    sequence-length rule in jax's own check (jax/_src/cudnn/fused_attention_stablehlo.py, check_is_flash_attention,
+    the same in 0.10.2 and 0.11.0) asks training for even query and key lengths (with a bias). The default
+    multiple, 8, meets it with a margin for the stricter check 0.11.2 applied, costs 7 rows at 65 tokens in the
+    padding copies and nothing in the kernel (cuDNN works in tiles of 64 rows, so 65 and 72 both take two), and
+    64 (a whole tile, 128 at 65 tokens) is the other setting the GPU suite measures beside it."""
+    batch, length = q.shape[0], q.shape[1]
+    padded = padded_length(length, multiple)
+    if padded == length:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=implementation)
+    pad = ((0, 0), (0, padded - length), (0, 0), (0, 0))
+    q, k, v = (jnp.pad(t, pad) for t in (q, k, v))
+    lengths = jnp.full((batch,), length, jnp.int32)
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=causal, query_seq_lengths=lengths,
+                                       key_value_seq_lengths=lengths, implementation=implementation)
+    return out[:, :length]
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, kind: str, precision: jax.lax.Precision,
+              causal: bool = False, pad_multiple: int = 8) -> jax.Array:
     """Softmax attention over (batch, seq, heads, head_dim) q/k/v; `causal` lets position i see only
-    positions <= i. `fused` calls jax.nn.dot_product_attention, which runs cuDNN's fused kernel on
-    NVIDIA GPUs (and XLA's own composition elsewhere); otherwise two einsums with float32 scores."""
-    if fused:
+    positions <= i. `kind` (ATTENTION_KINDS): einsum = two einsums with float32 scores; fused =
+    jax.nn.dot_product_attention with no implementation (XLA's composition: it never calls cuDNN); cudnn =
+    cuDNN's fused kernel on a sequence padded to a multiple of `pad_multiple` (`padded_attention`); padded-xla =
+    that padding run by XLA's implementation."""
+    if kind == FUSED:
         return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
+    if kind in (CUDNN, PADDED_XLA):
+        return padded_attention(q, k, v, causal=causal, multiple=pad_multiple,
+                                implementation="cudnn" if kind == CUDNN else "xla")
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision,
                         preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
     if causal:
@@ -151,8 +194,9 @@ class BlockStack(nnx.Module):
     """`num_layers` pre-LayerNorm Transformer blocks (self-attention, then a GELU MLP), each parameter
     stacked on a leading 'layers' dim. `causal` masks attention to earlier positions (a decoder)."""
 
-    def __init__(self, cfg: ModelConfig, *, param_dtype: jnp.dtype, fused_attention: bool, rngs: nnx.Rngs,
+    def __init__(self, cfg: ModelConfig, *, param_dtype: jnp.dtype, attention: str, rngs: nnx.Rngs,
                  causal: bool = False) -> None:
+        assert attention in ATTENTION_KINDS, attention
         n, e, h, m = cfg.num_layers, cfg.embed_dim, cfg.num_heads, cfg.mlp_dim
         d = e // h
         ones, zeros = jnp.ones, jnp.zeros
@@ -177,7 +221,9 @@ class BlockStack(nnx.Module):
         self.drop_path = cfg.drop_path
         self.unroll = layers_per_iteration(cfg)
         self.remat = cfg.remat
-        self.fused_attention = fused_attention
+        self.attention = attention
+        self.pad_multiple = cfg.attention_pad_multiple
+        self.qkv_layout = cfg.qkv_layout
         self.causal = causal
 
     def __call__(self, x: jax.Array, *, rng: jax.Array | None, precision: jax.lax.Precision) -> jax.Array:
@@ -186,7 +232,8 @@ class BlockStack(nnx.Module):
         stacked = {name: getattr(self, name)[...] for name in names}
         num_layers = stacked["ln1_scale"].shape[0]
         keys = None if rng is None else jax.random.split(rng, num_layers)
-        dtype, rate, fused, causal = x.dtype, self.dropout_rate, self.fused_attention, self.causal
+        dtype, rate, kind, causal = x.dtype, self.dropout_rate, self.attention, self.causal
+        pad_multiple, qkv_layout = self.pad_multiple, self.qkv_layout
         # Stochastic depth: rates rising linearly to drop_path at the last block (none without a key).
         depth = jnp.linspace(0.0, self.drop_path, num_layers) if num_layers > 1 else jnp.full((1,), self.drop_path)
         drop_path = self.drop_path > 0 and rng is not None
@@ -201,10 +248,9 @@ class BlockStack(nnx.Module):
             branch = (lambda h, salt: h) if not drop_path else (
                 lambda h, salt: drop_rows(h, path_rate, words[2 * salt - 2:2 * salt]))
             h = layer_norm(x, p["ln1_scale"], p["ln1_bias"])
-            qkv = jnp.einsum("bse,ethd->tbshd", h, p["qkv_kernel"], precision=precision)
-            qkv = qkv + p["qkv_bias"][:, None, None]
-            q, k, v = (constrain(t, (BATCH, SEQ, HEADS, KV)) for t in qkv)
-            attn = attention(q, k, v, fused=fused, precision=precision, causal=causal)
+            q, k, v = (constrain(t, (BATCH, SEQ, HEADS, KV))
+                       for t in project_qkv(h, p["qkv_kernel"], p["qkv_bias"], qkv_layout, precision))
+            attn = attention(q, k, v, kind=kind, precision=precision, causal=causal, pad_multiple=pad_multiple)
             attn = jnp.einsum("bqhd,hde->bqe", attn, p["out_kernel"], precision=precision) + p["out_bias"]
             x = constrain(x + branch(attn, 1), (BATCH, SEQ, EMBED))
             h = layer_norm(x, p["ln2_scale"], p["ln2_bias"])
@@ -215,6 +261,24 @@ class BlockStack(nnx.Module):
             return x, None
 
         return scan_layers(block, x, (stacked, keys, depth), remat=self.remat, unroll=self.unroll)
+
+
+def project_qkv(h: jax.Array, kernel: jax.Array, bias: jax.Array, layout: str,
+                precision: jax.lax.Precision) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """q, k and v, each (batch, seq, heads, head_dim), from (batch, seq, embed) `h` and the stacked (embed, 3,
+    heads, head_dim) `kernel` and (3, heads, head_dim) `bias`, by --model.qkv-layout. The same parameter and the
+    same sums in every layout; what differs is the layout XLA's backward has to produce.
+    fused: one einsum to (3, batch, seq, heads, head_dim), whose backward transposes a [3, heads, head_dim, batch,
+    seq] array (the largest single kernel of vit-seed's bfloat16 step on an H100). split: three einsums on slices
+    of the kernel. seq-major: one einsum to (batch, seq, 3, heads, head_dim), split on its third axis."""
+    if layout == "split":
+        return tuple(jnp.einsum("bse,ehd->bshd", h, kernel[:, i], precision=precision) + bias[i]
+                     for i in range(3))  # type: ignore[return-value]
+    if layout == "seq-major":
+        qkv = jnp.einsum("bse,ethd->bsthd", h, kernel, precision=precision) + bias
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    qkv = jnp.einsum("bse,ethd->tbshd", h, kernel, precision=precision) + bias[:, None, None]
+    return qkv[0], qkv[1], qkv[2]
 
 
 

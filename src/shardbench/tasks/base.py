@@ -16,10 +16,14 @@ Batch = dict[str, jax.Array]
 
 class Rows(NamedTuple):
     """Where a (per-device) batch sits in the global batch: its first row and the global row count.
-    Per-example randomness is drawn for the global batch and sliced, so every SPMD style draws the same."""
+    Per-example randomness is drawn for the global batch and sliced, so every SPMD style draws the same.
+    In training, also where it sits in the run: its step (traced) of the run's `steps` (0: not known, as for
+    a step compiled only to be measured), for augmentation that changes over training."""
 
     offset: jax.Array | int
     total: int
+    step: jax.Array | int = 0
+    steps: int = 0
 
 
 class Terms(NamedTuple):

@@ -26,14 +26,16 @@ def check(cfg: Config) -> None:
 
 def inputs(cfg: Config, batch: Batch, key: jax.Array, train: bool, rows: Rows,
            mean: tuple[float, ...] = CIFAR_MEAN, std: tuple[float, ...] = CIFAR_STD) -> jax.Array:
-    """uint8 images, augmented (training) and normalised with the dataset's statistics (see `for_data`)."""
+    """uint8 images, augmented (training) and normalised with the dataset's statistics (see `for_data`). The
+    recipe's mixing may depend on where the step is in training (`rows.step` of `rows.steps`)."""
     data, dtype = cfg.data, jnp.dtype(cfg.precision.dtype)
     if train and recipe.uses_recipe(data):
-        return normalize_float(recipe.recipe_images(data, batch["image"], key, (rows.offset, rows.total)) / 255.0,
-                               mean, std, dtype)
+        images = recipe.recipe_images(data, batch["image"], key, (rows.offset, rows.total), (rows.step, rows.steps),
+                                      mean, std)
+        return normalize_float(images / 255.0, mean, std, dtype)
     if train and data.augment:
         return augment(batch["image"], key, scale=data.crop_scale, ratio=data.crop_ratio, flip=data.flip,
-                       mean=mean, std=std, dtype=dtype, rows=rows)
+                       mean=mean, std=std, dtype=dtype, rows=(rows.offset, rows.total))
     return normalize(batch["image"], mean, std, dtype)
 
 
@@ -48,7 +50,7 @@ def targets(cfg: Config, batch: Batch, key: jax.Array, rows: Rows) -> Batch:
     if cfg.data.mixup <= 0 and smoothing <= 0:
         return batch
     soft = recipe.soft_targets(cfg.data, batch["label"], cfg.model.num_classes, smoothing, key,
-                               (rows.offset, rows.total))
+                               (rows.offset, rows.total), (rows.step, rows.steps))
     return {**batch, "soft": soft}
 
 
@@ -66,5 +68,5 @@ TASK = Task(
     train_flops_per_example=lambda cfg: flops_per_example(cfg.model, cfg.data.image_size)["train"],
     units_per_example=lambda cfg: 1,
     formula="3 x batch x [2*N*3*p^2*E + L*(8*T*E^2 + 4*T^2*E + 4*T*E*M) + 2*E*C], N=(image/p)^2 patches, "
-            "T=N+1 tokens (matmul FLOPs; backward = 2 x forward)",
+            "T=N+1 tokens (N with --model.pool mean) (matmul FLOPs; backward = 2 x forward)",
 )

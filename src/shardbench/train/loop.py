@@ -114,7 +114,7 @@ def run(cfg: Config) -> dict[str, Any]:
     else:
         state, start = init_state(cfg, plan.spec, layout, tx), 0
     steps = make_steps(cfg, plan.task, plan.spec, layout, tx, state_shardings(plan.spec, layout, tx), schedule,
-                       tuple(plan.dataset.train.columns()))
+                       tuple(plan.dataset.train.columns()), plan.total_steps)
     state = steps.adopt(state)
     writer = ScalarWriter(out / "tensorboard", enabled=is_main)
     try:
@@ -146,7 +146,7 @@ def _loop(plan: Plan, steps: Steps, state: TrainState, start: int, checkpoints: 
     part, parts = layout.process_share(batch)  # this process reads and augments only its rows of each batch
     batches: Iterator[dict[str, np.ndarray]] = make_batches(
         plan.dataset.train, global_batch=batch, seed=cfg.train.seed, shuffle=True, start_step=start,
-        num_steps=total - start, process_index=part, process_count=parts,
+        num_steps=total - start, process_index=part, process_count=parts, repeats=cfg.data.repeat_augment,
     )
     # Compile explicitly on the first batch: lowering and compilation are timed apart from the steps.
     first = steps.place(next(batches)) if start < total else None

@@ -73,12 +73,21 @@ def ema_params(opt_state: Any) -> Any | None:
     return found[0].ema if found else None
 
 
+def mu_dtype(cfg: OptimConfig) -> jnp.dtype | None:
+    """Adam's first-moment dtype for optax's `mu_dtype`: None (the parameters' dtype, optax's default) for '',
+    else the named dtype. A bfloat16 first moment halves its bytes and traffic; the second moment stays in the
+    parameters' dtype (its squares need float32's range)."""
+    return jnp.dtype(cfg.mu_dtype) if cfg.mu_dtype else None
+
+
 def build_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransformation:
+    """The optimizer `cfg` names, with gradient clipping and the weights' moving average where asked."""
     schedule = learning_rate(cfg, total_steps)
     if cfg.optimizer == "adamw":
-        tx = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=_decay_mask)
+        tx = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay, mask=_decay_mask,
+                         mu_dtype=mu_dtype(cfg))
     elif cfg.optimizer == "adam":
-        tx = optax.adam(schedule, b1=cfg.b1, b2=cfg.b2)
+        tx = optax.adam(schedule, b1=cfg.b1, b2=cfg.b2, mu_dtype=mu_dtype(cfg))
     else:
         tx = optax.sgd(schedule, momentum=cfg.momentum, nesterov=False)
     if cfg.grad_clip > 0:

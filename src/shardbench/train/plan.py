@@ -137,7 +137,7 @@ def plan_run(cfg: Config) -> Plan:
     check_supported(cfg.precision, layout.device)
     writable_dir(default_cache_dir(cfg), "--data.cache-dir")  # decoded datasets and the host's peak go there
     dataset = load_for(cfg, default_cache_dir(cfg))
-    per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size)
+    per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size, cfg.data.repeat_augment)
     if per_epoch == 0:
         raise ConfigError(
             f"--batch-size {cfg.train.batch_size} is larger than the {len(dataset.train)} training examples"

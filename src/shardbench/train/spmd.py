@@ -233,9 +233,11 @@ def pmap_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_ke
 
 
 def make_steps(cfg: Config, task: Task, spec: ModelSpec, layout: Layout, tx: optax.GradientTransformation,
-               shardings: TrainState, schedule: optax.Schedule, batch_keys: tuple[str, ...]) -> Steps:
-    """The steps of `cfg.parallel.spmd`; `batch_keys` are the dataset's columns (the mask comes on top)."""
+               shardings: TrainState, schedule: optax.Schedule, batch_keys: tuple[str, ...],
+               total_steps: int = 0) -> Steps:
+    """The steps of `cfg.parallel.spmd`; `batch_keys` are the dataset's columns (the mask comes on top);
+    `total_steps`, the run's length, for augmentation that changes over training (0: not known)."""
     check_style(cfg.parallel.spmd, layout)
-    parts = StepParts(cfg, task, spec, tx, schedule)
+    parts = StepParts(cfg, task, spec, tx, schedule, total_steps)
     builders = {"jit": jit_steps, "shard_map": shard_map_steps, "pmap": pmap_steps}
     return builders[cfg.parallel.spmd](parts, layout, shardings, batch_keys)

@@ -54,6 +54,7 @@ class StepParts:
     spec: ModelSpec
     tx: optax.GradientTransformation
     schedule: optax.Schedule
+    total_steps: int = 0  # the run's length, which the task sees with each training step (0: not known)
 
     def keys(self, step: jax.Array) -> tuple[jax.Array, jax.Array]:
         """(augmentation key, dropout key): a pure function of (seed, step), so a resumed run draws the same."""
@@ -66,6 +67,8 @@ class StepParts:
         """Per-example loss terms of `batch` under `params` and the model's other variables as the call left
         them; `rows` places the batch in the global one, `fold` makes the model's own RNG streams per device."""
         aug_key, default_drop = self.keys(step)
+        if train:
+            rows = rows._replace(step=step, steps=self.total_steps)
         inputs = self.task.inputs(self.cfg, batch, aug_key, train, rows)
         if train and self.task.targets is not None:
             batch = self.task.targets(self.cfg, batch, aug_key, rows)

@@ -1,0 +1,236 @@
+"""The model and optimizer speed switches: cuDNN attention on a padded sequence, mean pooling, the q/k/v
+projection layout and Adam's first moment in bfloat16. Those that compute the same model must give today's
+numbers; those that make another model must be counted and trained right; where one cannot run, one line says so.
+
+cuDNN itself needs an NVIDIA GPU, so on the CPU its padding and sequence lengths run through XLA's implementation
+of the same call (the 'padded-xla' attention kind) and are compared with the unpadded einsum attention.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from shardbench import config as config_lib
+from shardbench.errors import ConfigError
+from shardbench.measure.memory import per_device_bytes
+from shardbench.models import attention_kind, build_model, count_params
+from shardbench.models.lm import TransformerLM
+from shardbench.models.transformer import attention, padded_attention, padded_length
+from shardbench.models.vit import VisionTransformer, flops_per_example
+from shardbench.tasks import validate
+from shardbench.train.loop import run
+from shardbench.train.optim import build_optimizer
+from test_training import _losses
+
+
+
+def close(got: Any, want: Any) -> None:
+    """Equal up to float32 reordering: the padded path sums the same terms as the einsum's, in another order
+    (relative 1e-5, or 2e-6 of the array's largest magnitude for entries near zero)."""
+    want = np.asarray(want)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6 * max(1.0, float(np.abs(want).max())))
+
+
+# The training runs: conftest's micro ViT with one block (compiling dominates a run on two cores), on one device.
+ONE = {"model.num_layers": 1, "parallel.strategy": "single"}
+
+
+def _train(cfg: config_lib.Config) -> list[float]:
+    run(cfg)
+    return _losses(Path(cfg.train.out))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """Today's model and optimizer (every switch at its default) on one device: four losses."""
+    from conftest import micro_config
+
+    return _train(micro_config(tmp_path_factory.mktemp("reference"), **ONE))
+
+
+# ------------------------------------------------------------------------------------------- cuDNN attention
+def test_padded_length() -> None:
+    assert [padded_length(65, m) for m in (1, 2, 8, 64)] == [65, 66, 72, 128]
+    assert padded_length(64, 8) == 64
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["vit", "lm"])
+def test_padded_attention_equals_einsum_attention(causal: bool) -> None:
+    """The function alone, at vit-seed's 65 tokens: outputs and q/k/v gradients."""
+    keys = jax.random.split(jax.random.key(0), 4)
+    q, k, v = (jax.random.normal(key, (3, 65, 2, 8), jnp.float32) for key in keys[:3])
+    cotangent = jax.random.normal(keys[3], (3, 65, 2, 8), jnp.float32)
+
+    def loss(fn: Any) -> Any:
+        return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.sum(fn(q, k, v) * cotangent), argnums=(0, 1, 2)))(
+            q, k, v)
+
+    want = loss(lambda q, k, v: attention(q, k, v, kind="einsum", precision=jax.lax.Precision.HIGHEST,
+                                          causal=causal))
+    for multiple in (2, 64):  # 8 runs in the model test below
+        got = loss(lambda q, k, v: padded_attention(q, k, v, causal=causal, multiple=multiple,
+                                                    implementation="xla"))
+        jax.tree.map(close, got, want)
+
+
+def _model_loss_and_grads(model: nnx.Module, inputs: jax.Array) -> tuple[jax.Array, Any]:
+    graphdef, params = nnx.split(model)
+
+    def loss(p: Any) -> jax.Array:
+        out = nnx.merge(graphdef, p)(inputs)
+        return jnp.sum(out * jnp.cos(jnp.arange(out.size).reshape(out.shape)))
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+@pytest.mark.parametrize("kind", ["vit", "lm"])
+def test_cudnn_path_gives_the_einsum_models_outputs_and_gradients(kind: str) -> None:
+    """Whole models, float32: the ViT (17 tokens padded to 24, not causal) and the LM (13 tokens padded to 16,
+    causal) with the cudnn kind's padding run by XLA, against the einsum attention; same parameters."""
+    base = config_lib.ModelConfig(patch_size=8, embed_dim=32, num_layers=1, num_heads=4, mlp_dim=64, dropout=0.0,
+                                  kind=kind, vocab_size=64, seq_len=13, attention_pad_multiple=8)
+    if kind == "vit":
+        inputs = jax.random.normal(jax.random.key(1), (2, 32, 32, 3), jnp.float32)
+        make = lambda attn: VisionTransformer(base, image_size=32, attention=attn, rngs=nnx.Rngs(0))  # noqa: E731
+    else:
+        inputs = jax.random.randint(jax.random.key(1), (2, 13), 0, 64)
+        make = lambda attn: TransformerLM(base, attention=attn, rngs=nnx.Rngs(0))  # noqa: E731
+    want_loss, want_grads = _model_loss_and_grads(make("einsum"), inputs)
+    got_loss, got_grads = _model_loss_and_grads(make("padded-xla"), inputs)
+    close(got_loss, want_loss)
+    jax.tree.map(close, got_grads, want_grads)
+
+
+def test_cudnn_refusals_are_one_line() -> None:
+    vit = config_lib.get_preset("vit-seed")
+    cases = {
+        "float32": ({"model.attention": "cudnn"}, r"needs a 16-bit compute dtype, not --dtype float32"),
+        "head dim 12": ({"model.attention": "cudnn", "precision.dtype": "bfloat16", "model.num_heads": 32},
+                        r"multiple of 8 and at most 256, not 384/32 = 12"),
+        "head dim 384": ({"model.attention": "cudnn", "precision.dtype": "float16", "model.num_heads": 1},
+                         r"not 384/1 = 384"),
+        "unknown": ({"model.attention": "flash"}, r"choose one of auto, einsum, fused, cudnn"),
+    }
+    for name, (overrides, message) in cases.items():
+        with pytest.raises(ConfigError, match=message) as err:
+            validate(config_lib.override(vit, overrides))
+        assert "\n" not in str(err.value), name
+    # The configuration is fine; this CPU is not: refused where the model is built, before anything compiles.
+    cfg = config_lib.override(vit, {"model.attention": "cudnn", "precision.dtype": "bfloat16"})
+    validate(cfg)
+    with pytest.raises(ConfigError, match=r"needs an NVIDIA GPU \(cuDNN\), and this platform is cpu") as err:
+        nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(0)))
+    assert "\n" not in str(err.value)
+    lm = config_lib.override(config_lib.get_preset("lm-seed"), {"model.attention": "cudnn", "precision.dtype":
+                                                                 "bfloat16"})
+    with pytest.raises(ConfigError, match=r"this platform is cpu"):
+        nnx.eval_shape(lambda: build_model(lm, nnx.Rngs(0)))
+
+
+def test_auto_never_picks_cudnn() -> None:
+    assert attention_kind("auto", "gpu") == "fused" and attention_kind("auto", "cpu") == "einsum"
+    assert attention_kind("cudnn", "gpu") == "cudnn" and attention_kind("einsum", "gpu") == "einsum"
+
+
+# ------------------------------------------------------------------------------------------------ mean pool
+def test_mean_pool_is_counted_by_hand() -> None:
+    """vit-seed without the class token: 384 parameters fewer for the token, 384 for the position table's
+    65th row; FLOPs with T = 64 tokens."""
+    seed = config_lib.get_preset("vit-seed")
+    mean = config_lib.override(seed, {"model.pool": "mean"})
+    m = seed.model
+    e, f, n, p, c = m.embed_dim, m.mlp_dim, m.num_layers, m.patch_size, m.num_classes
+    patches = (seed.data.image_size // p) ** 2
+    per_block = 4 * e * e + 4 * e + 2 * e * f + f + e + 4 * e  # q/k/v/out + biases, MLP, two LayerNorms
+    want = (p * p * 3 * e + e) + patches * e + n * per_block + 2 * e + (e * c + c)
+    model = nnx.eval_shape(lambda: build_model(mean, nnx.Rngs(0)))
+    assert count_params(model) == want == 10_695_562 - 2 * 384
+    assert not hasattr(model, "cls_token") and model.pos_embed.shape == (1, 64, 384)
+    t = patches
+    assert flops_per_example(mean.model, 32)["forward"] == (
+        2 * patches * 3 * p * p * e + n * (8 * t * e * e + 4 * t * t * e + 4 * t * e * f) + 2 * e * c)
+    assert flops_per_example(seed.model, 32)["forward"] > flops_per_example(mean.model, 32)["forward"]
+    with pytest.raises(ConfigError, match=r"--model.pool mean applies to the vit model only, not to model kind "
+                                          r"'lm'"):
+        validate(config_lib.override(config_lib.get_preset("lm-seed"), {"model.pool": "mean"}))
+    with pytest.raises(ConfigError, match=r"choose one of cls, mean"):
+        validate(config_lib.override(seed, {"model.pool": "max"}))
+
+
+def test_mean_pool_trains_alike_on_one_and_eight_devices(micro) -> None:
+    one = _train(micro(**{**ONE, "model.pool": "mean"}))
+    cfg = micro(**{**ONE, "model.pool": "mean", "parallel.strategy": "dp", "parallel.mesh": "8"})
+    cfg = config_lib.override(cfg, {"train.out": str(Path(cfg.train.out).parent / "dp")})
+    eight = _train(cfg)
+    assert all(math.isfinite(x) for x in one) and len(one) == 4
+    assert one[-1] < one[0]
+    assert eight == pytest.approx(one, rel=2e-5, abs=2e-6)
+    assert json.loads((Path(cfg.train.out) / "config.json").read_text())["model"]["pool"] == "mean"
+
+
+# ----------------------------------------------------------------------------------------------- qkv layout
+@pytest.mark.parametrize("layout", ["split", "seq-major"])
+def test_qkv_layouts_give_todays_losses(micro, reference, layout: str) -> None:
+    cfg = micro(**{**ONE, "model.qkv_layout": layout})
+    assert count_params(nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(0)))) == count_params(
+        nnx.eval_shape(lambda: build_model(micro(**ONE), nnx.Rngs(0))))
+    assert _train(cfg) == pytest.approx(reference, rel=1e-5, abs=1e-6)
+    tp = micro(**{**ONE, "model.qkv_layout": layout, "parallel.strategy": "tp", "parallel.mesh": "model=4",
+                  "parallel.devices": 4})
+    tp = config_lib.override(tp, {"train.out": str(Path(tp.train.out).parent / "tp")})
+    assert _train(tp) == pytest.approx(reference, rel=2e-5, abs=2e-6)  # the sharded reduction order differs
+
+
+def test_unknown_qkv_layout_is_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"unknown --model.qkv-layout 'packed': choose one of fused, split, "
+                                          r"seq-major"):
+        validate(config_lib.override(config_lib.get_preset("vit-seed"), {"model.qkv_layout": "packed"}))
+
+
+# -------------------------------------------------------------------------------------- Adam's first moment
+def _adam_states(state: Any) -> list[optax.ScaleByAdamState]:
+    return [s for s in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+            if isinstance(s, optax.ScaleByAdamState)]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam"])
+def test_mu_dtype_sets_the_first_moment_and_its_bytes(micro, optimizer: str) -> None:
+    model = build_model(micro(**ONE), nnx.Rngs(0))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    count = count_params(model)
+    for mu, param_dtype, want_mu in (("bfloat16", jnp.float32, jnp.bfloat16), ("float32", jnp.float32, jnp.float32),
+                                     ("", jnp.float32, jnp.float32), ("", jnp.bfloat16, jnp.bfloat16),
+                                     ("float32", jnp.bfloat16, jnp.float32)):
+        typed = jax.tree.map(lambda x: x.astype(param_dtype), params)  # noqa: B023
+        tx = build_optimizer(config_lib.OptimConfig(optimizer=optimizer, mu_dtype=mu), 10)
+        state = tx.init(typed)
+        (adam,) = _adam_states(state)
+        assert {x.dtype for x in jax.tree.leaves(adam.mu)} == {jnp.dtype(want_mu)}, (mu, param_dtype)
+        assert {x.dtype for x in jax.tree.leaves(adam.nu)} == {jnp.dtype(param_dtype)}
+        # Memory accounting counts each leaf in its own dtype.
+        scalars = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state) if x.ndim == 0)
+        want_bytes = count * (jnp.dtype(want_mu).itemsize + jnp.dtype(param_dtype).itemsize) + scalars
+        assert per_device_bytes(state) == want_bytes
+
+
+def test_mu_bfloat16_trains_close_to_float32(micro, reference) -> None:
+    """Not equal: the first moment is rounded to bfloat16's 8 significant bits at every step (a relative error
+    up to 2^-9 in each update), so the losses may drift apart by about that much; four steps stay within 1e-3."""
+    cfg = micro(**{**ONE, "optim.mu_dtype": "bfloat16"})
+    losses = _train(cfg)
+    assert all(math.isfinite(x) for x in losses)
+    assert losses == pytest.approx(reference, rel=1e-3)
+    assert json.loads((Path(cfg.train.out) / "config.json").read_text())["optim"]["mu_dtype"] == "bfloat16"
+    with pytest.raises(ConfigError, match=r"unknown --optim.mu-dtype 'float8': choose one of '', float32, "
+                                          r"bfloat16"):
+        validate(config_lib.override(cfg, {"optim.mu_dtype": "float8"}))
