@@ -14,7 +14,7 @@ from shardbench.errors import ConfigError
 from shardbench.parallel.rules import make_layout
 from shardbench.devices import select_devices
 from shardbench.train.loop import run
-from shardbench.train.plan import check_runnable
+from shardbench.train.preflight import check_runnable
 from shardbench.train.state import describe_model
 from test_training import _losses
 

@@ -12,7 +12,7 @@ from shardbench.data.sources import load_for
 from shardbench.data.stats import CACHE_NAME, channel_stats
 from shardbench.errors import DataError
 from shardbench.train.loop import run
-from shardbench.train.plan import plan_run
+from shardbench.train.preflight import check_run
 
 
 def _npz(path: Path, **arrays: np.ndarray) -> Path:
@@ -78,7 +78,7 @@ def test_arrays_feed_a_language_model_and_a_regression(micro, tmp_path: Path) ->
 def test_bad_arrays_are_named_before_training(micro, tmp_path: Path, arrays: dict, message: str) -> None:
     path = _npz(tmp_path / "bad.npz", **arrays)
     with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-        plan_run(micro(**{"data.dataset": f"arrays:{path}"}))
+        check_run(micro(**{"data.dataset": f"arrays:{path}"}))
 
 
 def test_cifar10_keeps_its_published_statistics(micro, tmp_path: Path) -> None:

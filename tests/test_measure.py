@@ -14,7 +14,7 @@ from shardbench.measure.comms import count_collectives
 from shardbench.measure.memory import per_device_bytes
 from shardbench.models.vit import flops_per_example
 from shardbench.train.loop import run
-from shardbench.train.plan import plan_run
+from shardbench.train.preflight import check_run
 from shardbench.train.optim import build_optimizer, learning_rate
 from shardbench.train.state import init_state, state_shardings
 from shardbench.tasks import get_task
@@ -33,7 +33,7 @@ def test_vit_seed_flops_match_a_hand_count() -> None:
 
 def _compiled_step(micro, strategy: str, mesh: str):
     cfg = micro(**{"parallel.strategy": strategy, "parallel.mesh": mesh})
-    plan = plan_run(cfg)
+    plan = check_run(cfg)
     tx = build_optimizer(cfg.optim, 10)
     state = init_state(cfg, plan.spec, plan.layout, tx)
     steps = make_steps(cfg, get_task(cfg), plan.spec, plan.layout, tx, state_shardings(plan.spec, plan.layout, tx),

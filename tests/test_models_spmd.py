@@ -20,7 +20,7 @@ from shardbench.models.lm import flops_per_example as lm_flops
 from shardbench.models.mlp import flops_per_example as mlp_flops
 from shardbench.sweep.grid import make_sweep
 from shardbench.train.loop import run
-from shardbench.train.plan import plan_run
+from shardbench.train.preflight import check_run
 
 LN512 = math.log(512)
 
@@ -173,7 +173,7 @@ def test_shard_map_runs_tensor_parallel_layouts_like_jit(tmp_path: Path) -> None
 def test_impossible_requests_get_one_line_errors(tmp_path: Path, preset: str, overrides: dict[str, object],
                                                  message: str) -> None:
     with pytest.raises(ConfigError, match=message) as err:
-        plan_run(small(tmp_path, preset, "bad", **overrides))
+        check_run(small(tmp_path, preset, "bad", **overrides))
     assert "\n" not in str(err.value)
     assert not (tmp_path / "bad").exists()
 
@@ -182,7 +182,7 @@ def test_text_needs_a_byte_vocabulary(tmp_path: Path) -> None:
     text = tmp_path / "t.txt"
     text.write_text("hello " * 100)
     with pytest.raises(DataError, match=r"byte-level text .* pass --model.vocab-size 256"):
-        plan_run(small(tmp_path, "lm-seed", "bad", **{"data.dataset": f"text:{text}", "model.vocab_size": 128}))
+        check_run(small(tmp_path, "lm-seed", "bad", **{"data.dataset": f"text:{text}", "model.vocab_size": 128}))
 
 
 def test_cli_error_for_pmap_on_a_2d_mesh_exits_2_before_compiling(tmp_path: Path) -> None:

@@ -271,7 +271,7 @@ def test_validate_predicts_a_measured_cpu_sweep(tmp_path: Path) -> None:
     assert saved["summary"]["step_tau"] == 1.0
     assert "Kendall's tau of the step-time ranking 1.00 over 3 run(s)" in done.stdout
 
-    from shardbench.sweep.report import write_report
+    from shardbench.report.write import write_report
 
     markdown = write_report(sweep).markdown.read_text()
     assert "step ms predicted" in markdown and "memory/device MiB predicted" in markdown

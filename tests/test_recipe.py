@@ -190,7 +190,7 @@ def test_every_strategy_trains_on_the_same_augmented_images(micro) -> None:
 
 def test_mixing_needs_pairs_on_one_device(micro) -> None:
     from shardbench.errors import ConfigError
-    from shardbench.train.plan import check_runnable
+    from shardbench.train.preflight import check_runnable
 
     with pytest.raises(ConfigError, match="--data.mixup mixes the images of pairs"):
         check_runnable(micro(**{"data.mixup": 1.0, "train.batch_size": 24, "parallel.strategy": "dp",

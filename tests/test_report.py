@@ -18,8 +18,8 @@ from PIL import Image
 from shardbench import config as config_lib
 from shardbench.errors import ShardbenchError
 from shardbench.measure.run_record import from_json
-from shardbench.sweep import report_cmd
-from shardbench.sweep.report import ReportPaths, write_report
+from shardbench.report import report_cmd
+from shardbench.report.write import ReportPaths, write_report
 from shardbench.sweep.store import RunRow, Store
 
 MIB = 2**20
@@ -174,11 +174,11 @@ def test_charts_are_valid_pngs(written: ReportPaths) -> None:
 
 
 def test_memory_chart_marks_compiled_totals_when_some_runs_report_a_peak(tmp_path: Path) -> None:
-    from shardbench.sweep.plots import peak_memory
-    from shardbench.sweep.content import COLUMNS, Run
+    from shardbench.report.plots import peak_memory
+    from shardbench.report.content import COLUMNS, ReportedRun
 
-    def run(name: str, peak: float | None) -> Run:
-        return Run(name, "complete", None, None, {}, BASE, from_json(record(
+    def run(name: str, peak: float | None) -> ReportedRun:
+        return ReportedRun(name, "complete", None, None, {}, BASE, from_json(record(
             name, "dp", "8", 8, breakdown=(1.0, 2.0, 1.0, 4.0), total=9.0, comms={}, epochs=[1.0], step_ms=1.0,
             img_s=10.0, mfu=None, acc=0.1, peak=peak)))
 
@@ -216,7 +216,7 @@ def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path:
 def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> None:
     """A run too short for a step time, and one trained for part of an epoch: the report, the charts and
     the sweep's progress line give the record's own reason. A run folder that never finished is listed."""
-    from shardbench.sweep.report import progress_line
+    from shardbench.report.write import progress_line
 
     rec = record("short", "dp", "8", 8, breakdown=(1.0, 2.0, 1.0, 4.0), total=8.5, comms={}, epochs=[],
                  step_ms=1.0, img_s=10.0, mfu=None, acc=0.1)
@@ -242,12 +242,12 @@ def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> Non
 
 
 def test_parameter_dtype_pair_says_the_state_bytes_move() -> None:
-    from shardbench.sweep.findings import precision_findings
-    from shardbench.sweep.content import Run
+    from shardbench.report.findings import precision_findings
+    from shardbench.report.content import ReportedRun
 
-    def run(param_dtype: str, state: float) -> Run:
+    def run(param_dtype: str, state: float) -> ReportedRun:
         config = BASE | {"precision.param_dtype": param_dtype, "train.out": f"runs/{param_dtype}"}
-        return Run(param_dtype, "complete", None, None, {"precision.param_dtype": param_dtype}, config, from_json(
+        return ReportedRun(param_dtype, "complete", None, None, {"precision.param_dtype": param_dtype}, config, from_json(
             record(param_dtype, "dp", "8", 8, breakdown=(state / 4, state / 2, state / 4, 10.0), total=state + 10.0,
                    comms={}, epochs=[1.0], step_ms=1.0, img_s=10.0, mfu=None, acc=0.1)))
 
@@ -258,7 +258,7 @@ def test_parameter_dtype_pair_says_the_state_bytes_move() -> None:
 
 
 def test_terminal_lines_of_a_sweep() -> None:
-    from shardbench.sweep.report import progress_line, summary_table
+    from shardbench.report.write import progress_line, summary_table
 
     rows = sweep_rows()
     assert progress_line(1, 6, rows[0]) == ("[1/6] single_fp32  complete  29.0s  1347 img/s  step 0.095s  "

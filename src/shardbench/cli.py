@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     from shardbench import launch  # the launch, sweep, report and bench commands live with their code
     from shardbench.bench import bench_cmd
     from shardbench.plan import plan_cmd
-    from shardbench.sweep import report_cmd, sweep_cmd
+    from shardbench.report import report_cmd
+    from shardbench.sweep import sweep_cmd
 
     launch.add_parser(sub)
 
@@ -174,7 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shardbench import launch
     from shardbench.bench import bench_cmd
     from shardbench.plan import plan_cmd
-    from shardbench.sweep import report_cmd, sweep_cmd
+    from shardbench.report import report_cmd
+    from shardbench.sweep import sweep_cmd
 
     commands = {"train": cmd_train, "inspect": cmd_inspect, "sweep": sweep_cmd.run, "report": report_cmd.run,
                 "presets": cmd_presets, "bench": bench_cmd.run, "launch": launch.run,

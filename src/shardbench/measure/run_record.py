@@ -9,7 +9,7 @@ Versions: 2 is this layout (`schema_version` 2, with the versions of shardbench,
 when known, the host and the device kind; throughput is the global batch over the median step). Version 1 records
 (throughput over the epochs' wall time) and records written before versions existed (no `schema_version`,
 "version 0") are still read: missing fields become None, and readers derive the steady-state throughput from the
-step time (`shardbench.sweep.content.Run.rate`). A record newer than this shardbench is refused with one line
+step time (`shardbench.report.content.ReportedRun.rate`). A record newer than this shardbench is refused with one line
 saying which version it is.
 """
 

@@ -133,9 +133,9 @@ def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], wo
     Raises ConfigError when every candidate is refused: nothing was compiled."""
     from shardbench.errors import ConfigError
     from shardbench.plan.machine import hardware
-    from shardbench.plan.records import calibrate as fit_runs
+    from shardbench.plan.measured import calibrate as fit_runs
     from shardbench.plan.workers import compile_all, default_workers
-    from shardbench.train.plan import default_cache_dir
+    from shardbench.config import cache_root
 
     platform = "cpu" if target.chip is None else ("tpu" if target.topology else "gpu")
     calibration = fit_runs(calibrate, workers, progress)
@@ -160,7 +160,7 @@ def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], wo
     lines = [found[c.name] for c in cands]
     if all("refused" in line for line in lines):
         raise ConfigError(f"no candidate can run on {target.devices} device(s): {lines[0]['refused']}")
-    hw = {d: hardware(target, d, cfg.precision.matmul_precision, default_cache_dir(cfg))
+    hw = {d: hardware(target, d, cfg.precision.matmul_precision, cache_root(cfg))
           for d in dict.fromkeys(c.dtype for c in cands)}
     sources: set[str] = set()
     compilers: set[str] = set()

@@ -50,7 +50,7 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
     topology's) instead of the process's own."""
     from shardbench.measure.links import INTRA, link_of
     from shardbench.tasks import get_task
-    from shardbench.train.plan import check_runnable
+    from shardbench.train.preflight import check_runnable
 
     task, layout, spec = check_runnable(cfg, None if devices is None else devices[:cfg.parallel.devices])
     tx = build_optimizer(cfg.optim, ABSTRACT_STEPS)
@@ -121,14 +121,14 @@ def run_jobs(jobs: list[dict[str, Any]], out: Any) -> None:
     from shardbench.flags import setup_devices
     from shardbench.plan.tpu import topology_devices
     from shardbench.train import compile_cache
-    from shardbench.train.plan import default_cache_dir
+    from shardbench.config import cache_root
 
     cfgs = [(job, config_lib.override(Config(), job["config"])) for job in jobs]
     if not cfgs:
         return
     first = cfgs[0][1]
     setup_devices(first)
-    compile_cache.enable(compile_cache.resolve(first.train.compile_cache, default_cache_dir(first)))
+    compile_cache.enable(compile_cache.resolve(first.train.compile_cache, cache_root(first)))
     topology = jobs[0].get("topology")
     devices = (topology_devices(topology["chip"], topology["shape"]) if topology else
                local_gpus(jobs[0].get("gpu_kind"), first.parallel.devices))

@@ -13,7 +13,7 @@ from shardbench.errors import ShardbenchError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.predict import Prediction, predict
-from shardbench.sweep.report import PREDICTIONS
+from shardbench.report.write import PREDICTIONS
 
 
 
@@ -64,8 +64,8 @@ def _pct(value: float | None) -> str:
 def validate_dir(directory: Path, calibrate: list[Path], workers: int) -> int:
     """Print the validation of `directory` and write DIR/plan-validation.json; 0 when at least one run was
     predicted."""
-    from shardbench.plan.records import calibrate as fit_runs
-    from shardbench.plan.records import measured_runs
+    from shardbench.plan.measured import calibrate as fit_runs
+    from shardbench.plan.measured import measured_runs
 
     calibration = fit_runs(calibrate, workers)
     coefficients = calibration.coefficients

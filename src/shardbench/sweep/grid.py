@@ -42,7 +42,7 @@ class SweepPreset:
 
 
 @dataclass(frozen=True)
-class Run:
+class PlannedRun:
     """One planned run: `overrides` are its swept values (they name it), `base` everything else it sets."""
 
     name: str
@@ -62,7 +62,7 @@ class Sweep:
     base_preset: str
     base: Override
     grids: list[Grid]
-    runs: list[Run]
+    runs: list[PlannedRun]
 
 
 # ------------------------------------------------------------------------------------------------- values
@@ -224,23 +224,23 @@ def _strip(axes: list[Axis], keys: set[str]) -> list[Axis]:
     return out
 
 
-def expand(grids: list[Grid], base: Override) -> list[Run]:
+def expand(grids: list[Grid], base: Override) -> list[PlannedRun]:
     """Runs of every grid, concatenated; a name seen before is the same run when it sets the same values
     (dropped), else a different one (a counter is appended)."""
-    runs: list[Run] = []
-    by_name: dict[str, Run] = {}
+    runs: list[PlannedRun] = []
+    by_name: dict[str, PlannedRun] = {}
     for grid in grids:
         for combo in itertools.product(*grid.axes):
             overrides: Override = {}
             for entry in combo:
                 overrides.update(entry)
-            run = Run(run_name(overrides), overrides, {**base, **grid.base})
+            run = PlannedRun(run_name(overrides), overrides, {**base, **grid.base})
             if run.name in by_name and by_name[run.name].settings == run.settings:
                 continue
             name, n = run.name, 2
             while name in by_name:
                 name, n = f"{run.name}_{n}", n + 1
-            run = Run(name, run.overrides, run.base)
+            run = PlannedRun(name, run.overrides, run.base)
             by_name[name] = run
             runs.append(run)
     return runs
@@ -296,14 +296,14 @@ def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_
     return Sweep(label, start, base, grids, runs)
 
 
-def run_config(base_preset: str, run: Run) -> dict[str, Any]:
+def run_config(base_preset: str, run: PlannedRun) -> dict[str, Any]:
     """The flattened configuration a run asks for (what its process resolves before it validates anything)."""
     return config_lib.flatten(config_lib.override(config_lib.get_preset(base_preset), run.settings))
 
 
 def stored_sweep(store: Store) -> Sweep:
     """The sweep a store holds, as planned when it started."""
-    runs = [Run(r["name"], r["overrides"], {k: v for k, v in r["settings"].items() if k not in r["overrides"]})
+    runs = [PlannedRun(r["name"], r["overrides"], {k: v for k, v in r["settings"].items() if k not in r["overrides"]})
             for r in store.get_meta("runs", [])]
     grids = [Grid(g["axes"], g["base"]) for g in store.get_meta("grids", [])]
     return Sweep(store.get_meta("preset"), store.get_meta("base_preset"), store.get_meta("base", {}), grids, runs)

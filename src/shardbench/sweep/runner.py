@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from shardbench import config as config_lib
 from shardbench.subprocs import dies_with_parent, kill_group
-from shardbench.sweep.grid import Run, Sweep, field_kind, run_config
+from shardbench.sweep.grid import PlannedRun, Sweep, field_kind, run_config
 from shardbench.sweep.store import RunRow, Store
 
 # `shardbench train` exit codes (cli.main): 2 bad configuration, 3 diverged, 4 missing or corrupt data, 5 the
@@ -82,7 +82,7 @@ def check_process_split(sweep: Sweep, opts: Options) -> None:
                 f"{opts.devices_per_process}; use a multiple of it")
 
 
-def train_command(base_preset: str, run: Run, opts: Options, launch: bool = True) -> list[str]:
+def train_command(base_preset: str, run: PlannedRun, opts: Options, launch: bool = True) -> list[str]:
     """The command that runs `run`: `shardbench train`, through `shardbench launch` for several processes on
     this host unless `launch` is False (a cluster starts the processes itself)."""
     cmd = [sys.executable, "-m", "shardbench"]
@@ -242,7 +242,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def execute(sweep: Sweep, run: Run, opts: Options) -> RunRow:
+def execute(sweep: Sweep, run: PlannedRun, opts: Options) -> RunRow:
     """Run one configuration to the end (or its time limit) and describe what happened."""
     run_dir = opts.sweep_dir / "runs" / run.name
     log_path = opts.sweep_dir / "runs" / f"{run.name}.log"
@@ -263,7 +263,7 @@ def execute(sweep: Sweep, run: Run, opts: Options) -> RunRow:
                   outcome.wall_s)
 
 
-def refused_row(sweep: Sweep, run: Run, why: str) -> RunRow:
+def refused_row(sweep: Sweep, run: PlannedRun, why: str) -> RunRow:
     """A run the sweep's check refused: recorded as failed without starting a process."""
     now = time.time()
     return RunRow(run.name, "failed", "config", _one_line(f"refused before running: {why}"), run.overrides,
@@ -274,7 +274,7 @@ def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], No
               refused: dict[str, str] | None = None) -> int:
     """Run every run not yet in the store (recording `refused` ones as failed without running them); returns 0
     when each is recorded, 130 on Ctrl-C."""
-    from shardbench.sweep.report import progress_line, summary_table
+    from shardbench.report.write import progress_line, summary_table
 
     done = store.names()
     todo = [r for r in sweep.runs if r.name not in done]

@@ -29,7 +29,7 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.sweep.grid import Run, Sweep, run_config, stored_sweep
+from shardbench.sweep.grid import PlannedRun, Sweep, run_config, stored_sweep
 from shardbench.sweep.runner import (Options, Outcome, _one_line, _read_json, classify, refused_row, run_processes,
                                      run_process, train_command)
 from shardbench.sweep.store import JobRow, RunRow, Store
@@ -435,12 +435,12 @@ def job_states(job_ids: list[str]) -> tuple[dict[str, JobState], str]:
 
 
 # --------------------------------------------------------------------------------------------- recording
-def _failed(sweep: Sweep, run: Run, kind: str, message: str, started: float, ended: float) -> RunRow:
+def _failed(sweep: Sweep, run: PlannedRun, kind: str, message: str, started: float, ended: float) -> RunRow:
     return RunRow(run.name, "failed", kind, _one_line(message), run.overrides, run_config(sweep.base_preset, run),
                   None, started, ended, max(ended - started, 0.0))
 
 
-def row_for(sweep: Sweep, run: Run, opts: Options, job_id: str, state: JobState) -> RunRow:
+def row_for(sweep: Sweep, run: PlannedRun, opts: Options, job_id: str, state: JobState) -> RunRow:
     """The store's row for a run whose job has ended: the run's own result where its process finished, else
     what SLURM says ended it."""
     run_dir = opts.sweep_dir / "runs" / run.name
@@ -501,10 +501,10 @@ def _executor(out: Path, slurm: SlurmOptions, opts: Options, shape: Shape, name:
     return executor
 
 
-def submit(sweep: Sweep, runs: list[Run], opts: Options, slurm: SlurmOptions, shapes: dict[str, Shape],
+def submit(sweep: Sweep, runs: list[PlannedRun], opts: Options, slurm: SlurmOptions, shapes: dict[str, Shape],
            store: Store) -> dict[str, str]:
     """Submit `runs`, one job array per job shape, recording each run's job id as it is known; {name: job id}."""
-    groups: dict[Shape, list[Run]] = {}
+    groups: dict[Shape, list[PlannedRun]] = {}
     for run in runs:
         groups.setdefault(shapes[run.name], []).append(run)
     submitted: dict[str, str] = {}
@@ -538,7 +538,7 @@ def run_slurm_sweep(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptio
     ends. Jobs an earlier driver left behind are followed, not submitted again; those that ended meanwhile are
     recorded first (and submitted again when they did not complete). Returns 0 once every run is recorded, 130 on
     Ctrl-C: the jobs go on, and the message says how to follow, resume or cancel them."""
-    from shardbench.sweep.report import summary_table
+    from shardbench.report.write import summary_table
 
     refused = refused or {}
     total = len(sweep.runs)
@@ -580,7 +580,7 @@ def run_slurm_sweep(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptio
     return 0
 
 
-def _done(store: Store, by_name: dict[str, Run]) -> int:
+def _done(store: Store, by_name: dict[str, PlannedRun]) -> int:
     return len(store.names() & set(by_name))
 
 
@@ -628,7 +628,7 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
 
 
 def progress_line_for(i: int, total: int, row: RunRow, job_id: str) -> str:
-    from shardbench.sweep.report import progress_line
+    from shardbench.report.write import progress_line
 
     return f"{progress_line(i, total, row)}  [job {job_id}]"
 

@@ -353,7 +353,7 @@ def run(args: argparse.Namespace) -> int:
                     code = run_sweep(sweep, store, run_opts, out=lambda line: print(line, flush=True),
                                      refused=refused)
                 if code == 0 and not args.no_report:
-                    from shardbench.sweep.report import write_report  # matplotlib only for a report
+                    from shardbench.report.write import write_report  # matplotlib only for a report
 
                     paths = write_report(out)
                     print(f"report: {paths.markdown}\nreport: {paths.html}", flush=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 if TYPE_CHECKING:
-    from shardbench.train.plan import Plan
+    from shardbench.train.preflight import CheckedRun
 
 
 def epoch_line(r: dict[str, Any]) -> str:
@@ -21,38 +21,38 @@ def epoch_line(r: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def header_line(plan: "Plan") -> str:
+def header_line(checked: "CheckedRun") -> str:
     """The one line printed before training: what, where, on which data, for how long."""
-    cfg, ds = plan.cfg, plan.dataset
-    params = sum(math.prod(s.shape) for s in jax.tree.leaves(plan.spec.abstract))
-    device = plan.layout.device
-    mesh = "none" if plan.layout.mesh is None else str(plan.layout.shape)
-    where = f"{plan.layout.shape.size} {device.platform} device(s)"
+    cfg, ds = checked.cfg, checked.dataset
+    params = sum(math.prod(s.shape) for s in jax.tree.leaves(checked.spec.abstract))
+    device = checked.layout.device
+    mesh = "none" if checked.layout.mesh is None else str(checked.layout.shape)
+    where = f"{checked.layout.shape.size} {device.platform} device(s)"
     if jax.process_count() > 1:
         where += f" in {jax.process_count()} processes"
     model = f"{cfg.model.factory}, task {cfg.model.task}" if cfg.model.factory else cfg.model.kind
     notes = ""
-    if plan.spec.unmapped:
-        notes += (f" | axes no table maps, kept whole: {', '.join(plan.spec.unmapped)} (map one with --rules "
+    if checked.spec.unmapped:
+        notes += (f" | axes no table maps, kept whole: {', '.join(checked.spec.unmapped)} (map one with --rules "
                   f"NAME=AXIS)")
-    if (plan.spec.has_statistics and not plan.spec.axis_names and cfg.parallel.spmd != "jit"
-            and plan.layout.shape.data > 1):
-        per = cfg.train.batch_size // plan.layout.shape.data
+    if (checked.spec.has_statistics and not checked.spec.axis_names and cfg.parallel.spmd != "jit"
+            and checked.layout.shape.data > 1):
+        per = cfg.train.batch_size // checked.layout.shape.data
         notes += (f" | BatchNorm statistics per shard: no layer names an axis (axis_name=), so under "
                   f"{cfg.parallel.spmd} each device normalises its {per} examples with their own statistics "
                   f"(running averages are averaged over devices); name one, e.g. axis_name='batch', for "
                   f"global statistics")
-    if plan.task.train_flops_per_example(cfg) is None:
+    if checked.task.train_flops_per_example(cfg) is None:
         notes += (" | FLOPs from XLA's cost analysis (no flops_per_example in the model's file): a loop body "
                   "counts once, so layers under a scan are undercounted")
     return (
         f"shardbench: {cfg.preset if not cfg.model.factory else 'model'} ({model}, {params:,} params) | "
-        f"{plan.layout.strategy.name} on mesh "
+        f"{checked.layout.strategy.name} on mesh "
         f"{mesh}, {cfg.parallel.spmd} "
         f"({where}) | {cfg.precision.param_dtype} params, "
         f"{cfg.precision.dtype} compute | data {ds.name}: {len(ds.train):,} train / "
         f"{len(ds.val):,} val / {len(ds.test):,} test | batch {cfg.train.batch_size}, "
-        f"{plan.total_steps} steps ({plan.steps_per_epoch}/epoch) | {plan.out}{notes}"
+        f"{checked.total_steps} steps ({checked.steps_per_epoch}/epoch) | {checked.out}{notes}"
     )
 
 

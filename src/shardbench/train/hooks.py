@@ -2,7 +2,7 @@
 tests, the end of an epoch (evaluation, the epoch's line and record), and the profiler window around steps.
 
 The loop (`shardbench.train.loop`) steps and calls each hook when its `Every` says so (every N steps, at each
-epoch's end, or both), Levanter-style; no hook knows another. What they share is the `Run`: the step just
+epoch's end, or both), Levanter-style; no hook knows another. What they share is the `LoopState`: the step just
 dispatched, the state, the metrics (brought to the host one step late, so the device never waits; a hook that
 needs the latest step's numbers, as a checkpoint must know its loss is finite, settles them itself) and the time
 spent outside training steps (evaluation), which the logged rate leaves out.
@@ -92,7 +92,7 @@ class Metrics:
 
 
 @dataclass
-class Run:
+class LoopState:
     """What the loop knows, shared with its hooks."""
 
     total: int
@@ -109,7 +109,7 @@ class Run:
         return self.done % self.per_epoch == 0 or self.done == self.total
 
 
-Hook = Callable[[Run], None]  # called after a step the loop finds it due at
+Hook = Callable[[LoopState], None]  # called after a step the loop finds it due at
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class Every:
     steps: int = 0
     epoch_end: bool = False
 
-    def due(self, run: Run) -> bool:
+    def due(self, run: LoopState) -> bool:
         return (self.steps > 0 and run.done % self.steps == 0) or (self.epoch_end and run.end_of_epoch)
 
 
@@ -132,12 +132,12 @@ class Profile:
     window: ProfileWindow
     timer: StepTimer
 
-    def before_step(self, run: Run) -> None:
+    def before_step(self, run: LoopState) -> None:
         self.window.before_step(run.done)
         if self.window.active:
             self.timer.mark_dirty()  # the interval that starts the trace carries its cost too
 
-    def after_step(self, run: Run) -> None:
+    def after_step(self, run: LoopState) -> None:
         if self.window.active:
             self.timer.mark_dirty()  # traced steps carry the profiler's overhead
         self.window.after_step(run.done, block=run.metrics.pending[1] if run.metrics.pending else None)
@@ -153,7 +153,7 @@ class Log:
     unit: str
     _since: tuple[float, int, float] | None = None  # (clock, steps done, paused seconds) at the last call
 
-    def __call__(self, run: Run) -> None:
+    def __call__(self, run: LoopState) -> None:
         now = time.perf_counter()
         clock, done, paused = self._since or (run.started, run.start, 0.0)
         last = run.metrics.settle()
@@ -173,14 +173,14 @@ class Checkpoint:
     release: Callable[[Any], Any]
     timer: StepTimer
 
-    def __call__(self, run: Run) -> None:
+    def __call__(self, run: LoopState) -> None:
         if run.done != run.total:
             run.metrics.settle()
             self.checkpoints.save(self.release(run.state))
             self.timer.mark_dirty()
 
 
-def inject_fault(run: Run) -> None:
+def inject_fault(run: LoopState) -> None:
     """Tests: SIGKILL this process after the step `SHARDBENCH_FAULT_KILL_AT_STEP` names (in the process
     `SHARDBENCH_FAULT_KILL_PROCESS` names, default every one), as a crash or an OOM kill would."""
     if os.environ.get(KILL_AT_STEP_ENV) == str(run.done) and os.environ.get(
@@ -203,7 +203,7 @@ class EpochEnd:
     steps: list[int] = field(default_factory=list)
     _clock: tuple[float, int] | None = None  # (start, steps done) of the current epoch
 
-    def __call__(self, run: Run) -> None:
+    def __call__(self, run: LoopState) -> None:
         run.metrics.settle()
         start, first = self._clock or (run.started, run.start)
         self.times.append(time.perf_counter() - start)

@@ -1,5 +1,7 @@
-"""The explicit SPMD styles, and `make_steps`, which picks the style `--spmd` names.
+"""The train and eval steps compiled in the SPMD style `--spmd` names (`make_steps` picks one); state donated,
+shardings fixed up front. Each style runs the same `StepParts` (`shardbench.train.step`).
 
+- `jit`: one global program; XLA partitions it from the shardings of the state and the batch.
 - `shard_map`: the step's forward and backward pass is a per-device program over the 'data' axis, with
   its collectives written out: replicated parameters have their gradients averaged with `pmean`; FSDP
   parameters are all-gathered before use and their gradients reduce-scattered (`psum_scatter`). The
@@ -39,7 +41,7 @@ from shardbench.parallel.rules import Layout, is_axes, spec_for
 from shardbench.tasks import Rows, Task
 from shardbench.train.state import ModelSpec, TrainState
 from shardbench.train.step import (
-    Batch, HostBatch, Metrics, StepParts, Steps, eval_sums, jit_steps, place_batch,
+    Batch, HostBatch, Metrics, StepParts, Steps, eval_sums, place_batch,
 )
 
 PMAP_AXIS = "devices"
@@ -97,6 +99,32 @@ def _manual_spec(dim: int | None, ndim: int, data: str = DATA) -> PartitionSpec:
     if dim is not None:
         parts[dim] = data
     return PartitionSpec(*parts)
+
+
+def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_keys: tuple[str, ...]) -> Steps:
+    """The global program: the batch is split over data by its sharding, parameters by theirs."""
+    global_batch = parts.cfg.train.batch_size
+
+    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        with constraints(layout.constrain):
+            (loss, (t, model_state)), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
+                state.params, state.model_state, batch, state.step, Rows(0, global_batch))
+        correct = None if t.correct is None else t.correct.sum()
+        metrics = parts.train_metrics(state, loss, correct, t.count.sum(), grads)
+        return parts.apply_update(state, grads, model_state), metrics
+
+    def eval_step(state: TrainState, batch: Batch) -> Metrics:
+        with constraints(layout.constrain):
+            t, _ = parts.terms(parts.eval_params(state), state.model_state, batch, state.step, train=False,
+                               rows=Rows(0, batch["mask"].shape[0]))
+        return eval_sums(t, batch["mask"])
+
+    batch_sharding = layout.batch_sharding()
+    batch_shardings = {k: batch_sharding for k in (*batch_keys, "mask")}
+    train = jax.jit(train_step, in_shardings=(shardings, batch_shardings),
+                    out_shardings=(shardings, layout.replicated), donate_argnums=0)
+    evaluate = jax.jit(eval_step, in_shardings=(shardings, batch_shardings), out_shardings=layout.replicated)
+    return Steps(train=train, evaluate=evaluate, place=lambda b: place_batch(b, batch_sharding))
 
 
 def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,

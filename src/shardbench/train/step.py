@@ -1,11 +1,8 @@
-"""The train and eval steps, in the SPMD style `--spmd` names; state donated, shardings fixed up front.
-
-- `jit` (here): one global program; XLA partitions it from the shardings of the state and the batch.
-- `shard_map` and `pmap`: see `shardbench.train.spmd`, which also picks the style.
-
-Every style computes the same thing from the same pieces: the task turns a batch into the model's input
-(on the device: image augmentation runs inside the step) and the model's output into per-example loss
-terms; the mean is over the global batch.
+"""What one train step and one eval step compute, whatever the SPMD style: `StepParts` (the task turns a
+batch into the model's input, on the device: image augmentation runs inside the step; the model's output into
+per-example loss terms; their mean over the global batch; gradients; the optimizer update) and `Steps`, the
+compiled functions a loop calls. How they are compiled and laid out over devices, one function per `--spmd`
+style, and `make_steps`, which picks one, are in `shardbench.train.spmd`.
 """
 
 from __future__ import annotations
@@ -20,8 +17,6 @@ import numpy as np
 import optax
 
 from shardbench.config import Config
-from shardbench.models.axes import constraints
-from shardbench.parallel.rules import Layout
 from shardbench.tasks import Rows, Task, Terms
 from shardbench.train.optim import ema_params
 from shardbench.train.state import ModelSpec, TrainState
@@ -113,32 +108,6 @@ def eval_sums(terms: Terms, mask: jax.Array) -> Metrics:
     if terms.correct is not None:
         sums["correct"] = (terms.correct * m).sum()
     return sums
-
-
-def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_keys: tuple[str, ...]) -> Steps:
-    """The global program: the batch is split over data by its sharding, parameters by theirs."""
-    global_batch = parts.cfg.train.batch_size
-
-    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        with constraints(layout.constrain):
-            (loss, (t, model_state)), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
-                state.params, state.model_state, batch, state.step, Rows(0, global_batch))
-        correct = None if t.correct is None else t.correct.sum()
-        metrics = parts.train_metrics(state, loss, correct, t.count.sum(), grads)
-        return parts.apply_update(state, grads, model_state), metrics
-
-    def eval_step(state: TrainState, batch: Batch) -> Metrics:
-        with constraints(layout.constrain):
-            t, _ = parts.terms(parts.eval_params(state), state.model_state, batch, state.step, train=False,
-                               rows=Rows(0, batch["mask"].shape[0]))
-        return eval_sums(t, batch["mask"])
-
-    batch_sharding = layout.batch_sharding()
-    batch_shardings = {k: batch_sharding for k in (*batch_keys, "mask")}
-    train = jax.jit(train_step, in_shardings=(shardings, batch_shardings),
-                    out_shardings=(shardings, layout.replicated), donate_argnums=0)
-    evaluate = jax.jit(eval_step, in_shardings=(shardings, batch_shardings), out_shardings=layout.replicated)
-    return Steps(train=train, evaluate=evaluate, place=lambda b: place_batch(b, batch_sharding))
 
 
 def place_batch(batch: HostBatch, sharding: jax.sharding.Sharding) -> Batch:

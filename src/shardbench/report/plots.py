@@ -16,10 +16,10 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 from matplotlib.transforms import blended_transform_factory
 
-from shardbench.sweep.content import Chart
+from shardbench.report.content import Chart
 
 if TYPE_CHECKING:
-    from shardbench.sweep.content import Run
+    from shardbench.report.content import ReportedRun
 
 PALETTE = ("#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c", "#dc7ec0", "#797979", "#d5bb67",
            "#82c6e2")
@@ -61,7 +61,7 @@ def _figure(rows: int, columns: int = 1) -> tuple[Figure, list[Axes]]:
     return fig, list(fig.subplots(1, columns, sharey=True, squeeze=False)[0])
 
 
-def _strategy_colors(runs: list[Run]) -> dict[str, str]:
+def _strategy_colors(runs: list[ReportedRun]) -> dict[str, str]:
     return {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(dict.fromkeys(r.strategy for r in runs))}
 
 
@@ -69,8 +69,8 @@ def _gap_label(ax: Axes, y: float, text: str) -> None:
     ax.text(0, y, f"  {text}", va="center", fontsize=8, color="#666666", style="italic")
 
 
-def _run_bars(ax: Axes, runs: list[Run], values: list[float | None], fmt: str, colors: list[str],
-              missing: Callable[[Run], str] | None = None) -> None:
+def _run_bars(ax: Axes, runs: list[ReportedRun], values: list[float | None], fmt: str, colors: list[str],
+              missing: Callable[[ReportedRun], str] | None = None) -> None:
     """One bar per run; a run without the value keeps its row with the reason written in it (for a complete
     run, `missing` says why, from its record)."""
     bars = ax.barh(range(len(runs)), [v or 0.0 for v in values], color=colors, height=0.7)
@@ -101,9 +101,9 @@ def _save(fig: Figure, out: Path, name: str, title: str, note: str = "") -> Char
     return Chart(name, title, path, note, clipped_texts(fig))
 
 
-def _simple(runs: list[Run], out: Path, name: str, title: str, xlabel: str, fmt: str,
-            value: Callable[[Run], float | None], colors: dict[str, str] | None = None, note: str = "",
-            missing: Callable[[Run], str] | None = None) -> Chart:
+def _simple(runs: list[ReportedRun], out: Path, name: str, title: str, xlabel: str, fmt: str,
+            value: Callable[[ReportedRun], float | None], colors: dict[str, str] | None = None, note: str = "",
+            missing: Callable[[ReportedRun], str] | None = None) -> Chart:
     colors = colors or _strategy_colors(runs)
     fig, (ax,) = _figure(len(runs))
     _run_bars(ax, runs, [value(r) for r in runs], fmt, [colors[r.strategy] for r in runs], missing)
@@ -118,11 +118,11 @@ PROJECTED_NOTE = ("Hatched bars are projected: steps per epoch x median step, fo
                   "epoch (data loading not included); solid bars are measured whole epochs.")
 
 
-def _epoch(run: Run) -> float | None:
+def _epoch(run: ReportedRun) -> float | None:
     return run.epoch_s if run.epoch_s is not None else run.epoch_projected_s
 
 
-def epoch_time(runs: list[Run], out: Path) -> Chart | str:
+def epoch_time(runs: list[ReportedRun], out: Path) -> Chart | str:
     if not any(_epoch(r) is not None for r in runs):
         return "Epoch time per run: left out, as no run trained a whole epoch or has a step time to project one from."
     projected = any(r.epoch_projected_s is not None for r in runs)
@@ -144,7 +144,7 @@ def epoch_time(runs: list[Run], out: Path) -> Chart | str:
                  chart_note)
 
 
-def step_time(runs: list[Run], out: Path) -> Chart | str:
+def step_time(runs: list[ReportedRun], out: Path) -> Chart | str:
     """Median step per run with a whisker to its p90: the one speed figure every timed run has."""
     if not any(r.step_median is not None for r in runs):
         return "Step time per run: left out, as no run has a step time."
@@ -167,12 +167,12 @@ def step_time(runs: list[Run], out: Path) -> Chart | str:
     return _save(fig, out, "step_time", "Step time per run")
 
 
-def _mesh(run: Run) -> str:
+def _mesh(run: ReportedRun) -> str:
     return str(run.field("mesh", "parallel.mesh") or run.strategy)
 
 
-def _grouped(runs: list[Run], out: Path, name: str, title: str, ylabel: str,
-             value: Callable[[Run], float | None], hatched: Callable[[Run], bool], note: str) -> Chart | str:
+def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: str,
+             value: Callable[[ReportedRun], float | None], hatched: Callable[[ReportedRun], bool], note: str) -> Chart | str:
     """The seeds' layout: one group of bars per mesh, one bar per batch size (vertical, as drawn by hand)."""
     meshes = list(dict.fromkeys(_mesh(r) for r in runs if r.ok))
     batches = sorted({r.batch for r in runs if r.ok and r.batch})
@@ -206,14 +206,14 @@ def _grouped(runs: list[Run], out: Path, name: str, title: str, ylabel: str,
     return _save(fig, out, name, title, note)
 
 
-def mesh_batch_epoch(runs: list[Run], out: Path) -> Chart | str:
+def mesh_batch_epoch(runs: list[ReportedRun], out: Path) -> Chart | str:
     projected = any(r.epoch_projected_s is not None for r in runs if r.ok)
     return _grouped(runs, out, "mesh_batch_epoch_time", "Epoch time per mesh and batch size",
                     "time per epoch, s" + (" (hatched: projected)" if projected else ""), _epoch,
                     lambda r: r.epoch_projected_s is not None, PROJECTED_NOTE if projected else "")
 
 
-def mesh_batch_memory(runs: list[Run], out: Path) -> Chart | str:
+def mesh_batch_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
     sources = {r.memory[1] for r in runs if r.ok and r.memory[0] is not None}
     label = "MiB per device: " + ("runtime peak" if sources == {"peak"} else "compiled total" if sources ==
                                   {"compiled"} else "runtime peak; hatched: compiled total")
@@ -221,7 +221,7 @@ def mesh_batch_memory(runs: list[Run], out: Path) -> Chart | str:
                     lambda r: r.memory[0], lambda r: r.memory[1] == "compiled" and len(sources) > 1, "")
 
 
-def peak_memory(runs: list[Run], out: Path) -> Chart | str:
+def peak_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
     if not any(r.memory[0] is not None for r in runs):
         return "Peak memory per run: left out, as no run reports its memory."
     colors = _strategy_colors(runs)
@@ -241,7 +241,7 @@ def peak_memory(runs: list[Run], out: Path) -> Chart | str:
     return _save(fig, out, "peak_memory", "Peak memory per device per run", note)
 
 
-def throughput(runs: list[Run], out: Path) -> Chart | str:
+def throughput(runs: list[ReportedRun], out: Path) -> Chart | str:
     """Examples per second (global batch / median step), in the runs' own unit (images, tokens) when they share one."""
     if not any(r.rate("examples_per_s") is not None for r in runs):
         return "Training throughput per run: left out, as no run has a step time to derive it from."
@@ -258,7 +258,7 @@ def throughput(runs: list[Run], out: Path) -> Chart | str:
     return _save(fig, out, "throughput", "Training throughput per run")
 
 
-def mfu(runs: list[Run], out: Path) -> Chart | str:
+def mfu(runs: list[ReportedRun], out: Path) -> Chart | str:
     title = "Model FLOPs utilisation per run"
     measured = [r for r in runs if r.mfu_value is not None]
     if not measured:
@@ -274,8 +274,8 @@ def mfu(runs: list[Run], out: Path) -> Chart | str:
                    lambda r: 100.0 * (r.mfu_value or 0.0), _strategy_colors(runs), note)
 
 
-def _stacked(ax: Axes, runs: list[Run], positions: list[float], parts: list[tuple[str, list[float]]],
-             colors: list[str], empty: Callable[[Run], str]) -> None:
+def _stacked(ax: Axes, runs: list[ReportedRun], positions: list[float], parts: list[tuple[str, list[float]]],
+             colors: list[str], empty: Callable[[ReportedRun], str]) -> None:
     """Stacked horizontal bars with the total at the end; a run with nothing stacked gets `empty(run)`."""
     left = [0.0] * len(runs)
     for i, (label, values) in enumerate(parts):
@@ -291,7 +291,7 @@ def _stacked(ax: Axes, runs: list[Run], positions: list[float], parts: list[tupl
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=BESIDE)
 
 
-def comms(runs: list[Run], out: Path) -> Chart | str:
+def comms(runs: list[ReportedRun], out: Path) -> Chart | str:
     kinds = sorted({k for r in runs for k in r.comms}, key=lambda k: -sum(r.comms_bytes(k) for r in runs))
     if not any(r.comms_bytes(k) for r in runs for k in kinds):
         return "Communication per step: left out, as no run moves bytes between devices."
@@ -303,7 +303,7 @@ def comms(runs: list[Run], out: Path) -> Chart | str:
     return _save(fig, out, "comms", "Communication per step per device")
 
 
-def memory_breakdown(runs: list[Run], out: Path) -> Chart | str:
+def memory_breakdown(runs: list[ReportedRun], out: Path) -> Chart | str:
     if not any(r.part(key) for r in runs for key, _ in BREAKDOWN):
         return "Memory breakdown: left out, as no run has one."
     # Grouped by strategy (in order of first appearance) so the same model's bytes line up strategy by strategy.
@@ -329,11 +329,11 @@ def memory_breakdown(runs: list[Run], out: Path) -> Chart | str:
     return _save(fig, out, "memory_breakdown", "Memory breakdown per device, grouped by strategy")
 
 
-CHARTS: tuple[Callable[[list[Run], Path], Chart | str], ...] = (
+CHARTS: tuple[Callable[[list[ReportedRun], Path], Chart | str], ...] = (
     step_time, throughput, epoch_time, mesh_batch_epoch, mesh_batch_memory, peak_memory, mfu, comms, memory_breakdown)
 
 
-def write_charts(runs: list[Run], out: Path) -> tuple[list[Chart], list[str]]:
+def write_charts(runs: list[ReportedRun], out: Path) -> tuple[list[Chart], list[str]]:
     """Every chart with something to show, written as PNGs into `out` in the order the report shows them, and one
     line for each chart left out (none is drawn empty). A chart that does not apply to these runs (the per-mesh
     charts of a sweep that varies no mesh and batch) is left out without a line."""

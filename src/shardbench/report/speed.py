@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardbench.sweep.content import Run
+    from shardbench.report.content import ReportedRun
 
 # Fields that change how a step is laid out or compiled, never what it computes: runs that differ only in these
 # must give the same losses (up to floating-point reordering).
@@ -31,12 +31,12 @@ COMPARED_STEPS = 200  # losses logged after this many steps may drift apart chao
 COMMS_CAUSE_MIB = 1.0  # collectives below this per step are not named as a cause
 
 
-def _throughput(run: Run) -> float | None:
+def _throughput(run: ReportedRun) -> float | None:
     step, batch = run.step_median, run.batch
     return batch / step if step and batch else None
 
 
-def _spread(run: Run) -> float:
+def _spread(run: ReportedRun) -> float:
     """The run's own noise: its p90 step over its median, minus one."""
     step, p90 = run.step_median, run.step_p90
     return max(0.0, p90 / step - 1.0) if step and p90 else 0.0
@@ -46,7 +46,7 @@ def _ms(seconds: float | None) -> str:
     return "–" if seconds is None else f"{1e3 * seconds:,.1f} ms"
 
 
-def _cause(run: Run, fastest: Run) -> str:
+def _cause(run: ReportedRun, fastest: ReportedRun) -> str:
     """What the measurements show about why `run` is slower than `fastest` ('' when they show nothing)."""
     mine, theirs = run.comms_mib or 0.0, fastest.comms_mib or 0.0
     if mine >= COMMS_CAUSE_MIB and mine > 1.5 * theirs:
@@ -69,7 +69,7 @@ def _cause(run: Run, fastest: Run) -> str:
     return ""
 
 
-def speed_findings(runs: list[Run]) -> list[str]:
+def speed_findings(runs: list[ReportedRun]) -> list[str]:
     """The fastest run, then every other run's slowdown against it as a ratio of steady-state throughput
     (of median step time where the batches are equal), its likely cause, and ties within the noise."""
     timed = [r for r in runs if r.ok and _throughput(r) is not None]
@@ -120,11 +120,11 @@ class Equivalence:
         return self.largest <= self.tolerance
 
 
-def _computation(run: Run) -> str:
+def _computation(run: ReportedRun) -> str:
     return json.dumps({k: v for k, v in run.settings.items() if k not in LAYOUT_ONLY}, sort_keys=True, default=str)
 
 
-def _series(run: Run) -> dict[str, float]:
+def _series(run: ReportedRun) -> dict[str, float]:
     """The losses a run can be compared on: each logged train loss within COMPARED_STEPS, and the test loss."""
     losses = {f"step {step}": loss for step, loss in (run.losses or ()) if step <= COMPARED_STEPS}
     steps = run.rec.steps or 0
@@ -135,10 +135,10 @@ def _series(run: Run) -> dict[str, float]:
     return losses
 
 
-def equivalences(runs: list[Run]) -> list[Equivalence]:
+def equivalences(runs: list[ReportedRun]) -> list[Equivalence]:
     """Every group of two or more complete runs with the same model, data, seed, steps and precision that differ
     only in layout (LAYOUT_ONLY), with the largest relative difference of their common losses."""
-    groups: dict[str, list[Run]] = {}
+    groups: dict[str, list[ReportedRun]] = {}
     for run in runs:
         if run.ok:
             groups.setdefault(_computation(run), []).append(run)
@@ -163,7 +163,7 @@ def equivalences(runs: list[Run]) -> list[Equivalence]:
     return found
 
 
-def equivalence_findings(runs: list[Run]) -> list[str]:
+def equivalence_findings(runs: list[ReportedRun]) -> list[str]:
     sentences = []
     for eq in equivalences(runs):
         names = ", ".join(eq.runs)
@@ -178,6 +178,6 @@ def equivalence_findings(runs: list[Run]) -> list[str]:
     return sentences
 
 
-def differing(runs: list[Run]) -> list[Equivalence]:
+def differing(runs: list[ReportedRun]) -> list[Equivalence]:
     """The groups whose losses differ beyond their tolerance (for the sweep's closing warning)."""
     return [eq for eq in equivalences(runs) if not eq.same]

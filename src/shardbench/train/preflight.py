@@ -1,6 +1,8 @@
-"""Planning a run: every check that needs no compilation (configuration, mesh, divisibility, SPMD style,
-profile window, dataset, resume directory, precision), before the run directory is written to.
-`check_runnable` is the part that needs no data either: what a sweep asks of every run before its first.
+"""Pre-flight checks of a training run: every check that needs no compilation (configuration, mesh,
+divisibility, SPMD style, profile window, dataset, resume directory, precision), made before the run directory is
+written to. `check_run` returns the `CheckedRun` the loop trains; `check_runnable` is the part that needs no data
+either, which a sweep (`shardbench.sweep.preflight`, the same checks in child processes) and the planner ask of
+every configuration before anything runs.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from shardbench.train.spmd import check_style
 from shardbench.train.state import ModelSpec, check_layout, describe_model, example_input
 
 @dataclass(frozen=True)
-class Plan:
+class CheckedRun:
     """A checked run: every decision made before anything is compiled or written."""
 
     cfg: Config
@@ -39,10 +41,6 @@ class Plan:
     dataset: ImageDataset | Dataset
     steps_per_epoch: int
     total_steps: int
-
-
-def default_cache_dir(cfg: Config) -> Path:
-    return config_lib.cache_root(cfg)
 
 
 def resolve_out(cfg: Config) -> Path:
@@ -129,14 +127,14 @@ def check_outputs(cfg: Config, spec: ModelSpec) -> None:
                           f"{cfg.model.task} scores {what} = {expected}")
 
 
-def plan_run(cfg: Config) -> Plan:
+def check_run(cfg: Config) -> CheckedRun:
     """Everything that can be checked without compiling: raises ConfigError/DataError in one line."""
     task, layout, spec = check_runnable(cfg)
     out = resolve_out(cfg)
     check_resume(cfg, out)
     check_supported(cfg.precision, layout.device)
-    writable_dir(default_cache_dir(cfg), "--data.cache-dir")  # decoded datasets and the host's peak go there
-    dataset = load_for(cfg, default_cache_dir(cfg))
+    writable_dir(config_lib.cache_root(cfg), "--data.cache-dir")  # decoded datasets and the host's peak go there
+    dataset = load_for(cfg, config_lib.cache_root(cfg))
     per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size, cfg.data.repeat_augment)
     if per_epoch == 0:
         raise ConfigError(
@@ -145,7 +143,7 @@ def plan_run(cfg: Config) -> Plan:
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
     writable_dir(out, "--out")  # last: a run refused above leaves no folder behind
-    return Plan(cfg, for_data(task, dataset), out, layout, spec, dataset, per_epoch, total)
+    return CheckedRun(cfg, for_data(task, dataset), out, layout, spec, dataset, per_epoch, total)
 
 
 def check_profile_window(t: TrainConfig, steps_left: int) -> None:

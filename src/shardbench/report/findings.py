@@ -1,5 +1,5 @@
 """Explanatory sentences computed from a sweep's runs: which run was fastest and whether the layouts computed the
-same thing (`shardbench.sweep.speed`) first, then what the parameter and compute dtypes change in the memory
+same thing (`shardbench.report.speed`) first, then what the parameter and compute dtypes change in the memory
 breakdown, and what each sharding strategy holds per device and sends per step.
 """
 
@@ -9,10 +9,10 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from shardbench.sweep.speed import equivalence_findings, speed_findings
+from shardbench.report.speed import equivalence_findings, speed_findings
 
 if TYPE_CHECKING:
-    from shardbench.sweep.content import Run
+    from shardbench.report.content import ReportedRun
 
 PRECISION_KEYS = ("precision.param_dtype", "precision.dtype")
 # How the usual swept fields read in a sentence, in the order they are named ("at strategy fsdp, batch 128").
@@ -35,11 +35,11 @@ def _span(values: list[float], unit: str = "", digits: int = 1) -> str:
     return f"{lo:,.{digits}f}{unit}" if same else f"{lo:,.{digits}f}–{hi:,.{digits}f}{unit}"
 
 
-def _dtypes(run: Run) -> tuple[str, str]:
+def _dtypes(run: ReportedRun) -> tuple[str, str]:
     return str(run.config.get("precision.param_dtype")), str(run.config.get("precision.dtype"))
 
 
-def _context(run: Run, swept: dict[str, list[Any]]) -> str:
+def _context(run: ReportedRun, swept: dict[str, list[Any]]) -> str:
     order = list(SHORT_NAMES)
     keys = sorted((k for k, values in swept.items() if k not in PRECISION_KEYS and len(values) > 1),
                   key=lambda k: order.index(k) if k in order else len(order))
@@ -47,7 +47,7 @@ def _context(run: Run, swept: dict[str, list[Any]]) -> str:
     return f" at {', '.join(parts)}" if parts else ""
 
 
-def _precision_sentence(a: Run, b: Run, swept: dict[str, list[Any]]) -> str | None:
+def _precision_sentence(a: ReportedRun, b: ReportedRun, swept: dict[str, list[Any]]) -> str | None:
     (pa, da), (pb, db) = _dtypes(a), _dtypes(b)
     what = (f"Compute dtype {db} vs {da}" if pa == pb else f"Parameter dtype {pb} vs {pa}" if da == db
             else f"Parameter/compute dtype {pb}/{db} vs {pa}/{da}")
@@ -71,9 +71,9 @@ def _precision_sentence(a: Run, b: Run, swept: dict[str, list[Any]]) -> str | No
     return f"{what}{_context(a, swept)}: {body}."
 
 
-def precision_findings(runs: list[Run], swept: dict[str, list[Any]]) -> list[str]:
+def precision_findings(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> list[str]:
     """One sentence per pair of complete runs that differ only in parameter and/or compute dtype."""
-    groups: dict[str, list[Run]] = {}
+    groups: dict[str, list[ReportedRun]] = {}
     for run in runs:
         if run.ok and run.settings:
             rest = {k: v for k, v in run.settings.items() if k not in PRECISION_KEYS}
@@ -89,7 +89,7 @@ def precision_findings(runs: list[Run], swept: dict[str, list[Any]]) -> list[str
     return sentences
 
 
-def dtype_role_finding(runs: list[Run]) -> str | None:
+def dtype_role_finding(runs: list[ReportedRun]) -> str | None:
     """Which bytes each dtype governs, with the activation share of the breakdown measured per batch size."""
     shares: dict[int, list[float]] = {}
     states: list[float] = []
@@ -120,19 +120,19 @@ def dtype_role_finding(runs: list[Run]) -> str | None:
             f"compute) can therefore save at most about {share_large / 2:.0f}% of it.")
 
 
-def _replica_key(run: Run) -> str:
+def _replica_key(run: ReportedRun) -> str:
     # Runs whose parameter and optimizer bytes are comparable: same model, parameter dtype and optimizer.
     keys = [k for k in run.config if k.startswith("model.")] + ["precision.param_dtype", "optim.optimizer"]
     return json.dumps({k: run.config.get(k) for k in sorted(keys)}, sort_keys=True, default=str)
 
 
-def _held(run: Run) -> float | None:
+def _held(run: ReportedRun) -> float | None:
     """Parameter + optimizer-state MiB per device: what a strategy replicates or shards."""
     params, optimizer = run.part("params"), run.part("optimizer")
     return None if params is None or optimizer is None else params + optimizer
 
 
-def strategy_findings(runs: list[Run]) -> list[str]:
+def strategy_findings(runs: list[ReportedRun]) -> list[str]:
     """One sentence per strategy: parameter + optimizer bytes per device against a replica, and comms per step."""
     complete = [r for r in runs if r.ok]
     replicas: dict[str, float] = {}
@@ -172,11 +172,11 @@ def strategy_findings(runs: list[Run]) -> list[str]:
     return sentences
 
 
-def _style(run: Run) -> str:
+def _style(run: ReportedRun) -> str:
     return str(run.config.get("parallel.spmd") or run.rec.spmd or "jit")
 
 
-def spmd_findings(runs: list[Run]) -> list[str]:
+def spmd_findings(runs: list[ReportedRun]) -> list[str]:
     """Per strategy run in more than one SPMD style: each style's step time, memory and collectives against jit's."""
     complete = [r for r in runs if r.ok]
     sentences = []
@@ -202,7 +202,7 @@ def spmd_findings(runs: list[Run]) -> list[str]:
     return sentences
 
 
-def loss_floor_findings(runs: list[Run]) -> list[str]:
+def loss_floor_findings(runs: list[ReportedRun]) -> list[str]:
     """Where the data sets a best possible loss (uniform tokens, noisy regression): how close the runs came."""
     sentences = []
     for note in dict.fromkeys(str(r.rec.dataset.get("loss_floor_note")) for r in runs if r.ok
@@ -216,7 +216,7 @@ def loss_floor_findings(runs: list[Run]) -> list[str]:
     return sentences
 
 
-def _setting(run: Run, swept: dict[str, list[Any]]) -> str:
+def _setting(run: ReportedRun, swept: dict[str, list[Any]]) -> str:
     """What distinguishes a run from the others apart from its seed, in a few words."""
     keys = [k for k, values in swept.items() if len(values) > 1 and k != "train.seed"]
     if set(PRECISION_KEYS) & set(keys):
@@ -230,7 +230,7 @@ def _setting(run: Run, swept: dict[str, list[Any]]) -> str:
     return ", ".join(parts) or "the one setting"
 
 
-def seed_findings(runs: list[Run], swept: dict[str, list[Any]]) -> list[str]:
+def seed_findings(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> list[str]:
     """Test accuracy per setting over its seeds (mean ± half the range), and whether each difference between
     settings is larger than the seed-to-seed spread (the larger of the two ranges, max - min)."""
     if len(swept.get("train.seed", [])) < 2:
@@ -256,7 +256,7 @@ def seed_findings(runs: list[Run], swept: dict[str, list[Any]]) -> list[str]:
     return out
 
 
-def explain(runs: list[Run], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
+def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
     """Sentences under their section heading; sections the runs give nothing to say about are left out."""
     role = dtype_role_finding(runs)
     sections = {"Speed": speed_findings(runs),

@@ -10,7 +10,7 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from shardbench.sweep.content import Chart, Column, ReportContent, Run
+    from shardbench.report.content import Chart, Column, ReportContent, ReportedRun
 
 STYLE = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1400px;
@@ -80,7 +80,7 @@ def _inline(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
 
 
-def _cell(column: Column, run: Run) -> str:
+def _cell(column: Column, run: ReportedRun) -> str:
     value = column.value(run)
     classes = ["num"] if column.numeric else []
     if value is None or value == "":
@@ -90,7 +90,7 @@ def _cell(column: Column, run: Run) -> str:
             f"{html.escape(column.text(run))}</td>")
 
 
-def _table(columns: tuple[Column, ...], runs: list[Run]) -> str:
+def _table(columns: tuple[Column, ...], runs: list[ReportedRun]) -> str:
     head = "".join(
         f'<th data-key="{c.key}" data-type="{"num" if c.numeric else "text"}" class="{"num" if c.numeric else ""}" '
         f'aria-sort="none" scope="col">{html.escape(c.label)}<span class="arrow" aria-hidden="true"></span></th>'

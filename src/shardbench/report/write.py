@@ -13,13 +13,13 @@ from typing import Any
 
 from shardbench.errors import ShardbenchError, writable_dir
 from shardbench.measure.run_record import from_json
-from shardbench.sweep import html as html_page
-from shardbench.sweep import plots
-from shardbench.sweep.content import (
-    COLUMNS, INCOMPLETE, NOISE, ReportContent, Run, fixed, number, shown,
+from shardbench.report import html as html_page
+from shardbench.report import plots
+from shardbench.report.content import (
+    COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, fixed, number, shown,
 )
-from shardbench.sweep.findings import explain
-from shardbench.sweep.speed import differing
+from shardbench.report.findings import explain
+from shardbench.report.speed import differing
 from shardbench.sweep.store import RunRow, Store
 
 # ------------------------------------------------------------------------------------------- loading runs
@@ -30,15 +30,15 @@ def _read_json(path: Path) -> Any:
         raise ShardbenchError(f"cannot read {path}: {err}") from None
 
 
-def _from_store(db: Path) -> tuple[list[Run], dict[str, Any]]:
+def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
     with Store(db) as store:
         rows = store.runs()
         meta = {key: store.get_meta(key) for key in ("preset", "axes", "created")}
     return [_run(r, f"{db}: run {r.name}") for r in rows], meta
 
 
-def _from_folders(root: Path, skip: Path) -> list[Run]:
-    runs: list[Run] = []
+def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
+    runs: list[ReportedRun] = []
     for summary in sorted(root.rglob("summary.json")):
         if skip in summary.parents:
             continue
@@ -49,7 +49,7 @@ def _from_folders(root: Path, skip: Path) -> list[Run]:
         name = str(record.get("run_name") or relative)
         if name in {r.name for r in runs}:  # two folders with one run name: their paths tell them apart
             name = relative
-        runs.append(Run(name, str(record.get("status", "complete")), None, None, {}, config,
+        runs.append(ReportedRun(name, str(record.get("status", "complete")), None, None, {}, config,
                         from_json(record, str(summary))))
     # A run folder (it has the config.json a run writes first) without summary.json did not finish: it is
     # listed among the failed runs, never silently left out.
@@ -58,17 +58,17 @@ def _from_folders(root: Path, skip: Path) -> list[Run]:
             continue
         nested = _read_json(saved)
         config = {f"{s}.{k}": v for s, sec in nested.items() if isinstance(sec, dict) for k, v in sec.items()}
-        runs.append(Run(saved.parent.relative_to(root).as_posix(), "failed", INCOMPLETE,
+        runs.append(ReportedRun(saved.parent.relative_to(root).as_posix(), "failed", INCOMPLETE,
                         "no summary.json: the run did not finish (stopped, killed, or still running)", {}, config,
                         None))
     # A folder keeps no list of swept fields: they are the fields whose values differ between the runs.
     keys = sorted({k for r in runs for k in r.settings})
     swept = [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
-    return [Run(r.name, r.status, r.error_kind, r.error, {k: r.config.get(k) for k in swept}, r.config, r.record)
+    return [ReportedRun(r.name, r.status, r.error_kind, r.error, {k: r.config.get(k) for k in swept}, r.config, r.record)
             for r in runs]
 
 
-def _logged_losses(run: Run, sweep_dir: Path) -> tuple[tuple[int, float], ...] | None:
+def _logged_losses(run: ReportedRun, sweep_dir: Path) -> tuple[tuple[int, float], ...] | None:
     """(step, train loss) from the run folder's metrics.jsonl: under the sweep's runs/, at the folder's own path,
     or where the record says it wrote (resolved from the working directory)."""
     places = [sweep_dir / "runs" / run.name, sweep_dir / run.name]
@@ -88,7 +88,7 @@ def _logged_losses(run: Run, sweep_dir: Path) -> tuple[tuple[int, float], ...] |
     return None
 
 
-def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[Run], dict[str, Any]]:
+def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[ReportedRun], dict[str, Any]]:
     """The runs in store order (path order for a plain folder of runs) and the sweep's meta."""
     if not sweep_dir.is_dir():
         raise ShardbenchError(f"{sweep_dir}: no such directory")
@@ -105,7 +105,7 @@ def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[Run], dic
 PREDICTIONS = "plan-validation.json"  # written by `shardbench plan --validate DIR`
 
 
-def with_predictions(runs: list[Run], sweep_dir: Path) -> list[Run]:
+def with_predictions(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedRun]:
     """The runs with the planner's predictions of them, where `shardbench plan --validate` left some."""
     path = sweep_dir / PREDICTIONS
     if not path.exists():
@@ -118,7 +118,7 @@ def with_predictions(runs: list[Run], sweep_dir: Path) -> list[Run]:
     return [dataclasses.replace(r, predicted=predicted.get(r.name)) for r in runs]
 
 
-def swept_fields(runs: list[Run]) -> dict[str, list[Any]]:
+def swept_fields(runs: list[ReportedRun]) -> dict[str, list[Any]]:
     """Each swept field with its distinct values, in the order the runs first use them."""
     fields: dict[str, list[Any]] = {}
     for key in dict.fromkeys(k for r in runs for k in r.overrides if k not in NOISE):
@@ -214,10 +214,10 @@ TERMINAL_KEYS = ("run", "status", "epoch_s", "step_ms_median", "img_s", "tokens_
                  "mem_mib", "comms_mib", "test_acc_pct", "test_loss")
 
 
-def _run(row: RunRow, source: str = "the run's record") -> Run:
+def _run(row: RunRow, source: str = "the run's record") -> ReportedRun:
     """A stored run as the report reads it: its record through the one schema (`from_json`)."""
     record = None if row.record is None else from_json(row.record, source)
-    return Run(row.name, row.status, row.error_kind, row.error, row.overrides, row.config, record)
+    return ReportedRun(row.name, row.status, row.error_kind, row.error, row.overrides, row.config, record)
 
 
 def status_text(row: RunRow) -> str:

@@ -24,14 +24,14 @@ from shardbench.plan.predict import Hardware, memory, step_features
 from shardbench.plan.steptime import StepFeatures
 from shardbench.plan.target import Target
 from shardbench.plan.workers import compile_all, default_workers
-from shardbench.sweep.content import Run
+from shardbench.report.content import ReportedRun
 
 
 @dataclass(frozen=True)
 class Measured:
     """One measured run with its recompiled step: what it measured, and where it ran."""
 
-    run: Run
+    run: ReportedRun
     cfg: config_lib.Config
     hardware: Hardware | None  # None: not predicted (see problem)
     result: dict[str, Any] | None  # the compile worker's figures (None: see problem)
@@ -80,7 +80,7 @@ class Measured:
         return float(mem.peak_bytes_in_use - compiled_total(mem.compiled))
 
 
-def where_it_ran(run: Run, cfg: config_lib.Config, cache_dir: Path) -> Hardware | str:
+def where_it_ran(run: ReportedRun, cfg: config_lib.Config, cache_dir: Path) -> Hardware | str:
     """The hardware a run ran on, or why it cannot be predicted."""
     from shardbench.plan.machine import hardware
 
@@ -104,16 +104,16 @@ def where_it_ran(run: Run, cfg: config_lib.Config, cache_dir: Path) -> Hardware 
 
 def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.stderr) -> list[Measured]:
     """Every complete run below `directory` with a step time, recompiled (see the module docstring)."""
-    from shardbench.sweep.report import load_runs
-    from shardbench.train.plan import default_cache_dir
+    from shardbench.report.write import load_runs
+    from shardbench.config import cache_root
 
     runs, _ = load_runs(directory)
-    chosen: list[tuple[Run, config_lib.Config, Hardware | str]] = []
+    chosen: list[tuple[ReportedRun, config_lib.Config, Hardware | str]] = []
     for run in runs:
         if not run.ok or run.record is None or not run.config:
             continue
         cfg = config_lib.override(config_lib.Config(), {k: v for k, v in run.config.items()})
-        chosen.append((run, cfg, where_it_ran(run, cfg, default_cache_dir(cfg))))
+        chosen.append((run, cfg, where_it_ran(run, cfg, cache_root(cfg))))
     # A GPU run names its chip: on a host with enough of those GPUs the worker compiles with the GPU compiler.
     jobs = [{"name": run.name, "config": {**config_lib.flatten(cfg), "parallel.devices": int(run.m.devices or 1)},
              "link_span": int(run.m.devices or 1),

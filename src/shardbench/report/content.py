@@ -1,5 +1,5 @@
 """What a report shows, computed once and rendered twice (Markdown and HTML): each run as the report reads it
-from its record (`Run`), the table's columns, the charts written, and the content both renderings share.
+from its record (`ReportedRun`), the table's columns, the charts written, and the content both renderings share.
 Kept apart from the renderers so that they all depend on it and on nothing of each other.
 """
 
@@ -36,7 +36,7 @@ def number(value: Any) -> float | None:
 
 
 @dataclass(frozen=True)
-class Run:
+class ReportedRun:
     """One run as the report sees it, from the store or from a run directory; figures are None when absent.
     Its record is read through `shardbench.measure.run_record`, the one schema."""
 
@@ -243,12 +243,12 @@ class Column:
     key: str
     label: str
     numeric: bool
-    value: Callable[[Run], Any]
+    value: Callable[[ReportedRun], Any]
     digits: int = 1
     optional: bool = False  # shown only when some run has a value (e.g. tokens/s only for language models)
     usual: Any = None  # an optional column whose every value is this one is not shown either (e.g. spmd jit)
 
-    def text(self, run: Run) -> str:
+    def text(self, run: ReportedRun) -> str:
         value = self.value(run)
         if value is None or value == "":
             return "–"
@@ -257,8 +257,8 @@ class Column:
         return f"{value:,.{self.digits}f}" if self.numeric else str(value)
 
 
-def _scaled(get: Callable[[Run], float | None], factor: float) -> Callable[[Run], float | None]:
-    def scaled(run: Run) -> float | None:
+def _scaled(get: Callable[[ReportedRun], float | None], factor: float) -> Callable[[ReportedRun], float | None]:
+    def scaled(run: ReportedRun) -> float | None:
         value = get(run)
         return None if value is None else value * factor
 
@@ -308,7 +308,7 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 
-def shown(columns: tuple[Column, ...], runs: list[Run]) -> tuple[Column, ...]:
+def shown(columns: tuple[Column, ...], runs: list[ReportedRun]) -> tuple[Column, ...]:
     """The columns to show for `runs`: optional ones only where some run has a value."""
     return tuple(c for c in columns if not c.optional or any(c.value(r) not in (None, "", c.usual) for r in runs))
 
@@ -331,7 +331,7 @@ class ReportContent:
 
     title: str
     source: str
-    runs: list[Run]
+    runs: list[ReportedRun]
     columns: tuple[Column, ...]
     swept: dict[str, list[Any]]
     findings: dict[str, list[str]]
@@ -340,7 +340,7 @@ class ReportContent:
     omitted: tuple[str, ...] = ()  # one line per chart left out because it would have nothing to show
 
     @property
-    def failed(self) -> list[Run]:
+    def failed(self) -> list[ReportedRun]:
         return [r for r in self.runs if not r.ok]
 
     @property

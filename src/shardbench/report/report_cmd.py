@@ -23,7 +23,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write the report and print its files, the HTML page last (the one to open)."""
     # Imported here so that building the CLI parser does not load matplotlib.
-    from shardbench.sweep.report import write_report
+    from shardbench.report.write import write_report
 
     paths = write_report(args.dir, args.out)
     if paths.incomplete:
