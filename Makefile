@@ -48,7 +48,7 @@ slurm:
 		echo "WARNING: SLURM could not be installed; the SLURM executor's tests will be skipped" >&2
 
 test: $(VENV)/.installed-test chromium slurm
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -206,6 +206,7 @@ def test_the_tables_hold_enough_cases(tmp_path: Path) -> None:
     assert commands == {"train", "sweep", "report", "plan", "inspect", "bench", "launch"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_is_one_line(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,6 +229,7 @@ def test_bad_input_is_one_line(case: Case, tmp_path: Path, capsys: pytest.Captur
     assert _finished_files(tmp_path) == before  # nothing a later run or report could take for finished
 
 
+@pytest.mark.slow
 def test_a_process_shows_no_traceback_unless_asked(tmp_path: Path) -> None:
     """The real command line: the same one line, and the whole traceback with --debug for a bug report."""
     (tmp_path / "empty.npz").write_bytes(b"")
@@ -241,6 +243,7 @@ def test_a_process_shows_no_traceback_unless_asked(tmp_path: Path) -> None:
     assert loud.returncode != 0 and "Traceback" in loud.stderr
 
 
+@pytest.mark.slow
 def test_a_damaged_checkpoint_is_named_and_the_last_good_one_used(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
@@ -263,6 +266,7 @@ def test_a_damaged_checkpoint_is_named_and_the_last_good_one_used(tmp_path: Path
     assert not (out / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_settings_that_do_nothing_are_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", *TINY, "--optim.momentum", "0.5", "--train.profile-steps", "5", "--out",
                  str(tmp_path / "o"), "--data.cache-dir", str(tmp_path / "cache")]) == 0

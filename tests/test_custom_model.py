@@ -32,6 +32,7 @@ def _cfg(micro, model: dict, **extra: object) -> config_lib.Config:
 LINEN = {"model.factory": f"{EXAMPLES / 'linen_mlp.py'}:build", "model.task": "classify"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [CONVNET, TRANSFORMER, LINEN], ids=["convnet", "transformer", "linen-bridge"])
 def test_examples_train_alike_under_every_strategy(micro, tmp_path: Path, model: dict) -> None:
     single = _cfg(micro, model, **{"parallel.strategy": "single", "train.out": str(tmp_path / "single")})
@@ -60,6 +61,7 @@ def test_axis_names_come_from_flax_metadata_and_rules_map_the_rest(micro) -> Non
         describe_model(config_lib.override(cfg, {"parallel.rules": "conv_out=model"}))
 
 
+@pytest.mark.slow
 def test_a_model_without_its_own_flop_count_is_measured_by_xla(micro) -> None:
     summary = run(_cfg(micro, TRANSFORMER, **{"parallel.strategy": "fsdp", "parallel.mesh": "8",
                                               "parallel.devices": 8}))
@@ -109,6 +111,7 @@ def test_task_and_model_go_together(micro) -> None:
         check_runnable(micro(**{"model.task": "classify"}))
 
 
+@pytest.mark.slow
 def test_a_loss_in_the_models_file_replaces_the_tasks(micro, tmp_path: Path) -> None:
     """`loss(outputs, batch)` in the file: here 3 for every example (tied to the outputs so that it has a
     gradient), so the run's loss is exactly 3 where the task's cross-entropy would be about ln(10)."""
@@ -121,6 +124,7 @@ def test_a_loss_in_the_models_file_replaces_the_tasks(micro, tmp_path: Path) -> 
     assert _losses(Path(summary["out"])) == pytest.approx([3.0] * 4, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_a_model_of_your_own_runs_under_shard_map(micro, tmp_path: Path) -> None:
     base = _cfg(micro, CONVNET, **{"parallel.strategy": "fsdp", "parallel.mesh": "8", "parallel.devices": 8,
                                    "train.out": str(tmp_path / "jit")})

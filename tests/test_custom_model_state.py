@@ -51,6 +51,7 @@ CASES = [("cnn_batchnorm", ("dp", "fsdp", "tp")), ("linen_resnet", ("dp", "fsdp"
          ("mlp_dropout", ("dp", "fsdp", "tp"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "strategies"), CASES, ids=[c[0] for c in CASES])
 def test_examples_with_state_train_alike_and_resume_exactly(micro, tmp_path: Path, name: str,
                                                             strategies: tuple[str, ...]) -> None:
@@ -147,6 +148,7 @@ def _plugin(tmp_path: Path, name: str, source: str) -> str:
     return f"{path}:build"
 
 
+@pytest.mark.slow
 def test_batchnorm_naming_an_axis_is_global_under_shard_map_and_pmap(micro, tmp_path: Path, capsys) -> None:
     """(about 5 s.) The data axis is bound under the name the BatchNorm gives, so 8 devices under shard_map
     and pmap give the losses and statistics of one device under jit; a Variable of the user's own counts."""

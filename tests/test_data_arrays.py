@@ -24,6 +24,7 @@ def _images(rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
 
 
+@pytest.mark.slow
 def test_arrays_feed_a_classifier_and_are_normalised_with_their_own_statistics(micro, tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     x = _images(rng, 200) // 2  # darker than CIFAR-10: its own statistics differ from the published ones

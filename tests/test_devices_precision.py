@@ -36,6 +36,7 @@ def test_simulate_devices_too_late_is_explained() -> None:
     assert "JAX already started with 1 CPU devices" in done.stdout
 
 
+@pytest.mark.slow
 def test_every_precision_combination_runs_on_the_cpu() -> None:
     """XLA's CPU backend runs all 27 combinations: the probe (a matmul, its gradient and a float32 softmax in
     exactly that precision) passes for each, so no CPU run is refused by it."""
@@ -68,6 +69,7 @@ def _dots(jaxpr: jax.extend.core.Jaxpr) -> list:
     return found
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_really_computes_in_bfloat16(micro) -> None:
     """Every matmul of the train step, forward and backward: the patch embedding, the six of each layer (q/k/v,
     scores, weighted sum, output, two MLP), the head, and their gradients take bfloat16 operands. The one

@@ -120,6 +120,7 @@ def test_class_count_mismatch_is_explained(tmp_path, capsys) -> None:
     assert code == 4 and "--model.num-classes" in err
 
 
+@pytest.mark.slow
 def test_diverging_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, capsys) -> None:
     code, err = _run(tmp_path, capsys, "--steps", "30", "--optim.optimizer", "sgd", "--lr", "1e12",
                      "--optim.grad-clip", "0", "--optim.warmup-steps", "0", "--optim.schedule", "constant",

@@ -17,6 +17,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_suite  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for tens of seconds
+
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:

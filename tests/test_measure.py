@@ -43,6 +43,7 @@ def _compiled_step(micro, strategy: str, mesh: str):
     return steps.train.lower(state, steps.place(batch)).compile(), state
 
 
+@pytest.mark.slow
 def test_dp_step_all_reduces_exactly_the_gradient_bytes(micro) -> None:
     compiled, state = _compiled_step(micro, "dp", "8")
     report = count_collectives(compiled.as_text())
@@ -52,11 +53,13 @@ def test_dp_step_all_reduces_exactly_the_gradient_bytes(micro) -> None:
     assert report.by_kind["all-reduce"].bytes == gradient_bytes + 2 * 4
 
 
+@pytest.mark.slow
 def test_single_device_step_has_no_collectives(micro) -> None:
     compiled, _ = _compiled_step(micro, "single", "none")
     assert count_collectives(compiled.as_text()).total_count == 0
 
 
+@pytest.mark.slow
 def test_fsdp_step_gathers_parameters(micro) -> None:
     compiled, state = _compiled_step(micro, "fsdp", "8")
     report = count_collectives(compiled.as_text())
@@ -65,6 +68,7 @@ def test_fsdp_step_gathers_parameters(micro) -> None:
         state.params))
 
 
+@pytest.mark.slow
 def test_every_run_records_its_measurements(micro, tmp_path: Path) -> None:
     cfg = micro(**{"parallel.strategy": "fsdp", "parallel.mesh": "8", "train.steps": 8, "train.profile": True,
                    "train.profile_skip": 3, "train.profile_steps": 2})
@@ -92,6 +96,7 @@ def test_every_run_records_its_measurements(micro, tmp_path: Path) -> None:
     assert any(p.name.endswith(".xplane.pb") for p in trace.iterdir())
 
 
+@pytest.mark.slow
 def test_a_lone_run_uses_the_hosts_cached_peak_until_asked_to_recalibrate(micro) -> None:
     out = micro().train.out
     first = run(micro(**{"train.steps": 3}))["measurements"]["mfu"]

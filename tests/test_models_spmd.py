@@ -61,6 +61,7 @@ def test_parameter_counts_and_flops_match_a_hand_count() -> None:
     assert mlp_flops(m)["train"] == 3 * 2 * (i * w + (m.num_layers - 1) * w * w + w * c)
 
 
+@pytest.mark.slow
 def test_causal_lm_does_not_look_ahead() -> None:
     cfg = config_lib.override(config_lib.get_preset("lm-seed"), {"model.num_layers": 2, "model.seq_len": 12})
     model = build_model(cfg, nnx.Rngs(0))
@@ -91,6 +92,7 @@ def test_text_windows_are_slices_of_the_file_and_held_out_text_comes_last(tmp_pa
 
 
 # ---------------------------------------------------------------------------------------------- learning
+@pytest.mark.slow
 def test_lm_seed_on_uniform_tokens_approaches_but_never_beats_ln512(tmp_path: Path) -> None:
     done = run(small(tmp_path, "lm-seed", "thirty", **{
         "model.embed_dim": 256, "model.num_heads": 8, "model.mlp_dim": 1024, "model.num_layers": 4,
@@ -108,6 +110,7 @@ def test_lm_seed_on_uniform_tokens_approaches_but_never_beats_ln512(tmp_path: Pa
     assert done["tokens_per_s"] == pytest.approx(done["examples_per_s"] * 64)
 
 
+@pytest.mark.slow
 def test_tiny_lm_learns_a_repeated_text(tmp_path: Path) -> None:
     text = tmp_path / "fox.txt"
     text.write_text("the quick brown fox jumps over the lazy dog; " * 300)
@@ -118,6 +121,7 @@ def test_tiny_lm_learns_a_repeated_text(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------- SPMD styles
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["vit-tiny", "lm-seed", "mlp-small"])
 def test_spmd_styles_give_the_same_losses(tmp_path: Path, preset: str) -> None:
     def loss(strategy: str, style: str) -> float:
@@ -135,6 +139,7 @@ def test_spmd_styles_give_the_same_losses(tmp_path: Path, preset: str) -> None:
         np.testing.assert_allclose(loss(strategy, style), reference, rtol=2e-5, err_msg=f"{strategy} {style}")
 
 
+@pytest.mark.slow
 def test_shard_map_fsdp_holds_an_eighth_of_the_parameters(tmp_path: Path) -> None:
     single = run(small(tmp_path, "lm-seed", "single", **{"parallel.strategy": "single", "parallel.mesh": "none",
                                                           "train.steps": 2, "train.eval": False}))
@@ -148,6 +153,7 @@ def test_shard_map_fsdp_holds_an_eighth_of_the_parameters(tmp_path: Path) -> Non
     assert {"all-gather", "reduce-scatter"} <= set(comms)
 
 
+@pytest.mark.slow
 def test_shard_map_runs_tensor_parallel_layouts_like_jit(tmp_path: Path) -> None:
     got = [run(small(tmp_path, "mlp-small", f"tp_{style}", **{"parallel.strategy": "fsdp+tp", "parallel.mesh": "4x2",
                                                                "parallel.spmd": style}))["train_loss"]
@@ -205,6 +211,7 @@ def test_seed_sweep_presets_expand_to_the_seed_experiments() -> None:
         ("single", "jit"), ("dp", "jit"), ("dp", "pmap"), ("dp", "shard_map")]
 
 
+@pytest.mark.slow
 def test_sweep_compares_spmd_styles_side_by_side(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "shardbench", "sweep", "--preset", "mlp-spmd-styles", "--base", "mlp-small",

@@ -105,6 +105,7 @@ def test_step_time_is_the_slower_of_compute_and_memory_plus_overheads_and_commun
     assert sent_fraction("all-reduce", 1) == 0.0
 
 
+@pytest.mark.slow
 def test_fit_recovers_known_coefficients() -> None:
     """Step times made by the model itself, with coefficients on the fitting grids, are fitted back exactly:
     a roofline (the CPU's form) and a sum of matmuls and 16-bit-scaled traffic (the GPU's). (about 3 s)"""
@@ -187,6 +188,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str, tmp_pa
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.slow
 def test_no_candidate_runs_is_refused_before_compiling(tmp_path: Path) -> None:
     """7 devices for tp: no model axis of 7 divides the MLP's width, so every candidate is refused."""
     done = shardbench("plan", "--preset", "mlp-small", "--target", "7xh100", "--candidates", "tp",
@@ -213,6 +215,7 @@ def _plan(out: Path, target: str, candidates: str) -> tuple[subprocess.Completed
     return done, json.loads((out / "plan.json").read_text())
 
 
+@pytest.mark.slow
 def test_plan_ranks_every_candidate_and_writes_json_and_markdown(tmp_path: Path) -> None:
     out = tmp_path / "plan"
     done, plan = _plan(out, "2x4xh100", "dp,fsdp,tp,fsdp+tp")
@@ -235,6 +238,7 @@ def _flags(overrides: dict[str, Any]) -> list[str]:
     return [arg for k, v in overrides.items() for arg in ("--" + k.replace("_", "-"), str(v))]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not libtpu_installed(), reason="libtpu is not installed (pip install 'shardbench[tpu]'): the "
                                                    "TPU compiler cannot be tried here")
 def test_tpu_slice_compiles_with_the_tpu_compiler(tmp_path: Path) -> None:
@@ -247,6 +251,7 @@ def test_tpu_slice_compiles_with_the_tpu_compiler(tmp_path: Path) -> None:
     assert "ICI MB" in (out / "plan.md").read_text()
 
 
+@pytest.mark.slow
 def test_validate_predicts_a_measured_cpu_sweep(tmp_path: Path) -> None:
     """A real sweep of one MLP at three batch sizes on 8 simulated devices (steps measured at 35, 63 and 140 ms
     on 2 cores: a ranking noise does not flip): the planner recompiles each run as it ran, so its memory is the

@@ -146,6 +146,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
                           timeout=600)
 
 
+@pytest.mark.slow
 def test_calibrate_and_validate_read_h100_records_on_a_cpu_host(tmp_path: Path) -> None:
     """lm-seed's two H100 runs (the shipped copy of the 2026-11-24 records: jax 0.11.2, another machine and
     platform) are recompiled here by the CPU compiler, calibrated on and predicted as GPU runs on the H100's

@@ -24,6 +24,8 @@ from shardbench.errors import ConfigError
 from shardbench.launch import free_port
 from shardbench.train.loop import run
 
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for tens of seconds
+
 MICRO = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train", "512", "--data.synthetic-test",
          "128", "--model.patch-size", "8", "--model.embed-dim", "32", "--model.num-layers", "2",
          "--model.mlp-dim", "64", "--batch-size", "32", "--steps", "6", "--train.checkpoint-every", "2",

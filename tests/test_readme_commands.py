@@ -33,6 +33,8 @@ from shardbench.parallel.mesh import mesh_size
 from shardbench.sweep import sweep_cmd
 from shardbench.sweep.preflight import check_in_processes
 
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for tens of seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))

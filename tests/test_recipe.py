@@ -122,6 +122,7 @@ def test_soft_targets_follow_the_pixels_and_sum_to_one() -> None:
         np.testing.assert_allclose(soft[i], want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_draws_are_sliced_from_the_global_batch() -> None:
     """A program holding rows 4..7 of 8 augments them as the whole batch's program does."""
     data = config_lib.get_preset("vit-cifar").data
@@ -168,6 +169,7 @@ RECIPE = {"data.crop": "pad", "data.trivial_augment": True, "data.mixup": 1.0, "
           "data.synthetic_test": 64}
 
 
+@pytest.mark.slow
 def test_every_strategy_trains_on_the_same_augmented_images(micro) -> None:
     """The whole recipe (crop, TrivialAugment, mixup/CutMix, smoothing, stochastic depth, the moving average)
     gives one device's losses and test loss (evaluated on the average) under dp, fsdp+tp and shard_map."""
@@ -209,6 +211,7 @@ def test_recipe_flags_are_refused_where_they_mean_nothing() -> None:
             config_lib.validate(config_lib.override(config_lib.get_preset(preset), overrides))
 
 
+@pytest.mark.slow
 def test_mixing_pairs_moves_nothing_between_devices(micro) -> None:
     """Under jit with the batch split over 8 devices, swapping pair partners is a reshape within each device's
     rows: the compiled step has the same collectives with mixing as without."""

@@ -304,6 +304,7 @@ def _expected(values: list[float | None], reverse: bool) -> list[float | None]:
     return present + [None] * (len(values) - len(present))
 
 
+@pytest.mark.slow
 def test_html_page_in_chromium(written: ReportPaths) -> None:
     sync_playwright, executable = _browser_page()
     page_text = written.html.read_text()

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for tens of seconds
 
 MICRO = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train", "512", "--data.synthetic-test",
          "128", "--model.patch-size", "8", "--model.embed-dim", "32", "--model.num-layers", "2",

@@ -15,6 +15,7 @@ from shardbench.measure.run_record import (
 from shardbench.train.loop import run
 
 
+@pytest.mark.slow
 def test_train_writes_a_versioned_record_that_reads_back_typed(micro) -> None:
     cfg = micro(**{"parallel.strategy": "dp", "parallel.mesh": "8", "train.steps": 3})
     run(cfg)

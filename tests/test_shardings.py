@@ -68,6 +68,7 @@ def test_fsdp_holds_an_eighth_of_the_big_kernels_per_device() -> None:
     assert per_device * 8 == kernel.size
 
 
+@pytest.mark.slow
 def test_fsdp_holds_an_eighth_of_all_parameter_and_optimizer_bytes() -> None:
     from shardbench.measure.memory import per_device_bytes
 

@@ -34,6 +34,8 @@ from shardbench.sweep.grid import make_sweep
 from shardbench.sweep.runner import Options
 from shardbench.sweep.store import JobRow, RunRow, Store
 
+pytestmark = pytest.mark.slow  # every test here starts processes or trains for tens of seconds
+
 # Daemons and clients this needs, and the Debian packages that hold them.
 NEEDED = {"munged": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm", "sbatch": "slurm-wlm",
           "slurmdbd": "slurmdbd", "mariadbd": "mariadb-server", "mariadb-install-db": "mariadb-server"}

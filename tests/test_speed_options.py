@@ -53,6 +53,7 @@ def test_auto_unroll_rule() -> None:
     assert layers_per_iteration(ModelConfig(num_layers=6, unroll=99)) == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides", [{"model.unroll": 1}, {"model.remat": "block"}, {"model.remat": "full"},
                                        {"model.attention": "fused"}],
                          ids=["rolled-loop", "remat-block", "remat-full", "fused-attention"])
@@ -64,6 +65,7 @@ def test_layer_loop_and_remat_give_the_same_losses(micro, dropout_reference, ove
     assert losses == pytest.approx(reference, rel=2e-5, abs=2e-6)
 
 
+@pytest.mark.slow
 def test_remat_saves_compiled_memory() -> None:
     temp = {policy: compile_only("vit-tiny", {"model.remat": policy, "train.batch_size": 32})["temp_bytes"]
             for policy in ("none", "block", "full")}
@@ -108,6 +110,7 @@ MICRO_FLAGS = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-
                "--no-train.eval", "--no-train.progress"]
 
 
+@pytest.mark.slow
 def test_compile_cache_is_hit_by_a_second_process(tmp_path) -> None:
     cache = tmp_path / "xla"
     summaries = []
@@ -124,6 +127,7 @@ def test_compile_cache_is_hit_by_a_second_process(tmp_path) -> None:
     assert any(cache.iterdir())
 
 
+@pytest.mark.slow
 def test_compile_cache_counts_each_run_alone(micro, tmp_path) -> None:
     """Two runs in one process with one cache: the second's figures are its own, not the process's total."""
     cache = str(tmp_path / "xla-shared")
@@ -137,6 +141,7 @@ def test_compile_cache_counts_each_run_alone(micro, tmp_path) -> None:
     assert b["requests"] == a["requests"] and b["hits"] == b["requests"]
 
 
+@pytest.mark.slow
 def test_compile_cache_off(micro) -> None:
     cfg = micro(**{"train.compile_cache": "off"})
     summary = run(cfg)
@@ -155,6 +160,7 @@ def _tunables(env: dict[str, str], steps: int = 100) -> str:
 CLEAN = ("GLIBC_TUNABLES", "SHARDBENCH_MALLOC_TUNED", "SHARDBENCH_MALLOC", "SHARDBENCH_MALLOC_CHOICE")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not malloc.applies({"JAX_PLATFORMS": "cpu"}), reason="needs Linux with glibc")
 def test_reexec_sets_the_allocator_tunables() -> None:
     env = {k: v for k, v in os.environ.items() if k not in CLEAN}
@@ -168,6 +174,7 @@ def test_reexec_sets_the_allocator_tunables() -> None:
     assert _tunables({**env, "SHARDBENCH_MALLOC": "default"}) == ""
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not malloc.applies({"JAX_PLATFORMS": "cpu"}), reason="needs Linux with glibc")
 def test_allocator_is_tuned_only_for_cpu_training_long_enough_to_repay_it() -> None:
     """A process that JAX will run on a GPU or TPU keeps glibc's allocator (the tuned one slowed XLA's GPU
@@ -197,6 +204,7 @@ def test_allocator_is_tuned_only_for_cpu_training_long_enough_to_repay_it() -> N
     assert "GLIBC_TUNABLES" not in malloc.child_environ({**env, "JAX_PLATFORMS": "cpu"}, None)
 
 
+@pytest.mark.slow
 def test_bench_end_to_end(tmp_path) -> None:
     """A scaled-down `shardbench bench`: real worker processes, real compilations, interleaved windows."""
     out = tmp_path / "bench"
@@ -239,6 +247,7 @@ def test_bench_settings_pair_dtypes_with_batches() -> None:
             settings(dtypes, batches, "cpu")
 
 
+@pytest.mark.slow
 def test_bench_rejects_bad_input_before_starting(tmp_path) -> None:
     out = tmp_path / "never"
     for args, words in ((["--groups", "step,warp"], "--groups"), (["--batches", "32,x"], "--batches"),
@@ -263,6 +272,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not malloc.applies({"JAX_PLATFORMS": "cpu"}), reason="needs Linux with glibc")
 def test_tuned_allocator_reuses_memory_instead_of_faulting_it_in() -> None:
     """64 MiB of temporaries are 16,384 pages of 4 KiB: glibc's default maps them afresh on every call; the

@@ -93,6 +93,7 @@ def _model_loss_and_grads(model: nnx.Module, inputs: jax.Array) -> tuple[jax.Arr
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["vit", "lm"])
 def test_cudnn_path_gives_the_einsum_models_outputs_and_gradients(kind: str) -> None:
     """Whole models, float32: the ViT (17 tokens padded to 24, not causal) and the LM (13 tokens padded to 16,
@@ -167,6 +168,7 @@ def test_mean_pool_is_counted_by_hand() -> None:
         validate(config_lib.override(seed, {"model.pool": "max"}))
 
 
+@pytest.mark.slow
 def test_mean_pool_trains_alike_on_one_and_eight_devices(micro) -> None:
     one = _train(micro(**{**ONE, "model.pool": "mean"}))
     cfg = micro(**{**ONE, "model.pool": "mean", "parallel.strategy": "dp", "parallel.mesh": "8"})
@@ -179,6 +181,7 @@ def test_mean_pool_trains_alike_on_one_and_eight_devices(micro) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- qkv layout
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["split", "seq-major"])
 def test_qkv_layouts_give_todays_losses(micro, reference, layout: str) -> None:
     cfg = micro(**{**ONE, "model.qkv_layout": layout})
@@ -223,6 +226,7 @@ def test_mu_dtype_sets_the_first_moment_and_its_bytes(micro, optimizer: str) -> 
         assert per_device_bytes(state) == want_bytes
 
 
+@pytest.mark.slow
 def test_mu_bfloat16_trains_close_to_float32(micro, reference) -> None:
     """Not equal: the first moment is rounded to bfloat16's 8 significant bits at every step (a relative error
     up to 2^-9 in each update), so the losses may drift apart by about that much; four steps stay within 1e-3."""

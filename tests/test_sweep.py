@@ -182,6 +182,7 @@ def test_store_round_trip(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ real sweeps, real processes
+@pytest.mark.slow
 def test_an_impossible_run_stops_the_sweep_before_it_starts_unless_skipped(tmp_path: Path,
                                                                             capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "s"
@@ -218,6 +219,7 @@ def test_an_impossible_run_stops_the_sweep_before_it_starts_unless_skipped(tmp_p
     assert not (out / "runs" / "mesh_4_4.log").exists()
 
 
+@pytest.mark.slow
 def test_one_peak_per_sweep_so_mfu_ranks_runs_as_step_time_does(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture) -> None:
     """Two runs of equal FLOPs: the sweep measures the host's peak once and every run divides by it, so MFU
@@ -268,6 +270,7 @@ def test_dry_run_marks_the_runs_that_would_be_refused(capsys: pytest.CaptureFixt
     assert "REFUSED: --mesh 3x3 has 9 devices" in runs["strategy_dp_dtype_float32_mesh_3_3"]
 
 
+@pytest.mark.slow
 def test_a_run_killed_by_a_signal_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHARDBENCH_FAULT_KILL_AT_STEP", "1")
     out = tmp_path / "s"
@@ -276,6 +279,7 @@ def test_a_run_killed_by_a_signal_is_recorded(tmp_path: Path, monkeypatch: pytes
     assert (row.status, row.error_kind, row.error) == ("failed", "killed", "killed by SIGKILL")
 
 
+@pytest.mark.slow
 def test_a_run_past_its_time_limit_is_recorded_as_timeout(tmp_path: Path) -> None:
     out = tmp_path / "s"
     t0 = time.perf_counter()
@@ -285,6 +289,7 @@ def test_a_run_past_its_time_limit_is_recorded_as_timeout(tmp_path: Path) -> Non
     assert (row.status, row.error_kind) == ("failed", "timeout") and "1 s time limit" in (row.error or "")
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_resumes_and_runs_everything_exactly_once(tmp_path: Path) -> None:
     out = tmp_path / "s"
     argv = [*TINY, "--data.cache-dir", str(tmp_path / "cache"), "--strategy", "dp", "--mesh", "4x4,8", "--out",

@@ -24,6 +24,7 @@ def single_losses(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     return _losses(tmp / "run")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "mesh", "devices"),
     [("dp", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4), ("dp+tp", "4x2", 8), ("fsdp+tp", "4x2", 8)],
@@ -38,6 +39,7 @@ def test_strategy_gives_the_same_losses_as_one_device(micro, single_losses, stra
     assert summary["devices"] == devices
 
 
+@pytest.mark.slow
 def test_training_learns_synthetic_classes(micro) -> None:
     cfg = micro(**{"train.steps": 0, "train.epochs": 6, "train.eval": True, "data.synthetic_train": 2048,
                    "data.synthetic_test": 512, "train.batch_size": 64, "optim.lr": 2e-3})

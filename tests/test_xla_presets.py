@@ -50,6 +50,7 @@ def test_a_flag_this_jaxlib_does_not_know_is_one_line() -> None:
     xla_presets.check_known(" ".join(f for p in xla_presets.PRESETS.values() for f in p.flags[:1]))
 
 
+@pytest.mark.slow
 def test_train_records_the_flags_it_ran_with(tmp_path: Path) -> None:
     """A real run: the presets' flags and a hand-set flag both reach XLA and the run record."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")

@@ -68,7 +68,7 @@ HELP: dict[str, str] = {
     "model.seq_len": "lm: tokens the model reads per sequence",
     "model.input_dim": "mlp: input features",
     "model.factory": "a model of your own: FILE.py:FUNCTION or package.module:FUNCTION, FUNCTION(cfg, rngs) "
-                     "returning an nnx module (see the README's 'Your own model')",
+                     "returning an nnx module (see docs/own-model.md)",
     "model.task": "with --model: classify, next-token or regress",
     "parallel.rules": "NAME=AXIS: map your model's axis NAME onto one of shardbench's logical axes (embed, mlp, "
                       "heads, kv, vocab, classes, layers, ...) or none; repeatable",

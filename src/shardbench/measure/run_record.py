@@ -1,6 +1,6 @@
 """The run record: what one `shardbench train` writes as `<out>/summary.json`, as one versioned schema.
 
-Every field is declared here once, with its unit and meaning (the README's measurements table points here);
+Every field is declared here once, with its unit and meaning (docs/measurements.md points here);
 `train` checks the record it writes against this schema (`from_json` on what it is about to write) and every
 reader (the sweep's report, its findings and charts) reads it through `from_json`, so a renamed field fails
 loudly in one place instead of silently in four.

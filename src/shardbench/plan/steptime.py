@@ -1,6 +1,6 @@
 """The step-time model, in one place: its typed inputs, its coefficients, and the one function that turns
 them into seconds per step with their breakdown. The prediction, the fit (`shardbench.plan.calibration`), the
-printed assumptions and the README all go through `step_time`.
+printed assumptions and docs/planning.md all go through `step_time`.
 
     matmuls  = compute / efficiency
     traffic  = memory traffic x (low_precision_traffic if 16-bit on a borrowed compiler) / memory_efficiency
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-# The formula in one line, as plans print it and the README quotes it.
+# The formula in one line, as plans print it and docs/planning.md quotes it.
 FORMULA = ("step = max(matmuls, traffic) + (1 - compute/traffic overlap) x min(matmuls, traffic) + kernels x "
            "per-kernel cost + per-step cost + (1 - overlap) x (collectives x per-collective cost + link bytes / "
            "link bandwidth)")
