@@ -1,4 +1,4 @@
-"""The CIFAR recipe (issue 16): each augmentation against a reference (numpy, Pillow, a hand count), soft targets,
+"""The CIFAR recipe: each augmentation against a reference (numpy, Pillow, a hand count), soft targets,
 stochastic depth, the weights' moving average, and every strategy and SPMD style training on the same images."""
 
 from __future__ import annotations
