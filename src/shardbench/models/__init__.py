@@ -47,7 +47,9 @@ def check_cudnn_devices(cfg: Config, devices: list[jax.Device]) -> None:
     device = devices[0] if devices else None
     platform = "none" if device is None else device.platform
     version = "" if device is None else str(getattr(device.client, "platform_version", "")).lower()
-    if platform != "gpu" or "cuda" not in version:
+    kind = "" if device is None else str(getattr(device, "device_kind", "")).lower()
+    # An NVIDIA GPU says so in its runtime's version ("cuda 12080") or its kind ("NVIDIA H100 80GB HBM3").
+    if platform != "gpu" or not ("cuda" in version or "nvidia" in kind):
         where = platform if platform != "gpu" else f"gpu ({version or 'not CUDA'})"
         raise ConfigError(f"--model.attention cudnn needs an NVIDIA GPU (cuDNN), and this platform is {where}: use "
                           f"--model.attention fused or einsum here")
