@@ -194,7 +194,9 @@ def test_repeated_augmentation_tiles_distinct_images_and_keeps_the_epoch_a_pass(
     for b in make_batches(arrays, global_batch=batch, seed=0, shuffle=True, num_steps=per_epoch, repeats=k):
         labels = b["label"].tolist()
         block = labels[:batch // k]
-        assert labels == block * k and len(set(block)) == batch // k  # copies B/k rows apart, pairs distinct
+        copies = [labels[j * (batch // k):(j + 1) * (batch // k)] for j in range(k)]
+        assert all(sorted(c) == sorted(block) for c in copies) and len(set(block)) == batch // k  # B/k rows each
+        assert all(labels[i] != labels[i + 1] for i in range(0, batch, 2))  # mixing pairs: two images
         seen += block
     assert sorted(seen) == list(range(n))  # one epoch: every image once (as batch // k copies)
 

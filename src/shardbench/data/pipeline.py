@@ -3,13 +3,15 @@
 A record is a full batch, so the per-record overhead of grain is paid once per batch, not per image.
 
 Repeated augmentation (`repeats` k > 1; Hoffer et al., 2020, and DeiT's RASampler) is decided here: a
-training batch holds B/k distinct images, the block of them repeated k times ([a, b, c, a, b, c] for k = 2), and
-the device augments every row with its own draws, so each image is seen k times differently. The copies sit B/k
-rows apart, so they spread over the devices, and the pair partners of mixing (rows 2i, 2i+1) are different
-images. An epoch stays one pass over the distinct images (k times the steps of an epoch without repeats), as in
-the SPT/LSA ViT code, whose 100 epochs at k = 3 are about 300 passes of augmented images; DeiT's RASampler keeps
-the epoch's length instead and sees only 1/k of the images in each. Chosen so that `--epochs` keeps counting
-passes over the dataset and no image is left out of an epoch.
+training batch holds B/k distinct images, the block of them then k - 1 more copies of it, each copy in its own
+seeded order ([a, b, c, d, c, a, d, b] for k = 2), and the device augments every row with its own draws, so each
+image is seen k times differently. Each copy sits in its own B/k rows, so the copies spread over the devices as
+RASampler's do. The pair partners of mixing (rows 2i, 2i+1) are always different images, and, the copies being
+in different orders, mostly different ones for each copy (tiling the block k times would mix every copy of a
+with the same b). An epoch stays one pass over the distinct images (k times the steps of an epoch without
+repeats), as in the SPT/LSA ViT code, whose 100 epochs at k = 3 are about 300 passes of augmented images; DeiT's
+RASampler keeps the epoch's length instead and sees only 1/k of the images in each. Chosen so that `--epochs`
+keeps counting passes over the dataset and no image is left out of an epoch.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class BatchSource:
     which visits the examples in the order of permutation PCG64([seed, epoch]) (or in order
     without `shuffle`), dropping the remainder. Without `repeat` (evaluation) it is one pass whose
     last batch is padded with mask=False rows. `repeats` k (training only): each batch is global_batch / k
-    consecutive examples of that order, tiled k times (see the module's docstring).
+    consecutive examples of that order, then k - 1 copies of them, each in the order of permutation
+    PCG64([seed, epoch, step, copy]) (see the module's docstring).
     """
 
     def __init__(
@@ -118,8 +121,14 @@ class BatchSource:
         epoch, step = divmod(index, self._steps_per_epoch) if self._repeat else (0, index)
         if self._repeats > 1:
             distinct = self._global_batch // self._repeats
-            block = np.arange(step * distinct, (step + 1) * distinct)
-            positions = np.tile(block, self._repeats)[self._lo:self._hi]
+            copies = [np.arange(step * distinct, (step + 1) * distinct)]
+            for copy in range(1, self._repeats):
+                order = np.random.Generator(np.random.PCG64([self._seed, epoch, step, copy])).permutation(distinct)
+                positions = copies[0][order]
+                if distinct % 2 and positions[0] == copies[-1][-1]:  # a pair straddling two copies: two images
+                    positions[[0, 1]] = positions[[1, 0]]
+                copies.append(positions)
+            positions = np.concatenate(copies)[self._lo:self._hi]
         else:
             start = step * self._global_batch
             positions = np.arange(start + self._lo, start + self._hi)

@@ -9,7 +9,10 @@ uniformly. RandAugment (Cubuk et al., 2020): N ops in a row, each drawn uniforml
 AutoAugment (Cubuk et al., 2019): one of the 25 sub-policies found for CIFAR-10, each of its two ops applied with
 its own probability at its own level (`shardbench.data.policies`). The ops here are the ones that vectorise
 without a data-dependent branch: every op of a policy's list is applied to every image with parameters that make
-it the identity unless it was the one chosen; an op outside the list is not computed at all.
+it the identity unless it was the one chosen; an op outside the list is not computed at all. Ops work on float
+pixels without rounding to whole levels between two ops (Pillow rounds after each; equalize and sharpness round
+their own input). Geometric ops sample bilinearly and fill with grey (128), as the AutoAugment paper's code fills;
+torchvision's AutoAugment and RandAugment default to nearest sampling and a black fill.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ Progress = tuple[jax.Array | int, int]
 
 
 class Space(NamedTuple):
-    """Each op's strongest setting (at level 1); level 0 is the identity for every op that has a level."""
+    """Each op's strongest setting (at level 1). Level 0 is the identity for every op that has a level, except
+    solarize where `solarize_from` is 255 (torchvision's: pixels at 255 are inverted even at level 0)."""
 
     enhance: float  # brightness, contrast, saturation, sharpness: factor 1 +- enhance
     rotate_deg: float
@@ -54,12 +58,14 @@ class Space(NamedTuple):
     whole_pixels: bool  # translations truncated to whole pixels (torchvision's int())
     posterize_bits: tuple[int, int]  # (fewest, most) bits kept; level 0 keeps the most
     solarize_from: float  # the solarize threshold at level 0, falling linearly to 0 at level 1
+    shear_from_corner: bool = False  # shear about the top-left corner (torchvision's center=[0, 0]), not the centre
 
 
-# TrivialAugment's ranges as this recipe has always used them.
+# TrivialAugment's ranges as this recipe has always used them (shears about the centre).
 TRIVIAL = Space(ENHANCE, ROTATE_DEG, SHEAR, TRANSLATE, False, POSTERIZE_BITS, 256.0)
-# torchvision's AutoAugment and RandAugment ranges (_augmentation_space).
-TORCHVISION = Space(0.9, 30.0, 0.3, 150.0 / 331.0, True, (4, 8), 255.0)
+# torchvision's AutoAugment and RandAugment ranges (_augmentation_space), shearing as its _apply_op does: about the
+# image's top-left corner, as the AutoAugment paper's PIL code (1, level, 0, 0, 1, 0).
+TORCHVISION = Space(0.9, 30.0, 0.3, 150.0 / 331.0, True, (4, 8), 255.0, True)
 
 
 def pad_crop_flip(image: jax.Array, u: jax.Array, pad: int, flip: bool) -> jax.Array:
@@ -170,6 +176,8 @@ def apply_op(image: jax.Array, op: jax.Array, level: jax.Array | float, sign: ja
     tx = jnp.where(chosen("translate_x"), space.translate * image.shape[1] * signed, 0.0)
     if space.whole_pixels:
         ty, tx = jnp.trunc(ty), jnp.trunc(tx)
+    if space.shear_from_corner:  # about the image's top-left corner, half a pixel outside the first pixel's centre
+        ty, tx = ty - shear_y * image.shape[1] / 2.0, tx - shear_x * image.shape[0] / 2.0
     # Rows then columns: rotation about the centre, then the shears, then the shift (in pixels).
     rotation = jnp.stack([jnp.stack([cos, -sin]), jnp.stack([sin, cos])])
     shear = jnp.stack([jnp.stack([1.0, shear_y]), jnp.stack([shear_x, 1.0])])

@@ -197,13 +197,19 @@ def mlp_spmd_styles() -> SweepPreset:
 
 
 def precision_accuracy() -> SweepPreset:
-    """The seed's precision question in accuracy: vit-cifar at float32, bfloat16 compute, and bfloat16 parameters
-    and compute, 3 seeds each (--epochs sets the length)."""
+    """The seed's precision question in accuracy: vit-cifar (the winning recipe) at float32, bfloat16 compute, and
+    bfloat16 parameters and compute, seeds 0 and 1 each, at vit-cifar's own 100 epochs (--epochs changes it). The
+    report says whether each precision's accuracy difference exceeds the seed-to-seed spread."""
+    # Sized for about 30 minutes on one H100: vit-cifar trained 8,700 steps (100 epochs at batch 512) in 152 s in
+    # bfloat16 there, and vit-seed's float32 step took 1.67x its bfloat16 one (14.0 against 8.4 ms at batch 256,
+    # 51.1 against 30.6 at 1024); 2 x (254 + 152 + 157) s of training plus about 40 s of compilation, evaluation
+    # and start per run = about 23 minutes.
     precisions = [{"precision.param_dtype": "float32", "precision.dtype": "float32"},
                   {"precision.param_dtype": "float32", "precision.dtype": "bfloat16"},
                   {"precision.param_dtype": "bfloat16", "precision.dtype": "bfloat16"}]
-    seeds = [{"train.seed": seed} for seed in (0, 1, 2)]
-    return SweepPreset("vit-cifar", {}, [Grid([precisions, seeds])], precision_accuracy.__doc__ or "")
+    seeds = [{"train.seed": seed} for seed in (0, 1)]
+    return SweepPreset("vit-cifar", {"train.epochs": 100}, [Grid([precisions, seeds])],
+                       precision_accuracy.__doc__ or "")
 
 
 SWEEP_PRESETS: dict[str, Callable[[], SweepPreset]] = {
