@@ -28,7 +28,9 @@ ERASING_FILLS = ("random", "mean")  # random erasing: normal noise once normalis
 SPMD_STYLES = ("jit", "shard_map", "pmap")
 ATTENTION = ("auto", "einsum", "fused", "cudnn")
 QKV_LAYOUTS = ("fused", "split", "seq-major")
-POOLS = ("cls", "mean")
+POOLS = ("cls", "mean", "sequence")
+# How the vit turns an image into tokens (models/vit.py): linear patches, CCT's convolutions, SPT's shifted patches.
+STEMS = ("patch", "conv", "shifted-patch")
 # Adam's first moment: "" keeps the parameters' dtype (optax's own default), the others force theirs.
 MU_DTYPES = ("", "float32", "bfloat16")
 # What cuDNN's fused attention takes (jax._src.cudnn.fused_attention_stablehlo.check_is_flash_attention): a
@@ -78,7 +80,8 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     """Which model (`kind`) and its shape. Fields a kind does not use are ignored by it:
-    vit uses patch_size, embed_dim, num_layers, num_heads, mlp_dim, num_classes;
+    vit uses patch_size, embed_dim, num_layers, num_heads, mlp_dim, num_classes, and its own stem, stem_layers,
+    pool and lsa (refused for the other kinds);
     lm uses vocab_size, seq_len, embed_dim, num_layers, num_heads, mlp_dim;
     mlp uses input_dim, mlp_dim (the width), num_layers (hidden layers) and num_classes (outputs)."""
 
@@ -100,6 +103,10 @@ class ModelConfig:
     attention_pad_multiple: int = 8
     qkv_layout: str = "fused"  # q/k/v projection: fused (one einsum to [3,b,s,h,d]) | split (three) | seq-major
     pool: str = "cls"  # vit: cls (class token, the seed's model) | mean (mean of the patch tokens, no class token)
+    # | sequence (CCT's sequence pooling: a learned softmax weighting of the tokens, no class token)
+    stem: str = "patch"  # vit tokenizer: patch (linear patches) | conv (CCT's conv + ReLU + max-pool) | shifted-patch
+    stem_layers: int = 1  # vit, stem conv: conv layers, each halving the side (CCT-x/3x1: 1, /3x2: 2)
+    lsa: bool = False  # vit: locality self-attention (SPT/LSA): learned per-head softmax scale, no self-attention
     vocab_size: int = 512  # lm: tokens
     seq_len: int = 64  # lm: tokens the model reads per sequence (each example holds seq_len + 1 tokens)
     input_dim: int = 1024  # mlp: input features
@@ -234,55 +241,54 @@ def vit_cifar() -> Config:
 
 def vit_cifar_spt() -> Config:
     """A candidate beside vit-cifar following the training recipe of the SPT/LSA ViT code (Lee, Lee and Song, 2021,
-    "Vision Transformer for Small-Size Datasets": 93.6% on CIFAR-10 with their tokenizer and attention): their ViT's
-    shape (width 192, depth 9, 12 heads, MLP ratio 2, patch 4: 2.7M parameters, 3.8x fewer FLOPs per image than
-    vit-seed), AdamW lr 1e-3 and weight decay 0.05, 10 warm-up epochs, cosine, label smoothing 0.1, drop-path 0.1,
-    the padded crop and flip, AutoAugment's CIFAR-10 policy, random erasing 0.25 filled with the mean (as their
-    RandomErasing), mixup 1.0 / CutMix 1.0 applied to half of the pairs (half of those cut), repeated
-    augmentation x3.
+    "Vision Transformer for Small-Size Datasets": 93.6% on CIFAR-10 with their tokenizer and attention): their
+    model, Shifted Patch Tokenization (--model.stem shifted-patch) and Locality Self-Attention (--model.lsa) at
+    their ViT's shape (width 192, depth 9, 12 heads, MLP ratio 2, patch 4, a class token: 2,735,062 parameters,
+    3.7x fewer FLOPs per image than vit-seed by `vit.flops_per_example`), AdamW lr 1e-3 and weight decay 0.05, 10
+    warm-up epochs, cosine, label smoothing 0.1, drop-path 0.1, the padded crop and flip, AutoAugment's CIFAR-10
+    policy, random erasing 0.25 filled with the mean (as their RandomErasing), mixup 1.0 / CutMix 1.0 applied to
+    half of the pairs (half of those cut), repeated augmentation x3, 100 epochs (their code's default).
 
-    Sized for about 5 minutes of training on one H100 at vit-seed's ~33,000 images/s (this narrower model should
-    go faster, so that is an upper bound): batch 384 = 128 distinct images x 3, 45,000 // 128 = 351 steps per
-    epoch, 70 epochs = 24,570 steps = 9.43M images = 286 s; the warm-up is 10 epochs = 3,510 steps.
-
-    TODO(model): the shifted-patch tokenizer and locality self-attention, once models/vit.py has them, make this
-    the published model: it will set model.tokenizer "shifted-patch" and model.attention_lsa (names as that work
-    fixes them). Until then it trains today's ViT at that shape."""
+    Its length on one H100 is an estimate, not a measurement (no GPU has run this preset): vit-seed's measured
+    ~33,000 images/s scaled by FLOPs per image gives ~123,000 images/s (a narrow model reaches a lower MFU than
+    vit-seed, so the true rate is likely lower). Batch 384 = 128 distinct images x 3, 45,000 // 128 = 351 steps per
+    epoch, 100 epochs = 35,100 steps = 13.5M images = about 110 s by that estimate, inside the 5-minute budget
+    with room to spare; the warm-up is 10 epochs = 3,510 steps."""
     return Config(
         preset="vit-cifar-spt",
         data=DataConfig(dataset="cifar10", crop="pad", crop_pad=4, autoaugment=True, random_erasing=0.25,
                         erasing_fill="mean", mixup=1.0, cutmix=0.5, mix_prob=0.5, repeat_augment=3),
         model=ModelConfig(embed_dim=192, num_layers=9, num_heads=12, mlp_dim=384, patch_size=4, dropout=0.0,
-                          drop_path=0.1),
+                          drop_path=0.1, stem="shifted-patch", lsa=True),
         optim=OptimConfig(lr=1e-3, weight_decay=0.05, warmup_steps=3510),
-        train=TrainConfig(epochs=70, batch_size=384, label_smoothing=0.1, checkpoint_every=5000),
+        train=TrainConfig(epochs=100, batch_size=384, label_smoothing=0.1, checkpoint_every=5000),
     )
 
 
 def vit_cifar_cct() -> Config:
     """A candidate beside vit-cifar following the CIFAR recipe of Compact Transformers (Hassani et al., 2021,
-    "Escaping the Big Data Paradigm with Compact Transformers": CCT-7/3x1 94.8%, ViT-Lite-7/4 91.4% in 200 epochs):
-    ViT-Lite-7/4's shape (width 256, 7 layers, 4 heads, MLP ratio 2, patch 4: 3.7M parameters, 2.8x fewer FLOPs
-    per image than vit-seed), AdamW lr 5.5e-4 and weight decay 0.06, 10 warm-up epochs, cosine, label smoothing 0.1,
-    drop-path 0.1, the padded crop and flip, AutoAugment's CIFAR-10 policy, random erasing 0.25 (timm's noise fill),
-    mixup at alpha 0.8 with CutMix on half of the pairs (CCT's CutMix alpha is 1.0; here one alpha serves both),
-    and mixing turned off for the last 40% of the steps.
+    "Escaping the Big Data Paradigm with Compact Transformers": CCT-7/3x1 94.8%, ViT-Lite-7/4 91.4% in 200 epochs),
+    with their model, CCT-7/3x1: the convolutional tokenizer with one layer (--model.stem conv: a 3x3 convolution, ReLU, a 3x3
+    max-pool of stride 2, so 16x16 = 256 tokens), sequence pooling (--model.pool sequence), 7 layers of width 256,
+    4 heads, MLP ratio 2: 3,765,515 parameters (CCT's 3.76M and the 5,376 q/k/v biases of this ViT's blocks), 1.66x
+    the FLOPs per image of vit-seed by `vit.flops_per_example` (256 tokens against 65, at two thirds of the width);
+    AdamW lr 5.5e-4 and weight decay 0.06, 10 warm-up epochs, cosine, label smoothing 0.1, drop-path 0.1, the
+    padded crop and flip, AutoAugment's CIFAR-10 policy, random erasing 0.25 (timm's noise fill), mixup at alpha 0.8
+    with CutMix on half of the pairs (CCT's CutMix alpha is 1.0; here one alpha serves both), and mixing turned off
+    for the last 40% of the steps.
 
-    Sized for about 5 minutes of training on one H100 at vit-seed's ~33,000 images/s (an upper bound for this
-    model): batch 256, 45,000 // 256 = 175 steps per epoch, 200 epochs (CCT's length) = 35,000 steps = 8.96M
-    images = 272 s; the warm-up is 10 epochs = 1,750 steps.
-
-    TODO(model): the convolutional tokenizer (3x3 convolution, ReLU, 3x3 max-pool of stride 2) and sequence
-    pooling, once models/vit.py has them, make this CCT-7/3x1: it will set model.stem "conv" and model.pool
-    "sequence" (names as that work fixes them). Until then it trains ViT-Lite-7/4."""
+    Its length on one H100 is an estimate, not a measurement (no GPU has run this preset): vit-seed's measured
+    ~33,000 images/s scaled by FLOPs per image gives ~19,800 images/s. Batch 256, 45,000 // 256 = 175 steps per
+    epoch, 130 epochs = 22,750 steps = 5.82M images = about 293 s by that estimate (CCT's 200 epochs would take
+    about 450 s); the warm-up is 10 epochs = 1,750 steps."""
     return Config(
         preset="vit-cifar-cct",
         data=DataConfig(dataset="cifar10", crop="pad", crop_pad=4, autoaugment=True, random_erasing=0.25,
                         mixup=0.8, cutmix=0.5, mix_until=0.6),
-        model=ModelConfig(embed_dim=256, num_layers=7, num_heads=4, mlp_dim=512, patch_size=4, dropout=0.0,
-                          drop_path=0.1),
+        model=ModelConfig(embed_dim=256, num_layers=7, num_heads=4, mlp_dim=512, dropout=0.0, drop_path=0.1,
+                          stem="conv", stem_layers=1, pool="sequence"),
         optim=OptimConfig(lr=5.5e-4, weight_decay=0.06, warmup_steps=1750),
-        train=TrainConfig(epochs=200, batch_size=256, label_smoothing=0.1, checkpoint_every=5000),
+        train=TrainConfig(epochs=130, batch_size=256, label_smoothing=0.1, checkpoint_every=5000),
     )
 
 
@@ -466,6 +472,7 @@ RANGES: dict[str, Range] = {
     "data.random_erasing": Range(0, 1, note="0 = off"), "data.repeat_augment": Range(1, note="1 = off"),
     "train.label_smoothing": FRACTION, "model.unroll": Range(0, note="0 = auto"), "model.vocab_size": POSITIVE,
     "model.seq_len": POSITIVE, "model.input_dim": POSITIVE, "model.attention_pad_multiple": POSITIVE,
+    "model.stem_layers": POSITIVE,
     "parallel.devices": Range(0, note="0 = every device"),
     "optim.lr": POSITIVE, "optim.weight_decay": Range(0), "optim.b1": FRACTION, "optim.b2": FRACTION,
     "optim.momentum": FRACTION, "optim.warmup_steps": Range(-1, note="-1 = 5% of the steps"),
@@ -515,7 +522,9 @@ def inert_notes(cfg: Config) -> list[str]:
         "train.epochs": (t.steps > 0, f"--steps {t.steps} decides the length"),
         "model.vocab_size": (m.kind != "lm", f"the {m.kind} model reads no tokens"),
         "model.seq_len": (m.kind != "lm", f"the {m.kind} model reads no token sequences"),
-        "model.patch_size": (m.kind != "vit", f"the {m.kind} model has no patches"),
+        "model.patch_size": (m.kind != "vit" or m.stem == "conv", f"the {m.kind} model has no patches"
+                             if m.kind != "vit" else "--model.stem conv makes its tokens by convolution, not patches"),
+        "model.stem_layers": (m.stem != "conv", f"it counts the conv stem's layers, and --model.stem is {m.stem}"),
         "model.input_dim": (m.kind != "mlp", f"the {m.kind} model's input is not a feature vector"),
         "model.attention_pad_multiple": (m.attention != "cudnn", "it pads the sequence for --model.attention cudnn"),
         "model.qkv_layout": (m.kind == "mlp", "the mlp model has no attention"),
@@ -581,6 +590,7 @@ def validate(cfg: Config) -> None:
     if m.attention not in ATTENTION:
         raise ConfigError(f"unknown --model.attention '{m.attention}': choose one of {', '.join(ATTENTION)}")
     check_speed_switches(cfg)
+    check_vit_options(cfg)
     xla_presets.parse(t.xla_presets)
     if t.profile and t.profile_steps == 0:
         raise ConfigError("--profile with --train.profile-steps 0 traces nothing: give the window a positive number of "
@@ -641,3 +651,23 @@ def check_speed_switches(cfg: Config) -> None:
                 raise ConfigError(f"--model.attention cudnn needs a head dim (embed dim / heads) that is a multiple "
                                   f"of 8 and at most {CUDNN_MAX_HEAD_DIM}, not {m.embed_dim}/{m.num_heads} = "
                                   f"{head_dim}: change --model.num-heads, or use --model.attention fused")
+
+
+def check_vit_options(cfg: Config) -> None:
+    """The vit's tokenizer and attention options (--model.stem, --model.lsa; --model.pool is
+    `check_speed_switches`'): each a known choice, on the built-in vit only, LSA on the einsum attention only.
+    One line each."""
+    m = cfg.model
+    if m.stem not in STEMS:
+        raise ConfigError(f"unknown --model.stem '{m.stem}': choose one of {', '.join(STEMS)}")
+    used = [flag for flag, on in ((f"--model.stem {m.stem}", m.stem != "patch"), ("--model.lsa", m.lsa)) if on]
+    if used and (m.kind != "vit" or m.factory):
+        what = f"a model of your own (--model {m.factory})" if m.factory else f"model kind '{m.kind}'"
+        raise ConfigError(f"{used[0]} applies to the vit model only, not to {what}: drop it")
+    if m.lsa and m.attention in ("fused", "cudnn"):
+        raise ConfigError(f"--model.lsa (a learned scale and a masked diagonal in the softmax) runs on the einsum "
+                          f"attention only, not --model.attention {m.attention}: use --model.attention einsum (or "
+                          f"auto, which takes einsum with --model.lsa)")
+    if m.stem == "shifted-patch" and m.patch_size < 2:
+        raise ConfigError(f"--model.stem shifted-patch shifts the image by half a patch: --model.patch-size "
+                          f"{m.patch_size} has no half; give it 2 or more (e.g. 4)")

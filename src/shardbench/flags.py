@@ -86,14 +86,24 @@ HELP: dict[str, str] = {
     "model.attention": "attention kernel: einsum (two einsums, float32 scores), fused (jax.nn.dot_product_attention "
                        "with no implementation: XLA's composition), cudnn (cuDNN's fused kernel on a sequence padded "
                        "to --model.attention-pad-multiple; NVIDIA GPUs, bfloat16 or float16) or auto (fused on GPUs, "
-                       "einsum elsewhere)",
+                       "einsum elsewhere, and einsum with --model.lsa)",
     "model.attention_pad_multiple": "--model.attention cudnn: pad the sequence to a multiple of this (65 tokens: 72 "
                                     "for 8, 128 for 64); the padding is masked and sliced off",
     "model.qkv_layout": "q/k/v projection, from the same parameter: fused (one einsum to [3, batch, seq, heads, "
                         "dim]), split (three einsums) or seq-major (one einsum to [batch, seq, 3, heads, dim]); the "
                         "last two avoid the backward's [3, heads, dim, batch, seq] transpose",
-    "model.pool": "vit: what the head sees: cls (the class token) or mean (the mean of the patch tokens after the "
-                  "final LayerNorm; no class token: a different model)",
+    "model.pool": "vit: what the head sees: cls (the class token), mean (the mean of the patch tokens after the "
+                  "final LayerNorm) or sequence (CCT's sequence pooling: a linear layer scores each token after the "
+                  "final LayerNorm, the head sees their softmax-weighted sum); mean and sequence have no class token",
+    "model.stem": "vit: how an image becomes tokens: patch (a linear projection of each --model.patch-size patch), "
+                  "conv (Compact Convolutional Transformer's tokenizer: per layer a 3x3 convolution without bias, "
+                  "ReLU and a 3x3 max-pool of stride 2; (image/2)^2 tokens for one layer) or shifted-patch (Shifted "
+                  "Patch Tokenization: the image and its four diagonal shifts by half a patch, split into patches, "
+                  "each LayerNormed and projected)",
+    "model.stem_layers": "vit, --model.stem conv: convolution layers (1 for CCT-x/3x1, 2 for CCT-x/3x2); each "
+                         "halves the image side, the ones before the last have 64 channels",
+    "model.lsa": "vit: Locality Self-Attention (SPT/LSA): each head's softmax scale a learned parameter (from "
+                 "1/sqrt(head dim)) and no token attending to itself; einsum attention only",
     "model.remat": "activation checkpointing per block: none, block (keep matmul outputs, recompute the "
                    "element-wise ops) or full (keep only each block's input)",
     "parallel.strategy": "how parameters and batches are split: auto (from the mesh), single, dp, fsdp, tp, "

@@ -159,25 +159,42 @@ def padded_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, 
     return out[:, :length]
 
 
+def attention_weights(q: jax.Array, k: jax.Array, *, precision: jax.lax.Precision, causal: bool = False,
+                      scale: jax.Array | None = None, mask_diagonal: bool = False) -> jax.Array:
+    """The einsum attention's softmax weights, (batch, heads, query, key), from float32 scores q.k: divided by
+    sqrt(head_dim), or multiplied by `scale` (one per head) where given. `causal` masks later keys; `mask_diagonal`
+    masks each query's own key (weight exactly 0), as Locality Self-Attention does."""
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision, preferred_element_type=jnp.float32)
+    if scale is None:
+        scores = scores / math.sqrt(q.shape[-1])
+    else:
+        scores = scores * scale.astype(jnp.float32)[:, None, None]
+    seq = q.shape[1]
+    if causal:
+        allowed = jnp.tril(jnp.ones((seq, seq), jnp.bool_))
+        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+    if mask_diagonal:
+        scores = jnp.where(jnp.eye(seq, dtype=jnp.bool_), jnp.finfo(jnp.float32).min, scores)
+    return jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, kind: str, precision: jax.lax.Precision,
-              causal: bool = False, pad_multiple: int = 8) -> jax.Array:
+              causal: bool = False, pad_multiple: int = 8, scale: jax.Array | None = None,
+              mask_diagonal: bool = False) -> jax.Array:
     """Softmax attention over (batch, seq, heads, head_dim) q/k/v; `causal` lets position i see only
     positions <= i. `kind` (ATTENTION_KINDS): einsum = two einsums with float32 scores; fused =
     jax.nn.dot_product_attention with no implementation (XLA's composition: it never calls cuDNN); cudnn =
     cuDNN's fused kernel on a sequence padded to a multiple of `pad_multiple` (`padded_attention`); padded-xla =
-    that padding run by XLA's implementation."""
+    that padding run by XLA's implementation. `scale` (per head) and `mask_diagonal` are Locality
+    Self-Attention's (`attention_weights`), einsum only."""
+    if scale is not None or mask_diagonal:
+        assert kind == EINSUM, f"locality self-attention runs on the einsum attention, not {kind}"
     if kind == FUSED:
         return jax.nn.dot_product_attention(q, k, v, is_causal=causal)
     if kind in (CUDNN, PADDED_XLA):
         return padded_attention(q, k, v, causal=causal, multiple=pad_multiple,
                                 implementation="cudnn" if kind == CUDNN else "xla")
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=precision,
-                        preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
-    if causal:
-        seq = q.shape[1]
-        allowed = jnp.tril(jnp.ones((seq, seq), jnp.bool_))
-        scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
-    weights = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    weights = attention_weights(q, k, precision=precision, causal=causal, scale=scale, mask_diagonal=mask_diagonal)
     return jnp.einsum("bhqk,bkhd->bqhd", weights, v, precision=precision)
 
 
@@ -192,7 +209,14 @@ def scan_layers(block: Callable[[jax.Array, Any], tuple[jax.Array, None]], x: ja
 
 class BlockStack(nnx.Module):
     """`num_layers` pre-LayerNorm Transformer blocks (self-attention, then a GELU MLP), each parameter
-    stacked on a leading 'layers' dim. `causal` masks attention to earlier positions (a decoder)."""
+    stacked on a leading 'layers' dim. `causal` masks attention to earlier positions (a decoder).
+
+    `cfg.lsa` (the vit's --model.lsa) makes the attention Locality Self-Attention (Lee, Lee and Song 2021, "Vision
+    Transformer for Small-Size Datasets"), as their code (aanna0701/SPT_LSA_ViT, models/vit.py) defines it: each
+    head's scores multiplied by a learned scale `lsa_scale` (layers, heads), initialised to 1/sqrt(head_dim), i.e. a
+    learned temperature sqrt(head_dim) per head, and each token's score for itself masked. Their code learns one
+    scale per head, as here (the paper writes one temperature); it is not weight-decayed here (no kernel), where
+    their AdamW decays every parameter. Einsum attention only: `attention` must be 'einsum'."""
 
     def __init__(self, cfg: ModelConfig, *, param_dtype: jnp.dtype, attention: str, rngs: nnx.Rngs,
                  causal: bool = False) -> None:
@@ -216,6 +240,10 @@ class BlockStack(nnx.Module):
         self.mlp2_kernel = param(kernel_init(1, 2, (0,))(rngs.params(), (n, m, e)), (LAYERS, MLP, EMBED),
                                   param_dtype)
         self.mlp2_bias = param(zeros((n, e)), (LAYERS, EMBED), param_dtype)
+        self.lsa = cfg.lsa
+        if cfg.lsa:
+            assert attention == EINSUM, f"--model.lsa runs on the einsum attention, not {attention}"
+            self.lsa_scale = param(jnp.full((n, h), 1.0 / math.sqrt(d)), (LAYERS, HEADS), param_dtype)
         self.num_heads = h
         self.dropout_rate = cfg.dropout
         self.drop_path = cfg.drop_path
@@ -229,11 +257,12 @@ class BlockStack(nnx.Module):
     def __call__(self, x: jax.Array, *, rng: jax.Array | None, precision: jax.lax.Precision) -> jax.Array:
         names = ("ln1_scale", "ln1_bias", "qkv_kernel", "qkv_bias", "out_kernel", "out_bias",
                  "ln2_scale", "ln2_bias", "mlp1_kernel", "mlp1_bias", "mlp2_kernel", "mlp2_bias")
+        names += ("lsa_scale",) if self.lsa else ()
         stacked = {name: getattr(self, name)[...] for name in names}
         num_layers = stacked["ln1_scale"].shape[0]
         keys = None if rng is None else jax.random.split(rng, num_layers)
         dtype, rate, kind, causal = x.dtype, self.dropout_rate, self.attention, self.causal
-        pad_multiple, qkv_layout = self.pad_multiple, self.qkv_layout
+        pad_multiple, qkv_layout, lsa = self.pad_multiple, self.qkv_layout, self.lsa
         # Stochastic depth: rates rising linearly to drop_path at the last block (none without a key).
         depth = jnp.linspace(0.0, self.drop_path, num_layers) if num_layers > 1 else jnp.full((1,), self.drop_path)
         drop_path = self.drop_path > 0 and rng is not None
@@ -241,7 +270,9 @@ class BlockStack(nnx.Module):
         def block(x: jax.Array, layer: tuple[dict[str, jax.Array], jax.Array | None, jax.Array]
                   ) -> tuple[jax.Array, None]:
             p, key, path_rate = layer
-            p = {k: v.astype(dtype) for k, v in p.items()}
+            # LSA's scale stays in its stored dtype: it multiplies float32 scores (rounding it to bfloat16 would
+            # move a learned temperature by up to 0.4%).
+            p = {k: v if k == "lsa_scale" else v.astype(dtype) for k, v in p.items()}
             k1, k2 = (None, None) if key is None else jax.random.split(key)
             # One draw of four words per block for both branches' masks (a draw per branch compiled 2x slower).
             words = jax.random.bits(jax.random.fold_in(key, 1), (4,), jnp.uint32) if drop_path else None
@@ -250,7 +281,8 @@ class BlockStack(nnx.Module):
             h = layer_norm(x, p["ln1_scale"], p["ln1_bias"])
             q, k, v = (constrain(t, (BATCH, SEQ, HEADS, KV))
                        for t in project_qkv(h, p["qkv_kernel"], p["qkv_bias"], qkv_layout, precision))
-            attn = attention(q, k, v, kind=kind, precision=precision, causal=causal, pad_multiple=pad_multiple)
+            attn = attention(q, k, v, kind=kind, precision=precision, causal=causal, pad_multiple=pad_multiple,
+                             scale=p["lsa_scale"] if lsa else None, mask_diagonal=lsa)
             attn = jnp.einsum("bqhd,hde->bqe", attn, p["out_kernel"], precision=precision) + p["out_bias"]
             x = constrain(x + branch(attn, 1), (BATCH, SEQ, EMBED))
             h = layer_norm(x, p["ln2_scale"], p["ln2_bias"])

@@ -17,7 +17,7 @@ from shardbench.tasks.base import Batch, Rows, Task, Terms
 
 def check(cfg: Config) -> None:
     m = cfg.model
-    if cfg.data.image_size % m.patch_size:
+    if m.stem != "conv" and cfg.data.image_size % m.patch_size:  # the conv stem's max-pools round the side up
         raise ConfigError(f"image size {cfg.data.image_size} is not divisible by patch size {m.patch_size}: pick a "
                           f"patch size that divides it")
     if m.embed_dim % m.num_heads:
@@ -67,6 +67,8 @@ TASK = Task(
     kind="vit", unit="images", check=check, inputs=inputs, terms=terms, targets=targets,
     train_flops_per_example=lambda cfg: flops_per_example(cfg.model, cfg.data.image_size)["train"],
     units_per_example=lambda cfg: 1,
-    formula="3 x batch x [2*N*3*p^2*E + L*(8*T*E^2 + 4*T^2*E + 4*T*E*M) + 2*E*C], N=(image/p)^2 patches, "
-            "T=N+1 tokens (N with --model.pool mean) (matmul FLOPs; backward = 2 x forward)",
+    formula="3 x batch x [stem + L*(8*T*E^2 + 4*T^2*E + 4*T*E*M) + pool + 2*E*C], stem = 2*N*3*p^2*E for "
+            "patches (2*N*15*p^2*E shifted-patch; conv: 2*side^2*9*C_in*C_out per layer), N=(image/p)^2 patches "
+            "((image/2^layers)^2 for the conv stem), T=N+1 tokens (N with --model.pool mean or sequence), pool = "
+            "4*T*E for --model.pool sequence, else 0 (matmul FLOPs; backward = 2 x forward)",
 )
