@@ -215,22 +215,28 @@ def accuracy_cases(sizes: Sizes, args: argparse.Namespace) -> list[Case]:
             for name in names]
 
 
-# vit-cifar on one H100 in bfloat16 (2026-11-24): 8,700 steps of 512 images in 152 s of training. The candidates
-# are smaller models, so this rate makes their estimate an upper bound; compile, evaluation and start are added.
+# vit-cifar on one H100 in bfloat16 (2026-11-24): 8,700 steps of 512 images in 152 s of training. A candidate's
+# estimate is its training FLOPs at that measured FLOP rate (the candidates' models differ: vit-cifar-spt's image
+# costs 3.7x fewer FLOPs, vit-cifar-cct's 1.66x more); a narrower model reaches a lower MFU, so a smaller model's
+# estimate is optimistic. Compile, evaluation and start are added.
 RECIPE_IMAGES_PER_S = 8700 * 512 / 152
 RECIPE_OVERHEAD_S = 40.0
 CIFAR_TRAIN_IMAGES = 45_000  # 50,000 less the 10% held out for validation
 
 
 def recipe_estimate_s(name: str) -> float:
-    """Seconds a recipe preset's full run should take on one H100: its training images at vit-cifar's rate."""
+    """Seconds a recipe preset's full run should take on one H100: its training FLOPs at vit-cifar's measured
+    FLOP rate, plus the overhead."""
     sys.path.insert(0, str(ROOT / "src"))
     from shardbench.config import get_preset
+    from shardbench.models.vit import flops_per_example
 
-    cfg = get_preset(name)
+    cfg, measured = get_preset(name), get_preset("vit-cifar")
     distinct = cfg.train.batch_size // cfg.data.repeat_augment
     steps = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * (CIFAR_TRAIN_IMAGES // distinct)
-    return steps * cfg.train.batch_size / RECIPE_IMAGES_PER_S + RECIPE_OVERHEAD_S
+    flops = (flops_per_example(cfg.model, cfg.data.image_size)["train"]
+             / flops_per_example(measured.model, measured.data.image_size)["train"])
+    return steps * cfg.train.batch_size * flops / RECIPE_IMAGES_PER_S + RECIPE_OVERHEAD_S
 
 
 def best_variant(path: Path) -> str | None:

@@ -1,10 +1,12 @@
 """What each piece of the CIFAR recipe adds to the train step's compile time, on this machine.
 
     python benchmarks/recipe_compile.py [--preset vit-tiny] [--rounds 2]
+    python benchmarks/recipe_compile.py --presets vit-seed,vit-cifar,vit-cifar-spt,vit-cifar-cct --batch-size 24
 
 Compiles the step of `--preset` (one device, the persistent cache off) with the seed's augmentation, then with
 each recipe piece alone, then with the whole recipe, in alternating rounds, and prints the median compile
-time of each against the seed's. Nothing is run.
+time of each against the seed's. With `--presets`, compiles each named preset's own step (its model and
+recipe) instead, against the first. Nothing is run.
 """
 
 from __future__ import annotations
@@ -57,18 +59,28 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="vit-tiny")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--presets", default="", help="comma-separated presets, each compiled as it is, against "
+                                                      "the first (instead of --preset's pieces)")
+    parser.add_argument("--batch-size", type=int, default=0, help="the global batch (0: each preset's own)")
     args = parser.parse_args(argv)
     import jax
 
     jax.config.update("jax_enable_compilation_cache", False)
-    times: dict[str, list[float]] = {name: [] for name in PIECES}
+    batch = {"train.batch_size": args.batch_size} if args.batch_size else {}
+    if args.presets:
+        cases = {name: (name, batch) for name in args.presets.split(",")}
+        what, against = "each preset's", "against the first"
+    else:
+        cases = {name: (args.preset, {**pieces, **batch}) for name, pieces in PIECES.items()}
+        what, against = f"{args.preset}", "against the seed's"
+    times: dict[str, list[float]] = {name: [] for name in cases}
     for round_ in range(args.rounds):
-        names = list(PIECES) if round_ % 2 == 0 else list(reversed(PIECES))
+        names = list(cases) if round_ % 2 == 0 else list(reversed(cases))
         for name in names:
-            times[name].append(compile_seconds(args.preset, PIECES[name]))
-    base = statistics.median(times["seed (resized crop, flip)"])
-    print(f"| {args.preset} train step, one {jax.devices()[0].platform} device | compile (median of "
-          f"{args.rounds}) | against the seed's |")
+            times[name].append(compile_seconds(*cases[name]))
+    base = statistics.median(next(iter(times.values())))
+    print(f"| {what} train step, one {jax.devices()[0].platform} device | compile (median of "
+          f"{args.rounds}) | {against} |")
     print("|---|---:|---:|")
     for name, values in times.items():
         median = statistics.median(values)

@@ -148,3 +148,18 @@ def test_a_case_past_its_timeout_becomes_a_row_and_the_rest_run(tmp_path) -> Non
         results = bench_cmd.run_pool(entries, args, log, lambda line: None, warmup=0, windows=1)
     assert results[0]["error"].startswith("timed out: no answer within 0 s")
     assert "error" in results[1] and not results[1]["error"].startswith("timed out")
+
+
+def test_the_baselines_are_refused_a_model_they_do_not_build(monkeypatch) -> None:
+    """seed-style nnx and PyTorch build the seed's ViT only: a preset or --set that changes the model is refused
+    in the step group, in one line naming what differs, and allowed in the groups that time shardbench alone."""
+    from shardbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"not this model \(--model.stem conv, --model.pool sequence\)") as err:
+        _planned(monkeypatch, "cpu", "--preset", "vit-cifar-cct")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"not this model \(--model.pool mean\)"):
+        _planned(monkeypatch, "cpu", "--set", "model.pool=mean", "--groups", "step")
+    _, groups = _planned(monkeypatch, "cpu", "--preset", "vit-cifar-spt", "--groups", "batch",
+                          "--batch-size", "96", "--batches", "48,96")
+    assert set(groups) == {"batch"}

@@ -140,8 +140,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
         if args.json:
             print(f"# {name}\n{cfg.to_json()}")
         else:
-            doc = " ".join((make.__doc__ or "").split())
-            print(f"{name:10s} {doc}  [{preset_shape(cfg)}; batch {cfg.train.batch_size}, data {cfg.data.dataset}]")
+            doc = " ".join((make.__doc__ or "").split("\n\n")[0].split())  # the first paragraph: what it is
+            print(f"{name:13s} {doc}  [{preset_shape(cfg)}; batch {cfg.train.batch_size}, data {cfg.data.dataset}]")
     return 0
 
 
@@ -153,7 +153,13 @@ def preset_shape(cfg: config_lib.Config) -> str:
     blocks = f"embed {m.embed_dim}, {m.num_layers} layers, {m.num_heads} heads, mlp {m.mlp_dim}"
     if m.kind == "lm":
         return f"lm: vocabulary {m.vocab_size}, sequence {m.seq_len}, {blocks}"
-    return f"{m.kind}: patch {m.patch_size}, {blocks}, {m.num_classes} classes"
+    if m.stem == "conv":
+        stem = f"conv stem of {m.stem_layers} layer{'s' if m.stem_layers > 1 else ''}"
+    else:
+        stem = f"{'shifted ' if m.stem == 'shifted-patch' else ''}patch {m.patch_size}"
+    extras = [f"{m.pool} pool"] if m.pool != "cls" else []
+    extras += ["locality self-attention"] if m.lsa else []
+    return f"{m.kind}: {stem}, {blocks}, {m.num_classes} classes" + "".join(f", {e}" for e in extras)
 
 
 def _train_steps(args: argparse.Namespace) -> int | None:

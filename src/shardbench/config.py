@@ -249,11 +249,11 @@ def vit_cifar_spt() -> Config:
     policy, random erasing 0.25 filled with the mean (as their RandomErasing), mixup 1.0 / CutMix 1.0 applied to
     half of the pairs (half of those cut), repeated augmentation x3, 100 epochs (their code's default).
 
-    Its length on one H100 is an estimate, not a measurement (no GPU has run this preset): vit-seed's measured
-    ~33,000 images/s scaled by FLOPs per image gives ~123,000 images/s (a narrow model reaches a lower MFU than
-    vit-seed, so the true rate is likely lower). Batch 384 = 128 distinct images x 3, 45,000 // 128 = 351 steps per
-    epoch, 100 epochs = 35,100 steps = 13.5M images = about 110 s by that estimate, inside the 5-minute budget
-    with room to spare; the warm-up is 10 epochs = 3,510 steps."""
+    Its length on one H100 is an estimate, not a measurement (no GPU has run this preset): vit-cifar's measured
+    ~29,300 images/s (8,700 steps of 512 in 152 s, bfloat16) scaled by FLOPs per image gives ~110,000 images/s (a
+    narrow model reaches a lower MFU than vit-cifar's, so the true rate is likely lower). Batch 384 = 128 distinct
+    images x 3, 45,000 // 128 = 351 steps per epoch, 100 epochs = 35,100 steps = 13.5M images = about 123 s by that
+    estimate, inside the 5-minute budget with room to spare; the warm-up is 10 epochs = 3,510 steps."""
     return Config(
         preset="vit-cifar-spt",
         data=DataConfig(dataset="cifar10", crop="pad", crop_pad=4, autoaugment=True, random_erasing=0.25,
@@ -277,10 +277,10 @@ def vit_cifar_cct() -> Config:
     with CutMix on half of the pairs (CCT's CutMix alpha is 1.0; here one alpha serves both), and mixing turned off
     for the last 40% of the steps.
 
-    Its length on one H100 is an estimate, not a measurement (no GPU has run this preset): vit-seed's measured
-    ~33,000 images/s scaled by FLOPs per image gives ~19,800 images/s. Batch 256, 45,000 // 256 = 175 steps per
-    epoch, 130 epochs = 22,750 steps = 5.82M images = about 293 s by that estimate (CCT's 200 epochs would take
-    about 450 s); the warm-up is 10 epochs = 1,750 steps."""
+    Its length on one H100 is an estimate, not a measurement (no GPU has run this preset): vit-cifar's measured
+    ~29,300 images/s (bfloat16) scaled by FLOPs per image gives ~17,600 images/s. Batch 256, 45,000 // 256 = 175
+    steps per epoch, 115 epochs = 20,125 steps = 5.15M images = about 292 s by that estimate (CCT's 200 epochs would
+    take about 510 s); the warm-up is 10 epochs = 1,750 steps."""
     return Config(
         preset="vit-cifar-cct",
         data=DataConfig(dataset="cifar10", crop="pad", crop_pad=4, autoaugment=True, random_erasing=0.25,
@@ -288,7 +288,7 @@ def vit_cifar_cct() -> Config:
         model=ModelConfig(embed_dim=256, num_layers=7, num_heads=4, mlp_dim=512, dropout=0.0, drop_path=0.1,
                           stem="conv", stem_layers=1, pool="sequence"),
         optim=OptimConfig(lr=5.5e-4, weight_decay=0.06, warmup_steps=1750),
-        train=TrainConfig(epochs=130, batch_size=256, label_smoothing=0.1, checkpoint_every=5000),
+        train=TrainConfig(epochs=115, batch_size=256, label_smoothing=0.1, checkpoint_every=5000),
     )
 
 

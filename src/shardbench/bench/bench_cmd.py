@@ -127,6 +127,14 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
+def unlike_the_baselines(model: config_lib.ModelConfig) -> list[str]:
+    """The vit options that make a model other than the one the baselines build (seed-style nnx and PyTorch
+    implement the seed's ViT only), as flags."""
+    return [flag for flag, on in ((f"--model.stem {model.stem}", model.stem != "patch"),
+                                  (f"--model.pool {model.pool}", model.pool != "cls"),
+                                  ("--model.lsa", model.lsa)) if on]
+
+
 def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = sorted(set(names) - set(allowed))
@@ -199,6 +207,11 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     where = malloc.target_platform(os.environ)
     pairs = settings(args.dtype, args.batch_size, where)
     extra = _extra(args.set)
+    own = unlike_the_baselines(config_lib.override(config_lib.get_preset(args.preset), extra).model)
+    if own and "step" in groups:
+        raise ConfigError(f"--preset {args.preset}: the step group's baselines build the seed's ViT (patch stem, "
+                          f"class token, plain attention), not this model ({', '.join(own)}): leave step out of "
+                          f"--groups, or bench a preset with the seed's model (vit-seed, vit-cifar)")
     if args.matmul_precision:
         if extra.get("precision.matmul_precision", args.matmul_precision) != args.matmul_precision:
             raise ConfigError(f"--matmul-precision {args.matmul_precision} and --set precision.matmul_precision="

@@ -13,7 +13,7 @@ The options of published small-dataset ViTs, each a different model (the default
 - `--model.stem conv`: Compact Convolutional Transformer's tokenizer (Hassani et al. 2021, "Escaping the Big Data
   Paradigm with Compact Transformers"; SHI-Labs/Compact-Transformers src/utils/tokenizer.py), `conv_tokens`.
 - `--model.stem shifted-patch`: Shifted Patch Tokenization (Lee, Lee and Song 2021, "Vision Transformer for
-  Small-Size Datasets"; aanna0701/SPT_LSA_ViT models/SPT.py), `shifted_images` and `spt_tokens`.
+  Small-Size Datasets"; aanna0701/SPT_LSA_ViT models/SPT.py), `shifted_images`, then `patches`.
 - `--model.pool sequence`: CCT's sequence pooling (src/utils/transformers.py, TransformerClassifier),
   `sequence_pool`.
 - `--model.lsa`: SPT/LSA's Locality Self-Attention, in the blocks (`transformer.BlockStack`).
