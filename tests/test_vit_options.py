@@ -256,7 +256,7 @@ def _tiny(tmp_path: Path, name: str, **overrides: object) -> config_lib.Config:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("options", [CCT, SPT], ids=["conv+sequence", "shifted-patch+lsa"])
-def test_one_device_losses_under_dp_and_fsdp_tp(tmp_path: Path, options: dict[str, object]) -> None:
+def test_one_device_losses_under_dp_fsdp_tp_and_shard_map(tmp_path: Path, options: dict[str, object]) -> None:
     """A few steps of a tiny vit (embed 32, 2 layers, 16x16 images, batch 16): one device's losses under dp (8),
     fsdp+tp (4x2) and fsdp under shard_map (8), the same model and images laid out differently."""
     run(_tiny(tmp_path, "single", **options, **{"parallel.strategy": "single"}))
