@@ -29,9 +29,11 @@ import pytest
 
 from shardbench.errors import ConfigError
 from shardbench.sweep import slurm as slurm_lib
+from shardbench.sweep import slurm_jobs, slurm_options
 from shardbench.sweep import sweep_cmd
 from shardbench.sweep.grid import make_sweep
 from shardbench.sweep.runner import Options
+from shardbench.sweep.slurm_options import Shape, SlurmOptions, job_shape
 from shardbench.sweep.store import JobRow, RunRow, Store
 
 pytestmark = pytest.mark.slow  # every test here starts processes or trains for tens of seconds
@@ -244,37 +246,37 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_time_limits_in_slurms_formats() -> None:
-    assert [slurm_lib.parse_time(t) for t in ("90", "1:30", "1:30:00", "2-0", "1-00:30", "0-0:0:30")] == \
+    assert [slurm_options.parse_time(t) for t in ("90", "1:30", "1:30:00", "2-0", "1-00:30", "0-0:0:30")] == \
         [90, 2, 90, 2880, 1470, 1]
     for bad in ("", "0", "soon", "1:2:3:4", "-5"):
         with pytest.raises(ConfigError, match="not a time limit|longer than zero"):
-            slurm_lib.parse_time(bad)
-    assert slurm_lib.parse_sbatch(["mem=64G", "--constraint=a100", "exclusive"]) == {
+            slurm_options.parse_time(bad)
+    assert slurm_options.parse_sbatch(["mem=64G", "--constraint=a100", "exclusive"]) == {
         "mem": "64G", "constraint": "a100", "exclusive": True}
     with pytest.raises(ConfigError, match="not an sbatch option"):
-        slurm_lib.parse_sbatch(["mem="])
+        slurm_options.parse_sbatch(["mem="])
 
 
 def test_job_shapes_follow_the_runs_devices() -> None:
     opts = Options(Path("."), devices_per_process=4)
-    cpu = slurm_lib.SlurmOptions()
-    assert slurm_lib.job_shape({"parallel.devices": 4}, opts, cpu, "r") == slurm_lib.Shape(1, 1, 0, 0)
-    assert slurm_lib.job_shape({"parallel.devices": 8}, opts, cpu, "r") == slurm_lib.Shape(1, 2, 0, 4)
-    gpus = slurm_lib.SlurmOptions(nodes=3, gpus_per_node=8)
-    assert slurm_lib.job_shape({"parallel.devices": 16}, Options(Path(".")), gpus, "r") == slurm_lib.Shape(2, 8, 8, 0)
-    assert slurm_lib.job_shape({"parallel.devices": 4}, Options(Path(".")), gpus, "r") == slurm_lib.Shape(1, 4, 4, 0)
-    assert slurm_lib.job_shape({"parallel.devices": 0}, Options(Path(".")), gpus, "r") == slurm_lib.Shape(3, 8, 8, 0)
+    cpu = SlurmOptions()
+    assert job_shape({"parallel.devices": 4}, opts, cpu, "r") == Shape(1, 1, 0, 0)
+    assert job_shape({"parallel.devices": 8}, opts, cpu, "r") == Shape(1, 2, 0, 4)
+    gpus = SlurmOptions(nodes=3, gpus_per_node=8)
+    assert job_shape({"parallel.devices": 16}, Options(Path(".")), gpus, "r") == Shape(2, 8, 8, 0)
+    assert job_shape({"parallel.devices": 4}, Options(Path(".")), gpus, "r") == Shape(1, 4, 4, 0)
+    assert job_shape({"parallel.devices": 0}, Options(Path(".")), gpus, "r") == Shape(3, 8, 8, 0)
     with pytest.raises(ConfigError, match="not a whole number of 8-GPU nodes"):
-        slurm_lib.job_shape({"parallel.devices": 12}, Options(Path(".")), gpus, "r")
-    assert slurm_lib._expand("12_[0-2,5%2]") == ["12_0", "12_1", "12_2", "12_5"]
-    assert slurm_lib._expand("12_3") == ["12_3"]
+        job_shape({"parallel.devices": 12}, Options(Path(".")), gpus, "r")
+    assert slurm_jobs._expand("12_[0-2,5%2]") == ["12_0", "12_1", "12_2", "12_5"]
+    assert slurm_jobs._expand("12_3") == ["12_3"]
 
 
 @pytest.mark.parametrize("state, kind", [("TIMEOUT", "timeout"), ("OUT_OF_MEMORY", "oom"), ("PREEMPTED", "killed"),
                                          ("NODE_FAIL", "killed"), ("CANCELLED by 0", "killed"), ("FAILED", "crash")])
 def test_a_job_slurm_ended_is_recorded_with_the_sweeps_error_kinds(tmp_path: Path, state: str, kind: str) -> None:
     s = make_sweep("vit-tiny", values={"train.batch_size": "32,64"})
-    row = slurm_lib.row_for(s, s.runs[0], Options(tmp_path), "7_1", slurm_lib.JobState(state, "NodeDown", "0:9"))
+    row = slurm_lib.row_for(s, s.runs[0], Options(tmp_path), "7_1", slurm_jobs.JobState(state, "NodeDown", "0:9"))
     assert (row.status, row.error_kind) == ("failed", kind)
     assert f"SLURM job 7_1 {state} (NodeDown)" in (row.error or "")
 
@@ -285,7 +287,7 @@ def test_a_run_that_failed_inside_its_job_keeps_its_own_kind(tmp_path: Path) -> 
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"job_id": "9", "returncode": 3, "stderr": ["shardbench: error: loss is nan"],
                                 "started": 1.0, "wall_s": 2.0, "peak_rss_bytes": None}))
-    row = slurm_lib.row_for(s, s.runs[0], Options(tmp_path), "9", slurm_lib.JobState("COMPLETED"))
+    row = slurm_lib.row_for(s, s.runs[0], Options(tmp_path), "9", slurm_jobs.JobState("COMPLETED"))
     assert (row.error_kind, row.error, row.wall_s) == ("diverged", "shardbench: error: loss is nan", 2.0)
 
 
@@ -309,11 +311,11 @@ def test_bad_cluster_input_is_one_line_before_anything_is_submitted(
 
 
 def test_without_submitit_the_slurm_executor_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = slurm_lib.importlib.util.find_spec
-    monkeypatch.setattr(slurm_lib.importlib.util, "find_spec", lambda name, *a: None if name == "submitit"
+    real = slurm_options.importlib.util.find_spec
+    monkeypatch.setattr(slurm_options.importlib.util, "find_spec", lambda name, *a: None if name == "submitit"
                         else real(name, *a))
     with pytest.raises(ConfigError, match=r"pip install 'shardbench\[slurm\]'"):
-        slurm_lib.check_available()
+        slurm_options.check_available()
 
 
 def test_a_dry_run_for_slurm_lists_the_runs_and_submits_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -434,8 +436,8 @@ def test_a_sweep_on_slurm_matches_the_local_sweep(slurm: LocalSlurm, tmp_path: P
 
     # Without accounting, ended jobs are read from the controller's memory instead.
     monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
-    monkeypatch.setattr(slurm_lib, "sacct_states", lambda ids: None)
-    states, source = slurm_lib.job_states([j.job_id for j in jobs.values()])
+    monkeypatch.setattr(slurm_jobs, "sacct_states", lambda ids: None)
+    states, source = slurm_jobs.job_states([j.job_id for j in jobs.values()])
     assert source == "squeue and scontrol (no accounting)"
     assert sorted(states) == sorted(j.job_id for j in jobs.values())
     assert {st.word for st in states.values()} == {"COMPLETED"}

@@ -21,6 +21,7 @@ from shardbench.errors import ConfigError, ShardbenchError, report, writable_dir
 from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep, run_config, stored_sweep
 from shardbench.sweep.preflight import refusals
 from shardbench.sweep import slurm as slurm_lib
+from shardbench.sweep import slurm_options
 from shardbench.sweep.runner import Options, check_process_split, has_field, run_sweep
 from shardbench.sweep.store import Store
 from shardbench.sweep.sweep_file import load_sweep_file
@@ -96,7 +97,7 @@ def add_parser(subparsers: Any) -> None:
                        help="print the runs and their overrides, marking those that would be refused; run nothing")
     group.add_argument("--no-report", action="store_true",
                        help="do not write <out>/report at the end (shardbench report <out> writes it later)")
-    slurm_lib.add_arguments(parser)
+    slurm_options.add_arguments(parser)
 
 
 DEFAULT_OPTIONS: dict[str, Any] = {"timeout": 1800.0, "profile": False, "processes": 1, "devices_per_process": 0,
@@ -309,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
             return slurm_lib.watch(args)
         sweep, stored_options = _plan(args)
         options = resolve_options(args, stored_options)
-        executor, slurm_meta, slurm_opts = slurm_lib.resolve(args, _stored_slurm(args))
+        executor, slurm_meta, slurm_opts = slurm_options.resolve(args, _stored_slurm(args))
         if executor == "local" and args.resume and args.out:
             slurm_lib.check_no_live_jobs(Path(args.out))
         if options["profile"] and not has_field("train.profile_root"):
@@ -323,10 +324,10 @@ def run(args: argparse.Namespace) -> int:
                           options["devices_per_process"])
         check_process_split(sweep, checked)
         if executor == "slurm":
-            shapes = slurm_lib.check_shapes(sweep, checked, slurm_opts)
+            shapes = slurm_options.check_shapes(sweep, checked, slurm_opts)
             if not args.dry_run:
-                slurm_lib.check_available()
-                slurm_lib.check_submittable(shapes, checked, slurm_opts)
+                slurm_options.check_available()
+                slurm_options.check_submittable(shapes, checked, slurm_opts)
         refused = refusals(sweep)
         if args.dry_run:
             dry_run(sweep, refused)

@@ -1,0 +1,130 @@
+"""What SLURM says of a sweep's jobs: their states, which of them SLURM may still leave, and how the final
+ones that are not a finished process (time limit, memory, preemption, a node failure, scancel) map onto the
+sweep's error kinds.
+
+Job states come from `squeue` while jobs are queued or running, and from `sacct` once they have ended (it keeps
+why); on a cluster without accounting, from `scontrol show job`, which remembers ended jobs for a few minutes.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+
+# SLURM's job states: those it may still leave, and how the final ones that are not a finished process map onto
+# the sweep's error kinds.
+LIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
+                         "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD",
+                         "SUBMITTED"})
+KILLED_KINDS = {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "oom", "CANCELLED": "killed",
+                "PREEMPTED": "killed", "NODE_FAIL": "killed", "BOOT_FAIL": "killed", "REVOKED": "killed"}
+
+
+# ------------------------------------------------------------------------------------------------ job states
+@dataclass(frozen=True)
+class JobState:
+    """What SLURM says of one job: its state word, its reason or note, exit code and times where known."""
+
+    state: str
+    reason: str = ""
+    exit_code: str = ""
+    started: float | None = None
+    ended: float | None = None
+
+    @property
+    def word(self) -> str:
+        return self.state.split()[0] if self.state else "UNKNOWN"
+
+    @property
+    def live(self) -> bool:
+        return self.word in LIVE_STATES
+
+
+def _expand(job_id: str) -> list[str]:
+    """'12_[0-2,5%2]' (a pending part of an array as sacct and squeue write it) -> ['12_0', '12_1', '12_2', '12_5']."""
+    found = re.fullmatch(r"(\d+)_\[([\d,\-]+)(?:%\d+)?\]", job_id)
+    if not found:
+        return [job_id]
+    out = []
+    for part in found.group(2).split(","):
+        lo, _, hi = part.partition("-")
+        out += [f"{found.group(1)}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
+    return out
+
+
+def _clock(text: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def run_command(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """One of SLURM's commands (sbatch, squeue, sacct, scontrol, scancel), its output captured as text."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def sacct_states(job_ids: list[str]) -> dict[str, JobState] | None:
+    """States from SLURM's accounting (None where the cluster keeps none)."""
+    bases = sorted({j.split("_")[0] for j in job_ids})
+    done = run_command(["sacct", "-X", "-n", "-P", "-j", ",".join(bases), "-o",
+                        "JobID,State,Reason,ExitCode,Start,End"])
+    if done.returncode != 0:
+        return None
+    out: dict[str, JobState] = {}
+    for line in done.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) < 6:
+            continue
+        jid, state, reason, code, start, end = parts[:6]
+        for one in _expand(jid):
+            out[one] = JobState(state, "" if reason == "None" else reason, code, _clock(start), _clock(end))
+    return out
+
+
+def squeue_states(job_ids: list[str]) -> dict[str, JobState]:
+    """States of the jobs SLURM's controller still holds: queued and running ones (squeue, always current)."""
+    wanted = set(job_ids)
+    out: dict[str, JobState] = {}
+    done = run_command(["squeue", "-h", "-r", "-o", "%i|%T|%r"])
+    for line in done.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3:
+            for one in _expand(parts[0]):
+                if one in wanted:
+                    out[one] = JobState(parts[1], "" if parts[2] == "None" else parts[2])
+    return out
+
+
+def scontrol_states(job_ids: list[str]) -> dict[str, JobState]:
+    """Without accounting: what the controller remembers of jobs that ended recently (for MinJobAge)."""
+    out: dict[str, JobState] = {}
+    for jid in job_ids:
+        shown = run_command(["scontrol", "-o", "show", "job", jid])
+        fields = dict(kv.split("=", 1) for kv in shown.stdout.split() if "=" in kv)
+        if shown.returncode == 0 and fields.get("JobState"):
+            reason = fields.get("Reason", "")
+            out[jid] = JobState(fields["JobState"], "" if reason == "None" else reason, fields.get("ExitCode", ""),
+                                _clock(fields.get("StartTime", "")), _clock(fields.get("EndTime", "")))
+    return out
+
+
+def job_states(job_ids: list[str]) -> tuple[dict[str, JobState], str]:
+    """{job id: state} and where the states came from. Queued and running jobs: squeue, which is current (the
+    accounting learns of a start or an end a moment later). Jobs that left the queue: sacct, which keeps why a
+    job ended; without accounting, scontrol, which remembers ended jobs for a few minutes. A job absent from
+    both is left out (just submitted, or just ended and not yet accounted for)."""
+    if not job_ids:
+        return {}, "squeue and sacct"
+    found = squeue_states(job_ids)
+    rest = [j for j in job_ids if j not in found]
+    if not rest:
+        return found, "squeue and sacct"
+    accounted = sacct_states(rest)
+    if accounted is None:
+        found.update({j: st for j, st in scontrol_states(rest).items() if not st.live})
+        return found, "squeue and scontrol (no accounting)"
+    found.update({j: st for j, st in accounted.items() if j in rest and not st.live})
+    return found, "squeue and sacct"
