@@ -138,7 +138,7 @@ def test_killed_process_stops_the_launch_and_the_run_resumes_to_the_same_result(
 
 
 def test_a_sweep_runs_each_configuration_as_two_processes(runs: dict[str, Any]) -> None:
-    from shardbench.sweep.store import Store
+    from shardbench.store import Store
 
     out = runs["root"] / "sweep"
     done = subprocess.run(

@@ -20,7 +20,7 @@ from shardbench.errors import ShardbenchError
 from shardbench.measure.run_record import from_json
 from shardbench.report import report_cmd
 from shardbench.report.write import ReportPaths, write_report
-from shardbench.sweep.store import RunRow, Store
+from shardbench.store import RunRow, Store
 
 MIB = 2**20
 CHARTS = ("step_time", "throughput", "epoch_time", "peak_memory", "mfu", "comms", "memory_breakdown")
@@ -216,7 +216,7 @@ def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path:
 def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> None:
     """A run too short for a step time, and one trained for part of an epoch: the report, the charts and
     the sweep's progress line give the record's own reason. A run folder that never finished is listed."""
-    from shardbench.report.write import progress_line
+    from shardbench.report.terminal import progress_line
 
     rec = record("short", "dp", "8", 8, breakdown=(1.0, 2.0, 1.0, 4.0), total=8.5, comms={}, epochs=[],
                  step_ms=1.0, img_s=10.0, mfu=None, acc=0.1)
@@ -258,7 +258,7 @@ def test_parameter_dtype_pair_says_the_state_bytes_move() -> None:
 
 
 def test_terminal_lines_of_a_sweep() -> None:
-    from shardbench.report.write import progress_line, summary_table
+    from shardbench.report.terminal import progress_line, summary_table
 
     rows = sweep_rows()
     assert progress_line(1, 6, rows[0]) == ("[1/6] single_fp32  complete  29.0s  1347 img/s  step 0.095s  "

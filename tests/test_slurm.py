@@ -34,7 +34,7 @@ from shardbench.sweep import sweep_cmd
 from shardbench.sweep.grid import make_sweep
 from shardbench.sweep.runner import Options
 from shardbench.sweep.slurm_options import Shape, SlurmOptions, job_shape
-from shardbench.sweep.store import JobRow, RunRow, Store
+from shardbench.store import JobRow, RunRow, Store
 
 pytestmark = pytest.mark.slow  # every test here starts processes or trains for tens of seconds
 

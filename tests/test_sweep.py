@@ -19,7 +19,7 @@ from shardbench.sweep import sweep_cmd
 from shardbench.naming import run_name
 from shardbench.sweep.grid import axes_from_values, make_sweep, split_alternatives
 from shardbench.sweep.runner import Options, Outcome, classify, train_command
-from shardbench.sweep.store import RunRow, Store
+from shardbench.store import RunRow, Store
 from shardbench.sweep.sweep_file import load_sweep_file
 
 # In-process sweeps fork from a pytest process whose JAX is up; each child execs at once, so JAX's warning is moot.

@@ -14,8 +14,9 @@ from typing import Any
 
 from shardbench.config import REPORTING_ONLY
 from shardbench.measure.run_record import (
-    Breakdown, Collective, CompileTimes, Measurements, Memory, Mfu, RunRecord, StepTimes, Throughput,
+    Breakdown, Collective, CompileTimes, Measurements, Memory, Mfu, RunRecord, StepTimes, Throughput, from_json,
 )
+from shardbench.store import RunRow
 
 MIB = 1024 * 1024
 DASH = "-"
@@ -226,6 +227,12 @@ class ReportedRun:
     @property
     def label(self) -> str:
         return f"failed ({self.error_kind})" if self.error_kind else self.status
+
+
+def reported(row: RunRow, source: str = "the run's record") -> ReportedRun:
+    """A stored run as the report reads it: its record through the one schema (`from_json`)."""
+    record = None if row.record is None else from_json(row.record, source)
+    return ReportedRun(row.name, row.status, row.error_kind, row.error, row.overrides, row.config, record)
 
 
 def _mib(value: Any) -> float | None:

@@ -1,5 +1,6 @@
 """Sweep report: read the runs of a sweep (its sweep.db, or any folder of run directories) and describe them:
-report.md, a self-contained report.html and PNG charts, plus the terminal lines `shardbench sweep` prints.
+report.md, a self-contained report.html and PNG charts (the lines `shardbench sweep` prints are in
+`terminal`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from shardbench.measure.run_record import from_json
 from shardbench.report import html as html_page
 from shardbench.report import plots
 from shardbench.report.content import (
-    COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, fixed, number, shown,
+    COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, reported, shown,
 )
 from shardbench.report.findings import explain
 from shardbench.report.speed import differing
-from shardbench.sweep.store import RunRow, Store
+from shardbench.store import Store
 
 # ------------------------------------------------------------------------------------------- loading runs
 def _read_json(path: Path) -> Any:
@@ -34,7 +35,7 @@ def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
     with Store(db) as store:
         rows = store.runs()
         meta = {key: store.get_meta(key) for key in ("preset", "axes", "created")}
-    return [_run(r, f"{db}: run {r.name}") for r in rows], meta
+    return [reported(r, f"{db}: run {r.name}") for r in rows], meta
 
 
 def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
@@ -207,46 +208,3 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
                        tuple(r.name for r in content.runs if r.error_kind == INCOMPLETE),
                        tuple(f"{', '.join(eq.runs)} differ by {eq.largest:.1e} at {eq.where} (tolerance "
                              f"{eq.tolerance:.0e}): see the report" for eq in differing(runs)))
-
-
-# ---------------------------------------------------------------- terminal lines printed by `shardbench sweep`
-TERMINAL_KEYS = ("run", "status", "epoch_s", "step_ms_median", "img_s", "tokens_s", "examples_s", "mfu_pct",
-                 "mem_mib", "comms_mib", "test_acc_pct", "test_loss")
-
-
-def _run(row: RunRow, source: str = "the run's record") -> ReportedRun:
-    """A stored run as the report reads it: its record through the one schema (`from_json`)."""
-    record = None if row.record is None else from_json(row.record, source)
-    return ReportedRun(row.name, row.status, row.error_kind, row.error, row.overrides, row.config, record)
-
-
-def status_text(row: RunRow) -> str:
-    return row.status if row.status == "complete" else f"FAILED ({row.error_kind})"
-
-
-def progress_line(index: int, total: int, row: RunRow) -> str:
-    """`[3/9] mesh_4_2_batch_1024  complete  41.2s  1066 img/s  step 0.120s  mem 512.0 MiB (compiled) ...`"""
-    head = f"[{index}/{total}] {row.name}"
-    if row.status != "complete":
-        return f"{head}  {status_text(row)}: {row.error}"
-    run = _run(row)
-    memory, source = run.memory
-    step = run.step_median
-    step_text = f"step {step:.3f}s" if step is not None else f"step time {run.why_not('step_time_s')}"
-    return (f"{head}  complete  {fixed(number(run.rec.time_s), '.1f')}s  "
-            f"{run.rate_text}  {step_text}  "
-            f"mem {fixed(memory, '.1f')} MiB ({source})  comms {fixed(run.comms_mib, '.1f')} MiB")
-
-
-def summary_table(rows: list[RunRow]) -> str:
-    """The report's main columns at fixed width, names left-aligned and numbers right-aligned."""
-    columns = [c for c in shown(COLUMNS, [_run(row) for row in rows]) if c.key in TERMINAL_KEYS]
-    body = [[status_text(row) if c.key == "status" else c.text(_run(row)) for c in columns] for row in rows]
-    header = [c.label for c in columns]
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-
-    def fmt(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if col.numeric else c.ljust(w)
-                         for c, w, col in zip(cells, widths, columns, strict=True)).rstrip()
-
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *(fmt(b) for b in body)])

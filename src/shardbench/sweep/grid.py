@@ -15,7 +15,7 @@ from shardbench.errors import ConfigError
 from shardbench.naming import run_name
 
 if TYPE_CHECKING:
-    from shardbench.sweep.store import Store
+    from shardbench.store import Store
 
 Override = dict[str, Any]
 Axis = list[Override]

@@ -21,7 +21,8 @@ from typing import IO, Any
 from shardbench import config as config_lib
 from shardbench.subprocs import dies_with_parent, kill_group
 from shardbench.sweep.grid import PlannedRun, Sweep, field_kind, run_config
-from shardbench.sweep.store import RunRow, Store
+from shardbench.report.terminal import progress_line, summary_table
+from shardbench.store import RunRow, Store
 
 # `shardbench train` exit codes (cli.main): 2 bad configuration, 3 diverged, 4 missing or corrupt data, 5 the
 # processes of a multi-process run could not join or one of them failed (`shardbench launch` passes them on).
@@ -274,8 +275,6 @@ def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], No
               refused: dict[str, str] | None = None) -> int:
     """Run every run not yet in the store (recording `refused` ones as failed without running them); returns 0
     when each is recorded, 130 on Ctrl-C."""
-    from shardbench.report.write import progress_line, summary_table
-
     done = store.names()
     todo = [r for r in sweep.runs if r.name not in done]
     if done:

@@ -31,7 +31,8 @@ from shardbench.sweep.runner import (Options, Outcome, _one_line, _read_json, cl
                                      train_command)
 from shardbench.sweep.slurm_jobs import KILLED_KINDS, LIVE_STATES, JobState, job_states, run_command
 from shardbench.sweep.slurm_options import Shape, SlurmOptions, check_shapes, parse_sbatch, time_limit_min
-from shardbench.sweep.store import JobRow, RunRow, Store
+from shardbench.report.terminal import progress_line, summary_table
+from shardbench.store import JobRow, RunRow, Store
 
 OUTCOME_GRACE_S = 60.0  # a job SLURM calls finished whose outcome file has not appeared (a slow shared filesystem)
 _SIM_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
@@ -199,8 +200,6 @@ def run_slurm_sweep(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptio
     ends. Jobs an earlier driver left behind are followed, not submitted again; those that ended meanwhile are
     recorded first (and submitted again when they did not complete). Returns 0 once every run is recorded, 130 on
     Ctrl-C: the jobs go on, and the message says how to follow, resume or cancel them."""
-    from shardbench.report.write import summary_table
-
     refused = refused or {}
     total = len(sweep.runs)
     by_name = {r.name: r for r in sweep.runs}
@@ -289,8 +288,6 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
 
 
 def progress_line_for(i: int, total: int, row: RunRow, job_id: str) -> str:
-    from shardbench.report.write import progress_line
-
     return f"{progress_line(i, total, row)}  [job {job_id}]"
 
 

@@ -23,7 +23,7 @@ from shardbench.sweep.preflight import refusals
 from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_options
 from shardbench.sweep.runner import Options, check_process_split, has_field, run_sweep
-from shardbench.sweep.store import Store
+from shardbench.store import Store
 from shardbench.sweep.sweep_file import load_sweep_file
 
 DESCRIPTION = """\
