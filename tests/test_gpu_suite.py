@@ -51,9 +51,12 @@ def test_variants_compare_with_the_baseline(smoke: Path) -> None:
     for part in ("variants-bf16", "variants-f32"):
         cases = _cases(smoke, part)
         assert cases["baseline"]["status"] == "ok" and len(cases["baseline"]["losses"]) >= 3
-        assert cases["qkv split"]["losses_agree"] is True  # the same arithmetic, another layout
-        assert cases["cudnn layernorm"]["status"] == "ok"
-        assert "--xla_gpu_enable_cudnn_layer_norm=true" in cases["cudnn layernorm"]["xla_flags"]
+        if part == "variants-bf16":  # variants-f32's smoke run repeats only the refusal, which differs
+            assert cases["qkv split"]["losses_agree"] is True  # the same arithmetic, another layout
+            assert cases["cudnn layernorm"]["status"] == "ok"
+            assert "--xla_gpu_enable_cudnn_layer_norm=true" in cases["cudnn layernorm"]["xla_flags"]
+        else:
+            assert set(cases) == {"baseline", "attention cudnn"}
         # cuDNN's attention cannot run on a CPU: refused in one line, before compiling
         assert cases["attention cudnn"]["status"].startswith("refused: ")
         assert "cudnn" in cases["attention cudnn"]["status"].lower()

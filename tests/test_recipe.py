@@ -169,25 +169,32 @@ RECIPE = {"data.crop": "pad", "data.trivial_augment": True, "data.mixup": 1.0, "
           "data.synthetic_test": 64}
 
 
+# vit-cifar-spt's model pieces: shifted patches (8 wide, so half-patch shifts of 4) and Locality Self-Attention.
+SPT_MODEL = {"model.stem": "shifted-patch", "model.lsa": True}
+
+
 @pytest.mark.slow
 def test_every_strategy_trains_on_the_same_augmented_images(micro) -> None:
-    """The whole recipe (crop, TrivialAugment, mixup/CutMix, smoothing, stochastic depth, the moving average)
-    gives one device's losses and test loss (evaluated on the average) under dp, fsdp+tp and shard_map."""
-    reference = run(micro(**RECIPE, **{"parallel.strategy": "single", "train.out": micro().train.out + "-single"}))
+    """The whole recipe (crop, TrivialAugment, mixup/CutMix, smoothing, stochastic depth, the moving average) on a
+    ViT with SPT's shifted-patch tokenizer and LSA gives one device's losses and test loss (evaluated on the
+    average) under dp and fsdp+tp, and, without stochastic depth, under fsdp as shard_map."""
+    recipe = {**RECIPE, **SPT_MODEL}
+    reference = run(micro(**recipe, **{"parallel.strategy": "single", "train.out": micro().train.out + "-single"}))
     base = _losses(Path(micro().train.out + "-single"))
+    assert len(base) == 4
     for name, overrides in {"dp": {"parallel.strategy": "dp", "parallel.mesh": "8"},
                             "fsdp_tp": {"parallel.strategy": "fsdp+tp", "parallel.mesh": "4x2"}}.items():
         out = micro().train.out + "-" + name
-        summary = run(micro(**RECIPE, **overrides, **{"train.out": out}))
+        summary = run(micro(**recipe, **overrides, **{"train.out": out}))
         assert _losses(Path(out)) == pytest.approx(base, rel=2e-5, abs=2e-6), name
         assert summary["test_loss"] == pytest.approx(reference["test_loss"], rel=2e-5), name
-    # shard_map draws dropout and stochastic-depth masks per device: the augmentation alone is compared.
-    no_path = {**RECIPE, "model.drop_path": 0.0}
-    jit = run(micro(**no_path, **{"parallel.strategy": "dp", "parallel.mesh": "8",
-                                  "train.out": micro().train.out + "-jit"}))
-    mapped = run(micro(**no_path, **{"parallel.strategy": "dp", "parallel.mesh": "8", "parallel.spmd": "shard_map",
-                                     "train.out": micro().train.out + "-map"}))
-    assert mapped["train_loss"] == pytest.approx(jit["train_loss"], rel=2e-5)
+    # shard_map draws dropout and stochastic-depth masks per device: the rest is compared step by step.
+    no_path = {**recipe, "model.drop_path": 0.0}
+    run(micro(**no_path, **{"parallel.strategy": "single", "train.out": micro().train.out + "-jit"}))
+    run(micro(**no_path, **{"parallel.strategy": "fsdp", "parallel.mesh": "8", "parallel.spmd": "shard_map",
+                            "train.out": micro().train.out + "-map"}))
+    assert _losses(Path(micro().train.out + "-map")) == pytest.approx(
+        _losses(Path(micro().train.out + "-jit")), rel=2e-5, abs=2e-6)
 
 
 def test_mixing_needs_pairs_on_one_device(micro) -> None:

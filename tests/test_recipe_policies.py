@@ -245,19 +245,26 @@ KNOBS = {"data.crop": "pad", "data.autoaugment": True, "data.random_erasing": 0.
          "train.label_smoothing": 0.1}
 
 
+# vit-cifar-cct's model pieces: the convolutional tokenizer (16x16 images: 64 tokens) and sequence pooling.
+CCT_MODEL = {"model.stem": "conv", "model.pool": "sequence", "data.image_size": 16}
+
+
 @pytest.mark.slow
 def test_every_strategy_trains_on_the_same_images_with_every_knob(micro) -> None:
-    """AutoAugment, random erasing, mixing with a probability and for half the steps, repeated augmentation:
-    one device's losses under dp and fsdp+tp (2-D), step by step, through the switch-off at step 2 of 4."""
-    knobs = KNOBS
+    """AutoAugment, random erasing, mixing with a probability and for half the steps, repeated augmentation, on a
+    ViT with CCT's convolutional tokenizer and sequence pooling: one device's losses under dp, fsdp+tp (2-D) and
+    fsdp as shard_map, step by step, through the switch-off at step 2 of 4."""
+    knobs = {**KNOBS, **CCT_MODEL}
     out = micro().train.out
     run(micro(**knobs, **{"parallel.strategy": "single", "train.out": out + "-single"}))
     base = _losses(Path(out + "-single"))
     assert len(base) == 4
     for name, overrides in {"dp": {"parallel.strategy": "dp", "parallel.mesh": "8"},
-                            "fsdp_tp": {"parallel.strategy": "fsdp+tp", "parallel.mesh": "4x2"}}.items():
+                            "fsdp_tp": {"parallel.strategy": "fsdp+tp", "parallel.mesh": "4x2"},
+                            "fsdp_shard_map": {"parallel.strategy": "fsdp", "parallel.mesh": "8",
+                                               "parallel.spmd": "shard_map"}}.items():
         run(micro(**knobs, **overrides, **{"train.out": out + "-" + name}))
         assert _losses(Path(out + "-" + name)) == pytest.approx(base, rel=2e-5, abs=2e-6), name
     # The knobs change what is trained on: without them the losses differ.
-    run(micro(**{"parallel.strategy": "single", "train.out": out + "-plain"}))
+    run(micro(**CCT_MODEL, **{"parallel.strategy": "single", "train.out": out + "-plain"}))
     assert _losses(Path(out + "-plain")) != pytest.approx(base, rel=1e-3)

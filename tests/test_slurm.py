@@ -459,8 +459,9 @@ def test_a_job_slurm_would_not_take_is_one_line_before_anything_is_submitted(slu
 def test_a_cancelled_job_is_recorded_and_resumed_and_a_live_one_is_not_submitted_again(
         slurm: LocalSlurm, tmp_path: Path) -> None:
     out = tmp_path / "s"
-    # Two runs in one array, one at a time: the first runs while the second waits its turn.
-    argv = ["--preset", "vit-tiny", *TINY, "--steps", "40", "--devices", "2", "--strategy", "dp,fsdp",
+    # Two runs in one array, one at a time: the first runs while the second waits its turn. 1,500 steps (about
+    # 6 s on 2 busy cores, after the job's start-up) keep the first job running through the --status and Ctrl-C.
+    argv = ["--preset", "vit-tiny", *TINY, "--steps", "1500", "--devices", "2", "--strategy", "dp,fsdp",
             "--data.cache-dir", str(tmp_path / "cache"), "--no-report"]
     driver = subprocess.Popen(_sweep_cmd(*argv, "--executor", "slurm", "--slurm-max-running", "1", "--slurm-poll",
                                          "1", "--out", str(out)),

@@ -1,12 +1,13 @@
 """The vit's options from published small-dataset ViTs: CCT's convolutional stem and sequence pooling (Hassani et
 al. 2021), SPT's shifted patches and Locality Self-Attention (Lee, Lee and Song 2021). Each is counted by hand
-(parameters and FLOPs), checked against a direct reference on a tiny input, trained alike on one device and on 8
-simulated devices (dp, fsdp+tp, and fsdp under shard_map), and refused in one line where it means nothing."""
+(parameters and FLOPs), checked against a direct reference on a tiny input, and refused in one line where it means
+nothing. That they train alike on one device and on 8 simulated devices (dp, fsdp+tp, and fsdp under shard_map)
+is checked with the recipe they come with: SPT's pieces in tests/test_recipe.py, CCT's in
+tests/test_recipe_policies.py."""
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +23,6 @@ from shardbench.models.vit import (VisionTransformer, conv_tokens, flops_per_exa
                                    shifted_images)
 from shardbench.parallel.rules import param_axes
 from shardbench.tasks import validate
-from shardbench.train.loop import run
-from test_training import _losses
 
 CCT = {"model.stem": "conv", "model.pool": "sequence"}
 SPT = {"model.stem": "shifted-patch", "model.lsa": True}
@@ -242,32 +241,6 @@ def test_lsa_at_its_initial_temperature_without_the_mask_is_the_einsum_attention
     assert model.encoder.attention == "einsum"
     built = build_model(config_lib.override(cfg, {"model.num_layers": 2}), nnx.Rngs(0))
     np.testing.assert_array_equal(built.encoder.lsa_scale[...], np.full((2, 4), 1 / math.sqrt(128 // 4), np.float32))
-
-
-# ------------------------------------------------------------------------------ one device against eight
-def _tiny(tmp_path: Path, name: str, **overrides: object) -> config_lib.Config:
-    from conftest import micro_config
-
-    base = {"data.image_size": 16, "model.patch_size": 4, "train.batch_size": 16, "train.steps": 3,
-            "data.synthetic_train": 128, "optim.warmup_steps": 0, "train.compile_cache": "off",
-            "train.out": str(tmp_path / name)}
-    return micro_config(tmp_path, **{**base, **overrides})
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("options", [CCT, SPT], ids=["conv+sequence", "shifted-patch+lsa"])
-def test_one_device_losses_under_dp_fsdp_tp_and_shard_map(tmp_path: Path, options: dict[str, object]) -> None:
-    """A few steps of a tiny vit (embed 32, 2 layers, 16x16 images, batch 16): one device's losses under dp (8),
-    fsdp+tp (4x2) and fsdp under shard_map (8), the same model and images laid out differently."""
-    run(_tiny(tmp_path, "single", **options, **{"parallel.strategy": "single"}))
-    base = _losses(tmp_path / "single")
-    assert len(base) == 3 and all(math.isfinite(x) for x in base)
-    for name, layout in {"dp": {"parallel.strategy": "dp", "parallel.mesh": "8"},
-                         "fsdp_tp": {"parallel.strategy": "fsdp+tp", "parallel.mesh": "4x2"},
-                         "fsdp_shard_map": {"parallel.strategy": "fsdp", "parallel.mesh": "8",
-                                            "parallel.spmd": "shard_map"}}.items():
-        run(_tiny(tmp_path, name, **options, **layout))
-        assert _losses(tmp_path / name) == pytest.approx(base, rel=2e-5, abs=2e-6), name
 
 
 # --------------------------------------------------------------------------------------------- refusals
