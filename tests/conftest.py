@@ -6,8 +6,8 @@ import os
 
 # LLVM at -O0 for the CPU programs these tests compile in-process: their tiny programs compile in a quarter to a
 # half less time, and what the tests check is not LLVM's to change (the HLO passes, the shardings, buffer
-# assignment and collectives are the same; equalities are between runs compiled alike). Processes the tests
-# start get their own XLA_FLAGS, as a user's would.
+# assignment and collectives are the same; equalities are between runs compiled alike). Most processes the tests
+# start are given their own XLA_FLAGS, as a user's would be.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
                            " --xla_backend_optimization_level=0").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
