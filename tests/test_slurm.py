@@ -485,6 +485,10 @@ def test_a_cancelled_job_is_recorded_and_resumed_and_a_live_one_is_not_submitted
     assert set(_squeue(slurm)) >= {first, second}
 
     subprocess.run(["scancel", first], env=_env(slurm), check=True, timeout=30)
+    # Once the cancel has taken (squeue may say RUNNING for a moment), SLURM cleans up for a few seconds (squeue:
+    # COMPLETING), and the accounting of an array's task learns of the end a moment later: the resume waits for
+    # the final word before it decides what to submit again.
+    _wait("the cancel to take", lambda: _squeue(slurm).get(first) != "RUNNING")
     resumed = _sweep(slurm, "--out", str(out), "--resume", timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     # The cancelled job is recorded as such, then its run is submitted again; the waiting one is followed.

@@ -256,16 +256,23 @@ def _ranges(ids: list[str]) -> str:
 def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pending: dict[str, str],
             out: Callable[[str], None], once: bool = False) -> None:
     """Read job states until every job in `pending` ({run name: job id}) has ended and its run is recorded
-    (`once`: read them once, recording those that have ended). Recorded runs leave `pending`."""
+    (`once`: only until none is ending, recording those that have ended, so that a resume knows which runs to
+    submit again: a job SLURM is cleaning up after scancel, or one out of the queue whose final word has not yet
+    come, is waited for up to OUTCOME_GRACE_S). Recorded runs leave `pending`."""
     total = len(sweep.runs)
     by_name = {r.name: r for r in sweep.runs}
-    unsettled: dict[str, float] = {}  # since when a job has been out of the queue without a final word
+    unsettled: dict[str, float] = {}  # since when a job has been ending without a final word
+    started = time.time()
     while pending:
         states, source = job_states(list(pending.values()))
+        ending = False
         for name, job_id in list(pending.items()):
             state = states.get(job_id)
             if state is not None and state.live:
-                unsettled.pop(name, None)
+                if state.word != "COMPLETING":
+                    unsettled.pop(name, None)
+                else:
+                    ending = True
                 store.set_job(name, job_id, state.word, state.reason or None)
                 continue
             has_outcome = outcome_path(opts.sweep_dir, job_id).exists()
@@ -273,7 +280,8 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
             # filesystem): wait a little for the full story before recording what is known.
             settled = state is not None and (state.word != "COMPLETED" or has_outcome)
             if not settled:
-                if once or time.time() - unsettled.setdefault(name, time.time()) < OUTCOME_GRACE_S:
+                if time.time() - unsettled.setdefault(name, time.time()) < OUTCOME_GRACE_S:
+                    ending = True
                     continue
                 state = state or JobState("UNKNOWN", f"not found by {source}")
             row = row_for(sweep, by_name[name], opts, job_id, state)
@@ -281,7 +289,7 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
             store.set_job(name, job_id, state.state or state.word, state.reason or None)
             del pending[name]
             out(progress_line_for(_done(store, by_name), total, row, job_id))
-        if once:
+        if once and (not ending or time.time() - started >= OUTCOME_GRACE_S):
             return
         if pending:
             time.sleep(slurm.poll_s)

@@ -115,11 +115,13 @@ def job_states(job_ids: list[str]) -> tuple[dict[str, JobState], str]:
     """{job id: state} and where the states came from. Queued and running jobs: squeue, which is current (the
     accounting learns of a start or an end a moment later). Jobs that left the queue: sacct, which keeps why a
     job ended; without accounting, scontrol, which remembers ended jobs for a few minutes. A job absent from
-    both is left out (just submitted, or just ended and not yet accounted for)."""
+    both is left out (just submitted, or just ended and not yet accounted for). A job squeue calls COMPLETING
+    has ended and is being cleaned up (after scancel, for seconds): its final state, where the accounting or the
+    controller already has it, is the one given."""
     if not job_ids:
         return {}, "squeue and sacct"
     found = squeue_states(job_ids)
-    rest = [j for j in job_ids if j not in found]
+    rest = [j for j in job_ids if j not in found or found[j].word == "COMPLETING"]
     if not rest:
         return found, "squeue and sacct"
     accounted = sacct_states(rest)
