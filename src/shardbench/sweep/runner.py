@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardbench import config as config_lib
-from shardbench.subprocs import dies_with_parent, kill_group
-from shardbench.sweep.grid import PlannedRun, Sweep, field_kind, run_config
 from shardbench.report.terminal import progress_line, summary_table
 from shardbench.store import RunRow, Store
+from shardbench.subprocs import dies_with_parent, kill_group
+from shardbench.sweep.grid import PlannedRun, Sweep, field_kind, run_config
 
 # `shardbench train` exit codes (cli.main): 2 bad configuration, 3 diverged, 4 missing or corrupt data, 5 the
 # processes of a multi-process run could not join or one of them failed (`shardbench launch` passes them on).

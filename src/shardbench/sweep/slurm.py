@@ -26,13 +26,13 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
+from shardbench.report.terminal import progress_line, summary_table
+from shardbench.store import JobRow, RunRow, Store
 from shardbench.sweep.grid import PlannedRun, Sweep, run_config, stored_sweep
 from shardbench.sweep.runner import (Options, Outcome, _one_line, _read_json, classify, refused_row, run_process,
                                      train_command)
 from shardbench.sweep.slurm_jobs import KILLED_KINDS, LIVE_STATES, JobState, job_states, run_command
 from shardbench.sweep.slurm_options import Shape, SlurmOptions, check_shapes, parse_sbatch, time_limit_min
-from shardbench.report.terminal import progress_line, summary_table
-from shardbench.store import JobRow, RunRow, Store
 
 OUTCOME_GRACE_S = 60.0  # a job SLURM calls finished whose outcome file has not appeared (a slow shared filesystem)
 _SIM_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
