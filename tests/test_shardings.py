@@ -151,3 +151,53 @@ def test_auto_strategy_follows_the_mesh(mesh: str, devices: int, strategy: str) 
     layout = make_layout("auto", mesh, jax.devices()[:devices])
     assert layout.strategy.name == strategy
     assert (layout.mesh is None) == (strategy == "single")
+
+
+def test_a_new_strategy_is_an_entry_of_tactics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a way of splitting is adding an entry: FSDP over the model axis beside Megatron's table, written
+    as data in this test, places parameters with no change to the layout code."""
+    from shardbench.models.axes import BATCH
+    from shardbench.parallel import rules
+
+    megatron = rules.ByName({"heads": "model", "mlp": "model"})
+    entry = rules.Strategy("tp+fsdp-model", (megatron, rules.Largest("model")), {BATCH: "data"},
+                           ("data", "model"), "data", "test entry")
+    monkeypatch.setitem(rules.STRATEGIES, entry.name, entry)
+    layout = make_layout(entry.name, "2x4", jax.devices())
+    # Megatron's table takes the heads dim; FSDP over 'model' finds that axis used and leaves the array alone.
+    assert layout.param_spec(("layers", "embed", None, "heads", None), (2, 64, 3, 4, 16)) == P(
+        None, None, None, "model", None)
+    # An array the table leaves whole gets its 'embed' dim over 'model', where 4 divides it.
+    assert layout.param_spec(("embed", "classes"), (64, 10)) == P("model", None)
+    # Nothing divides: replicated, and nothing refused (FSDP only takes dims that divide).
+    assert layout.param_spec(("classes",), (10,)) == P(None)
+    layout.check_divisible({"b": ("classes",)}, {"b": (10,)}, {})
+
+
+def test_fsdp_is_dp_plus_one_tactic() -> None:
+    """fsdp places every array as dp (whole) plus at most one dim over 'data'; fsdp+tp as tp plus one."""
+    from shardbench.parallel.rules import STRATEGIES
+
+    shapes = [(("layers", "embed", None, "heads", None), (2, 64, 3, 4, 16)), (("embed", "mlp"), (64, 256)),
+              (("classes",), (10,)), (("layers", "mlp", "embed"), (2, 256, 64))]
+    for base, sharded, mesh in (("dp", "fsdp", "8"), ("dp+tp", "fsdp+tp", "2x4")):
+        assert STRATEGIES[sharded].params[:len(STRATEGIES[base].params)] == STRATEGIES[base].params
+        plain, fsdp = make_layout(base, mesh, jax.devices()), make_layout(sharded, mesh, jax.devices())
+        for axes, shape in shapes:
+            a, b = plain.param_spec(axes, shape), fsdp.param_spec(axes, shape)
+            added = [d for d, (x, y) in enumerate(zip(a, b)) if x != y]
+            assert len(added) <= 1 and all(a[d] is None and b[d] == "data" for d in added), (axes, a, b)
+            if added:
+                assert axes[added[0]] != "layers" and shape[added[0]] % fsdp.shape.data == 0
+
+
+@pytest.mark.parametrize(("spec", "text"), [("4x2", "4x2"), ("data=8", "8x1"), ("model=2,data=4", "4x2")])
+def test_a_mesh_is_named_axis_sizes(spec: str, text: str) -> None:
+    shape = parse_mesh(spec, 8)
+    assert str(shape) == text and shape.as_dict() == {"data": shape.data, "model": shape.model}
+    assert parse_mesh(str(shape), 8) == shape  # what a run records reads back as the same mesh
+
+
+def test_parse_mesh_refuses_an_axis_named_twice() -> None:
+    with pytest.raises(ConfigError, match="axis 'data' is named twice"):
+        parse_mesh("data=2,data=4", 8)

@@ -1,1 +1,1 @@
-"""Parallelism: device meshes, strategies as logical-axis rule tables, and shardings built from them."""
+"""Parallelism: device meshes of named axes, strategies as ordered tactics and tables, and the shardings built from them."""

@@ -1,8 +1,15 @@
-"""Parse a `--mesh` spec and build a 2-D ('data', 'model') device mesh from it."""
+"""Parse a `--mesh` spec into named axis sizes, and build the device mesh from them.
+
+A mesh is data: every axis shardbench knows is named in `MESH_AXES`, outermost first, and a `MeshShape` gives
+each a size (1 where a run does not use it). The built mesh always carries every known axis, so a
+PartitionSpec naming any of them is valid on any run's mesh; adding a kind of parallelism is adding its axis
+name here and a strategy that uses it (shardbench.parallel.rules).
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import jax
@@ -12,22 +19,54 @@ from jax.sharding import AxisType, Mesh
 from shardbench.errors import ConfigError
 
 DATA, MODEL = "data", "model"
-MESH_AXES = (DATA, MODEL)
+# Outermost first: the data axis spans hosts first, so a process holds neighbouring rows of the batch.
+MESH_AXES: tuple[str, ...] = (DATA, MODEL)
 
 
 @dataclass(frozen=True)
 class MeshShape:
-    """Sizes of the data and model axes."""
+    """The size of every axis in `MESH_AXES`, in that order."""
 
-    data: int
-    model: int
+    sizes: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != len(MESH_AXES):
+            raise ValueError(f"MeshShape needs one size per axis {MESH_AXES}, got {self.sizes}")
+
+    @classmethod
+    def of(cls, **sizes: int) -> MeshShape:
+        """MeshShape.of(data=4, model=2); axes left out have size 1."""
+        unknown = set(sizes) - set(MESH_AXES)
+        if unknown:
+            raise ValueError(f"unknown mesh axes {sorted(unknown)}: the axes are {', '.join(MESH_AXES)}")
+        return cls(tuple(sizes.get(axis, 1) for axis in MESH_AXES))
+
+    def __getitem__(self, axis: str) -> int:
+        return self.sizes[MESH_AXES.index(axis)]
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        return iter(zip(MESH_AXES, self.sizes))
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.items())
+
+    @property
+    def data(self) -> int:
+        return self[DATA]
+
+    @property
+    def model(self) -> int:
+        return self[MODEL]
 
     @property
     def size(self) -> int:
-        return self.data * self.model
+        return int(np.prod(self.sizes))
 
     def __str__(self) -> str:
-        return f"{self.data}x{self.model}"
+        """'4x2' (data x model) while only those two axes are split; 'data=2,stage=4' once another is."""
+        if all(size == 1 for axis, size in self.items() if axis not in (DATA, MODEL)):
+            return f"{self.data}x{self.model}"
+        return ",".join(f"{axis}={size}" for axis, size in self.items() if size > 1)
 
 
 def mesh_size(spec: str) -> int | None:
@@ -40,28 +79,31 @@ def mesh_size(spec: str) -> int | None:
 
 
 def parse_mesh(spec: str, num_devices: int | None, primary: str = DATA) -> MeshShape:
-    """'' -> every device on `primary`; 'N' -> N on `primary`; 'AxB' -> data=A, model=B; 'data=A,model=B'.
-    `num_devices` None: do not check the count (only for a mesh that names its sizes)."""
+    """'' -> every device on `primary`; 'N' -> N on `primary`; 'AxB' -> data=A, model=B; 'name=N,...' names
+    any of `MESH_AXES`. `num_devices` None: do not check the count (only for a mesh that names its sizes)."""
     text = spec.strip().lower()
-    hint = "use N, AxB (data x model) or data=A,model=B"
+    hint = f"use N, AxB (data x model) or name=N,... over the axes {', '.join(MESH_AXES)}"
+    sizes: dict[str, int]
     if text in ("", "auto"):
-        sizes = {DATA: 1, MODEL: 1, primary: num_devices or 1}
+        sizes = {primary: num_devices or 1}
     elif re.fullmatch(r"\d+", text):
-        sizes = {DATA: 1, MODEL: 1, primary: int(text)}
+        sizes = {primary: int(text)}
     elif re.fullmatch(r"\d+x\d+", text):
         a, b = text.split("x")
         sizes = {DATA: int(a), MODEL: int(b)}
     elif re.fullmatch(r"(\w+=\d+)(,\w+=\d+)*", text):
-        sizes = {DATA: 1, MODEL: 1}
+        sizes = {}
         for part in text.split(","):
             name, value = part.split("=")
-            if name not in sizes:
-                raise ConfigError(f"--mesh '{spec}': unknown axis '{name}': the axes are data and model")
+            if name not in MESH_AXES:
+                raise ConfigError(f"--mesh '{spec}': unknown axis '{name}': the axes are {', '.join(MESH_AXES)}")
+            if name in sizes:
+                raise ConfigError(f"--mesh '{spec}': axis '{name}' is named twice: name each axis once")
             sizes[name] = int(value)
     else:
         raise ConfigError(f"--mesh '{spec}' is not a mesh: {hint}")
-    shape = MeshShape(sizes[DATA], sizes[MODEL])
-    if min(shape.data, shape.model) < 1:
+    shape = MeshShape.of(**sizes)
+    if min(shape.sizes) < 1:
         raise ConfigError(f"--mesh '{spec}': every axis needs at least one device")
     if num_devices is not None and shape.size != num_devices:
         are = "device is" if num_devices == 1 else "devices are"
@@ -73,6 +115,7 @@ def parse_mesh(spec: str, num_devices: int | None, primary: str = DATA) -> MeshS
 
 
 def build_mesh(shape: MeshShape, devices: list[jax.Device]) -> Mesh:
-    """A mesh with automatic (GSPMD) axes; 'data' is the outer axis, so it spans hosts first."""
-    grid = np.asarray(devices).reshape(shape.data, shape.model)
-    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+    """A mesh with automatic (GSPMD) axes over every axis of `MESH_AXES`, in that order."""
+    grid = np.asarray(devices).reshape(shape.sizes)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+

@@ -1,19 +1,24 @@
-"""Strategies as tables from logical axis names to mesh axes, and the shardings a layout derives from them.
+"""Strategies as data: ordered tactics that place each parameter on the mesh, and a table for activations.
 
-A strategy has two tables (as Levanter separates parameter and compute axis mappings): one for where
-parameters and optimizer state live, one for how activations and batches are split. FSDP (and FSDP+TP) is not a
-table alone: it is the table of DP (or TP) plus a rule, `Strategy.fsdp`, applied per array by
-`Layout.param_spec`: each parameter takes one more dim over the data axis, 'embed' where the data size divides
-it, else its largest dim that does (never the stacked 'layers' dim), and stays replicated where none does. A
-table could not say this, since which dim divides depends on each array's shape; the parameters are gathered
-for compute by XLA (ZeRO-3).
+A strategy names where parameters (and their optimizer state) live as an ordered tuple of tactics, as big_vision
+writes sharding as ordered rules of tactics, and how activations and batches are split as a table from logical
+axis names to mesh axes (as Levanter separates parameter and compute axis mappings). Each tactic fills only the
+dims the tactics before it left whole and never reuses a mesh axis an array already uses:
+- `ByName(rules)` splits every dim whose logical name the table maps to a mesh axis (Megatron's tensor
+  parallelism is `ByName({'heads': 'model', 'mlp': 'model'})`); a dim the axis does not divide is refused before
+  compiling, naming the field to change;
+- `Largest(axis)` is FSDP (ZeRO-3): one more dim over `axis`, 'embed' where the axis divides it, else the
+  largest dim that it divides (never the stacked 'layers' dim, which the scan slices); an array that nothing
+  divides stays replicated, since which dim divides depends on each array's shape. XLA gathers the parameters
+  for compute.
+Adding a way of splitting is adding a tactic or an entry to `STRATEGIES`, not a branch in `Layout`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 from flax import nnx
@@ -26,36 +31,90 @@ from shardbench.models.axes import BATCH, EMBED, HEADS, LAYERS, MLP, Axes
 from shardbench.parallel.mesh import DATA, MODEL, MeshShape, build_mesh, parse_mesh
 
 Rules = Mapping[str, str]
+Spec = tuple[str | None, ...]  # one mesh axis (or None) per dim of an array
+
+
+class Tactic(Protocol):
+    """One rule of a strategy's parameter placement."""
+
+    def place(self, spec: Spec, axes: Axes, shape: tuple[int, ...], mesh: MeshShape) -> Spec:
+        """`spec` with this tactic's mesh axes added to dims that are still whole."""
+        ...
+
+    def indivisible(self, axes: Axes, shape: tuple[int, ...], mesh: MeshShape) -> list[tuple[int, str]]:
+        """(dim, mesh axis) pairs this tactic demands that the axis does not divide; empty if it only takes
+        dims that divide."""
+        ...
+
+
+@dataclass(frozen=True)
+class ByName:
+    """Split each dim whose logical name `rules` maps to a mesh axis; the first such dim takes the axis."""
+
+    rules: Rules
+
+    def place(self, spec: Spec, axes: Axes, shape: tuple[int, ...], mesh: MeshShape) -> Spec:
+        return _by_name(spec, axes, self.rules)
+
+    def indivisible(self, axes: Axes, shape: tuple[int, ...], mesh: MeshShape) -> list[tuple[int, str]]:
+        spec = self.place((None,) * len(axes), axes, shape, mesh)
+        return [(dim, a) for dim, a in enumerate(spec) if a is not None and shape[dim] % mesh[a]]
+
+
+@dataclass(frozen=True)
+class Largest:
+    """FSDP over `axis`: `prefer` where the axis divides it, else the largest dim it divides; never `skip`."""
+
+    axis: str
+    prefer: str = EMBED
+    skip: tuple[str, ...] = (LAYERS,)
+
+    def place(self, spec: Spec, axes: Axes, shape: tuple[int, ...], mesh: MeshShape) -> Spec:
+        size = mesh[self.axis]
+        if size == 1 or self.axis in spec:
+            return spec
+        free = [d for d, (name, taken) in enumerate(zip(axes, spec))
+                if taken is None and name not in self.skip and shape[d] % size == 0]
+        preferred = [d for d in free if axes[d] == self.prefer] or sorted(free, key=lambda d: -shape[d])
+        if not preferred:
+            return spec  # tiny arrays that nothing divides stay replicated
+        out = list(spec)
+        out[preferred[0]] = self.axis
+        return tuple(out)
+
+    def indivisible(self, axes: Axes, shape: tuple[int, ...], mesh: MeshShape) -> list[tuple[int, str]]:
+        return []
+
+
 _TP: Rules = {HEADS: MODEL, MLP: MODEL}
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """Where parameters live (`params`) and how compute is split (`compute`), by logical axis."""
+    """Where parameters live (`params`, tactics applied in order) and how compute is split (`compute`)."""
 
     name: str
-    params: Rules
+    params: tuple[Tactic, ...]
     compute: Rules
     axes: tuple[str, ...]  # mesh axes this strategy may give more than one device
     primary: str = DATA  # where a bare `--mesh N` puts its devices
     description: str = ""
-    fsdp: bool = False  # also shard every parameter over the data axis (ZeRO-3), see Layout.param_spec
 
 
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
-        Strategy("single", {}, {}, (), DATA, "one device, no mesh"),
-        Strategy("dp", {}, {BATCH: DATA}, (DATA,), DATA,
+        Strategy("single", (), {}, (), DATA, "one device, no mesh"),
+        Strategy("dp", (), {BATCH: DATA}, (DATA,), DATA,
                  "parameters and optimizer state replicated; batch split over data"),
-        Strategy("fsdp", {}, {BATCH: DATA}, (DATA,), DATA,
-                 "parameters and optimizer state sharded over data (ZeRO-3); batch split over data", fsdp=True),
-        Strategy("tp", _TP, {BATCH: DATA, **_TP}, (MODEL,), MODEL,
+        Strategy("fsdp", (Largest(DATA),), {BATCH: DATA}, (DATA,), DATA,
+                 "parameters and optimizer state sharded over data (ZeRO-3); batch split over data"),
+        Strategy("tp", (ByName(_TP),), {BATCH: DATA, **_TP}, (MODEL,), MODEL,
                  "Megatron tensor parallelism: heads and MLP hidden split over model"),
-        Strategy("dp+tp", _TP, {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
+        Strategy("dp+tp", (ByName(_TP),), {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
                  "batch split over data, Megatron tensor parallelism over model"),
-        Strategy("fsdp+tp", _TP, {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
-                 "parameters sharded over data and model; batch over data; Megatron over model", fsdp=True),
+        Strategy("fsdp+tp", (ByName(_TP), Largest(DATA)), {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
+                 "parameters sharded over data and model; batch over data; Megatron over model"),
     )
 }
 
@@ -72,17 +131,19 @@ def get_strategy(name: str) -> Strategy:
 
 
 def spec_for(axes: Axes, rules: Rules) -> PartitionSpec:
-    """PartitionSpec for logical `axes`; a mesh axis is used at most once per array."""
-    used: set[str] = set()
-    out: list[str | None] = []
-    for name in axes:
+    """PartitionSpec for logical `axes` by a table; a mesh axis is used at most once per array."""
+    return PartitionSpec(*_by_name((None,) * len(axes), axes, rules))
+
+
+def _by_name(spec: Spec, axes: Axes, rules: Rules) -> Spec:
+    """`spec` with each whole dim whose name `rules` maps to a mesh axis the array does not use yet split over
+    it (the first such dim takes the axis)."""
+    out = list(spec)
+    for dim, name in enumerate(axes):
         mesh_axis = rules.get(name) if name is not None else None
-        if mesh_axis is not None and mesh_axis in used:
-            mesh_axis = None
-        if mesh_axis is not None:
-            used.add(mesh_axis)
-        out.append(mesh_axis)
-    return PartitionSpec(*out)
+        if out[dim] is None and mesh_axis is not None and mesh_axis not in out:
+            out[dim] = mesh_axis
+    return tuple(out)
 
 
 def param_axes(abstract_state: nnx.State) -> dict[str, Any]:
@@ -122,16 +183,10 @@ class Layout:
         return self.sharding(PartitionSpec())
 
     def param_spec(self, axes: Axes, shape: tuple[int, ...]) -> PartitionSpec:
-        """The strategy's table, then for FSDP one more dim over 'data': 'embed' where it divides, else the
-        largest dim that divides (never the stacked-layer dim, which the scan slices); tiny arrays that
-        nothing divides stay replicated."""
-        spec = list(spec_for(axes, self.strategy.params))
-        if self.strategy.fsdp and DATA not in spec and self.shape.data > 1:
-            free = [d for d, (name, mesh_axis) in enumerate(zip(axes, spec))
-                    if mesh_axis is None and name != LAYERS and shape[d] % self.shape.data == 0]
-            preferred = [d for d in free if axes[d] == EMBED] or sorted(free, key=lambda d: -shape[d])
-            if preferred:
-                spec[preferred[0]] = DATA
+        """The strategy's tactics in order, each on the dims the ones before left whole."""
+        spec: Spec = (None,) * len(axes)
+        for tactic in self.strategy.params:
+            spec = tactic.place(spec, axes, shape, self.shape)
         return PartitionSpec(*spec)
 
     def param_shardings(self, axes_tree: dict[str, Any], shapes: dict[str, Any]) -> dict[str, Any]:
@@ -168,22 +223,18 @@ class Layout:
 
     def check_divisible(self, axes_tree: dict[str, Any], shapes: dict[str, Any],
                         axis_fields: Mapping[str, str]) -> None:
-        """Every sharded dim must divide by its mesh axis: say which field to change if not."""
-        sizes = {DATA: self.shape.data, MODEL: self.shape.model}
+        """Every dim a tactic demands must divide by its mesh axis: say which field to change if not."""
         flat_axes, flat_shapes = flat_by_path(axes_tree), flat_by_path(shapes)
         for path, axes in sorted(flat_axes.items()):
-            spec = spec_for(axes, self.strategy.params)  # the table's demands; FSDP picks only dims that divide
-            for dim, (logical, mesh_axis) in enumerate(zip(axes, spec)):
-                if mesh_axis is None or flat_shapes[path][dim] % sizes[mesh_axis] == 0:
-                    continue
-                size = flat_shapes[path][dim]
-                fld = axis_fields.get(logical, f"the '{logical}' dimension")
-                raise ConfigError(
-                    f"{self.strategy.name}: {fld} = {size} is not divisible by the {mesh_axis} axis "
-                    f"({sizes[mesh_axis]} devices, parameter {path}): choose a multiple of {sizes[mesh_axis]} "
-                    f"or another mesh"
-                )
-
+            shape = tuple(flat_shapes[path])
+            for tactic in self.strategy.params:
+                for dim, mesh_axis in tactic.indivisible(axes, shape, self.shape)[:1]:
+                    n = self.shape[mesh_axis]
+                    fld = axis_fields.get(axes[dim], f"the '{axes[dim]}' dimension")
+                    raise ConfigError(
+                        f"{self.strategy.name}: {fld} = {shape[dim]} is not divisible by the {mesh_axis} axis "
+                        f"({n} devices, parameter {path}): choose a multiple of {n} or another mesh"
+                    )
 
 def flat_by_path(tree: dict[str, Any]) -> dict[str, Any]:
     """{'encoder/mlp2_kernel': leaf}: a nested dict's leaves by their '/'-joined path (list indices of a model
@@ -208,9 +259,9 @@ def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> st
     if spec in NO_MESH:
         return "single"
     shape = parse_mesh(spec, num_devices, DATA)
-    if shape.model == 1:
-        return "dp"
-    return "tp" if shape.data == 1 else "dp+tp"
+    split = tuple(axis for axis, size in shape.items() if size > 1)
+    by_axes = {s.axes: name for name, s in STRATEGIES.items() if name in ("dp", "tp", "dp+tp")}
+    return by_axes.get(split, "dp")
 
 
 def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device]) -> Layout:
@@ -223,19 +274,28 @@ def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device]) -
                               f"processes: use a mesh over all {len(devices)} devices (for example --strategy dp)")
         if spec not in ("", "1", "1x1", "auto", *NO_MESH):
             raise ConfigError(f"strategy single runs on one device and takes no mesh, got --mesh {mesh_spec}")
-        return Layout(strategy, MeshShape(1, 1), None, devices[0])
+        return Layout(strategy, MeshShape.of(), None, devices[0])
     if spec in NO_MESH:
         raise ConfigError(
             f"--mesh {mesh_spec} means one device without a mesh, but strategy {strategy.name} needs a mesh: "
             f"use --strategy single (or auto), or give a mesh such as {len(devices)}"
         )
     shape = parse_mesh(mesh_spec, len(devices), strategy.primary)
-    for axis, size in ((DATA, shape.data), (MODEL, shape.model)):
+    for axis, size in shape.items():
         if size > 1 and axis not in strategy.axes:
-            other = {"dp": "dp+tp", "fsdp": "fsdp+tp", "tp": "dp+tp"}.get(strategy.name, "a 2-D strategy")
             raise ConfigError(
                 f"strategy {strategy.name} does not use the {axis} axis but --mesh {shape} gives it {size} "
-                f"devices: use --strategy {other}, or put every device on "
+                f"devices: use --strategy {wider_strategy(strategy, axis)}, or put every device on "
                 f"{'/'.join(strategy.axes)}"
             )
     return Layout(strategy, shape, build_mesh(shape, devices), devices[0])
+
+
+def wider_strategy(strategy: Strategy, axis: str) -> str:
+    """The strategy that places parameters as `strategy` does and also uses `axis` (dp -> dp+tp for 'model'),
+    or the plainest one that uses every axis wanted; 'a strategy over A/B' if none does."""
+    wanted = set(strategy.axes) | {axis}
+    fits = [s for s in STRATEGIES.values() if set(s.axes) == wanted]
+    same = [s for s in fits if all(tactic in s.params for tactic in strategy.params)]
+    pick = (same or fits)[:1]
+    return pick[0].name if pick else f"a strategy over {'/'.join(sorted(wanted))}"

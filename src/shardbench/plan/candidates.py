@@ -8,12 +8,14 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
+from shardbench.parallel.mesh import MeshShape
+from shardbench.parallel.rules import STRATEGIES
 
 
 @dataclass(frozen=True)
 class Candidate:
     strategy: str
-    mesh: str  # 'none' or 'DATAxMODEL'
+    mesh: str  # 'none' or the mesh as --mesh takes it ('4x2')
     remat: str
     dtype: str
 
@@ -22,14 +24,25 @@ class Candidate:
         return f"{self.strategy} {self.mesh} remat={self.remat} {self.dtype}"
 
 
-# Which mesh axes a strategy may give more than one device (`shardbench.parallel.rules.STRATEGIES`).
-USES = {"single": (), "dp": ("data",), "fsdp": ("data",), "tp": ("model",), "dp+tp": ("data", "model"),
-        "fsdp+tp": ("data", "model")}
+# Which mesh axes each strategy may give more than one device, from the strategies' own table.
+USES: dict[str, tuple[str, ...]] = {name: strategy.axes for name, strategy in STRATEGIES.items()}
 
 
-def factorisations(devices: int) -> list[tuple[int, int]]:
-    """(data, model) with data x model = devices."""
-    return [(d, devices // d) for d in range(1, devices + 1) if devices % d == 0]
+def factorisations(devices: int, parts: int = 2) -> list[tuple[int, ...]]:
+    """Every way to write `devices` as an ordered product of `parts` sizes ((data, model) for two)."""
+    if parts == 1:
+        return [(devices,)]
+    return [(d, *rest) for d in range(1, devices + 1) if devices % d == 0
+            for rest in factorisations(devices // d, parts - 1)]
+
+
+def meshes(devices: int, axes: tuple[str, ...]) -> list[MeshShape]:
+    """The meshes of `devices` that split every one of `axes` (a strategy over several axes on a mesh that
+    leaves one of them whole is the strategy of fewer axes) and no other axis."""
+    if len(axes) == 1:
+        return [MeshShape.of(**{axes[0]: devices})]
+    return [MeshShape.of(**dict(zip(axes, sizes))) for sizes in factorisations(devices, len(axes))
+            if min(sizes) > 1]
 
 
 def candidates(devices: int, batch: int, strategies: list[str], remats: list[str],
@@ -44,13 +57,7 @@ def candidates(devices: int, batch: int, strategies: list[str], remats: list[str
             if devices == 1:
                 layouts.append((strategy, "none", 1))
             continue
-        for data, model in factorisations(devices):
-            uses = USES[strategy]
-            if (data > 1 and "data" not in uses) or (model > 1 and "model" not in uses):
-                continue
-            if len(uses) == 2 and (data == 1 or model == 1):
-                continue  # a 2-D strategy on a 1-D mesh is its 1-D strategy
-            layouts.append((strategy, f"{data}x{model}", data))
+        layouts += [(strategy, str(shape), shape.data) for shape in meshes(devices, USES[strategy])]
     if not layouts:
         raise ConfigError(f"no candidate mesh uses {devices} devices with strategies {', '.join(strategies)}")
     fitting = [(s, m) for s, m, data in layouts if batch % data == 0]
