@@ -1,33 +1,83 @@
-"""Scalar logs: our hand-written TensorBoard event files read back with TensorBoard's own reader."""
+"""Scalar logs: the event files read back with TensorBoard's own reader, value for value and step for step."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from shardbench.train.events import ScalarWriter, crc32c
+from shardbench.train.events import ScalarWriter
+
+accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
+                                  reason="tensorboard (the 'test' extra) is not installed")
 
 
-def test_crc32c_known_vectors() -> None:
-    # RFC 3720 test vectors for CRC-32C.
-    assert crc32c(b"123456789") == 0xE3069283
-    assert crc32c(bytes(32)) == 0x8A9136AA
+def _scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series in `logdir`, as TensorBoard loads the folder (all its event files, in order)."""
+    acc = accumulator.EventAccumulator(str(logdir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _f32(x: float) -> float:
+    """The value an event holds: TensorBoard's `simple_value` is a 32-bit float."""
+    return float(np.float32(x))
 
 
 def test_event_file_is_read_by_tensorboard(tmp_path: Path) -> None:
-    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
-                                      reason="tensorboard (the 'test' extra) is not installed")
     writer = ScalarWriter(tmp_path)
     for step in range(1, 6):
-        writer.write(step, {"train/loss": 1.0 / step, "val/accuracy": 0.1 * step})
+        # numpy scalars as the loop's metrics are, and a value that float32 cannot hold exactly
+        writer.write(step, {"train/loss": np.float64(1.0 / step), "val/accuracy": 0.1 * step,
+                            "train/images_per_s": 12345.678 * step})
     writer.close()
-    acc = accumulator.EventAccumulator(str(tmp_path))
-    acc.Reload()
-    assert set(acc.Tags()["scalars"]) == {"train/loss", "val/accuracy"}
-    losses = acc.Scalars("train/loss")
-    assert [e.step for e in losses] == [1, 2, 3, 4, 5]
-    assert [e.value for e in losses] == pytest.approx([1.0, 0.5, 1 / 3, 0.25, 0.2], rel=1e-6)
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+    assert _scalars(tmp_path) == {
+        "train/loss": [(s, _f32(1.0 / s)) for s in range(1, 6)],
+        "val/accuracy": [(s, _f32(0.1 * s)) for s in range(1, 6)],
+        "train/images_per_s": [(s, _f32(12345.678 * s)) for s in range(1, 6)],
+    }
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in lines] == [1, 2, 3, 4, 5] and lines[2]["val/accuracy"] == pytest.approx(0.3)
+    assert [x["step"] for x in lines] == [1, 2, 3, 4, 5]
+    assert [x["val/accuracy"] for x in lines] == [0.1 * s for s in range(1, 6)]  # the JSON twin keeps float64
+
+
+def test_a_second_writer_in_the_same_folder_keeps_the_first(tmp_path: Path) -> None:
+    # A resumed run opens a new writer in the same folder, possibly within the same second.
+    first = ScalarWriter(tmp_path)
+    first.write(1, {"train/loss": 2.0})
+    first.close()
+    second = ScalarWriter(tmp_path)
+    second.write(2, {"train/loss": 1.5})
+    second.close()
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
+    assert _scalars(tmp_path) == {"train/loss": [(1, 2.0), (2, 1.5)]}
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_a_write_reaches_the_file_before_close(tmp_path: Path) -> None:
+    # A killed run keeps its curves to within a second: no close, no further call.
+    # Two records: tensorboardX flushes its first one at once whatever its interval, so only the second
+    # shows whether later ones reach the file too.
+    writer = ScalarWriter(tmp_path)
+    writer.write(3, {"train/loss": 0.5})
+    writer.write(4, {"train/loss": 0.25})
+    try:
+        for _ in range(50):
+            if _scalars(tmp_path).get("train/loss") == [(3, 0.5), (4, 0.25)]:
+                break
+            time.sleep(0.1)  # no flush here: `write` must have done what it takes
+        assert _scalars(tmp_path) == {"train/loss": [(3, 0.5), (4, 0.25)]}
+    finally:
+        writer.close()
+
+
+def test_a_disabled_writer_writes_nothing(tmp_path: Path) -> None:
+    writer = ScalarWriter(tmp_path / "tb", enabled=False)
+    writer.write(1, {"train/loss": 1.0})
+    writer.flush()
+    writer.close()
+    assert not (tmp_path / "tb").exists()

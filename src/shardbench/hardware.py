@@ -42,11 +42,11 @@ CHIPS: tuple[Chip, ...] = (
     # (bidirectional); DGX/HGX H100: 8 GPUs, 8x 400 Gb/s ConnectX-7 (one per GPU).
     Chip("h100", "h100", {"bf16": 989e12, "tf32": 494e12, "f32": 67e12}, 80 * GB, 3.35e12, 450 * GB, 50 * GB, 8,
          "NVIDIA H100 Tensor Core GPU data sheet (SXM); DGX H100"),
-    # NVIDIA DGX B200: 8 GPUs, 72 PF FP8 training (sparse) -> 2.25 PF BF16 dense per GPU, 1.1 PF TF32 dense,
-    # 75 TF FP32; 1,440 GB HBM3e in all (180 GB per GPU) at 8 TB/s per GPU; NVLink 5 1.8 TB/s (bidirectional);
-    # 8x 400 Gb/s ConnectX-7.
-    Chip("b200", "b200", {"bf16": 2250e12, "tf32": 1100e12, "f32": 75e12}, 180 * GB, 8e12, 900 * GB, 50 * GB, 8,
-         "NVIDIA DGX B200 data sheet"),
+    # NVIDIA HGX B200 (8 GPUs): 36 PF FP16/BF16 and 18 PF TF32 (sparse) -> 2.25 PF BF16 and 1.125 PF TF32 dense
+    # per GPU, 600 TF FP32 -> 75 TF; DGX B200: 1,440 GB HBM3e in all (180 GB per GPU) at 64 TB/s (8 TB/s per GPU);
+    # NVLink 5 1.8 TB/s (bidirectional); 8x 400 Gb/s ConnectX-7.
+    Chip("b200", "b200", {"bf16": 2250e12, "tf32": 1125e12, "f32": 75e12}, 180 * GB, 8e12, 900 * GB, 50 * GB, 8,
+         "NVIDIA HGX B200 specifications; DGX B200 data sheet"),
     # NVIDIA A100 80GB SXM: 312 TF BF16, 156 TF TF32, 19.5 TF FP32, 2,039 GB/s HBM2e, NVLink 600 GB/s
     # (bidirectional); DGX A100: 8 GPUs, 8x 200 Gb/s HDR InfiniBand.
     Chip("a100", "a100", {"bf16": 312e12, "tf32": 156e12, "f32": 19.5e12}, 80 * GB, 2.039e12, 300 * GB, 25 * GB, 8,
@@ -67,16 +67,18 @@ CHIPS: tuple[Chip, ...] = (
     # 2 x 100 Gb/s NICs per host (DCN), 256-chip pod (2D torus).
     Chip("tpu-v5e", "tpu v5 lite", {"bf16": 197e12, "tf32": 197e12, "f32": 197e12 / 6}, 16 * GB, 819 * GB,
          200 * GB, 2 * 12.5 * GB / 8, 8, "Cloud TPU v5e system architecture"),
-    # Cloud TPU v5p: 459 TF bf16, 95 GB HBM2e at 2,765 GB/s, ICI 4,800 Gb/s per chip, 3D torus; 4 chips per host.
+    # Cloud TPU v5p: 459 TF bf16, 95 GB HBM2e at 2,765 GB/s, bidirectional ICI 1,200 GB/s per chip (older versions
+    # of the page: "4,800 Gbps", which is the same 600 GB/s each way), 3D torus; 4 chips per host.
     # JAX names it "TPU v5" (v5e is "TPU v5 lite", listed first).
     Chip("tpu-v5p", "tpu v5", {"bf16": 459e12, "tf32": 459e12, "f32": 459e12 / 6}, 95 * GB, 2765 * GB,
-         4800 / 8 * GB / 2, None, 4, "Cloud TPU v5p system architecture"),
+         1200 * GB / 2, None, 4, "Cloud TPU v5p system architecture"),
     # Cloud TPU v4: 275 TF bf16, 32 GiB HBM2 at 1,200 GB/s, 3D mesh/torus; 4 chips per host. The data sheet
     # gives no per-chip ICI bandwidth.
     Chip("tpu-v4", "tpu v4", {"bf16": 275e12, "tf32": 275e12, "f32": 275e12 / 6}, 32 * 2**30, 1200 * GB, None,
          None, 4, "Cloud TPU v4 system architecture"),
-    # Cloud TPU v3: 123 TF bf16 per chip, 32 GiB HBM; Cloud TPU v2: 45 TF, 16 GiB (the TPU v2/v3 documentation).
-    Chip("tpu-v3", "tpu v3", {"bf16": 123e12, "tf32": 123e12, "f32": 123e12 / 6}, 32 * 2**30, None, None,
+    # Cloud TPU v3: 123 TF bf16 per chip, 32 GiB HBM2 at 900 GB/s; Cloud TPU v2: 45 TF, 16 GiB (the TPU v2/v3
+    # documentation).
+    Chip("tpu-v3", "tpu v3", {"bf16": 123e12, "tf32": 123e12, "f32": 123e12 / 6}, 32 * 2**30, 900 * GB, None,
          None, 4, "Cloud TPU v3 documentation"),
     Chip("tpu-v2", "tpu v2", {"bf16": 45e12, "tf32": 45e12, "f32": 45e12 / 6}, 16 * 2**30, None, None,
          None, 4, "Cloud TPU v2 documentation"),
