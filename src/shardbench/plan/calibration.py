@@ -14,14 +14,28 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shardbench.plan.steptime import LINEAR, Coefficients, StepFeatures, linear_split, step_time
 
-__all__ = ["Coefficients", "Calibration", "DEFAULTS", "GRID", "activation_scale", "fit", "fit_activations",
-           "to_dict"]
+__all__ = ["Coefficients", "Calibration", "DEFAULTS", "GRID", "HELD_OUT", "activation_scale", "fit",
+           "fit_activations", "held_out", "to_dict"]
+
+# A folder of measured runs may name, one run name a line, the runs no fit may see: `--calibrate DIR` leaves
+# them out and `--validate DIR` reports their error apart. Fixing the split in a file before fitting keeps it
+# from being chosen after seeing which split scores best.
+HELD_OUT = "held-out.txt"
+
+
+def held_out(directory: Path) -> frozenset[str]:
+    """The run names DIR/held-out.txt holds out of every fit ('#' starts a comment); none without the file."""
+    path = Path(directory) / HELD_OUT
+    if not path.is_file():
+        return frozenset()
+    return frozenset(name for line in path.read_text().splitlines() if (name := line.split("#", 1)[0].strip()))
 
 # Fitted with `shardbench plan --calibrate` to the CPU sweep benchmarks/plan-calibration-cpu.toml (vit-tiny with
 # 8 heads under every strategy at batch 32 and 512 on 8 simulated devices: 11 runs, tp at 512 ran out of host
