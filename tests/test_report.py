@@ -19,6 +19,7 @@ from shardbench import config as config_lib
 from shardbench.errors import ShardbenchError
 from shardbench.measure.run_record import from_json
 from shardbench.report import report_cmd
+from shardbench.report.speed import NOT_A_CAUSE
 from shardbench.report.write import ReportPaths, write_report
 from shardbench.store import RunRow, Store
 
@@ -117,6 +118,14 @@ def written(sweep_dir: Path) -> ReportPaths:
     return write_report(sweep_dir)
 
 
+def _no_cause_claimed(speed: str) -> None:
+    """No slowdown is explained by what it moves or where it runs: a record has no time for its collectives, and
+    a cause needs a measurement ("1.30x slower: it moves 2.1 MiB ..." was such a claim)."""
+    for sentence in speed.splitlines():
+        if " slower (" in sentence:
+            assert "):" not in sentence and " because " not in sentence and "it moves" not in sentence, sentence
+
+
 def markdown_table(text: str) -> list[dict[str, str]]:
     lines = [line for line in text.splitlines() if line.startswith("| ")]
     header = [c.strip() for c in lines[0].strip("|").split(" | ")]
@@ -161,6 +170,35 @@ def test_markdown_explains_precision_and_strategies_from_the_data(written: Repor
     assert "- `fsdp_8_batch_4096`: oom: RESOURCE_EXHAUSTED: out of memory allocating 1.20GiB" in text
     for name in CHARTS:
         assert f"]({name}.png)" in text
+
+
+def test_simulated_devices_are_said_to_share_the_host_and_slowdowns_name_no_cause(written: ReportPaths) -> None:
+    """The sweep's 8-device runs are simulated CPU devices: the report says they share the host's cores and which
+    comparisons do not carry to real devices; the slowdowns (fsdp moves 105 MiB of collectives against dp's 40)
+    state what differs and claim no cause."""
+    text = written.markdown.read_text()
+    simulated = text.split("### Simulated devices", 1)[1].split("###", 1)[0]
+    assert "The runs on 8 devices use simulated devices on this host's CPU: they all share its cores" in simulated
+    assert "do not carry those speed comparisons to GPUs or TPUs" in simulated
+    assert "the bytes each collective moves" in simulated.split("What does carry:", 1)[1]
+    speed = text.split("### Speed", 1)[1].split("###", 1)[0]
+    assert ("fsdp_8 is 1.27x slower (38.0 ms against 30.0 ms); it differs in: 105.3 MiB of collectives per "
+            "device per step (all-gather, reduce-scatter) against 40.1 MiB.") in speed
+    assert ("single_fp32 is 3.17x slower (95.0 ms against 30.0 ms); it differs in: 1 device(s) against 8; "
+            "0.0 MiB of collectives per device per step against 40.1 MiB.") in speed
+    assert "dptp_4x2 is 1.50x slower (45.0 ms against 30.0 ms); it differs in:" in speed
+    assert NOT_A_CAUSE in speed
+    _no_cause_claimed(speed)
+
+
+def test_a_real_gpu_sweep_is_not_called_simulated(tmp_path: Path) -> None:
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for r in sweep_rows()[:3]:
+            assert r.record is not None
+            r.record["measurements"]["platform"] = "gpu"
+            store.add(r)
+    assert "Simulated devices" not in write_report(directory).markdown.read_text()
 
 
 def test_charts_are_valid_pngs(written: ReportPaths) -> None:
@@ -414,7 +452,11 @@ def test_speed_ties_and_a_layout_that_computes_something_else(tmp_path: Path) ->
     speed = text.split("### Speed", 1)[1].split("###", 1)[0]
     assert "Fastest: a, 100.0 ms per step" in speed
     assert "b ties with a (105.0 ms against 100.0 ms): the 5.0% difference is within the spread of their step times" in speed
-    assert "c is 2.00x slower (200.0 ms against 100.0 ms): it moves 40.0 MiB per device per step" in speed
+    # The bytes are a fact, not a cause: nothing timed the collectives, so the sentence names no cause.
+    assert ("c is 2.00x slower (200.0 ms against 100.0 ms); it differs in: 40.0 MiB of collectives per device "
+            "per step (all-reduce) against 0.0 MiB.") in speed
+    assert NOT_A_CAUSE in speed
+    _no_cause_claimed(speed)
     assert "a, b, c should be the same computation but differ" in text and "at test loss" in text
     assert paths.differing and paths.differing[0].startswith("a, b, c differ by 2.0e-01 at test loss")
     # no run trained a whole epoch: the epoch chart is projected (100 steps x the median step)

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from shardbench import config as config_lib
+from shardbench.errors import ConfigError
 from shardbench.hardware import chip_for_kind
 from shardbench.measure.memory import compiled_total
-from shardbench.plan.calibration import DEFAULTS, Calibration, fit, fit_activations
+from shardbench.plan.calibration import DEFAULTS, HELD_OUT, Calibration, fit, fit_activations, held_out
 from shardbench.plan.predict import Hardware, memory, step_features
 from shardbench.plan.steptime import StepFeatures
 from shardbench.plan.target import Target
@@ -102,12 +103,17 @@ def where_it_ran(run: ReportedRun, cfg: config_lib.Config, cache_dir: Path) -> H
                     cfg.precision.matmul_precision, cache_dir)
 
 
-def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.stderr) -> list[Measured]:
-    """Every complete run below `directory` with a step time, recompiled (see the module docstring)."""
+def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.stderr,
+                  leave_out: frozenset[str] = frozenset()) -> list[Measured]:
+    """Every complete run below `directory` with a step time, recompiled (see the module docstring), but the
+    runs named in `leave_out`, each of which must be there."""
     from shardbench.report.write import load_runs
     from shardbench.config import cache_root
 
     runs, _ = load_runs(directory)
+    if missing := sorted(leave_out - {run.name for run in runs}):
+        raise ConfigError(f"{directory / HELD_OUT} names {', '.join(missing)}: no such run below {directory}")
+    runs = [run for run in runs if run.name not in leave_out]
     chosen: list[tuple[ReportedRun, config_lib.Config, Hardware | str]] = []
     for run in runs:
         if not run.ok or run.record is None or not run.config:
@@ -134,7 +140,8 @@ def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.s
 
 
 def calibrate(directories: list[Path], workers: int, progress: TextIO | None = sys.stderr) -> Calibration:
-    """The model's coefficients per platform, fitted to the runs below `directories` where they hold at least
+    """The model's coefficients per platform, fitted to the runs below `directories` (but those each names in its
+    held-out.txt) where they hold at least
     four of that platform, the defaults (`shardbench.plan.calibration`) elsewhere; and, from runs measured on
     another platform than this host compiles for, that platform's activation ratio per compute dtype and the
     bytes its runtime holds beyond the program (their medians)."""
@@ -145,7 +152,11 @@ def calibrate(directories: list[Path], workers: int, progress: TextIO | None = s
     parts: dict[str, list[tuple[str, float, float, float]]] = {}
     extra: dict[str, list[float]] = {}
     for directory in directories:
-        for m in measured_runs(directory, workers, progress):
+        left_out = held_out(directory)
+        if left_out and progress is not None:
+            print(f"plan: leaving the {len(left_out)} run(s) named in {directory / HELD_OUT} out of the fit",
+                  file=progress, flush=True)
+        for m in measured_runs(directory, workers, progress, left_out):
             if m.result is None or m.hardware is None:
                 continue
             platform = m.hardware.platform

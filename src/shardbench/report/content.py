@@ -70,6 +70,11 @@ class ReportedRun:
         return self.rec.measurements or Measurements()
 
     @property
+    def simulated(self) -> bool:
+        """Its devices are several simulated on a CPU host (XLA's host platform): they share the host's cores."""
+        return (self.m.platform or "").lower() == "cpu" and (self.devices or 1) > 1
+
+    @property
     def step_median(self) -> float | None:
         return number((self.m.step_time_s or StepTimes()).median)
 

@@ -1,6 +1,7 @@
-"""Explanatory sentences computed from a sweep's runs: which run was fastest and whether the layouts computed the
-same thing (`shardbench.report.speed`) first, then what the parameter and compute dtypes change in the memory
-breakdown, and what each sharding strategy holds per device and sends per step.
+"""Explanatory sentences computed from a sweep's runs: whether its devices are simulated (and so which
+comparisons carry to real devices), which run was fastest and whether the layouts computed the same thing
+(`shardbench.report.speed`), then what the parameter and compute dtypes change in the memory breakdown, and
+what each sharding strategy holds per device and sends per step.
 """
 
 from __future__ import annotations
@@ -256,10 +257,28 @@ def seed_findings(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> list[
     return out
 
 
+def simulated_findings(runs: list[ReportedRun]) -> list[str]:
+    """Where runs used simulated CPU devices: that they share the host's cores, and which comparisons carry to
+    real devices."""
+    simulated = sorted({r.devices or 1 for r in runs if r.ok and r.simulated})
+    if not simulated:
+        return []
+    counts = "/".join(map(str, simulated))
+    return [f"The runs on {counts} devices use simulated devices on this host's CPU: they all share its cores "
+            f"and its memory, so more devices bring no more compute, and their collectives cross no real "
+            f"interconnect. Speed across device counts, strategies, "
+            f"meshes and SPMD styles therefore compares how XLA splits a step on this CPU, not how real devices "
+            f"would run it: do not carry those speed comparisons to GPUs or TPUs. What does carry: the bytes of "
+            f"parameters, optimizer state and gradients each device holds, the bytes each collective moves, the "
+            f"FLOPs, and whether layouts compute the same losses (activations and temporaries are the CPU "
+            f"compiler's, and differ on another)."]
+
+
 def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
     """Sentences under their section heading; sections the runs give nothing to say about are left out."""
     role = dtype_role_finding(runs)
     sections = {"Speed": speed_findings(runs),
+                "Simulated devices": simulated_findings(runs),
                 "The same computation?": equivalence_findings(runs),
                 "Precision and memory": precision_findings(runs, swept) + ([role] if role else []),
                 "Sharding strategies": strategy_findings(runs),

@@ -1,5 +1,5 @@
-"""The report's first answers: which run trained fastest and by how much (with the likely cause), and whether runs
-that differ only in layout computed the same thing.
+"""The report's first answers: which run trained fastest and by how much (with what differs, never a cause no
+measurement shows), and whether runs that differ only in layout computed the same thing.
 
 Speed is the steady state: the global batch over the median step, the figure MFU and the throughput column use,
 so every speed figure of the report ranks the runs alike. Two runs whose difference is within the spread of
@@ -28,7 +28,10 @@ LAYOUT_ONLY = frozenset({
 # across devices (measured: 1e-6 to 1e-5 over 20 steps of vit-tiny); bfloat16 rounds every activation.
 LOSS_RTOL = {"float32": 2e-3, "bfloat16": 5e-2, "float16": 5e-2}
 COMPARED_STEPS = 200  # losses logged after this many steps may drift apart chaotically, and are not compared
-COMMS_CAUSE_MIB = 1.0  # collectives below this per step are not named as a cause
+COMMS_NAMED_MIB = 1.0  # collectives below this per step are not named as a difference
+# Said once under the slowdowns whenever some are listed with what differs.
+NOT_A_CAUSE = ("What differs beside each slowdown is what the records show, not a measured cause: a run records "
+               "how many bytes its collectives move, not how long they take (a profile, --profile, shows that).")
 
 
 def _throughput(run: ReportedRun) -> float | None:
@@ -46,32 +49,30 @@ def _ms(seconds: float | None) -> str:
     return "–" if seconds is None else f"{1e3 * seconds:,.1f} ms"
 
 
-def _cause(run: ReportedRun, fastest: ReportedRun) -> str:
-    """What the measurements show about why `run` is slower than `fastest` ('' when they show nothing)."""
+def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
+    """What the records show differs between `run` and `fastest`, as facts: none of it is a measured cause. A run
+    records its collectives' bytes, not their time, and bytes alone do not say how long they took (on simulated
+    devices sharing a host's cores, a few MiB cost next to nothing)."""
+    out = []
+    if (run.devices or 1) != (fastest.devices or 1):
+        out.append(f"{run.devices or 1} device(s) against {fastest.devices or 1}")
+    for k in sorted(set(run.settings) | set(fastest.settings)):
+        if (k in ("model.remat", "precision.dtype", "precision.param_dtype", "parallel.spmd")
+                and run.settings.get(k) != fastest.settings.get(k)):
+            out.append(f"{k.split('.')[-1]} {run.settings.get(k)} against {fastest.settings.get(k)}")
     mine, theirs = run.comms_mib or 0.0, fastest.comms_mib or 0.0
-    if mine >= COMMS_CAUSE_MIB and mine > 1.5 * theirs:
+    if max(mine, theirs) >= COMMS_NAMED_MIB and not math.isclose(mine, theirs, rel_tol=0.5):
         kinds = sorted(run.comms, key=lambda k: -run.comms_bytes(k))
-        return (f"it moves {mine:,.1f} MiB per device per step in collectives ({', '.join(kinds)}) against "
-                f"{theirs:,.1f} MiB")
-    if (run.devices or 1) < (fastest.devices or 1):
-        return f"it runs on {run.devices or 1} device(s) against {fastest.devices}"
-    differs = [k for k in sorted(set(run.settings) | set(fastest.settings))
-               if k in ("model.remat", "precision.dtype", "precision.param_dtype", "parallel.spmd")
-               and run.settings.get(k) != fastest.settings.get(k)]
-    if differs:
-        return "it runs with " + ", ".join(f"{k.split('.')[-1]} {run.settings.get(k)}" for k in differs)
-    platform = (run.m.platform or "").lower()
-    if platform == "cpu" and (run.devices or 1) > (fastest.devices or 1):
-        return (f"its {run.devices} devices are simulated on this host's CPU cores, which they share, so more "
-                f"devices add no compute, only the work of splitting the step")
-    if run.mfu_value is not None and fastest.mfu_value is not None:
-        return f"its MFU is {100 * run.mfu_value:.1f}% against {100 * fastest.mfu_value:.1f}%"
-    return ""
+        out.append(f"{mine:,.1f} MiB of collectives per device per step" + (f" ({', '.join(kinds)})" if kinds else "")
+                   + f" against {theirs:,.1f} MiB")
+    if not out and run.mfu_value is not None and fastest.mfu_value is not None:
+        out.append(f"MFU {100 * run.mfu_value:.1f}% against {100 * fastest.mfu_value:.1f}%")
+    return out
 
 
 def speed_findings(runs: list[ReportedRun]) -> list[str]:
     """The fastest run, then every other run's slowdown against it as a ratio of steady-state throughput
-    (of median step time where the batches are equal), its likely cause, and ties within the noise."""
+    (of median step time where the batches are equal), what differs between them, and ties within the noise."""
     timed = [r for r in runs if r.ok and _throughput(r) is not None]
     if not timed:
         return []
@@ -84,6 +85,7 @@ def speed_findings(runs: list[ReportedRun]) -> list[str]:
             + (f" (ranked by median {unit})" if len(ranked) > 1
                else "."))
     sentences = [head if head.endswith(".") else head + "."]
+    listed = False
     for run in ranked[1:]:
         ratio = (_throughput(fastest) or 0.0) / (_throughput(run) or 1.0)
         noise = max(_spread(run), _spread(fastest))
@@ -94,8 +96,12 @@ def speed_findings(runs: list[ReportedRun]) -> list[str]:
                              f"difference is within the spread of their step times (median to p90, up to "
                              f"{100 * noise:.1f}%), so this ranking cannot tell them apart.")
             continue
-        cause = _cause(run, fastest)
-        sentences.append(f"{run.name} is {ratio:.2f}x slower ({figures})" + (f": {cause}." if cause else "."))
+        differs = _differences(run, fastest)
+        listed = listed or bool(differs)
+        sentences.append(f"{run.name} is {ratio:.2f}x slower ({figures})"
+                         + (f"; it differs in: {'; '.join(differs)}." if differs else "."))
+    if listed:
+        sentences.append(NOT_A_CAUSE)
     compiles = [(r.compile_s, r.name) for r in timed if r.compile_s is not None]
     if len(compiles) > 1 and max(compiles)[0] > 1.5 * min(compiles)[0]:
         (slow, slow_name), (quick, quick_name) = max(compiles), min(compiles)
