@@ -21,6 +21,10 @@ Each part writes DIR/PART.json and DIR/PART.md after every case, so a part that 
 finished. A case whose estimated time no longer fits the part's budget is skipped and listed with the
 command that runs it (`--cases`). Every case is a real `shardbench` process with its own timeout; the
 figures come from the run records it writes (median step time, compile time, peak memory, losses).
+
+Exit status: 1 when any case of a part failed or timed out (each is named on stderr; the parts' files are still
+written), 0 otherwise. A refusal (the device cannot run that configuration) and a case skipped for the budget are
+not failures.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ PARTS = ("bench", "compile", "autotune", "variants-bf16", "variants-f32", "profi
 BUDGET_S = 510.0  # a part's cases start only while they fit here: under 9 minutes with the part's own overhead
 LOSS_RTOL = {"float32": 2e-3, "bfloat16": 3e-2}  # first losses of a variant against the baseline's
 LOSSES_COMPARED = 5
+FAILED = ("failed", "timed out")  # how a case's status starts when it makes the suite exit 1
 CIFAR_CANDIDATES = ("../shared/data/cifar10-jpeg.tar.gz", "shared/data/cifar10-jpeg.tar.gz",
                     "data/cifar10-jpeg.tar.gz")
 
@@ -348,6 +353,12 @@ class Part:
         self.record["notes"].append(text)
         self.write()
 
+    def failures(self) -> list[str]:
+        """`part/case: status` for each case that failed or timed out. A refusal (exit 2: the device cannot run
+        that configuration, e.g. cuDNN on a CPU) and a case skipped for the budget are answers, not failures."""
+        return [f"{self.name}/{c['name']}: {c['status'][:200]}" for c in self.record["cases"]
+                if c["status"].startswith(FAILED)]
+
     def write(self) -> None:
         tmp = self.out / f"{self.name}.json.tmp"
         tmp.write_text(json.dumps(self.record, indent=2))
@@ -427,9 +438,9 @@ def run_part(part: str, args: argparse.Namespace, out: Path, env: dict[str, Any]
                                           min(left, args.case_timeout_s) if not args.smoke else 600, args.smoke)
         row["seconds"] = round(seconds, 1)
         if code is None:
-            row["status"] = f"timed out after {seconds:.0f} s"
+            row["status"] = f"{FAILED[1]} after {seconds:.0f} s"
         elif code != 0:
-            row["status"] = ("refused: " if code == 2 else f"failed ({code}): ") + last[-300:]
+            row["status"] = ("refused: " if code == 2 else f"{FAILED[0]} ({code}): ") + last[-300:]
         else:
             row["status"] = "ok"
         if code != 0:
@@ -534,9 +545,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--variant '{args.variant}': choose from baseline, {', '.join(s[0] for s in SWITCHES)}")
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment()
+    failures: list[str] = []
     for name in PARTS if part == "all" else (part,):
-        run_part(name, args, args.out, env)
+        failures += run_part(name, args, args.out, env).failures()
         print(f"wrote {args.out / (name + '.md')}", flush=True)
+    if failures:  # the figures of the other cases are written; the exit status says the run is not complete
+        print(f"gpu_suite: {len(failures)} case(s) failed or timed out:", *failures, sep="\n  ", file=sys.stderr,
+              flush=True)
+        return 1
     return 0
 
 

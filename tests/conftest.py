@@ -14,6 +14,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import NoReturn  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -43,3 +44,32 @@ def micro(tmp_path: Path):
         return micro_config(tmp_path, **overrides)
 
     return make
+
+
+# Tools some tests need that `make test` installs. A missing one fails those tests, so that CI cannot go green
+# without them; only its variable set to 1 skips them, and the run's summary says so.
+SKIP_VARIABLES = {"SHARDBENCH_SKIP_SLURM": "the SLURM executor's cluster tests",
+                  "SHARDBENCH_SKIP_BROWSER": "the report's browser test",
+                  "SHARDBENCH_SKIP_TORCH": "the PyTorch baseline tests"}
+
+
+def skipped_on_request(variable: str) -> bool:
+    return os.environ.get(variable, "") == "1"
+
+
+def skip_if_requested(variable: str) -> None:
+    if skipped_on_request(variable):
+        pytest.skip(f"{variable}=1: {SKIP_VARIABLES[variable]} skipped on request")
+
+
+def missing(variable: str, problem: str) -> NoReturn:
+    """Fail a test whose tool is missing, saying how to install it or to skip it on purpose."""
+    pytest.fail(f"{problem}; `make test` installs it, or set {variable}=1 to skip {SKIP_VARIABLES[variable]}",
+                pytrace=False)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Beside the short summary's skip reasons (-ra), one line per tool left out on purpose."""
+    for variable, what in SKIP_VARIABLES.items():
+        if skipped_on_request(variable):
+            terminalreporter.write_line(f"skipped on request: {variable}=1 ({what})", yellow=True)

@@ -1,5 +1,6 @@
-"""Whatever the user gets wrong, every command answers with one line and a documented exit status, never a
-traceback, and leaves nothing a later run could take for finished work.
+"""Whatever the user gets wrong, every command answers with one line and its documented exit status (README's
+"When something is wrong", docs/training.md), never a traceback, and leaves no output behind: no run folder, no
+config.json, checkpoint or temporary file, nothing a later run could take for finished work.
 
 The cases are generated from tables: every path-taking option of every command against every way a path can be
 unusable, every file-reading option against every way a file can be empty or corrupt, and bad values and
@@ -12,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +24,6 @@ import pytest
 from shardbench.cli import main
 from shardbench.errors import EXIT_CODES
 
-BAD_INPUT_CODES = {EXIT_CODES[k] for k in ("configuration", "data", "files")}
-# Artefacts that say "finished": none may appear after a refused command.
-FINISHED = ("summary.json", "sweep.db", "report.md", "report.html", "plan.json", "plan-validation.json", "bench.json")
 TINY = ["--preset", "vit-tiny", "--data.synthetic-train", "64", "--data.synthetic-test", "32", "--batch-size", "16",
         "--steps", "2", "--model.embed-dim", "16", "--model.mlp-dim", "32", "--model.num-layers", "1",
         "--no-train.progress", "--no-train.eval", "--devices", "1", "--mesh", "none"]
@@ -35,6 +34,7 @@ class Case:
     name: str
     argv: Callable[[Path], list[str]]  # the command line, given a fresh folder for this case
     says: str  # what the one line must name
+    exit: str  # its class of mistake in the docs' table, a key of EXIT_CODES: configuration, data or files
 
 
 # ------------------------------------------------------------------------------------ unusable paths
@@ -74,7 +74,7 @@ PATH_OPTIONS: dict[str, Callable[[Path, str], list[str]]] = {
 
 def _path_cases() -> list[Case]:
     return [Case(f"{option}: {fault}", lambda tmp, o=option, f=fault: PATH_OPTIONS[o](tmp, str(PATH_FAULTS[f](tmp))),
-                 says=PATH_NAMES[fault])
+                 says=PATH_NAMES[fault], exit="files")  # "a path that cannot be used"
             for option in PATH_OPTIONS for fault in PATH_FAULTS]
 
 
@@ -131,9 +131,20 @@ FILE_OPTIONS: dict[str, tuple[Callable[[Path, Callable[[Path], None]], list[str]
 }
 
 
+# "An empty or corrupt file" is data (4), except where an empty file is a well-formed one with nothing in it: an
+# empty TOML file is a sweep file with no axes (a setting that would do nothing), and SQLite reads an empty file
+# as an empty database, which holds no runs to report and no plan to resume, as a folder with none would.
+EMPTY_IS_WELL_FORMED = {"sweep --sweep-file (toml)", "report of a sweep.db", "sweep --resume of a sweep.db"}
+
+
+def _file_exit(option: str, content: str) -> str:
+    return "configuration" if content == "empty" and option in EMPTY_IS_WELL_FORMED else "data"
+
+
 def _file_cases() -> list[Case]:
     return [Case(f"{option}: {content}", lambda tmp, o=option, c=content: FILE_OPTIONS[o][0](tmp, CONTENTS[c]),
-                 says=FILE_OPTIONS[option][1]) for option in FILE_OPTIONS for content in CONTENTS]
+                 says=FILE_OPTIONS[option][1], exit=_file_exit(option, content))
+            for option in FILE_OPTIONS for content in CONTENTS]
 
 
 # ------------------------------------------------------------------- bad values, and settings that do nothing
@@ -142,49 +153,60 @@ def _empty_sweep_file(tmp: Path) -> list[str]:
     return ["sweep", "--sweep-file", str(tmp / "s.toml"), "--out", str(tmp / "o")]
 
 
-VALUES: list[tuple[str, Callable[[Path], list[str]], str]] = [
+CONF, DATA = "configuration", "data"
+# (name, command line, what the one line names, exit class): a missing dataset is data, a value no field takes
+# or a folder with nothing to report is configuration.
+VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: a profile window of no steps", lambda t: ["train", *TINY, "--profile", "--train.profile-steps", "0",
-                                                       "--out", str(t / "o")], "--train.profile-steps 0"),
+                                                       "--out", str(t / "o")], "--train.profile-steps 0", CONF),
     ("train: an unknown XLA preset", lambda t: ["train", *TINY, "--train.xla-presets", "turbo", "--out", str(t / "o")],
-     "turbo"),
+     "turbo", CONF),
     ("train: a batch the data cannot fill", lambda t: ["train", *TINY, "--batch-size", "4096", "--out", str(t / "o")],
-     "4096"),
-    ("train: --resume of nothing", lambda t: ["train", *TINY, "--resume", "--out", str(t / "o")], "--resume"),
+     "4096", CONF),
+    ("train: --resume of nothing", lambda t: ["train", *TINY, "--resume", "--out", str(t / "o")], "--resume", CONF),
     ("train: arrays that do not exist", lambda t: ["train", *TINY, "--data", f"arrays:{t / 'none.npz'}",
-                                                   "--out", str(t / "o")], "none.npz"),
+                                                   "--out", str(t / "o")], "none.npz", DATA),
     ("train: a model file that does not exist", lambda t: ["train", *TINY, "--model", f"{t / 'm.py'}:make",
-                                                           "--task", "classify", "--out", str(t / "o")], "m.py"),
-    ("train: a negative learning rate", lambda t: ["train", *TINY, "--lr", "-1", "--out", str(t / "o")], "--optim.lr"),
-    ("train: a mesh bigger than the devices", lambda t: ["train", *TINY, "--mesh", "16", "--out", str(t / "o")], "16"),
-    ("sweep: a sweep file with no axes", _empty_sweep_file, "no axes"),
-    ("sweep: a sweep file that does not exist", lambda t: ["sweep", "--sweep-file", str(t / "no.toml")], "no.toml"),
+                                                           "--task", "classify", "--out", str(t / "o")], "m.py", CONF),
+    ("train: a negative learning rate", lambda t: ["train", *TINY, "--lr", "-1", "--out", str(t / "o")], "--optim.lr",
+     CONF),
+    ("train: a mesh bigger than the devices", lambda t: ["train", *TINY, "--mesh", "16", "--out", str(t / "o")], "16",
+     CONF),
+    ("sweep: a sweep file with no axes", _empty_sweep_file, "no axes", CONF),
+    ("sweep: a sweep file that does not exist", lambda t: ["sweep", "--sweep-file", str(t / "no.toml")], "no.toml",
+     CONF),
+    ("sweep: --profile with a window of no steps", lambda t: ["sweep", *TINY, "--batch-size", "16,32", "--profile",
+                                                              "--train.profile-steps", "0", "--out", str(t / "o")],
+     "--train.profile-steps 0", CONF),
     ("sweep: a negative timeout", lambda t: ["sweep", *TINY, "--batch-size", "16,32", "--timeout", "-1",
-                                             "--out", str(t / "o")], "--timeout"),
-    ("report: a folder that does not exist", lambda t: ["report", str(t / "nothing")], "nothing"),
-    ("report: a folder with no runs", lambda t: (t / "e").mkdir() or ["report", str(t / "e")], "no runs"),
-    ("plan: an unknown chip", lambda t: ["plan", "--preset", "vit-tiny", "--target", "8xnope"], "nope"),
+                                             "--out", str(t / "o")], "--timeout", CONF),
+    ("report: a folder that does not exist", lambda t: ["report", str(t / "nothing")], "nothing", CONF),
+    ("report: a folder with no runs", lambda t: (t / "e").mkdir() or ["report", str(t / "e")], "no runs", CONF),
+    ("plan: an unknown chip", lambda t: ["plan", "--preset", "vit-tiny", "--target", "8xnope"], "nope", CONF),
     ("plan: negative workers", lambda t: ["plan", "--preset", "vit-tiny", "--target", "cpu", "--workers", "-2"],
-     "--workers"),
-    ("plan: --validate of a missing folder", lambda t: ["plan", "--validate", str(t / "gone")], "gone"),
+     "--workers", CONF),
+    ("plan: --validate of a missing folder", lambda t: ["plan", "--validate", str(t / "gone")], "gone", CONF),
     ("inspect: a strategy that does not exist", lambda t: ["inspect", "--preset", "vit-tiny", "--strategy", "zero3"],
-     "zero3"),
+     "zero3", CONF),
     ("inspect: a parameter that does not exist", lambda t: ["inspect", "--preset", "vit-tiny", "--devices", "1",
-                                                            "--array", "nope/kernel"], "nope/kernel"),
-    ("bench: an unknown group", lambda t: ["bench", "--groups", "speed", "--out", str(t / "o")], "speed"),
-    ("bench: a language model", lambda t: ["bench", "--preset", "lm-tiny", "--out", str(t / "o")], "lm-tiny"),
-    ("launch: no processes", lambda t: ["launch", "--processes", "0", "train", *TINY], "--processes"),
+                                                            "--array", "nope/kernel"], "nope/kernel", CONF),
+    ("bench: an unknown group", lambda t: ["bench", "--groups", "speed", "--out", str(t / "o")], "speed", CONF),
+    ("bench: a language model", lambda t: ["bench", "--preset", "lm-tiny", "--out", str(t / "o")], "lm-tiny", CONF),
+    ("launch: no processes", lambda t: ["launch", "--processes", "0", "train", *TINY], "--processes", CONF),
 ]
 
 
 def _value_cases() -> list[Case]:
-    return [Case(name, argv, says) for name, argv, says in VALUES]
+    return [Case(name, argv, says, exit) for name, argv, says, exit in VALUES]
 
 
 CASES = _path_cases() + _file_cases() + _value_cases()
 
 
-def _finished_files(root: Path) -> set[Path]:
-    return {p for name in FINISHED for p in root.rglob(name)} if root.exists() else set()
+def _everything(root: Path, cache: Path) -> set[Path]:
+    """Every file and folder below `root`, hidden ones included, but the data cache: a cache filled for a refused
+    run is reused by the next one, not output that could be taken for a run."""
+    return {p for p in root.rglob("*") if p != cache and cache not in p.parents}
 
 
 def _invoke(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -204,6 +226,7 @@ def test_the_tables_hold_enough_cases(tmp_path: Path) -> None:
         (tmp_path / str(i)).mkdir()
         commands.add(case.argv(tmp_path / str(i))[0])
     assert commands == {"train", "sweep", "report", "plan", "inspect", "bench", "launch"}
+    assert {c.exit for c in CASES} == {"configuration", "data", "files"}
 
 
 @pytest.mark.slow
@@ -211,13 +234,16 @@ def test_the_tables_hold_enough_cases(tmp_path: Path) -> None:
 def test_bad_input_is_one_line(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # a default output folder would land here
-    monkeypatch.setenv("SHARDBENCH_CACHE", str(tmp_path / "cache"))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SHARDBENCH_CACHE", str(cache))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # a temporary file left behind shows below
     work = tmp_path / "case"
     work.mkdir()
     argv = case.argv(work)
-    before = _finished_files(tmp_path)
+    before = _everything(tmp_path, cache)
     code, out, err = _invoke(argv, capsys)
-    assert code in BAD_INPUT_CODES, (code, err)
+    assert code == EXIT_CODES[case.exit], (case.exit, code, err)
     assert "Traceback" not in out + err
     lines = [line for line in err.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith(("shardbench: error:", "shardbench sweep: error",
@@ -226,7 +252,9 @@ def test_bad_input_is_one_line(case: Case, tmp_path: Path, capsys: pytest.Captur
     assert len(errors) == 1, lines
     assert case.says in errors[0], (case.says, errors[0])
     assert all(line.startswith(("shardbench", "see '")) for line in lines), lines
-    assert _finished_files(tmp_path) == before  # nothing a later run or report could take for finished
+    # No partial output: no run folder, even an empty one, no config.json, checkpoint, temporary or finished file.
+    left = sorted(str(p.relative_to(tmp_path)) for p in _everything(tmp_path, cache) - before)
+    assert not left, left
 
 
 @pytest.mark.slow

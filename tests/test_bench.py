@@ -37,8 +37,26 @@ def test_torch_gets_the_matmul_arithmetic_jax_uses() -> None:
         torch_matmul("medium", "cuda", h100)
 
 
+def _torch():  # type: ignore[no-untyped-def]
+    """torch, or a skip saying how to install it (`make test` does). Installed but failing to import is a failure,
+    not a skip: a broken build would otherwise pass as absent."""
+    from conftest import skip_if_requested
+
+    from shardbench.bench.torch_vit import available
+
+    skip_if_requested("SHARDBENCH_SKIP_TORCH")
+    reason = available()
+    if reason is not None and "not installed" in reason:
+        pytest.skip(f"{reason} (the CPU build; `make test` installs it, the 'torch' extra is pip install "
+                    f"'shardbench[torch]')")
+    assert reason is None, reason
+    import torch
+
+    return torch
+
+
 def test_torch_worker_sets_the_mapped_precision(monkeypatch) -> None:
-    torch = pytest.importorskip("torch")
+    torch = _torch()
     from shardbench.bench.torch_vit import set_matmul_precision
 
     before = (torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
@@ -55,6 +73,23 @@ def test_torch_worker_sets_the_mapped_precision(monkeypatch) -> None:
     finally:
         torch.set_float32_matmul_precision(before[0])
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before[1:]
+
+
+def test_the_pytorch_baseline_is_the_seed_vit_and_trains() -> None:
+    """The baseline `bench` times against shardbench: the seed ViT's parameter count (hand-counted in the models'
+    docs), and its train step runs on the CPU with full float32 matmuls, as JAX's does there."""
+    torch = _torch()
+    from shardbench.bench import torch_vit
+    from shardbench.config import ModelConfig, get_preset
+
+    assert torch_vit.count_params(torch_vit.build_model(get_preset("vit-seed").model)) == 10_695_562
+    tiny = ModelConfig(patch_size=8, embed_dim=32, num_layers=1, num_heads=2, mlp_dim=64)
+    step, info, where = torch_vit.prepare(tiny, batch_size=8, compile=False, threads=1)
+    step()
+    torch_vit.synchronize(where)
+    assert where.type == "cpu" and info["device"] == "cpu" and info["compiled"] == "none"
+    assert info["matmul"] == "float32" and info["params"] == torch_vit.count_params(torch_vit.build_model(tiny))
+    assert info["first_step_s"] > 0 and info["threads"] == 1
 
 
 def _planned(monkeypatch, platform: str, *argv: str) -> tuple[argparse.Namespace, dict[str, list[dict]]]:

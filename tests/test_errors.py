@@ -18,12 +18,19 @@ BASE = ["train", "--preset", "vit-tiny", "--data", "synthetic", "--data.syntheti
         "--model.mlp-dim", "64", "--batch-size", "32", "--steps", "2", "--no-train.progress", "--no-train.eval"]
 
 
+def _paths(tmp_path: Path) -> set[Path]:
+    cache = tmp_path / "cache"  # decoded data kept for the next run: a cache, not the run's output
+    return {p for p in tmp_path.rglob("*") if p != cache and cache not in p.parents}
+
+
 def _run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     out = tmp_path / "run"
+    before = _paths(tmp_path)
     code = main([*BASE, "--out", str(out), "--data.cache-dir", str(tmp_path / "cache"), *args])
     err = capsys.readouterr().err.strip()
     if code in (2, 4):  # bad input (configuration 2, data 4) is caught before anything is written
-        assert not out.exists(), f"a failed run left {list(out.iterdir())}"
+        left = sorted(str(p.relative_to(tmp_path)) for p in _paths(tmp_path) - before)
+        assert not left, f"a refused run left {left}"
     return code, err
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = subprocess.run([sys.executable, str(SUITE), "--smoke", "--out", str(out / "results"),
                            "--work", str(out / "work")], env=dict(os.environ), capture_output=True, text=True,
                           timeout=900)
+    # The suite exits 1 when any case failed or timed out: 0 here means every case of every part ran or was refused.
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out / "results"
 
@@ -42,7 +44,11 @@ def test_every_part_writes_its_files(smoke: Path) -> None:
         assert text.startswith(f"## {part} (smoke run") and "commit" in text
         cases = _cases(smoke, part)
         assert cases, part
-        assert all(c["status"] for c in cases.values())
+        # Every case ran: only cuDNN's attention, which a CPU cannot run, is refused; nothing failed, timed out
+        # or was skipped.
+        for name, c in cases.items():
+            ran = c["status"].startswith("refused: ") if name == "attention cudnn" else c["status"] == "ok"
+            assert ran, (part, name, c["status"])
     # the results folder stays small: runs, logs and caches went to --work
     assert not list(smoke.rglob("*.xplane.pb")) and not list(smoke.rglob("checkpoints"))
 
@@ -96,6 +102,33 @@ def test_a_part_out_of_budget_lists_what_it_skipped(tmp_path: Path) -> None:
     cases = _cases_any(tmp_path / "r" / "compile.json")
     assert len(cases) == 12 and all(c["status"].startswith("skipped:") for c in cases)
     assert "--part compile --cases 'lm-seed float32 cold'" in (tmp_path / "r" / "compile.md").read_text()
+
+
+def test_a_case_that_fails_or_times_out_makes_the_suite_exit_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    case = "mlp-small float32 cold"
+
+    def suite(name: str) -> int:
+        return gpu_suite.main(["--part", "compile", "--cases", case, "--out", str(tmp_path / name / "r"),
+                               "--work", str(tmp_path / name / "w"), "--case-timeout-s", "0.5"])
+
+    # A real process past its timeout: shardbench cannot even import JAX in half a second.
+    assert suite("timeout") == 1
+    err = capsys.readouterr().err
+    assert f"compile/{case}: timed out after" in err
+    assert _cases_any(tmp_path / "timeout" / "r" / "compile.json")[0]["status"].startswith("timed out")
+
+    def exits(code: int) -> Callable[..., tuple[int, float, str]]:
+        def run(argv: list[str], log: Path, timeout: float, smoke: bool) -> tuple[int, float, str]:
+            log.write_text("shardbench: internal error: ...\n")
+            return code, 0.1, "shardbench: internal error: ..."
+        return run
+
+    monkeypatch.setattr(gpu_suite, "run_process", exits(70))  # a bug in shardbench, without spending a process
+    assert suite("failed") == 1
+    assert f"compile/{case}: failed (70): shardbench: internal error" in capsys.readouterr().err
+    monkeypatch.setattr(gpu_suite, "run_process", exits(2))  # a refusal is an answer: the suite still succeeds
+    assert suite("refused") == 0 and capsys.readouterr().err == ""
 
 
 def _cases_any(path: Path) -> list[dict]:

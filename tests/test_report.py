@@ -321,13 +321,16 @@ def test_report_command_prints_paths_html_last(sweep_dir: Path, tmp_path: Path,
 
 # ----------------------------------------------------------------------------------- the page in a browser
 def _browser_page():  # type: ignore[no-untyped-def]
+    from conftest import missing, skip_if_requested
+
+    skip_if_requested("SHARDBENCH_SKIP_BROWSER")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        pytest.skip("playwright is not installed (pip install playwright)")
+        missing("SHARDBENCH_SKIP_BROWSER", "playwright is not installed (the test extra)")
     executable = shutil.which("chromium") or "/usr/bin/chromium"
     if not Path(executable).exists():
-        pytest.skip("no chromium binary (apt-get install chromium)")
+        missing("SHARDBENCH_SKIP_BROWSER", "no chromium binary (apt-get install chromium)")
     return sync_playwright, executable
 
 

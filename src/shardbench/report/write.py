@@ -12,7 +12,7 @@ from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
-from shardbench.errors import ShardbenchError, writable_dir
+from shardbench.errors import DataError, ShardbenchError, writable_dir
 from shardbench.measure.run_record import from_json
 from shardbench.report import html as html_page
 from shardbench.report import plots
@@ -28,7 +28,8 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        raise ShardbenchError(f"cannot read {path}: {err}") from None
+        # An empty or corrupt file is the data class of mistake (exit 4), as the docs' table says.
+        raise DataError(f"cannot read {path}: {err}") from None
 
 
 def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:

@@ -20,9 +20,11 @@ from shardbench import config as config_lib
 from shardbench.sweep.grid import Sweep, run_config
 
 
-def refusals(sweep: Sweep) -> dict[str, str]:
-    """{run name: why `shardbench train` would refuse it} for every run of `sweep` that would be refused."""
-    return check_in_processes({run.name: run_config(sweep.base_preset, run) for run in sweep.runs})
+def refusals(sweep: Sweep, profile: bool = False) -> dict[str, str]:
+    """{run name: why `shardbench train` would refuse it} for every run of `sweep` that would be refused;
+    `profile`: the sweep's --profile, which each run is given when it starts, so its window is checked now."""
+    extra = {"train.profile": True} if profile else {}
+    return check_in_processes({run.name: run_config(sweep.base_preset, run) | extra for run in sweep.runs})
 
 
 def check_in_processes(configs: dict[str, dict[str, Any]], env: dict[str, str] | None = None) -> dict[str, str]:

@@ -328,7 +328,7 @@ def run(args: argparse.Namespace) -> int:
             if not args.dry_run:
                 slurm_options.check_available()
                 slurm_options.check_submittable(shapes, checked, slurm_opts)
-        refused = refusals(sweep)
+        refused = refusals(sweep, options["profile"])
         if args.dry_run:
             dry_run(sweep, refused)
             return 0

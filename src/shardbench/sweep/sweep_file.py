@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench import config as config_lib
-from shardbench.errors import ConfigError
+from shardbench.errors import ConfigError, DataError
 from shardbench.sweep.grid import Axis, Override, SweepFile, check_key, typed_value, unique
 
 KEYS = ("preset", "base", "axes", "grid")
@@ -74,6 +74,7 @@ def load_sweep_file(path: Path) -> SweepFile:
     except OSError as e:
         raise ConfigError(f"--sweep-file {path}: cannot be read ({e.strerror})") from None
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--sweep-file {path}: not valid {kind} ({e})") from None
+        # A file that is not TOML/JSON is a corrupt file (exit 4); what it says, once read, is configuration.
+        raise DataError(f"--sweep-file {path}: not valid {kind} ({e})") from None
     except ConfigError as e:
         raise ConfigError(f"--sweep-file {path}: {e}") from None
