@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shardbench import config as config_lib
-from shardbench.measure.collect import RunSetup, build_measurements, Clocks, CompiledStep
+from shardbench.measure.collect import Clocks, CompiledStep, RunSetup, build_measurements
 from shardbench.measure.memory import gradient_buffers, memory_report
 from shardbench.measure.run_record import Memory
 from shardbench.measure.timing import StepTimer, compile_timed
