@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from shardbench.measure.comms import count_collectives, shape_bytes
+from shardbench.measure.run_record import Collective
 
 
 def _mesh() -> jax.sharding.Mesh:
@@ -25,14 +26,14 @@ def test_shape_bytes() -> None:
 def test_one_psum_is_one_all_reduce_of_the_local_block() -> None:
     f = jax.shard_map(lambda x: jax.lax.psum(x, "d"), mesh=_mesh(), in_specs=P("d"), out_specs=P())
     report = count_collectives(_hlo(f, jnp.ones((8, 1024), jnp.float32)))
-    assert report.as_dict() == {"all-reduce": {"count": 1, "bytes": 1024 * 4}}
+    assert report.by_kind == {"all-reduce": Collective(count=1, bytes=1024 * 4)}
 
 
 def test_all_gather_counts_the_gathered_bytes() -> None:
     f = jax.shard_map(lambda x: jax.lax.all_gather(x, "d", tiled=True), mesh=_mesh(), in_specs=P("d"),
                       out_specs=P(), check_vma=False)
     report = count_collectives(_hlo(f, jnp.ones((8, 256), jnp.float32)))
-    assert report.as_dict() == {"all-gather": {"count": 1, "bytes": 8 * 256 * 4}}
+    assert report.by_kind == {"all-gather": Collective(count=1, bytes=8 * 256 * 4)}
 
 
 def test_collectives_inside_a_scan_count_once_per_iteration() -> None:
@@ -45,7 +46,7 @@ def test_collectives_inside_a_scan_count_once_per_iteration() -> None:
     f = jax.shard_map(body, mesh=_mesh(), in_specs=P("d"), out_specs=P("d"))
     report = count_collectives(_hlo(f, jnp.ones((8, 64), jnp.float32)))
     assert report.unknown_trip_counts == 0
-    assert report.as_dict() == {"all-reduce": {"count": 5, "bytes": 5 * 64 * 4}}
+    assert report.by_kind == {"all-reduce": Collective(count=5, bytes=5 * 64 * 4)}
 
 
 def test_no_collectives_on_one_device() -> None:
@@ -69,10 +70,10 @@ ENTRY %main () -> f32[] {
 }
 """
     report = count_collectives(hlo)
-    assert report.as_dict() == {
-        "all-reduce": {"count": 1, "bytes": 2 * 1024 * 4},
-        "all-gather": {"count": 1, "bytes": 2 * 1024 * 4},
-        "collective-permute": {"count": 1, "bytes": 512 * 4},
+    assert report.by_kind == {
+        "all-reduce": Collective(count=1, bytes=2 * 1024 * 4),
+        "all-gather": Collective(count=1, bytes=2 * 1024 * 4),
+        "collective-permute": Collective(count=1, bytes=512 * 4),
     }
 
 

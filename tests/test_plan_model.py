@@ -79,14 +79,15 @@ def test_a_plan_and_a_run_record_break_memory_down_alike() -> None:
     no runtime bytes) the plan's parts are the run record's and add up to the compiled total. (< 1 s)"""
     import numpy as np
 
-    record = memory_report(_Compiled(), np.zeros(250, np.float32), np.zeros(500, np.float32), [],
+    params = np.zeros(250, np.float32)
+    record = memory_report(_Compiled(), params, np.zeros(500, np.float32), [], gradients=params,
                            model_state=np.zeros(6, np.float32))
     plan = memory(_result("gpu"), 1.0)
-    b = record["breakdown"]
+    b = record.breakdown
     assert (plan.params_bytes, plan.optimizer_bytes, plan.model_state_bytes, plan.gradients_bytes) == (
-        b["params_bytes"], b["optimizer_bytes"], b["model_state_bytes"], b["gradients_bytes"]) == (1000, 2000, 24, 1000)
-    assert (plan.activations_bytes, plan.other_bytes) == (b["activations_temporaries_bytes"], b["other_bytes"])
-    assert plan.total_bytes == record["total_bytes"] == 3100 + 3000 - 3000 + 9000
+        b.params_bytes, b.optimizer_bytes, b.model_state_bytes, b.gradients_bytes) == (1000, 2000, 24, 1000)
+    assert (plan.activations_bytes, plan.other_bytes) == (b.activations_temporaries_bytes, b.other_bytes)
+    assert plan.total_bytes == record.total_bytes == 3100 + 3000 - 3000 + 9000
     scaled = memory(_result("cpu"), 0.5, runtime_bytes=77)
     assert scaled.total_bytes == plan.total_bytes - 0.5 * plan.activations_bytes + 77
 

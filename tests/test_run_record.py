@@ -10,9 +10,12 @@ import jax
 import pytest
 
 from shardbench.measure.run_record import (
-    SCHEMA_VERSION, Collective, Measurements, RecordError, RunRecord, field_table, from_json,
+    SCHEMA_VERSION, Breakdown, Collective, Measurements, RecordError, RunRecord, field_table, from_json, to_json,
 )
+from shardbench.report.write import load_runs
 from shardbench.train.loop import run
+
+RECORDS = Path(__file__).resolve().parents[1] / "benchmarks" / "data"
 
 
 @pytest.mark.slow
@@ -30,6 +33,9 @@ def test_train_writes_a_versioned_record_that_reads_back_typed(micro) -> None:
     assert isinstance(m.comms["all-reduce"], Collective)
     assert m.comms["all-reduce"].bytes == saved["measurements"]["comms"]["all-reduce"]["bytes"]
     assert m.memory is not None and m.memory.breakdown is not None and m.memory.breakdown.params_bytes > 0
+    # Written from the types and read back into them, the measurements are exactly what was written: the
+    # types are the schema, field for field.
+    assert to_json(m) == saved["measurements"]
 
 
 def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> None:
@@ -55,3 +61,20 @@ def test_every_field_is_documented_with_its_unit_in_one_place() -> None:
     assert units["measurements.step_time_s.median"] == "s" and units["measurements.mfu.peak_flops_per_s_per_device"] \
         == "FLOP/s"
     assert RunRecord().schema_version == 0
+
+
+def test_the_published_records_of_earlier_versions_still_load_for_the_report() -> None:
+    """Every summary.json under benchmarks/data (written by an earlier shardbench) reads through the one
+    schema, and the report's loader takes each folder of them as runs with their memory breakdown."""
+    summaries = sorted(RECORDS.rglob("summary.json"))
+    assert summaries, f"no records under {RECORDS}"
+    for path in summaries:
+        data = json.loads(path.read_text())
+        record = from_json(data, str(path))
+        # Read as strictly as this version's own records: every field they hold is still in the schema, so
+        # renaming or dropping one fails here.
+        from_json({**data, "schema_version": SCHEMA_VERSION}, str(path))
+        assert isinstance(record.measurements.memory.breakdown, Breakdown), path
+    folders = sorted({p.parent.parent for p in summaries})
+    loaded = [run for folder in folders for run in load_runs(folder)[0]]
+    assert len(loaded) == len(summaries) and all(r.ok and r.part("params") > 0 for r in loaded)

@@ -7,7 +7,9 @@ by the loop's known trip count, recursively from the entry computation.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from shardbench.measure.run_record import Collective
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -21,15 +23,6 @@ _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
 _CALLEES = re.compile(r"\b(?:body|to_apply|calls|branch_computations)=\{?([%\w.\-, ]+)\}?")
-
-
-@dataclass
-class Collective:
-    """Executions per step and bytes moved per device per step for one kind of collective."""
-
-    kind: str
-    count: int = 0
-    bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -46,20 +39,25 @@ class CollectiveOp:
 
 @dataclass
 class CommsReport:
+    """What a compiled module communicates per step: per kind, the record's own `Collective` (executions and
+    bytes per device), and every instruction with its device groups."""
+
     by_kind: dict[str, Collective] = field(default_factory=dict)
     unknown_trip_counts: int = 0  # loops whose trip count XLA did not record: counted once
     ops: list[CollectiveOp] = field(default_factory=list)  # every collective instruction, for link assignment
 
     @property
     def total_bytes(self) -> int:
-        return sum(c.bytes for c in self.by_kind.values())
+        return sum(c.bytes or 0 for c in self.by_kind.values())
 
     @property
     def total_count(self) -> int:
-        return sum(c.count for c in self.by_kind.values())
+        return sum(c.count or 0 for c in self.by_kind.values())
 
-    def as_dict(self) -> dict[str, dict[str, int]]:
-        return {k: {"count": c.count, "bytes": c.bytes} for k, c in self.by_kind.items()}
+    def add(self, kind: str, times: int, payload: int) -> None:
+        """One more instruction of `kind`, run `times` per step, moving `payload` bytes per device each run."""
+        c = self.by_kind.get(kind, Collective(count=0, bytes=0))
+        self.by_kind[kind] = replace(c, count=(c.count or 0) + times, bytes=(c.bytes or 0) + times * payload)
 
 
 def shape_bytes(shape_text: str) -> list[int]:
@@ -207,10 +205,8 @@ def count_collectives(hlo: str) -> CommsReport:
         for inst in insts:
             kind = _kind(inst.opcode)
             if kind is not None:
-                c = report.by_kind.setdefault(kind, Collective(kind))
                 payload = _payload(inst, kind, shapes)
-                c.count += times
-                c.bytes += times * payload
+                report.add(kind, times, payload)
                 report.ops.append(CollectiveOp(kind, times, payload, device_groups(inst.rest)))
             callees = [n.strip().lstrip("%") for m in _CALLEES.finditer(inst.rest) for n in m.group(1).split(",")]
             if not callees:

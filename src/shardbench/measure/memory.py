@@ -2,18 +2,21 @@
 
 The breakdown names what the bytes are: parameters and optimizer state are the per-device shards of the
 train state (each leaf counted in its own dtype: a bfloat16 first moment, --optim.mu-dtype, counts 2 bytes), and a model of your own's other variables (BatchNorm statistics, RNG
-streams, Variables of its own) are its model state; gradients are laid out like the parameters; activations
-and other temporaries are the compiled temporaries minus the gradients. So a change of compute dtype moves only the
-last figure, which is why precision alone barely moves memory when the batch is small.
+streams, Variables of its own) are its model state; gradients are counted from their own buffers (shapes, dtypes
+and layout of what the step differentiates: `gradient_buffers`); activations and other temporaries are the
+compiled temporaries minus the gradients. So a change of compute dtype moves only the last figure, which is why
+precision alone barely moves memory when the batch is small. Everything is returned as the run record's own types
+(`shardbench.measure.run_record`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import jax
+
+from shardbench.measure.run_record import Breakdown, Memory
 
 
 def per_device_bytes(tree: Any) -> int:
@@ -75,55 +78,46 @@ def per_device_report(params: Any, opt_state: Any, devices: list[jax.Device],
              "peak_bytes_in_use": runtime_peak([d])} for d in devices]
 
 
-@dataclass(frozen=True)
-class Breakdown:
-    """One device's bytes by what they hold; the parts add up to `total_bytes`."""
-
-    params_bytes: int
-    optimizer_bytes: int
-    model_state_bytes: int
-    gradients_bytes: int
-    activations_bytes: float  # the compiled temporaries minus the gradients, scaled where another compiler's
-    other_bytes: int  # the batch among the arguments, outputs not aliased to a donated input (the metrics)
-    runtime_bytes: float  # what the runtime holds beyond the compiled program (0 where it is not estimated)
-
-    @property
-    def total_bytes(self) -> float:
-        return (self.params_bytes + self.optimizer_bytes + self.model_state_bytes + self.gradients_bytes
-                + self.activations_bytes + self.other_bytes + self.runtime_bytes)
-
-
 def compiled_total(analysis: dict[str, int]) -> int:
     """XLA's compiled total: arguments + outputs - aliased + temporaries."""
     return (analysis["argument_bytes"] + analysis["output_bytes"] - analysis["alias_bytes"]
             + analysis["temp_bytes"])
 
 
-def breakdown(analysis: dict[str, int], params_b: int, opt_b: int, model_b: int = 0, *,
-              activation_scale: float = 1.0, runtime_bytes: float = 0.0) -> Breakdown:
-    """The one breakdown of a compiled step's memory, for a run's record and for a plan alike: gradients are
-    laid out like the parameters, the activations are the temporaries beyond them (times `activation_scale`
-    where another compiler's temporaries stand in for the target's), the rest of the compiled total beyond the
-    state is `other`. Unscaled and without runtime bytes, the parts add up to the compiled total."""
-    grads_b = params_b
+def gradient_buffers(params: Any, shardings: Any = None) -> Any:
+    """The gradients a step computes of `params`, as abstract arrays: shapes and dtypes as JAX's
+    differentiation gives them (traced, not copied from the parameters: a cotangent of an integer leaf has no
+    bytes), laid out by `shardings`, a tree like `params` (default: each parameter's own sharding, which is how
+    every strategy's step hands its gradients to the optimizer)."""
+    def loss(p: Any) -> jax.Array:
+        return sum((x.astype(jax.numpy.float32).sum() for x in jax.tree.leaves(p)
+                    if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)), jax.numpy.float32(0))
+
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    grads = jax.eval_shape(jax.grad(loss, allow_int=True), abstract)
+    if shardings is None:
+        shardings = jax.tree.map(lambda x: getattr(x, "sharding", None), params)
+    return jax.tree.map(lambda g, s: jax.ShapeDtypeStruct(g.shape, g.dtype, sharding=s), grads, shardings)
+
+
+def breakdown(analysis: dict[str, int], params_b: int, opt_b: int, model_b: int, grads_b: int) -> Breakdown:
+    """The one breakdown of a compiled step's memory, for a run's record and for a plan alike: the state's
+    parts and the gradients are counted from their own buffers; the activations are the compiled temporaries
+    beyond the gradients (which XLA holds among its temporaries); `other` is the rest of the compiled total (the
+    batch among the arguments, outputs not aliased to a donated input: the metrics)."""
     activations = max(analysis["temp_bytes"] - grads_b, 0)
     other = max(compiled_total(analysis) - params_b - opt_b - model_b - grads_b - activations, 0)
-    return Breakdown(params_b, opt_b, model_b, grads_b, activations * activation_scale, other, runtime_bytes)
+    return Breakdown(params_bytes=params_b, optimizer_bytes=opt_b, model_state_bytes=model_b,
+                     gradients_bytes=grads_b, activations_temporaries_bytes=activations, other_bytes=other)
 
 
-def memory_report(compiled: Any, params: Any, opt_state: Any, devices: list[jax.Device],
-                  model_state: Any = None) -> dict[str, Any]:
-    """The peak, the compiled analysis and the breakdown of one device's bytes; `model_state` is a model of
-    your own's non-parameter variables (None or empty for the built-in models)."""
+def memory_report(compiled: Any, params: Any, opt_state: Any, devices: list[jax.Device], *, gradients: Any,
+                  model_state: Any = None) -> Memory:
+    """The record's `Memory` of one device: the runtime peak, the compiled analysis and the breakdown;
+    `gradients` are the step's gradient buffers (`gradient_buffers`), `model_state` a model of your own's
+    non-parameter variables (None or empty for the built-in models)."""
     analysis = compiled_memory(compiled)
-    params_b = per_device_bytes(params)
-    opt_b = per_device_bytes(opt_state)
-    model_b = per_device_bytes(model_state)
-    report: dict[str, Any] = {"peak_bytes_in_use": runtime_peak(devices), "compiled": analysis}
-    parts = breakdown(analysis, params_b, opt_b, model_b) if analysis is not None else None
-    report["total_bytes"] = compiled_total(analysis) if analysis is not None else None
-    report["breakdown"] = {"params_bytes": params_b, "optimizer_bytes": opt_b, "model_state_bytes": model_b,
-                           "gradients_bytes": params_b,
-                           "activations_temporaries_bytes": None if parts is None else int(parts.activations_bytes),
-                           "other_bytes": None if parts is None else parts.other_bytes}
-    return report
+    parts = None if analysis is None else breakdown(analysis, per_device_bytes(params), per_device_bytes(opt_state),
+                                                     per_device_bytes(model_state), per_device_bytes(gradients))
+    return Memory(peak_bytes_in_use=runtime_peak(devices), compiled=analysis,
+                  total_bytes=None if analysis is None else compiled_total(analysis), breakdown=parts)

@@ -1,9 +1,10 @@
 """The run record: what one `shardbench train` writes as `<out>/summary.json`, as one versioned schema.
 
-Every field is declared here once, with its unit and meaning (docs/measurements.md points here);
-`train` checks the record it writes against this schema (`from_json` on what it is about to write) and every
-reader (the sweep's report, its findings and charts) reads it through `from_json`, so a renamed field fails
-loudly in one place instead of silently in four.
+Every field is declared here once, with its unit and meaning (docs/measurements.md points here). The measuring
+modules return these types (`measure.timing.compile_timed` a `CompileTimes`, `measure.comms` `Collective`s,
+`measure.memory` a `Memory` and its `Breakdown`, `measure.collect` the `Measurements`), `to_json` writes them, and
+every reader (the store's rows, the report, its findings and charts, the planner's measured runs) reads them
+back through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
 
 Versions: 2 is this layout (`schema_version` 2, with the versions of shardbench, jax and flax, the git commit
 when known, the host and the device kind; throughput is the global batch over the median step). Version 1 records
@@ -108,7 +109,8 @@ class Breakdown:
     optimizer_bytes: int | None = _f("bytes/device", "the device's shards of the optimizer state")
     model_state_bytes: int | None = _f("bytes/device", "a model of your own's other variables (BatchNorm "
                                                        "statistics, RNG streams); 0 for the built-in models")
-    gradients_bytes: int | None = _f("bytes/device", "gradients, laid out like the parameters")
+    gradients_bytes: int | None = _f("bytes/device", "the step's gradient buffers: their own shapes, dtypes and "
+                                                     "layout")
     activations_temporaries_bytes: int | None = _f("bytes/device", "compiled temporaries - gradients")
     other_bytes: int | None = _f("bytes/device", "the rest of the compiled total (batch, outputs)")
 
@@ -234,6 +236,11 @@ def from_json(data: Any, source: str = "summary.json") -> RunRecord:
         raise RecordError(f"{source} is a version-{version} run record; this shardbench reads versions 0 to "
                           f"{SCHEMA_VERSION}: upgrade shardbench to read it")
     return _build(RunRecord, {**data, "schema_version": version}, version == SCHEMA_VERSION, source)
+
+
+def to_json(value: Any) -> Any:
+    """A record, or any part of one (a dataclass of this module), as summary.json holds it."""
+    return dataclasses.asdict(value)
 
 
 def git_commit() -> str | None:

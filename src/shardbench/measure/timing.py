@@ -13,15 +13,12 @@ from typing import Any
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class CompileTimes:
-    lower_s: float
-    compile_s: float
+from shardbench.measure.run_record import CompileTimes
 
 
 def compile_timed(jitted: Any, *args: Any) -> tuple[Any, CompileTimes]:
-    """Lower and compile `jitted` for `args`, timing each phase; the compiled object is also callable."""
+    """Lower and compile `jitted` for `args`, timing each phase (the record's own `CompileTimes`); the compiled
+    object is also callable."""
     t0 = time.perf_counter()
     lowered = jitted.lower(*args)
     t1 = time.perf_counter()

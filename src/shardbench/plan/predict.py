@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from shardbench.measure.memory import Breakdown, breakdown
+from shardbench.measure.memory import breakdown
 from shardbench.plan.steptime import LOW_PRECISION, Coefficients, StepFeatures, step_time
 
 # Bytes each device sends for a collective whose per-device payload is S, over a group of n (ring algorithms):
@@ -100,14 +100,36 @@ class Prediction:
         return {**asdict(self), "headroom": self.headroom}
 
 
-def memory(result: dict[str, Any], activation_scale: float, runtime_bytes: float = 0.0) -> Breakdown:
+@dataclass(frozen=True)
+class PredictedMemory:
+    """One device's predicted bytes: a run's breakdown (`shardbench.measure.memory.breakdown`) with the
+    activations scaled where another compiler's temporaries stand in for the target's, and what the target's
+    runtime holds beyond the program."""
+
+    params_bytes: int
+    optimizer_bytes: int
+    model_state_bytes: int
+    gradients_bytes: int
+    activations_bytes: float
+    other_bytes: int
+    runtime_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.params_bytes + self.optimizer_bytes + self.model_state_bytes + self.gradients_bytes
+                + self.activations_bytes + self.other_bytes + self.runtime_bytes)
+
+
+def memory(result: dict[str, Any], activation_scale: float, runtime_bytes: float = 0.0) -> PredictedMemory:
     """One device's bytes (`shardbench.measure.memory.breakdown`, the breakdown a run records): the state is
     exact, the activations alone are scaled when another compiler's temporaries are borrowed, and
     `runtime_bytes` is what the target's runtime holds beyond the program."""
     state = result["state"]
     compiled = result["compiled"] or {"argument_bytes": 0, "output_bytes": 0, "alias_bytes": 0, "temp_bytes": 0}
-    return breakdown(compiled, state["params_bytes"], state["optimizer_bytes"], state.get("model_state_bytes", 0),
-                     activation_scale=activation_scale, runtime_bytes=runtime_bytes)
+    b = breakdown(compiled, state["params_bytes"], state["optimizer_bytes"], state.get("model_state_bytes", 0),
+                  state.get("gradients_bytes", state["params_bytes"]))
+    return PredictedMemory(b.params_bytes, b.optimizer_bytes, b.model_state_bytes, b.gradients_bytes,
+                           b.activations_temporaries_bytes * activation_scale, b.other_bytes, runtime_bytes)
 
 
 def step_features(result: dict[str, Any], hw: Hardware, remat: str, dtype: str) -> StepFeatures:

@@ -26,7 +26,7 @@ from shardbench.parallel.rules import Layout
 from shardbench.measure.profile import ProfileWindow
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure import run_record
-from shardbench.measure.collect import build_measurements, default_run_name
+from shardbench.measure.collect import Clocks, CompiledStep, RunSetup, build_measurements, default_run_name
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.measure.timing import StepTimer, compile_timed, fit_warmup
 from shardbench.train import compile_cache, hooks
@@ -188,10 +188,11 @@ def _loop(checked: CheckedRun, steps: Steps, state: TrainState, start: int, chec
     window.stop()
     bar.close()
     checkpoints.save(steps.release(run.state))
-    return _summary(checked, steps, run, writer, start, run_name, window, build_measurements(
-        cfg=cfg, task=checked.task, layout=layout, compiled=compiled, compile_times=compile_times, timer=timer,
-        epoch_times=epochs.times, epoch_steps=epochs.steps, steps_per_epoch=per_epoch, steps_run=total - start,
-        state=run.state, host_peak=host), epochs.history, last)
+    measured = build_measurements(
+        RunSetup(cfg, checked.task, layout), None if compiled is None else CompiledStep(compiled, compile_times),
+        Clocks(timer, epochs.times, epochs.steps, per_epoch, total - start), run.state, host)
+    return _summary(checked, steps, run, writer, start, run_name, window, run_record.to_json(measured),
+                    epochs.history, last)
 
 
 def _summary(checked: CheckedRun, steps: Steps, run: hooks.LoopState, writer: ScalarWriter, start: int, run_name: str,
