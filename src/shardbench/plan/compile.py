@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from shardbench.config import Config
 from shardbench.measure import flops as flops_lib
 from shardbench.measure.comms import count_collectives, executed
-from shardbench.measure.memory import compiled_memory, per_device_bytes
+from shardbench.measure.memory import compiled_memory, gradient_buffers, per_device_bytes
 from shardbench.parallel.rules import Layout
 from shardbench.train.optim import build_optimizer, learning_rate
 from shardbench.train.spmd import make_steps
@@ -81,7 +81,8 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
         "platform": layout.device.platform,
         "device_kind": getattr(layout.device, "device_kind", layout.device.platform),
         "compile_s": compile_s,
-        "state": {"params_bytes": params_b, "optimizer_bytes": opt_b, "gradients_bytes": params_b,
+        "state": {"params_bytes": params_b, "optimizer_bytes": opt_b,
+                  "gradients_bytes": per_device_bytes(gradient_buffers(state.params)),
                   "model_state_bytes": per_device_bytes(state.model_state)},
         "batch_bytes": per_device_bytes(batch),
         "compiled": compiled_memory(compiled),
