@@ -29,10 +29,11 @@ from shardbench.train.preflight import check_run
 
 pytestmark = pytest.mark.slow
 
-STEPS = 3
-LR = 0.05
+STEPS = 3  # each loss after the first depends on every update before it
+LR = 0.05  # large enough that a wrong update moves the next loss well past the tolerance, small enough not to diverge
 
-# Shapes that compile in a second or two on 8 simulated devices; every dim the model axis splits divides 4.
+# Tiny shapes: compiling dominates each run (5 to 8 s on 2 shared cores). Heads (4) and MLP widths (64) divide
+# the model axis (4 or 2); augmentation and dropout off, so the reference needs no random draws.
 SHAPES: dict[str, dict[str, object]] = {
     "vit-tiny": {"model.patch_size": 8, "model.embed_dim": 32, "model.num_layers": 2, "model.num_heads": 4,
                  "model.mlp_dim": 64, "train.batch_size": 32, "data.augment": False},
