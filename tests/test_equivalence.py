@@ -1,0 +1,121 @@
+"""Every strategy and SPMD style trains the ViT, the LM and the MLP as one device does: the loss and the
+gradients' global norm at every step, against a one-device computation written here.
+
+The runs use plain SGD without clipping, so a gradient off by a uniform factor (a reduction that sums where
+it should average) changes every later loss; the gradient norm (the `grad_norm` metric: after the
+cross-device reduction, before the update) catches it at the first step. The reference shares only the model,
+the task's loss terms and the data order with the code under test: its gradients, their norm and the update
+are computed here on one device, without the train step, the optimizer, the loop or any mesh.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from shardbench import config as config_lib
+from shardbench.data.pipeline import make_batches
+from shardbench.models import build_model
+from shardbench.tasks import Rows
+from shardbench.train.loop import run
+from shardbench.train.preflight import check_run
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3  # each loss after the first depends on every update before it
+LR = 0.05  # large enough that a wrong update moves the next loss well past the tolerance, small enough not to diverge
+
+# Tiny shapes: compiling dominates each run (5 to 8 s on 2 shared cores). Heads (4) and MLP widths (64) divide
+# the model axis (4 or 2); augmentation and dropout off, so the reference needs no random draws.
+SHAPES: dict[str, dict[str, object]] = {
+    "vit-tiny": {"model.patch_size": 8, "model.embed_dim": 32, "model.num_layers": 2, "model.num_heads": 4,
+                 "model.mlp_dim": 64, "train.batch_size": 32, "data.augment": False},
+    "lm-seed": {"model.embed_dim": 32, "model.num_heads": 4, "model.mlp_dim": 64, "model.num_layers": 2,
+                "model.seq_len": 16, "train.batch_size": 16},
+    "mlp-small": {"model.mlp_dim": 64, "model.num_layers": 3, "model.input_dim": 32, "train.batch_size": 32},
+}
+
+# (strategy, mesh, devices) for every strategy; pmap runs data parallelism only.
+LAYOUTS = [("dp", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4), ("dp+tp", "4x2", 8), ("fsdp+tp", "4x2", 8)]
+RUNS = ([("single", "none", 1, "jit"), ("dp", "8", 8, "pmap")]
+        + [(*layout, style) for layout in LAYOUTS for style in ("jit", "shard_map")])
+
+
+def config(tmp: Path, preset: str, name: str, **overrides: object) -> config_lib.Config:
+    base = {"train.steps": STEPS, "train.progress": False, "train.checkpoint_every": 0, "train.log_every": 1,
+            "train.eval": False, "train.out": str(tmp / name), "data.cache_dir": str(tmp / "cache"),
+            "train.compile_cache": "off", "data.synthetic_train": 256, "data.synthetic_test": 64,
+            "model.dropout": 0.0, "optim.optimizer": "sgd", "optim.momentum": 0.0, "optim.lr": LR,
+            "optim.schedule": "constant", "optim.warmup_steps": 0, "optim.grad_clip": 0.0, "optim.ema": 0.0}
+    return config_lib.override(config_lib.get_preset(preset), {**base, **SHAPES[preset], **overrides})
+
+
+def one_device(cfg: config_lib.Config) -> tuple[list[float], list[float]]:
+    """(loss, gradient norm) per step, computed on one device: full-batch gradients by `jax.grad`, their norm
+    in float64, and SGD's update by hand, from the same initial parameters and batches."""
+    checked = check_run(cfg)
+    task, b = checked.task, cfg.train.batch_size
+    # The same draws as the run's initialisation, which uses JAX's non-partitionable threefry on a CPU.
+    with jax.threefry_partitionable(False):
+        graphdef, params = nnx.split(build_model(cfg, nnx.Rngs(cfg.train.seed)), nnx.Param)
+
+    def loss(p: nnx.State, batch: dict[str, jax.Array]) -> jax.Array:
+        # No augmentation and no dropout: training inputs are the evaluation ones.
+        outputs = nnx.merge(graphdef, p)(task.inputs(cfg, batch, jax.random.key(0), False, Rows(0, b)))
+        terms = task.terms(outputs, batch)
+        return terms.loss_sum.sum() / terms.count.sum()
+
+    grad = jax.jit(jax.value_and_grad(loss), device=jax.devices()[0])
+    losses, norms = [], []
+    for host in make_batches(checked.dataset.train, global_batch=b, seed=cfg.train.seed, shuffle=True,
+                             num_steps=STEPS):
+        value, g = grad(params, {k: jnp.asarray(v) for k, v in host.items()})
+        losses.append(float(value))
+        norms.append(float(np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in jax.tree.leaves(g)))))
+        params = jax.tree.map(lambda p, d: p - LR * d, params, g)
+    return losses, norms
+
+
+def logged(out: Path) -> tuple[list[float], list[float]]:
+    rows = [json.loads(line) for line in (out / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "train/loss" in r]
+    return [r["train/loss"] for r in rows], [r["train/grad_norm"] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[list[float], list[float]]]:
+    """Each preset's one-device (losses, gradient norms), computed once for all its runs."""
+    tmp, done = tmp_path_factory.mktemp("reference"), {}
+
+    def get(preset: str) -> tuple[list[float], list[float]]:
+        if preset not in done:
+            done[preset] = one_device(config(tmp, preset, preset, **{"parallel.strategy": "single",
+                                                                     "parallel.mesh": "none"}))
+            losses, norms = done[preset]
+            # SGD steps whose gradients are far from zero: a factor on them would move every later loss.
+            assert min(norms) > 0.01 and abs(losses[-1] - losses[0]) > 1e-4 * losses[0]
+        return done[preset]
+
+    return get
+
+
+@pytest.mark.parametrize("preset", list(SHAPES))
+@pytest.mark.parametrize(("strategy", "mesh", "devices", "style"), RUNS)
+def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[list[float], list[float]]],
+                              preset: str, strategy: str, mesh: str, devices: int, style: str) -> None:
+    want_loss, want_norm = reference(preset)
+    run(config(tmp_path, preset, "run", **{"parallel.strategy": strategy, "parallel.mesh": mesh,
+                                           "parallel.devices": devices, "parallel.spmd": style}))
+    got_loss, got_norm = logged(tmp_path / "run")
+    assert len(got_loss) == STEPS
+    # float32 sums in another order (over devices, split matmuls): at most 6e-7 apart when measured. The norm
+    # first: a gradient off by a factor shows in it at the first step.
+    np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg="gradient norm")
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg="loss")
