@@ -24,6 +24,14 @@ from shardbench import config as config_lib  # noqa: E402
 assert len(jax.devices()) == 8, "tests need 8 simulated CPU devices; XLA_FLAGS was set too late"
 
 
+def logged_losses(out: Path) -> list[float]:
+    """The training losses a run logged, one per logged step, from its metrics.jsonl."""
+    import json
+
+    rows = [json.loads(line) for line in (out / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
+    return [r["train/loss"] for r in rows if "train/loss" in r]
+
+
 def micro_config(tmp_path: Path, **overrides: object) -> config_lib.Config:
     """A ViT small enough to compile and step in a second or two, on small synthetic data."""
     cfg = config_lib.get_preset("vit-tiny")

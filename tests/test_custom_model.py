@@ -16,7 +16,7 @@ from shardbench.devices import select_devices
 from shardbench.train.loop import run
 from shardbench.train.preflight import check_runnable
 from shardbench.train.state import describe_model
-from test_training import _losses
+from conftest import logged_losses as _losses
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CONVNET = {"model.factory": f"{EXAMPLES / 'convnet.py'}:build", "model.task": "classify"}

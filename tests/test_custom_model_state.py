@@ -26,7 +26,7 @@ from shardbench.devices import select_devices
 from shardbench.train.loop import run
 from shardbench.train.optim import build_optimizer
 from shardbench.train.state import describe_model, init_state, state_shardings
-from test_training import _losses
+from conftest import logged_losses as _losses
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

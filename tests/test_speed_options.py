@@ -22,7 +22,7 @@ from shardbench.config import ModelConfig
 from shardbench.models import fused_attention
 from shardbench.models.transformer import keep_mask, layers_per_iteration
 from shardbench.train.loop import run
-from test_training import _losses
+from conftest import logged_losses as _losses
 
 
 def _train_losses(micro, **overrides: object) -> list[float]:

@@ -30,7 +30,7 @@ from shardbench.models.vit import VisionTransformer, flops_per_example
 from shardbench.tasks import validate
 from shardbench.train.loop import run
 from shardbench.train.optim import build_optimizer
-from test_training import _losses
+from conftest import logged_losses as _losses
 
 
 
