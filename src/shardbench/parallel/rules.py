@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-from flax import nnx
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
@@ -83,20 +82,6 @@ def spec_for(axes: Axes, rules: Rules) -> PartitionSpec:
             used.add(mesh_axis)
         out.append(mesh_axis)
     return PartitionSpec(*out)
-
-
-def param_axes(abstract_state: nnx.State) -> dict[str, Any]:
-    """Nested dict (same structure as `nnx.to_pure_dict`) of each parameter's logical axes."""
-    flat = {path: var.get_metadata().get("axes") for path, var in nnx.to_flat_state(abstract_state)}
-    missing = [path for path, axes in flat.items() if axes is None]
-    if missing:
-        raise ValueError(f"parameters without logical axes: {missing}")
-    return traverse_util.unflatten_dict(flat)
-
-
-def param_shapes(abstract_state: nnx.State) -> dict[str, Any]:
-    flat = {path: tuple(var.get_value().shape) for path, var in nnx.to_flat_state(abstract_state)}
-    return traverse_util.unflatten_dict(flat)
 
 
 @dataclass(frozen=True)

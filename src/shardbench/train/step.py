@@ -19,7 +19,8 @@ import optax
 from shardbench.config import Config
 from shardbench.tasks import Rows, Task, Terms
 from shardbench.train.optim import ema_params
-from shardbench.train.state import ModelSpec, TrainState
+from shardbench.models.spec import ModelSpec
+from shardbench.train.state import TrainState
 
 Batch = dict[str, jax.Array]
 HostBatch = dict[str, np.ndarray]
