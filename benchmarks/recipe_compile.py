@@ -38,7 +38,8 @@ def compile_seconds(preset: str, overrides: dict[str, object]) -> float:
     from shardbench.tasks import get_task
     from shardbench.train.optim import build_optimizer, learning_rate
     from shardbench.train.spmd import make_steps
-    from shardbench.train.state import abstract_train_state, describe_model, state_shardings
+    from shardbench.models.spec import describe_model
+    from shardbench.train.state import abstract_train_state, state_shardings
     from shardbench.parallel.rules import make_layout
     from shardbench.devices import select_devices
 

@@ -11,7 +11,7 @@ from shardbench import config as config_lib
 from shardbench.cli import build_parser, config_from_args
 from shardbench.errors import ConfigError
 from shardbench.tasks import validate
-from shardbench.train.state import describe_model
+from shardbench.models.spec import describe_model
 
 
 def _param_count(cfg: config_lib.Config) -> int:

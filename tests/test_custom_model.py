@@ -15,7 +15,7 @@ from shardbench.parallel.rules import make_layout
 from shardbench.devices import select_devices
 from shardbench.train.loop import run
 from shardbench.train.preflight import check_runnable
-from shardbench.train.state import describe_model
+from shardbench.models.spec import describe_model
 from conftest import logged_losses as _losses
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

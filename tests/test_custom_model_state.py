@@ -25,7 +25,8 @@ from shardbench.parallel.rules import make_layout
 from shardbench.devices import select_devices
 from shardbench.train.loop import run
 from shardbench.train.optim import build_optimizer
-from shardbench.train.state import describe_model, init_state, state_shardings
+from shardbench.models.spec import describe_model
+from shardbench.train.state import init_state, state_shardings
 from conftest import logged_losses as _losses
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

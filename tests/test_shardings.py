@@ -11,7 +11,8 @@ from shardbench.errors import ConfigError
 from shardbench.parallel.mesh import parse_mesh
 from shardbench.parallel.rules import make_layout
 from shardbench.train.optim import build_optimizer
-from shardbench.train.state import check_layout, describe_model, init_state
+from shardbench.models.spec import describe_model
+from shardbench.train.state import check_layout, init_state
 
 # Expected PartitionSpecs of a few representative parameters (stacked layers lead every block parameter).
 EXPECTED = {

@@ -21,7 +21,7 @@ from shardbench.models import build_model, count_params
 from shardbench.models.transformer import attention, attention_weights
 from shardbench.models.vit import (VisionTransformer, conv_tokens, flops_per_example, num_tokens, sequence_pool,
                                    shifted_images)
-from shardbench.parallel.rules import param_axes
+from shardbench.models.spec import param_axes
 from shardbench.tasks import validate
 
 CCT = {"model.stem": "conv", "model.pool": "sequence"}

@@ -21,7 +21,8 @@ from shardbench.measure.memory import per_device_bytes
 from shardbench.measure.params import format_table, param_table, picture
 from shardbench.parallel.rules import flat_by_path, make_layout
 from shardbench.train.optim import build_optimizer
-from shardbench.train.state import ModelSpec, abstract_train_state, check_layout, describe_model
+from shardbench.models.spec import ModelSpec, describe_model
+from shardbench.train.state import abstract_train_state, check_layout
 
 DEFAULT_ARRAY = "encoder/mlp2_kernel"  # the seed pictured the second MLP layer's kernel
 # Per model kind: the array pictured by default, and the batch's shape and name.

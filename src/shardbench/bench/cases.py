@@ -27,7 +27,8 @@ from shardbench.measure.timing import compile_timed
 from shardbench.models.vit import flops_per_example
 from shardbench.parallel.rules import make_layout
 from shardbench.train.optim import build_optimizer, learning_rate
-from shardbench.train.state import abstract_train_state, describe_model, init_state, state_shardings
+from shardbench.models.spec import describe_model
+from shardbench.train.state import abstract_train_state, init_state, state_shardings
 from shardbench.tasks import get_task
 from shardbench.train.spmd import make_steps
 from shardbench.train.step import place_batch

@@ -8,7 +8,7 @@ A CPU has no data-sheet peak, so a short matmul measures it. Measured afresh in 
 - a sweep measures once before its first run and hands the figure to every run through
   `SHARDBENCH_PEAK_FILE` (a JSON file of {dtype: peak}, kept as `<sweep>/peak.json` for a resume);
 - the processes of one run (`shardbench launch`, a cluster) all use process 0's figure, exchanged when
-  they have joined (`shardbench.train.loop.shared_host_peak`).
+  they have joined (`shardbench.train.build.shared_host_peak`).
 The record says which figure was used, where it came from and when it was measured.
 """
 

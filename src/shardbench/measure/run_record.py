@@ -257,7 +257,7 @@ def git_commit() -> str | None:
 
 
 def provenance() -> dict[str, Any]:
-    """What a record says about where and with what it ran."""
+    """What a record says about where and with what it ran: RunRecord's fields of that name."""
     import flax
     import jax
 
@@ -266,8 +266,8 @@ def provenance() -> dict[str, Any]:
     except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
         ours = None
     return {"schema_version": SCHEMA_VERSION, "git_commit": git_commit(), "host": socket.gethostname(),
-            "versions": {"shardbench": ours, "jax": jax.__version__, "flax": flax.__version__,
-                         "python": platform.python_version()}}
+            "versions": Versions(shardbench=ours, jax=jax.__version__, flax=flax.__version__,
+                                 python=platform.python_version())}
 
 
 def field_table() -> list[tuple[str, str, str]]:

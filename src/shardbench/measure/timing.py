@@ -29,29 +29,32 @@ def compile_timed(jitted: Any, *args: Any) -> tuple[Any, CompileTimes]:
 
 @dataclass
 class StepTimer:
-    """Collects step intervals; `mark_dirty()` excludes the next interval (eval, checkpoint, profile)."""
+    """Step intervals, each named by the step whose results end it. The loop reports every step's results as
+    they reach the host (`completed`) and leaves out a step that was not only training (`leave_out`: a
+    checkpoint, evaluation or the profiler ran in its interval); the first `warmup` intervals are left out too."""
 
     warmup: int = 2
     intervals: list[float] = field(default_factory=list)
     excluded: int = 0
     _last: float | None = None
-    _dirty: bool = False
     _seen: int = 0
+    _left_out: set[int] = field(default_factory=set)
 
-    def completed(self) -> None:
-        """Call when a step's results have arrived on the host."""
+    def completed(self, step: int) -> None:
+        """Step `step`'s results have arrived on the host: its interval ends now."""
         now = time.perf_counter()
         if self._last is not None:
             self._seen += 1
-            if self._seen <= self.warmup or self._dirty:
+            if self._seen <= self.warmup or step in self._left_out:
                 self.excluded += 1
             else:
                 self.intervals.append(now - self._last)
         self._last = now
-        self._dirty = False
+        self._left_out.discard(step)
 
-    def mark_dirty(self) -> None:
-        self._dirty = True
+    def leave_out(self, *steps: int) -> None:
+        """These steps' intervals (ended by their results, still to come) are not counted as training steps."""
+        self._left_out.update(steps)
 
     def stats(self) -> dict[str, Any]:
         """Median and p90 of the kept intervals; with none kept, `not_measured` says why."""

@@ -189,6 +189,34 @@ def axis_names(module: nnx.Module) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def bridge_collections(cfg: Config, model: nnx.Module) -> tuple[str, ...]:
+    """A linen module through the bridge: the collections besides its parameters that its call updates
+    (`batch_stats`), which the bridge keeps only when asked for them. One the bridge holds deeper inside an
+    nnx module cannot be asked for; that is refused naming it."""
+    bridges = [(path, m) for path, m in nnx.iter_modules(model) if isinstance(m, nnx.bridge.ToNNX)]
+    found: list[str] = []
+    for path, bridge in bridges:
+        _, _, _, held = nnx.split(bridge, nnx.Param, nnx.RngState, ...)
+        names = linen_collections(held)
+        cols = sorted({type(v).__name__ for _, v in nnx.to_flat_state(held)})
+        if not cols:
+            continue
+        if path:
+            raise ConfigError(
+                f"--model {cfg.model.factory}: the linen module at {'/'.join(map(str, path))} keeps {', '.join(cols)} "
+                f"({', '.join(names)}) that only a top-level bridge updates: return the ToNNX from build, or use nnx")
+        found.extend(linen_collections(held))
+    return tuple(sorted(set(found)))
+
+
+def linen_collections(held: nnx.State) -> list[str]:
+    """The linen collection names of the bridge's non-parameter variables (BatchStat -> 'batch_stats')."""
+    from flax.nnx import variablelib
+
+    return sorted({variablelib.variable_name_from_type(type(v), allow_register=True)
+                   for _, v in nnx.to_flat_state(held)})
+
+
 def parse_rules(text: str) -> dict[str, str]:
     """'conv_out=mlp,stage=layers' -> {'conv_out': 'mlp', 'stage': 'layers'}; AXIS is a logical axis or 'none'."""
     rules: dict[str, str] = {}

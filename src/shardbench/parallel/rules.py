@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jax
-from flax import nnx
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
@@ -144,20 +143,6 @@ def _by_name(spec: Spec, axes: Axes, rules: Rules) -> Spec:
         if out[dim] is None and mesh_axis is not None and mesh_axis not in out:
             out[dim] = mesh_axis
     return tuple(out)
-
-
-def param_axes(abstract_state: nnx.State) -> dict[str, Any]:
-    """Nested dict (same structure as `nnx.to_pure_dict`) of each parameter's logical axes."""
-    flat = {path: var.get_metadata().get("axes") for path, var in nnx.to_flat_state(abstract_state)}
-    missing = [path for path, axes in flat.items() if axes is None]
-    if missing:
-        raise ValueError(f"parameters without logical axes: {missing}")
-    return traverse_util.unflatten_dict(flat)
-
-
-def param_shapes(abstract_state: nnx.State) -> dict[str, Any]:
-    flat = {path: tuple(var.get_value().shape) for path, var in nnx.to_flat_state(abstract_state)}
-    return traverse_util.unflatten_dict(flat)
 
 
 @dataclass(frozen=True)

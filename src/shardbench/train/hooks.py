@@ -1,11 +1,12 @@
 """The side effects of a training loop as hooks, and when each runs: logging, checkpoints, fault injection for
-tests, the end of an epoch (evaluation, the epoch's line and record), and the profiler window around steps.
+tests, the end of an epoch (evaluation, the epoch's line and record).
 
 The loop (`shardbench.train.loop`) steps and calls each hook when its `Every` says so (every N steps, at each
-epoch's end, or both), Levanter-style; no hook knows another. What they share is the `LoopState`: the step just
-dispatched, the state, the metrics (brought to the host one step late, so the device never waits; a hook that
-needs the latest step's numbers, as a checkpoint must know its loss is finite, settles them itself) and the time
-spent outside training steps (evaluation), which the logged rate leaves out.
+epoch's end, or both), Levanter-style, in the order of their `Phase`; no hook knows another, and none knows the
+step timer: the loop leaves the steps it ran them in out of the step times itself. What they share is the
+`LoopState`: the step just dispatched, the state, the metrics (brought to the host one step late, so the device
+never waits; the loop settles a step's before any hook runs after it) and the time spent outside training steps
+(evaluation), which the logged rate leaves out.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,6 @@ import jax
 import numpy as np
 
 from shardbench.errors import TrainingDiverged
-from shardbench.measure.profile import ProfileWindow
-from shardbench.measure.timing import StepTimer
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import epoch_line
 from shardbench.train.events import ScalarWriter
@@ -59,7 +59,7 @@ class Metrics:
     """Each step's metrics, brought to the host one step late and checked: a non-finite loss or gradient
     norm stops training before the state after that step can be checkpointed."""
 
-    timer: StepTimer
+    arrived: Callable[[int], None]  # told each step as its results reach the host (the loop's step timer)
     last_good: Callable[[], str]  # where the last good checkpoint is, for the error
     meter: EpochMeter = field(default_factory=EpochMeter)
     pending: tuple[int, dict[str, jax.Array]] | None = None
@@ -78,7 +78,7 @@ class Metrics:
         step, metrics = self.pending
         self.pending = None
         values = {k: scalar(v) for k, v in jax.device_get(metrics).items()}
-        self.timer.completed()
+        self.arrived(step)
         # The loss comes from the parameters before the update, the gradient norm from the update itself:
         # either one non-finite means the state after this step must not be trusted (or checkpointed).
         bad = [name for name in ("loss", "grad_norm") if not math.isfinite(values[name])]
@@ -112,12 +112,28 @@ class LoopState:
 Hook = Callable[[LoopState], None]  # called after a step the loop finds it due at
 
 
+class Phase(IntEnum):
+    """Where a hook runs among those due after the same step: in this order. Logging is part of training as
+    the user asked for it (a run that logs every step pays for it in its throughput too), so its steps stay
+    timed; every later phase is work outside training, and the loop leaves its steps out of the step times."""
+
+    LOG = 1
+    CHECKPOINT = 2
+    FAULT = 3  # after the checkpoint of its step, as a crash would come
+    EPOCH_END = 4  # evaluation, the epoch's record and line: last, on the state the checkpoint holds
+
+    @property
+    def outside_training(self) -> bool:
+        return self > Phase.LOG
+
+
 @dataclass(frozen=True)
 class Every:
     """When the loop calls `hook`: every `steps` steps (0: never by count) and/or at each epoch's end (the last
-    step ends an epoch too)."""
+    step ends an epoch too); `phase` orders it among the hooks due after the same step."""
 
     hook: Hook
+    phase: Phase
     steps: int = 0
     epoch_end: bool = False
 
@@ -125,22 +141,15 @@ class Every:
         return (self.steps > 0 and run.done % self.steps == 0) or (self.epoch_end and run.end_of_epoch)
 
 
-@dataclass
-class Profile:
-    """The profiler window, around the steps it traces; the intervals it touches are left out of the step times."""
-
-    window: ProfileWindow
-    timer: StepTimer
-
-    def before_step(self, run: LoopState) -> None:
-        self.window.before_step(run.done)
-        if self.window.active:
-            self.timer.mark_dirty()  # the interval that starts the trace carries its cost too
-
-    def after_step(self, run: LoopState) -> None:
-        if self.window.active:
-            self.timer.mark_dirty()  # traced steps carry the profiler's overhead
-        self.window.after_step(run.done, block=run.metrics.pending[1] if run.metrics.pending else None)
+def run_due(schedule: Iterable[Every], run: LoopState) -> list[Phase]:
+    """Call the hooks due after the step just dispatched, by phase, once its metrics are on the host (a
+    checkpoint must know its loss is finite); returns the phases that ran."""
+    due = sorted((every for every in schedule if every.due(run)), key=lambda every: every.phase)
+    if due:
+        run.metrics.settle()
+    for every in due:
+        every.hook(run)
+    return [every.phase for every in due]
 
 
 @dataclass
@@ -171,21 +180,26 @@ class Checkpoint:
 
     checkpoints: Checkpoints
     release: Callable[[Any], Any]
-    timer: StepTimer
 
     def __call__(self, run: LoopState) -> None:
         if run.done != run.total:
-            run.metrics.settle()
             self.checkpoints.save(self.release(run.state))
-            self.timer.mark_dirty()
 
 
-def inject_fault(run: LoopState) -> None:
+def fault_injection() -> Every | None:
     """Tests: SIGKILL this process after the step `SHARDBENCH_FAULT_KILL_AT_STEP` names (in the process
-    `SHARDBENCH_FAULT_KILL_PROCESS` names, default every one), as a crash or an OOM kill would."""
-    if os.environ.get(KILL_AT_STEP_ENV) == str(run.done) and os.environ.get(
-            KILL_PROCESS_ENV, str(jax.process_index())) == str(jax.process_index()):
-        os.kill(os.getpid(), signal.SIGKILL)
+    `SHARDBENCH_FAULT_KILL_PROCESS` names, default every one), as a crash or an OOM kill would; None (no hook)
+    where neither asks for it, so an ordinary run has no hook that runs every step."""
+    at = os.environ.get(KILL_AT_STEP_ENV, "")
+    if not at.isdigit() or int(at) == 0 or os.environ.get(
+            KILL_PROCESS_ENV, str(jax.process_index())) != str(jax.process_index()):
+        return None
+
+    def kill(run: LoopState) -> None:
+        if run.done == int(at):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return Every(kill, Phase.FAULT, steps=int(at))
 
 
 @dataclass
@@ -196,7 +210,6 @@ class EpochEnd:
     evaluate: Callable[[Any], dict[str, float]] | None  # validation on the state, or None without evaluation
     writer: ScalarWriter
     bar: Any
-    timer: StepTimer
     show: bool
     history: list[dict[str, Any]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
@@ -204,7 +217,6 @@ class EpochEnd:
     _clock: tuple[float, int] | None = None  # (start, steps done) of the current epoch
 
     def __call__(self, run: LoopState) -> None:
-        run.metrics.settle()
         start, first = self._clock or (run.started, run.start)
         self.times.append(time.perf_counter() - start)
         self.steps.append(run.done - first)
@@ -221,7 +233,6 @@ class EpochEnd:
         self.writer.flush()
         if self.show:
             self.bar.write(epoch_line(record))
-        self.timer.mark_dirty()
         run.paused_s += time.perf_counter() - paused
         self._clock = (time.perf_counter(), run.done)
 

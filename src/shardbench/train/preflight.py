@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax
-from flax import nnx
 
 from shardbench import config as config_lib
 from shardbench.config import Config, TrainConfig
@@ -27,7 +26,8 @@ from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
 from shardbench.tasks import Task, for_data, get_task, validate
 from shardbench.train.spmd import check_style
-from shardbench.train.state import ModelSpec, check_layout, describe_model, example_input
+from shardbench.models.spec import ModelSpec, check_outputs, describe_model
+from shardbench.train.state import check_layout
 
 @dataclass(frozen=True)
 class CheckedRun:
@@ -108,23 +108,6 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
     if cfg.train.steps > 0:
         check_profile_window(cfg.train, cfg.train.steps)
     return task, layout, spec
-
-
-def check_outputs(cfg: Config, spec: ModelSpec) -> None:
-    """Trace (never compile) the model on one batch of its task's input: its output must be what the task
-    scores, or one line says what came back and what was expected."""
-    example, expected, what = example_input(cfg)
-    params = nnx.to_pure_dict(spec.abstract)
-    try:
-        out = spec.trace_outputs(params, example)
-    except Exception as err:  # noqa: BLE001 - the user's code: one line, not a traceback
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        raise ConfigError(f"--model {cfg.model.factory}: calling it on {cfg.model.task} input of shape "
-                          f"{example.shape} failed: {type(err).__name__}: {first}") from None
-    shape = getattr(out, "shape", None)
-    if shape != expected:
-        raise ConfigError(f"--model {cfg.model.factory} returned shape {shape} for input {example.shape}; --task "
-                          f"{cfg.model.task} scores {what} = {expected}")
 
 
 def check_run(cfg: Config) -> CheckedRun:

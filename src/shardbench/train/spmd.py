@@ -39,7 +39,8 @@ from shardbench.models.axes import constraints
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
 from shardbench.parallel.rules import Layout, is_axes, spec_for
 from shardbench.tasks import Rows, Task
-from shardbench.train.state import ModelSpec, TrainState
+from shardbench.models.spec import ModelSpec
+from shardbench.train.state import TrainState
 from shardbench.train.step import (
     Batch, HostBatch, Metrics, StepParts, Steps, eval_sums, place_batch,
 )

@@ -3,22 +3,17 @@ its shardings."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from flax import traverse_util
 
 from shardbench.config import Config
-from shardbench.errors import ConfigError
-from shardbench.models import axis_fields, build_model, custom
-from shardbench.parallel.rules import Layout, is_axes, param_axes, param_shapes
-
-Params = dict[str, Any]
+from shardbench.models import build_model
+from shardbench.models.spec import ModelSpec, Params, state_shapes, stored_state
+from shardbench.parallel.rules import Layout, is_axes
 
 
 @jax.tree_util.register_dataclass
@@ -34,247 +29,10 @@ class TrainState:
     model_state: Params = field(default_factory=dict)
 
 
-def _is_key(x: Any) -> bool:
-    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
-
-
-def stored_state(state: nnx.State) -> Params:
-    """A module's non-parameter variables as TrainState holds them: a pure dict, typed PRNG keys as their raw
-    data (which checkpoints and every array utility take as they are)."""
-    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else jnp.asarray(x), nnx.to_pure_dict(state))
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model's structure without its values: enough to shard, check and rebuild it."""
-
-    graphdef: nnx.GraphDef
-    abstract: nnx.State  # parameters as ShapeDtypeStructs, with their logical axes
-    axes: Params  # logical axes per parameter, as a nested dict
-    shapes: Params
-    axis_fields: dict[str, str]  # which configuration field each logical axis comes from
-    takes_rng: bool = True  # the model's __call__ takes the step's key as `rng`
-    unmapped: tuple[str, ...] = ()  # a model of your own: axis names no strategy table maps (kept whole)
-    # A model of your own: its other variables (abstract), their axes (None = replicated) and stored shapes.
-    state_abstract: nnx.State | None = None
-    state_axes: Params = field(default_factory=dict)
-    state_stored: Params = field(default_factory=dict)  # ShapeDtypeStructs of the stored form (keys as uint32)
-    state_kinds: tuple[str, ...] = ()  # the Variable types among them, e.g. ('BatchStat', 'RngCount', 'RngKey')
-    custom: bool = False  # a model of your own: switched with train()/eval(), called by its own conventions
-    takes_rngs: bool = False  # its __call__ takes an nnx.Rngs as `rngs`
-    mode: tuple[str, bool] | None = None  # (keyword, its value in training) of a declared mode argument
-    mutable: tuple[str, ...] = ()  # a linen module through the bridge: the collections its call updates
-    axis_names: tuple[str, ...] = ()  # collective axis names the model's layers name (BatchNorm axis_name=)
-
-    @property
-    def has_statistics(self) -> bool:
-        """Whether the model keeps batch statistics (BatchNorm), which depend on how the batch is split."""
-        return "BatchStat" in self.state_kinds
-
-    def _state(self, stored: Params, fold: jax.Array | None) -> nnx.State:
-        """The non-parameter variables from their stored form; `fold` is folded into every RNG key (a
-        per-device stream under the explicit styles), for this call only."""
-        state = jax.tree.map(lambda x: x, self.state_abstract)  # fresh Variables for this trace
-        flat = traverse_util.flatten_dict(stored)
-        values = {}
-        for path, var in nnx.to_flat_state(state):
-            value, like = flat[path], var.get_value()
-            if _is_key(like):
-                value = jax.random.wrap_key_data(value, impl=like.dtype._impl)
-                value = value if fold is None else jax.random.fold_in(value, fold)
-            values[path] = value
-        nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(values))
-        return state
-
-    def apply(self, params: Params, model_state: Params, inputs: jax.Array, rng: jax.Array | None, *,
-              train: bool = True, fold: jax.Array | None = None) -> tuple[jax.Array, Params]:
-        """Run the model on `params` and `model_state` (pure dicts, as held in TrainState): its outputs and its
-        non-parameter variables as the call left them (BatchNorm's running averages, advanced RNG counts).
-        A model of your own is in training or evaluation mode as `train` says, and gets `rng` by the
-        convention its __call__ takes (`rng=key`, `rngs=nnx.Rngs(key)`); `rng=` gets None in evaluation."""
-        state = jax.tree.map(lambda x: x, self.abstract)  # fresh Variables for this trace
-        nnx.replace_by_pure_dict(state, params)
-        if not self.custom:
-            model = nnx.merge(self.graphdef, state)
-            return (model(inputs, rng=rng) if self.takes_rng else model(inputs)), model_state
-        model = nnx.merge(self.graphdef, state, self._state(model_state, fold))
-        if train:
-            model.train()
-        else:
-            model.eval()
-        kwargs: dict[str, Any] = {}
-        if self.takes_rng:
-            kwargs["rng"] = rng if train else None
-        if self.takes_rngs:
-            kwargs["rngs"] = nnx.Rngs(rng if rng is not None else jax.random.key(0))
-        if self.mode is not None:
-            kwargs[self.mode[0]] = self.mode[1] if train else not self.mode[1]
-        if self.mutable:
-            kwargs["mutable"] = list(self.mutable) if train else False
-        out = model(inputs, **kwargs)
-        if not train:  # evaluation leaves every variable as it was (the bridge draws from its stream anyway)
-            return out, model_state
-        after = stored_state(nnx.state(model, nnx.Not(nnx.Param)))
-        # The keys themselves never move (a stream advances its count): keep the unfolded ones. Every variable
-        # keeps its dtype (a counter that `+= 1.0` promotes would not fit its checkpoint or the donated state).
-        keys = {p for p, v in nnx.to_flat_state(self.state_abstract) if _is_key(v.get_value())}
-        flat_after, flat_before = traverse_util.flatten_dict(after), traverse_util.flatten_dict(model_state)
-        merged = {p: (flat_before[p] if p in keys else v.astype(flat_before[p].dtype)) for p, v in flat_after.items()}
-        return out, traverse_util.unflatten_dict(merged) if merged else {}
-
-    def trace_outputs(self, params: Params, inputs: Any) -> Any:
-        """The training call's outputs as ShapeDtypeStructs (nothing compiles), the model's collective axis
-        names bound (each over one device) as the explicit styles bind them."""
-        def call(p: Params, st: Params, x: jax.Array) -> jax.Array:
-            fn = lambda x1: self.apply(p, st, x1, jax.random.key(0), train=True)[0]  # noqa: E731
-            for name in self.axis_names:
-                fn = jax.vmap(fn, axis_name=name)
-                x = x[None]
-            out = fn(x)
-            for _ in self.axis_names:
-                out = out[0]
-            return out
-
-        return jax.eval_shape(call, params, self.state_stored, inputs)
-
-
-def describe_model(cfg: Config) -> ModelSpec:
-    """Trace the model's construction abstractly: no parameter is materialised."""
-    try:
-        model = nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(cfg.train.seed)))
-    except ConfigError:
-        raise
-    except Exception as err:
-        if not cfg.model.factory:
-            raise
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        held = NOT_AN_ARRAY.search(first)
-        if held:  # a Variable holding a Python object, which no traced step can carry
-            path = "/".join(re.findall(r"\['([^']+)'\]", held.group(2))) or held.group(2)
-            raise ConfigError(f"--model {cfg.model.factory}: the Variable {path} holds a {held.group(1)}, not an "
-                              f"array: store jnp.asarray(...), or a plain attribute for a constant") from None
-        raise ConfigError(f"--model {cfg.model.factory}: building the model failed: {type(err).__name__}: "
-                          f"{first}") from None
-    if not cfg.model.factory:
-        graphdef, abstract = nnx.split(model, nnx.Param)
-        return ModelSpec(graphdef, abstract, param_axes(abstract), param_shapes(abstract), axis_fields(cfg))
-    graphdef, abstract, rest = nnx.split(model, nnx.Param, ...)
-    axes, unmapped = custom.logical_axes(abstract, custom.parse_rules(cfg.parallel.rules))
-    state_axes, state_stored, kinds = _state_layout(cfg, rest, custom.parse_rules(cfg.parallel.rules))
-    spec = ModelSpec(graphdef, abstract, axes, param_shapes(abstract), axis_fields(cfg), custom.takes_rng(model),
-                     unmapped, rest, state_axes, state_stored, kinds, custom=True,
-                     takes_rngs=custom.takes_rngs(model), mode=custom.mode_argument(cfg, model),
-                     mutable=_bridge_collections(cfg, model), axis_names=custom.axis_names(model))
-    spec = _with_traced_axis_names(cfg, spec)
-    if spec.axis_names and cfg.parallel.spmd == "jit":
-        raise ConfigError(
-            f"--model {cfg.model.factory}: names the collective axis '{spec.axis_names[0]}', which --spmd jit "
-            f"does not bind: use --spmd shard_map or pmap, or drop axis_name= (under jit statistics are global)")
-    if len(spec.axis_names) > 1:
-        raise ConfigError(
-            f"--model {cfg.model.factory}: names the collective axes {', '.join(spec.axis_names)}; only the data "
-            f"axis is bound: give every layer the same axis_name")
-    return spec
-
-
-def _state_layout(cfg: Config, rest: nnx.State, rules: dict[str, str]) -> tuple[Params, Params, tuple[str, ...]]:
-    """Per non-parameter variable: its logical axes (all None, i.e. replicated, unless its metadata names
-    them), its stored ShapeDtypeStruct, and the Variable types present. A value that is not an array, which
-    no step can carry, is refused naming the variable."""
-    kinds: set[str] = set()
-    for path, var in nnx.to_flat_state(rest):
-        value = var.get_value()
-        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
-            raise ConfigError(
-                f"--model {cfg.model.factory}: {type(var).__name__} {'/'.join(map(str, path))} holds a "
-                f"{type(value).__name__}, not an array: store jnp.asarray(...), or a plain attribute for a constant")
-        kinds.add(type(var).__name__)
-    stored = jax.eval_shape(stored_state, rest)
-    flat_stored = traverse_util.flatten_dict(stored)
-    flat_axes = {path: (axes if len(axes) == len(flat_stored[path].shape)  # a key's raw data has one more dim
-                        else (None,) * len(flat_stored[path].shape))
-                 for path, axes in traverse_util.flatten_dict(custom.logical_axes(rest, rules)[0]).items()}
-    return traverse_util.unflatten_dict(flat_axes) if flat_axes else {}, stored, tuple(sorted(kinds))
-
-
-def _bridge_collections(cfg: Config, model: nnx.Module) -> tuple[str, ...]:
-    """A linen module through the bridge: the collections besides its parameters that its call updates
-    (`batch_stats`), which the bridge keeps only when asked for them. One the bridge holds deeper inside an
-    nnx module cannot be asked for; that is refused naming it."""
-    bridges = [(path, m) for path, m in nnx.iter_modules(model) if isinstance(m, nnx.bridge.ToNNX)]
-    found: list[str] = []
-    for path, bridge in bridges:
-        _, _, _, held = nnx.split(bridge, nnx.Param, nnx.RngState, ...)
-        names = _linen_collections(held)
-        cols = sorted({type(v).__name__ for _, v in nnx.to_flat_state(held)})
-        if not cols:
-            continue
-        if path:
-            raise ConfigError(
-                f"--model {cfg.model.factory}: the linen module at {'/'.join(map(str, path))} keeps {', '.join(cols)} "
-                f"({', '.join(names)}) that only a top-level bridge updates: return the ToNNX from build, or use nnx")
-        found.extend(_linen_collections(held))
-    return tuple(sorted(set(found)))
-
-
-def _linen_collections(held: nnx.State) -> list[str]:
-    """The linen collection names of the bridge's non-parameter variables (BatchStat -> 'batch_stats')."""
-    from flax.nnx import variablelib
-
-    return sorted({variablelib.variable_name_from_type(type(v), allow_register=True)
-                   for _, v in nnx.to_flat_state(held)})
-
-
-NOT_AN_ARRAY = re.compile(r"returned a value of type <class '(\w+)'> at output component (\S+)")
-UNBOUND = re.compile(r"unbound axis name: ([^\s.]+)")
-
-
-def example_input(cfg: Config) -> tuple[jax.ShapeDtypeStruct, tuple[int, ...], str]:
-    """A model of your own: one batch of its task's input, the output shape its task scores, and what that is."""
-    b, m = 2, cfg.model
-    dtype = jnp.dtype(cfg.precision.dtype)
-    if m.kind == "lm":
-        return (jax.ShapeDtypeStruct((b, m.seq_len), jnp.int32), (b, m.seq_len, m.vocab_size),
-                "logits (batch, positions, --model.vocab-size)")
-    if m.kind == "mlp":
-        return (jax.ShapeDtypeStruct((b, m.input_dim), dtype), (b, m.num_classes),
-                "values (batch, --model.num-classes outputs)")
-    size = cfg.data.image_size
-    return (jax.ShapeDtypeStruct((b, size, size, 3), dtype), (b, m.num_classes),
-            "logits (batch, --model.num-classes)")
-
-
-def _with_traced_axis_names(cfg: Config, spec: ModelSpec) -> ModelSpec:
-    """Add the collective axis names the model's call needs but its layers do not show (a linen BatchNorm's
-    axis_name behind the bridge), found by tracing its training call on one example. Any other failure is
-    left to the output check, which reports it."""
-    from dataclasses import replace
-
-    example = example_input(cfg)[0]
-    params = nnx.to_pure_dict(spec.abstract)
-    for _ in range(4):
-        try:
-            spec.trace_outputs(params, example)
-            return spec
-        except NameError as err:
-            found = UNBOUND.search(str(err))
-            if found is None or found.group(1) in spec.axis_names:
-                return spec
-            spec = replace(spec, axis_names=tuple(sorted({*spec.axis_names, found.group(1)})))
-        except Exception:  # noqa: BLE001 - the user's code: check_outputs reports it in one line
-            return spec
-    return spec
-
-
 def check_layout(spec: ModelSpec, layout: Layout) -> None:
     layout.check_divisible(spec.axes, spec.shapes, spec.axis_fields)
     if spec.state_axes:
         layout.check_divisible(spec.state_axes, state_shapes(spec), spec.axis_fields)
-
-
-def state_shapes(spec: ModelSpec) -> Params:
-    """The non-parameter variables' stored shapes, as a nested dict."""
-    return jax.tree.map(lambda s: tuple(s.shape), spec.state_stored)
 
 
 def model_state_shardings(spec: ModelSpec, layout: Layout) -> Params:

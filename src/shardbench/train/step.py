@@ -8,7 +8,7 @@ style, and `make_steps`, which picks one, are in `shardbench.train.spmd`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -17,9 +17,11 @@ import numpy as np
 import optax
 
 from shardbench.config import Config
+from shardbench.measure.timing import CompileTimes, compile_timed
 from shardbench.tasks import Rows, Task, Terms
 from shardbench.train.optim import ema_params
-from shardbench.train.state import ModelSpec, TrainState
+from shardbench.models.spec import ModelSpec
+from shardbench.train.state import TrainState
 
 Batch = dict[str, jax.Array]
 HostBatch = dict[str, np.ndarray]
@@ -28,7 +30,8 @@ Metrics = dict[str, jax.Array]
 
 @dataclass(frozen=True)
 class Steps:
-    """The compiled-on-first-call functions a loop needs, and how its data and state are laid out.
+    """The functions a loop needs, and how its data and state are laid out: `train` compiled ahead with its
+    compile times (`compile`), or on its first call where no one asked.
 
     `adopt` turns a train state in its canonical layout (what `init_state` makes and checkpoints hold)
     into the style's own (pmap stacks one copy per device); `release` turns it back."""
@@ -38,6 +41,18 @@ class Steps:
     place: Callable[[HostBatch], Batch]
     adopt: Callable[[TrainState], Any] = lambda state: state
     release: Callable[[Any], TrainState] = lambda state: state
+    compile_times: CompileTimes | None = None  # lowering and compilation of `train`, once compiled
+
+    def compile(self, state: Any, batch: Batch) -> Steps:
+        """These steps with `train` lowered and compiled for `state` and `batch`, each phase timed apart from
+        the steps; the compiled program is what they call, and what the measurements read (memory, HLO)."""
+        compiled, times = compile_timed(self.train, state, batch)
+        return replace(self, train=compiled, compile_times=times)
+
+    @property
+    def compiled(self) -> Any:
+        """The compiled train program, or None before `compile`."""
+        return self.train if self.compile_times is not None else None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,152 @@
+"""Building a training run before its first step: every check that needs no compilation, the run directory,
+the sharded state (new or restored from the last checkpoint) and the train step compiled on the first batch,
+as one `BuiltRun` that `shardbench.train.loop` trains.
+
+Order matters for the user: every check (configuration, mesh, divisibility, precision, dataset, resume
+directory) happens before the run directory is written to, so a refused run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from shardbench import cluster, xla_presets
+from shardbench import config as config_lib
+from shardbench.config import Config
+from shardbench.data.pipeline import make_batches
+from shardbench.jsonfile import write_json_atomic
+from shardbench.measure.peak import HostPeak, host_peak
+from shardbench.parallel.rules import Layout
+from shardbench.train import compile_cache
+from shardbench.train.checkpoint import Checkpoints
+from shardbench.train.console import header_line
+from shardbench.train.optim import build_optimizer, learning_rate
+from shardbench.train.preflight import CheckedRun, check_profile_window, check_run, resolve_out
+from shardbench.train.spmd import make_steps
+from shardbench.train.state import abstract_train_state, init_state, state_shardings
+from shardbench.train.step import Batch, Steps
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """The persistent compilation cache this run uses, and the process's counts when the run began (its share
+    of hits and requests is what it adds to them)."""
+
+    path: Path | None
+    since: tuple[int, int]
+
+
+@dataclass
+class BuiltRun:
+    """A run ready to train: checked, its state placed and its train step compiled."""
+
+    checked: CheckedRun
+    steps: Steps  # `train` compiled on the first batch (with its compile times), unless no step is left
+    state: Any  # the train state, in the steps' layout
+    start: int  # the first step to train: 0, or a resumed run's last checkpoint
+    batches: Iterator[Batch]  # this process's rows of every batch from `start` on, placed on the devices
+    checkpoints: Checkpoints
+    host: HostPeak | None  # on a CPU, the host's matmul peak for MFU
+    cache: CacheUse
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A resumed run that had already trained every step: its record as it was written."""
+
+    summary: dict[str, Any]
+
+
+def build_run(cfg: Config) -> BuiltRun | FinishedRun:
+    """Check `cfg`, then create (or restore) the run's state and compile its train step."""
+    cache = _start_process(cfg)
+    checked = _check(cfg)
+    cfg, out, layout, total = checked.cfg, checked.out, checked.layout, checked.total_steps
+    is_main = jax.process_index() == 0
+    before = compile_cache.counts()
+    host = shared_host_peak(cfg, layout)  # measuring it compiles a matmul: not one of this run's programs
+    cache = CacheUse(cache.path, compile_cache.shift(cache.since, before, compile_cache.counts()))
+    tx = build_optimizer(cfg.optim, total)
+    out.mkdir(parents=True, exist_ok=True)
+    if not cfg.train.resume and is_main:
+        write_json_atomic(out / "config.json", cfg.to_dict())
+    checkpoints = Checkpoints(out / "checkpoints", cfg.train.keep_checkpoints)
+    try:
+        start = checkpoints.latest_step() if cfg.train.resume else None
+        finished = out / "summary.json"
+        if start is not None and start >= total and finished.exists():
+            checkpoints.close()  # nothing left to train: keep the finished run's record as it is
+            if is_main:
+                print(f"shardbench: {out} already finished all {total} steps; nothing to resume", flush=True)
+            return FinishedRun(json.loads(finished.read_text()))
+        if start is not None:
+            check_profile_window(cfg.train, total - start)
+        elif cfg.train.resume and is_main:
+            print(f"shardbench: --resume: {out / 'checkpoints'} holds no finished checkpoint (the run stopped "
+                  f"before its first); training from step 0", flush=True)
+        finished.unlink(missing_ok=True)  # a resumed run is incomplete until it finishes again
+        if start is not None:
+            state, start = checkpoints.restore_good(abstract_train_state(checked.spec, layout, tx), start)
+        else:
+            state, start = init_state(cfg, checked.spec, layout, tx), 0
+        steps = make_steps(cfg, checked.task, checked.spec, layout, tx, state_shardings(checked.spec, layout, tx),
+                           learning_rate(cfg.optim, total), tuple(checked.dataset.train.columns()), total)
+        state = steps.adopt(state)
+        batches = _batches(checked, steps, start)
+        first = next(batches, None)
+        if first is not None:  # lowering and compilation are timed apart from the steps
+            steps = steps.compile(state, first)
+            batches = itertools.chain([first], batches)
+    except BaseException:
+        checkpoints.close()  # orbax's background threads end here, not in an interpreter shutting down
+        raise
+    return BuiltRun(checked, steps, state, start, batches, checkpoints, host, cache)
+
+
+def _start_process(cfg: Config) -> CacheUse:
+    """Settings this process needs before its first compilation (check_run's precision probe compiles)."""
+    xla_presets.apply(cfg.train.xla_presets)  # refused where JAX's backends already run without those flags
+    cache = compile_cache.resolve(cfg.train.compile_cache, config_lib.cache_root(cfg))
+    compile_cache.enable(cache)
+    return CacheUse(cache, compile_cache.counts())
+
+
+def _check(cfg: Config) -> CheckedRun:
+    """Every process plans (and checks) before any of them writes; one process's error stops them all. The run
+    is announced (its header, and the options it leaves without effect) once checked."""
+    if jax.process_count() > 1 and not cfg.train.out:  # one directory for all: the name process 0's clock gives
+        cfg = config_lib.override(cfg, {"train.out": cluster.exchange(str(resolve_out(cfg)))[0]})
+    checked = cluster.agree("checking", lambda: check_run(cfg), timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
+    if jax.process_index() == 0:
+        print(header_line(checked), flush=True)
+        for note in config_lib.inert_notes(checked.cfg):
+            print(f"shardbench: note: {note}", flush=True)
+    return checked
+
+
+def shared_host_peak(cfg: Config, layout: Layout) -> HostPeak | None:
+    """On a CPU, the host's matmul peak for MFU (see `shardbench.measure.peak`): process 0 reads or measures it
+    and hands it to every other process of the run."""
+    if layout.device.platform != "cpu":
+        return None
+    mine = (host_peak(cfg.precision.dtype, config_lib.cache_root(cfg), cfg.train.recalibrate_peak).to_dict()
+            if jax.process_index() == 0 else None)
+    return HostPeak(**cluster.gather_json(mine)[0])
+
+
+def _batches(checked: CheckedRun, steps: Steps, start: int) -> Iterator[Batch]:
+    """This process reads and augments only its rows of each batch, from `start` on; each placed as it is
+    needed."""
+    cfg, batch = checked.cfg, checked.cfg.train.batch_size
+    part, parts = checked.layout.process_share(batch)
+    host = make_batches(checked.dataset.train, global_batch=batch, seed=cfg.train.seed, shuffle=True,
+                        start_step=start, num_steps=checked.total_steps - start, process_index=part,
+                        process_count=parts, repeats=cfg.data.repeat_augment)
+    return (steps.place(b) for b in host)

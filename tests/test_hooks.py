@@ -1,0 +1,40 @@
+"""The loop's hooks and its clock: hooks run in the order of their declared phase, and a step in which a
+checkpoint or an epoch's end (evaluation) ran is left out of the step times by the loop."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from shardbench.train import hooks
+from shardbench.train.loop import run
+
+
+def test_hooks_due_after_a_step_run_in_the_order_of_their_phase() -> None:
+    ran: list[str] = []
+    state = hooks.LoopState(total=8, per_epoch=4, metrics=hooks.Metrics(lambda step: None, lambda: ""), state=None,
+                            done=4)
+    schedule = [  # declared out of order on purpose: the phase, not the list, decides
+        hooks.Every(lambda r: ran.append("epoch"), hooks.Phase.EPOCH_END, epoch_end=True),
+        hooks.Every(lambda r: ran.append("checkpoint"), hooks.Phase.CHECKPOINT, steps=2),
+        hooks.Every(lambda r: ran.append("log"), hooks.Phase.LOG, steps=1),
+        hooks.Every(lambda r: ran.append("never"), hooks.Phase.CHECKPOINT, steps=3),
+    ]
+    phases = hooks.run_due(schedule, state)
+    assert ran == ["log", "checkpoint", "epoch"]
+    assert phases == [hooks.Phase.LOG, hooks.Phase.CHECKPOINT, hooks.Phase.EPOCH_END]
+
+
+def test_steps_with_a_checkpoint_or_an_epoch_end_are_not_timed_as_training_steps(micro) -> None:
+    # 12 steps of 4 per epoch (130 training examples after the validation split): checkpoints after steps 3, 6 and 9 (the last step's is written after the loop),
+    # epoch ends (evaluation) after 4, 8 and 12. Step k's interval ends when its results arrive; a hook that ran
+    # after step k lands in step k + 1's, so steps 4, 7, 10 (checkpoints) and 5, 9 (epoch ends) are left out,
+    # besides the warm-up's 2 and 3. Logging every step is part of training and stays timed.
+    cfg = micro(**{"train.steps": 12, "data.synthetic_train": 144, "train.checkpoint_every": 3, "train.eval": True,
+                   "train.timing_warmup": 2, "train.log_every": 1})
+    summary = run(cfg)
+    assert [e["step"] for e in summary["epochs"]] == [4, 8, 12]
+    times = json.loads((Path(cfg.train.out) / "summary.json").read_text())["measurements"]["step_time_s"]
+    left_out = {4, 7, 10} | {5, 9}
+    assert times["excluded_steps"] == 2 + len(left_out)
+    assert times["measured_steps"] == 11 - 2 - len(left_out)
