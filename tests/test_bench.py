@@ -78,7 +78,7 @@ def test_torch_worker_sets_the_mapped_precision(monkeypatch) -> None:
 def test_the_pytorch_baseline_is_the_seed_vit_and_trains() -> None:
     """The baseline `bench` times against shardbench: the seed ViT's parameter count (hand-counted in the models'
     docs), and its train step runs on the CPU with full float32 matmuls, as JAX's does there."""
-    torch = _torch()
+    _torch()  # skips where torch is not installed
     from shardbench.bench import torch_vit
     from shardbench.config import ModelConfig, get_preset
 

@@ -7,7 +7,6 @@ times every step in which the profiler traced or a hook outside training ran (ch
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
