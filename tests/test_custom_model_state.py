@@ -17,15 +17,15 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from shardbench import config as config_lib
 from shardbench.cli import main
+from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
 from shardbench.inspect import inspect
 from shardbench.parallel.rules import make_layout
-from shardbench.devices import select_devices
 from shardbench.train.loop import run
 from shardbench.train.optim import build_optimizer
 from shardbench.train.state import describe_model, init_state, state_shardings
+from shardbench.validation import validate
 from test_training import _losses
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -346,7 +346,7 @@ def build(cfg, rngs):
     evaluated = spec.apply(params, held, x, None, train=False)[0]
     np.testing.assert_allclose(trained, 2 * evaluated)
     with pytest.raises(ConfigError, match="a model of your own"):
-        config_lib.validate(micro(**{"model.mode_argument": "train"}))
+        validate(micro(**{"model.mode_argument": "train"}))
     own = _plugin(tmp_path, "own", '''
 from flax import nnx
 

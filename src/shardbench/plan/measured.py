@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from shardbench import config as config_lib
 from shardbench.hardware import chip_for_kind
 from shardbench.measure.memory import compiled_total
+from shardbench.parsing import override
 from shardbench.plan.calibration import DEFAULTS, Calibration, fit, fit_activations
 from shardbench.plan.predict import Hardware, memory, step_features
 from shardbench.plan.steptime import StepFeatures
@@ -104,15 +105,15 @@ def where_it_ran(run: ReportedRun, cfg: config_lib.Config, cache_dir: Path) -> H
 
 def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.stderr) -> list[Measured]:
     """Every complete run below `directory` with a step time, recompiled (see the module docstring)."""
-    from shardbench.report.write import load_runs
     from shardbench.config import cache_root
+    from shardbench.report.write import load_runs
 
     runs, _ = load_runs(directory)
     chosen: list[tuple[ReportedRun, config_lib.Config, Hardware | str]] = []
     for run in runs:
         if not run.ok or run.record is None or not run.config:
             continue
-        cfg = config_lib.override(config_lib.Config(), {k: v for k, v in run.config.items()})
+        cfg = override(config_lib.Config(), {k: v for k, v in run.config.items()})
         chosen.append((run, cfg, where_it_ran(run, cfg, cache_root(cfg))))
     # A GPU run names its chip: on a host with enough of those GPUs the worker compiles with the GPU compiler.
     jobs = [{"name": run.name, "config": {**config_lib.flatten(cfg), "parallel.devices": int(run.m.devices or 1)},

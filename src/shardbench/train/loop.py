@@ -18,30 +18,31 @@ import numpy as np
 from tqdm import tqdm
 
 from shardbench import cluster, xla_presets
-from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.data.arrays import Split
 from shardbench.data.pipeline import eval_steps, make_batches
-from shardbench.parallel.rules import Layout
-from shardbench.measure.profile import ProfileWindow
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure import run_record
 from shardbench.measure.collect import build_measurements, default_run_name
 from shardbench.measure.peak import HostPeak, host_peak
+from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.timing import StepTimer, compile_timed, fit_warmup
+from shardbench.parallel.rules import Layout
+from shardbench.parsing import override
 from shardbench.train import compile_cache, hooks
-from shardbench.train.hooks import scalar
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import header_line
 from shardbench.train.events import ScalarWriter
+from shardbench.train.hooks import scalar
 from shardbench.train.optim import build_optimizer, learning_rate
+from shardbench.validation import inert_notes
 from shardbench.train.state import (
     TrainState, abstract_train_state, init_state, state_shardings,
 )
-from shardbench.tasks import Task
-from shardbench.train.spmd import make_steps
 from shardbench.config import cache_root
+from shardbench.tasks import Task
 from shardbench.train.preflight import CheckedRun, check_profile_window, check_run, eval_batch, resolve_out
+from shardbench.train.spmd import make_steps
 from shardbench.train.step import Steps
 
 # Fault injection for the resume tests: the process kills itself (SIGKILL, no clean-up) after this step;
@@ -75,14 +76,14 @@ def run(cfg: Config) -> dict[str, Any]:
     compile_cache.enable(cache)  # before the first compilation (check_run's precision probe compiles)
     cache_counts = compile_cache.counts()
     if jax.process_count() > 1 and not cfg.train.out:  # one directory for all: the name process 0's clock gives
-        cfg = config_lib.override(cfg, {"train.out": cluster.exchange(str(resolve_out(cfg)))[0]})
+        cfg = override(cfg, {"train.out": cluster.exchange(str(resolve_out(cfg)))[0]})
     # Every process plans (and checks) before any of them writes; one process's error stops them all.
     checked = cluster.agree("checking", lambda: check_run(cfg), timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     cfg, out, layout = checked.cfg, checked.out, checked.layout
     is_main = jax.process_index() == 0
     if is_main:
         print(header_line(checked), flush=True)
-        for note in config_lib.inert_notes(cfg):
+        for note in inert_notes(cfg):
             print(f"shardbench: note: {note}", flush=True)
     before = compile_cache.counts()
     host = shared_host_peak(cfg, layout)  # measuring it compiles a matmul: not one of this run's programs
