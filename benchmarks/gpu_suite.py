@@ -198,7 +198,7 @@ def functools_partial(fn: Callable[..., Case], sizes: Sizes) -> Callable[..., Ca
 def recipes() -> list[str]:
     """The CIFAR-10 recipe presets: vit-cifar and its candidates."""
     sys.path.insert(0, str(ROOT / "src"))
-    from shardbench.config import PRESETS
+    from shardbench.presets import PRESETS
 
     return [name for name in PRESETS if name.startswith("vit-cifar")]
 
@@ -236,8 +236,8 @@ def recipe_estimate_s(name: str) -> float:
     """Seconds a recipe preset's full run should take on one H100: its training FLOPs at vit-cifar's measured
     FLOP rate, plus the overhead."""
     sys.path.insert(0, str(ROOT / "src"))
-    from shardbench.config import get_preset
     from shardbench.models.vit import flops_per_example
+    from shardbench.presets import get_preset
 
     cfg, measured = get_preset(name), get_preset("vit-cifar")
     distinct = cfg.train.batch_size // cfg.data.repeat_augment

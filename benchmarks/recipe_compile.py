@@ -33,18 +33,18 @@ PIECES: dict[str, dict[str, object]] = {
 
 
 def compile_seconds(preset: str, overrides: dict[str, object]) -> float:
-    from shardbench import config as config_lib
+    from shardbench.devices import select_devices
+    from shardbench.parallel.rules import make_layout
+    from shardbench.parsing import override
     from shardbench.plan.compile import abstract_batch
+    from shardbench.presets import get_preset
     from shardbench.tasks import get_task
     from shardbench.train.optim import build_optimizer, learning_rate
     from shardbench.train.spmd import make_steps
     from shardbench.models.spec import describe_model
     from shardbench.train.state import abstract_train_state, state_shardings
-    from shardbench.parallel.rules import make_layout
-    from shardbench.devices import select_devices
 
-    cfg = config_lib.override(config_lib.get_preset(preset), {"parallel.strategy": "single",
-                                                              "parallel.mesh": "none", **overrides})
+    cfg = override(get_preset(preset), {"parallel.strategy": "single", "parallel.mesh": "none", **overrides})
     layout = make_layout("single", "none", select_devices(1))
     spec = describe_model(cfg)
     tx = build_optimizer(cfg.optim, 1000)

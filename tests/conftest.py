@@ -20,6 +20,8 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 from shardbench import config as config_lib  # noqa: E402
+from shardbench.parsing import override  # noqa: E402
+from shardbench.presets import get_preset  # noqa: E402
 
 assert len(jax.devices()) == 8, "tests need 8 simulated CPU devices; XLA_FLAGS was set too late"
 
@@ -34,7 +36,7 @@ def logged_losses(out: Path) -> list[float]:
 
 def micro_config(tmp_path: Path, **overrides: object) -> config_lib.Config:
     """A ViT small enough to compile and step in a second or two, on small synthetic data."""
-    cfg = config_lib.get_preset("vit-tiny")
+    cfg = get_preset("vit-tiny")
     cfg = dataclasses.replace(
         cfg,
         model=config_lib.ModelConfig(patch_size=8, embed_dim=32, num_layers=2, num_heads=4, mlp_dim=64, dropout=0.0),
@@ -43,7 +45,7 @@ def micro_config(tmp_path: Path, **overrides: object) -> config_lib.Config:
         train=dataclasses.replace(cfg.train, batch_size=32, steps=4, epochs=1, progress=False, eval=False,
                                   log_every=1, checkpoint_every=0, out=str(tmp_path / "run")),
     )
-    return config_lib.override(cfg, {k: v for k, v in overrides.items()})
+    return override(cfg, {k: v for k, v in overrides.items()})
 
 
 @pytest.fixture

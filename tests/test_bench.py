@@ -80,7 +80,8 @@ def test_the_pytorch_baseline_is_the_seed_vit_and_trains() -> None:
     docs), and its train step runs on the CPU with full float32 matmuls, as JAX's does there."""
     _torch()  # skips where torch is not installed
     from shardbench.bench import torch_vit
-    from shardbench.config import ModelConfig, get_preset
+    from shardbench.config import ModelConfig
+    from shardbench.presets import get_preset
 
     assert torch_vit.count_params(torch_vit.build_model(get_preset("vit-seed").model)) == 10_695_562
     tiny = ModelConfig(patch_size=8, embed_dim=32, num_layers=1, num_heads=2, mlp_dim=64)

@@ -10,8 +10,11 @@ import pytest
 from shardbench import config as config_lib
 from shardbench.cli import build_parser, config_from_args
 from shardbench.errors import ConfigError
+from shardbench.parsing import from_dict, override
+from shardbench.presets import get_preset
 from shardbench.tasks import validate
 from shardbench.models.spec import describe_model
+from shardbench.validation import check_choices, check_ranges
 
 
 def _param_count(cfg: config_lib.Config) -> int:
@@ -22,11 +25,11 @@ def _param_count(cfg: config_lib.Config) -> int:
 
 
 def test_vit_seed_has_the_seed_notebooks_parameter_count() -> None:
-    assert _param_count(config_lib.get_preset("vit-seed")) == 10_695_562
+    assert _param_count(get_preset("vit-seed")) == 10_695_562
 
 
 def test_vit_parameter_count_matches_a_hand_count() -> None:
-    cfg = config_lib.get_preset("vit-tiny")
+    cfg = get_preset("vit-tiny")
     m, p = cfg.model, cfg.model.patch_size
     e, h = m.embed_dim, m.mlp_dim
     tokens = (cfg.data.image_size // p) ** 2 + 1
@@ -54,17 +57,17 @@ def test_every_field_has_a_flag_and_short_flags_set_the_same_field() -> None:
 
 
 def test_config_round_trips_through_json() -> None:
-    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {"data.crop_ratio": "0.8,1.2", "train.steps": "7"})
+    cfg = override(get_preset("vit-tiny"), {"data.crop_ratio": "0.8,1.2", "train.steps": "7"})
     import json
 
-    again = config_lib.from_dict(json.loads(cfg.to_json()))
+    again = from_dict(json.loads(cfg.to_json()))
     assert again == cfg
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"parallel.strategy": "zero"}, "unknown strategy 'zero'"),
+        ({"parallel.strategy": "zero"}, "unknown --strategy 'zero': choose one of auto, single, dp,"),
         ({"precision.dtype": "float8"}, "unknown --dtype 'float8'"),
         ({"precision.param_dtype": "int8"}, "unknown --param-dtype 'int8'"),
         ({"precision.matmul_precision": "max"}, "unknown --matmul-precision 'max'"),
@@ -77,7 +80,7 @@ def test_config_round_trips_through_json() -> None:
 )
 def test_bad_values_are_explained(overrides: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
-        validate(config_lib.override(config_lib.get_preset("vit-tiny"), overrides))
+        validate(override(get_preset("vit-tiny"), overrides))
 
 
 def _outside(allowed: config_lib.Range, kind: type) -> list[float]:
@@ -99,18 +102,54 @@ def test_every_numeric_field_has_a_range_checked_before_anything_runs(key: str) 
     allowed = config_lib.RANGES[key]
     section, _, name = key.partition(".")
     kind = config_lib.field_types(type(getattr(config_lib.Config(), section)))[name]
-    base = config_lib.override(config_lib.get_preset("vit-tiny"), {"train.steps": 4})
+    base = override(get_preset("vit-tiny"), {"train.steps": 4})
     lowest = allowed.low + (1 if kind is int else 1e-3) * allowed.low_open
-    config_lib.check_ranges(config_lib.override(base, {key: kind(lowest)}))
+    check_ranges(override(base, {key: kind(lowest)}))
     for value in _outside(allowed, kind):
         with pytest.raises(ConfigError, match=re.escape(f"--{key.replace('_', '-')} must be in {allowed.text()}")):
-            config_lib.check_ranges(config_lib.override(base, {key: value}))
-    assert f"range {allowed.text()}" in " ".join(build_parser()._subparsers._group_actions[0].choices["train"]
-                                                 .format_help().split())
+            check_ranges(override(base, {key: value}))
+    assert f"range {allowed.text()}" in _train_help()
+
+
+def _train_help() -> str:
+    return " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
+
+
+CHOICE_FIELDS = sorted(key for key, spec in config_lib.SPECS.items() if spec.choices)
+
+
+@pytest.mark.parametrize("key", CHOICE_FIELDS)
+def test_every_choice_field_refuses_a_mistyped_choice_in_one_line_and_help_lists_them(key: str) -> None:
+    """A value one letter off a valid choice stops validation with one line naming the flag and every choice
+    (before anything compiles), each choice passes the choice check, and `--help` lists them."""
+    spec = config_lib.SPECS[key]
+    base = override(get_preset("vit-tiny"), {"train.steps": 4})
+    typo = spec.choices[-1] + "x"
+    with pytest.raises(ConfigError) as err:
+        validate(override(base, {key: typo}))
+    message = str(err.value)
+    assert message.startswith(f"unknown {config_lib.flag_name(key)} '{typo}': choose one of ") and "\n" not in message
+    assert all((c or "''") in message for c in spec.choices), message
+    for choice in spec.choices:
+        check_choices(override(base, {key: choice}))
+    # argparse wraps lines at hyphens too ("no-command-\nbuffers"): compare without whitespace
+    assert "".join(spec.choices_text().split()) in "".join(_train_help().split()), key
+
+
+def test_the_declared_model_kinds_are_the_models_shardbench_builds() -> None:
+    from shardbench.models import MODELS
+
+    assert tuple(MODELS) == config_lib.MODEL_KINDS
+
+
+def test_every_field_is_declared_with_help() -> None:
+    for key, spec in config_lib.SPECS.items():
+        assert spec.help.strip(), key
+    assert set(config_lib.SPECS) == set(config_lib.flatten(config_lib.Config()))
 
 
 def test_unknown_preset_and_field() -> None:
     with pytest.raises(ConfigError, match="unknown preset 'vit-huge'"):
-        config_lib.get_preset("vit-huge")
+        get_preset("vit-huge")
     with pytest.raises(ConfigError, match="unknown configuration field 'model.width'"):
-        config_lib.override(config_lib.Config(), {"model.width": 3})
+        override(config_lib.Config(), {"model.width": 3})

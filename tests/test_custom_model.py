@@ -10,9 +10,10 @@ import pytest
 
 from shardbench import config as config_lib
 from shardbench.cli import main
+from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
 from shardbench.parallel.rules import make_layout
-from shardbench.devices import select_devices
+from shardbench.parsing import override
 from shardbench.train.loop import run
 from shardbench.train.preflight import check_runnable
 from shardbench.models.spec import describe_model
@@ -55,10 +56,10 @@ def test_axis_names_come_from_flax_metadata_and_rules_map_the_rest(micro) -> Non
     assert spec.axes["conv1"]["bias"] == (None,)  # no names given: whole
     layout = make_layout("tp", "model=8", select_devices(8))
     assert tuple(layout.param_spec(spec.axes["linear1"]["kernel"], (4096, 256))) == (None, "model")
-    mapped = describe_model(config_lib.override(cfg, {"parallel.rules": "conv_out=mlp,conv_in=none"}))
+    mapped = describe_model(override(cfg, {"parallel.rules": "conv_out=mlp,conv_in=none"}))
     assert mapped.axes["conv2"]["kernel"] == (None, None, None, "mlp") and mapped.unmapped == ()
     with pytest.raises(ConfigError, match="--rules conv_out=model: model is not one of shardbench's logical axes"):
-        describe_model(config_lib.override(cfg, {"parallel.rules": "conv_out=model"}))
+        describe_model(override(cfg, {"parallel.rules": "conv_out=model"}))
 
 
 @pytest.mark.slow
@@ -129,5 +130,5 @@ def test_a_model_of_your_own_runs_under_shard_map(micro, tmp_path: Path) -> None
     base = _cfg(micro, CONVNET, **{"parallel.strategy": "fsdp", "parallel.mesh": "8", "parallel.devices": 8,
                                    "train.out": str(tmp_path / "jit")})
     run(base)
-    run(config_lib.override(base, {"parallel.spmd": "shard_map", "train.out": str(tmp_path / "shard_map")}))
+    run(override(base, {"parallel.spmd": "shard_map", "train.out": str(tmp_path / "shard_map")}))
     assert _losses(tmp_path / "shard_map") == pytest.approx(_losses(tmp_path / "jit"), rel=2e-5, abs=2e-6)

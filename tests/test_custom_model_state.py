@@ -17,16 +17,16 @@ import orbax.checkpoint as ocp
 import pytest
 from flax import nnx
 
-from shardbench import config as config_lib
 from shardbench.cli import main
+from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
 from shardbench.inspect import inspect
 from shardbench.parallel.rules import make_layout
-from shardbench.devices import select_devices
 from shardbench.train.loop import run
 from shardbench.train.optim import build_optimizer
 from shardbench.models.spec import describe_model
 from shardbench.train.state import init_state, state_shardings
+from shardbench.validation import validate
 from conftest import logged_losses as _losses
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -347,7 +347,7 @@ def build(cfg, rngs):
     evaluated = spec.apply(params, held, x, None, train=False)[0]
     np.testing.assert_allclose(trained, 2 * evaluated)
     with pytest.raises(ConfigError, match="a model of your own"):
-        config_lib.validate(micro(**{"model.mode_argument": "train"}))
+        validate(micro(**{"model.mode_argument": "train"}))
     own = _plugin(tmp_path, "own", '''
 from flax import nnx
 

@@ -23,6 +23,8 @@ from flax import nnx
 from shardbench import config as config_lib
 from shardbench.data.pipeline import make_batches
 from shardbench.models import build_model
+from shardbench.parsing import override
+from shardbench.presets import get_preset
 from shardbench.tasks import Rows
 from shardbench.train.loop import run
 from shardbench.train.preflight import check_run
@@ -54,7 +56,7 @@ def config(tmp: Path, preset: str, name: str, **overrides: object) -> config_lib
             "train.compile_cache": "off", "data.synthetic_train": 256, "data.synthetic_test": 64,
             "model.dropout": 0.0, "optim.optimizer": "sgd", "optim.momentum": 0.0, "optim.lr": LR,
             "optim.schedule": "constant", "optim.warmup_steps": 0, "optim.grad_clip": 0.0, "optim.ema": 0.0}
-    return config_lib.override(config_lib.get_preset(preset), {**base, **SHAPES[preset], **overrides})
+    return override(get_preset(preset), {**base, **SHAPES[preset], **overrides})
 
 
 def one_device(cfg: config_lib.Config) -> tuple[list[float], list[float]]:

@@ -60,7 +60,7 @@ def _image_tree(root: Path, *, splits: tuple[str, ...] = ("train", "test"), corr
          "model.num_heads = 4 is not divisible by the model axis (8 devices"),
         (["--devices", "8", "--strategy", "tp", "--mesh", "model=8", "--model.num-heads", "8", "--model.mlp-dim", "60"],
          "model.mlp_dim = 60 is not divisible by the model axis"),
-        (["--strategy", "zero3"], "unknown strategy 'zero3'"),
+        (["--strategy", "zero3"], "unknown --strategy 'zero3'"),
         # Mistakes a new user makes: each names its flag before anything compiles.
         (["--steps", "-5"], "--train.steps must be in [0, inf); 0 = train by --epochs, got -5"),
         (["--lr", "nan"], "--optim.lr must be in (0, inf), got nan"),

@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardbench import config as config_lib
 from shardbench.measure.comms import count_collectives
 from shardbench.measure.memory import per_device_bytes
 from shardbench.models.vit import flops_per_example
-from shardbench.train.loop import run
-from shardbench.train.preflight import check_run
-from shardbench.train.optim import build_optimizer, learning_rate
-from shardbench.train.state import init_state, state_shardings
+from shardbench.presets import get_preset
 from shardbench.tasks import get_task
+from shardbench.train.loop import run
+from shardbench.train.optim import build_optimizer, learning_rate
+from shardbench.train.preflight import check_run
 from shardbench.train.spmd import make_steps
+from shardbench.train.state import init_state, state_shardings
 
 
 def test_vit_seed_flops_match_a_hand_count() -> None:
@@ -27,7 +27,7 @@ def test_vit_seed_flops_match_a_hand_count() -> None:
     per_layer = 2 * (4 * 384 * 384 + 2 * 384 * 1536) * 65 + 2 * 2 * 65 * 65 * 384
     forward = 2 * 64 * (4 * 4 * 3) * 384 + 6 * per_layer + 2 * 384 * 10
     assert forward == 1_421_492_736
-    got = flops_per_example(config_lib.get_preset("vit-seed").model, 32)
+    got = flops_per_example(get_preset("vit-seed").model, 32)
     assert got == {"forward": forward, "train": 3 * forward}
 
 

@@ -15,11 +15,18 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from shardbench import config as config_lib
-from shardbench.measure.collect import Clocks, CompiledStep, RunSetup, build_measurements
+from shardbench.measure.collect import (
+    Clocks,
+    CompiledStep,
+    RunSetup,
+    build_measurements,
+)
 from shardbench.measure.memory import gradient_buffers, memory_report
 from shardbench.measure.run_record import Memory
 from shardbench.measure.timing import StepTimer, compile_timed
 from shardbench.parallel.mesh import DATA
+from shardbench.parsing import override
+from shardbench.presets import get_preset
 from shardbench.tasks import get_task
 from shardbench.train.optim import build_optimizer, learning_rate
 from shardbench.train.preflight import check_run
@@ -43,8 +50,8 @@ OUTPUT_TABLE = (6 + 2 * 6 + 2 + 1 + 3) * 8
 
 
 def _cfg(tmp_path: Any, **overrides: object) -> config_lib.Config:
-    cfg = config_lib.get_preset("mlp-small")
-    return config_lib.override(cfg, {
+    cfg = get_preset("mlp-small")
+    return override(cfg, {
         "model.num_layers": DEPTH + 1, "model.mlp_dim": WIDTH, "model.input_dim": INPUTS,
         "model.num_classes": OUTPUTS, "data.synthetic_train": 256, "data.synthetic_test": 64,
         "data.cache_dir": str(tmp_path / "cache"), "train.batch_size": BATCH, "train.steps": 3,

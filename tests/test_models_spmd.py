@@ -19,6 +19,8 @@ from shardbench.errors import ConfigError, DataError
 from shardbench.models import build_model, count_params
 from shardbench.models.lm import flops_per_example as lm_flops
 from shardbench.models.mlp import flops_per_example as mlp_flops
+from shardbench.parsing import override
+from shardbench.presets import get_preset
 from shardbench.sweep.grid import make_sweep
 from shardbench.train.loop import run
 from shardbench.train.preflight import check_run
@@ -40,12 +42,12 @@ def small(tmp_path: Path, preset: str, name: str, **overrides: object) -> config
     base = {"train.steps": 4, "train.progress": False, "train.checkpoint_every": 0, "train.log_every": 1,
             "train.out": str(tmp_path / name), "data.cache_dir": str(tmp_path / "cache"),
             "train.compile_cache": "off", "optim.warmup_steps": 0}
-    return config_lib.override(config_lib.get_preset(preset), {**base, **shapes[preset], **overrides})
+    return override(get_preset(preset), {**base, **shapes[preset], **overrides})
 
 
 # ------------------------------------------------------------------------------------------------ models
 def test_parameter_counts_and_flops_match_a_hand_count() -> None:
-    lm = config_lib.get_preset("lm-seed")
+    lm = get_preset("lm-seed")
     m = lm.model
     e, f, v, s, n = m.embed_dim, m.mlp_dim, m.vocab_size, m.seq_len, m.num_layers
     per_block = 4 * e * e + 4 * e + 2 * e * f + f + e + 4 * e  # q/k/v/out + biases, MLP, two LayerNorms
@@ -54,7 +56,7 @@ def test_parameter_counts_and_flops_match_a_hand_count() -> None:
     assert got == want == 3_438_080
     assert lm_flops(m)["forward"] == n * (8 * s * e * e + 4 * s * s * e + 4 * s * e * f) + 2 * s * e * v
 
-    mlp = config_lib.get_preset("mlp-seed")
+    mlp = get_preset("mlp-seed")
     m = mlp.model
     i, w, c = m.input_dim, m.mlp_dim, m.num_classes
     want = i * w + w + (m.num_layers - 1) * (w * w + w) + w * c + c  # the seed's 90 Dense(2056) + Dense(10)
@@ -64,7 +66,7 @@ def test_parameter_counts_and_flops_match_a_hand_count() -> None:
 
 @pytest.mark.slow
 def test_causal_lm_does_not_look_ahead() -> None:
-    cfg = config_lib.override(config_lib.get_preset("lm-seed"), {"model.num_layers": 2, "model.seq_len": 12})
+    cfg = override(get_preset("lm-seed"), {"model.num_layers": 2, "model.seq_len": 12})
     model = build_model(cfg, nnx.Rngs(0))
     tokens = np.random.default_rng(0).integers(0, 512, (2, 12)).astype(np.int32)
     changed = tokens.copy()

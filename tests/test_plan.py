@@ -14,14 +14,16 @@ from typing import Any
 import pytest
 
 from shardbench import config as config_lib
+from shardbench.parsing import override
 from shardbench.plan.calibration import Coefficients, fit
-from shardbench.plan.steptime import StepFeatures, step_time
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.compile import compile_candidate
 from shardbench.plan.predict import Hardware, predict, sent_fraction
 from shardbench.plan.recommend import Row, rank, recommendation
+from shardbench.plan.steptime import StepFeatures, step_time
 from shardbench.plan.tpu import libtpu_installed
 from shardbench.plan.validate import kendall_tau
+from shardbench.presets import get_preset
 
 SMALL_MLP = {"model.num_layers": 3, "model.mlp_dim": 64, "model.input_dim": 16, "model.num_classes": 8,
              "train.batch_size": 64}
@@ -30,7 +32,7 @@ MLP_PARAM_BYTES = (16 * 64 + 64 + 2 * 64 * 64 + 2 * 64 + 64 * 8 + 8) * 4
 
 
 def mlp_config(**overrides: Any) -> config_lib.Config:
-    return config_lib.override(config_lib.get_preset("mlp-small"), {**SMALL_MLP, "parallel.devices": 8,
+    return override(get_preset("mlp-small"), {**SMALL_MLP, "parallel.devices": 8,
                                                                      **overrides})
 
 

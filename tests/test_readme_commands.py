@@ -30,6 +30,7 @@ from PIL import Image
 from shardbench import config as config_lib
 from shardbench.cli import build_parser, config_from_args
 from shardbench.parallel.mesh import mesh_size
+from shardbench.presets import PRESETS
 from shardbench.sweep import sweep_cmd
 from shardbench.sweep.preflight import check_in_processes
 
@@ -213,8 +214,8 @@ def test_presets_print_first_paragraphs_in_each_kinds_terms() -> None:
     done = subprocess.run([sys.executable, "-m", "shardbench", "presets"], capture_output=True, text=True,
                           env=_clean_env())
     lines = {line.split()[0]: line for line in done.stdout.splitlines()}
-    assert set(lines) == set(config_lib.PRESETS)
-    for name, make in config_lib.PRESETS.items():
+    assert set(lines) == set(PRESETS)
+    for name, make in PRESETS.items():
         first, *rest = (make.__doc__ or "").split("\n\n")
         assert " ".join(first.split()) in lines[name]
         assert all(" ".join(more.split())[:60] not in lines[name] for more in rest)  # the details stay in config.py

@@ -17,8 +17,11 @@ from PIL import Image, ImageEnhance, ImageOps
 from shardbench import config as config_lib
 from shardbench.data import recipe
 from shardbench.models.transformer import drop_rows
+from shardbench.parsing import override
+from shardbench.presets import get_preset
 from shardbench.train.loop import run
 from shardbench.train.optim import ema_params, track_ema
+from shardbench.validation import validate
 
 RNG = np.random.default_rng(7)
 IMAGE = RNG.integers(0, 256, (32, 32, 3)).astype(np.uint8)
@@ -125,7 +128,7 @@ def test_soft_targets_follow_the_pixels_and_sum_to_one() -> None:
 @pytest.mark.slow
 def test_draws_are_sliced_from_the_global_batch() -> None:
     """A program holding rows 4..7 of 8 augments them as the whole batch's program does."""
-    data = config_lib.get_preset("vit-cifar").data
+    data = get_preset("vit-cifar").data
     images = jnp.asarray(RNG.integers(0, 256, (8, 32, 32, 3)), jnp.uint8)
     key = jax.random.key(11)
     whole = recipe.recipe_images(data, images, key, (0, 8))
@@ -205,7 +208,7 @@ def test_mixing_needs_pairs_on_one_device(micro) -> None:
         check_runnable(micro(**{"data.mixup": 1.0, "train.batch_size": 24, "parallel.strategy": "dp",
                                 "parallel.mesh": "8"}))
     with pytest.raises(ConfigError, match="--data.cutmix 0.5 needs --data.mixup > 0"):
-        config_lib.validate(micro(**{"data.cutmix": 0.5}))
+        validate(micro(**{"data.cutmix": 0.5}))
 
 
 def test_recipe_flags_are_refused_where_they_mean_nothing() -> None:
@@ -215,7 +218,7 @@ def test_recipe_flags_are_refused_where_they_mean_nothing() -> None:
         from shardbench.errors import ConfigError
 
         with pytest.raises(ConfigError, match=flag):
-            config_lib.validate(config_lib.override(config_lib.get_preset(preset), overrides))
+            validate(override(get_preset(preset), overrides))
 
 
 @pytest.mark.slow

@@ -14,14 +14,16 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
-from shardbench import config as config_lib
 from shardbench.config import DataConfig
 from shardbench.data import policies, recipe
 from shardbench.data.arrays import ImageArrays
 from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD, normalize_float
 from shardbench.data.pipeline import make_batches, steps_per_epoch
 from shardbench.errors import ConfigError
+from shardbench.parsing import override
+from shardbench.presets import get_preset
 from shardbench.train.loop import run
+from shardbench.validation import validate
 
 RNG = np.random.default_rng(11)
 IMAGE = RNG.integers(0, 256, (32, 32, 3)).astype(np.uint8)
@@ -221,9 +223,9 @@ def test_copies_of_an_image_are_augmented_differently() -> None:
     ({"data.randaugment_magnitude": 31.0}, "randaugment-magnitude"),
 ])
 def test_recipe_knobs_that_cannot_work_are_one_line(overrides: dict[str, object], says: str) -> None:
-    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), overrides)
+    cfg = override(get_preset("vit-tiny"), overrides)
     with pytest.raises(ConfigError) as err:
-        config_lib.validate(cfg)
+        validate(cfg)
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
@@ -231,7 +233,7 @@ def test_knobs_for_images_are_refused_for_other_models() -> None:
     for flag, overrides in (("--data.autoaugment", {"data.autoaugment": True}),
                             ("--data.repeat-augment", {"data.repeat_augment": 2})):
         with pytest.raises(ConfigError, match=flag):
-            config_lib.validate(config_lib.override(config_lib.get_preset("lm-tiny"), overrides))
+            validate(override(get_preset("lm-tiny"), overrides))
 
 
 # ----------------------------------------------------------------------------------- one device's losses

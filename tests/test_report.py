@@ -18,6 +18,8 @@ from PIL import Image
 from shardbench import config as config_lib
 from shardbench.errors import ShardbenchError
 from shardbench.measure.run_record import from_json
+from shardbench.parsing import override
+from shardbench.presets import get_preset
 from shardbench.report import report_cmd
 from shardbench.report.speed import NOT_A_CAUSE
 from shardbench.report.write import ReportPaths, write_report
@@ -25,7 +27,7 @@ from shardbench.store import RunRow, Store
 
 MIB = 2**20
 CHARTS = ("step_time", "throughput", "epoch_time", "peak_memory", "mfu", "comms", "memory_breakdown")
-BASE = config_lib.flatten(config_lib.get_preset("vit-tiny"))
+BASE = config_lib.flatten(get_preset("vit-tiny"))
 
 
 def record(name: str, strategy: str, mesh: str, devices: int, *, breakdown: tuple[float, float, float, float],
@@ -212,8 +214,8 @@ def test_charts_are_valid_pngs(written: ReportPaths) -> None:
 
 
 def test_memory_chart_marks_compiled_totals_when_some_runs_report_a_peak(tmp_path: Path) -> None:
-    from shardbench.report.plots import peak_memory
     from shardbench.report.content import COLUMNS, ReportedRun
+    from shardbench.report.plots import peak_memory
 
     def run(name: str, peak: float | None) -> ReportedRun:
         return ReportedRun(name, "complete", None, None, {}, BASE, from_json(record(
@@ -229,7 +231,7 @@ def test_memory_chart_marks_compiled_totals_when_some_runs_report_a_peak(tmp_pat
 
 def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path: Path) -> None:
     for dtype in ("float32", "bfloat16"):
-        cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {"precision.dtype": dtype,
+        cfg = override(get_preset("vit-tiny"), {"precision.dtype": dtype,
                                                                       "train.out": f"runs/{dtype}"})
         run_dir = tmp_path / "runs" / dtype
         run_dir.mkdir(parents=True)
@@ -266,7 +268,7 @@ def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> Non
     folder = tmp_path / "runs"
     for name in ("short", "unfinished"):
         (folder / name).mkdir(parents=True)
-        (folder / name / "config.json").write_text(config_lib.get_preset("vit-tiny").to_json())
+        (folder / name / "config.json").write_text(get_preset("vit-tiny").to_json())
     (folder / "short" / "summary.json").write_text(json.dumps(rec))
     paths = write_report(folder, out_dir=tmp_path / "out")
     text = paths.markdown.read_text()
@@ -280,8 +282,8 @@ def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> Non
 
 
 def test_parameter_dtype_pair_says_the_state_bytes_move() -> None:
-    from shardbench.report.findings import precision_findings
     from shardbench.report.content import ReportedRun
+    from shardbench.report.findings import precision_findings
 
     def run(param_dtype: str, state: float) -> ReportedRun:
         config = BASE | {"precision.param_dtype": param_dtype, "train.out": f"runs/{param_dtype}"}

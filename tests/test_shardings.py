@@ -6,10 +6,11 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.parallel.mesh import parse_mesh
 from shardbench.parallel.rules import make_layout
+from shardbench.parsing import override
+from shardbench.presets import get_preset
 from shardbench.train.optim import build_optimizer
 from shardbench.models.spec import describe_model
 from shardbench.train.state import check_layout, init_state
@@ -32,7 +33,7 @@ MESHES = {"dp": ("8", 8), "fsdp": ("8", 8), "tp": ("model=4", 4), "fsdp+tp": ("4
 
 
 def _state(strategy: str, mesh: str, devices: int = 8):
-    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {"parallel.strategy": strategy,
+    cfg = override(get_preset("vit-tiny"), {"parallel.strategy": strategy,
                                                                    "parallel.mesh": mesh})
     layout = make_layout(strategy, mesh, jax.devices()[:devices])
     spec = describe_model(cfg)
@@ -84,7 +85,7 @@ def test_fsdp_holds_an_eighth_of_all_parameter_and_optimizer_bytes() -> None:
 
 
 def test_fsdp_falls_back_to_a_dimension_that_divides() -> None:
-    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {"model.embed_dim": 132, "model.num_heads": 4,
+    cfg = override(get_preset("vit-tiny"), {"model.embed_dim": 132, "model.num_heads": 4,
                                                                    "model.mlp_dim": 256})
     layout = make_layout("fsdp", "8", jax.devices())
     spec = describe_model(cfg)
@@ -134,7 +135,7 @@ def test_bad_meshes(strategy: str, mesh: str, devices: int, message: str) -> Non
 )
 def test_indivisible_dimensions_are_named(overrides: dict, mesh: str, message: str) -> None:
     strategy = "fsdp" if mesh == "8" else "tp"
-    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), overrides)
+    cfg = override(get_preset("vit-tiny"), overrides)
     layout = make_layout(strategy, mesh.replace("1x4", "model=4"), jax.devices()[: 8 if mesh == "8" else 4])
     with pytest.raises(ConfigError, match=message):
         check_layout(describe_model(cfg), layout)

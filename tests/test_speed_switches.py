@@ -27,6 +27,8 @@ from shardbench.models import attention_kind, build_model, count_params
 from shardbench.models.lm import TransformerLM
 from shardbench.models.transformer import attention, padded_attention, padded_length
 from shardbench.models.vit import VisionTransformer, flops_per_example
+from shardbench.parsing import override
+from shardbench.presets import get_preset
 from shardbench.tasks import validate
 from shardbench.train.loop import run
 from shardbench.train.optim import build_optimizer
@@ -113,7 +115,7 @@ def test_cudnn_path_gives_the_einsum_models_outputs_and_gradients(kind: str) -> 
 
 
 def test_cudnn_refusals_are_one_line() -> None:
-    vit = config_lib.get_preset("vit-seed")
+    vit = get_preset("vit-seed")
     cases = {
         "float32": ({"model.attention": "cudnn"}, r"needs a 16-bit compute dtype, not --dtype float32"),
         "head dim 12": ({"model.attention": "cudnn", "precision.dtype": "bfloat16", "model.num_heads": 32},
@@ -124,15 +126,15 @@ def test_cudnn_refusals_are_one_line() -> None:
     }
     for name, (overrides, message) in cases.items():
         with pytest.raises(ConfigError, match=message) as err:
-            validate(config_lib.override(vit, overrides))
+            validate(override(vit, overrides))
         assert "\n" not in str(err.value), name
     # The configuration is fine; this CPU is not: refused where the model is built, before anything compiles.
-    cfg = config_lib.override(vit, {"model.attention": "cudnn", "precision.dtype": "bfloat16"})
+    cfg = override(vit, {"model.attention": "cudnn", "precision.dtype": "bfloat16"})
     validate(cfg)
     with pytest.raises(ConfigError, match=r"needs an NVIDIA GPU \(cuDNN\), and this platform is cpu") as err:
         nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(0)))
     assert "\n" not in str(err.value)
-    lm = config_lib.override(config_lib.get_preset("lm-seed"), {"model.attention": "cudnn", "precision.dtype":
+    lm = override(get_preset("lm-seed"), {"model.attention": "cudnn", "precision.dtype":
                                                                  "bfloat16"})
     with pytest.raises(ConfigError, match=r"this platform is cpu"):
         nnx.eval_shape(lambda: build_model(lm, nnx.Rngs(0)))
@@ -147,8 +149,8 @@ def test_auto_never_picks_cudnn() -> None:
 def test_mean_pool_is_counted_by_hand() -> None:
     """vit-seed without the class token: 384 parameters fewer for the token, 384 for the position table's
     65th row; FLOPs with T = 64 tokens."""
-    seed = config_lib.get_preset("vit-seed")
-    mean = config_lib.override(seed, {"model.pool": "mean"})
+    seed = get_preset("vit-seed")
+    mean = override(seed, {"model.pool": "mean"})
     m = seed.model
     e, f, n, p, c = m.embed_dim, m.mlp_dim, m.num_layers, m.patch_size, m.num_classes
     patches = (seed.data.image_size // p) ** 2
@@ -163,16 +165,16 @@ def test_mean_pool_is_counted_by_hand() -> None:
     assert flops_per_example(seed.model, 32)["forward"] > flops_per_example(mean.model, 32)["forward"]
     with pytest.raises(ConfigError, match=r"--model.pool mean applies to the vit model only, not to model kind "
                                           r"'lm'"):
-        validate(config_lib.override(config_lib.get_preset("lm-seed"), {"model.pool": "mean"}))
+        validate(override(get_preset("lm-seed"), {"model.pool": "mean"}))
     with pytest.raises(ConfigError, match=r"choose one of cls, mean"):
-        validate(config_lib.override(seed, {"model.pool": "max"}))
+        validate(override(seed, {"model.pool": "max"}))
 
 
 @pytest.mark.slow
 def test_mean_pool_trains_alike_on_one_and_eight_devices(micro) -> None:
     one = _train(micro(**{**ONE, "model.pool": "mean"}))
     cfg = micro(**{**ONE, "model.pool": "mean", "parallel.strategy": "dp", "parallel.mesh": "8"})
-    cfg = config_lib.override(cfg, {"train.out": str(Path(cfg.train.out).parent / "dp")})
+    cfg = override(cfg, {"train.out": str(Path(cfg.train.out).parent / "dp")})
     eight = _train(cfg)
     assert all(math.isfinite(x) for x in one) and len(one) == 4
     assert one[-1] < one[0]
@@ -190,14 +192,14 @@ def test_qkv_layouts_give_todays_losses(micro, reference, layout: str) -> None:
     assert _train(cfg) == pytest.approx(reference, rel=1e-5, abs=1e-6)
     tp = micro(**{**ONE, "model.qkv_layout": layout, "parallel.strategy": "tp", "parallel.mesh": "model=4",
                   "parallel.devices": 4})
-    tp = config_lib.override(tp, {"train.out": str(Path(tp.train.out).parent / "tp")})
+    tp = override(tp, {"train.out": str(Path(tp.train.out).parent / "tp")})
     assert _train(tp) == pytest.approx(reference, rel=2e-5, abs=2e-6)  # the sharded reduction order differs
 
 
 def test_unknown_qkv_layout_is_one_line() -> None:
     with pytest.raises(ConfigError, match=r"unknown --model.qkv-layout 'packed': choose one of fused, split, "
                                           r"seq-major"):
-        validate(config_lib.override(config_lib.get_preset("vit-seed"), {"model.qkv_layout": "packed"}))
+        validate(override(get_preset("vit-seed"), {"model.qkv_layout": "packed"}))
 
 
 # -------------------------------------------------------------------------------------- Adam's first moment
@@ -237,4 +239,4 @@ def test_mu_bfloat16_trains_close_to_float32(micro, reference) -> None:
     assert json.loads((Path(cfg.train.out) / "config.json").read_text())["optim"]["mu_dtype"] == "bfloat16"
     with pytest.raises(ConfigError, match=r"unknown --optim.mu-dtype 'float8': choose one of '', float32, "
                                           r"bfloat16"):
-        validate(config_lib.override(cfg, {"optim.mu_dtype": "float8"}))
+        validate(override(cfg, {"optim.mu_dtype": "float8"}))

@@ -266,7 +266,7 @@ def test_dry_run_marks_the_runs_that_would_be_refused(capsys: pytest.CaptureFixt
     runs = {line.split()[0]: line for line in lines[1:]}
     assert "REFUSED" not in runs["strategy_dp_dtype_float32_mesh_8"]
     assert "REFUSED: unknown --dtype 'bfloat61'" in runs["strategy_dp_dtype_bfloat61_mesh_8"]
-    assert "REFUSED: unknown strategy 'fsdpp'" in runs["strategy_fsdpp_dtype_float32_mesh_8"]
+    assert "REFUSED: unknown --strategy 'fsdpp'" in runs["strategy_fsdpp_dtype_float32_mesh_8"]
     assert "REFUSED: --mesh 3x3 has 9 devices" in runs["strategy_dp_dtype_float32_mesh_3_3"]
 
 

@@ -19,6 +19,9 @@ from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.models import build_model, count_params
 from shardbench.models.transformer import attention, attention_weights
+from shardbench.parsing import override
+from shardbench.presets import get_preset
+from shardbench.validation import inert_notes
 from shardbench.models.vit import (VisionTransformer, conv_tokens, flops_per_example, num_tokens, sequence_pool,
                                    shifted_images)
 from shardbench.models.spec import param_axes
@@ -44,7 +47,7 @@ def _head(e: int, c: int) -> int:
 # ------------------------------------------------------------------------------------------------- counts
 @pytest.mark.parametrize("layers", [1, 2])
 def test_conv_stem_and_sequence_pool_are_counted_by_hand(layers: int) -> None:
-    cfg = config_lib.override(config_lib.get_preset("vit-cifar-cct"), {"model.stem_layers": layers})
+    cfg = override(get_preset("vit-cifar-cct"), {"model.stem_layers": layers})
     m = cfg.model
     e, f, n, c = m.embed_dim, m.mlp_dim, m.num_layers, m.num_classes
     convs = 9 * 3 * e if layers == 1 else 9 * 3 * 64 + 9 * 64 * e  # 3 -> [64 ->] embed, 3x3, no bias
@@ -66,7 +69,7 @@ def test_conv_stem_and_sequence_pool_are_counted_by_hand(layers: int) -> None:
 
 
 def test_shifted_patches_and_lsa_are_counted_by_hand() -> None:
-    cfg = config_lib.get_preset("vit-cifar-spt")
+    cfg = get_preset("vit-cifar-spt")
     m = cfg.model
     e, f, n, c, h, p = m.embed_dim, m.mlp_dim, m.num_layers, m.num_classes, m.num_heads, m.patch_size
     patch = 5 * 3 * p * p  # the image and its four diagonal shifts, each patch flattened
@@ -79,21 +82,21 @@ def test_shifted_patches_and_lsa_are_counted_by_hand() -> None:
     forward = 2 * patches * patch * e + n * (8 * t * e * e + 4 * t * t * e + 4 * t * e * f) + 2 * e * c
     assert flops_per_example(m, 32)["forward"] == forward
     # LSA alone adds n*h parameters and no FLOPs; the shifted patches alone 5x the stem's matmul.
-    seed = config_lib.get_preset("vit-seed")
-    lsa = config_lib.override(seed, {"model.lsa": True})
+    seed = get_preset("vit-seed")
+    lsa = override(seed, {"model.lsa": True})
     assert count_params(_model(lsa)) == 10_695_562 + seed.model.num_layers * seed.model.num_heads
     assert flops_per_example(lsa.model, 32) == flops_per_example(seed.model, 32)
 
 
 def test_the_presets_ratios_to_vit_seed() -> None:
     """What the presets' docstrings state: FLOPs per image against vit-seed's, and the length estimates."""
-    seed = flops_per_example(config_lib.get_preset("vit-seed").model, 32)["forward"]
-    spt, cct = (flops_per_example(config_lib.get_preset(name).model, 32)["forward"]
+    seed = flops_per_example(get_preset("vit-seed").model, 32)["forward"]
+    spt, cct = (flops_per_example(get_preset(name).model, 32)["forward"]
                 for name in ("vit-cifar-spt", "vit-cifar-cct"))
     assert round(seed / spt, 1) == 3.7 and round(cct / seed, 2) == 1.66
     measured = 8700 * 512 / 152  # vit-cifar (vit-seed's model) on one H100, bfloat16: images per second
     for name, seconds in (("vit-cifar-spt", 123), ("vit-cifar-cct", 292)):
-        cfg = config_lib.get_preset(name)
+        cfg = get_preset(name)
         flops = flops_per_example(cfg.model, 32)["forward"]
         steps = 45_000 // (cfg.train.batch_size // cfg.data.repeat_augment) * cfg.train.epochs
         assert steps * cfg.train.batch_size / (measured * seed / flops) == pytest.approx(seconds, abs=1.5), name
@@ -101,7 +104,7 @@ def test_the_presets_ratios_to_vit_seed() -> None:
 
 def test_every_new_parameter_has_logical_axes() -> None:
     for overrides in (CCT, {**CCT, "model.stem_layers": 2}, SPT):
-        cfg = config_lib.override(config_lib.get_preset("vit-tiny"), overrides)
+        cfg = override(get_preset("vit-tiny"), overrides)
         axes = param_axes(nnx.state(_model(cfg), nnx.Param))  # raises if any parameter has none
         if overrides is SPT:
             assert axes["encoder"]["lsa_scale"] == ("layers", "heads")
@@ -146,7 +149,7 @@ def test_conv_stem_equals_a_loop_reference(side: int) -> None:
 
 
 def test_conv_stem_in_the_model() -> None:
-    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {**CCT, "model.embed_dim": 8, "model.num_heads": 2,
+    cfg = override(get_preset("vit-tiny"), {**CCT, "model.embed_dim": 8, "model.num_heads": 2,
                                                                   "model.mlp_dim": 8, "model.num_layers": 1,
                                                                   "data.image_size": 8})
     model = build_model(cfg, nnx.Rngs(0))
@@ -175,7 +178,7 @@ def test_shifted_copies_of_a_hand_made_image() -> None:
 
 def test_shifted_patch_stem_in_the_model() -> None:
     """Shift by p/2 = 1, patches of 2x2x15 flattened (row, column, channel), LayerNorm, projection: by numpy."""
-    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {"model.stem": "shifted-patch", "model.patch_size": 2,
+    cfg = override(get_preset("vit-tiny"), {"model.stem": "shifted-patch", "model.patch_size": 2,
                                                                   "model.embed_dim": 8, "model.num_heads": 2,
                                                                   "model.mlp_dim": 8, "model.num_layers": 1,
                                                                   "data.image_size": 4})
@@ -236,17 +239,17 @@ def test_lsa_at_its_initial_temperature_without_the_mask_is_the_einsum_attention
     scaled = attention(q, k, v, kind="einsum", precision=highest, scale=jnp.full((3,), 1 / math.sqrt(4)))
     np.testing.assert_allclose(scaled, plain, rtol=1e-6, atol=1e-6)
     # In the model: the scale starts at 1/sqrt(head_dim) on every layer and head, and auto's fused turns einsum.
-    cfg = config_lib.override(config_lib.get_preset("vit-tiny"), {"model.lsa": True})
+    cfg = override(get_preset("vit-tiny"), {"model.lsa": True})
     model = nnx.eval_shape(lambda: VisionTransformer(cfg.model, image_size=32, attention="fused", rngs=nnx.Rngs(0)))
     assert model.encoder.attention == "einsum"
-    built = build_model(config_lib.override(cfg, {"model.num_layers": 2}), nnx.Rngs(0))
+    built = build_model(override(cfg, {"model.num_layers": 2}), nnx.Rngs(0))
     np.testing.assert_array_equal(built.encoder.lsa_scale[...], np.full((2, 4), 1 / math.sqrt(128 // 4), np.float32))
 
 
 # --------------------------------------------------------------------------------------------- refusals
 def test_refusals_are_one_line() -> None:
-    vit, lm, mlp = (config_lib.get_preset(name) for name in ("vit-seed", "lm-seed", "mlp-small"))
-    own = config_lib.override(vit, {"model.factory": "examples/convnet.py:build", "model.task": "classify"})
+    vit, lm, mlp = (get_preset(name) for name in ("vit-seed", "lm-seed", "mlp-small"))
+    own = override(vit, {"model.factory": "examples/convnet.py:build", "model.task": "classify"})
     cases = [
         (vit, {"model.stem": "pixels"}, r"unknown --model.stem 'pixels': choose one of patch, conv, shifted-patch"),
         (vit, {"model.pool": "max"}, r"unknown --model.pool 'max': choose one of cls, mean, sequence"),
@@ -265,14 +268,14 @@ def test_refusals_are_one_line() -> None:
     ]
     for base, overrides, message in cases:
         with pytest.raises(ConfigError, match=message) as err:
-            validate(config_lib.override(base, overrides))
+            validate(override(base, overrides))
         assert "\n" not in str(err.value), overrides
     for overrides in ({**CCT, "model.stem_layers": 2, "data.image_size": 30}, {**SPT, "model.attention": "auto"},
                       {**SPT, "model.attention": "einsum"}):
-        validate(config_lib.override(vit, overrides))  # the conv stem needs no patch that divides the image
-    notes = config_lib.inert_notes(config_lib.override(vit, {"model.stem_layers": 2}))
+        validate(override(vit, overrides))  # the conv stem needs no patch that divides the image
+    notes = inert_notes(override(vit, {"model.stem_layers": 2}))
     assert notes == ["--model.stem-layers 2 does nothing here: it counts the conv stem's layers, and --model.stem is "
                      "patch"]
-    notes = config_lib.inert_notes(config_lib.override(config_lib.get_preset("vit-cifar-cct"), {"model.patch_size": 8}))
+    notes = inert_notes(override(get_preset("vit-cifar-cct"), {"model.patch_size": 8}))
     assert notes == ["--model.patch-size 8 does nothing here: --model.stem conv makes its tokens by convolution, not "
                      "patches"]

@@ -5,8 +5,10 @@ Importing this package starts no JAX backend, so `shardbench.simulate_devices(8)
 
 from __future__ import annotations
 
-from shardbench.config import Config, get_preset, override
+from shardbench.config import Config
 from shardbench.devices import simulate_devices
+from shardbench.parsing import override
+from shardbench.presets import get_preset
 
 __version__ = "0.1.0"
 __all__ = ["Config", "get_preset", "override", "simulate_devices", "train", "__version__"]

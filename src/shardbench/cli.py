@@ -16,6 +16,8 @@ from shardbench import config as config_lib
 from shardbench import malloc
 from shardbench.errors import ShardbenchError, run_reported
 from shardbench.flags import add_config_arguments, config_from_args, setup_devices
+from shardbench.parsing import override
+from shardbench.presets import PRESETS
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """How this process joins others (jax.distributed); `shardbench launch` sets them through the environment."""
@@ -126,7 +128,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
         size = mesh_size(cfg.parallel.mesh)
         if size:
-            cfg = config_lib.override(cfg, {"parallel.devices": size})
+            cfg = override(cfg, {"parallel.devices": size})
     setup_devices(cfg)
     from shardbench.inspect import inspect
 
@@ -135,7 +137,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    for name, make in config_lib.PRESETS.items():
+    for name, make in PRESETS.items():
         cfg = make()
         if args.json:
             print(f"# {name}\n{cfg.to_json()}")

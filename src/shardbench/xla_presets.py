@@ -20,6 +20,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 from shardbench.errors import ConfigError
+from shardbench.fields import unknown_choice
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,10 @@ PRESETS: dict[str, Preset] = {
 
 def parse(text: str) -> list[str]:
     """The preset names of `--train.xla-presets` (a comma list), or one line naming the unknown one."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    for name in names:
-        if name not in PRESETS:
-            raise ConfigError(f"unknown --train.xla-presets '{name}': choose from {', '.join(PRESETS)} "
-                              f"(a comma list), or pass XLA_FLAGS yourself")
-    return names
+    refusal = unknown_choice("--train.xla-presets", text, tuple(PRESETS), comma_list=True)
+    if refusal:
+        raise ConfigError(f"{refusal}, or pass XLA_FLAGS yourself")
+    return [n.strip() for n in text.split(",") if n.strip()]
 
 
 def flags(text: str) -> list[str]:

@@ -44,6 +44,8 @@ from shardbench import malloc
 from shardbench.bench.matmul import jax_matmul
 from shardbench.bench.tables import render
 from shardbench.errors import ConfigError, writable_dir
+from shardbench.parsing import override
+from shardbench.presets import PRESETS, get_preset
 
 GROUPS = ("step", "batch", "layers", "remat", "pipeline", "alloc")
 SCALING_WINDOWS = 3  # timed windows of the groups other than step
@@ -72,7 +74,7 @@ def add_parser(subparsers: Any) -> None:
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--preset", default="vit-seed", choices=sorted(config_lib.PRESETS),
+    p.add_argument("--preset", default="vit-seed", choices=sorted(PRESETS),
                    help="model to benchmark (default: vit-seed)")
     p.add_argument("--batch-size", default="",
                    help="batch of the step group, or a comma list paired with --dtype's (default: 128 on a CPU, "
@@ -199,15 +201,15 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
                           f"{args.min_window_s:g}: --pipeline-seconds must be positive, the others >= 0")
     from shardbench.tasks import validate  # imports JAX: not at the top, which the CLI's parser loads
 
-    if config_lib.get_preset(args.preset).model.kind != "vit":
-        vits = ", ".join(n for n, make in config_lib.PRESETS.items() if make().model.kind == "vit")
+    if get_preset(args.preset).model.kind != "vit":
+        vits = ", ".join(n for n, make in PRESETS.items() if make().model.kind == "vit")
         raise ConfigError(f"--preset {args.preset}: shardbench bench compares the ViT's train step with ViT "
                           f"baselines (seed-style nnx, PyTorch); choose one of {vits}, or compare other models "
                           f"with shardbench sweep")
     where = malloc.target_platform(os.environ)
     pairs = settings(args.dtype, args.batch_size, where)
     extra = _extra(args.set)
-    own = unlike_the_baselines(config_lib.override(config_lib.get_preset(args.preset), extra).model)
+    own = unlike_the_baselines(override(get_preset(args.preset), extra).model)
     if own and "step" in groups:
         raise ConfigError(f"--preset {args.preset}: the step group's baselines build the seed's ViT (patch stem, "
                           f"class token, plain attention), not this model ({', '.join(own)}): leave step out of "
@@ -218,11 +220,11 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
                               f"{extra['precision.matmul_precision']} disagree: give one")
         extra["precision.matmul_precision"] = args.matmul_precision
     for dtype, batch in pairs:  # fail here, in one line, on a configuration that cannot run
-        validate(config_lib.override(config_lib.get_preset(args.preset),
+        validate(override(get_preset(args.preset),
                                                 {"precision.dtype": dtype, "train.batch_size": batch, **extra}))
     (args.dtype, args.batch_size), args.settings = pairs[0], pairs  # the other groups use the first setting
     base = {"precision.dtype": args.dtype, "train.batch_size": args.batch_size, **extra}
-    args.matmul_precision = config_lib.override(config_lib.get_preset(args.preset), extra).precision.matmul_precision
+    args.matmul_precision = override(get_preset(args.preset), extra).precision.matmul_precision
     defaults = CPU_DEFAULTS if where == "cpu" else ACCELERATOR_DEFAULTS
     args.trimmed = trimmed(args, groups, where)
     batches = _ints(args.batches or defaults["batches"], "--batches")

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from shardbench.config import Config, get_preset, override
+from shardbench.config import Config
 from shardbench.data.arrays import ImageArrays
 from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD, augment
 from shardbench.data.pipeline import make_batches
@@ -26,11 +26,13 @@ from shardbench.devices import select_devices
 from shardbench.measure.timing import compile_timed
 from shardbench.models.vit import flops_per_example
 from shardbench.parallel.rules import make_layout
+from shardbench.parsing import override
+from shardbench.presets import get_preset
+from shardbench.tasks import get_task
 from shardbench.train.optim import build_optimizer, learning_rate
+from shardbench.train.spmd import make_steps
 from shardbench.models.spec import describe_model
 from shardbench.train.state import abstract_train_state, init_state, state_shardings
-from shardbench.tasks import get_task
-from shardbench.train.spmd import make_steps
 from shardbench.train.step import place_batch
 
 Result = dict[str, Any]

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from shardbench.config import CUDNN_MAX_HEAD_DIM, Config
+from shardbench.config import Config, check_choice
 from shardbench.errors import ConfigError
 from shardbench.models import custom, lm, mlp, vit
-from shardbench.models.transformer import CUDNN, EINSUM, FUSED, count_params
+from shardbench.models.transformer import CUDNN, CUDNN_MAX_HEAD_DIM, EINSUM, FUSED, count_params
 
 PRECISIONS = {
     "default": jax.lax.Precision.DEFAULT,
@@ -43,7 +43,7 @@ def attention_kind(setting: str, platform: str) -> str:
 def check_cudnn_devices(cfg: Config, devices: list[jax.Device]) -> None:
     """Refuse --model.attention cudnn in one line where cuDNN cannot run it: off NVIDIA GPUs (cuDNN's fused
     attention needs compute capability 8.0 or later) or, before Hopper (9.0), with a head dim over 128. The
-    dtype and the head dim's other limits need no devices and are config.validate's."""
+    dtype and the head dim's other limits need no devices: `transformer.check_cudnn_config`."""
     device = devices[0] if devices else None
     platform = "none" if device is None else device.platform
     version = "" if device is None else str(getattr(device.client, "platform_version", "")).lower()
@@ -95,8 +95,8 @@ MODELS: dict[str, tuple[Callable[..., nnx.Module], dict[str, str]]] = {
 
 
 def check_kind(kind: str) -> None:
-    if kind not in MODELS:
-        raise ConfigError(f"unknown --model.kind '{kind}': choose one of {', '.join(MODELS)}")
+    """One line for a model kind shardbench has no builder for (the kinds are --model.kind's declared choices)."""
+    check_choice("model.kind", kind)
 
 
 def axis_fields(cfg: Config) -> dict[str, str]:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from shardbench.config import ModelConfig
+from shardbench.errors import ConfigError
 from shardbench.models.axes import BATCH, EMBED, HEADS, KV, LAYERS, MLP, NORM, SEQ, Axes, constrain
 
 
@@ -126,6 +127,27 @@ REMAT = {
 # tests' CPU) checks that path's arithmetic against the einsum's.
 EINSUM, FUSED, CUDNN, PADDED_XLA = "einsum", "fused", "cudnn", "padded-xla"
 ATTENTION_KINDS = (EINSUM, FUSED, CUDNN, PADDED_XLA)
+
+
+# What cuDNN's fused attention takes (jax._src.cudnn.fused_attention_stablehlo.check_is_flash_attention): a
+# compute dtype of 16 bits and a head dim that is a multiple of 8, at most 256 (Hopper and later; 128 before).
+CUDNN_DTYPES = ("bfloat16", "float16")
+CUDNN_MAX_HEAD_DIM = 256
+
+
+def check_cudnn_config(cfg: ModelConfig, dtype: str) -> None:
+    """Refuse --model.attention cudnn in one line where the configuration alone shows cuDNN cannot run it: a compute
+    dtype that is not 16 bits, or a head dim cuDNN does not take. The devices are checked where the model is built
+    (`shardbench.models.check_cudnn_devices`)."""
+    if dtype not in CUDNN_DTYPES:
+        raise ConfigError(f"--model.attention cudnn needs a 16-bit compute dtype, not --dtype {dtype}: add "
+                          f"--dtype bfloat16 (or float16), or use --model.attention fused")
+    if cfg.num_heads > 0 and cfg.embed_dim % cfg.num_heads == 0:  # an uneven split is the task's shape check
+        head_dim = cfg.embed_dim // cfg.num_heads
+        if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+            raise ConfigError(f"--model.attention cudnn needs a head dim (embed dim / heads) that is a multiple "
+                              f"of 8 and at most {CUDNN_MAX_HEAD_DIM}, not {cfg.embed_dim}/{cfg.num_heads} = "
+                              f"{head_dim}: change --model.num-heads, or use --model.attention fused")
 
 
 def padded_length(length: int, multiple: int) -> int:

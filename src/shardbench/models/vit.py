@@ -30,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 from shardbench.config import ModelConfig
+from shardbench.errors import ConfigError
 from shardbench.models.axes import BATCH, CLASSES, EMBED, HEADS, MLP, NORM, PATCH, SEQ, constrain
 from shardbench.models.transformer import EINSUM, BlockStack, block_flops, kernel_init, layer_norm, param
 
@@ -44,6 +45,18 @@ SPT_COPIES = 5
 AXIS_FIELDS: dict[str, str] = {
     EMBED: "model.embed_dim", MLP: "model.mlp_dim", HEADS: "model.num_heads", CLASSES: "model.num_classes",
 }
+
+
+def check_options(cfg: ModelConfig) -> None:
+    """The vit's own rules for its tokenizer and attention options, one line each: Locality Self-Attention runs on
+    the einsum attention only (it changes the softmax), and shifted patches need a patch with a half."""
+    if cfg.lsa and cfg.attention in ("fused", "cudnn"):
+        raise ConfigError(f"--model.lsa (a learned scale and a masked diagonal in the softmax) runs on the einsum "
+                          f"attention only, not --model.attention {cfg.attention}: use --model.attention einsum (or "
+                          f"auto, which takes einsum with --model.lsa)")
+    if cfg.stem == "shifted-patch" and cfg.patch_size < 2:
+        raise ConfigError(f"--model.stem shifted-patch shifts the image by half a patch: --model.patch-size "
+                          f"{cfg.patch_size} has no half; give it 2 or more (e.g. 4)")
 
 
 def conv_channels(cfg: ModelConfig) -> list[tuple[int, int]]:
@@ -118,7 +131,7 @@ class VisionTransformer(nnx.Module):
     kaiming_normal_, as CCT's). stem='shifted-patch': SPT (`shifted_images`, then patches of 15*p^2 values, each
     LayerNormed, then a linear projection, Xavier-normal initialised as theirs).
     `attention`: the resolved attention kind (`transformer.ATTENTION_KINDS`); with cfg.lsa the blocks run the
-    einsum attention whatever it is (config.validate refuses an explicit fused or cudnn with --model.lsa, so only
+    einsum attention whatever it is (`check_options` refuses an explicit fused or cudnn with --model.lsa, so only
     'auto' on a GPU, which resolves to fused, is turned to einsum here)."""
 
     def __init__(self, cfg: ModelConfig, *, image_size: int, dtype: jnp.dtype = jnp.float32,

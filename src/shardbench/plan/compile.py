@@ -117,14 +117,14 @@ def local_gpus(kind: str | None, count: int) -> list[jax.Device] | None:
 def run_jobs(jobs: list[dict[str, Any]], out: Any) -> None:
     """Each job {name, config (flattened), link_span}: one JSON line {name, result | refused | error} on `out`
     as soon as it is done."""
-    from shardbench import config as config_lib
+    from shardbench.config import cache_root
     from shardbench.errors import ShardbenchError
     from shardbench.flags import setup_devices
+    from shardbench.parsing import override
     from shardbench.plan.tpu import topology_devices
     from shardbench.train import compile_cache
-    from shardbench.config import cache_root
 
-    cfgs = [(job, config_lib.override(Config(), job["config"])) for job in jobs]
+    cfgs = [(job, override(Config(), job["config"])) for job in jobs]
     if not cfgs:
         return
     first = cfgs[0][1]

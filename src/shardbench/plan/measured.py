@@ -20,6 +20,7 @@ from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.hardware import chip_for_kind
 from shardbench.measure.memory import compiled_total
+from shardbench.parsing import override
 from shardbench.plan.calibration import DEFAULTS, HELD_OUT, Calibration, fit, fit_activations, held_out
 from shardbench.plan.predict import Hardware, memory, step_features
 from shardbench.plan.steptime import StepFeatures
@@ -107,8 +108,8 @@ def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.s
                   leave_out: frozenset[str] = frozenset()) -> list[Measured]:
     """Every complete run below `directory` with a step time, recompiled (see the module docstring), but the
     runs named in `leave_out`, each of which must be there."""
-    from shardbench.report.write import load_runs
     from shardbench.config import cache_root
+    from shardbench.report.write import load_runs
 
     runs, _ = load_runs(directory)
     if missing := sorted(leave_out - {run.name for run in runs}):
@@ -118,7 +119,7 @@ def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.s
     for run in runs:
         if not run.ok or run.record is None or not run.config:
             continue
-        cfg = config_lib.override(config_lib.Config(), {k: v for k, v in run.config.items()})
+        cfg = override(config_lib.Config(), {k: v for k, v in run.config.items()})
         chosen.append((run, cfg, where_it_ran(run, cfg, cache_root(cfg))))
     # A GPU run names its chip: on a host with enough of those GPUs the worker compiles with the GPU compiler.
     jobs = [{"name": run.name, "config": {**config_lib.flatten(cfg), "parallel.devices": int(run.m.devices or 1)},

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.naming import run_name
+from shardbench.parsing import override, parse_value
+from shardbench.presets import PRESETS, get_preset
 
 if TYPE_CHECKING:
     from shardbench.store import Store
@@ -85,7 +87,7 @@ def typed_value(key: str, value: Any) -> Any:
     """Check a value from the command line or a sweep file against its field's type and convert it."""
     kind = field_kind(key)
     if isinstance(value, str) and kind is not str:
-        return config_lib.parse_value(key, value, kind)
+        return parse_value(key, value, kind)
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if typing.get_origin(kind) is tuple:
         if isinstance(value, (list, tuple)) and len(value) == len(typing.get_args(kind)) and all(
@@ -274,20 +276,20 @@ def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_
         made = SWEEP_PRESETS[preset]()
         label, start, base, grids = preset, made.base_preset, dict(made.base), list(made.grids)
     elif preset is not None:
-        if preset not in config_lib.PRESETS:
+        if preset not in PRESETS:
             raise ConfigError(f"unknown preset '{preset}': choose one of "
-                              f"{', '.join([*config_lib.PRESETS, *SWEEP_PRESETS])}")
+                              f"{', '.join([*PRESETS, *SWEEP_PRESETS])}")
         if base_preset is not None and base_preset != preset:
             raise ConfigError(f"--base {base_preset} and the run preset --preset {preset} disagree: give one")
         label, start = preset, preset
     if sweep_file is not None:
         label = sweep_file.label
-        start = preset if preset in config_lib.PRESETS else (sweep_file.preset or start)
+        start = preset if preset in PRESETS else (sweep_file.preset or start)
         base, grids = dict(sweep_file.base), [Grid(list(sweep_file.axes))]
     if base_preset is not None:
-        if base_preset not in config_lib.PRESETS:
+        if base_preset not in PRESETS:
             raise ConfigError(f"--base '{base_preset}' is not a run preset: choose one of "
-                              f"{', '.join(config_lib.PRESETS)}")
+                              f"{', '.join(PRESETS)}")
         start = base_preset
     replaced = set(fixed) | {k for axis in cli_axes for entry in axis for k in entry}
     grids = [Grid(_strip(g.axes, replaced) + cli_axes, {k: v for k, v in g.base.items() if k not in replaced})
@@ -304,7 +306,7 @@ def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_
 
 def run_config(base_preset: str, run: PlannedRun) -> dict[str, Any]:
     """The flattened configuration a run asks for (what its process resolves before it validates anything)."""
-    return config_lib.flatten(config_lib.override(config_lib.get_preset(base_preset), run.settings))
+    return config_lib.flatten(override(get_preset(base_preset), run.settings))
 
 
 def stored_sweep(store: Store) -> Sweep:

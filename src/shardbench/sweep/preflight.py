@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from shardbench import config as config_lib
+from shardbench.parsing import override
 from shardbench.sweep.grid import Sweep, run_config
 
 
@@ -46,11 +47,11 @@ def check_in_processes(configs: dict[str, dict[str, Any]], env: dict[str, str] |
 
 def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
     """In this process (whose devices are not set up yet): each configuration's refusal, if any."""
-    from shardbench.flags import setup_devices
     from shardbench.errors import ShardbenchError
+    from shardbench.flags import setup_devices
     from shardbench.train.preflight import check_runnable
 
-    cfgs = {name: config_lib.override(config_lib.Config(), flat) for name, flat in configs.items()}
+    cfgs = {name: override(config_lib.Config(), flat) for name, flat in configs.items()}
     if cfgs:
         setup_devices(next(iter(cfgs.values())))  # one device count per process (see `refusals`)
     out: dict[str, str] = {}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from shardbench import config as config_lib
+from shardbench.parsing import from_dict
 from shardbench.report.terminal import progress_line, summary_table
 from shardbench.store import RunRow, Store
 from shardbench.subprocs import dies_with_parent, kill_group
@@ -254,7 +255,7 @@ def execute(sweep: Sweep, run: PlannedRun, opts: Options) -> RunRow:
     if record is not None:
         saved = _read_json(run_dir / "config.json")
         try:
-            config = config_lib.flatten(config_lib.from_dict(saved)) if saved else planned
+            config = config_lib.flatten(from_dict(saved)) if saved else planned
         except config_lib.ConfigError:
             config = planned
         return RunRow(run.name, "complete", None, None, run.overrides, config, record, outcome.started, finished,

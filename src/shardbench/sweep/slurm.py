@@ -26,6 +26,7 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
+from shardbench.parsing import from_dict
 from shardbench.report.terminal import progress_line, summary_table
 from shardbench.store import JobRow, RunRow, Store
 from shardbench.sweep.grid import PlannedRun, Sweep, run_config, stored_sweep
@@ -118,7 +119,7 @@ def row_for(sweep: Sweep, run: PlannedRun, opts: Options, job_id: str, state: Jo
         config_saved = _read_json(run_dir / "config.json")
         planned = run_config(sweep.base_preset, run)
         try:
-            config = config_lib.flatten(config_lib.from_dict(config_saved)) if config_saved else planned
+            config = config_lib.flatten(from_dict(config_saved)) if config_saved else planned
         except config_lib.ConfigError:
             config = planned
         return RunRow(run.name, "complete", None, None, run.overrides, config, record, outcome.started,

@@ -15,15 +15,17 @@ from typing import IO, Any
 
 from shardbench import config as config_lib
 from shardbench import malloc
-from shardbench.measure import peak as peak_lib
-from shardbench.flags import add_config_arguments
 from shardbench.errors import ConfigError, ShardbenchError, report, writable_dir
-from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep, run_config, stored_sweep
-from shardbench.sweep.preflight import refusals
+from shardbench.flags import add_config_arguments
+from shardbench.measure import peak as peak_lib
+from shardbench.parsing import override
+from shardbench.presets import PRESETS, get_preset
+from shardbench.store import Store
 from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_options
+from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep, run_config, stored_sweep
+from shardbench.sweep.preflight import refusals
 from shardbench.sweep.runner import Options, check_process_split, has_field, run_sweep
-from shardbench.store import Store
 from shardbench.sweep.sweep_file import load_sweep_file
 
 DESCRIPTION = """\
@@ -71,10 +73,10 @@ def add_parser(subparsers: Any) -> None:
         if action.dest in SWEEP_OWNED:
             action.help = argparse.SUPPRESS
     group = parser.add_argument_group("sweep options")
-    group.add_argument("--preset", default=None, choices=[*config_lib.PRESETS, *SWEEP_PRESETS],
+    group.add_argument("--preset", default=None, choices=[*PRESETS, *SWEEP_PRESETS],
                        help="a run preset every run starts from, or a sweep preset: "
                             + "; ".join(f"{n}: {make().doc.rstrip('.')}" for n, make in SWEEP_PRESETS.items()))
-    group.add_argument("--base", default=None, choices=list(config_lib.PRESETS),
+    group.add_argument("--base", default=None, choices=list(PRESETS),
                        help="the run preset a sweep preset or sweep file starts from (e.g. vit-tiny)")
     group.add_argument("--sweep-file", type=Path, default=None, help="TOML or JSON file of axes (see above)")
     group.add_argument("--out", default="", help="sweep directory ('' = runs/sweep-<preset>-<time>)")
@@ -130,7 +132,7 @@ def refused_error(refused: dict[str, str], total: int) -> ConfigError:
 def plan_meta(sweep: Sweep, options: dict[str, Any]) -> dict[str, Any]:
     """What the store remembers of the sweep (enough to resume it from `--out` alone); JSON round-tripped so
     a resumed sweep compares like for like."""
-    base_cfg = config_lib.override(config_lib.get_preset(sweep.base_preset), sweep.base)
+    base_cfg = override(get_preset(sweep.base_preset), sweep.base)
     meta = {
         "preset": sweep.label, "base_preset": sweep.base_preset, "base": sweep.base,
         "axes": [axis for grid in sweep.grids for axis in grid.axes],
@@ -263,7 +265,7 @@ def share_peak(sweep: Sweep, out: Path) -> dict[str, str]:
     dtypes = sorted({c["precision.dtype"] for c in configs if c["precision.dtype"] in config_lib.DTYPES})
     have = set(json.loads(path.read_text())) if path.exists() else set()
     if set(dtypes) - have:
-        cache = config_lib.cache_root(config_lib.override(config_lib.Config(), configs[0]))
+        cache = config_lib.cache_root(override(config_lib.Config(), configs[0]))
         measured = peak_lib.measure_into(path, dtypes, cache)
         print("sweep: host matmul peak " + ", ".join(f"{d} {v['flops_per_s'] / 1e9:.1f} GFLOP/s"
                                                       for d, v in measured.items()) + f" -> {path}", flush=True)

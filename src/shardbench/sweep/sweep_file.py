@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardbench import config as config_lib
 from shardbench.errors import ConfigError, DataError
+from shardbench.presets import PRESETS
 from shardbench.sweep.grid import Axis, Override, SweepFile, check_key, typed_value, unique
 
 KEYS = ("preset", "base", "axes", "grid")
@@ -49,8 +49,8 @@ def parse_sweep(data: Any, label: str) -> SweepFile:
     if unknown:
         raise ConfigError(f"unknown key '{unknown[0]}': use {', '.join(KEYS)}")
     preset = data.get("preset")
-    if preset is not None and preset not in config_lib.PRESETS:
-        raise ConfigError(f"preset '{preset}' is not a run preset: choose one of {', '.join(config_lib.PRESETS)}")
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"preset '{preset}' is not a run preset: choose one of {', '.join(PRESETS)}")
     raw_axes = data.get("axes", [])
     if not isinstance(raw_axes, list) or not all(isinstance(a, list) and a for a in raw_axes):
         raise ConfigError("axes must be a list of non-empty lists of tables")

@@ -8,7 +8,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from shardbench import config as config_lib
+from shardbench import validation
 from shardbench.config import Config
 from shardbench.models import check_kind
 from shardbench.tasks import language, regression, vision
@@ -62,7 +62,7 @@ def custom_task(cfg: Config) -> Task:
 def validate(cfg: Config) -> None:
     """Every check that needs neither devices nor data: the configuration's values, then the model kind's
     shapes (heads dividing the width, ...); one-line ConfigError."""
-    config_lib.validate(cfg)
+    validation.validate(cfg)
     get_task(cfg).check(cfg)
 
 

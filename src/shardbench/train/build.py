@@ -24,14 +24,21 @@ from shardbench.data.pipeline import make_batches
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.parallel.rules import Layout
+from shardbench.parsing import override
 from shardbench.train import compile_cache
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import header_line
 from shardbench.train.optim import build_optimizer, learning_rate
-from shardbench.train.preflight import CheckedRun, check_profile_window, check_run, resolve_out
+from shardbench.train.preflight import (
+    CheckedRun,
+    check_profile_window,
+    check_run,
+    resolve_out,
+)
 from shardbench.train.spmd import make_steps
 from shardbench.train.state import abstract_train_state, init_state, state_shardings
 from shardbench.train.step import Batch, Steps
+from shardbench.validation import inert_notes
 
 
 @dataclass(frozen=True)
@@ -122,11 +129,11 @@ def _check(cfg: Config) -> CheckedRun:
     """Every process plans (and checks) before any of them writes; one process's error stops them all. The run
     is announced (its header, and the options it leaves without effect) once checked."""
     if jax.process_count() > 1 and not cfg.train.out:  # one directory for all: the name process 0's clock gives
-        cfg = config_lib.override(cfg, {"train.out": cluster.exchange(str(resolve_out(cfg)))[0]})
+        cfg = override(cfg, {"train.out": cluster.exchange(str(resolve_out(cfg)))[0]})
     checked = cluster.agree("checking", lambda: check_run(cfg), timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     if jax.process_index() == 0:
         print(header_line(checked), flush=True)
-        for note in config_lib.inert_notes(checked.cfg):
+        for note in inert_notes(checked.cfg):
             print(f"shardbench: note: {note}", flush=True)
     return checked
 

@@ -23,6 +23,7 @@ from shardbench.data.sources import check_model_kind, load_for, validate_spec
 from shardbench.devices import select_devices
 from shardbench.errors import ConfigError, FileFault, writable_dir
 from shardbench.parallel.rules import Layout, make_layout
+from shardbench.parsing import from_dict
 from shardbench.precision import check_supported
 from shardbench.tasks import Task, for_data, get_task, validate
 from shardbench.train.spmd import check_style
@@ -59,7 +60,7 @@ def check_resume(cfg: Config, out: Path) -> None:
         if not saved_path.exists():
             raise ConfigError(f"--resume: {out} holds no run to resume (no config.json); drop --resume to start one")
         try:
-            saved = config_lib.flatten(config_lib.from_dict(json.loads(saved_path.read_text())))
+            saved = config_lib.flatten(from_dict(json.loads(saved_path.read_text())))
         except (json.JSONDecodeError, ConfigError) as err:
             raise ConfigError(f"--resume: {saved_path} is unreadable ({err}); start a new run with another --out")
         current = config_lib.flatten(cfg)

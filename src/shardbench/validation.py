@@ -1,0 +1,152 @@
+"""Every check of a configuration that needs neither devices nor data, one line per problem: each field against
+its declaration (choices and ranges, `config.SPECS`), then the rules between fields; a model's own rules are that
+model's (`models.vit.check_options`, `models.transformer.check_cudnn_config`). Also the settings that do nothing."""
+
+from __future__ import annotations
+
+from shardbench import config as config_lib
+from shardbench.config import SPECS, TASK_KINDS, Config, check_choice, flatten
+from shardbench.errors import ConfigError
+from shardbench.models import transformer, vit
+from shardbench.presets import PRESETS
+
+SYNTHETIC_DATASETS = ("synthetic", "tokens-uniform", "regression")
+
+
+def check_choices(cfg: Config) -> None:
+    """Every field with declared choices holds one of them: one line naming the flag and listing the choices."""
+    values = flatten(cfg)
+    for key, spec in SPECS.items():
+        if spec.choices:
+            check_choice(key, values[key])
+
+
+def check_ranges(cfg: Config) -> None:
+    """Every numeric field inside its declared range: one line naming the flag, the range and the value."""
+    values = flatten(cfg)
+    for key, allowed in config_lib.RANGES.items():
+        if not allowed.holds(float(values[key])):
+            raise ConfigError(f"--{key.replace('_', '-')} must be in {allowed.text()}, got {values[key]}")
+
+
+def validate(cfg: Config) -> None:
+    """Check every value that can be checked without devices or data; one line per problem. The model
+    kind's own shape checks are its task's (`shardbench.tasks.validate` runs both)."""
+    m, t = cfg.model, cfg.train
+    check_choices(cfg)
+    check_ranges(cfg)
+    if m.factory and m.task not in TASK_KINDS:
+        raise ConfigError(f"--model {m.factory} needs --task: choose one of {', '.join(TASK_KINDS)}")
+    if m.task and not m.factory:
+        raise ConfigError(f"--task {m.task} is for a model of your own: give --model FILE.py:FUNCTION too")
+    if m.mode_argument and not m.factory:
+        raise ConfigError(f"--model.mode-argument {m.mode_argument} is for a model of your own: give --model "
+                          f"FILE.py:FUNCTION too")
+    image_only = {"--data.mixup": cfg.data.mixup > 0, "--data.trivial-augment": cfg.data.trivial_augment,
+                  "--data.crop pad": cfg.data.crop != "resized", "--train.label-smoothing": cfg.train.label_smoothing > 0,
+                  "--data.randaugment": cfg.data.randaugment > 0, "--data.autoaugment": cfg.data.autoaugment,
+                  "--data.random-erasing": cfg.data.random_erasing > 0,
+                  "--data.repeat-augment": cfg.data.repeat_augment > 1}
+    used = [flag for flag, on in image_only.items() if on]
+    if used and m.kind != "vit":
+        raise ConfigError(f"{used[0]} applies to image classification (vit or --task classify), not to model kind "
+                          f"'{m.kind}': drop it")
+    if m.drop_path > 0 and m.kind == "mlp":
+        raise ConfigError("--model.drop-path drops Transformer blocks; the mlp model has none: drop it")
+    if cfg.data.cutmix > 0 and cfg.data.mixup <= 0:
+        raise ConfigError(f"--data.cutmix {cfg.data.cutmix} needs --data.mixup > 0 (the Beta alpha both mixes draw "
+                          f"their weight from), e.g. --data.mixup 1.0")
+    check_recipe(cfg)
+    check_model_options(cfg)
+    if t.profile and t.profile_steps == 0:
+        raise ConfigError("--profile with --train.profile-steps 0 traces nothing: give the window a positive number of "
+                          "steps (default 3), or drop --profile")
+    if t.epochs <= 0 and t.steps <= 0:
+        raise ConfigError("nothing to train: give --epochs or --steps a positive value")
+    lo, hi = cfg.data.crop_scale
+    if not 0.0 < lo <= hi <= 1.0:
+        raise ConfigError(f"--data.crop-scale {lo},{hi} is invalid: it needs 0 < low <= high <= 1")
+    lo, hi = cfg.data.crop_ratio
+    if not 0.0 < lo <= hi:
+        raise ConfigError(f"--data.crop-ratio {lo},{hi} is invalid: it needs 0 < low <= high")
+
+
+def check_recipe(cfg: Config) -> None:
+    """The augmentation recipe's knobs that depend on each other (ranges and choices are declared): one op policy
+    at a time, mixing knobs only with mixing, repeats that divide the batch. One line each."""
+    d = cfg.data
+    policies = [flag for flag, on in (("--data.trivial-augment", d.trivial_augment),
+                                      (f"--data.randaugment {d.randaugment}", d.randaugment > 0),
+                                      ("--data.autoaugment", d.autoaugment)) if on]
+    if len(policies) > 1:
+        raise ConfigError(f"{' and '.join(policies)} are two op policies; an image gets one: keep one of them")
+    for flag, value in (("--data.mix-prob", d.mix_prob), ("--data.mix-until", d.mix_until)):
+        if value != 1.0 and d.mixup <= 0:
+            raise ConfigError(f"{flag} {value} shapes mixing, which is off: add --data.mixup (e.g. 1.0) or drop it")
+    k, batch = d.repeat_augment, cfg.train.batch_size
+    if k > 1 and (batch % k or batch // k < 2):
+        raise ConfigError(f"--data.repeat-augment {k} repeats each image {k} times in a batch: --batch-size {batch} "
+                          f"must be a multiple of {k} holding at least 2 distinct images, e.g. {max(2, -(-batch // k)) * k}")
+
+
+def check_model_options(cfg: Config) -> None:
+    """The model options only some models have (the vit's pool, stem and LSA) on a model that has them, then each
+    built-in model's own rules: cuDNN attention's dtype and head dim, the vit's stems and LSA. One line each."""
+    m = cfg.model
+    vit_only = [flag for flag, on in ((f"--model.pool {m.pool}", m.pool != "cls"),
+                                      (f"--model.stem {m.stem}", m.stem != "patch"), ("--model.lsa", m.lsa)) if on]
+    if vit_only and (m.kind != "vit" or m.factory):
+        what = f"a model of your own (--model {m.factory})" if m.factory else f"model kind '{m.kind}'"
+        raise ConfigError(f"{vit_only[0]} applies to the vit model only, not to {what}: drop it")
+    if m.factory:
+        return  # a model of your own brings its own attention and rules
+    if m.attention == "cudnn" and m.kind in ("vit", "lm"):
+        transformer.check_cudnn_config(m, cfg.precision.dtype)
+    if m.kind == "vit":
+        vit.check_options(m)
+
+
+def inert_notes(cfg: Config) -> list[str]:
+    """One line for each field set away from its preset's value that this configuration never reads, so that a
+    setting that does nothing is said rather than silently accepted (nothing is said for a preset of unknown name)."""
+    if cfg.preset not in PRESETS:
+        return []
+    base = flatten(PRESETS[cfg.preset]())
+    now = flatten(cfg)
+    d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
+    unused = {
+        "optim.momentum": (o.optimizer != "sgd", f"it applies to --optim.optimizer sgd, not {o.optimizer}"),
+        "optim.end_lr_fraction": (o.schedule != "cosine", "it applies to the cosine schedule"),
+        "data.crop_pad": (d.crop != "pad", "it applies to --data.crop pad"),
+        "data.crop_scale": (d.crop != "resized", "it applies to --data.crop resized"),
+        "data.crop_ratio": (d.crop != "resized", "it applies to --data.crop resized"),
+        "data.synthetic_train": (d.dataset.split(":")[0] not in SYNTHETIC_DATASETS,
+                                 f"it sizes generated data, and --data is {d.dataset}"),
+        "data.synthetic_test": (d.dataset.split(":")[0] not in SYNTHETIC_DATASETS,
+                                f"it sizes generated data, and --data is {d.dataset}"),
+        "train.eval_batch_size": (not t.eval, "evaluation is off (--no-train.eval)"),
+        "train.profile_skip": (not t.profile, "it places the --profile window, and --profile is off"),
+        "train.profile_steps": (not t.profile, "it sizes the --profile window, and --profile is off"),
+        "train.profile_root": (not t.profile, "it says where --profile writes, and --profile is off"),
+        "train.epochs": (t.steps > 0, f"--steps {t.steps} decides the length"),
+        "model.vocab_size": (m.kind != "lm", f"the {m.kind} model reads no tokens"),
+        "model.seq_len": (m.kind != "lm", f"the {m.kind} model reads no token sequences"),
+        "model.patch_size": (m.kind != "vit" or m.stem == "conv", f"the {m.kind} model has no patches"
+                             if m.kind != "vit" else "--model.stem conv makes its tokens by convolution, not patches"),
+        "model.stem_layers": (m.stem != "conv", f"it counts the conv stem's layers, and --model.stem is {m.stem}"),
+        "model.input_dim": (m.kind != "mlp", f"the {m.kind} model's input is not a feature vector"),
+        "model.attention_pad_multiple": (m.attention != "cudnn", "it pads the sequence for --model.attention cudnn"),
+        "model.qkv_layout": (m.kind == "mlp", "the mlp model has no attention"),
+        "optim.mu_dtype": (o.optimizer == "sgd", "it applies to adam and adamw, not sgd"),
+    }
+    unused["data.randaugment_magnitude"] = (d.randaugment == 0, "it is RandAugment's, and --data.randaugment is 0")
+    unused["data.erasing_fill"] = (d.random_erasing == 0, "it fills erased boxes, and --data.random-erasing is 0")
+    if not d.augment:
+        for name in ("data.flip", "data.crop", "data.trivial_augment", "data.randaugment", "data.autoaugment",
+                     "data.random_erasing"):
+            unused.setdefault(name, (True, "augmentation is off (--no-data.augment)"))
+    return [f"--{key.replace('_', '-')} {now[key]} does nothing here: {why}"
+            for key, (inert, why) in unused.items() if inert and now[key] != base.get(key)]
+
+
+__all__ = ["check_choices", "check_model_options", "check_ranges", "check_recipe", "inert_notes", "validate"]
