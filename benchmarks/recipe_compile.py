@@ -39,7 +39,7 @@ def compile_seconds(preset: str, overrides: dict[str, object]) -> float:
     from shardbench.plan.compile import abstract_batch
     from shardbench.presets import get_preset
     from shardbench.tasks import get_task
-    from shardbench.train.optim import build_optimizer, learning_rate
+    from shardbench.optim import build_optimizer, learning_rate
     from shardbench.train.spmd import make_steps
     from shardbench.models.spec import describe_model
     from shardbench.train.state import abstract_train_state, state_shardings

@@ -15,7 +15,7 @@ from shardbench.errors import ConfigError
 from shardbench.parallel.rules import make_layout
 from shardbench.parsing import override
 from shardbench.train.loop import run
-from shardbench.train.preflight import check_runnable
+from shardbench.preflight import check_runnable
 from shardbench.models.spec import describe_model
 from conftest import logged_losses as _losses
 

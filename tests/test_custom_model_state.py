@@ -23,7 +23,7 @@ from shardbench.errors import ConfigError
 from shardbench.inspect import inspect
 from shardbench.parallel.rules import make_layout
 from shardbench.train.loop import run
-from shardbench.train.optim import build_optimizer
+from shardbench.optim import build_optimizer
 from shardbench.models.spec import describe_model
 from shardbench.train.state import init_state, state_shardings
 from shardbench.validation import validate

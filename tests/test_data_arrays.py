@@ -12,7 +12,7 @@ from shardbench.data.sources import load_for
 from shardbench.data.stats import CACHE_NAME, channel_stats
 from shardbench.errors import DataError
 from shardbench.train.loop import run
-from shardbench.train.preflight import check_run
+from shardbench.preflight import check_run
 
 
 def _npz(path: Path, **arrays: np.ndarray) -> Path:

@@ -27,7 +27,7 @@ from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.tasks import Rows
 from shardbench.train.loop import run
-from shardbench.train.preflight import check_run
+from shardbench.preflight import check_run
 
 pytestmark = pytest.mark.slow
 

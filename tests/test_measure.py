@@ -15,8 +15,8 @@ from shardbench.models.vit import flops_per_example
 from shardbench.presets import get_preset
 from shardbench.tasks import get_task
 from shardbench.train.loop import run
-from shardbench.train.optim import build_optimizer, learning_rate
-from shardbench.train.preflight import check_run
+from shardbench.optim import build_optimizer, learning_rate
+from shardbench.preflight import check_run
 from shardbench.train.spmd import make_steps
 from shardbench.train.state import init_state, state_shardings
 

@@ -23,7 +23,7 @@ from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.sweep.grid import make_sweep
 from shardbench.train.loop import run
-from shardbench.train.preflight import check_run
+from shardbench.preflight import check_run
 
 LN512 = math.log(512)
 

@@ -20,7 +20,7 @@ from shardbench.models.transformer import drop_rows
 from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.train.loop import run
-from shardbench.train.optim import ema_params, track_ema
+from shardbench.optim import ema_params, track_ema
 from shardbench.validation import validate
 
 RNG = np.random.default_rng(7)
@@ -202,7 +202,7 @@ def test_every_strategy_trains_on_the_same_augmented_images(micro) -> None:
 
 def test_mixing_needs_pairs_on_one_device(micro) -> None:
     from shardbench.errors import ConfigError
-    from shardbench.train.preflight import check_runnable
+    from shardbench.preflight import check_runnable
 
     with pytest.raises(ConfigError, match="--data.mixup mixes the images of pairs"):
         check_runnable(micro(**{"data.mixup": 1.0, "train.batch_size": 24, "parallel.strategy": "dp",

@@ -11,9 +11,10 @@ from shardbench.parallel.mesh import parse_mesh
 from shardbench.parallel.rules import make_layout
 from shardbench.parsing import override
 from shardbench.presets import get_preset
-from shardbench.train.optim import build_optimizer
+from shardbench.optim import build_optimizer
 from shardbench.models.spec import describe_model
-from shardbench.train.state import check_layout, init_state
+from shardbench.parallel.checks import check_layout
+from shardbench.train.state import init_state
 
 # Expected PartitionSpecs of a few representative parameters (stacked layers lead every block parameter).
 EXPECTED = {

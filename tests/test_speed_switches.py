@@ -31,7 +31,7 @@ from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.tasks import validate
 from shardbench.train.loop import run
-from shardbench.train.optim import build_optimizer
+from shardbench.optim import build_optimizer
 from conftest import logged_losses as _losses
 
 

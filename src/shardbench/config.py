@@ -285,6 +285,11 @@ class TrainConfig:
         "", "comma list of named XLA compiler option sets put into XLA_FLAGS before JAX starts; the flags the run "
         "used are in its record", choices=tuple(xla_presets.PRESETS), comma_list=True)
 
+    @property
+    def eval_batch(self) -> int:
+        """The batch evaluation reads: --train.eval-batch-size, else --batch-size."""
+        return self.eval_batch_size or self.batch_size
+
 
 @dataclass(frozen=True)
 class Config:

@@ -20,9 +20,10 @@ from shardbench.errors import ConfigError
 from shardbench.measure.memory import per_device_bytes
 from shardbench.measure.params import format_table, param_table, picture
 from shardbench.parallel.rules import flat_by_path, make_layout
-from shardbench.train.optim import build_optimizer
+from shardbench.optim import build_optimizer
 from shardbench.models.spec import ModelSpec, describe_model
-from shardbench.train.state import abstract_train_state, check_layout
+from shardbench.parallel.checks import check_layout
+from shardbench.train.state import abstract_train_state
 
 DEFAULT_ARRAY = "encoder/mlp2_kernel"  # the seed pictured the second MLP layer's kernel
 # Per model kind: the array pictured by default, and the batch's shape and name.

@@ -5,7 +5,7 @@ model's (`models.vit.check_options`, `models.transformer.check_cudnn_config`). A
 from __future__ import annotations
 
 from shardbench import config as config_lib
-from shardbench.config import SPECS, TASK_KINDS, Config, check_choice, flatten
+from shardbench.config import SPECS, TASK_KINDS, Config, TrainConfig, check_choice, flatten
 from shardbench.errors import ConfigError
 from shardbench.models import transformer, vit
 from shardbench.presets import PRESETS
@@ -149,4 +149,17 @@ def inert_notes(cfg: Config) -> list[str]:
             for key, (inert, why) in unused.items() if inert and now[key] != base.get(key)]
 
 
-__all__ = ["check_choices", "check_model_options", "check_ranges", "check_recipe", "inert_notes", "validate"]
+def check_profile_window(t: TrainConfig, steps_left: int) -> None:
+    """--profile traces steps skip+1 .. skip+steps of this invocation: a run with fewer steps, or a window of no
+    steps, would trace nothing."""
+    if t.profile and t.profile_steps > 0 and steps_left < t.profile_skip + t.profile_steps:
+        raise ConfigError(
+            f"--profile traces steps {t.profile_skip + 1}-{t.profile_skip + t.profile_steps} (--train.profile-skip "
+            f"{t.profile_skip} + --train.profile-steps {t.profile_steps}), but this run has {steps_left} step(s) "
+            f"to train: lower them or train at least {t.profile_skip + t.profile_steps} steps")
+
+
+__all__ = [
+    "check_choices", "check_model_options", "check_profile_window", "check_ranges", "check_recipe", "inert_notes",
+    "validate",
+]

@@ -29,7 +29,7 @@ from shardbench.parallel.rules import make_layout
 from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.tasks import get_task
-from shardbench.train.optim import build_optimizer, learning_rate
+from shardbench.optim import build_optimizer, learning_rate
 from shardbench.train.spmd import make_steps
 from shardbench.models.spec import describe_model
 from shardbench.train.state import abstract_train_state, init_state, state_shardings

@@ -24,7 +24,7 @@ import optax
 from flax import nnx
 
 from shardbench.config import ModelConfig, OptimConfig
-from shardbench.train.optim import build_optimizer
+from shardbench.optim import build_optimizer
 
 
 class PatchEmbedding(nnx.Module):

@@ -21,7 +21,7 @@ from shardbench.measure import flops as flops_lib
 from shardbench.measure.comms import count_collectives, executed
 from shardbench.measure.memory import compiled_memory, gradient_buffers, per_device_bytes
 from shardbench.parallel.rules import Layout
-from shardbench.train.optim import build_optimizer, learning_rate
+from shardbench.optim import build_optimizer, learning_rate
 from shardbench.train.spmd import make_steps
 from shardbench.train.state import abstract_train_state, state_shardings
 
@@ -50,7 +50,7 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
     topology's) instead of the process's own."""
     from shardbench.measure.links import INTRA, link_of
     from shardbench.tasks import get_task
-    from shardbench.train.preflight import check_runnable
+    from shardbench.preflight import check_runnable
 
     task, layout, spec = check_runnable(cfg, None if devices is None else devices[:cfg.parallel.devices])
     tx = build_optimizer(cfg.optim, ABSTRACT_STEPS)
@@ -122,7 +122,7 @@ def run_jobs(jobs: list[dict[str, Any]], out: Any) -> None:
     from shardbench.flags import setup_devices
     from shardbench.parsing import override
     from shardbench.plan.tpu import topology_devices
-    from shardbench.train import compile_cache
+    from shardbench import compile_cache
 
     cfgs = [(job, override(Config(), job["config"])) for job in jobs]
     if not cfgs:

@@ -49,7 +49,7 @@ def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
     """In this process (whose devices are not set up yet): each configuration's refusal, if any."""
     from shardbench.errors import ShardbenchError
     from shardbench.flags import setup_devices
-    from shardbench.train.preflight import check_runnable
+    from shardbench.preflight import check_runnable
 
     cfgs = {name: override(config_lib.Config(), flat) for name, flat in configs.items()}
     if cfgs:

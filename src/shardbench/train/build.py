@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from shardbench import cluster, xla_presets
+from shardbench import cluster, compile_cache
 from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.data.pipeline import make_batches
@@ -25,29 +25,16 @@ from shardbench.jsonfile import write_json_atomic
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.parallel.rules import Layout
 from shardbench.parsing import override
-from shardbench.train import compile_cache
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import header_line
-from shardbench.train.optim import build_optimizer, learning_rate
-from shardbench.train.preflight import (
-    CheckedRun,
-    check_profile_window,
-    check_run,
-    resolve_out,
-)
+from shardbench.optim import build_optimizer, learning_rate
+from shardbench.preflight import CheckedRun, check_run
+from shardbench.rundir import resolve_out
+from shardbench.runtime import CacheUse, start_process
 from shardbench.train.spmd import make_steps
 from shardbench.train.state import abstract_train_state, init_state, state_shardings
 from shardbench.train.step import Batch, Steps
-from shardbench.validation import inert_notes
-
-
-@dataclass(frozen=True)
-class CacheUse:
-    """The persistent compilation cache this run uses, and the process's counts when the run began (its share
-    of hits and requests is what it adds to them)."""
-
-    path: Path | None
-    since: tuple[int, int]
+from shardbench.validation import check_profile_window, inert_notes
 
 
 @dataclass
@@ -73,7 +60,7 @@ class FinishedRun:
 
 def build_run(cfg: Config) -> BuiltRun | FinishedRun:
     """Check `cfg`, then create (or restore) the run's state and compile its train step."""
-    cache = _start_process(cfg)
+    cache = start_process(cfg.train, config_lib.cache_root(cfg))
     checked = _check(cfg)
     cfg, out, layout, total = checked.cfg, checked.out, checked.layout, checked.total_steps
     is_main = jax.process_index() == 0
@@ -115,14 +102,6 @@ def build_run(cfg: Config) -> BuiltRun | FinishedRun:
         checkpoints.close()  # orbax's background threads end here, not in an interpreter shutting down
         raise
     return BuiltRun(checked, steps, state, start, batches, checkpoints, host, cache)
-
-
-def _start_process(cfg: Config) -> CacheUse:
-    """Settings this process needs before its first compilation (check_run's precision probe compiles)."""
-    xla_presets.apply(cfg.train.xla_presets)  # refused where JAX's backends already run without those flags
-    cache = compile_cache.resolve(cfg.train.compile_cache, config_lib.cache_root(cfg))
-    compile_cache.enable(cache)
-    return CacheUse(cache, compile_cache.counts())
 
 
 def _check(cfg: Config) -> CheckedRun:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 if TYPE_CHECKING:
-    from shardbench.train.preflight import CheckedRun
+    from shardbench.preflight import CheckedRun
 
 
 def epoch_line(r: dict[str, Any]) -> str:

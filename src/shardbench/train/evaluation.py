@@ -13,7 +13,6 @@ from shardbench.data.pipeline import eval_steps, make_batches
 from shardbench.parallel.rules import Layout
 from shardbench.tasks import Task
 from shardbench.train.hooks import scalar
-from shardbench.train.preflight import eval_batch
 from shardbench.train.step import Steps
 
 
@@ -22,7 +21,7 @@ def evaluate(steps: Steps, state: Any, arrays: Split, cfg: Config, task: Task, l
     (the last batch is padded and masked); the mean is over targets (tokens for a language model)."""
     if len(arrays) == 0:
         return {}
-    batch = eval_batch(cfg)
+    batch = cfg.train.eval_batch
     totals: dict[str, float] = {}
     part, parts = layout.process_share(batch)
     batches = make_batches(arrays, global_batch=batch, seed=cfg.train.seed, shuffle=False,

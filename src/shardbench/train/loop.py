@@ -20,7 +20,8 @@ from shardbench.measure import run_record
 from shardbench.measure.collect import Clocks, CompiledStep, RunSetup, build_measurements, default_run_name
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.timing import StepTimer, fit_warmup
-from shardbench.train import compile_cache, hooks
+from shardbench import compile_cache
+from shardbench.train import hooks
 from shardbench.train.build import BuiltRun, FinishedRun, build_run
 from shardbench.train.evaluation import evaluate
 from shardbench.train.events import ScalarWriter

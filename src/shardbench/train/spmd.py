@@ -38,6 +38,7 @@ from shardbench.errors import ConfigError
 from shardbench.models.axes import constraints
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
 from shardbench.parallel.rules import Layout, is_axes, spec_for
+from shardbench.parallel.checks import check_style
 from shardbench.tasks import Rows, Task
 from shardbench.models.spec import ModelSpec
 from shardbench.train.state import TrainState
@@ -46,21 +47,6 @@ from shardbench.train.step import (
 )
 
 PMAP_AXIS = "devices"
-
-
-def check_style(style: str, layout: Layout) -> None:
-    """Say before any compilation when a style cannot run a layout."""
-    if style == "pmap":
-        if not hasattr(jax, "pmap"):
-            raise ConfigError(f"--spmd pmap: this JAX ({jax.__version__}) no longer provides jax.pmap; use "
-                              f"--spmd shard_map for explicit per-device programs")
-        if layout.shape.model > 1:
-            raise ConfigError(f"--spmd pmap maps over one axis of devices but --mesh {layout.shape} has a model axis "
-                              f"of {layout.shape.model}: use a 1-D mesh (--mesh {layout.shape.size}) with --strategy "
-                              f"dp, or --spmd jit / shard_map for 2-D meshes")
-        if layout.strategy.name not in ("single", "dp"):
-            raise ConfigError(f"--spmd pmap replicates parameters on every device (data parallelism), so it cannot "
-                              f"run --strategy {layout.strategy.name}: use --strategy dp, or --spmd shard_map / jit")
 
 
 def _mesh(layout: Layout) -> Mesh:

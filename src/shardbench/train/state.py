@@ -29,12 +29,6 @@ class TrainState:
     model_state: Params = field(default_factory=dict)
 
 
-def check_layout(spec: ModelSpec, layout: Layout) -> None:
-    layout.check_divisible(spec.axes, spec.shapes, spec.axis_fields)
-    if spec.state_axes:
-        layout.check_divisible(spec.state_axes, state_shapes(spec), spec.axis_fields)
-
-
 def model_state_shardings(spec: ModelSpec, layout: Layout) -> Params:
     """The non-parameter variables: replicated, unless their metadata names axes; then the strategy's table
     places them as it places parameters."""

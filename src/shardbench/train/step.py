@@ -19,7 +19,7 @@ import optax
 from shardbench.config import Config
 from shardbench.measure.timing import CompileTimes, compile_timed
 from shardbench.tasks import Rows, Task, Terms
-from shardbench.train.optim import ema_params
+from shardbench.optim import ema_params
 from shardbench.models.spec import ModelSpec
 from shardbench.train.state import TrainState
 

@@ -1,0 +1,91 @@
+"""Pre-flight checks of a training run: every check that needs no compilation (configuration, mesh,
+divisibility, SPMD style, profile window, dataset, resume directory, precision), made before the run directory is
+written to. `check_run` returns the `CheckedRun` the loop trains; `check_runnable` is the part that needs no data
+either, which a sweep (`shardbench.sweep.preflight`, the same checks in child processes) and the planner ask of
+every configuration before anything runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+
+from shardbench import config as config_lib
+from shardbench.config import Config
+from shardbench.data.arrays import Dataset, ImageDataset
+from shardbench.data.pipeline import steps_per_epoch
+from shardbench.data.sources import check_model_kind, load_for, validate_spec
+from shardbench.devices import select_devices
+from shardbench.errors import ConfigError, writable_dir
+from shardbench.models.spec import ModelSpec, check_outputs, describe_model
+from shardbench.parallel.checks import check_batch, check_layout, check_style
+from shardbench.parallel.rules import Layout, make_layout
+from shardbench.precision import check_supported
+from shardbench.rundir import check_resume, resolve_out
+from shardbench.tasks import Task, for_data, get_task, validate
+from shardbench.validation import check_profile_window
+
+
+@dataclass(frozen=True)
+class CheckedRun:
+    """A checked run: every decision made before anything is compiled or written."""
+
+    cfg: Config
+    task: Task
+    out: Path
+    layout: Layout
+    spec: ModelSpec
+    dataset: ImageDataset | Dataset
+    steps_per_epoch: int
+    total_steps: int
+
+
+def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tuple[Task, Layout, ModelSpec]:
+    """Every check that needs neither the data nor a compilation (what a sweep asks of each run before the
+    first starts): raises ConfigError/DataError in one line. `devices`: lay the run over these (a planner's
+    target devices) instead of this process's."""
+    validate(cfg)
+    task = get_task(cfg)
+    validate_spec(cfg.data.dataset)
+    check_model_kind(cfg.data.dataset, cfg.model.kind)
+    spec = describe_model(cfg)
+    if cfg.model.factory:
+        check_outputs(cfg, spec)
+    if devices is None:
+        devices = select_devices(cfg.parallel.devices)
+    layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices)
+    check_style(cfg.parallel.spmd, layout)
+    check_layout(spec, layout)
+    check_batch("--batch-size", cfg.train.batch_size, layout)
+    check_batch("--train.eval-batch-size", cfg.train.eval_batch, layout)
+    if cfg.data.mixup > 0 and (cfg.train.batch_size // layout.data_size) % 2:
+        per = cfg.train.batch_size // layout.data_size
+        raise ConfigError(f"--data.mixup mixes the images of pairs, which must sit on one device: --batch-size "
+                          f"{cfg.train.batch_size} gives {per} per data slice ({layout.strategy.name} on mesh "
+                          f"{layout.shape}); use a batch of {2 * layout.data_size * max(1, per // 2)}")
+    if cfg.train.steps > 0:
+        check_profile_window(cfg.train, cfg.train.steps)
+    return task, layout, spec
+
+
+def check_run(cfg: Config) -> CheckedRun:
+    """Everything that can be checked without compiling: raises ConfigError/DataError in one line."""
+    task, layout, spec = check_runnable(cfg)
+    check_supported(cfg.precision, layout.device)
+    out = resolve_out(cfg)
+    check_resume(cfg, out)
+    cache = config_lib.cache_root(cfg)
+    writable_dir(cache, "--data.cache-dir")  # decoded datasets and the host's peak go there
+    dataset = load_for(cfg, cache)
+    task = for_data(task, dataset)
+    per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size, cfg.data.repeat_augment)
+    if per_epoch == 0:
+        raise ConfigError(
+            f"--batch-size {cfg.train.batch_size} is larger than the {len(dataset.train)} training examples"
+        )
+    total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
+    check_profile_window(cfg.train, total)
+    writable_dir(out, "--out")  # last: a run refused above leaves no folder behind
+    return CheckedRun(cfg, task, out, layout, spec, dataset, per_epoch, total)
