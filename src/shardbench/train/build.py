@@ -23,14 +23,14 @@ from shardbench.config import Config
 from shardbench.data.pipeline import make_batches
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure.peak import HostPeak, host_peak
+from shardbench.optim import build_optimizer, learning_rate
 from shardbench.parallel.rules import Layout
 from shardbench.parsing import override
-from shardbench.train.checkpoint import Checkpoints
-from shardbench.train.console import header_line
-from shardbench.optim import build_optimizer, learning_rate
 from shardbench.preflight import CheckedRun, check_run
 from shardbench.rundir import resolve_out
 from shardbench.runtime import CacheUse, start_process
+from shardbench.train.checkpoint import Checkpoints
+from shardbench.train.console import header_line
 from shardbench.train.spmd import make_steps
 from shardbench.train.state import abstract_train_state, init_state, state_shardings
 from shardbench.train.step import Batch, Steps
