@@ -12,7 +12,6 @@ import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jax
