@@ -46,9 +46,16 @@ SHAPES: dict[str, dict[str, object]] = {
 
 # (strategy, mesh, devices) for every strategy; pmap runs data parallelism only.
 LAYOUTS = [("dp", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4), ("dp+tp", "4x2", 8), ("fsdp+tp", "4x2", 8)]
-RUNS = ([("single", "none", 1, "jit"), ("dp", "8", 8, "pmap")]
-        + [(*layout, style) for layout in LAYOUTS for style in ("jit", "shard_map")])
-
+# Every model under every strategy as jit compiles it, and dp under pmap. shard_map reduces the gradients by
+# hand (a pmean where they are replicated, a psum_scatter and a division where FSDP shards them, the model axis
+# left to XLA): every strategy on the MLP, whose step compiles fastest, and on the ViT and the LM the
+# replicated path (dp) and both at once (fsdp+tp).
+CASES = ([(preset, "single", "none", 1, "jit") for preset in SHAPES]
+         + [(preset, *layout, "jit") for preset in SHAPES for layout in LAYOUTS]
+         + [(preset, "dp", "8", 8, "pmap") for preset in SHAPES]
+         + [("mlp-small", *layout, "shard_map") for layout in LAYOUTS]
+         + [(preset, *layout, "shard_map") for preset in ("vit-tiny", "lm-seed")
+            for layout in LAYOUTS if layout[0] in ("dp", "fsdp+tp")])
 
 def config(tmp: Path, preset: str, name: str, **overrides: object) -> config_lib.Config:
     base = {"train.steps": STEPS, "train.progress": False, "train.checkpoint_every": 0, "train.log_every": 1,
@@ -108,8 +115,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
     return get
 
 
-@pytest.mark.parametrize("preset", list(SHAPES))
-@pytest.mark.parametrize(("strategy", "mesh", "devices", "style"), RUNS)
+@pytest.mark.parametrize(("preset", "strategy", "mesh", "devices", "style"), CASES,
+                         ids=["-".join(map(str, case)) for case in CASES])
 def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[list[float], list[float]]],
                               preset: str, strategy: str, mesh: str, devices: int, style: str) -> None:
     want_loss, want_norm = reference(preset)
@@ -119,5 +126,6 @@ def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[l
     assert len(got_loss) == STEPS
     # float32 sums in another order (over devices, split matmuls): at most 6e-7 apart when measured. The norm
     # first: a gradient off by a factor shows in it at the first step.
-    np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg="gradient norm")
-    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg="loss")
+    layout = f"{preset}: {strategy} on mesh {mesh} under {style}"
+    np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg=f"{layout}: gradient norm differs")
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"{layout}: loss differs")
