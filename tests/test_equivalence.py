@@ -121,3 +121,40 @@ def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[l
     # first: a gradient off by a factor shows in it at the first step.
     np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg="gradient norm")
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg="loss")
+
+
+# Gradient accumulation: each update sums 4 microbatches' gradients, and must be the one-device full-batch
+# update above, step for step. A few layouts per model, every style among them, 4 dividing each data shard's
+# examples (the ViT's and MLP's 32, the LM's 16), one case with remat; float32 sums over microbatches in another
+# order, so the same tolerance.
+ACCUM = 4
+ACCUM_RUNS = [
+    ("vit-tiny", "single", "none", 1, "jit", {}),
+    ("vit-tiny", "dp", "8", 8, "jit", {}),
+    ("vit-tiny", "fsdp", "8", 8, "shard_map", {"model.remat": "full"}),
+    ("lm-seed", "tp", "model=4", 4, "jit", {}),
+    ("lm-seed", "fsdp+tp", "4x2", 8, "jit", {}),
+    ("lm-seed", "dp+tp", "4x2", 8, "shard_map", {}),
+    ("mlp-small", "dp", "8", 8, "pmap", {}),
+    ("mlp-small", "fsdp", "8", 8, "jit", {}),
+]
+
+
+@pytest.mark.parametrize(("preset", "strategy", "mesh", "devices", "style", "extra"), ACCUM_RUNS,
+                         ids=[f"{p}-{s}-{st}" for p, s, _, _, st, _ in ACCUM_RUNS])
+def test_accumulated_microbatches_make_the_full_batch_update(
+        tmp_path: Path, reference: Callable[[str], tuple[list[float], list[float]]], preset: str, strategy: str,
+        mesh: str, devices: int, style: str, extra: dict[str, object]) -> None:
+    want_loss, want_norm = reference(preset)
+    run(config(tmp_path, preset, "run", **{"parallel.strategy": strategy, "parallel.mesh": mesh,
+                                           "parallel.devices": devices, "parallel.spmd": style,
+                                           "train.grad_accum": ACCUM, **extra}))
+    got_loss, got_norm = logged(tmp_path / "run")
+    assert len(got_loss) == STEPS
+    np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg=f"gradient norm, {strategy} {style}")
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"loss, {strategy} {style}")
+    record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
+    batch = int(SHAPES[preset]["train.batch_size"])  # type: ignore[call-overload]
+    data = {"none": 1, "8": 8, "model=4": 1, "4x2": 4}[mesh]  # the data axis: the examples' shards
+    assert (record["global_batch"], record["grad_accum"], record["microbatch"], record["microbatch_per_shard"]) == (
+        batch, ACCUM, batch // ACCUM, batch // ACCUM // data)

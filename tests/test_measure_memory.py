@@ -65,8 +65,9 @@ def _built(cfg: config_lib.Config) -> tuple[Any, Any, Any, Any]:
     state = init_state(cfg, plan.spec, plan.layout, tx)
     steps = make_steps(cfg, get_task(cfg), plan.spec, plan.layout, tx, state_shardings(plan.spec, plan.layout, tx),
                        learning_rate(cfg.optim, 10), ("inputs", "targets"))
-    batch = {"inputs": np.zeros((BATCH, INPUTS), np.float32), "targets": np.zeros((BATCH, OUTPUTS), np.float32),
-             "mask": np.ones(BATCH, bool)}
+    rows = cfg.train.batch_size
+    batch = {"inputs": np.zeros((rows, INPUTS), np.float32), "targets": np.zeros((rows, OUTPUTS), np.float32),
+             "mask": np.ones(rows, bool)}
     compiled, times = compile_timed(steps.train, state, steps.place(batch))
     return plan, state, compiled, times
 
@@ -164,3 +165,19 @@ def test_the_recorded_breakdown_is_the_hand_count(tmp_path) -> None:
     assert (b.params_bytes, b.gradients_bytes, b.optimizer_bytes) == (
         per_device * 2, per_device * 2, per_device * 2 * 2 + ADAM_COUNTERS)  # Adam's moments in the params' dtype
     assert m.compile is times and m.memory.per_device[0]["params_bytes"] == per_device * 2
+
+
+@pytest.mark.slow
+def test_accumulation_holds_one_microbatchs_activations(tmp_path) -> None:
+    """The same global batch (512 rows per device under dp) in one pass and in 4 microbatches of 128: XLA's
+    temporaries beyond the gradients and accumulation's float32 accumulator (one more parameter-sized buffer)
+    are one microbatch's activations, about a quarter of the whole batch's."""
+    temps = {}
+    for k in (1, 4):
+        cfg = _cfg(tmp_path, **{"parallel.strategy": "dp", "parallel.mesh": "8", "train.batch_size": 4096,
+                                "train.grad_accum": k})
+        temps[k] = _built(cfg)[2].memory_analysis().temp_size_in_bytes
+    gradients = PARAMS * 4
+    whole, micro = temps[1] - gradients, temps[4] - 2 * gradients
+    assert whole > 10 * gradients  # the batch's activations dominate, so a saving shows
+    assert micro < 0.4 * whole, temps

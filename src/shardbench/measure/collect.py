@@ -124,6 +124,13 @@ def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes,
     return flops, mfu
 
 
+def batch_sizes(setup: RunSetup) -> dict[str, int]:
+    """The record's batch fields: the global batch per update and the microbatch it is computed in."""
+    batch, k = setup.cfg.train.batch_size, setup.cfg.train.grad_accum
+    return {"global_batch": batch, "grad_accum": k, "microbatch": batch // k,
+            "microbatch_per_shard": batch // k // setup.layout.data_size}
+
+
 def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clocks, state: Any,
                        host_peak: HostPeak | None = None) -> Measurements:
     """Every measurement of one run (`step` None: this invocation trained no step)."""
@@ -156,6 +163,7 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
         allocator=malloc.describe(os.environ),
         xla_flags=os.environ.get("XLA_FLAGS") or None,
         per_process=[g["process"] for g in gathered],
+        **batch_sizes(setup),
         compile=None if step is None else step.times,
         step_time_s=steps,
         epoch_time_s=[t for t, n in epochs if n == clocks.steps_per_epoch],
