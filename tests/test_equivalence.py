@@ -158,3 +158,17 @@ def test_accumulated_microbatches_make_the_full_batch_update(
     data = {"none": 1, "8": 8, "model=4": 1, "4x2": 4}[mesh]  # the data axis: the examples' shards
     assert (record["global_batch"], record["grad_accum"], record["microbatch"], record["microbatch_per_shard"]) == (
         batch, ACCUM, batch // ACCUM, batch // ACCUM // data)
+
+
+def test_accumulation_keeps_the_batchs_augmentation_mixing_and_repeats(tmp_path: Path) -> None:
+    """Batch-level augmentation under accumulation is the full batch's: the batch is augmented, mixed in pairs
+    (mixup and cutmix), its labels smoothed and its images repeated before it is split into microbatches, so 4
+    microbatches train as the batch in one pass (itself one device's, above) under dp."""
+    recipe = {"data.augment": True, "data.mixup": 0.8, "data.cutmix": 0.5, "data.repeat_augment": 2,
+              "train.label_smoothing": 0.1, "parallel.strategy": "dp", "parallel.mesh": "8", "parallel.devices": 8}
+    got = {}
+    for k in (1, ACCUM):
+        run(config(tmp_path, "vit-tiny", f"k{k}", **recipe, **{"train.grad_accum": k}))
+        got[k] = logged(tmp_path / f"k{k}")
+    np.testing.assert_allclose(got[ACCUM][1], got[1][1], rtol=1e-5, err_msg="gradient norm")
+    np.testing.assert_allclose(got[ACCUM][0], got[1][0], rtol=1e-5, err_msg="loss")
