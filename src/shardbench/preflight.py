@@ -20,7 +20,9 @@ from shardbench.data.sources import check_model_kind, load_for, validate_spec
 from shardbench.devices import select_devices
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.models.spec import ModelSpec, check_outputs, describe_model
-from shardbench.parallel.checks import check_accumulation, check_batch, check_layout, check_style
+from shardbench.parallel.checks import (
+    check_accumulation, check_batch, check_layout, check_style,
+)
 from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
 from shardbench.rundir import check_resume, resolve_out

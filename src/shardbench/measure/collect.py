@@ -115,7 +115,9 @@ def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes,
                   # Measured here: for vit-tiny (4 layers) XLA reports ~0.28x the analytic count.
                   xla_note="XLA's cost analysis counts a while-loop body once, so with the layers under a scan it "
                            "undercounts by roughly the layer count; MFU uses the analytic count where the model "
-                           "has one")
+                           "has one" + (f"; with --train.grad-accum {cfg.train.grad_accum} the microbatch loop's body "
+                                        f"counts once too: a further 1/{cfg.train.grad_accum}"
+                                        if cfg.train.grad_accum > 1 else ""))
     mfu = Mfu(mfu=None if counted is None else flops_lib.mfu(counted, steps.median, peak, devices),
               peak_flops_per_s_per_device=peak, peak_source=source,
               peak_measured_at=host_peak.measured_at if host_peak and peak else None,

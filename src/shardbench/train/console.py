@@ -56,7 +56,7 @@ def header_line(checked: "CheckedRun") -> str:
     )
 
 
-def _microbatches(checked: "CheckedRun") -> str:
+def _microbatches(checked: CheckedRun) -> str:
     """How an update's batch is computed when it is accumulated: K microbatches of B/K (per data shard)."""
     k, batch = checked.cfg.train.grad_accum, checked.cfg.train.batch_size
     if k == 1:
