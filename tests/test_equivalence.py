@@ -158,6 +158,8 @@ def test_accumulated_microbatches_make_the_full_batch_update(
     data = {"none": 1, "8": 8, "model=4": 1, "4x2": 4}[mesh]  # the data axis: the examples' shards
     assert (record["global_batch"], record["grad_accum"], record["microbatch"], record["microbatch_per_shard"]) == (
         batch, ACCUM, batch // ACCUM, batch // ACCUM // data)
+    # Throughput counts the examples of an update, not of a microbatch.
+    assert record["throughput"]["examples_per_s"] == pytest.approx(batch / record["step_time_s"]["median"])
 
 
 def test_accumulation_keeps_the_batchs_augmentation_mixing_and_repeats(tmp_path: Path) -> None:
