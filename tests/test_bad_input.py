@@ -24,6 +24,7 @@ import pytest
 from shardbench.cli import main
 from shardbench.errors import EXIT_CODES
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TINY = ["--preset", "vit-tiny", "--data.synthetic-train", "64", "--data.synthetic-test", "32", "--batch-size", "16",
         "--steps", "2", "--model.embed-dim", "16", "--model.mlp-dim", "32", "--model.num-layers", "1",
         "--no-train.progress", "--no-train.eval", "--devices", "1", "--mesh", "none"]
@@ -172,6 +173,12 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
      CONF),
     ("train: a mesh bigger than the devices", lambda t: ["train", *TINY, "--mesh", "16", "--out", str(t / "o")], "16",
      CONF),
+    ("train: accumulation that does not divide the batch", lambda t: ["train", *TINY, "--train.grad-accum", "3",
+                                                                      "--out", str(t / "o")],
+     "--train.grad-accum 3 does not divide the 16 examples per data shard", CONF),
+    ("train: accumulation with BatchNorm statistics", lambda t: [
+        "train", *TINY, "--model", f"{EXAMPLES / 'cnn_batchnorm.py'}:build", "--task", "classify",
+        "--train.grad-accum", "2", "--out", str(t / "o")], "BatchNorm statistics", CONF),
     ("sweep: a sweep file with no axes", _empty_sweep_file, "no axes", CONF),
     ("sweep: a sweep file that does not exist", lambda t: ["sweep", "--sweep-file", str(t / "no.toml")], "no.toml",
      CONF),

@@ -129,3 +129,54 @@ def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[l
     layout = f"{preset}: {strategy} on mesh {mesh} under {style}"
     np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg=f"{layout}: gradient norm differs")
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"{layout}: loss differs")
+
+
+# Gradient accumulation: each update sums 4 microbatches' gradients, and must be the one-device full-batch
+# update above, step for step. A few layouts per model, every style among them, 4 dividing each data shard's
+# examples (the ViT's and MLP's 32, the LM's 16), one case with remat; float32 sums over microbatches in another
+# order, so the same tolerance.
+ACCUM = 4
+ACCUM_RUNS = [
+    ("vit-tiny", "single", "none", 1, "jit", {}),
+    ("vit-tiny", "fsdp", "8", 8, "shard_map", {"model.remat": "full"}),
+    ("lm-seed", "fsdp+tp", "4x2", 8, "jit", {}),
+    ("lm-seed", "dp+tp", "4x2", 8, "shard_map", {}),
+    ("mlp-small", "dp", "8", 8, "pmap", {}),
+    ("mlp-small", "fsdp", "8", 8, "jit", {}),
+]
+
+
+@pytest.mark.parametrize(("preset", "strategy", "mesh", "devices", "style", "extra"), ACCUM_RUNS,
+                         ids=[f"{p}-{s}-{st}" for p, s, _, _, st, _ in ACCUM_RUNS])
+def test_accumulated_microbatches_make_the_full_batch_update(
+        tmp_path: Path, reference: Callable[[str], tuple[list[float], list[float]]], preset: str, strategy: str,
+        mesh: str, devices: int, style: str, extra: dict[str, object]) -> None:
+    want_loss, want_norm = reference(preset)
+    run(config(tmp_path, preset, "run", **{"parallel.strategy": strategy, "parallel.mesh": mesh,
+                                           "parallel.devices": devices, "parallel.spmd": style,
+                                           "train.grad_accum": ACCUM, **extra}))
+    got_loss, got_norm = logged(tmp_path / "run")
+    assert len(got_loss) == STEPS
+    np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg=f"gradient norm, {strategy} {style}")
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"loss, {strategy} {style}")
+    record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
+    batch = int(SHAPES[preset]["train.batch_size"])  # type: ignore[call-overload]
+    data = {"none": 1, "8": 8, "model=4": 1, "4x2": 4}[mesh]  # the data axis: the examples' shards
+    assert (record["global_batch"], record["grad_accum"], record["microbatch"], record["microbatch_per_shard"]) == (
+        batch, ACCUM, batch // ACCUM, batch // ACCUM // data)
+    # Throughput counts the examples of an update, not of a microbatch.
+    assert record["throughput"]["examples_per_s"] == pytest.approx(batch / record["step_time_s"]["median"])
+
+
+def test_accumulation_keeps_the_batchs_augmentation_mixing_and_repeats(tmp_path: Path) -> None:
+    """Batch-level augmentation under accumulation is the full batch's: the batch is augmented, mixed in pairs
+    (mixup and cutmix), its labels smoothed and its images repeated before it is split into microbatches, so 4
+    microbatches train as the batch in one pass (itself one device's, above) under dp."""
+    recipe = {"data.augment": True, "data.mixup": 0.8, "data.cutmix": 0.5, "data.repeat_augment": 2,
+              "train.label_smoothing": 0.1, "parallel.strategy": "dp", "parallel.mesh": "8", "parallel.devices": 8}
+    got = {}
+    for k in (1, ACCUM):
+        run(config(tmp_path, "vit-tiny", f"k{k}", **recipe, **{"train.grad_accum": k}))
+        got[k] = logged(tmp_path / f"k{k}")
+    np.testing.assert_allclose(got[ACCUM][1], got[1][1], rtol=1e-5, err_msg="gradient norm")
+    np.testing.assert_allclose(got[ACCUM][0], got[1][0], rtol=1e-5, err_msg="loss")

@@ -249,6 +249,10 @@ class TrainConfig:
                          range=Range(0, note="0 = train by --epochs"), short="--steps")
     batch_size: int = setting(128, "global batch size (split over the data axis)", range=POSITIVE,
                               short="--batch-size")
+    grad_accum: int = setting(
+        1, "gradient accumulation: each update sums the gradients of this many microbatches of --batch-size / N "
+        "examples, run one after another (activation memory of one microbatch, the full batch's update); N must "
+        "divide the examples per data shard; 1 = off", range=Range(1, note="1 = off"))
     eval_batch_size: int = setting(0, "evaluation batch size (0 = --batch-size)",
                                    range=Range(0, note="0 = --batch-size"))
     label_smoothing: float = setting(

@@ -13,7 +13,7 @@ from shardbench.config import Config
 NAME_PARTS: dict[str, str] = {
     "parallel.mesh": "mesh", "parallel.strategy": "strategy", "parallel.devices": "devices",
     "train.batch_size": "batch", "precision.param_dtype": "pdtype", "precision.dtype": "dtype",
-    "precision.matmul_precision": "matmul", "parallel.spmd": "spmd",
+    "precision.matmul_precision": "matmul", "parallel.spmd": "spmd", "train.grad_accum": "accum",
 }
 
 
@@ -51,4 +51,6 @@ def config_run_name(cfg: Config, mesh: str, strategy: str, implied: str) -> str:
         parts.append(f"matmul_{p.matmul_precision}")
     if cfg.parallel.spmd != "jit":
         parts.append(f"spmd_{cfg.parallel.spmd}")
+    if cfg.train.grad_accum > 1:
+        parts.append(f"accum_{cfg.train.grad_accum}")
     return "_".join(parts)

@@ -20,7 +20,9 @@ from shardbench.data.sources import check_model_kind, load_for, validate_spec
 from shardbench.devices import select_devices
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.models.spec import ModelSpec, check_outputs, describe_model
-from shardbench.parallel.checks import check_batch, check_layout, check_style
+from shardbench.parallel.checks import (
+    check_accumulation, check_batch, check_layout, check_style,
+)
 from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
 from shardbench.rundir import check_resume, resolve_out
@@ -60,6 +62,7 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
     check_layout(spec, layout)
     check_batch("--batch-size", cfg.train.batch_size, layout)
     check_batch("--train.eval-batch-size", cfg.train.eval_batch, layout)
+    check_accumulation(cfg.train.grad_accum, cfg.train.batch_size, spec, layout)
     if cfg.data.mixup > 0 and (cfg.train.batch_size // layout.data_size) % 2:
         per = cfg.train.batch_size // layout.data_size
         raise ConfigError(f"--data.mixup mixes the images of pairs, which must sit on one device: --batch-size "

@@ -115,13 +115,22 @@ def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes,
                   # Measured here: for vit-tiny (4 layers) XLA reports ~0.28x the analytic count.
                   xla_note="XLA's cost analysis counts a while-loop body once, so with the layers under a scan it "
                            "undercounts by roughly the layer count; MFU uses the analytic count where the model "
-                           "has one")
+                           "has one" + (f"; with --train.grad-accum {cfg.train.grad_accum} the microbatch loop's body "
+                                        f"counts once too: a further 1/{cfg.train.grad_accum}"
+                                        if cfg.train.grad_accum > 1 else ""))
     mfu = Mfu(mfu=None if counted is None else flops_lib.mfu(counted, steps.median, peak, devices),
               peak_flops_per_s_per_device=peak, peak_source=source,
               peak_measured_at=host_peak.measured_at if host_peak and peak else None,
               peak_origin=host_peak.origin if host_peak and peak else None,
               not_measured=_mfu_missing(peak, steps, layout))
     return flops, mfu
+
+
+def batch_sizes(setup: RunSetup) -> dict[str, int]:
+    """The record's batch fields: the global batch per update and the microbatch it is computed in."""
+    batch, k = setup.cfg.train.batch_size, setup.cfg.train.grad_accum
+    return {"global_batch": batch, "grad_accum": k, "microbatch": batch // k,
+            "microbatch_per_shard": batch // k // setup.layout.data_size}
 
 
 def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clocks, state: Any,
@@ -156,6 +165,7 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
         allocator=malloc.describe(os.environ),
         xla_flags=os.environ.get("XLA_FLAGS") or None,
         per_process=[g["process"] for g in gathered],
+        **batch_sizes(setup),
         compile=None if step is None else step.times,
         step_time_s=steps,
         epoch_time_s=[t for t, n in epochs if n == clocks.steps_per_epoch],

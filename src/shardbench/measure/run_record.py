@@ -148,6 +148,14 @@ class Measurements:
     allocator: str | None = _f("", "the glibc allocator the process ran with, and why")
     xla_flags: str | None = _f("", "the XLA_FLAGS the process ran with: --train.xla-presets' flags and hand-set ones")
     per_process: list[dict[str, Any]] = _list("", "each process: host, devices, its median step time")
+    global_batch: int | None = _f("examples", "examples per update: the batch the optimizer steps on, which "
+                                              "throughput and MFU count (--batch-size)")
+    grad_accum: int | None = _f("microbatches", "microbatches per update (--train.grad-accum); 1 = the batch in one "
+                                                "pass")
+    microbatch: int | None = _f("examples", "examples in one forward and backward pass over all devices: global "
+                                            "batch / grad_accum")
+    microbatch_per_shard: int | None = _f("examples", "the same per data shard: the examples whose activations a "
+                                                      "device holds at once")
     compile: CompileTimes | None = _f("", "compile time of the train step")
     step_time_s: StepTimes | None = _f("", "step times")
     epoch_time_s: list[float] = _list("s", "wall time of each whole epoch (data included, evaluation excluded)")

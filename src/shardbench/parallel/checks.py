@@ -44,3 +44,21 @@ def check_batch(flag: str, size: int, layout: Layout) -> None:
             f"{flag} {size} is not divisible by the data-parallel size {divisor} ({layout.strategy.name} on "
             f"mesh {layout.shape}): use a multiple of {divisor}"
         )
+
+
+def check_accumulation(k: int, batch: int, spec: ModelSpec, layout: Layout) -> None:
+    """`--train.grad-accum K` splits each data shard's examples into K microbatches of equal size, and a model
+    that keeps batch statistics would normalise each microbatch by its own, which no full batch does."""
+    if k == 1:
+        return
+    per = batch // layout.data_size
+    if per % k:
+        works = [str(d) for d in range(2, per + 1) if per % d == 0]
+        instead = (f"--train.grad-accum {' or '.join(works[:5])}{' or more' if len(works) > 5 else ''}" if works
+                   else "--train.grad-accum 1")
+        raise ConfigError(f"--train.grad-accum {k} does not divide the {per} examples per data shard (--batch-size "
+                          f"{batch} over {layout.data_size} data shards, {layout.strategy.name} on mesh "
+                          f"{layout.shape}): use {instead}, or a batch of {k * layout.data_size * -(-per // k)}")
+    if spec.has_statistics:
+        raise ConfigError(f"--train.grad-accum {k}: the model keeps BatchNorm statistics, which would be each "
+                          f"microbatch's rather than the batch's: train it with --train.grad-accum 1")

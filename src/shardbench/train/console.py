@@ -51,9 +51,17 @@ def header_line(checked: "CheckedRun") -> str:
         f"{mesh}, {cfg.parallel.spmd} "
         f"({where}) | {cfg.precision.param_dtype} params, "
         f"{cfg.precision.dtype} compute | data {ds.name}: {len(ds.train):,} train / "
-        f"{len(ds.val):,} val / {len(ds.test):,} test | batch {cfg.train.batch_size}, "
+        f"{len(ds.val):,} val / {len(ds.test):,} test | batch {cfg.train.batch_size}{_microbatches(checked)}, "
         f"{checked.total_steps} steps ({checked.steps_per_epoch}/epoch) | {checked.out}{notes}"
     )
+
+
+def _microbatches(checked: CheckedRun) -> str:
+    """How an update's batch is computed when it is accumulated: K microbatches of B/K (per data shard)."""
+    k, batch = checked.cfg.train.grad_accum, checked.cfg.train.batch_size
+    if k == 1:
+        return ""
+    return f" in {k} microbatches of {batch // k} ({batch // k // checked.layout.data_size} per data shard)"
 
 
 def summary_line(summary: dict[str, Any]) -> str:

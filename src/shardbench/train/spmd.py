@@ -92,13 +92,16 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
     """The global program: the batch is split over data by its sharding, parameters by theirs."""
     global_batch = parts.cfg.train.batch_size
 
+    def like_params(grads: Any) -> Any:
+        """An accumulator of gradients laid out as the parameters (FSDP: split as they are)."""
+        return jax.lax.with_sharding_constraint(grads, shardings.params)
+
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         with constraints(layout.constrain):
-            (loss, (t, model_state)), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
-                state.params, state.model_state, batch, state.step, Rows(0, global_batch))
-        correct = None if t.correct is None else t.correct.sum()
-        metrics = parts.train_metrics(state, loss, correct, t.count.sum(), grads)
-        return parts.apply_update(state, grads, model_state), metrics
+            g = parts.gradients(state.params, state.model_state, batch, state.step, Rows(0, global_batch),
+                                constrain=like_params)
+        metrics = parts.train_metrics(state, g.loss, g.correct, g.count, g.grads)
+        return parts.apply_update(state, g.grads, g.model_state), metrics
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
         with constraints(layout.constrain):
@@ -163,13 +166,14 @@ def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,
         _, drop = parts.keys(step)
 
         with constraints(constraint):
-            (loss, (t, after)), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
-                whole, model_state, batch, step, Rows(index * b, b * size), jax.random.fold_in(drop, index), index)
-        grads = jax.tree.map(reduce, grads, dims)
-        sums = {"loss": pmean(loss), "count": psum(t.count.sum())}
-        if t.correct is not None:
-            sums["correct"] = psum(t.correct.sum())
-        return grads, (after if one else sync_statistics(parts.spec, after, data)), sums
+            g = parts.gradients(whole, model_state, batch, step, Rows(index * b, b * size),
+                                jax.random.fold_in(drop, index), index)
+        # Reduced once per update, after any accumulation over microbatches.
+        grads = jax.tree.map(reduce, g.grads, dims)
+        sums = {"loss": pmean(g.loss), "count": psum(g.count)}
+        if g.correct is not None:
+            sums["correct"] = psum(g.correct)
+        return grads, (g.model_state if one else sync_statistics(parts.spec, g.model_state, data)), sums
 
     def local_eval(params: Any, model_state: Any, batch: Batch, step: jax.Array) -> Metrics:
         whole = jax.tree.map(gather, params, dims)
@@ -218,14 +222,12 @@ def pmap_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_ke
         b = batch["mask"].shape[0]
         _, drop = parts.keys(state.step)
 
-        (loss, (t, after)), grads = jax.value_and_grad(parts.mean_loss, has_aux=True)(
-            state.params, state.model_state, batch, state.step, Rows(index * b, b * n),
-            jax.random.fold_in(drop, index), index)
-        grads = jax.lax.pmean(grads, axis)
-        correct = None if t.correct is None else jax.lax.psum(t.correct.sum(), axis)
-        metrics = parts.train_metrics(state, jax.lax.pmean(loss, axis), correct,
-                                      jax.lax.psum(t.count.sum(), axis), grads)
-        return parts.apply_update(state, grads, sync_statistics(parts.spec, after, axis)), metrics
+        g = parts.gradients(state.params, state.model_state, batch, state.step, Rows(index * b, b * n),
+                            jax.random.fold_in(drop, index), index)
+        grads = jax.lax.pmean(g.grads, axis)
+        correct = None if g.correct is None else jax.lax.psum(g.correct, axis)
+        metrics = parts.train_metrics(state, jax.lax.pmean(g.loss, axis), correct, jax.lax.psum(g.count, axis), grads)
+        return parts.apply_update(state, grads, sync_statistics(parts.spec, g.model_state, axis)), metrics
 
     def device_eval(state: TrainState, batch: Batch) -> Metrics:
         t, _ = parts.terms(parts.eval_params(state), state.model_state, batch, state.step, train=False,

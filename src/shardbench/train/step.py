@@ -21,6 +21,7 @@ from shardbench.measure.timing import CompileTimes, compile_timed
 from shardbench.tasks import Rows, Task, Terms
 from shardbench.optim import ema_params
 from shardbench.models.spec import ModelSpec
+from shardbench.train.accum import Gradients, accumulate
 from shardbench.train.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -72,16 +73,23 @@ class StepParts:
         aug, drop = jax.random.split(jax.random.fold_in(base, step))
         return aug, drop
 
-    def terms(self, params: Any, model_state: Any, batch: Batch, step: jax.Array, *, train: bool, rows: Rows,
-              drop_key: jax.Array | None = None, fold: jax.Array | None = None) -> tuple[Terms, Any]:
-        """Per-example loss terms of `batch` under `params` and the model's other variables as the call left
-        them; `rows` places the batch in the global one, `fold` makes the model's own RNG streams per device."""
-        aug_key, default_drop = self.keys(step)
+    def prepare(self, batch: Batch, step: jax.Array, *, train: bool, rows: Rows) -> tuple[jax.Array, Batch]:
+        """The model's inputs and the batch as the loss sees it (soft targets where images are mixed or labels
+        smoothed), drawn for the whole (local) batch: accumulation splits them into microbatches only after."""
+        aug_key, _ = self.keys(step)
         if train:
             rows = rows._replace(step=step, steps=self.total_steps)
         inputs = self.task.inputs(self.cfg, batch, aug_key, train, rows)
         if train and self.task.targets is not None:
             batch = self.task.targets(self.cfg, batch, aug_key, rows)
+        return inputs, batch
+
+    def forward(self, params: Any, model_state: Any, inputs: jax.Array, batch: Batch, step: jax.Array, *,
+                train: bool, drop_key: jax.Array | None = None,
+                fold: jax.Array | None = None) -> tuple[Terms, Any]:
+        """Per-example loss terms of prepared `inputs` against `batch`, and the model's other variables as the
+        call left them; `fold` makes the model's own RNG streams per device."""
+        _, default_drop = self.keys(step)
         # A model of your own always gets the step's key (its own layers decide whether to drop anything).
         use_dropout = self.spec.custom or (train and (self.cfg.model.dropout > 0 or self.cfg.model.drop_path > 0))
         key = (default_drop if drop_key is None else drop_key) if use_dropout else None
@@ -90,6 +98,13 @@ class StepParts:
         outputs, after = self.spec.apply(params, model_state, inputs, key, train=train, fold=fold)
         return self.task.terms(outputs, batch), after
 
+    def terms(self, params: Any, model_state: Any, batch: Batch, step: jax.Array, *, train: bool, rows: Rows,
+              drop_key: jax.Array | None = None, fold: jax.Array | None = None) -> tuple[Terms, Any]:
+        """Per-example loss terms of `batch` under `params` and the model's other variables as the call left
+        them; `rows` places the batch in the global one, `fold` makes the model's own RNG streams per device."""
+        inputs, batch = self.prepare(batch, step, train=train, rows=rows)
+        return self.forward(params, model_state, inputs, batch, step, train=train, drop_key=drop_key, fold=fold)
+
     def mean_loss(self, params: Any, model_state: Any, batch: Batch, step: jax.Array, rows: Rows,
                   drop_key: jax.Array | None = None,
                   fold: jax.Array | None = None) -> tuple[jax.Array, tuple[Terms, Any]]:
@@ -97,6 +112,25 @@ class StepParts:
         variables after the step: differentiate this with respect to `params`."""
         t, after = self.terms(params, model_state, batch, step, train=True, rows=rows, drop_key=drop_key, fold=fold)
         return t.loss_sum.sum() / t.count.sum(), (t, after)
+
+    def gradients(self, params: Any, model_state: Any, batch: Batch, step: jax.Array, rows: Rows,
+                  drop_key: jax.Array | None = None, fold: jax.Array | None = None,
+                  constrain: Callable[[Any], Any] = lambda g: g) -> Gradients:
+        """The mean loss of a (local or global) training batch and its gradients, the batch in one pass, or in
+        `--train.grad-accum` microbatches one after another (`shardbench.train.accum`); `constrain` lays out
+        the accumulator as the parameters."""
+        k = self.cfg.train.grad_accum
+        if k == 1:
+            (loss, (t, after)), grads = jax.value_and_grad(self.mean_loss, has_aux=True)(
+                params, model_state, batch, step, rows, drop_key, fold)
+            return Gradients(loss, t.count.sum(), None if t.correct is None else t.correct.sum(), after, grads)
+        inputs, prepared = self.prepare(batch, step, train=True, rows=rows)
+        drop = self.keys(step)[1] if drop_key is None else drop_key
+
+        def forward(p: Any, state: Any, x: jax.Array, b: Batch, key: jax.Array | None) -> tuple[Terms, Any]:
+            return self.forward(p, state, x, b, step, train=True, drop_key=key, fold=fold)
+
+        return accumulate(forward, params, model_state, inputs, prepared, k, drop, constrain)
 
     @staticmethod
     def eval_params(state: TrainState) -> Any:

@@ -1,0 +1,79 @@
+"""Gradient accumulation (`--train.grad-accum K`): one update from K microbatches, the same update as the whole
+batch's, with one microbatch's activations alive at a time.
+
+The batch is prepared whole first (augmentation, mixing of pairs and soft targets are drawn exactly as without
+accumulation), then split into K microbatches that a `lax.scan` runs one after another: XLA frees a
+microbatch's activations before the next starts. Each microbatch contributes its per-example loss *sums* and
+their gradients, summed over the microbatches in float32 and divided once by the whole batch's target count:
+that is the full batch's mean over its targets, however the targets fall among the microbatches (a mean of
+microbatch means would weight a microbatch of few targets as much as one of many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from shardbench.tasks import Terms
+
+Batch = dict[str, jax.Array]
+# (params, model state, inputs, batch, dropout key) -> (per-example terms, model state after the call)
+Forward = Callable[[Any, Any, jax.Array, Batch, jax.Array | None], tuple[Terms, Any]]
+
+
+class Gradients(NamedTuple):
+    """A batch's training objective and its gradients: `loss` the mean over its targets, `count` the targets,
+    `correct` the right ones (None where accuracy means nothing), the model state after the batch."""
+
+    loss: jax.Array
+    count: jax.Array
+    correct: jax.Array | None
+    model_state: Any
+    grads: Any
+
+
+def split(x: jax.Array, k: int) -> jax.Array:
+    """(n, ...) -> (k, n/k, ...), microbatch j holding rows j, j+k, j+2k, ...: strided, so a batch laid over
+    devices in contiguous blocks of a multiple of k rows gives each device its share of every microbatch
+    without moving a row between devices."""
+    return x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1)
+
+
+def accumulate(forward: Forward, params: Any, model_state: Any, inputs: jax.Array, batch: Batch, k: int,
+               drop_key: jax.Array | None, constrain: Callable[[Any], Any] = lambda g: g) -> Gradients:
+    """The gradients of the mean loss of (`inputs`, `batch`), prepared whole, run as `k` microbatches in a scan.
+
+    The model state is threaded through the microbatches (a model's RNG streams advance per call); microbatch
+    j's dropout key is `drop_key` folded with j, so each draws its own masks (the same in distribution as the
+    whole batch's, not element for element). `constrain` lays the float32 accumulator out as the parameters
+    (under jit: their shardings, so FSDP keeps 1/N of it per device)."""
+    micro = (split(inputs, k), jax.tree.map(lambda x: split(x, k), batch), jnp.arange(k))
+
+    def objective(p: Any, state: Any, x: jax.Array, b: Batch, key: jax.Array | None) -> tuple[jax.Array, Any]:
+        t, after = forward(p, state, x, b, key)
+        return t.loss_sum.sum(), (t, after)
+
+    scores: list[bool] = []  # whether the task counts right answers, learnt when the scan traces its body
+
+    def body(carry: tuple[dict[str, Any], Any], xs: tuple[jax.Array, Batch, jax.Array]
+             ) -> tuple[tuple[dict[str, Any], Any], None]:
+        acc, state = carry
+        x, b, j = xs
+        key = None if drop_key is None else jax.random.fold_in(drop_key, j)
+        (loss_sum, (t, after)), grads = jax.value_and_grad(objective, has_aux=True)(params, state, x, b, key)
+        scores.append(t.correct is not None)
+        step = {"grads": grads, "loss_sum": loss_sum, "count": t.count.sum(),
+                "correct": jnp.zeros(()) if t.correct is None else t.correct.sum()}
+        acc = jax.tree.map(lambda a, d: a + d.astype(jnp.float32), acc, step)
+        return ({**acc, "grads": constrain(acc["grads"])}, after), None
+
+    zero = jnp.zeros((), jnp.float32)
+    start = {"grads": constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)),
+             "loss_sum": zero, "count": zero, "correct": zero}
+    (acc, after), _ = jax.lax.scan(body, (start, model_state), micro)
+    count = acc["count"]
+    grads = jax.tree.map(lambda g, p: (g / count).astype(p.dtype), acc["grads"], params)
+    return Gradients(acc["loss_sum"] / count, count, acc["correct"] if scores[0] else None, after, grads)
