@@ -19,3 +19,18 @@ def test_inspect_prints_layout_of_every_parameter(capsys) -> None:
 def test_inspect_rejects_an_unknown_array(capsys) -> None:
     code = main(["inspect", "--preset", "vit-tiny", "--array", "encoder/nothing"])
     assert code == 2 and "--array encoder/nothing: no such parameter" in capsys.readouterr().err
+
+
+def test_inspect_shows_where_zero2_puts_optimizer_state_and_gradients(capsys) -> None:
+    """Parameters whole, each one's optimizer state and gradient split over data, with the bytes per device."""
+    code = main(["inspect", "--preset", "mlp-small", "--strategy", "zero2", "--mesh", "8"])
+    out = capsys.readouterr().out
+    assert code == 0 and "strategy zero2" in out
+    param = next(line for line in out.splitlines() if line.startswith("hidden_kernel "))
+    assert "P(None, None, None)" in param  # the parameter stays whole on every device
+    placed = [line.split() for line in out.splitlines() if line.startswith("hidden_kernel ")][1]
+    shape = next(line for line in out.splitlines() if line.startswith("hidden_kernel ")).split("(")[3]
+    assert placed[0] == "hidden_kernel" and "'data'" in " ".join(placed), placed
+    params, opt, grads = (int(out.split(f"{part}: ")[1].split(" bytes")[0].replace(",", ""))
+                          for part in ("parameters", "optimizer state (adamw)", "gradients"))
+    assert grads * 8 <= params + 8 * 64 and opt < params / 2, (params, opt, grads, shape)

@@ -30,6 +30,7 @@ from shardbench.presets import get_preset
 from shardbench.tasks import get_task
 from shardbench.optim import build_optimizer, learning_rate
 from shardbench.preflight import check_run
+from shardbench.train.loop import run
 from shardbench.train.spmd import make_steps
 from shardbench.train.state import init_state, state_shardings
 
@@ -164,3 +165,24 @@ def test_the_recorded_breakdown_is_the_hand_count(tmp_path) -> None:
     assert (b.params_bytes, b.gradients_bytes, b.optimizer_bytes) == (
         per_device * 2, per_device * 2, per_device * 2 * 2 + ADAM_COUNTERS)  # Adam's moments in the params' dtype
     assert m.compile is times and m.memory.per_device[0]["params_bytes"] == per_device * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spmd", ["jit", "shard_map"])
+@pytest.mark.parametrize(("strategy", "params", "gradients", "optimizer"), [
+    # PARALLELISM.md's count per device for P float32 parameters, Adam's two moments and N = 8 devices: every
+    # array of this MLP has a dim 8 divides, so each split is exact.
+    ("dp", 4 * PARAMS, 4 * PARAMS, 8 * PARAMS),  # replicated: 16P
+    ("zero1", 4 * PARAMS, 4 * PARAMS, 8 * PARAMS // 8),  # 4P + 4P + 8P/N
+    ("zero2", 4 * PARAMS, 4 * PARAMS // 8, 8 * PARAMS // 8),  # 4P + (4P + 8P)/N
+    ("fsdp", 4 * PARAMS // 8, 4 * PARAMS // 8, 8 * PARAMS // 8),  # 16P/N
+])
+def test_zero_breakdown_is_the_hand_count(tmp_path, spmd: str, strategy: str, params: int, gradients: int,
+                                          optimizer: int) -> None:
+    """Through a whole run, as summary.json records it: each part's bytes per device for ZeRO-1, ZeRO-2 and
+    the replicated and fully sharded layouts they sit between."""
+    summary = run(_cfg(tmp_path, **{"parallel.strategy": strategy, "parallel.mesh": "8", "parallel.spmd": spmd}))
+    b = summary["measurements"]["memory"]["breakdown"]
+    assert (b["params_bytes"], b["gradients_bytes"], b["optimizer_bytes"]) == (
+        params, gradients, optimizer + ADAM_COUNTERS)
+    assert b["model_state_bytes"] == 0
