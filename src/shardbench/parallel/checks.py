@@ -23,9 +23,9 @@ def check_style(style: str, layout: Layout) -> None:
                               f"of {layout.shape.model}: use a 1-D mesh (--mesh {layout.shape.size}) with --strategy "
                               f"dp, or --spmd jit / shard_map for 2-D meshes")
         if not layout.strategy.replicates_everything:
-            raise ConfigError(f"--spmd pmap replicates parameters, gradients and optimizer state on every device "
-                              f"(data parallelism), so it cannot run --strategy {layout.strategy.name}: use "
-                              f"--strategy dp, or --spmd shard_map / jit")
+            raise ConfigError(f"--spmd pmap replicates parameters on every device, with their gradients and "
+                              f"optimizer state (data parallelism), so it cannot run --strategy "
+                              f"{layout.strategy.name}: use --strategy dp, or --spmd shard_map / jit")
 
 
 def check_layout(spec: ModelSpec, layout: Layout) -> None:
