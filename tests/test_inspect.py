@@ -19,3 +19,17 @@ def test_inspect_prints_layout_of_every_parameter(capsys) -> None:
 def test_inspect_rejects_an_unknown_array(capsys) -> None:
     code = main(["inspect", "--preset", "vit-tiny", "--array", "encoder/nothing"])
     assert code == 2 and "--array encoder/nothing: no such parameter" in capsys.readouterr().err
+
+
+def test_inspect_shows_where_zero2_puts_optimizer_state_and_gradients(capsys) -> None:
+    """mlp-small (6,177,802 parameters) under zero2 on 8 devices: every parameter whole, its optimizer state and
+    gradient split over data where 8 divides a dim (all but out_bias, 10 values), counted by hand."""
+    code = main(["inspect", "--preset", "mlp-small", "--strategy", "zero2", "--mesh", "8"])
+    out = capsys.readouterr().out
+    assert code == 0 and "strategy zero2" in out
+    param, placed = [line for line in out.splitlines() if line.startswith("hidden_kernel ")][:2]  # then its picture
+    assert "P(None, None, None)" in param and param.split()[-1] == "24,117,248"  # whole on every device
+    assert placed.split("  ")[0] == "hidden_kernel" and placed.count("P(None, 'data', None)  (23, 64, 512)") == 2
+    sliced = (6_177_802 - 10) // 8 + 10  # per device: 1/8 of each array but out_bias
+    assert (f"optimizer state (adam): {2 * sliced * 4 + 2 * 4:,} bytes per device; parameters: "
+            f"{6_177_802 * 4:,} bytes per device; gradients: {sliced * 4:,} bytes per device") in out

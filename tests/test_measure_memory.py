@@ -31,6 +31,7 @@ from shardbench.presets import get_preset
 from shardbench.tasks import get_task
 from shardbench.optim import build_optimizer, learning_rate
 from shardbench.preflight import check_run
+from shardbench.train.loop import run
 from shardbench.train.spmd import make_steps
 from shardbench.train.state import init_state, state_shardings
 
@@ -202,3 +203,23 @@ def test_accumulation_reduces_the_gradients_once_per_update_under_shard_map_and_
     assert once[1] >= PARAMS * 4  # the gradients, all-reduced
     assert reduced("shard_map", 4) == once
     assert reduced("jit", 4) == (4 * once[0], 4 * once[1])
+
+
+@pytest.mark.parametrize("spmd", ["jit", "shard_map"])
+@pytest.mark.parametrize(("strategy", "params", "gradients", "optimizer"), [
+    # PARALLELISM.md's count per device for P float32 parameters, Adam's two moments and N = 8 devices: every
+    # array of this MLP has a dim 8 divides, so each split is exact.
+    ("dp", 4 * PARAMS, 4 * PARAMS, 8 * PARAMS),  # replicated: 16P
+    ("zero1", 4 * PARAMS, 4 * PARAMS, 8 * PARAMS // 8),  # 4P + 4P + 8P/N
+    ("zero2", 4 * PARAMS, 4 * PARAMS // 8, 8 * PARAMS // 8),  # 4P + (4P + 8P)/N
+    ("fsdp", 4 * PARAMS // 8, 4 * PARAMS // 8, 8 * PARAMS // 8),  # 16P/N
+])
+def test_zero_breakdown_is_the_hand_count(tmp_path, spmd: str, strategy: str, params: int, gradients: int,
+                                          optimizer: int) -> None:
+    """Through a whole run, as summary.json records it: each part's bytes per device for ZeRO-1, ZeRO-2 and
+    the replicated and fully sharded layouts they sit between."""
+    summary = run(_cfg(tmp_path, **{"parallel.strategy": strategy, "parallel.mesh": "8", "parallel.spmd": spmd}))
+    b = summary["measurements"]["memory"]["breakdown"]
+    assert (b["params_bytes"], b["gradients_bytes"], b["optimizer_bytes"]) == (
+        params, gradients, optimizer + ADAM_COUNTERS)
+    assert b["model_state_bytes"] == 0

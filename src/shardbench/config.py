@@ -19,7 +19,7 @@ from shardbench import xla_presets
 from shardbench.errors import ConfigError
 from shardbench.fields import FRACTION, POSITIVE, Range, Spec, setting, spec_of
 
-STRATEGIES = ("auto", "single", "dp", "fsdp", "tp", "dp+tp", "fsdp+tp")
+STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp")
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_POLICIES = ("none", "block", "full")
@@ -188,8 +188,9 @@ class ParallelConfig:
     """Device mesh and the strategy that maps logical axes onto it."""
 
     strategy: str = setting(
-        "auto", "how parameters and batches are split; auto: single for --mesh none, dp for a data-only mesh, tp "
-        "for a model-only one, dp+tp for both", choices=STRATEGIES, short="--strategy")
+        "auto", "how parameters, gradients, optimizer state and batches are split (zero1/zero2: optimizer state, "
+        "and gradients too, over data); auto: single for --mesh none, dp for a data-only mesh, tp for a model-only "
+        "one, dp+tp for both", choices=STRATEGIES, short="--strategy")
     mesh: str = setting(
         "", "device mesh: N (all on the strategy's axis), AxB (data x model), data=A,model=B, or none (one device, "
         "no mesh); '' = every device on the strategy's axis", short="--mesh")

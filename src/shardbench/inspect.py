@@ -17,13 +17,13 @@ from shardbench.tasks import validate
 from shardbench.config import Config
 from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
-from shardbench.measure.memory import per_device_bytes
-from shardbench.measure.params import format_table, param_table, picture
+from shardbench.measure.memory import gradient_buffers, per_device_bytes
+from shardbench.measure.params import format_placements, format_table, param_table, picture
 from shardbench.parallel.rules import flat_by_path, make_layout
 from shardbench.optim import build_optimizer
 from shardbench.models.spec import ModelSpec, describe_model
 from shardbench.parallel.checks import check_layout
-from shardbench.train.state import abstract_train_state
+from shardbench.train.state import abstract_train_state, gradient_shardings
 
 DEFAULT_ARRAY = "encoder/mlp2_kernel"  # the seed pictured the second MLP layer's kernel
 # Per model kind: the array pictured by default, and the batch's shape and name.
@@ -62,6 +62,7 @@ def inspect(cfg: Config, array: str = "") -> str:
     rows = param_table(spec.axes, spec.shapes, cfg.precision.param_dtype, layout)
     tx: optax.GradientTransformation = build_optimizer(cfg.optim, 100)
     target = abstract_train_state(spec, layout, tx)
+    gradients = gradient_buffers(target.params, gradient_shardings(spec, layout))
     mesh = "none" if layout.mesh is None else f"{layout.shape} (data x model)"
     lines = [
         f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
@@ -70,9 +71,13 @@ def inspect(cfg: Config, array: str = "") -> str:
         format_table(rows),
         "",
         f"optimizer state ({cfg.optim.optimizer}): {per_device_bytes(target.opt_state):,} bytes per device; "
-        f"parameters: {per_device_bytes(target.params):,} bytes per device",
+        f"parameters: {per_device_bytes(target.params):,} bytes per device; "
+        f"gradients: {per_device_bytes(gradients):,} bytes per device",
         "",
     ]
+    if layout.strategy.optimizer is not None or layout.strategy.gradients is not None:
+        lines[-1:-1] = ["", "optimizer state (each per-parameter array, e.g. Adam's two moments) and gradients, "
+                        "placed apart from the parameters:", format_placements(spec.axes, spec.shapes, layout)]
     if jax.tree.leaves(target.model_state):
         lines[-1:-1] = model_state_lines(spec, target.model_state)
     by_path = {r.path: r for r in rows}

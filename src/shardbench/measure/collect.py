@@ -50,8 +50,8 @@ class RunSetup:
 @dataclass(frozen=True)
 class CompiledStep:
     """The compiled train step, its compile times, and its gradient buffers (abstract arrays with their
-    shardings) where they are not the parameters' own (`measure.memory.gradient_buffers`, None: derived from
-    the parameters, as every strategy's step lays them out today)."""
+    shardings) where the strategy places them apart from the parameters, as ZeRO-2 splits them
+    (`measure.memory.gradient_buffers` with `train.state.gradient_shardings`; None: laid out as the parameters)."""
 
     compiled: Any
     times: CompileTimes | None

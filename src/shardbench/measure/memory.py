@@ -87,8 +87,9 @@ def compiled_total(analysis: dict[str, int]) -> int:
 def gradient_buffers(params: Any, shardings: Any = None) -> Any:
     """The gradients a step computes of `params`, as abstract arrays: shapes and dtypes as JAX's
     differentiation gives them (traced, not copied from the parameters: a cotangent of an integer leaf has no
-    bytes), laid out by `shardings`, a tree like `params` (default: each parameter's own sharding, which is how
-    every strategy's step hands its gradients to the optimizer)."""
+    bytes), laid out by `shardings`, a tree like `params`: the strategy's gradient placement
+    (`shardbench.train.state.gradient_shardings`; default, None: each parameter's own sharding, which is how
+    every strategy's step but ZeRO-2's hands its gradients to the optimizer)."""
     def loss(p: Any) -> jax.Array:
         return sum((x.astype(jax.numpy.float32).sum() for x in jax.tree.leaves(p)
                     if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)), jax.numpy.float32(0))

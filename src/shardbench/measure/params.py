@@ -61,6 +61,23 @@ def format_table(rows: list[ParamRow]) -> str:
     return "\n".join([line(head), rule, *(line(b) for b in body), rule, line(total)])
 
 
+def format_placements(axes_tree: dict[str, Any], shapes: dict[str, Any], layout: Layout) -> str:
+    """Per parameter, where its optimizer state and its gradient live and what one device holds of each: for a
+    strategy that places them apart from the parameter (ZeRO-1 and ZeRO-2)."""
+    flat_axes, flat_shapes = flat_by_path(axes_tree), flat_by_path(shapes)
+    head = ("path", "optimizer state", "per device", "gradient", "per device")
+    body = []
+    for path in sorted(flat_axes):
+        axes, shape = flat_axes[path], tuple(flat_shapes[path])
+        opt, grad = layout.optimizer_spec(axes, shape), layout.gradient_spec(axes, shape)
+        body.append((path, _spec_text(opt, len(shape)), str(tuple(layout.sharding(opt).shard_shape(shape))),
+                     _spec_text(grad, len(shape)), str(tuple(layout.sharding(grad).shard_shape(shape)))))
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [head, *body]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 def _span(s: slice, size: int) -> tuple[int, int]:
     start, stop, _ = s.indices(size)
     return start, stop

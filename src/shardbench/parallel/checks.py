@@ -22,9 +22,10 @@ def check_style(style: str, layout: Layout) -> None:
             raise ConfigError(f"--spmd pmap maps over one axis of devices but --mesh {layout.shape} has a model axis "
                               f"of {layout.shape.model}: use a 1-D mesh (--mesh {layout.shape.size}) with --strategy "
                               f"dp, or --spmd jit / shard_map for 2-D meshes")
-        if layout.strategy.name not in ("single", "dp"):
-            raise ConfigError(f"--spmd pmap replicates parameters on every device (data parallelism), so it cannot "
-                              f"run --strategy {layout.strategy.name}: use --strategy dp, or --spmd shard_map / jit")
+        if not layout.strategy.replicates_everything:
+            raise ConfigError(f"--spmd pmap replicates parameters on every device, with their gradients and "
+                              f"optimizer state (data parallelism), so it cannot run --strategy "
+                              f"{layout.strategy.name}: use --strategy dp, or --spmd shard_map / jit")
 
 
 def check_layout(spec: ModelSpec, layout: Layout) -> None:

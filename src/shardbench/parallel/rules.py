@@ -1,6 +1,6 @@
 """Strategies as data: ordered tactics that place each parameter on the mesh, and a table for activations.
 
-A strategy names where parameters (and their optimizer state) live as an ordered tuple of tactics, as big_vision
+A strategy names where parameters live as an ordered tuple of tactics, as big_vision
 writes sharding as ordered rules of tactics, and how activations and batches are split as a table from logical
 axis names to mesh axes (as Levanter separates parameter and compute axis mappings). Each tactic fills only the
 dims the tactics before it left whole and never reuses a mesh axis an array already uses:
@@ -11,6 +11,9 @@ dims the tactics before it left whole and never reuses a mesh axis an array alre
   largest dim that it divides (never the stacked 'layers' dim, which the scan slices); an array that nothing
   divides stays replicated, since which dim divides depends on each array's shape. XLA gathers the parameters
   for compute.
+The optimizer state and the gradients (as the optimizer receives them) are placed by tactics of their own,
+which default to the parameters': ZeRO-1 keeps the parameters whole and splits the optimizer state over data,
+ZeRO-2 splits the gradients too, so each device updates its slice and the parameters are gathered after.
 Adding a way of splitting is adding a tactic or an entry to `STRATEGIES`, not a branch in `Layout`.
 """
 
@@ -90,7 +93,8 @@ _TP: Rules = {HEADS: MODEL, MLP: MODEL}
 
 @dataclass(frozen=True)
 class Strategy:
-    """Where parameters live (`params`, tactics applied in order) and how compute is split (`compute`)."""
+    """Where parameters live (`params`, tactics applied in order), how compute is split (`compute`), and where
+    the optimizer state and the gradients live (`optimizer`, `gradients`; None: as the parameters)."""
 
     name: str
     params: tuple[Tactic, ...]
@@ -98,6 +102,21 @@ class Strategy:
     axes: tuple[str, ...]  # mesh axes this strategy may give more than one device
     primary: str = DATA  # where a bare `--mesh N` puts its devices
     description: str = ""
+    optimizer: tuple[Tactic, ...] | None = None
+    gradients: tuple[Tactic, ...] | None = None
+
+    @property
+    def optimizer_tactics(self) -> tuple[Tactic, ...]:
+        return self.params if self.optimizer is None else self.optimizer
+
+    @property
+    def gradient_tactics(self) -> tuple[Tactic, ...]:
+        return self.params if self.gradients is None else self.gradients
+
+    @property
+    def replicates_everything(self) -> bool:
+        """Parameters, gradients and optimizer state all whole on every device (what pmap can run)."""
+        return not (self.params or self.optimizer_tactics or self.gradient_tactics)
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -112,6 +131,12 @@ STRATEGIES: dict[str, Strategy] = {
                  "Megatron tensor parallelism: heads and MLP hidden split over model"),
         Strategy("dp+tp", (ByName(_TP),), {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
                  "batch split over data, Megatron tensor parallelism over model"),
+        Strategy("zero1", (), {BATCH: DATA}, (DATA,), DATA,
+                 "parameters and gradients replicated, optimizer state sharded over data (ZeRO-1); batch split "
+                 "over data", optimizer=(Largest(DATA),)),
+        Strategy("zero2", (), {BATCH: DATA}, (DATA,), DATA,
+                 "parameters replicated, gradients and optimizer state sharded over data (ZeRO-2); batch split "
+                 "over data", optimizer=(Largest(DATA),), gradients=(Largest(DATA),)),
         Strategy("fsdp+tp", (ByName(_TP), Largest(DATA)), {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
                  "parameters sharded over data and model; batch over data; Megatron over model"),
     )
@@ -167,16 +192,32 @@ class Layout:
     def replicated(self) -> jax.sharding.Sharding:
         return self.sharding(PartitionSpec())
 
-    def param_spec(self, axes: Axes, shape: tuple[int, ...]) -> PartitionSpec:
-        """The strategy's tactics in order, each on the dims the ones before left whole."""
+    def placed(self, tactics: tuple[Tactic, ...], axes: Axes, shape: tuple[int, ...]) -> PartitionSpec:
+        """`tactics` in order, each on the dims the ones before left whole."""
         spec: Spec = (None,) * len(axes)
-        for tactic in self.strategy.params:
+        for tactic in tactics:
             spec = tactic.place(spec, axes, shape, self.shape)
         return PartitionSpec(*spec)
 
-    def param_shardings(self, axes_tree: dict[str, Any], shapes: dict[str, Any]) -> dict[str, Any]:
-        return jax.tree.map(lambda axes, shape: self.sharding(self.param_spec(axes, tuple(shape))),
+    def param_spec(self, axes: Axes, shape: tuple[int, ...]) -> PartitionSpec:
+        return self.placed(self.strategy.params, axes, shape)
+
+    def optimizer_spec(self, axes: Axes, shape: tuple[int, ...]) -> PartitionSpec:
+        """Where the optimizer's per-parameter state (Adam's moments) of a parameter lives."""
+        return self.placed(self.strategy.optimizer_tactics, axes, shape)
+
+    def gradient_spec(self, axes: Axes, shape: tuple[int, ...]) -> PartitionSpec:
+        """Where a parameter's gradient lives when the step hands it to the optimizer."""
+        return self.placed(self.strategy.gradient_tactics, axes, shape)
+
+    def shardings(self, tactics: tuple[Tactic, ...], axes_tree: dict[str, Any],
+                  shapes: dict[str, Any]) -> dict[str, Any]:
+        """A sharding per parameter by `tactics`, a tree like the parameters."""
+        return jax.tree.map(lambda axes, shape: self.sharding(self.placed(tactics, axes, tuple(shape))),
                             axes_tree, shapes, is_leaf=is_axes)
+
+    def param_shardings(self, axes_tree: dict[str, Any], shapes: dict[str, Any]) -> dict[str, Any]:
+        return self.shardings(self.strategy.params, axes_tree, shapes)
 
     def batch_sharding(self) -> jax.sharding.Sharding:
         """Arrays whose leading dim is the batch: split over data, whole along everything else."""
@@ -210,9 +251,12 @@ class Layout:
                         axis_fields: Mapping[str, str]) -> None:
         """Every dim a tactic demands must divide by its mesh axis: say which field to change if not."""
         flat_axes, flat_shapes = flat_by_path(axes_tree), flat_by_path(shapes)
+        s = self.strategy
+        every = (*s.params, *s.optimizer_tactics, *s.gradient_tactics)
+        tactics = [t for i, t in enumerate(every) if t not in every[:i]]
         for path, axes in sorted(flat_axes.items()):
             shape = tuple(flat_shapes[path])
-            for tactic in self.strategy.params:
+            for tactic in tactics:
                 for dim, mesh_axis in tactic.indivisible(axes, shape, self.shape)[:1]:
                     n = self.shape[mesh_axis]
                     fld = axis_fields.get(axes[dim], f"the '{axes[dim]}' dimension")

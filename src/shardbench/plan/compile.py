@@ -23,7 +23,7 @@ from shardbench.measure.memory import compiled_memory, gradient_buffers, per_dev
 from shardbench.parallel.rules import Layout
 from shardbench.optim import build_optimizer, learning_rate
 from shardbench.train.spmd import make_steps
-from shardbench.train.state import abstract_train_state, state_shardings
+from shardbench.train.state import abstract_train_state, gradient_shardings, state_shardings
 
 ABSTRACT_STEPS = 1000  # the schedule's length: it changes no shape
 
@@ -82,7 +82,8 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
         "device_kind": getattr(layout.device, "device_kind", layout.device.platform),
         "compile_s": compile_s,
         "state": {"params_bytes": params_b, "optimizer_bytes": opt_b,
-                  "gradients_bytes": per_device_bytes(gradient_buffers(state.params)),
+                  "gradients_bytes": per_device_bytes(gradient_buffers(state.params,
+                                                                       gradient_shardings(spec, layout))),
                   "model_state_bytes": per_device_bytes(state.model_state)},
         "batch_bytes": per_device_bytes(batch),
         "compiled": compiled_memory(compiled),

@@ -23,6 +23,8 @@ MEMORY_NAMES = {"peak": "runtime peak per device", "compiled": "compiled total p
 STRATEGY_ROLES: dict[str, str] = {
     "single": "A single device holds the whole model",
     "dp": "DP replicates parameters and optimizer state on every device",
+    "zero1": "ZeRO-1 replicates parameters and gradients and shards the optimizer state over the data axis",
+    "zero2": "ZeRO-2 replicates parameters and shards gradients and optimizer state over the data axis",
     "fsdp": "FSDP shards parameters and optimizer state over the data axis",
     "tp": "TP splits the weight matrices over the model axis",
     "dp+tp": "DP+TP splits the weight matrices over the model axis and replicates them over the data axis",

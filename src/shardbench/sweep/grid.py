@@ -189,6 +189,14 @@ def lm_replicated_vs_fsdp() -> SweepPreset:
     return SweepPreset("lm-seed", {"train.steps": 50}, [Grid([layouts])], lm_replicated_vs_fsdp.__doc__ or "")
 
 
+def zero() -> SweepPreset:
+    """Where the training state's memory goes: dp, zero1 (optimizer state sharded), zero2 (and gradients) and fsdp
+    (and parameters) on lm-seed over 8 devices, 20 steps."""
+    layouts = [{"parallel.strategy": name, "parallel.mesh": ""} for name in ("dp", "zero1", "zero2", "fsdp")]
+    return SweepPreset("lm-seed", {"train.steps": 20, "parallel.devices": 8}, [Grid([layouts])],
+                       zero.__doc__ or "")
+
+
 def mlp_spmd_styles() -> SweepPreset:
     """The seed's MLP modes: one device with jit, jit on all devices, pmap, and shard_map (data parallel)."""
     runs = [{"parallel.strategy": "single", "parallel.mesh": "none", "parallel.spmd": "jit"},
@@ -216,7 +224,7 @@ def precision_accuracy() -> SweepPreset:
 
 SWEEP_PRESETS: dict[str, Callable[[], SweepPreset]] = {
     "mesh-grid": mesh_grid, "precision-grid": precision_grid, "strategies": strategies,
-    "lm-replicated-vs-fsdp": lm_replicated_vs_fsdp, "mlp-spmd-styles": mlp_spmd_styles,
+    "lm-replicated-vs-fsdp": lm_replicated_vs_fsdp, "zero": zero, "mlp-spmd-styles": mlp_spmd_styles,
     "precision-accuracy": precision_accuracy,
 }
 

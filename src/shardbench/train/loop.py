@@ -18,6 +18,7 @@ from shardbench.config import Config
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure import run_record
 from shardbench.measure.collect import Clocks, CompiledStep, RunSetup, build_measurements, default_run_name
+from shardbench.measure.memory import gradient_buffers
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.timing import StepTimer, fit_warmup
 from shardbench import compile_cache
@@ -25,6 +26,7 @@ from shardbench.train import hooks
 from shardbench.train.build import BuiltRun, FinishedRun, build_run
 from shardbench.train.evaluation import evaluate
 from shardbench.train.events import ScalarWriter
+from shardbench.train.state import gradient_shardings
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -92,7 +94,10 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     window.stop()
     bar.close()
     built.checkpoints.save(steps.release(run.state))
-    compiled = None if steps.compiled is None else CompiledStep(steps.compiled, steps.compile_times)
+    grad_layout = gradient_shardings(checked.spec, layout)  # None: laid out as the parameters
+    compiled = None if steps.compiled is None else CompiledStep(
+        steps.compiled, steps.compile_times,
+        None if grad_layout is None else gradient_buffers(run.state.params, grad_layout))
     measured = build_measurements(
         RunSetup(cfg, checked.task, layout), compiled,
         Clocks(timer, epochs.times, epochs.steps, checked.steps_per_epoch, total - start), run.state, built.host)

@@ -1,10 +1,13 @@
 """The train and eval steps compiled in the SPMD style `--spmd` names (`make_steps` picks one); state donated,
 shardings fixed up front. Each style runs the same `StepParts` (`shardbench.train.step`).
 
-- `jit`: one global program; XLA partitions it from the shardings of the state and the batch.
+- `jit`: one global program; XLA partitions it from the shardings of the state and the batch. Gradients a
+  strategy places apart from their parameters (ZeRO-2) are constrained to that placement, so XLA reduces them
+  with a reduce-scatter instead of an all-reduce.
 - `shard_map`: the step's forward and backward pass is a per-device program over the 'data' axis, with
   its collectives written out: replicated parameters have their gradients averaged with `pmean`; FSDP
-  parameters are all-gathered before use and their gradients reduce-scattered (`psum_scatter`). The
+  parameters are all-gathered before use and their gradients reduce-scattered (`psum_scatter`), as are the
+  gradients of a strategy that splits them while the parameters stay whole (ZeRO-2). The
   optimizer update then runs element-wise on the shards in the enclosing jit. With a 'model' axis the
   program is manual over 'data' only and XLA partitions the model axis (tensor parallelism) inside it.
 - `pmap`: the older style. Parameters and optimizer state are replicated with a leading device axis,
@@ -37,11 +40,11 @@ from shardbench.config import Config
 from shardbench.errors import ConfigError
 from shardbench.models.axes import constraints
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
-from shardbench.parallel.rules import Layout, is_axes, spec_for
+from shardbench.parallel.rules import Layout, Tactic, is_axes, spec_for
 from shardbench.parallel.checks import check_style
 from shardbench.tasks import Rows, Task
 from shardbench.models.spec import ModelSpec
-from shardbench.train.state import TrainState
+from shardbench.train.state import TrainState, gradient_shardings
 from shardbench.train.step import (
     Batch, HostBatch, Metrics, StepParts, Steps, eval_sums, place_batch,
 )
@@ -72,10 +75,11 @@ def sync_statistics(spec: ModelSpec, model_state: Any, axis: str) -> Any:
                         else x, model_state)
 
 
-def _data_dims(layout: Layout, spec: ModelSpec) -> Any:
-    """Per parameter: the dim FSDP shards over 'data', or None where the parameter is whole on each device."""
+def _data_dims(layout: Layout, spec: ModelSpec, tactics: tuple[Tactic, ...]) -> Any:
+    """Per parameter: the dim `tactics` (the parameters' or the gradients') shard over 'data', or None where
+    the array is whole on each device."""
     def dim(axes: tuple[str | None, ...], shape: Any) -> int | None:
-        parts = list(layout.param_spec(axes, tuple(shape)))
+        parts = list(layout.placed(tactics, axes, tuple(shape)))
         return parts.index(DATA) if DATA in parts else None
 
     return jax.tree.map(dim, spec.axes, spec.shapes, is_leaf=is_axes)
@@ -91,17 +95,22 @@ def _manual_spec(dim: int | None, ndim: int, data: str = DATA) -> PartitionSpec:
 def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_keys: tuple[str, ...]) -> Steps:
     """The global program: the batch is split over data by its sharding, parameters by theirs."""
     global_batch = parts.cfg.train.batch_size
+    grad_shardings = gradient_shardings(parts.spec, layout)
 
-    def like_params(grads: Any) -> Any:
-        """An accumulator of gradients laid out as the parameters (FSDP: split as they are)."""
-        return jax.lax.with_sharding_constraint(grads, shardings.params)
+    def like_gradients(grads: Any) -> Any:
+        """An accumulator of gradients laid out as the gradients are (as the parameters, FSDP split as they are,
+        unless the strategy places gradients itself: ZeRO-2's slices)."""
+        return jax.lax.with_sharding_constraint(grads, grad_shardings or shardings.params)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         with constraints(layout.constrain):
             g = parts.gradients(state.params, state.model_state, batch, state.step, Rows(0, global_batch),
-                                constrain=like_params)
-        metrics = parts.train_metrics(state, g.loss, g.correct, g.count, g.grads)
-        return parts.apply_update(state, g.grads, g.model_state), metrics
+                                constrain=like_gradients)
+        grads = g.grads
+        if grad_shardings is not None:  # each device keeps only its slice of the summed gradients
+            grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
+        metrics = parts.train_metrics(state, g.loss, g.correct, g.count, grads)
+        return parts.apply_update(state, grads, g.model_state), metrics
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
         with constraints(layout.constrain):
@@ -126,10 +135,14 @@ def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,
                           f"mesh's model axis: name the data axis something else in the model (axis_name='batch')")
     # The per-device program maps over the same devices, its data axis named as the model's layers name it.
     mesh = outer if data == DATA else Mesh(outer.devices, (data, *outer.axis_names[1:]))
-    dims = _data_dims(layout, parts.spec)
-    flat_dims, treedef = jax.tree.flatten(dims, is_leaf=lambda x: x is None or isinstance(x, int))
+    dims = _data_dims(layout, parts.spec, layout.strategy.params)
+    grad_dims = _data_dims(layout, parts.spec, layout.strategy.gradient_tactics)
+    is_dim = lambda x: x is None or isinstance(x, int)  # noqa: E731
+    flat_dims, treedef = jax.tree.flatten(dims, is_leaf=is_dim)
     shapes = treedef.flatten_up_to(parts.spec.shapes)
     param_specs = treedef.unflatten([_manual_spec(d, len(s), data) for d, s in zip(flat_dims, shapes)])
+    grad_specs = treedef.unflatten([_manual_spec(d, len(s), data)
+                                    for d, s in zip(jax.tree.leaves(grad_dims, is_leaf=is_dim), shapes)])
     state_specs = jax.tree.map(lambda _: PartitionSpec(), shardings.model_state)
     batch_specs = {k: PartitionSpec(data) for k in (*batch_keys, "mask")}
     # Manual over every axis unless the model axis carries tensor parallelism, which XLA keeps partitioning.
@@ -168,8 +181,8 @@ def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,
         with constraints(constraint):
             g = parts.gradients(whole, model_state, batch, step, Rows(index * b, b * size),
                                 jax.random.fold_in(drop, index), index)
-        # Reduced once per update, after any accumulation over microbatches.
-        grads = jax.tree.map(reduce, g.grads, dims)
+        # Reduced once per update, after any accumulation over microbatches, by the gradients' placement.
+        grads = jax.tree.map(reduce, g.grads, grad_dims)
         sums = {"loss": pmean(g.loss), "count": psum(g.count)}
         if g.correct is not None:
             sums["correct"] = psum(g.correct)
@@ -186,7 +199,7 @@ def shard_map_steps(parts: StepParts, layout: Layout, shardings: TrainState,
                              out_specs=out, axis_names=manual, check_vma=False)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        grads, model_state, sums = mapped(local_train, (param_specs, state_specs, PartitionSpec()))(
+        grads, model_state, sums = mapped(local_train, (grad_specs, state_specs, PartitionSpec()))(
             state.params, state.model_state, batch, state.step)
         metrics = parts.train_metrics(state, sums["loss"], sums.get("correct"), sums["count"], grads)
         return parts.apply_update(state, grads, model_state), metrics

@@ -41,17 +41,27 @@ def model_state_shardings(spec: ModelSpec, layout: Layout) -> Params:
 
 
 def state_shardings(spec: ModelSpec, layout: Layout, tx: optax.GradientTransformation) -> TrainState:
-    """Shardings for every leaf: optimizer moments follow their parameter, counters are replicated."""
+    """Shardings for every leaf: optimizer moments are placed by the strategy's optimizer tactics (its
+    parameter's placement unless the strategy says otherwise, as ZeRO-1/2 do), counters are replicated."""
     params = layout.param_shardings(spec.axes, spec.shapes)
+    moments = layout.shardings(layout.strategy.optimizer_tactics, spec.axes, spec.shapes)
     abstract_params = nnx.to_pure_dict(spec.abstract)
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
     opt = optax.tree_map_params(
-        tx, lambda _, sharding: sharding, abstract_opt, params,
+        tx, lambda _, sharding: sharding, abstract_opt, moments,
         transform_non_params=lambda _: layout.replicated,
         is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
     )
     return TrainState(step=layout.replicated, params=params, opt_state=opt,
                       model_state=model_state_shardings(spec, layout))
+
+
+def gradient_shardings(spec: ModelSpec, layout: Layout) -> Params | None:
+    """Where the step hands the gradients to the optimizer, a tree like the parameters; None where the strategy
+    places them as the parameters (every strategy but ZeRO-2), which is how the step leaves them by default."""
+    if layout.strategy.gradients is None:
+        return None
+    return layout.shardings(layout.strategy.gradients, spec.axes, spec.shapes)
 
 
 def init_state(cfg: Config, spec: ModelSpec, layout: Layout, tx: optax.GradientTransformation) -> TrainState:
