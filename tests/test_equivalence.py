@@ -164,6 +164,7 @@ ACCUM_RUNS = [
     ("lm-seed", "dp+tp", "4x2", 8, "shard_map", {}),
     ("mlp-small", "dp", "8", 8, "pmap", {}),
     ("mlp-small", "fsdp", "8", 8, "jit", {}),
+    ("mlp-small", "zero2", "8", 8, "jit", {}),  # accumulated into ZeRO-2's slices of the gradients
 ]
 
 
