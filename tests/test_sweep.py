@@ -68,6 +68,19 @@ def test_precision_grid_concatenates_its_sub_grids() -> None:
     assert runs["dtype_bfloat16_batch_4096"].settings["precision.param_dtype"] == "float32"
 
 
+def test_the_strategies_preset_runs_every_strategy_on_a_mesh_it_takes() -> None:
+    """`make demo`'s grid follows the table of strategies: a new entry joins it, on a mesh that strategy takes."""
+    import jax
+
+    from shardbench.parallel.rules import STRATEGIES, make_layout
+
+    runs = make_sweep("strategies").runs
+    assert sorted(r.settings["parallel.strategy"] for r in runs) == sorted(STRATEGIES)
+    for r in runs:
+        devices = jax.devices()[:1 if r.settings["parallel.mesh"] == "none" else 8]
+        make_layout(r.settings["parallel.strategy"], r.settings["parallel.mesh"], devices)  # raises if it cannot
+
+
 def test_command_line_values_override_a_sweep_preset() -> None:
     s = make_sweep("mesh-grid", base_preset="vit-tiny", values={"train.steps": "20", "train.batch_size": "64,256"})
     assert s.base_preset == "vit-tiny" and s.base == {"parallel.strategy": "auto", "train.steps": 20}

@@ -173,13 +173,13 @@ def precision_grid() -> SweepPreset:
 
 
 def strategies() -> SweepPreset:
-    """Every strategy side by side on the same work: single, dp, fsdp, tp, dp+tp and fsdp+tp on 8 devices."""
-    layouts = [{"parallel.strategy": "single", "parallel.mesh": "none"},
-               {"parallel.strategy": "dp", "parallel.mesh": "8"},
-               {"parallel.strategy": "fsdp", "parallel.mesh": "8"},
-               {"parallel.strategy": "tp", "parallel.mesh": "model=8"},
-               {"parallel.strategy": "dp+tp", "parallel.mesh": "4x2"},
-               {"parallel.strategy": "fsdp+tp", "parallel.mesh": "4x2"}]
+    """Every strategy side by side on the same work, on 8 devices: each one in shardbench's table of strategies,
+    on a mesh that splits every axis it uses (none for single, 8 over data, model=8, 4x2)."""
+    from shardbench.parallel.rules import DATA, MODEL, STRATEGIES  # JAX and flax, only when this preset is asked for
+
+    meshes = {(): "none", (DATA,): "8", (MODEL,): "model=8", (DATA, MODEL): "4x2"}
+    layouts = [{"parallel.strategy": name, "parallel.mesh": meshes[strategy.axes]}
+               for name, strategy in STRATEGIES.items()]
     return SweepPreset("vit-seed", {"parallel.devices": 8}, [Grid([layouts])], strategies.__doc__ or "")
 
 
