@@ -48,6 +48,15 @@ SHAPES: dict[str, dict[str, object]] = {
     "mlp-small": {"model.mlp_dim": 64, "model.num_layers": 3, "model.input_dim": 32, "train.batch_size": 32},
 }
 
+# Pipeline stages need a stack that splits into 4: the MLP stacks num_layers - 1 = 4 layers, the LM 4 blocks. The
+# MLP runs 8 microbatches (not one per stage), the LM the default (as many as stages).
+PIPELINE_SHAPES: dict[str, dict[str, object]] = {
+    "mlp-deep": {**SHAPES["mlp-small"], "model.num_layers": 5, "parallel.microbatches": 8},
+    "lm-deep": {**SHAPES["lm-seed"], "model.num_layers": 4},
+}
+PRESETS = {"mlp-deep": "mlp-small", "lm-deep": "lm-seed"}
+PIPELINE_LAYOUTS = [("pp", "stage=4", 4), ("dp+pp", "data=2,stage=4", 8)]
+
 # (strategy, mesh, devices) for every strategy; pmap runs data parallelism only.
 LAYOUTS = [("dp", "8", 8), ("zero1", "8", 8), ("zero2", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4),
            ("dp+tp", "4x2", 8), ("fsdp+tp", "4x2", 8)]
@@ -61,7 +70,8 @@ CASES = ([(preset, "single", "none", 1, "jit") for preset in SHAPES]
          + [(preset, "dp", "8", 8, "pmap") for preset in SHAPES]
          + [("mlp-small", *layout, "shard_map") for layout in LAYOUTS]
          + [(preset, *layout, "shard_map") for preset in ("vit-tiny", "lm-seed")
-            for layout in LAYOUTS if layout[0] in ("dp", "zero2", "fsdp+tp")])
+            for layout in LAYOUTS if layout[0] in ("dp", "zero2", "fsdp+tp")]
+         + [(preset, *layout, "jit") for preset in PIPELINE_SHAPES for layout in PIPELINE_LAYOUTS])
 
 def config(tmp: Path, preset: str, name: str, **overrides: object) -> config_lib.Config:
     base = {"train.steps": STEPS, "train.progress": False, "train.checkpoint_every": 0, "train.log_every": 1,
@@ -69,7 +79,8 @@ def config(tmp: Path, preset: str, name: str, **overrides: object) -> config_lib
             "train.compile_cache": "off", "data.synthetic_train": 256, "data.synthetic_test": 64,
             "model.dropout": 0.0, "optim.optimizer": "sgd", "optim.momentum": 0.0, "optim.lr": LR,
             "optim.schedule": "constant", "optim.warmup_steps": 0, "optim.grad_clip": 0.0, "optim.ema": 0.0}
-    return override(get_preset(preset), {**base, **SHAPES[preset], **overrides})
+    return override(get_preset(PRESETS.get(preset, preset)), {**base, **{**SHAPES, **PIPELINE_SHAPES}[preset],
+                                                              **overrides})
 
 
 def adam_by_hand(params: nnx.State, grads: nnx.State, moments: tuple[nnx.State, nnx.State], step: int,
@@ -127,7 +138,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
     def get(preset: str) -> tuple[list[float], list[float]]:
         if preset not in done:
             done[preset] = one_device(config(tmp, preset, preset, **{"parallel.strategy": "single",
-                                                                     "parallel.mesh": "none"}))
+                                                                     "parallel.mesh": "none",
+                                                                     "parallel.microbatches": 0}))
             losses, norms = done[preset]
             # SGD steps whose gradients are far from zero: a factor on them would move every later loss.
             assert min(norms) > 0.01 and abs(losses[-1] - losses[0]) > 1e-4 * losses[0]
