@@ -162,6 +162,13 @@ def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[l
     layout = f"{preset}: {strategy} on mesh {mesh} under {style}"
     np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg=f"{layout}: gradient norm differs")
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"{layout}: loss differs")
+    if "pp" in strategy.split("+"):  # the record names the pipeline and counts its stage-to-stage shifts
+        record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
+        stages, m = 4, int(PIPELINE_SHAPES[preset].get("parallel.microbatches", 4))  # type: ignore[call-overload]
+        assert (record["pipeline_stages"], record["pipeline_microbatches"]) == (stages, m), layout
+        assert record["pipeline_bubble"] == pytest.approx((stages - 1) / (m + stages - 1)), layout
+        # Three shifts per iteration (tests/test_pipeline.py says which), a few more once per step.
+        assert record["comms"]["collective-permute"]["count"] >= 3 * (m + stages - 1), layout
 
 
 # Gradient accumulation: each update sums 4 microbatches' gradients, and must be the one-device full-batch
