@@ -110,8 +110,8 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
     if per % m:
         works = [str(d) for d in _divisors(per)]
         instead = f"--parallel.microbatches {' or '.join(works[-5:])}" if works else "--parallel.microbatches 1"
-        raise ConfigError(f"--parallel.microbatches {m}{' (one per stage)' if not microbatches else ''} does not "
-                          f"divide the {per} examples per data shard (--batch-size {batch} over "
-                          f"{layout.data_size} data shard(s){f' and {grad_accum} accumulated microbatches' if grad_accum > 1 else ''}, "
-                          f"{name} on mesh {shape}): use {instead}, or a batch of "
-                          f"{-(-per // m) * m * layout.data_size * grad_accum}")
+        default = "" if microbatches else " (one per stage)"
+        accumulated = f" and {grad_accum} accumulated microbatches" if grad_accum > 1 else ""
+        raise ConfigError(f"--parallel.microbatches {m}{default} does not divide the {per} examples per data shard "
+                          f"(--batch-size {batch} over {layout.data_size} data shard(s){accumulated}, {name} on mesh "
+                          f"{shape}): use {instead}, or a batch of {-(-per // m) * m * layout.data_size * grad_accum}")

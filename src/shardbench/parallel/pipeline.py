@@ -1,8 +1,8 @@
 """Pipeline parallelism with the GPipe schedule, as one SPMD program (MaxText's way): the stacked layers are
 split into S stages over the `stage` mesh axis, the batch into M microbatches, and the stack runs as M + S - 1
 iterations in which every stage hands its last output to the next stage (a shift of the buffer along the stage
-dim, which XLA lowers to a collective-permute) and then computes, all stages at once (a vmap over the stage dim). Autodiff
-through the loop gives GPipe's backward: every microbatch's forward, then every backward.
+dim, which XLA lowers to a collective-permute) and then computes, all stages at once (a vmap over the stage
+dim). Autodiff through the loop gives GPipe's backward: every microbatch's forward, then every backward.
 
 The models never see this: they run their stacked layers through `shardbench.models.axes.run_stack`, and the jit
 step installs `pipeline_runner` in its place while it traces.
