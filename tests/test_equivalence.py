@@ -48,14 +48,18 @@ SHAPES: dict[str, dict[str, object]] = {
     "mlp-small": {"model.mlp_dim": 64, "model.num_layers": 3, "model.input_dim": 32, "train.batch_size": 32},
 }
 
-# Pipeline stages need a stack that splits into 4: the MLP stacks num_layers - 1 = 4 layers, the LM 4 blocks. The
-# MLP runs 8 microbatches (not one per stage), the LM the default (as many as stages).
+# Pipeline stages need a stack that splits into 4: the MLP stacks num_layers - 1 = 4 layers, the LM and the ViT 4
+# blocks. The MLP runs 8 microbatches (not one per stage), the others the default (as many as stages).
 PIPELINE_SHAPES: dict[str, dict[str, object]] = {
     "mlp-deep": {**SHAPES["mlp-small"], "model.num_layers": 5, "parallel.microbatches": 8},
     "lm-deep": {**SHAPES["lm-seed"], "model.num_layers": 4},
+    "vit-deep": {**SHAPES["vit-tiny"], "model.num_layers": 4},
 }
-PRESETS = {"mlp-deep": "mlp-small", "lm-deep": "lm-seed"}
+PRESETS = {"mlp-deep": "mlp-small", "lm-deep": "lm-seed", "vit-deep": "vit-tiny"}
 PIPELINE_LAYOUTS = [("pp", "stage=4", 4), ("dp+pp", "data=2,stage=4", 8)]
+# Both layouts on the MLP and the LM; the ViT's blocks are the LM's without the mask, so pp alone.
+PIPELINE_CASES = [(preset, *layout, "jit") for preset in ("mlp-deep", "lm-deep") for layout in PIPELINE_LAYOUTS] + [
+    ("vit-deep", *PIPELINE_LAYOUTS[0], "jit")]
 
 # (strategy, mesh, devices) for every strategy; pmap runs data parallelism only.
 LAYOUTS = [("dp", "8", 8), ("zero1", "8", 8), ("zero2", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4),
@@ -71,7 +75,7 @@ CASES = ([(preset, "single", "none", 1, "jit") for preset in SHAPES]
          + [("mlp-small", *layout, "shard_map") for layout in LAYOUTS]
          + [(preset, *layout, "shard_map") for preset in ("vit-tiny", "lm-seed")
             for layout in LAYOUTS if layout[0] in ("dp", "zero2", "fsdp+tp")]
-         + [(preset, *layout, "jit") for preset in PIPELINE_SHAPES for layout in PIPELINE_LAYOUTS])
+         + PIPELINE_CASES)
 
 def config(tmp: Path, preset: str, name: str, **overrides: object) -> config_lib.Config:
     base = {"train.steps": STEPS, "train.progress": False, "train.checkpoint_every": 0, "train.log_every": 1,
