@@ -179,6 +179,22 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: accumulation with BatchNorm statistics", lambda t: [
         "train", *TINY, "--model", f"{EXAMPLES / 'cnn_batchnorm.py'}:build", "--task", "classify",
         "--train.grad-accum", "2", "--out", str(t / "o")], "BatchNorm statistics", CONF),
+    ("train: pipeline stages that do not split the layers", lambda t: [
+        "train", *TINY, "--strategy", "pp", "--mesh", "stage=4", "--devices", "4", "--out", str(t / "o")],
+     "1 stacked layers (parameter encoder/ln1_bias) do not split into 4 equal stages", CONF),
+    ("train: microbatches that do not divide a data shard", lambda t: [
+        "train", *TINY, "--strategy", "dp+pp", "--mesh", "data=2,stage=2", "--devices", "4", "--model.num-layers",
+        "2", "--parallel.microbatches", "3", "--out", str(t / "o")],
+     "--parallel.microbatches 3 does not divide the 8 examples per data shard", CONF),
+    ("train: pipeline stages of a model of your own", lambda t: [
+        "train", *TINY, "--model", f"{EXAMPLES / 'convnet.py'}:build", "--task", "classify", "--strategy", "pp",
+        "--mesh", "stage=2", "--devices", "2", "--out", str(t / "o")], "a model of your own does not hand", CONF),
+    ("train: pipeline stages under shard_map", lambda t: [
+        "train", *TINY, "--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--model.num-layers", "2",
+        "--spmd", "shard_map", "--out", str(t / "o")], "--spmd shard_map cannot run --strategy pp", CONF),
+    ("train: microbatches without pipeline stages", lambda t: [
+        "train", *TINY, "--parallel.microbatches", "4", "--out", str(t / "o")],
+     "--parallel.microbatches 4 splits the batch for pipeline stages", CONF),
     ("sweep: a sweep file with no axes", _empty_sweep_file, "no axes", CONF),
     ("sweep: a sweep file that does not exist", lambda t: ["sweep", "--sweep-file", str(t / "no.toml")], "no.toml",
      CONF),

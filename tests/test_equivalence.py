@@ -48,6 +48,19 @@ SHAPES: dict[str, dict[str, object]] = {
     "mlp-small": {"model.mlp_dim": 64, "model.num_layers": 3, "model.input_dim": 32, "train.batch_size": 32},
 }
 
+# Pipeline stages need a stack that splits into 4: the MLP stacks num_layers - 1 = 4 layers, the LM and the ViT 4
+# blocks. The MLP runs 8 microbatches (not one per stage), the others the default (as many as stages).
+PIPELINE_SHAPES: dict[str, dict[str, object]] = {
+    "mlp-deep": {**SHAPES["mlp-small"], "model.num_layers": 5, "parallel.microbatches": 8},
+    "lm-deep": {**SHAPES["lm-seed"], "model.num_layers": 4},
+    "vit-deep": {**SHAPES["vit-tiny"], "model.num_layers": 4},
+}
+PRESETS = {"mlp-deep": "mlp-small", "lm-deep": "lm-seed", "vit-deep": "vit-tiny"}
+PIPELINE_LAYOUTS = [("pp", "stage=4", 4), ("dp+pp", "data=2,stage=4", 8)]
+# Both layouts on the MLP and the LM; the ViT's blocks are the LM's without the mask, so pp alone.
+PIPELINE_CASES = [(preset, *layout, "jit") for preset in ("mlp-deep", "lm-deep") for layout in PIPELINE_LAYOUTS] + [
+    ("vit-deep", *PIPELINE_LAYOUTS[0], "jit")]
+
 # (strategy, mesh, devices) for every strategy; pmap runs data parallelism only.
 LAYOUTS = [("dp", "8", 8), ("zero1", "8", 8), ("zero2", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4),
            ("dp+tp", "4x2", 8), ("fsdp+tp", "4x2", 8)]
@@ -61,7 +74,8 @@ CASES = ([(preset, "single", "none", 1, "jit") for preset in SHAPES]
          + [(preset, "dp", "8", 8, "pmap") for preset in SHAPES]
          + [("mlp-small", *layout, "shard_map") for layout in LAYOUTS]
          + [(preset, *layout, "shard_map") for preset in ("vit-tiny", "lm-seed")
-            for layout in LAYOUTS if layout[0] in ("dp", "zero2", "fsdp+tp")])
+            for layout in LAYOUTS if layout[0] in ("dp", "zero2", "fsdp+tp")]
+         + PIPELINE_CASES)
 
 def config(tmp: Path, preset: str, name: str, **overrides: object) -> config_lib.Config:
     base = {"train.steps": STEPS, "train.progress": False, "train.checkpoint_every": 0, "train.log_every": 1,
@@ -69,7 +83,8 @@ def config(tmp: Path, preset: str, name: str, **overrides: object) -> config_lib
             "train.compile_cache": "off", "data.synthetic_train": 256, "data.synthetic_test": 64,
             "model.dropout": 0.0, "optim.optimizer": "sgd", "optim.momentum": 0.0, "optim.lr": LR,
             "optim.schedule": "constant", "optim.warmup_steps": 0, "optim.grad_clip": 0.0, "optim.ema": 0.0}
-    return override(get_preset(preset), {**base, **SHAPES[preset], **overrides})
+    return override(get_preset(PRESETS.get(preset, preset)), {**base, **{**SHAPES, **PIPELINE_SHAPES}[preset],
+                                                              **overrides})
 
 
 def adam_by_hand(params: nnx.State, grads: nnx.State, moments: tuple[nnx.State, nnx.State], step: int,
@@ -127,7 +142,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
     def get(preset: str) -> tuple[list[float], list[float]]:
         if preset not in done:
             done[preset] = one_device(config(tmp, preset, preset, **{"parallel.strategy": "single",
-                                                                     "parallel.mesh": "none"}))
+                                                                     "parallel.mesh": "none",
+                                                                     "parallel.microbatches": 0}))
             losses, norms = done[preset]
             # SGD steps whose gradients are far from zero: a factor on them would move every later loss.
             assert min(norms) > 0.01 and abs(losses[-1] - losses[0]) > 1e-4 * losses[0]
@@ -150,6 +166,13 @@ def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[l
     layout = f"{preset}: {strategy} on mesh {mesh} under {style}"
     np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg=f"{layout}: gradient norm differs")
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"{layout}: loss differs")
+    if "pp" in strategy.split("+"):  # the record names the pipeline and counts its stage-to-stage shifts
+        record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
+        stages, m = 4, int(PIPELINE_SHAPES[preset].get("parallel.microbatches", 4))  # type: ignore[call-overload]
+        assert (record["pipeline_stages"], record["pipeline_microbatches"]) == (stages, m), layout
+        assert record["pipeline_bubble"] == pytest.approx((stages - 1) / (m + stages - 1)), layout
+        # Three shifts per iteration (tests/test_pipeline.py says which), a few more once per step.
+        assert record["comms"]["collective-permute"]["count"] >= 3 * (m + stages - 1), layout
 
 
 # Gradient accumulation: each update sums 4 microbatches' gradients, and must be the one-device full-batch

@@ -101,14 +101,16 @@ def test_dp_replicates_everything() -> None:
 
 
 @pytest.mark.parametrize(
-    ("spec", "strategy", "devices", "data", "model"),
-    [("", "dp", 8, 8, 1), ("", "tp", 8, 1, 8), ("", "auto", 8, 8, 1), ("4x2", "auto", 8, 4, 2), ("8", "fsdp", 8, 8, 1), ("4x2", "dp+tp", 8, 4, 2),
-     ("data=2,model=4", "fsdp+tp", 8, 2, 4), ("model=2,data=2", "dp+tp", 4, 2, 2)],
+    ("spec", "strategy", "devices", "data", "model", "stage"),
+    [("", "dp", 8, 8, 1, 1), ("", "tp", 8, 1, 8, 1), ("", "auto", 8, 8, 1, 1), ("4x2", "auto", 8, 4, 2, 1),
+     ("8", "fsdp", 8, 8, 1, 1), ("4x2", "dp+tp", 8, 4, 2, 1), ("data=2,model=4", "fsdp+tp", 8, 2, 4, 1),
+     ("model=2,data=2", "dp+tp", 4, 2, 2, 1), ("", "pp", 4, 1, 1, 4), ("stage=4,data=2", "dp+pp", 8, 2, 1, 4)],
 )
-def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: int) -> None:
+def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: int, stage: int) -> None:
     layout = make_layout(strategy, spec, jax.devices()[:devices])
-    assert (layout.shape.data, layout.shape.model) == (data, model)
-    assert dict(layout.mesh.shape) == {"data": data, "model": model}
+    assert (layout.shape.data, layout.shape.model, layout.shape.stage) == (data, model, stage)
+    # The built mesh carries every known axis, outermost first, whole where the run does not split it.
+    assert dict(layout.mesh.shape) == {"data": data, "stage": stage, "model": model}
 
 
 @pytest.mark.parametrize(
@@ -194,10 +196,11 @@ def test_fsdp_is_dp_plus_one_tactic() -> None:
                 assert axes[added[0]] != "layers" and shape[added[0]] % fsdp.shape.data == 0
 
 
-@pytest.mark.parametrize(("spec", "text"), [("4x2", "4x2"), ("data=8", "8x1"), ("model=2,data=4", "4x2")])
+@pytest.mark.parametrize(("spec", "text"), [("4x2", "4x2"), ("data=8", "8x1"), ("model=2,data=4", "4x2"),
+                                            ("stage=4,data=2", "data=2,stage=4")])
 def test_a_mesh_is_named_axis_sizes(spec: str, text: str) -> None:
     shape = parse_mesh(spec, 8)
-    assert str(shape) == text and shape.as_dict() == {"data": shape.data, "model": shape.model}
+    assert str(shape) == text and shape.as_dict() == {"data": shape.data, "stage": shape.stage, "model": shape.model}
     assert parse_mesh(str(shape), 8) == shape  # what a run records reads back as the same mesh
 
 

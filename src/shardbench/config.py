@@ -19,7 +19,9 @@ from shardbench import xla_presets
 from shardbench.errors import ConfigError
 from shardbench.fields import FRACTION, POSITIVE, Range, Spec, setting, spec_of
 
-STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp")
+STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp", "pp", "dp+pp")
+# Pipeline schedules built so far (shardbench.parallel.pipeline); 1F1B and circular are not.
+PIPELINE_SCHEDULES = ("gpipe",)
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_POLICIES = ("none", "block", "full")
@@ -189,11 +191,12 @@ class ParallelConfig:
 
     strategy: str = setting(
         "auto", "how parameters, gradients, optimizer state and batches are split (zero1/zero2: optimizer state, "
-        "and gradients too, over data); auto: single for --mesh none, dp for a data-only mesh, tp for a model-only "
-        "one, dp+tp for both", choices=STRATEGIES, short="--strategy")
+        "and gradients too, over data; pp: stacked layers in pipeline stages over stage); auto: single for --mesh "
+        "none, dp for a data-only mesh, tp for a model-only one, dp+tp for both, pp for a stage-only one, dp+pp "
+        "for data and stage", choices=STRATEGIES, short="--strategy")
     mesh: str = setting(
-        "", "device mesh: N (all on the strategy's axis), AxB (data x model), data=A,model=B, or none (one device, "
-        "no mesh); '' = every device on the strategy's axis", short="--mesh")
+        "", "device mesh: N (all on the strategy's axis), AxB (data x model), name=N,... over data, stage and model "
+        "(data=2,stage=4), or none (one device, no mesh); '' = every device on the strategy's axis", short="--mesh")
     devices: int = setting(
         0, "devices to use (0 = all); without accelerators, simulates N CPU devices",
         range=Range(0, note="0 = every device"), short="--devices")
@@ -203,6 +206,13 @@ class ParallelConfig:
     rules: str = setting(
         "", "NAME=AXIS: map your model's axis NAME onto one of shardbench's logical axes (embed, mlp, heads, kv, "
         "vocab, classes, layers, ...) or none (models/custom.py); repeatable", short="--rules", repeatable=True)
+    microbatches: int = setting(
+        0, "pp: microbatches each data shard's batch is split into, which flow through the stages one after "
+        "another; more of them shrink the pipeline's idle fraction (S-1)/(M+S-1)",
+        range=Range(0, note="0 = as many as stages"))
+    schedule: str = setting(
+        "gpipe", "pp: the pipeline schedule (gpipe: every microbatch's forward, then every backward; 1F1B and "
+        "circular are not built)", choices=PIPELINE_SCHEDULES)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from shardbench.measure.params import format_placements, format_table, param_tab
 from shardbench.parallel.rules import flat_by_path, make_layout
 from shardbench.optim import build_optimizer
 from shardbench.models.spec import ModelSpec, describe_model
-from shardbench.parallel.checks import check_layout
+from shardbench.parallel.checks import check_layout, check_pipeline
+from shardbench.parallel.pipeline import bubble_fraction, microbatch_count, uses_pipeline
 from shardbench.train.state import abstract_train_state, gradient_shardings
 
 DEFAULT_ARRAY = "encoder/mlp2_kernel"  # the seed pictured the second MLP layer's kernel
@@ -58,12 +59,15 @@ def inspect(cfg: Config, array: str = "") -> str:
     validate(cfg)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, select_devices(cfg.parallel.devices))
     spec = describe_model(cfg)
+    check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout)
     check_layout(spec, layout)
     rows = param_table(spec.axes, spec.shapes, cfg.precision.param_dtype, layout)
     tx: optax.GradientTransformation = build_optimizer(cfg.optim, 100)
     target = abstract_train_state(spec, layout, tx)
     gradients = gradient_buffers(target.params, gradient_shardings(spec, layout))
-    mesh = "none" if layout.mesh is None else f"{layout.shape} (data x model)"
+    split = " x ".join(axis for axis, size in layout.shape.items() if size > 1)
+    mesh = "none" if layout.mesh is None else (f"{layout.shape} (data x model)" if layout.shape.stage == 1
+                                               else f"{layout.shape} ({split})")
     lines = [
         f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
         f"{layout.shape.size} {layout.device.platform} device(s)",
@@ -78,6 +82,12 @@ def inspect(cfg: Config, array: str = "") -> str:
     if layout.strategy.optimizer is not None or layout.strategy.gradients is not None:
         lines[-1:-1] = ["", "optimizer state (each per-parameter array, e.g. Adam's two moments) and gradients, "
                         "placed apart from the parameters:", format_placements(spec.axes, spec.shapes, layout)]
+    if uses_pipeline(layout):
+        stages, m = layout.shape.stage, microbatch_count(cfg.parallel.microbatches, layout)
+        lines[-1:-1] = ["", f"pipeline ({cfg.parallel.schedule}): {stages} stages, each holding 1/{stages} of "
+                        f"every stacked parameter (its layers dim over stage, above); {m} microbatches of "
+                        f"{cfg.train.batch_size // m} examples; {m + stages - 1} iterations per pass, each stage idle "
+                        f"(S-1)/(M+S-1) = {bubble_fraction(stages, m):.1%} of them (the bubble)"]
     if jax.tree.leaves(target.model_state):
         lines[-1:-1] = model_state_lines(spec, target.model_state)
     by_path = {r.path: r for r in rows}

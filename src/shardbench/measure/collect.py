@@ -21,6 +21,7 @@ from shardbench.measure.run_record import (
 )
 from shardbench.measure.timing import StepTimer
 from shardbench.naming import config_run_name
+from shardbench.parallel.pipeline import bubble_fraction, microbatch_count, uses_pipeline
 from shardbench.parallel.rules import Layout, resolve_strategy
 from shardbench.tasks import Task
 
@@ -28,6 +29,8 @@ from shardbench.tasks import Task
 def default_run_name(cfg: Config, layout: Layout) -> str:
     """A run's name from its configuration and the layout that ran (see `shardbench.naming`)."""
     mesh = "none" if layout.mesh is None else f"{layout.shape.data}_{layout.shape.model}"
+    if layout.shape.stage > 1:  # 'data2_stage4': the data_model form would drop the stage axis
+        mesh = "_".join(f"{axis}{size}" for axis, size in layout.shape.items() if size > 1)
     implied = resolve_strategy("auto", "none" if layout.mesh is None else str(layout.shape), layout.shape.size)
     return config_run_name(cfg, mesh, layout.strategy.name, implied)
 
@@ -126,11 +129,16 @@ def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes,
     return flops, mfu
 
 
-def batch_sizes(setup: RunSetup) -> dict[str, int]:
-    """The record's batch fields: the global batch per update and the microbatch it is computed in."""
+def batch_sizes(setup: RunSetup) -> dict[str, int | float]:
+    """The record's batch fields: the global batch per update and the microbatch it is computed in; with pipeline
+    stages, the stages, their microbatches and the schedule's bubble."""
     batch, k = setup.cfg.train.batch_size, setup.cfg.train.grad_accum
-    return {"global_batch": batch, "grad_accum": k, "microbatch": batch // k,
-            "microbatch_per_shard": batch // k // setup.layout.data_size}
+    sizes: dict[str, int | float] = {"global_batch": batch, "grad_accum": k, "microbatch": batch // k,
+                                     "microbatch_per_shard": batch // k // setup.layout.data_size}
+    if uses_pipeline(setup.layout):
+        stages, m = setup.layout.shape.stage, microbatch_count(setup.cfg.parallel.microbatches, setup.layout)
+        sizes.update(pipeline_stages=stages, pipeline_microbatches=m, pipeline_bubble=bubble_fraction(stages, m))
+    return sizes
 
 
 def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clocks, state: Any,

@@ -1,7 +1,9 @@
-"""Logical axis names shared by the models, and the hook through which activations are constrained.
+"""Logical axis names shared by the models, and the hooks through which activations are constrained and a stack
+of layers is run.
 
 Models name the dimensions of their parameters and activations ('batch', 'embed', 'heads', ...).
-They never see a mesh: the parallel layer installs a constraint function while it traces a step.
+They never see a mesh: the parallel layer installs a constraint function while it traces a step, and may install a
+stack runner (a pipeline over stages) that takes over running the stacked layers.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 
@@ -46,3 +49,28 @@ def constraints(fn: Constraint | None) -> Iterator[None]:
         yield
     finally:
         _constraint.reset(token)
+
+
+# run(x, layers) runs a block over `layers` (a pytree whose leaves share a leading 'layers' dim) and returns the
+# output; a runner is handed that and the whole stack, and may call it on slices of it (one per stage).
+RunStack = Callable[[jax.Array, Any], jax.Array]
+StackRunner = Callable[[RunStack, jax.Array, Any], jax.Array]
+
+_stack_runner: contextvars.ContextVar[StackRunner | None] = contextvars.ContextVar("shardbench_stack_runner",
+                                                                                    default=None)
+
+
+def run_stack(run: RunStack, x: jax.Array, layers: Any) -> jax.Array:
+    """`run(x, layers)`, or the installed runner's way of running the stack (a pipeline) if one is installed."""
+    runner = _stack_runner.get()
+    return run(x, layers) if runner is None else runner(run, x, layers)
+
+
+@contextlib.contextmanager
+def stack_runner(fn: StackRunner | None) -> Iterator[None]:
+    """Install `fn` to run every stack of layers traced meanwhile (models run theirs through `run_stack`)."""
+    token = _stack_runner.set(fn)
+    try:
+        yield
+    finally:
+        _stack_runner.reset(token)

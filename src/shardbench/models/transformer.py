@@ -15,7 +15,7 @@ from flax import nnx
 
 from shardbench.config import ModelConfig
 from shardbench.errors import ConfigError
-from shardbench.models.axes import BATCH, EMBED, HEADS, KV, LAYERS, MLP, NORM, SEQ, Axes, constrain
+from shardbench.models.axes import BATCH, EMBED, HEADS, KV, LAYERS, MLP, NORM, SEQ, Axes, constrain, run_stack
 
 
 def kernel_init(in_axis: int | tuple[int, ...], out_axis: int | tuple[int, ...],
@@ -222,11 +222,15 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, kind: str, precision:
 
 def scan_layers(block: Callable[[jax.Array, Any], tuple[jax.Array, None]], x: jax.Array, layers: Any,
                 *, remat: str, unroll: int) -> jax.Array:
-    """Run `block` over the stacked `layers` (a pytree with a leading layer dim) with the --remat policy."""
+    """Run `block` over the stacked `layers` (a pytree with a leading layer dim) with the --remat policy; a stack
+    runner the parallel layer installed (pipeline stages) decides which slices of the stack run where."""
     if REMAT[remat] is not None:
         block = jax.checkpoint(block, policy=REMAT[remat])
-    x, _ = jax.lax.scan(block, x, layers, unroll=unroll)
-    return x
+
+    def run(h: jax.Array, stack: Any) -> jax.Array:
+        return jax.lax.scan(block, h, stack, unroll=unroll)[0]
+
+    return run_stack(run, x, layers)
 
 
 class BlockStack(nnx.Module):

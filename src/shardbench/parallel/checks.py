@@ -8,12 +8,17 @@ import math
 import jax
 
 from shardbench.errors import ConfigError
+from shardbench.models.axes import LAYERS
 from shardbench.models.spec import ModelSpec, state_shapes
-from shardbench.parallel.rules import Layout
+from shardbench.parallel.mesh import STAGE
+from shardbench.parallel.rules import Layout, flat_by_path
 
 
 def check_style(style: str, layout: Layout) -> None:
     """Say before any compilation when a style cannot run a layout."""
+    if style != "jit" and STAGE in layout.strategy.axes:
+        raise ConfigError(f"--spmd {style} cannot run --strategy {layout.strategy.name}: its pipeline stages are "
+                          f"vmapped over the stage axis in one global program, which only jit builds: use --spmd jit")
     if style == "pmap":
         if not hasattr(jax, "pmap"):
             raise ConfigError(f"--spmd pmap: this JAX ({jax.__version__}) no longer provides jax.pmap; use "
@@ -63,3 +68,50 @@ def check_accumulation(k: int, batch: int, spec: ModelSpec, layout: Layout) -> N
     if spec.has_statistics:
         raise ConfigError(f"--train.grad-accum {k}: the model keeps BatchNorm statistics, which would be each "
                           f"microbatch's rather than the batch's: train it with --train.grad-accum 1")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(2, n + 1) if n % d == 0]
+
+
+def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSpec, layout: Layout) -> None:
+    """A pipeline needs a stack of layers that splits into equal stages, and microbatches that split each data
+    shard's examples (of each accumulated microbatch) evenly; --parallel.microbatches means nothing without one."""
+    name, shape = layout.strategy.name, layout.shape
+    if STAGE not in layout.strategy.axes:
+        if microbatches:
+            raise ConfigError(f"--parallel.microbatches {microbatches} splits the batch for pipeline stages, which "
+                              f"--strategy {name} does not have: use --strategy pp or dp+pp with a stage axis "
+                              f"(--mesh stage=N), or --train.grad-accum to split a batch without stages")
+        return
+    if spec.custom:
+        raise ConfigError(f"--strategy {name} pipelines the stacked layers that the built-in models (vit, lm, mlp) "
+                          f"run through their layer scan; a model of your own does not hand its stack to shardbench: "
+                          f"use dp, fsdp or tp")
+    flat_axes, flat_shapes = flat_by_path(spec.axes), flat_by_path(spec.shapes)
+    depths = {path: tuple(flat_shapes[path])[axes.index(LAYERS)] for path, axes in sorted(flat_axes.items())
+              if LAYERS in axes}
+    if not depths:
+        raise ConfigError(f"--strategy {name}: the model has no stacked layers (no parameter with a 'layers' dim) "
+                          f"to split into stages: use dp, fsdp or tp")
+    stages = shape.stage
+    for path, depth in depths.items():
+        if depth % stages:
+            works = [str(d) for d in _divisors(depth)]
+            instead = f"a mesh with stage={' or '.join(works)}" if works else "a mesh without a stage axis"
+            raise ConfigError(f"--strategy {name}: the model's {depth} stacked layers (parameter {path}) do not "
+                              f"split into {stages} equal stages (mesh {shape}): use {instead}, or change "
+                              f"--model.num-layers so that the stack is a multiple of {stages} (the mlp stacks "
+                              f"num_layers - 1)")
+    m = microbatches or stages
+    if batch % (layout.data_size * grad_accum):
+        return  # the batch's own checks (check_batch, check_accumulation) say what to change
+    per = batch // layout.data_size // grad_accum
+    if per % m:
+        works = [str(d) for d in _divisors(per)]
+        instead = f"--parallel.microbatches {' or '.join(works[-5:])}" if works else "--parallel.microbatches 1"
+        default = "" if microbatches else " (one per stage)"
+        accumulated = f" and {grad_accum} accumulated microbatches" if grad_accum > 1 else ""
+        raise ConfigError(f"--parallel.microbatches {m}{default} does not divide the {per} examples per data shard "
+                          f"(--batch-size {batch} over {layout.data_size} data shard(s){accumulated}, {name} on mesh "
+                          f"{shape}): use {instead}, or a batch of {-(-per // m) * m * layout.data_size * grad_accum}")

@@ -18,9 +18,11 @@ from jax.sharding import AxisType, Mesh
 
 from shardbench.errors import ConfigError
 
-DATA, MODEL = "data", "model"
-# Outermost first: the data axis spans hosts first, so a process holds neighbouring rows of the batch.
-MESH_AXES: tuple[str, ...] = (DATA, MODEL)
+DATA, STAGE, MODEL = "data", "stage", "model"
+# Outermost first: the data axis spans hosts first, so a process holds neighbouring rows of the batch; pipeline
+# stages come next (each moves one microbatch's activations a step, less than a tensor-parallel layer does), and
+# the model axis is innermost, where the links are fastest.
+MESH_AXES: tuple[str, ...] = (DATA, STAGE, MODEL)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,10 @@ class MeshShape:
     @property
     def model(self) -> int:
         return self[MODEL]
+
+    @property
+    def stage(self) -> int:
+        return self[STAGE]
 
     @property
     def size(self) -> int:

@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.models.axes import BATCH, EMBED, HEADS, LAYERS, MLP, Axes
-from shardbench.parallel.mesh import DATA, MODEL, MeshShape, build_mesh, parse_mesh
+from shardbench.parallel.mesh import DATA, MODEL, STAGE, MeshShape, build_mesh, parse_mesh
 
 Rules = Mapping[str, str]
 Spec = tuple[str | None, ...]  # one mesh axis (or None) per dim of an array
@@ -89,6 +89,10 @@ class Largest:
 
 
 _TP: Rules = {HEADS: MODEL, MLP: MODEL}
+# Pipeline stages: each stage holds a contiguous block of the stacked layers (the 'layers' dim over stage); in
+# compute, the pipeline's buffer of one microbatch per stage is split over stage along the same logical name
+# (shardbench.parallel.pipeline).
+_PP: Rules = {LAYERS: STAGE}
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,10 @@ STRATEGIES: dict[str, Strategy] = {
                  "over data", optimizer=(Largest(DATA),), gradients=(Largest(DATA),)),
         Strategy("fsdp+tp", (ByName(_TP), Largest(DATA)), {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
                  "parameters sharded over data and model; batch over data; Megatron over model"),
+        Strategy("pp", (ByName(_PP),), {BATCH: DATA, **_PP}, (STAGE,), STAGE,
+                 "pipeline: stacked layers split into stages over stage (GPipe), microbatches flow through them"),
+        Strategy("dp+pp", (ByName(_PP),), {BATCH: DATA, **_PP}, (DATA, STAGE), DATA,
+                 "batch split over data; stacked layers split into pipeline stages over stage (GPipe)"),
     )
 }
 
@@ -281,7 +289,8 @@ NO_MESH = ("none", "single")
 
 def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> str:
     """'auto' picks the strategy the mesh implies, as the seed's experiments use meshes:
-    no mesh -> single, data axis only -> dp, model axis only -> tp, both -> dp+tp."""
+    no mesh -> single, data axis only -> dp, model axis only -> tp, both -> dp+tp; stage axis only -> pp, data and
+    stage -> dp+pp."""
     if strategy_name != "auto":
         return strategy_name
     spec = mesh_spec.strip().lower()
@@ -289,7 +298,7 @@ def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> st
         return "single"
     shape = parse_mesh(spec, num_devices, DATA)
     split = tuple(axis for axis, size in shape.items() if size > 1)
-    by_axes = {s.axes: name for name, s in STRATEGIES.items() if name in ("dp", "tp", "dp+tp")}
+    by_axes = {s.axes: name for name, s in STRATEGIES.items() if name in ("dp", "tp", "dp+tp", "pp", "dp+pp")}
     return by_axes.get(split, "dp")
 
 

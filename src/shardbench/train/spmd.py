@@ -4,6 +4,7 @@ shardings fixed up front. Each style runs the same `StepParts` (`shardbench.trai
 - `jit`: one global program; XLA partitions it from the shardings of the state and the batch. Gradients a
   strategy places apart from their parameters (ZeRO-2) are constrained to that placement, so XLA reduces them
   with a reduce-scatter instead of an all-reduce.
+  Pipeline strategies (pp) run the model's stacked layers as GPipe stages (`shardbench.parallel.pipeline`).
 - `shard_map`: the step's forward and backward pass is a per-device program over the 'data' axis, with
   its collectives written out: replicated parameters have their gradients averaged with `pmean`; FSDP
   parameters are all-gathered before use and their gradients reduce-scattered (`psum_scatter`), as are the
@@ -42,6 +43,7 @@ from shardbench.models.axes import constraints
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
 from shardbench.parallel.rules import Layout, Tactic, is_axes, spec_for
 from shardbench.parallel.checks import check_style
+from shardbench.parallel.pipeline import pipelined
 from shardbench.tasks import Rows, Task
 from shardbench.models.spec import ModelSpec
 from shardbench.train.state import TrainState, gradient_shardings
@@ -56,7 +58,7 @@ def _mesh(layout: Layout) -> Mesh:
     """The layout's mesh, or a one-device mesh for `single`: the explicit styles always map over one."""
     if layout.mesh is not None:
         return layout.mesh
-    return Mesh(np.asarray([layout.device]).reshape(1, 1), MESH_AXES)
+    return Mesh(np.asarray([layout.device]).reshape((1,) * len(MESH_AXES)), MESH_AXES)
 
 
 def data_axis_name(spec: ModelSpec, default: str) -> str:
@@ -102,8 +104,10 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
         unless the strategy places gradients itself: ZeRO-2's slices)."""
         return jax.lax.with_sharding_constraint(grads, grad_shardings or shardings.params)
 
+    microbatches = parts.cfg.parallel.microbatches
+
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        with constraints(layout.constrain):
+        with constraints(layout.constrain), pipelined(layout, microbatches):
             g = parts.gradients(state.params, state.model_state, batch, state.step, Rows(0, global_batch),
                                 constrain=like_gradients)
         grads = g.grads
@@ -113,7 +117,7 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
         return parts.apply_update(state, grads, g.model_state), metrics
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
-        with constraints(layout.constrain):
+        with constraints(layout.constrain), pipelined(layout, microbatches):
             t, _ = parts.terms(parts.eval_params(state), state.model_state, batch, state.step, train=False,
                                rows=Rows(0, batch["mask"].shape[0]))
         return eval_sums(t, batch["mask"])
