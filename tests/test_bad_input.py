@@ -192,6 +192,9 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: pipeline stages under shard_map", lambda t: [
         "train", *TINY, "--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--model.num-layers", "2",
         "--spmd", "shard_map", "--out", str(t / "o")], "--spmd shard_map cannot run --strategy pp", CONF),
+    ("train: pipeline stages with dropout", lambda t: [
+        "train", *TINY, "--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--model.num-layers", "2",
+        "--model.dropout", "0.1", "--out", str(t / "o")], "--model.dropout would draw the same masks", CONF),
     ("train: microbatches without pipeline stages", lambda t: [
         "train", *TINY, "--parallel.microbatches", "4", "--out", str(t / "o")],
      "--parallel.microbatches 4 splits the batch for pipeline stages", CONF),

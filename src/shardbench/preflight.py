@@ -60,7 +60,10 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices)
     check_style(cfg.parallel.spmd, layout)
     # Before the layout's divisibility: a stack that does not split into stages is said in the pipeline's words.
-    check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout)
+    random_layers = tuple(flag for flag, rate in (("--model.dropout", cfg.model.dropout),
+                                                  ("--model.drop-path", cfg.model.drop_path)) if rate > 0)
+    check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
+                   random_layers)
     check_layout(spec, layout)
     check_batch("--batch-size", cfg.train.batch_size, layout)
     check_batch("--train.eval-batch-size", cfg.train.eval_batch, layout)

@@ -74,9 +74,13 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(2, n + 1) if n % d == 0]
 
 
-def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSpec, layout: Layout) -> None:
+def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSpec, layout: Layout,
+                   random_layers: tuple[str, ...] = ()) -> None:
     """A pipeline needs a stack of layers that splits into equal stages, and microbatches that split each data
-    shard's examples (of each accumulated microbatch) evenly; --parallel.microbatches means nothing without one."""
+    shard's examples (of each accumulated microbatch) evenly; --parallel.microbatches means nothing without one.
+    `random_layers` names the settings that are on and draw random masks in every layer (dropout, stochastic
+    depth): the pipeline runs every microbatch through a stage with the same draws, which is not one device's
+    training, so they are refused rather than silently correlated."""
     name, shape = layout.strategy.name, layout.shape
     if STAGE not in layout.strategy.axes:
         if microbatches:
@@ -104,10 +108,10 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
                               f"--model.num-layers so that the stack is a multiple of {stages} (the mlp stacks "
                               f"num_layers - 1)")
     m = microbatches or stages
-    if batch % (layout.data_size * grad_accum):
-        return  # the batch's own checks (check_batch, check_accumulation) say what to change
     per = batch // layout.data_size // grad_accum
-    if per % m:
+    # A batch that does not split over the data shards is said by the batch's own checks (check_batch,
+    # check_accumulation), in their words.
+    if batch % (layout.data_size * grad_accum) == 0 and per % m:
         works = [str(d) for d in _divisors(per)]
         instead = f"--parallel.microbatches {' or '.join(works[-5:])}" if works else "--parallel.microbatches 1"
         default = "" if microbatches else " (one per stage)"
@@ -115,3 +119,7 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
         raise ConfigError(f"--parallel.microbatches {m}{default} does not divide the {per} examples per data shard "
                           f"(--batch-size {batch} over {layout.data_size} data shard(s){accumulated}, {name} on mesh "
                           f"{shape}): use {instead}, or a batch of {-(-per // m) * m * layout.data_size * grad_accum}")
+    if random_layers:
+        raise ConfigError(f"--strategy {name}: {' and '.join(random_layers)} would draw the same masks for every "
+                          f"microbatch of a stage, which the pipeline does not yet vary: set "
+                          f"{' '.join(f'{flag} 0' for flag in random_layers)}, or use a strategy without stages")

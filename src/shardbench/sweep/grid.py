@@ -174,12 +174,13 @@ def precision_grid() -> SweepPreset:
 
 def strategies() -> SweepPreset:
     """Every strategy side by side on the same work, on 8 devices: each one in shardbench's table of strategies,
-    on a mesh that splits every axis it uses (none for single, 8 over data, model=8, 4x2)."""
+    on a mesh that splits every axis it uses (none for single, 8 over data, model=8, 4x2), but the pipelines
+    (pp, dp+pp), whose stages must divide the model's layers and which refuse dropout."""
     from shardbench.parallel.rules import DATA, MODEL, STRATEGIES  # JAX and flax, only when this preset is asked for
 
     meshes = {(): "none", (DATA,): "8", (MODEL,): "model=8", (DATA, MODEL): "4x2"}
     layouts = [{"parallel.strategy": name, "parallel.mesh": meshes[strategy.axes]}
-               for name, strategy in STRATEGIES.items()]
+               for name, strategy in STRATEGIES.items() if strategy.axes in meshes]
     return SweepPreset("vit-seed", {"parallel.devices": 8}, [Grid([layouts])], strategies.__doc__ or "")
 
 
