@@ -81,14 +81,17 @@ def _predicted(cfg: config_lib.Config) -> tuple[dict[str, Any], Prediction]:
                       activation_scale=1.0, activation_source="test")
 
 
-def test_zero2_plan_memory_is_the_hand_count() -> None:
-    """PARALLELISM.md's ZeRO-2 per device, N = 8 and P = 9,928 float32 parameters (every array has a dim 8
-    divides): parameters 4P, gradients 4P/N, Adam's two moments 8P/N, plus 8 bytes of step counters (two int32,
-    replicated): 4P + (4P + 8P)/N + 8 bytes in all."""
-    _, p = _predicted(mlp_config(**{"parallel.strategy": "zero2", "parallel.mesh": "8"}))
+@pytest.mark.parametrize(("strategy", "gradients"), [("zero1", 1), ("zero2", 8)])
+def test_zero_plan_memory_is_the_hand_count(strategy: str, gradients: int) -> None:
+    """PARALLELISM.md's ZeRO per device, N = 8 and P = 9,928 float32 parameters (every array has a dim 8
+    divides): parameters 4P, Adam's two moments 8P/N, gradients 4P (ZeRO-1) or 4P/N (ZeRO-2), plus 8 bytes of
+    step counters (two int32, replicated): 4P + 4P + 8P/N + 8 and 4P + (4P + 8P)/N + 8 bytes in all."""
+    _, p = _predicted(mlp_config(**{"parallel.strategy": strategy, "parallel.mesh": "8"}))
     four_p = MLP_PARAM_BYTES
-    assert (p.params_bytes, p.gradients_bytes, p.optimizer_bytes) == (four_p, four_p // 8, 2 * four_p // 8 + 8)
-    assert p.params_bytes + p.gradients_bytes + p.optimizer_bytes == four_p + (four_p + 2 * four_p) // 8 + 8
+    assert (p.params_bytes, p.gradients_bytes, p.optimizer_bytes) == (four_p, four_p // gradients,
+                                                                        2 * four_p // 8 + 8)
+    by_hand = {"zero1": four_p + four_p + 2 * four_p // 8 + 8, "zero2": four_p + (four_p + 2 * four_p) // 8 + 8}
+    assert p.params_bytes + p.gradients_bytes + p.optimizer_bytes == by_hand[strategy]
 
 
 def test_accumulation_plans_one_microbatchs_activations_and_k_reductions() -> None:
