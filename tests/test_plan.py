@@ -83,7 +83,7 @@ def _predicted(cfg: config_lib.Config) -> tuple[dict[str, Any], Prediction]:
 
 @pytest.mark.parametrize(("strategy", "gradients"), [("zero1", 1), ("zero2", 8)])
 def test_zero_plan_memory_is_the_hand_count(strategy: str, gradients: int) -> None:
-    """PARALLELISM.md's ZeRO per device, N = 8 and P = 9,928 float32 parameters (every array has a dim 8
+    """ZeRO's count of bytes per device (the ZeRO paper's), N = 8 and P = 9,928 float32 parameters (every array has a dim 8
     divides): parameters 4P, Adam's two moments 8P/N, gradients 4P (ZeRO-1) or 4P/N (ZeRO-2), plus 8 bytes of
     step counters (two int32, replicated): 4P + 4P + 8P/N + 8 and 4P + (4P + 8P)/N + 8 bytes in all."""
     _, p = _predicted(mlp_config(**{"parallel.strategy": strategy, "parallel.mesh": "8"}))
