@@ -18,7 +18,7 @@ from shardbench.parsing import override
 from shardbench.plan.calibration import Coefficients, fit
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.compile import compile_candidate
-from shardbench.plan.predict import Hardware, predict, sent_fraction
+from shardbench.plan.predict import Hardware, Prediction, predict, sent_fraction
 from shardbench.plan.recommend import Row, rank, recommendation
 from shardbench.plan.steptime import StepFeatures, step_time
 from shardbench.plan.tpu import libtpu_installed
@@ -72,6 +72,54 @@ GPU = Hardware(name="test", platform="gpu", peak_flops=1e12, peak_source="test",
                memory_bandwidth=1e11, memory_bandwidth_source="test")
 UNIT = Coefficients(efficiency=0.5, memory_efficiency=0.5, kernel_s=1e-6, collective_s=1e-5, fixed_s=1e-4,
                     overlap=0.0, source="test")
+
+
+def _predicted(cfg: config_lib.Config) -> tuple[dict[str, Any], Prediction]:
+    """(the compiled figures, their prediction on the test hardware above with its own activations)."""
+    r = compile_candidate(cfg, link_span=8)
+    return r, predict(r, GPU, UNIT, batch=cfg.train.batch_size, remat="none", dtype="float32",
+                      activation_scale=1.0, activation_source="test")
+
+
+@pytest.mark.parametrize(("strategy", "gradients"), [("zero1", 1), ("zero2", 8)])
+def test_zero_plan_memory_is_the_hand_count(strategy: str, gradients: int) -> None:
+    """ZeRO's count of bytes per device (the ZeRO paper's), N = 8 and P = 9,928 float32 parameters (every array has a dim 8
+    divides): parameters 4P, Adam's two moments 8P/N, gradients 4P (ZeRO-1) or 4P/N (ZeRO-2), plus 8 bytes of
+    step counters (two int32, replicated): 4P + 4P + 8P/N + 8 and 4P + (4P + 8P)/N + 8 bytes in all."""
+    _, p = _predicted(mlp_config(**{"parallel.strategy": strategy, "parallel.mesh": "8"}))
+    four_p = MLP_PARAM_BYTES
+    assert (p.params_bytes, p.gradients_bytes, p.optimizer_bytes) == (four_p, four_p // gradients,
+                                                                        2 * four_p // 8 + 8)
+    by_hand = {"zero1": four_p + four_p + 2 * four_p // 8 + 8, "zero2": four_p + (four_p + 2 * four_p) // 8 + 8}
+    assert p.params_bytes + p.gradients_bytes + p.optimizer_bytes == by_hand[strategy]
+
+
+def test_accumulation_plans_one_microbatchs_activations_and_k_reductions() -> None:
+    """dp on 8 devices at batch 2048, the update in 4 microbatches against 1: the activations are below the
+    whole batch's and above those of one microbatch alone (batch 512 in one pass), which K=4 adds the float32
+    gradient accumulator (4P) to; under jit XLA all-reduces the gradients once per microbatch, so the bytes
+    reduced are exactly 4 times one pass's; the matmul work of the step is the same. (about 3 s)"""
+    dp = {"parallel.strategy": "dp", "parallel.mesh": "8"}
+    whole = _predicted(mlp_config(**dp, **{"train.batch_size": 2048}))
+    accum = _predicted(mlp_config(**dp, **{"train.batch_size": 2048, "train.grad_accum": 4}))
+    micro = _predicted(mlp_config(**dp, **{"train.batch_size": 512}))
+    assert accum[0]["grad_accum"] == 4 and accum[0]["unknown_trip_counts"] == 0
+    assert micro[1].activations_bytes + MLP_PARAM_BYTES <= accum[1].activations_bytes < whole[1].activations_bytes
+
+    def reduced(r: dict[str, Any]) -> tuple[int, int]:
+        return (sum(c["count"] for c in r["collectives"] if c["kind"] == "all-reduce"),
+                sum(c["bytes"] for c in r["collectives"] if c["kind"] == "all-reduce"))
+
+    (once, once_bytes), (four, four_bytes) = reduced(whole[0]), reduced(accum[0])
+    assert MLP_PARAM_BYTES <= once_bytes <= MLP_PARAM_BYTES + 16  # the gradients and a scalar or few
+    assert (four, four_bytes) == (4 * once, 4 * once_bytes)
+    assert accum[1].comm_s["intra"] == pytest.approx(4 * whole[1].comm_s["intra"])
+    assert accum[1].flops_per_step == whole[1].flops_per_step
+    # XLA's own count (what a model without a FLOP formula is timed by) sees the microbatch loop's body once:
+    # scaled by K it is one pass's again, but for the update it then counts 4 times (a few FLOPs a parameter).
+    assert accum[0]["flops"]["xla_per_device"] == pytest.approx(whole[0]["flops"]["xla_per_device"], rel=0.05)
+    assert accum[1].step_s > whole[1].step_s  # K loop iterations' kernels and collectives
+
 
 
 def result(*, flops: float, temp: int, collectives: list[dict[str, Any]], devices: int = 8,

@@ -1,12 +1,18 @@
-"""Planning: targets by count and chip, and the candidate layouts for a device count."""
+"""Planning: targets by count and chip, and the candidate layouts for a device count: strategies (zero1 and zero2
+among them), meshes and numbers of accumulated microbatches."""
 
 from __future__ import annotations
 
 import pytest
 
+from shardbench import config as config_lib
+from shardbench.cli import build_parser
 from shardbench.errors import ConfigError
-from shardbench.plan.candidates import candidates, factorisations
+from shardbench.parsing import override
+from shardbench.plan.candidates import candidate_config, candidates, factorisations
+from shardbench.plan.plan_cmd import prepare
 from shardbench.plan.target import parse_target
+from shardbench.presets import get_preset
 
 
 def test_targets_by_count_and_chip() -> None:
@@ -43,3 +49,42 @@ def test_candidates_cover_every_usable_mesh() -> None:
         candidates(8, 7, ["dp", "fsdp"], ["none"], ["float32"])
     with pytest.raises(ConfigError, match="no candidate mesh uses 8 devices"):
         candidates(8, 8, ["single"], ["none"], ["float32"])
+
+
+def test_zero_and_accumulation_candidates() -> None:
+    """zero1 and zero2 take the data axis from the strategies' table; each K of --grad-accum multiplies the
+    layouts whose examples per data shard it divides (batch 32: 4 a shard on 8x1, 32 on tp's 1x8), and the
+    configuration a candidate compiles trains K microbatches."""
+    found = candidates(8, 32, ["dp", "zero1", "zero2", "tp"], ["none"], ["float32"], [1, 4, 8])
+    assert sorted((c.strategy, c.mesh, c.grad_accum) for c in found) == sorted(
+        [(s, "8x1", k) for s in ("dp", "zero1", "zero2") for k in (1, 4)] + [("tp", "1x8", k) for k in (1, 4, 8)])
+    names = {c.name for c in found}
+    assert {"zero2 8x1 remat=none float32", "zero2 8x1 remat=none float32 accum=4",
+            "tp 1x8 remat=none float32 accum=8"} <= names
+    assert len(names) == len(found)
+    accum = next(c for c in found if c.strategy == "zero2" and c.grad_accum == 4)
+    cfg = override(config_lib.Config(), candidate_config(get_preset("mlp-small"), accum, 8))
+    assert (cfg.parallel.strategy, cfg.parallel.mesh, cfg.parallel.devices, cfg.train.grad_accum) == (
+        "zero2", "8x1", 8, 4)
+    # By default (no --grad-accum) every candidate trains the batch in one pass, as before.
+    assert {c.grad_accum for c in candidates(8, 32, ["zero1"], ["none"], ["float32"])} == {1}
+    with pytest.raises(ConfigError, match=r"--grad-accum 3 divides no candidate's examples per data shard "
+                                          r"\(4 at --batch-size 32\)") as err:
+        candidates(8, 32, ["dp", "zero2"], ["none"], ["float32"], [1, 3])
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("given", "expected"), [("1,4", [1, 4]), ("4,04,1", [4, 1])])
+def test_plan_takes_a_list_of_microbatch_counts(given: str, expected: list[int]) -> None:
+    args = build_parser().parse_args(["plan", "--preset", "mlp-small", "--target", "8xh100", "--candidates",
+                                      "zero2", "--batch-size", "32", "--remat", "none", "--grad-accum", given])
+    cfg, _, found = prepare(args)
+    assert [c.grad_accum for c in found] == expected and cfg.train.grad_accum == expected[0]
+
+
+@pytest.mark.parametrize("given", ["0", "1,two", "-2", "2.5"])
+def test_a_bad_microbatch_count_is_one_line(given: str) -> None:
+    args = build_parser().parse_args(["plan", "--preset", "mlp-small", "--target", "8xh100", "--grad-accum", given])
+    with pytest.raises(ConfigError, match="--grad-accum") as err:
+        prepare(args)
+    assert "\n" not in str(err.value)

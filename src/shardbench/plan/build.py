@@ -113,6 +113,7 @@ class Plan:
             "compile_s": self.compile_s, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "candidates": [{"name": r.candidate.name, "strategy": r.candidate.strategy, "mesh": r.candidate.mesh,
                             "remat": r.candidate.remat, "dtype": r.candidate.dtype,
+                            "grad_accum": r.candidate.grad_accum,
                             "prediction": r.prediction.to_dict() if r.prediction else None,
                             "problem": r.problem or None} for r in self.rows],
         }

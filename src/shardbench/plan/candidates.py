@@ -1,8 +1,10 @@
 """The layouts a plan considers: every strategy on every mesh factorisation of the target's devices that the
-strategy can use, at the given global batch, for each remat policy and dtype asked for."""
+strategy can use, at the given global batch, for each remat policy, dtype and number of accumulated
+microbatches asked for."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +20,12 @@ class Candidate:
     mesh: str  # 'none' or the mesh as --mesh takes it ('4x2')
     remat: str
     dtype: str
+    grad_accum: int = 1  # microbatches per update (--train.grad-accum)
 
     @property
     def name(self) -> str:
-        return f"{self.strategy} {self.mesh} remat={self.remat} {self.dtype}"
+        accum = f" accum={self.grad_accum}" if self.grad_accum > 1 else ""
+        return f"{self.strategy} {self.mesh} remat={self.remat} {self.dtype}{accum}"
 
 
 # Which mesh axes each strategy may give more than one device, from the strategies' own table.
@@ -45,9 +49,12 @@ def meshes(devices: int, axes: tuple[str, ...]) -> list[MeshShape]:
             if min(sizes) > 1]
 
 
-def candidates(devices: int, batch: int, strategies: list[str], remats: list[str],
-               dtypes: list[str]) -> list[Candidate]:
-    """Every candidate; a one-line ConfigError when no mesh uses `devices`, or no candidate divides `batch`."""
+def candidates(devices: int, batch: int, strategies: list[str], remats: list[str], dtypes: list[str],
+               accums: Sequence[int] = (1,)) -> list[Candidate]:
+    """Every candidate: each layout (strategy x mesh) whose data-parallel size divides `batch`, x every remat,
+    dtype and number of microbatches K in `accums` that divides the layout's examples per data shard (as
+    `shardbench train` requires). A one-line ConfigError when no mesh uses `devices`, no layout divides
+    `batch`, or a K divides no layout's share."""
     unknown = sorted(set(strategies) - set(USES))
     if unknown:
         raise ConfigError(f"--candidates: unknown strategy '{unknown[0]}': choose from {', '.join(USES)}")
@@ -60,12 +67,18 @@ def candidates(devices: int, batch: int, strategies: list[str], remats: list[str
         layouts += [(strategy, str(shape), shape.data) for shape in meshes(devices, USES[strategy])]
     if not layouts:
         raise ConfigError(f"no candidate mesh uses {devices} devices with strategies {', '.join(strategies)}")
-    fitting = [(s, m) for s, m, data in layouts if batch % data == 0]
+    fitting = [(s, m, batch // data) for s, m, data in layouts if batch % data == 0]
     if not fitting:
         sizes = sorted({data for _, _, data in layouts})
         raise ConfigError(f"--batch-size {batch} is divisible by no candidate's data-parallel size "
                           f"({', '.join(map(str, sizes))}): use a multiple of one of them")
-    return [Candidate(s, m, r, d) for s, m in fitting for r in remats for d in dtypes]
+    for k in accums:
+        if not any(share % k == 0 for _, _, share in fitting):
+            shares = ", ".join(map(str, sorted({share for _, _, share in fitting})))
+            raise ConfigError(f"--grad-accum {k} divides no candidate's examples per data shard ({shares} at "
+                              f"--batch-size {batch}): use a divisor of one of them")
+    return [Candidate(s, m, r, d, k) for s, m, share in fitting for k in accums if share % k == 0
+            for r in remats for d in dtypes]
 
 
 def candidate_config(cfg: config_lib.Config, c: Candidate, devices: int) -> dict[str, Any]:
@@ -73,4 +86,4 @@ def candidate_config(cfg: config_lib.Config, c: Candidate, devices: int) -> dict
     single = c.strategy == "single"
     return {**config_lib.flatten(cfg), "parallel.strategy": c.strategy, "parallel.mesh": c.mesh,
             "parallel.devices": 1 if single else devices, "model.remat": c.remat, "precision.dtype": c.dtype,
-            "parallel.spmd": cfg.parallel.spmd}
+            "train.grad_accum": c.grad_accum, "parallel.spmd": cfg.parallel.spmd}

@@ -75,9 +75,15 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
         entry[1] += op.count * op.bytes_each
     per_example = task.train_flops_per_example(cfg)
     xla = flops_lib.xla_flops(compiled)
+    accum = cfg.train.grad_accum
+    if xla is not None:
+        # XLA counts the microbatch loop's body once, so K microbatches are K of it (the update outside the
+        # loop is then counted K times too: a few FLOPs a parameter, against 6 a parameter an example).
+        xla *= accum
     params_b, opt_b = per_device_bytes(state.params), per_device_bytes(state.opt_state)
     return {
         "devices": size,
+        "grad_accum": accum,  # microbatches per update: collectives, kernels and traffic count each of them
         "platform": layout.device.platform,
         "device_kind": getattr(layout.device, "device_kind", layout.device.platform),
         "compile_s": compile_s,

@@ -15,15 +15,17 @@ from shardbench.flags import add_config_arguments, config_from_args
 from shardbench.plan.candidates import USES, Candidate, candidates
 from shardbench.plan.target import HINT, Target, parse_target
 
-LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat"}  # a plan takes comma lists of these
+# A plan takes comma lists of these (in their short spelling or their long one, `--train.grad-accum`).
+LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.grad_accum": "--grad-accum"}
 
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plan", help="predict memory, communication and step time on hardware you don't have, and recommend "
                      "a layout",
-        description="Compile the train step of every candidate layout (strategy x mesh x --remat x --dtype) for "
-                    "the target's device count, without running a step, and predict per device: the state, "
+        description="Compile the train step of every candidate layout (strategy x mesh x --remat x --dtype x "
+                    "--grad-accum) for the target's device count, without running a step, and predict per device: "
+                    "the state, "
                     "activations and peak memory and whether it fits, every collective's bytes on the link it "
                     "crosses, and the step time (compute + exposed communication). Writes plan.json and plan.md "
                     "into --out. With --validate DIR: predict every run measured below DIR on the hardware it "
@@ -33,6 +35,10 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--target", default="", help=f"the hardware: {HINT}")
     group.add_argument("--candidates", default=",".join(USES), metavar="S,S",
                        help=f"strategies to consider (default: all: {','.join(USES)})")
+    group.add_argument("--grad-accum", dest="train.grad_accum", default=argparse.SUPPRESS, metavar="K,K",
+                       help="microbatches per update to consider, a comma list (plan's spelling of "
+                            "--train.grad-accum; default: its value, 1): each multiplies the candidates, kept where "
+                            "K divides the layout's examples per data shard")
     group.add_argument("--workers", type=int, default=0, help="compile worker processes (0 = one per core)")
     group.add_argument("--calibrate", action="append", default=[], type=Path, metavar="DIR",
                        help="fit the step-time model to the runs measured below DIR (repeatable); GPU runs recompiled "
@@ -51,6 +57,8 @@ def _lists(args: argparse.Namespace) -> dict[str, list[str]]:
         values = [v.strip() for v in str(given).split(",") if v.strip()]
         if not values:
             raise ConfigError(f"{flag} '{given}': give one value or a comma list")
+        if key == "train.grad_accum" and not all(v.isdigit() and int(v) >= 1 for v in values):
+            raise ConfigError(f"{flag} '{given}': give whole numbers of microbatches, 1 or more, comma separated")
         out[key] = values
         setattr(args, key, values[0])
     return out
@@ -96,8 +104,9 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
 
         check_available(target.spec)
     dtypes, remats = _choices(cfg, lists)
+    accums = list(dict.fromkeys(int(k) for k in lists.get("train.grad_accum", [str(cfg.train.grad_accum)])))
     strategies = [s.strip() for s in args.candidates.split(",") if s.strip()]
-    return cfg, target, candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes)
+    return cfg, target, candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes, accums)
 
 
 def run(args: argparse.Namespace) -> int:
