@@ -30,6 +30,9 @@ class Candidate:
 
 # Which mesh axes each strategy may give more than one device, from the strategies' own table.
 USES: dict[str, tuple[str, ...]] = {name: strategy.axes for name, strategy in STRATEGIES.items()}
+# What a plan considers unless --candidates names others: every strategy but the pipelines, whose step time the
+# step-time model cannot predict yet (it has no pipeline bubble), so a plan would rank them too well.
+DEFAULT: tuple[str, ...] = tuple(name for name, axes in USES.items() if "stage" not in axes)
 
 
 def factorisations(devices: int, parts: int = 2) -> list[tuple[int, ...]]:

@@ -12,7 +12,7 @@ from typing import Any
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import add_config_arguments, config_from_args
-from shardbench.plan.candidates import USES, Candidate, candidates
+from shardbench.plan.candidates import DEFAULT, USES, Candidate, candidates
 from shardbench.plan.target import HINT, Target, parse_target
 
 # A plan takes comma lists of these (in their short spelling or their long one, `--train.grad-accum`).
@@ -33,8 +33,9 @@ def add_parser(subparsers: Any) -> None:
     add_config_arguments(parser)
     group = parser.add_argument_group("plan options")
     group.add_argument("--target", default="", help=f"the hardware: {HINT}")
-    group.add_argument("--candidates", default=",".join(USES), metavar="S,S",
-                       help=f"strategies to consider (default: all: {','.join(USES)})")
+    group.add_argument("--candidates", default=",".join(DEFAULT), metavar="S,S",
+                       help=f"strategies to consider (default: {','.join(DEFAULT)}; also {','.join(sorted(set(USES) - set(DEFAULT)))}, "
+                            f"whose predicted step time leaves out the pipeline bubble)")
     group.add_argument("--grad-accum", dest="train.grad_accum", default=argparse.SUPPRESS, metavar="K,K",
                        help="microbatches per update to consider, a comma list (plan's spelling of "
                             "--train.grad-accum; default: its value, 1): each multiplies the candidates, kept where "
