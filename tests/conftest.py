@@ -26,12 +26,45 @@ from shardbench.presets import get_preset  # noqa: E402
 assert len(jax.devices()) == 8, "tests need 8 simulated CPU devices; XLA_FLAGS was set too late"
 
 
+# The slowest test files first, longest first (seconds on 2 cores, 2026-11-25: equivalence ~250, the GPU suite's
+# smoke run ~200, processes ~185, speed options ~155, SLURM ~120, ...): `make test` hands whole files to two
+# workers in collection order, so the long ones start early and the short ones fill in at the end, and the
+# workers finish together rather than one waiting on a long file that started last.
+SLOWEST_FIRST = ("test_equivalence.py", "test_gpu_suite.py", "test_processes.py", "test_speed_options.py",
+                 "test_slurm.py", "test_models_spmd.py", "test_sweep.py", "test_custom_model_state.py",
+                 "test_recipe.py", "test_custom_model.py", "test_plan.py", "test_readme_commands.py",
+                 "test_recipe_policies.py", "test_resume.py", "test_speed_switches.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_FIRST)))  # stable: the rest keep their order
+
+
 def logged_losses(out: Path) -> list[float]:
     """The training losses a run logged, one per logged step, from its metrics.jsonl."""
     import json
 
     rows = [json.loads(line) for line in (out / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
     return [r["train/loss"] for r in rows if "train/loss" in r]
+
+
+def lowered_train_step(cfg: config_lib.Config):
+    """`cfg`'s train step lowered on abstract state and batch, as the planner compiles it (nothing is run)."""
+    from shardbench.optim import build_optimizer, learning_rate
+    from shardbench.plan.compile import abstract_batch
+    from shardbench.preflight import check_run
+    from shardbench.tasks import get_task
+    from shardbench.train.spmd import make_steps
+    from shardbench.train.state import abstract_train_state, state_shardings
+
+    checked = check_run(cfg)
+    tx = build_optimizer(cfg.optim, 10)
+    batch = abstract_batch(cfg, checked.layout)
+    steps = make_steps(cfg, get_task(cfg), checked.spec, checked.layout, tx,
+                       state_shardings(checked.spec, checked.layout, tx), learning_rate(cfg.optim, 10),
+                       tuple(k for k in batch if k != "mask"))
+    return steps.train.lower(abstract_train_state(checked.spec, checked.layout, tx), batch)
 
 
 def micro_config(tmp_path: Path, **overrides: object) -> config_lib.Config:

@@ -8,24 +8,18 @@ The model: `mlp` with 16 inputs, width 64, 5 layers (4 stacked, one per stage) a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from shardbench import config as config_lib
 from shardbench.inspect import inspect
 from shardbench.measure.comms import count_collectives
-from shardbench.optim import build_optimizer, learning_rate
 from shardbench.parallel.mesh import MeshShape, parse_mesh
 from shardbench.parallel.pipeline import bubble_fraction
 from shardbench.parallel.rules import resolve_strategy
 from shardbench.parsing import override
-from shardbench.plan.compile import abstract_batch
-from shardbench.preflight import check_run
 from shardbench.presets import get_preset
-from shardbench.tasks import get_task
-from shardbench.train.spmd import make_steps
-from shardbench.train.state import abstract_train_state, state_shardings
+from conftest import lowered_train_step
 
 WIDTH, BATCH, STAGES = 64, 32, 4
 
@@ -40,14 +34,7 @@ def _cfg(tmp_path: Path, strategy: str, mesh: str, devices: int, microbatches: i
 
 
 def _compiled_hlo(cfg: config_lib.Config) -> str:
-    checked = check_run(cfg)
-    tx = build_optimizer(cfg.optim, 10)
-    batch = abstract_batch(cfg, checked.layout)
-    steps = make_steps(cfg, get_task(cfg), checked.spec, checked.layout, tx,
-                       state_shardings(checked.spec, checked.layout, tx), learning_rate(cfg.optim, 10),
-                       tuple(k for k in batch if k != "mask"))
-    state: Any = abstract_train_state(checked.spec, checked.layout, tx)
-    return steps.train.lower(state, batch).compile().as_text()
+    return lowered_train_step(cfg).compile().as_text()
 
 
 def test_the_stage_axis_is_named_and_the_short_forms_keep_their_meaning() -> None:

@@ -18,16 +18,13 @@ from jax.sharding import PartitionSpec as P
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.measure.comms import CommsReport, count_collectives
-from shardbench.optim import build_optimizer, learning_rate
 from shardbench.parallel.rules import STRATEGIES, Largest, make_layout
 from shardbench.parsing import override
 from shardbench.plan.candidates import USES, candidates
-from shardbench.plan.compile import abstract_batch, compile_candidate
+from shardbench.plan.compile import compile_candidate
 from shardbench.preflight import check_run
 from shardbench.presets import get_preset
-from shardbench.tasks import get_task
-from shardbench.train.spmd import make_steps
-from shardbench.train.state import abstract_train_state, state_shardings
+from conftest import lowered_train_step
 
 PARAMS = 16 * 64 + 64 + 2 * 64 * 64 + 2 * 64 + 64 * 8 + 8  # in, hidden (2 stacked) and out layers, with biases
 GRAD_BYTES = 4 * PARAMS  # the float32 gradients of every parameter, whole
@@ -44,14 +41,7 @@ def _cfg(tmp_path: Path, strategy: str, spmd: str = "jit") -> config_lib.Config:
 
 def _lowered(cfg: config_lib.Config) -> Any:
     """`cfg`'s train step lowered on abstract state and batch."""
-    checked = check_run(cfg)
-    tx = build_optimizer(cfg.optim, 10)
-    batch = abstract_batch(cfg, checked.layout)
-    steps = make_steps(cfg, get_task(cfg), checked.spec, checked.layout, tx,
-                       state_shardings(checked.spec, checked.layout, tx), learning_rate(cfg.optim, 10),
-                       tuple(k for k in batch if k != "mask"))
-    state = abstract_train_state(checked.spec, checked.layout, tx)
-    return steps.train.lower(state, batch)
+    return lowered_train_step(cfg)
 
 
 def _collectives(cfg: config_lib.Config) -> CommsReport:
