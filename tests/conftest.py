@@ -27,7 +27,7 @@ assert len(jax.devices()) == 8, "tests need 8 simulated CPU devices; XLA_FLAGS w
 
 
 # The slowest test files first, longest first (seconds on 2 cores, 2026-11-25: equivalence ~250, the GPU suite's
-# smoke run ~200, processes ~185, speed options ~155, SLURM ~120, ...): `make test` hands whole files to two
+# smoke run ~200, processes ~185, speed options ~155, SLURM ~120, ...): `make test` hands whole files to its
 # workers in collection order, so the long ones start early and the short ones fill in at the end, and the
 # workers finish together rather than one waiting on a long file that started last.
 SLOWEST_FIRST = ("test_equivalence.py", "test_gpu_suite.py", "test_processes.py", "test_speed_options.py",
