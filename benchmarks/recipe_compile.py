@@ -39,18 +39,17 @@ def compile_seconds(preset: str, overrides: dict[str, object]) -> float:
     from shardbench.plan.compile import abstract_batch
     from shardbench.presets import get_preset
     from shardbench.tasks import get_task
-    from shardbench.optim import build_optimizer, learning_rate
+    from shardbench.optim import build_optimizer
     from shardbench.train.spmd import make_steps
     from shardbench.models.spec import describe_model
-    from shardbench.train.state import abstract_train_state, state_shardings
+    from shardbench.train.state import abstract_train_state
 
     cfg = override(get_preset(preset), {"parallel.strategy": "single", "parallel.mesh": "none", **overrides})
     layout = make_layout("single", "none", select_devices(1))
     spec = describe_model(cfg)
     tx = build_optimizer(cfg.optim, 1000)
     batch = abstract_batch(cfg, layout)
-    steps = make_steps(cfg, get_task(cfg), spec, layout, tx, state_shardings(spec, layout, tx),
-                       learning_rate(cfg.optim, 1000), ("image", "label"))
+    steps = make_steps(cfg, get_task(cfg), spec, layout, tx, ("image", "label"))
     start = time.perf_counter()
     steps.train.lower(abstract_train_state(spec, layout, tx), batch).compile()
     return time.perf_counter() - start

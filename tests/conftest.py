@@ -51,19 +51,17 @@ def logged_losses(out: Path) -> list[float]:
 
 def lowered_train_step(cfg: config_lib.Config):
     """`cfg`'s train step lowered on abstract state and batch, as the planner compiles it (nothing is run)."""
-    from shardbench.optim import build_optimizer, learning_rate
+    from shardbench.optim import build_optimizer
     from shardbench.plan.compile import abstract_batch
     from shardbench.preflight import check_run
     from shardbench.tasks import get_task
     from shardbench.train.spmd import make_steps
-    from shardbench.train.state import abstract_train_state, state_shardings
+    from shardbench.train.state import abstract_train_state
 
     checked = check_run(cfg)
     tx = build_optimizer(cfg.optim, 10)
     batch = abstract_batch(cfg, checked.layout)
-    steps = make_steps(cfg, get_task(cfg), checked.spec, checked.layout, tx,
-                       state_shardings(checked.spec, checked.layout, tx), learning_rate(cfg.optim, 10),
-                       tuple(k for k in batch if k != "mask"))
+    steps = make_steps(cfg, get_task(cfg), checked.spec, checked.layout, tx, tuple(k for k in batch if k != "mask"))
     return steps.train.lower(abstract_train_state(checked.spec, checked.layout, tx), batch)
 
 

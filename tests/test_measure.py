@@ -15,10 +15,10 @@ from shardbench.models.vit import flops_per_example
 from shardbench.presets import get_preset
 from shardbench.tasks import get_task
 from shardbench.train.loop import run
-from shardbench.optim import build_optimizer, learning_rate
+from shardbench.optim import build_optimizer
 from shardbench.preflight import check_run
 from shardbench.train.spmd import make_steps
-from shardbench.train.state import init_state, state_shardings
+from shardbench.train.state import init_state
 
 
 def test_vit_seed_flops_match_a_hand_count() -> None:
@@ -36,8 +36,7 @@ def _compiled_step(micro, strategy: str, mesh: str):
     plan = check_run(cfg)
     tx = build_optimizer(cfg.optim, 10)
     state = init_state(cfg, plan.spec, plan.layout, tx)
-    steps = make_steps(cfg, get_task(cfg), plan.spec, plan.layout, tx, state_shardings(plan.spec, plan.layout, tx),
-                       learning_rate(cfg.optim, 10), ("image", "label"))
+    steps = make_steps(cfg, get_task(cfg), plan.spec, plan.layout, tx, ("image", "label"))
     batch = {"image": np.zeros((32, 32, 32, 3), np.uint8), "label": np.zeros(32, np.int32),
              "mask": np.ones(32, bool)}
     return steps.train.lower(state, steps.place(batch)).compile(), state

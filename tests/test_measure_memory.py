@@ -29,11 +29,11 @@ from shardbench.parallel.mesh import DATA
 from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.tasks import get_task
-from shardbench.optim import build_optimizer, learning_rate
+from shardbench.optim import build_optimizer
 from shardbench.preflight import check_run
 from shardbench.train.loop import run
 from shardbench.train.spmd import make_steps
-from shardbench.train.state import init_state, state_shardings
+from shardbench.train.state import init_state
 
 INPUTS, WIDTH, DEPTH, OUTPUTS, BATCH = 16, 64, 2, 8, 32
 # Element counts by parameter: in_kernel, in_bias, hidden_kernel (stacked), hidden_bias, out_kernel, out_bias.
@@ -65,8 +65,7 @@ def _built(cfg: config_lib.Config) -> tuple[Any, Any, Any, Any]:
     plan = check_run(cfg)
     tx = build_optimizer(cfg.optim, 10)
     state = init_state(cfg, plan.spec, plan.layout, tx)
-    steps = make_steps(cfg, get_task(cfg), plan.spec, plan.layout, tx, state_shardings(plan.spec, plan.layout, tx),
-                       learning_rate(cfg.optim, 10), ("inputs", "targets"))
+    steps = make_steps(cfg, get_task(cfg), plan.spec, plan.layout, tx, ("inputs", "targets"))
     rows = cfg.train.batch_size
     batch = {"inputs": np.zeros((rows, INPUTS), np.float32), "targets": np.zeros((rows, OUTPUTS), np.float32),
              "mask": np.ones(rows, bool)}

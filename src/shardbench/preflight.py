@@ -42,6 +42,7 @@ class CheckedRun:
     dataset: ImageDataset | Dataset
     steps_per_epoch: int
     total_steps: int
+    cache_root: Path  # decoded datasets, compiled programs and the host's peak
 
 
 def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tuple[Task, Layout, ModelSpec]:
@@ -96,4 +97,4 @@ def check_run(cfg: Config) -> CheckedRun:
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
     writable_dir(out, "--out")  # last: a run refused above leaves no folder behind
-    return CheckedRun(cfg, task, out, layout, spec, dataset, per_epoch, total)
+    return CheckedRun(cfg, task, out, layout, spec, dataset, per_epoch, total, cache)

@@ -29,10 +29,10 @@ from shardbench.parallel.rules import make_layout
 from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.tasks import get_task
-from shardbench.optim import build_optimizer, learning_rate
+from shardbench.optim import build_optimizer
 from shardbench.train.spmd import make_steps
 from shardbench.models.spec import describe_model
-from shardbench.train.state import abstract_train_state, init_state, state_shardings
+from shardbench.train.state import abstract_train_state, init_state
 from shardbench.train.step import place_batch
 
 Result = dict[str, Any]
@@ -96,8 +96,7 @@ def _steps(cfg: Config) -> tuple[Any, Any, Any, Any]:
     layout = make_layout("single", "none", select_devices(1))
     spec = describe_model(cfg)
     tx = build_optimizer(cfg.optim, 1000)
-    steps = make_steps(cfg, get_task(cfg), spec, layout, tx, state_shardings(spec, layout, tx),
-                       learning_rate(cfg.optim, 1000), ("image", "label"))
+    steps = make_steps(cfg, get_task(cfg), spec, layout, tx, ("image", "label"))
     return layout, spec, tx, steps
 
 

@@ -52,13 +52,13 @@ class RunSetup:
 
 @dataclass(frozen=True)
 class CompiledStep:
-    """The compiled train step, its compile times, and its gradient buffers (abstract arrays with their
-    shardings) where the strategy places them apart from the parameters, as ZeRO-2 splits them
-    (`measure.memory.gradient_buffers` with `train.state.gradient_shardings`; None: laid out as the parameters)."""
+    """The compiled train step, its compile times, and where it places its gradients where the strategy places
+    them apart from the parameters, as ZeRO-2 splits them (a tree of shardings like the parameters,
+    `train.state.gradient_shardings`; None: laid out as the parameters)."""
 
     compiled: Any
     times: CompileTimes | None
-    gradients: Any = None
+    gradient_shardings: Any = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
     devices_here = layout_devices(layout)
     memory = None
     if compiled is not None:
-        gradients = step.gradients if step.gradients is not None else gradient_buffers(state.params)
+        gradients = gradient_buffers(state.params, step.gradient_shardings)
         memory = memory_report(compiled, state.params, state.opt_state, devices_here, gradients=gradients,
                                model_state=state.model_state)
     # Every process sends what it measured; the one record holds every device of every process.

@@ -21,9 +21,9 @@ from shardbench.measure import flops as flops_lib
 from shardbench.measure.comms import count_collectives, executed
 from shardbench.measure.memory import compiled_memory, gradient_buffers, per_device_bytes
 from shardbench.parallel.rules import Layout
-from shardbench.optim import build_optimizer, learning_rate
+from shardbench.optim import build_optimizer
 from shardbench.train.spmd import make_steps
-from shardbench.train.state import abstract_train_state, gradient_shardings, state_shardings
+from shardbench.train.state import abstract_train_state, gradient_shardings
 
 ABSTRACT_STEPS = 1000  # the schedule's length: it changes no shape
 
@@ -54,10 +54,8 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
 
     task, layout, spec = check_runnable(cfg, None if devices is None else devices[:cfg.parallel.devices])
     tx = build_optimizer(cfg.optim, ABSTRACT_STEPS)
-    shardings = state_shardings(spec, layout, tx)
     batch = abstract_batch(cfg, layout)
-    steps = make_steps(cfg, get_task(cfg), spec, layout, tx, shardings, learning_rate(cfg.optim, ABSTRACT_STEPS),
-                       tuple(k for k in batch if k != "mask"))
+    steps = make_steps(cfg, get_task(cfg), spec, layout, tx, tuple(k for k in batch if k != "mask"))
     state = abstract_train_state(spec, layout, tx)
     start = time.perf_counter()
     compiled = steps.train.lower(state, batch).compile()

@@ -22,8 +22,7 @@ from shardbench.config import Config
 from shardbench.data.pipeline import make_batches
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure.peak import HostPeak, host_peak
-from shardbench.optim import build_optimizer, learning_rate
-from shardbench.parallel.rules import Layout
+from shardbench.optim import build_optimizer
 from shardbench.parsing import override
 from shardbench.preflight import CheckedRun, check_run
 from shardbench.rundir import resolve_out
@@ -31,7 +30,7 @@ from shardbench.runtime import CacheUse, start_process
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import header_line
 from shardbench.train.spmd import make_steps
-from shardbench.train.state import abstract_train_state, init_state, state_shardings
+from shardbench.train.state import abstract_train_state, init_state
 from shardbench.train.step import Batch, Steps
 from shardbench.validation import check_profile_window, inert_notes
 
@@ -59,38 +58,27 @@ class FinishedRun:
 
 def build_run(cfg: Config) -> BuiltRun | FinishedRun:
     """Check `cfg`, then create (or restore) the run's state and compile its train step."""
-    cache = start_process(cfg.train, config_lib.cache_root(cfg))
-    checked = _check(cfg)
-    cfg, out, layout, total = checked.cfg, checked.out, checked.layout, checked.total_steps
-    is_main = jax.process_index() == 0
+    checked, cache = _check(cfg)
+    cfg, out, total = checked.cfg, checked.out, checked.total_steps
     before = compile_cache.counts()
-    host = shared_host_peak(cfg, layout)  # measuring it compiles a matmul: not one of this run's programs
+    host = shared_host_peak(checked)  # measuring it compiles a matmul: not one of this run's programs
     cache = CacheUse(cache.path, compile_cache.shift(cache.since, before, compile_cache.counts()))
-    tx = build_optimizer(cfg.optim, total)
     out.mkdir(parents=True, exist_ok=True)
-    if not cfg.train.resume and is_main:
+    if not cfg.train.resume and jax.process_index() == 0:
         write_json_atomic(out / "config.json", cfg.to_dict())
     checkpoints = Checkpoints(out / "checkpoints", cfg.train.keep_checkpoints)
     try:
-        start = checkpoints.latest_step() if cfg.train.resume else None
-        finished = out / "summary.json"
-        if start is not None and start >= total and finished.exists():
+        start = _start_step(checked, checkpoints)
+        if isinstance(start, FinishedRun):
             checkpoints.close()  # nothing left to train: keep the finished run's record as it is
-            if is_main:
-                print(f"shardbench: {out} already finished all {total} steps; nothing to resume", flush=True)
-            return FinishedRun(json.loads(finished.read_text()))
-        if start is not None:
-            check_profile_window(cfg.train, total - start)
-        elif cfg.train.resume and is_main:
-            print(f"shardbench: --resume: {out / 'checkpoints'} holds no finished checkpoint (the run stopped "
-                  f"before its first); training from step 0", flush=True)
-        finished.unlink(missing_ok=True)  # a resumed run is incomplete until it finishes again
-        if start is not None:
-            state, start = checkpoints.restore_good(abstract_train_state(checked.spec, layout, tx), start)
+            return start
+        tx = build_optimizer(cfg.optim, total)
+        if start:
+            state, start = checkpoints.restore_good(abstract_train_state(checked.spec, checked.layout, tx), start)
         else:
-            state, start = init_state(cfg, checked.spec, layout, tx), 0
-        steps = make_steps(cfg, checked.task, checked.spec, layout, tx, state_shardings(checked.spec, layout, tx),
-                           learning_rate(cfg.optim, total), tuple(checked.dataset.train.columns()), total)
+            state = init_state(cfg, checked.spec, checked.layout, tx)
+        steps = make_steps(cfg, checked.task, checked.spec, checked.layout, tx,
+                           tuple(checked.dataset.train.columns()), total)
         state = steps.adopt(state)
         batches = _batches(checked, steps, start)
         first = next(batches, None)
@@ -103,9 +91,31 @@ def build_run(cfg: Config) -> BuiltRun | FinishedRun:
     return BuiltRun(checked, steps, state, start, batches, checkpoints, host, cache)
 
 
-def _check(cfg: Config) -> CheckedRun:
-    """Every process plans (and checks) before any of them writes; one process's error stops them all. The run
-    is announced (its header, and the options it leaves without effect) once checked."""
+def _start_step(checked: CheckedRun, checkpoints: Checkpoints) -> int | FinishedRun:
+    """The step to train from: 0, or with --resume the last checkpoint's; a resumed run that had trained every
+    step already is finished (its record as it was written)."""
+    out, total = checked.out, checked.total_steps
+    is_main = jax.process_index() == 0
+    start = checkpoints.latest_step() if checked.cfg.train.resume else None
+    finished = out / "summary.json"
+    if start is not None and start >= total and finished.exists():
+        if is_main:
+            print(f"shardbench: {out} already finished all {total} steps; nothing to resume", flush=True)
+        return FinishedRun(json.loads(finished.read_text()))
+    if start is not None:
+        check_profile_window(checked.cfg.train, total - start)
+    elif checked.cfg.train.resume and is_main:
+        print(f"shardbench: --resume: {out / 'checkpoints'} holds no finished checkpoint (the run stopped "
+              f"before its first); training from step 0", flush=True)
+    finished.unlink(missing_ok=True)  # a resumed run is incomplete until it finishes again
+    return start or 0
+
+
+def _check(cfg: Config) -> tuple[CheckedRun, CacheUse]:
+    """Start the process (XLA's flags and the compilation cache come before the first compilation), then every
+    process plans (and checks) before any of them writes; one process's error stops them all. The run is
+    announced (its header, and the options it leaves without effect) once checked."""
+    cache = start_process(cfg.train, config_lib.cache_root(cfg))
     if jax.process_count() > 1 and not cfg.train.out:  # one directory for all: the name process 0's clock gives
         cfg = override(cfg, {"train.out": cluster.exchange(str(resolve_out(cfg)))[0]})
     checked = cluster.agree("checking", lambda: check_run(cfg), timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
@@ -113,15 +123,16 @@ def _check(cfg: Config) -> CheckedRun:
         print(header_line(checked), flush=True)
         for note in inert_notes(checked.cfg):
             print(f"shardbench: note: {note}", flush=True)
-    return checked
+    return checked, cache
 
 
-def shared_host_peak(cfg: Config, layout: Layout) -> HostPeak | None:
+def shared_host_peak(checked: CheckedRun) -> HostPeak | None:
     """On a CPU, the host's matmul peak for MFU (see `shardbench.measure.peak`): process 0 reads or measures it
     and hands it to every other process of the run."""
-    if layout.device.platform != "cpu":
+    if checked.layout.device.platform != "cpu":
         return None
-    mine = (host_peak(cfg.precision.dtype, config_lib.cache_root(cfg), cfg.train.recalibrate_peak).to_dict()
+    cfg = checked.cfg
+    mine = (host_peak(cfg.precision.dtype, checked.cache_root, cfg.train.recalibrate_peak).to_dict()
             if jax.process_index() == 0 else None)
     return HostPeak(**cluster.gather_json(mine)[0])
 

@@ -17,8 +17,7 @@ from tqdm import tqdm
 from shardbench.config import Config
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure import run_record
-from shardbench.measure.collect import Clocks, CompiledStep, RunSetup, build_measurements, default_run_name
-from shardbench.measure.memory import gradient_buffers
+from shardbench.measure.collect import Clocks, RunSetup, build_measurements, default_run_name
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.timing import StepTimer, fit_warmup
 from shardbench import compile_cache
@@ -26,7 +25,6 @@ from shardbench.train import hooks
 from shardbench.train.build import BuiltRun, FinishedRun, build_run
 from shardbench.train.evaluation import evaluate
 from shardbench.train.events import ScalarWriter
-from shardbench.train.state import gradient_shardings
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -55,22 +53,11 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     checked, steps, start = built.checked, built.steps, built.start
     cfg, total, layout = checked.cfg, checked.total_steps, checked.layout
     is_main = jax.process_index() == 0  # only process 0 prints and traces
-    run_name = cfg.train.run_name or default_run_name(cfg, layout)
-    warmup, lowered = fit_warmup(cfg.train.timing_warmup, total - start)
-    if lowered and is_main:
-        print(lowered, flush=True)
-    timer = StepTimer(warmup)
     bar = tqdm(total=total, initial=start, disable=not cfg.train.progress or not is_main, unit="step",
                dynamic_ncols=True)
-    profile_root = Path(cfg.train.profile_root) if cfg.train.profile_root else checked.out / "tensorboard"
-    window = ProfileWindow(profile_root, run_name, start + cfg.train.profile_skip, cfg.train.profile_steps,
-                           cfg.train.profile and is_main)
     epochs = hooks.EpochEnd(
         (lambda st: evaluate(steps, st, checked.dataset.val, cfg, checked.task, layout)) if cfg.train.eval else None,
         writer, bar, is_main)
-    run = hooks.LoopState(total, checked.steps_per_epoch,
-                          hooks.Metrics(timer.completed, hooks.last_good_checkpoint(built.checkpoints, checked.out)),
-                          built.state, start=start)
     schedule = [
         hooks.Every(hooks.Log(writer, bar, cfg.train.batch_size * checked.task.units_per_example(cfg),
                               checked.task.unit), hooks.Phase.LOG, cfg.train.log_every, epoch_end=True),
@@ -79,6 +66,17 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
         hooks.Every(epochs, hooks.Phase.EPOCH_END, epoch_end=True),
         *filter(None, [hooks.fault_injection()]),
     ]
+    run_name = cfg.train.run_name or default_run_name(cfg, layout)
+    profile_root = Path(cfg.train.profile_root) if cfg.train.profile_root else checked.out / "tensorboard"
+    window = ProfileWindow(profile_root, run_name, start + cfg.train.profile_skip, cfg.train.profile_steps,
+                           cfg.train.profile and is_main)
+    warmup, lowered = fit_warmup(cfg.train.timing_warmup, total - start)
+    if lowered and is_main:
+        print(lowered, flush=True)
+    timer = StepTimer(warmup)
+    run = hooks.LoopState(total, checked.steps_per_epoch,
+                          hooks.Metrics(timer.completed, hooks.last_good_checkpoint(built.checkpoints, checked.out)),
+                          built.state, start=start)
     for step in range(start, total):
         run.done = step + 1
         window.before_step(run.done)
@@ -94,12 +92,8 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     window.stop()
     bar.close()
     built.checkpoints.save(steps.release(run.state))
-    grad_layout = gradient_shardings(checked.spec, layout)  # None: laid out as the parameters
-    compiled = None if steps.compiled is None else CompiledStep(
-        steps.compiled, steps.compile_times,
-        None if grad_layout is None else gradient_buffers(run.state.params, grad_layout))
     measured = build_measurements(
-        RunSetup(cfg, checked.task, layout), compiled,
+        RunSetup(cfg, checked.task, layout), steps.compiled,
         Clocks(timer, epochs.times, epochs.steps, checked.steps_per_epoch, total - start), run.state, built.host)
     return _summary(built, run, writer, run_name, window, measured, epochs.history, last)
 

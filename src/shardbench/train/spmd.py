@@ -30,6 +30,7 @@ every device holds the same ones.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import jax
@@ -40,13 +41,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from shardbench.config import Config
 from shardbench.errors import ConfigError
 from shardbench.models.axes import constraints
+from shardbench.optim import learning_rate
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
 from shardbench.parallel.rules import Layout, Tactic, is_axes, spec_for
 from shardbench.parallel.checks import check_style
 from shardbench.parallel.pipeline import pipelined
 from shardbench.tasks import Rows, Task
 from shardbench.models.spec import ModelSpec
-from shardbench.train.state import TrainState, gradient_shardings
+from shardbench.train.state import TrainState, gradient_shardings, state_shardings
 from shardbench.train.step import (
     Batch, HostBatch, Metrics, StepParts, Steps, eval_sums, place_batch,
 )
@@ -267,11 +269,12 @@ def pmap_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_ke
 
 
 def make_steps(cfg: Config, task: Task, spec: ModelSpec, layout: Layout, tx: optax.GradientTransformation,
-               shardings: TrainState, schedule: optax.Schedule, batch_keys: tuple[str, ...],
-               total_steps: int = 0) -> Steps:
-    """The steps of `cfg.parallel.spmd`; `batch_keys` are the dataset's columns (the mask comes on top);
-    `total_steps`, the run's length, for augmentation that changes over training (0: not known)."""
+               batch_keys: tuple[str, ...], total_steps: int = 0) -> Steps:
+    """The steps of `cfg.parallel.spmd` for a state laid out as `state_shardings` places it; `batch_keys` are the
+    dataset's columns (the mask comes on top); `total_steps`, the run's length, for the learning-rate schedule
+    and augmentation that changes over training (0: not known, for a step compiled only to be measured)."""
     check_style(cfg.parallel.spmd, layout)
-    parts = StepParts(cfg, task, spec, tx, schedule, total_steps)
+    parts = StepParts(cfg, task, spec, tx, learning_rate(cfg.optim, total_steps), total_steps)
     builders = {"jit": jit_steps, "shard_map": shard_map_steps, "pmap": pmap_steps}
-    return builders[cfg.parallel.spmd](parts, layout, shardings, batch_keys)
+    steps = builders[cfg.parallel.spmd](parts, layout, state_shardings(spec, layout, tx), batch_keys)
+    return replace(steps, gradient_shardings=gradient_shardings(spec, layout))

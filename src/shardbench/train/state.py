@@ -43,6 +43,7 @@ def model_state_shardings(spec: ModelSpec, layout: Layout) -> Params:
 def state_shardings(spec: ModelSpec, layout: Layout, tx: optax.GradientTransformation) -> TrainState:
     """Shardings for every leaf: optimizer moments are placed by the strategy's optimizer tactics (its
     parameter's placement unless the strategy says otherwise, as ZeRO-1/2 do), counters are replicated."""
+    model_state = model_state_shardings(spec, layout)
     params = layout.param_shardings(spec.axes, spec.shapes)
     moments = layout.shardings(layout.strategy.optimizer_tactics, spec.axes, spec.shapes)
     abstract_params = nnx.to_pure_dict(spec.abstract)
@@ -53,7 +54,7 @@ def state_shardings(spec: ModelSpec, layout: Layout, tx: optax.GradientTransform
         is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
     )
     return TrainState(step=layout.replicated, params=params, opt_state=opt,
-                      model_state=model_state_shardings(spec, layout))
+                      model_state=model_state)
 
 
 def gradient_shardings(spec: ModelSpec, layout: Layout) -> Params | None:

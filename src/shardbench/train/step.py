@@ -17,6 +17,7 @@ import numpy as np
 import optax
 
 from shardbench.config import Config
+from shardbench.measure.collect import CompiledStep
 from shardbench.measure.timing import CompileTimes, compile_timed
 from shardbench.tasks import Rows, Task, Terms
 from shardbench.optim import ema_params
@@ -43,6 +44,9 @@ class Steps:
     adopt: Callable[[TrainState], Any] = lambda state: state
     release: Callable[[Any], TrainState] = lambda state: state
     compile_times: CompileTimes | None = None  # lowering and compilation of `train`, once compiled
+    # Where the step hands its gradients to the optimizer, where the strategy places them apart from the
+    # parameters (ZeRO-2's slices; `train.state.gradient_shardings`); None: laid out as the parameters.
+    gradient_shardings: Any = None
 
     def compile(self, state: Any, batch: Batch) -> Steps:
         """These steps with `train` lowered and compiled for `state` and `batch`, each phase timed apart from
@@ -51,9 +55,11 @@ class Steps:
         return replace(self, train=compiled, compile_times=times)
 
     @property
-    def compiled(self) -> Any:
-        """The compiled train program, or None before `compile`."""
-        return self.train if self.compile_times is not None else None
+    def compiled(self) -> CompiledStep | None:
+        """The compiled train program as the measurements read it, or None before `compile`."""
+        if self.compile_times is None:
+            return None
+        return CompiledStep(self.train, self.compile_times, self.gradient_shardings)
 
 
 @dataclass(frozen=True)
