@@ -59,7 +59,8 @@ def inspect(cfg: Config, array: str = "") -> str:
     validate(cfg)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, select_devices(cfg.parallel.devices))
     spec = describe_model(cfg)
-    check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout)
+    check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
+                   schedule=cfg.parallel.schedule, repeats=cfg.parallel.repeats)
     check_layout(spec, layout)
     rows = param_table(spec.axes, spec.shapes, cfg.precision.param_dtype, layout)
     tx: optax.GradientTransformation = build_optimizer(cfg.optim, 100)
