@@ -125,6 +125,10 @@ def pipeline_runner(stages: int, microbatches: int, constrain: Constraint, repea
             # Stage s works on pass (t - s) // M of a microbatch: its chunk of that pass.
             passes = jnp.clip((t - jnp.arange(stages)) // m, 0, repeats - 1)
 
+            # Recomputed in the backward from the iteration's input (MaxText saves its 'iteration_input' so):
+            # autodiff would otherwise keep every iteration's slice of the weights, R x M + S - 1 copies of a
+            # chunk, as the residuals of the model's scan over the chunk's layers.
+            @jax.checkpoint
             def one(h: jax.Array, held: Any, r: jax.Array) -> jax.Array:
                 return run(h, jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, r, 0, keepdims=False), held))
 
