@@ -104,9 +104,10 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
     flat_axes, flat_shapes = flat_by_path(spec.axes), flat_by_path(spec.shapes)
     depths = {path: tuple(flat_shapes[path])[axes.index(LAYERS)] for path, axes in sorted(flat_axes.items())
               if LAYERS in axes}
-    if not depths:
-        raise ConfigError(f"--strategy {name}: the model has no stacked layers (no parameter with a 'layers' dim) "
-                          f"to split into stages: use dp, fsdp or tp")
+    if not any(depths.values()):
+        raise ConfigError(f"--strategy {name}: the model has no stacked layers (no parameter with a 'layers' dim, "
+                          f"or a stack of none: the mlp stacks num_layers - 1) to split into stages: use dp, fsdp or "
+                          f"tp, or more --model.num-layers")
     stages = shape.stage
     if schedule == "circular":
         _check_chunks(depths, stages, repeats, name, shape)
