@@ -17,8 +17,9 @@ microbatches between its forward and its backward (a ring of S) and recomputes i
 finishes a microbatch's forward; stage 0's input cotangents go through `pre`'s vjp after the loop.
 
 Under vmap every stage computes a forward and a backward (with its recomputed forward) in every tick and keeps
-what the schedule gives it (a select), and `post` runs every tick: about three times GPipe's arithmetic for the
-stack. A per-stage program (shard_map over stage, with lax.cond) would run only the scheduled one.
+what the schedule gives it (a select), and `post` runs every tick: 2(M+S-1) ticks of three passes over a stage,
+where GPipe runs M+S-1 forward and M+S-1 backward iterations. A per-stage program (shard_map over stage, with
+lax.cond) would run only the scheduled one.
 """
 
 from __future__ import annotations
