@@ -29,6 +29,7 @@ import numpy as np
 from shardbench.config import ParallelConfig
 from shardbench.models.axes import BATCH, LAYERS, Constraint, RunStack, StackRunner, stack_runner
 from shardbench.parallel.mesh import STAGE
+from shardbench.parallel.one_f_one_b import one_f_one_b_gradients
 from shardbench.parallel.rules import Layout
 
 
@@ -187,7 +188,5 @@ def hand_written_backward(layout: Layout, parallel: ParallelConfig) -> Callable[
     stages and the schedule is 1f1b; None where autodiff through the runner gives the schedule's backward."""
     if not uses_pipeline(layout) or parallel.schedule != "1f1b":
         return None
-    from shardbench.parallel.one_f_one_b import one_f_one_b_gradients  # it builds on train.accum's microbatches
-
     return functools.partial(one_f_one_b_gradients, stages=layout.shape.stage,
                              microbatches=microbatch_count(parallel.microbatches, layout), constrain=layout.constrain)
