@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from shardbench import config as config_lib
@@ -98,10 +101,11 @@ def test_1f1b_runs_one_forward_then_one_backward(stages: int, microbatches: int)
     after the previous stage's and a backward after the next stage's (the last stage: after its own forward);
     after S-1-s warm-up forwards a stage alternates, and at most S - s microbatches wait for their backward."""
     s_, m = stages, microbatches
-    fwd = {(s, int(i)): t for t in range(ticks(s_, m)) for s, (i, ok) in enumerate(zip(*forward_ticks(t, s_, m)))
-           if ok}
-    bwd = {(s, int(i)): t for t in range(ticks(s_, m)) for s, (i, ok) in enumerate(zip(*backward_ticks(t, s_, m)))
-           if ok}
+    every_tick = jnp.arange(ticks(s_, m))
+    f_i, f_ok = (np.asarray(a) for a in jax.vmap(lambda t: forward_ticks(t, s_, m))(every_tick))
+    b_i, b_ok = (np.asarray(a) for a in jax.vmap(lambda t: backward_ticks(t, s_, m))(every_tick))
+    fwd = {(s, int(f_i[t, s])): t for t in range(len(every_tick)) for s in range(s_) if f_ok[t, s]}
+    bwd = {(s, int(b_i[t, s])): t for t in range(len(every_tick)) for s in range(s_) if b_ok[t, s]}
     every = {(s, i) for s in range(s_) for i in range(m)}
     assert set(fwd) == every and set(bwd) == every
     for s in range(s_):
