@@ -195,6 +195,25 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: pipeline stages with dropout", lambda t: [
         "train", *TINY, "--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--model.num-layers", "2",
         "--model.dropout", "0.1", "--out", str(t / "o")], "--model.dropout would draw the same masks", CONF),
+    ("train: circular chunks that do not split the layers", lambda t: [
+        "train", *TINY, "--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--model.num-layers", "2",
+        "--parallel.schedule", "circular", "--parallel.repeats", "2", "--out", str(t / "o")],
+     "do not split into 2 stages x 2 repeats = 4 equal chunks (mesh stage=2): use --parallel.repeats 1", CONF),
+    ("train: repeats without the circular schedule", lambda t: [
+        "train", *TINY, "--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--model.num-layers", "4",
+        "--parallel.repeats", "2", "--out", str(t / "o")],
+     "--parallel.repeats 2 loops microbatches through the stages, which only --parallel.schedule circular", CONF),
+    ("train: circular with fewer microbatches than stages", lambda t: [
+        "train", *TINY, "--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--model.num-layers", "4",
+        "--parallel.schedule", "circular", "--parallel.repeats", "2", "--parallel.microbatches", "1",
+        "--out", str(t / "o")], "1 microbatches cannot loop through 2 stages", CONF),
+    ("train: 1f1b with accumulation", lambda t: [
+        "train", *TINY, "--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--model.num-layers", "2",
+        "--parallel.schedule", "1f1b", "--train.grad-accum", "2", "--out", str(t / "o")],
+     "--parallel.schedule 1f1b with --train.grad-accum 2", CONF),
+    ("train: a pipeline schedule without pipeline stages", lambda t: [
+        "train", *TINY, "--parallel.schedule", "1f1b", "--out", str(t / "o")],
+     "--parallel.schedule 1f1b orders the work of pipeline stages", CONF),
     ("train: microbatches without pipeline stages", lambda t: [
         "train", *TINY, "--parallel.microbatches", "4", "--out", str(t / "o")],
      "--parallel.microbatches 4 splits the batch for pipeline stages", CONF),

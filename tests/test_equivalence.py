@@ -55,11 +55,25 @@ PIPELINE_SHAPES: dict[str, dict[str, object]] = {
     "lm-deep": {**SHAPES["lm-seed"], "model.num_layers": 4},
     "vit-deep": {**SHAPES["vit-tiny"], "model.num_layers": 4},
 }
-PRESETS = {"mlp-deep": "mlp-small", "lm-deep": "lm-seed", "vit-deep": "vit-tiny"}
+# The other schedules (GPipe is the default): 1F1B, and circular with 2 repeats on an MLP of 8 stacked layers (4
+# stages x 2 repeats of one layer each).
+PIPELINE_SHAPES.update({
+    "mlp-1f1b": {**PIPELINE_SHAPES["mlp-deep"], "parallel.schedule": "1f1b"},
+    "mlp-circular": {**PIPELINE_SHAPES["mlp-deep"], "model.num_layers": 9, "parallel.schedule": "circular",
+                     "parallel.repeats": 2},
+    "lm-1f1b": {**PIPELINE_SHAPES["lm-deep"], "parallel.schedule": "1f1b"},
+})
+SAME_MODEL = {"mlp-1f1b": "mlp-deep", "lm-1f1b": "lm-deep"}  # one reference serves both schedules
+PRESETS = {"mlp-deep": "mlp-small", "lm-deep": "lm-seed", "vit-deep": "vit-tiny", "mlp-1f1b": "mlp-small",
+           "mlp-circular": "mlp-small", "lm-1f1b": "lm-seed"}
 PIPELINE_LAYOUTS = [("pp", "stage=4", 4), ("dp+pp", "data=2,stage=4", 8)]
-# Both layouts on the MLP and the LM; the ViT's blocks are the LM's without the mask, so pp alone.
+# Both layouts on the MLP and the LM; the ViT's blocks are the LM's without the mask, so pp alone. 1F1B on both
+# layouts of the MLP and dp+pp of the LM (its embedding and head are the parts the schedule cuts off the stack),
+# circular on dp+pp of the MLP: each a compile of 5 to 10 s.
 PIPELINE_CASES = [(preset, *layout, "jit") for preset in ("mlp-deep", "lm-deep") for layout in PIPELINE_LAYOUTS] + [
-    ("vit-deep", *PIPELINE_LAYOUTS[0], "jit")]
+    ("vit-deep", *PIPELINE_LAYOUTS[0], "jit")] + [
+    ("mlp-1f1b", *PIPELINE_LAYOUTS[0], "jit"), ("mlp-1f1b", *PIPELINE_LAYOUTS[1], "jit"),
+    ("mlp-circular", *PIPELINE_LAYOUTS[1], "jit"), ("lm-1f1b", *PIPELINE_LAYOUTS[1], "jit")]
 
 # (strategy, mesh, devices) for every strategy; pmap runs data parallelism only.
 LAYOUTS = [("dp", "8", 8), ("zero1", "8", 8), ("zero2", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4),
@@ -146,7 +160,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
         if preset not in done:
             done[preset] = one_device(config(tmp, preset, preset, **{"parallel.strategy": "single",
                                                                      "parallel.mesh": "none",
-                                                                     "parallel.microbatches": 0}))
+                                                                     "parallel.microbatches": 0,
+                                                                     "parallel.schedule": "gpipe",
+                                                                     "parallel.repeats": 1}))
             losses, norms = done[preset]
             # SGD steps whose gradients are far from zero: a factor on them would move every later loss.
             assert min(norms) > 0.01 and abs(losses[-1] - losses[0]) > 1e-4 * losses[0]
@@ -159,23 +175,29 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
                          ids=["-".join(map(str, case)) for case in CASES])
 def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[list[float], list[float]]],
                               preset: str, strategy: str, mesh: str, devices: int, style: str) -> None:
-    want_loss, want_norm = reference(preset)
+    want_loss, want_norm = reference(SAME_MODEL.get(preset, preset))
     run(config(tmp_path, preset, "run", **{"parallel.strategy": strategy, "parallel.mesh": mesh,
                                            "parallel.devices": devices, "parallel.spmd": style}))
     got_loss, got_norm = logged(tmp_path / "run")
     assert len(got_loss) == STEPS
     # float32 sums in another order (over devices, split matmuls): at most 6e-7 apart when measured. The norm
     # first: a gradient off by a factor shows in it at the first step.
-    layout = f"{preset}: {strategy} on mesh {mesh} under {style}"
+    shape = {**SHAPES, **PIPELINE_SHAPES}[preset]
+    schedule = str(shape.get("parallel.schedule", "gpipe"))
+    repeats = int(shape.get("parallel.repeats", 1))  # type: ignore[call-overload]
+    layout = f"{preset}: {strategy} on mesh {mesh} under {style}" + (f", schedule {schedule}" if "pp" in strategy
+                                                                      else "")
     np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg=f"{layout}: gradient norm differs")
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"{layout}: loss differs")
     if "pp" in strategy.split("+"):  # the record names the pipeline and counts its stage-to-stage shifts
         record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
-        stages, m = 4, int(PIPELINE_SHAPES[preset].get("parallel.microbatches", 4))  # type: ignore[call-overload]
+        stages, m = 4, int(shape.get("parallel.microbatches", 4))  # type: ignore[call-overload]
         assert (record["pipeline_stages"], record["pipeline_microbatches"]) == (stages, m), layout
-        assert record["pipeline_bubble"] == pytest.approx((stages - 1) / (m + stages - 1)), layout
-        # Three shifts per iteration (tests/test_pipeline.py says which), a few more once per step.
-        assert record["comms"]["collective-permute"]["count"] >= 3 * (m + stages - 1), layout
+        assert record["pipeline_bubble"] == pytest.approx((stages - 1) / (repeats * m + stages - 1)), layout
+        # GPipe and circular: three shifts per iteration (tests/test_pipeline.py says which), a few more once per
+        # step. 1F1B: activations one stage on and cotangents one stage back in each of its 2(M+S-1) ticks.
+        shifts = 2 * 2 * (m + stages - 1) if schedule == "1f1b" else 3 * (repeats * m + stages - 1)
+        assert record["comms"]["collective-permute"]["count"] >= shifts, layout
 
 
 # Gradient accumulation: each update sums 4 microbatches' gradients, and must be the one-device full-batch

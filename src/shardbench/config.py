@@ -20,8 +20,8 @@ from shardbench.errors import ConfigError
 from shardbench.fields import FRACTION, POSITIVE, Range, Spec, setting, spec_of
 
 STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp", "pp", "dp+pp")
-# Pipeline schedules built so far (shardbench.parallel.pipeline); 1F1B and circular are not.
-PIPELINE_SCHEDULES = ("gpipe",)
+# Pipeline schedules (shardbench.parallel.pipeline; 1F1B's hand-written backward in shardbench.parallel.one_f_one_b).
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "circular")
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_POLICIES = ("none", "block", "full")
@@ -211,8 +211,14 @@ class ParallelConfig:
         "another; more of them shrink the pipeline's idle fraction (S-1)/(M+S-1)",
         range=Range(0, note="0 = as many as stages"))
     schedule: str = setting(
-        "gpipe", "pp: the pipeline schedule (gpipe: every microbatch's forward, then every backward; 1F1B and "
-        "circular are not built)", choices=PIPELINE_SCHEDULES)
+        "gpipe", "pp: the pipeline schedule (gpipe: every microbatch's forward, then every backward, M microbatches' "
+        "activations alive; 1f1b: one forward then one backward per stage after a warm-up, at most S alive; "
+        "circular: each stage holds --parallel.repeats chunks of layers and microbatches loop through the stages "
+        "that many times, a smaller bubble)", choices=PIPELINE_SCHEDULES)
+    repeats: int = setting(
+        1, "pp, --parallel.schedule circular: times each microbatch loops through the stages; the stack splits "
+        "into stages x repeats chunks, stage s holding chunks s, s+S, s+2S, ...; the bubble is about "
+        "(S-1)/(R*M+S-1)", range=Range(1))
 
 
 @dataclass(frozen=True)

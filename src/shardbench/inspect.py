@@ -19,11 +19,14 @@ from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
 from shardbench.measure.memory import gradient_buffers, per_device_bytes
 from shardbench.measure.params import format_placements, format_table, param_table, picture
-from shardbench.parallel.rules import flat_by_path, make_layout
+from shardbench.models.axes import LAYERS
+from shardbench.parallel.rules import Layout, flat_by_path, make_layout
 from shardbench.optim import build_optimizer
 from shardbench.models.spec import ModelSpec, describe_model
 from shardbench.parallel.checks import check_layout, check_pipeline
-from shardbench.parallel.pipeline import bubble_fraction, microbatch_count, uses_pipeline
+from shardbench.parallel.pipeline import (
+    bubble_fraction, microbatch_count, schedule_repeats, stage_layers, uses_pipeline,
+)
 from shardbench.train.state import abstract_train_state, gradient_shardings
 
 DEFAULT_ARRAY = "encoder/mlp2_kernel"  # the seed pictured the second MLP layer's kernel
@@ -54,12 +57,42 @@ def model_state_lines(spec: ModelSpec, model_state: Any) -> list[str]:
     return lines
 
 
+def pipeline_lines(cfg: Config, spec: ModelSpec, layout: Layout) -> list[str]:
+    """The schedule: which layers each stage holds, the microbatches, the iterations and the bubble."""
+    stages, m = layout.shape.stage, microbatch_count(cfg.parallel.microbatches, layout)
+    schedule, r = cfg.parallel.schedule, schedule_repeats(cfg.parallel)
+    shapes = flat_by_path(spec.shapes)
+    depth = next(tuple(shapes[path])[axes.index(LAYERS)] for path, axes in sorted(flat_by_path(spec.axes).items())
+                 if LAYERS in axes)
+    held = "; ".join(f"stage {s}: {_spans(stage_layers(s, depth, stages, r))}" for s in range(stages))
+    work = {"gpipe": f"{m + stages - 1} iterations per pass, each stage idle (S-1)/(M+S-1)",
+            "1f1b": f"{m + stages - 1} forward and as many backward slots, each stage idle (S-1)/(M+S-1)",
+            "circular": f"{r} repeats, {r * m + stages - 1} iterations of 1/{r} of a stage's layers, each stage "
+                        f"idle (S-1)/(R*M+S-1)"}[schedule]
+    return [f"pipeline ({schedule}): {stages} stages, each holding 1/{stages} of every stacked parameter (its "
+            f"layers dim over stage, above); layers of the stack by stage: {held}",
+            f"{m} microbatches of {cfg.train.batch_size // m} examples; {work} = "
+            f"{bubble_fraction(stages, m, r):.1%} of them (the bubble)"]
+
+
+def _spans(layers: list[int]) -> str:
+    """[0, 1, 2, 5, 6] -> '0-2, 5-6'."""
+    spans: list[list[int]] = []
+    for n in layers:
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def inspect(cfg: Config, array: str = "") -> str:
     """The parameter table, one array's picture (`array`, '' = the model's default) and the batch's."""
     validate(cfg)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, select_devices(cfg.parallel.devices))
     spec = describe_model(cfg)
-    check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout)
+    check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
+                   schedule=cfg.parallel.schedule, repeats=cfg.parallel.repeats)
     check_layout(spec, layout)
     rows = param_table(spec.axes, spec.shapes, cfg.precision.param_dtype, layout)
     tx: optax.GradientTransformation = build_optimizer(cfg.optim, 100)
@@ -83,11 +116,7 @@ def inspect(cfg: Config, array: str = "") -> str:
         lines[-1:-1] = ["", "optimizer state (each per-parameter array, e.g. Adam's two moments) and gradients, "
                         "placed apart from the parameters:", format_placements(spec.axes, spec.shapes, layout)]
     if uses_pipeline(layout):
-        stages, m = layout.shape.stage, microbatch_count(cfg.parallel.microbatches, layout)
-        lines[-1:-1] = ["", f"pipeline ({cfg.parallel.schedule}): {stages} stages, each holding 1/{stages} of "
-                        f"every stacked parameter (its layers dim over stage, above); {m} microbatches of "
-                        f"{cfg.train.batch_size // m} examples; {m + stages - 1} iterations per pass, each stage idle "
-                        f"(S-1)/(M+S-1) = {bubble_fraction(stages, m):.1%} of them (the bubble)"]
+        lines[-1:-1] = ["", *pipeline_lines(cfg, spec, layout)]
     if jax.tree.leaves(target.model_state):
         lines[-1:-1] = model_state_lines(spec, target.model_state)
     by_path = {r.path: r for r in rows}

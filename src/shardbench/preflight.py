@@ -64,7 +64,7 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
     random_layers = tuple(flag for flag, rate in (("--model.dropout", cfg.model.dropout),
                                                   ("--model.drop-path", cfg.model.drop_path)) if rate > 0)
     check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
-                   random_layers)
+                   random_layers, cfg.parallel.schedule, cfg.parallel.repeats)
     check_layout(spec, layout)
     check_batch("--batch-size", cfg.train.batch_size, layout)
     check_batch("--train.eval-batch-size", cfg.train.eval_batch, layout)

@@ -21,7 +21,7 @@ from shardbench.measure.run_record import (
 )
 from shardbench.measure.timing import StepTimer
 from shardbench.naming import config_run_name
-from shardbench.parallel.pipeline import bubble_fraction, microbatch_count, uses_pipeline
+from shardbench.parallel.pipeline import bubble_fraction, microbatch_count, schedule_repeats, uses_pipeline
 from shardbench.parallel.rules import Layout, resolve_strategy
 from shardbench.tasks import Task
 
@@ -137,7 +137,8 @@ def batch_sizes(setup: RunSetup) -> dict[str, int | float]:
                                      "microbatch_per_shard": batch // k // setup.layout.data_size}
     if uses_pipeline(setup.layout):
         stages, m = setup.layout.shape.stage, microbatch_count(setup.cfg.parallel.microbatches, setup.layout)
-        sizes.update(pipeline_stages=stages, pipeline_microbatches=m, pipeline_bubble=bubble_fraction(stages, m))
+        sizes.update(pipeline_stages=stages, pipeline_microbatches=m,
+                     pipeline_bubble=bubble_fraction(stages, m, schedule_repeats(setup.cfg.parallel)))
     return sizes
 
 

@@ -75,18 +75,27 @@ def _divisors(n: int) -> list[int]:
 
 
 def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSpec, layout: Layout,
-                   random_layers: tuple[str, ...] = ()) -> None:
-    """A pipeline needs a stack of layers that splits into equal stages, and microbatches that split each data
-    shard's examples (of each accumulated microbatch) evenly; --parallel.microbatches means nothing without one.
+                   random_layers: tuple[str, ...] = (), schedule: str = "gpipe", repeats: int = 1) -> None:
+    """A pipeline needs a stack of layers that splits into equal stages (S x R chunks under the circular
+    schedule), and microbatches that split each data shard's examples (of each accumulated microbatch) evenly;
+    --parallel.microbatches, --parallel.schedule and --parallel.repeats mean nothing without one.
     `random_layers` names the settings that are on and draw random masks in every layer (dropout, stochastic
     depth): the pipeline runs every microbatch through a stage with the same draws, which is not one device's
     training, so they are refused rather than silently correlated."""
     name, shape = layout.strategy.name, layout.shape
+    if repeats > 1 and schedule != "circular":
+        raise ConfigError(f"--parallel.repeats {repeats} loops microbatches through the stages, which only "
+                          f"--parallel.schedule circular does (not {schedule}): add --parallel.schedule circular, "
+                          f"or leave --parallel.repeats at 1")
     if STAGE not in layout.strategy.axes:
         if microbatches:
             raise ConfigError(f"--parallel.microbatches {microbatches} splits the batch for pipeline stages, which "
                               f"--strategy {name} does not have: use --strategy pp or dp+pp with a stage axis "
                               f"(--mesh stage=N), or --train.grad-accum to split a batch without stages")
+        if schedule != "gpipe":
+            raise ConfigError(f"--parallel.schedule {schedule} orders the work of pipeline stages, which --strategy "
+                              f"{name} does not have: use --strategy pp or dp+pp with a stage axis (--mesh stage=N), "
+                              f"or leave --parallel.schedule at gpipe")
         return
     if spec.custom:
         raise ConfigError(f"--strategy {name} pipelines the stacked layers that the built-in models (vit, lm, mlp) "
@@ -95,10 +104,13 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
     flat_axes, flat_shapes = flat_by_path(spec.axes), flat_by_path(spec.shapes)
     depths = {path: tuple(flat_shapes[path])[axes.index(LAYERS)] for path, axes in sorted(flat_axes.items())
               if LAYERS in axes}
-    if not depths:
-        raise ConfigError(f"--strategy {name}: the model has no stacked layers (no parameter with a 'layers' dim) "
-                          f"to split into stages: use dp, fsdp or tp")
+    if not any(depths.values()):
+        raise ConfigError(f"--strategy {name}: the model has no stacked layers (no parameter with a 'layers' dim, "
+                          f"or a stack of none: the mlp stacks num_layers - 1) to split into stages: use dp, fsdp or "
+                          f"tp, or more --model.num-layers")
     stages = shape.stage
+    if schedule == "circular":
+        _check_chunks(depths, stages, repeats, name, shape)
     for path, depth in depths.items():
         if depth % stages:
             works = [str(d) for d in _divisors(depth)]
@@ -119,7 +131,29 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
         raise ConfigError(f"--parallel.microbatches {m}{default} does not divide the {per} examples per data shard "
                           f"(--batch-size {batch} over {layout.data_size} data shard(s){accumulated}, {name} on mesh "
                           f"{shape}): use {instead}, or a batch of {-(-per // m) * m * layout.data_size * grad_accum}")
+    if schedule == "circular" and repeats > 1 and m < stages:
+        works = [d for d in _divisors(per) if d >= stages]
+        instead = f"--parallel.microbatches {' or '.join(map(str, works[:5]))}" if works else "--parallel.repeats 1"
+        raise ConfigError(f"--parallel.schedule circular: {m} microbatches cannot loop through {stages} stages "
+                          f"(a microbatch's next pass would start before its last one ends): use {instead}")
+    if schedule == "1f1b" and grad_accum > 1:
+        raise ConfigError(f"--parallel.schedule 1f1b with --train.grad-accum {grad_accum}: 1F1B holds at most "
+                          f"{stages} microbatches' activations however many flow, so accumulation buys nothing: "
+                          f"use --parallel.microbatches {m * grad_accum} and --train.grad-accum 1, or "
+                          f"--parallel.schedule gpipe")
     if random_layers:
         raise ConfigError(f"--strategy {name}: {' and '.join(random_layers)} would draw the same masks for every "
                           f"microbatch of a stage, which the pipeline does not yet vary: set "
                           f"{' '.join(f'{flag} 0' for flag in random_layers)}, or use a strategy without stages")
+
+
+def _check_chunks(depths: dict[str, int], stages: int, repeats: int, name: str, shape: object) -> None:
+    """The circular schedule splits each stack into stages x repeats equal chunks."""
+    for path, depth in depths.items():
+        if depth % (stages * repeats):
+            works = [str(r) for r in range(1, depth // stages + 1) if depth % (stages * r) == 0]
+            instead = f"--parallel.repeats {' or '.join(works)}" if works else f"a mesh with fewer than {stages} stages"
+            raise ConfigError(f"--strategy {name} --parallel.schedule circular: the model's {depth} stacked layers "
+                              f"(parameter {path}) do not split into {stages} stages x {repeats} repeats = "
+                              f"{stages * repeats} equal chunks (mesh {shape}): use {instead}, or a stack that is a "
+                              f"multiple of {stages * repeats} (the mlp stacks num_layers - 1)")

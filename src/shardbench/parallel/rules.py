@@ -144,9 +144,9 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("fsdp+tp", (ByName(_TP), Largest(DATA)), {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
                  "parameters sharded over data and model; batch over data; Megatron over model"),
         Strategy("pp", (ByName(_PP),), {BATCH: DATA, **_PP}, (STAGE,), STAGE,
-                 "pipeline: stacked layers split into stages over stage (GPipe), microbatches flow through them"),
+                 "pipeline: stacked layers split into stages over stage, microbatches flow through them"),
         Strategy("dp+pp", (ByName(_PP),), {BATCH: DATA, **_PP}, (DATA, STAGE), DATA,
-                 "batch split over data; stacked layers split into pipeline stages over stage (GPipe)"),
+                 "batch split over data; stacked layers split into pipeline stages over stage"),
     )
 }
 

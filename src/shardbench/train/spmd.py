@@ -4,7 +4,8 @@ shardings fixed up front. Each style runs the same `StepParts` (`shardbench.trai
 - `jit`: one global program; XLA partitions it from the shardings of the state and the batch. Gradients a
   strategy places apart from their parameters (ZeRO-2) are constrained to that placement, so XLA reduces them
   with a reduce-scatter instead of an all-reduce.
-  Pipeline strategies (pp) run the model's stacked layers as GPipe stages (`shardbench.parallel.pipeline`).
+  Pipeline strategies (pp) run the model's stacked layers in stages (`shardbench.parallel.pipeline`); under
+  1F1B the gradients are the schedule's own (`shardbench.parallel.one_f_one_b`).
 - `shard_map`: the step's forward and backward pass is a per-device program over the 'data' axis, with
   its collectives written out: replicated parameters have their gradients averaged with `pmean`; FSDP
   parameters are all-gathered before use and their gradients reduce-scattered (`psum_scatter`), as are the
@@ -45,7 +46,7 @@ from shardbench.optim import learning_rate
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
 from shardbench.parallel.rules import Layout, Tactic, is_axes, spec_for
 from shardbench.parallel.checks import check_style
-from shardbench.parallel.pipeline import pipelined
+from shardbench.parallel.pipeline import hand_written_backward, pipelined
 from shardbench.tasks import Rows, Task
 from shardbench.models.spec import ModelSpec
 from shardbench.train.state import TrainState, gradient_shardings, state_shardings
@@ -106,12 +107,13 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
         unless the strategy places gradients itself: ZeRO-2's slices)."""
         return jax.lax.with_sharding_constraint(grads, grad_shardings or shardings.params)
 
-    microbatches = parts.cfg.parallel.microbatches
+    parallel = parts.cfg.parallel
+    by_schedule = hand_written_backward(layout, parallel)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        with constraints(layout.constrain), pipelined(layout, microbatches):
+        with constraints(layout.constrain), pipelined(layout, parallel):
             g = parts.gradients(state.params, state.model_state, batch, state.step, Rows(0, global_batch),
-                                constrain=like_gradients)
+                                constrain=like_gradients, by_schedule=by_schedule)
         grads = g.grads
         if grad_shardings is not None:  # each device keeps only its slice of the summed gradients
             grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
@@ -119,7 +121,7 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
         return parts.apply_update(state, grads, g.model_state), metrics
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
-        with constraints(layout.constrain), pipelined(layout, microbatches):
+        with constraints(layout.constrain), pipelined(layout, parallel):
             t, _ = parts.terms(parts.eval_params(state), state.model_state, batch, state.step, train=False,
                                rows=Rows(0, batch["mask"].shape[0]))
         return eval_sums(t, batch["mask"])

@@ -13,6 +13,7 @@ from flax import nnx
 from shardbench.config import Config
 from shardbench.models import build_model
 from shardbench.models.spec import ModelSpec, Params, state_shapes, stored_state
+from shardbench.parallel.pipeline import schedule_repeats, store_in_stage_order, uses_pipeline
 from shardbench.parallel.rules import Layout, is_axes
 
 
@@ -73,6 +74,8 @@ def init_state(cfg: Config, spec: ModelSpec, layout: Layout, tx: optax.GradientT
     def create() -> TrainState:
         model = build_model(cfg, nnx.Rngs(cfg.train.seed))
         params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        if uses_pipeline(layout):  # circular: each stage's chunks where its devices hold the stack
+            params = store_in_stage_order(params, spec.axes, layout.shape.stage, schedule_repeats(cfg.parallel))
         rest = stored_state(nnx.state(model, nnx.Not(nnx.Param))) if spec.custom else {}
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                           model_state=rest)

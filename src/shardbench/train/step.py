@@ -121,12 +121,14 @@ class StepParts:
 
     def gradients(self, params: Any, model_state: Any, batch: Batch, step: jax.Array, rows: Rows,
                   drop_key: jax.Array | None = None, fold: jax.Array | None = None,
-                  constrain: Callable[[Any], Any] = lambda g: g) -> Gradients:
+                  constrain: Callable[[Any], Any] = lambda g: g,
+                  by_schedule: Callable[..., Gradients] | None = None) -> Gradients:
         """The mean loss of a (local or global) training batch and its gradients, the batch in one pass, or in
         `--train.grad-accum` microbatches one after another (`shardbench.train.accum`); `constrain` lays out
-        the accumulator as the parameters."""
+        the accumulator as the parameters. `by_schedule`: a pipeline schedule that writes the backward itself
+        (1F1B), called as `accumulate` is."""
         k = self.cfg.train.grad_accum
-        if k == 1:
+        if k == 1 and by_schedule is None:
             (loss, (t, after)), grads = jax.value_and_grad(self.mean_loss, has_aux=True)(
                 params, model_state, batch, step, rows, drop_key, fold)
             return Gradients(loss, t.count.sum(), None if t.correct is None else t.correct.sum(), after, grads)
@@ -136,6 +138,8 @@ class StepParts:
         def forward(p: Any, state: Any, x: jax.Array, b: Batch, key: jax.Array | None) -> tuple[Terms, Any]:
             return self.forward(p, state, x, b, step, train=True, drop_key=key, fold=fold)
 
+        if by_schedule is not None:
+            return by_schedule(forward, params, model_state, inputs, prepared, like_params=constrain)
         return accumulate(forward, params, model_state, inputs, prepared, k, drop, constrain)
 
     @staticmethod
