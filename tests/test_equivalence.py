@@ -27,6 +27,7 @@ from flax import nnx
 from shardbench import config as config_lib
 from shardbench.data.pipeline import make_batches
 from shardbench.models import build_model
+from shardbench.parallel.mesh import parse_mesh
 from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.tasks import Rows
@@ -57,9 +58,16 @@ PIPELINE_SHAPES: dict[str, dict[str, object]] = {
 }
 PRESETS = {"mlp-deep": "mlp-small", "lm-deep": "lm-seed", "vit-deep": "vit-tiny"}
 PIPELINE_LAYOUTS = [("pp", "stage=4", 4), ("dp+pp", "data=2,stage=4", 8)]
+# Stages combined with the other axes, on three axes at once where it can: fsdp+pp and dp+pp+tp on the MLP, whose
+# step compiles fastest (dp+pp+tp splits each stage's hidden kernels over model, its batch over data, and covers
+# pp+tp's placement), and pp+tp on the LM, where tensor parallelism splits the attention heads and the MLP inside
+# every stage's blocks.
+COMBINED_PIPELINE_CASES = [("mlp-deep", "fsdp+pp", "data=2,stage=4", 8, "jit"),
+                           ("mlp-deep", "dp+pp+tp", "data=2,stage=2,model=2", 8, "jit"),
+                           ("lm-deep", "pp+tp", "stage=4,model=2", 8, "jit")]
 # Both layouts on the MLP and the LM; the ViT's blocks are the LM's without the mask, so pp alone.
 PIPELINE_CASES = [(preset, *layout, "jit") for preset in ("mlp-deep", "lm-deep") for layout in PIPELINE_LAYOUTS] + [
-    ("vit-deep", *PIPELINE_LAYOUTS[0], "jit")]
+    ("vit-deep", *PIPELINE_LAYOUTS[0], "jit")] + COMBINED_PIPELINE_CASES
 
 # (strategy, mesh, devices) for every strategy; pmap runs data parallelism only.
 LAYOUTS = [("dp", "8", 8), ("zero1", "8", 8), ("zero2", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4),
@@ -171,7 +179,8 @@ def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[l
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"{layout}: loss differs")
     if "pp" in strategy.split("+"):  # the record names the pipeline and counts its stage-to-stage shifts
         record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
-        stages, m = 4, int(PIPELINE_SHAPES[preset].get("parallel.microbatches", 4))  # type: ignore[call-overload]
+        stages = parse_mesh(mesh, devices).stage
+        m = int(PIPELINE_SHAPES[preset].get("parallel.microbatches", stages))  # type: ignore[call-overload]
         assert (record["pipeline_stages"], record["pipeline_microbatches"]) == (stages, m), layout
         assert record["pipeline_bubble"] == pytest.approx((stages - 1) / (m + stages - 1)), layout
         # Three shifts per iteration (tests/test_pipeline.py says which), a few more once per step.

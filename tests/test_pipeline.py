@@ -56,6 +56,23 @@ def test_inspect_shows_which_stage_holds_each_layer(tmp_path: Path) -> None:
     assert bubble_fraction(4, 8) == 3 / 11 and "(S-1)/(M+S-1) = 27.3%" in text
 
 
+@pytest.mark.parametrize(("strategy", "mesh", "spec", "device_shape", "stage0", "stage1", "within"), [
+    # 2 stages of 2 layers; stage s is the mesh's stage index s: devices (data, stage, model) in row-major order.
+    ("fsdp+pp", "data=2,stage=2", "P('stage', 'data', None)", "(2, 32, 64)", "0,2", "1,3", "data"),
+    ("pp+tp", "stage=2,model=2", "P('stage', None, 'model')", "(2, 64, 32)", "0,1", "2,3", "model"),
+    ("dp+pp+tp", "data=2,stage=2,model=2", "P('stage', None, 'model')", "(2, 64, 32)", "0,1,4,5", "2,3,6,7", "model"),
+])
+def test_inspect_shows_each_stage_and_its_other_splits(tmp_path: Path, strategy: str, mesh: str, spec: str,
+                                                       device_shape: str, stage0: str, stage1: str,
+                                                       within: str) -> None:
+    devices = parse_mesh(mesh, None).size
+    text = inspect(_cfg(tmp_path, strategy, mesh, devices, 0))
+    row = next(line for line in text.splitlines() if line.startswith("hidden_kernel"))
+    assert spec in row and device_shape in row, row
+    assert f"split further over {within}," in text
+    assert f"  stage 0: layers 0-1 on devices {stage0}\n  stage 1: layers 2-3 on devices {stage1}\n" in text
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "mesh", "devices", "microbatches"),
                          [("pp", "stage=4", 4, 4), ("dp+pp", "data=2,stage=4", 8, 8)])

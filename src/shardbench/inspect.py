@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 
@@ -18,8 +19,10 @@ from shardbench.config import Config
 from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
 from shardbench.measure.memory import gradient_buffers, per_device_bytes
-from shardbench.measure.params import format_placements, format_table, param_table, picture
-from shardbench.parallel.rules import flat_by_path, make_layout
+from shardbench.measure.params import ParamRow, format_placements, format_table, param_table, picture
+from shardbench.models.axes import LAYERS
+from shardbench.parallel.mesh import MESH_AXES, STAGE
+from shardbench.parallel.rules import Layout, flat_by_path, make_layout
 from shardbench.optim import build_optimizer
 from shardbench.models.spec import ModelSpec, describe_model
 from shardbench.parallel.checks import check_layout, check_pipeline
@@ -52,6 +55,24 @@ def model_state_lines(spec: ModelSpec, model_state: Any) -> list[str]:
                      f"{device_shape}  {math.prod(device_shape) * leaf.dtype.itemsize:,} bytes")
     lines.append(f"model state: {per_device_bytes(model_state):,} bytes per device")
     return lines
+
+
+def stage_lines(rows: list[ParamRow], layout: Layout) -> list[str]:
+    """Which stage holds which of the stacked layers, on which devices, and what else splits them within a
+    stage (fsdp+pp over data, pp+tp over model): the PartitionSpec column says it per parameter."""
+    stacked = [r for r in rows if LAYERS in r.axes]
+    depth = stacked[0].shape[stacked[0].axes.index(LAYERS)]
+    stages = layout.shape.stage
+    per = depth // stages
+    within = sorted({a for r in stacked for a in r.spec if a not in (None, STAGE)}, key=MESH_AXES.index)
+    split = (f" (within its stage, each stacked parameter is split further over {' and '.join(within)}, as its "
+             f"PartitionSpec says)" if within else "")
+    devices = layout.mesh.devices if layout.mesh is not None else None
+    out = [f"which stage holds which layers, on which devices{split}:"]
+    for s in range(stages):
+        ids = ",".join(str(d.id) for d in np.take(devices, s, axis=MESH_AXES.index(STAGE)).flat)
+        out.append(f"  stage {s}: layers {s * per}-{(s + 1) * per - 1} on devices {ids}")
+    return out
 
 
 def inspect(cfg: Config, array: str = "") -> str:
@@ -88,6 +109,7 @@ def inspect(cfg: Config, array: str = "") -> str:
                         f"every stacked parameter (its layers dim over stage, above); {m} microbatches of "
                         f"{cfg.train.batch_size // m} examples; {m + stages - 1} iterations per pass, each stage idle "
                         f"(S-1)/(M+S-1) = {bubble_fraction(stages, m):.1%} of them (the bubble)"]
+        lines[-1:-1] = stage_lines(rows, layout)
     if jax.tree.leaves(target.model_state):
         lines[-1:-1] = model_state_lines(spec, target.model_state)
     by_path = {r.path: r for r in rows}
