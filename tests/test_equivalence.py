@@ -185,6 +185,8 @@ def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[l
         assert record["pipeline_bubble"] == pytest.approx((stages - 1) / (m + stages - 1)), layout
         # Three shifts per iteration (tests/test_pipeline.py says which), a few more once per step.
         assert record["comms"]["collective-permute"]["count"] >= 3 * (m + stages - 1), layout
+        # ... all of them between stages (the record's stage-to-stage transfers), whatever else splits a stage.
+        assert record["pipeline_transfers"]["count"] >= 3 * (m + stages - 1), layout
 
 
 # Gradient accumulation: each update sums 4 microbatches' gradients, and must be the one-device full-batch

@@ -13,8 +13,8 @@ import pytest
 
 from shardbench import config as config_lib
 from shardbench.inspect import inspect
-from shardbench.measure.comms import count_collectives
-from shardbench.parallel.mesh import MeshShape, parse_mesh
+from shardbench.measure.comms import along_one_axis, count_collectives
+from shardbench.parallel.mesh import MESH_AXES, MeshShape, parse_mesh
 from shardbench.parallel.pipeline import bubble_fraction
 from shardbench.parallel.rules import resolve_strategy
 from shardbench.parsing import override
@@ -91,3 +91,5 @@ def test_each_iteration_shifts_one_microbatch_between_stages(tmp_path: Path, str
     assert all(op.count == 1 for op in permutes if op not in in_loop), permutes
     shifts = comms.by_kind["collective-permute"]
     assert shifts.count == 3 * iterations + len(permutes) - 3
+    # Each of them crosses the stage axis alone: the record's stage-to-stage transfers are all of them here.
+    assert along_one_axis(comms.ops, parse_mesh(mesh, devices).sizes, MESH_AXES.index("stage")) == shifts
