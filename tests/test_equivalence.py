@@ -27,6 +27,7 @@ from flax import nnx
 from shardbench import config as config_lib
 from shardbench.data.pipeline import make_batches
 from shardbench.models import build_model
+from shardbench.parallel.mesh import parse_mesh
 from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.tasks import Rows
@@ -67,13 +68,20 @@ SAME_MODEL = {"mlp-1f1b": "mlp-deep", "lm-1f1b": "lm-deep"}  # one reference ser
 PRESETS = {"mlp-deep": "mlp-small", "lm-deep": "lm-seed", "vit-deep": "vit-tiny", "mlp-1f1b": "mlp-small",
            "mlp-circular": "mlp-small", "lm-1f1b": "lm-seed"}
 PIPELINE_LAYOUTS = [("pp", "stage=4", 4), ("dp+pp", "data=2,stage=4", 8)]
+# Stages combined with the other axes, on three axes at once where it can: fsdp+pp and dp+pp+tp on the MLP, whose
+# step compiles fastest (dp+pp+tp splits each stage's hidden kernels over model, its batch over data, and covers
+# pp+tp's placement), and pp+tp on the LM, where tensor parallelism splits the attention heads and the MLP inside
+# every stage's blocks.
+COMBINED_PIPELINE_CASES = [("mlp-deep", "fsdp+pp", "data=2,stage=4", 8, "jit"),
+                           ("mlp-deep", "dp+pp+tp", "data=2,stage=2,model=2", 8, "jit"),
+                           ("lm-deep", "pp+tp", "stage=4,model=2", 8, "jit")]
 # Both layouts on the MLP and the LM; the ViT's blocks are the LM's without the mask, so pp alone. 1F1B on both
 # layouts of the MLP and dp+pp of the LM (its embedding and head are the parts the schedule cuts off the stack),
 # circular on dp+pp of the MLP: each a compile of 5 to 10 s.
 PIPELINE_CASES = [(preset, *layout, "jit") for preset in ("mlp-deep", "lm-deep") for layout in PIPELINE_LAYOUTS] + [
     ("vit-deep", *PIPELINE_LAYOUTS[0], "jit")] + [
     ("mlp-1f1b", *PIPELINE_LAYOUTS[0], "jit"), ("mlp-1f1b", *PIPELINE_LAYOUTS[1], "jit"),
-    ("mlp-circular", *PIPELINE_LAYOUTS[1], "jit"), ("lm-1f1b", *PIPELINE_LAYOUTS[1], "jit")]
+    ("mlp-circular", *PIPELINE_LAYOUTS[1], "jit"), ("lm-1f1b", *PIPELINE_LAYOUTS[1], "jit")] + COMBINED_PIPELINE_CASES
 
 # (strategy, mesh, devices) for every strategy; pmap runs data parallelism only.
 LAYOUTS = [("dp", "8", 8), ("zero1", "8", 8), ("zero2", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4),
@@ -191,13 +199,16 @@ def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[l
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"{layout}: loss differs")
     if "pp" in strategy.split("+"):  # the record names the pipeline and counts its stage-to-stage shifts
         record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
-        stages, m = 4, int(shape.get("parallel.microbatches", 4))  # type: ignore[call-overload]
+        stages = parse_mesh(mesh, devices).stage
+        m = int(shape.get("parallel.microbatches", stages))  # type: ignore[call-overload]
         assert (record["pipeline_stages"], record["pipeline_microbatches"]) == (stages, m), layout
         assert record["pipeline_bubble"] == pytest.approx((stages - 1) / (repeats * m + stages - 1)), layout
         # GPipe and circular: three shifts per iteration (tests/test_pipeline.py says which), a few more once per
         # step. 1F1B: activations one stage on and cotangents one stage back in each of its 2(M+S-1) ticks.
         shifts = 2 * 2 * (m + stages - 1) if schedule == "1f1b" else 3 * (repeats * m + stages - 1)
         assert record["comms"]["collective-permute"]["count"] >= shifts, layout
+        # ... all of them between stages (the record's stage-to-stage transfers), whatever else splits a stage.
+        assert record["pipeline_transfers"]["count"] >= shifts, layout
 
 
 # Gradient accumulation: each update sums 4 microbatches' gradients, and must be the one-device full-batch

@@ -101,3 +101,27 @@ def test_bytes_moved_match_xla_where_nothing_loops_and_count_every_iteration_whe
     once = executed(jax.jit(lambda v: jnp.tanh(v @ w)).lower(x).compile().as_text())[1]
     assert executed(looped.as_text())[1] >= 4 * once * 0.9
     assert xla_cost(looped, "bytes accessed") < 2 * once
+
+
+def test_permutes_along_the_stage_axis_alone_are_the_stage_to_stage_transfers() -> None:
+    """On a (data 2, stage 2, model 2) mesh: a ring shift over stage inside a 5-iteration scan, then one shift over
+    data and one diagonal shift over data and stage at once. Each device holds a (4, 16) float32 block (256 bytes):
+    5 transfers of 256 bytes along stage alone; neither other shift is one of them."""
+    from shardbench.measure.comms import along_one_axis
+
+    mesh = jax.make_mesh((2, 2, 2), ("data", "stage", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+    def body(x):
+        def shift(c, _):
+            return jax.lax.ppermute(c, "stage", [(0, 1), (1, 0)]), None
+
+        x, _ = jax.lax.scan(shift, x, None, length=5)
+        x = jax.lax.ppermute(x, "data", [(0, 1), (1, 0)])
+        return jax.lax.ppermute(x, ("data", "stage"), [(0, 3), (3, 0), (1, 2), (2, 1)])
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P(("data", "stage", "model")), out_specs=P(("data", "stage", "model")))
+    report = count_collectives(_hlo(f, jnp.ones((32, 16), jnp.float32)))
+    assert report.by_kind["collective-permute"] == Collective(count=7, bytes=7 * 256)
+    assert along_one_axis(report.ops, (2, 2, 2), 1) == Collective(count=5, bytes=5 * 256)
+    assert along_one_axis(report.ops, (2, 2, 2), 0) == Collective(count=1, bytes=256)
+    assert along_one_axis(report.ops, (2, 2, 2), 2) == Collective(count=0, bytes=0)

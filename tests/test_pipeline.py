@@ -17,9 +17,9 @@ import pytest
 
 from shardbench import config as config_lib
 from shardbench.inspect import inspect
-from shardbench.measure.comms import count_collectives
-from shardbench.parallel.mesh import MeshShape, parse_mesh
-from shardbench.parallel.one_f_one_b import backward_ticks, forward_ticks, ticks
+from shardbench.measure.comms import along_one_axis, count_collectives
+from shardbench.parallel.mesh import MESH_AXES, MeshShape, parse_mesh
+from shardbench.train.one_f_one_b import backward_ticks, forward_ticks, ticks
 from shardbench.parallel.pipeline import bubble_fraction, stage_order
 from shardbench.parallel.rules import resolve_strategy
 from shardbench.parsing import override
@@ -62,6 +62,23 @@ def test_inspect_shows_which_stage_holds_each_layer(tmp_path: Path) -> None:
     assert bubble_fraction(4, 8) == 3 / 11 and "(S-1)/(M+S-1) = 27.3%" in text
 
 
+@pytest.mark.parametrize(("strategy", "mesh", "spec", "device_shape", "stage0", "stage1", "within"), [
+    # 2 stages of 2 layers; stage s is the mesh's stage index s: devices (data, stage, model) in row-major order.
+    ("fsdp+pp", "data=2,stage=2", "P('stage', 'data', None)", "(2, 32, 64)", "0,2", "1,3", "data"),
+    ("pp+tp", "stage=2,model=2", "P('stage', None, 'model')", "(2, 64, 32)", "0,1", "2,3", "model"),
+    ("dp+pp+tp", "data=2,stage=2,model=2", "P('stage', None, 'model')", "(2, 64, 32)", "0,1,4,5", "2,3,6,7", "model"),
+])
+def test_inspect_shows_each_stage_and_its_other_splits(tmp_path: Path, strategy: str, mesh: str, spec: str,
+                                                       device_shape: str, stage0: str, stage1: str,
+                                                       within: str) -> None:
+    devices = parse_mesh(mesh, None).size
+    text = inspect(_cfg(tmp_path, strategy, mesh, devices, 0))
+    row = next(line for line in text.splitlines() if line.startswith("hidden_kernel"))
+    assert spec in row and device_shape in row, row
+    assert f"split further over {within}," in text
+    assert f"  stage 0: layers 0-1 on devices {stage0}\n  stage 1: layers 2-3 on devices {stage1}\n" in text
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("strategy", "mesh", "devices", "microbatches"),
                          [("pp", "stage=4", 4, 4), ("dp+pp", "data=2,stage=4", 8, 8)])
@@ -80,6 +97,8 @@ def test_each_iteration_shifts_one_microbatch_between_stages(tmp_path: Path, str
     assert all(op.count == 1 for op in permutes if op not in in_loop), permutes
     shifts = comms.by_kind["collective-permute"]
     assert shifts.count == 3 * iterations + len(permutes) - 3
+    # Each of them crosses the stage axis alone: the record's stage-to-stage transfers are all of them here.
+    assert along_one_axis(comms.ops, parse_mesh(mesh, devices).sizes, MESH_AXES.index("stage")) == shifts
 
 
 def test_circular_stages_hold_every_sth_chunk(tmp_path: Path) -> None:
@@ -91,7 +110,7 @@ def test_circular_stages_hold_every_sth_chunk(tmp_path: Path) -> None:
                                                             "parallel.repeats": 2}))
     row = next(line for line in text.splitlines() if line.startswith("hidden_kernel"))
     assert "P('stage', None, None)" in row and "(2, 64, 64)" in row
-    assert "stage 0: 0, 4; stage 1: 1, 5; stage 2: 2, 6; stage 3: 3, 7" in text
+    assert all(f"stage {s}: layers {s}, {s + 4} on devices {s}\n" in text for s in range(4)), text
     assert bubble_fraction(4, 8, 2) == 3 / 19 and "19 iterations" in text and "(S-1)/(R*M+S-1) = 15.8%" in text
 
 

@@ -91,9 +91,9 @@ def test_a_bad_microbatch_count_is_one_line(given: str) -> None:
 
 
 def test_a_plan_considers_the_pipelines_only_when_named() -> None:
-    """The step-time model has no pipeline bubble yet: by default a plan leaves pp and dp+pp out, and every other
-    strategy in."""
+    """Each pipeline multiplies into stages x microbatches x schedules: by default a plan leaves every strategy
+    with stages out, and every other strategy in."""
     from shardbench.plan.candidates import DEFAULT, USES
 
     pipelines = {name for name, axes in USES.items() if "stage" in axes}
-    assert pipelines == {"pp", "dp+pp"} and set(DEFAULT) == set(USES) - pipelines
+    assert pipelines == {"pp", "dp+pp", "fsdp+pp", "pp+tp", "dp+pp+tp"} and set(DEFAULT) == set(USES) - pipelines

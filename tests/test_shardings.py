@@ -29,8 +29,21 @@ EXPECTED = {
     "fsdp+tp": {"qkv_kernel": P(None, "data", None, "model", None), "mlp1_kernel": P(None, "data", "model"),
                 "mlp2_kernel": P(None, "model", "data"), "out_kernel": P(None, "model", None, "data"),
                 "head_kernel": P("data", None)},
+    # Pipelines combined: the stacked 'layers' dim over stage first, then what fsdp or tp splits within a stage
+    # (fsdp never the layers dim); what is not stacked (the head) is placed as without stages.
+    "fsdp+pp": {"qkv_kernel": P("stage", "data", None, None, None), "mlp1_kernel": P("stage", "data", None),
+                "mlp2_kernel": P("stage", None, "data"), "out_kernel": P("stage", None, None, "data"),
+                "head_kernel": P("data", None)},
+    "pp+tp": {"qkv_kernel": P("stage", None, None, "model", None), "mlp1_kernel": P("stage", None, "model"),
+              "mlp2_kernel": P("stage", "model", None), "out_kernel": P("stage", "model", None, None),
+              "head_kernel": P(None, None)},
+    "dp+pp+tp": {"qkv_kernel": P("stage", None, None, "model", None), "mlp1_kernel": P("stage", None, "model"),
+                 "mlp2_kernel": P("stage", "model", None), "out_kernel": P("stage", "model", None, None),
+                 "head_kernel": P(None, None)},
 }
-MESHES = {"dp": ("8", 8), "fsdp": ("8", 8), "tp": ("model=4", 4), "fsdp+tp": ("4x2", 8)}
+MESHES = {"dp": ("8", 8), "fsdp": ("8", 8), "tp": ("model=4", 4), "fsdp+tp": ("4x2", 8),
+          "fsdp+pp": ("data=4,stage=2", 8), "pp+tp": ("stage=2,model=4", 8),
+          "dp+pp+tp": ("data=2,stage=2,model=2", 8)}
 
 
 def _state(strategy: str, mesh: str, devices: int = 8):
@@ -104,7 +117,9 @@ def test_dp_replicates_everything() -> None:
     ("spec", "strategy", "devices", "data", "model", "stage"),
     [("", "dp", 8, 8, 1, 1), ("", "tp", 8, 1, 8, 1), ("", "auto", 8, 8, 1, 1), ("4x2", "auto", 8, 4, 2, 1),
      ("8", "fsdp", 8, 8, 1, 1), ("4x2", "dp+tp", 8, 4, 2, 1), ("data=2,model=4", "fsdp+tp", 8, 2, 4, 1),
-     ("model=2,data=2", "dp+tp", 4, 2, 2, 1), ("", "pp", 4, 1, 1, 4), ("stage=4,data=2", "dp+pp", 8, 2, 1, 4)],
+     ("model=2,data=2", "dp+tp", 4, 2, 2, 1), ("", "pp", 4, 1, 1, 4), ("stage=4,data=2", "dp+pp", 8, 2, 1, 4),
+     ("", "pp+tp", 8, 1, 1, 8), ("stage=4,model=2", "auto", 8, 1, 2, 4), ("data=2,stage=2,model=2", "auto", 8, 2, 2, 2),
+     ("stage=2,data=4", "fsdp+pp", 8, 4, 1, 2)],
 )
 def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: int, stage: int) -> None:
     layout = make_layout(strategy, spec, jax.devices()[:devices])
@@ -122,6 +137,10 @@ def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: in
         ("dp", "4by2", 8, "is not a mesh"),
         ("single", "8", 8, "strategy single runs on one device"),
         ("fsdp", "none", 8, "--mesh none means one device without a mesh, but strategy fsdp needs a mesh"),
+        # A pipeline that would also split over an axis its strategy does not use: the strategy that does.
+        ("fsdp+pp", "data=2,stage=2,model=2", 8, "strategy fsdp\\+pp does not use the model axis .* use --strategy "
+                                                "dp\\+pp\\+tp"),
+        ("pp", "stage=4,model=2", 8, "use --strategy pp\\+tp"),
     ],
 )
 def test_bad_meshes(strategy: str, mesh: str, devices: int, message: str) -> None:

@@ -83,6 +83,39 @@ def test_the_strategies_preset_runs_every_strategy_on_a_mesh_it_takes() -> None:
         make_layout(r.settings["parallel.strategy"], r.settings["parallel.mesh"], devices)  # raises if it cannot
 
 
+def test_the_pipeline_preset_runs_every_schedule_beside_a_one_stage_run_at_its_microbatch_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """For each model: dp and fsdp on 8 devices; pp on 8 stages with every declared schedule at 8, 16 and 32
+    microbatches (a schedule added to the choices joins without editing the preset); and, for each pipeline run,
+    a one-stage run on one device with as many microbatches of the same batch, the reference its bubble is measured
+    against."""
+    from shardbench import config as config_lib
+
+    monkeypatch.setattr(config_lib, "PIPELINE_SCHEDULES", (*config_lib.PIPELINE_SCHEDULES, "later"))
+    runs = [r.settings for r in make_sweep("pipeline").runs]
+    for kind in ("mlp", "lm"):
+        mine = [r for r in runs if r["model.kind"] == kind]
+        assert sorted(r["parallel.strategy"] for r in mine if r["parallel.strategy"] != "pp") == ["dp", "fsdp"]
+        staged = [r for r in mine if r["parallel.strategy"] == "pp" and r["parallel.mesh"] == "stage=8"]
+        assert sorted((r["parallel.schedule"], r["parallel.microbatches"]) for r in staged) == sorted(
+            (s, m) for s in (*config_lib.PIPELINE_SCHEDULES,) for m in (8, 16, 32))
+        assert all(r["parallel.devices"] == 8 for r in mine if r["parallel.mesh"] != "stage=1")
+        one_stage = {r["parallel.microbatches"]: r for r in mine if r["parallel.mesh"] == "stage=1"}
+        assert sorted(one_stage) == [8, 16, 32] and all(r["parallel.devices"] == 1 for r in one_stage.values())
+        # The same batch and model: the same microbatch size as the 8-stage run (pp splits no data axis).
+        for r in staged:
+            ref = one_stage[r["parallel.microbatches"]]
+            assert {k: v for k, v in ref.items() if not k.startswith("parallel.")} == {
+                k: v for k, v in r.items() if not k.startswith("parallel.")}
+
+
+@pytest.mark.slow
+def test_every_run_of_the_pipeline_preset_passes_trains_checks() -> None:
+    from shardbench.sweep.preflight import refusals
+
+    assert refusals(make_sweep("pipeline")) == {}
+
+
 def test_command_line_values_override_a_sweep_preset() -> None:
     s = make_sweep("mesh-grid", base_preset="vit-tiny", values={"train.steps": "20", "train.batch_size": "64,256"})
     assert s.base_preset == "vit-tiny" and s.base == {"parallel.strategy": "auto", "train.steps": 20}

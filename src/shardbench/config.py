@@ -19,8 +19,9 @@ from shardbench import xla_presets
 from shardbench.errors import ConfigError
 from shardbench.fields import FRACTION, POSITIVE, Range, Spec, setting, spec_of
 
-STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp", "pp", "dp+pp")
-# Pipeline schedules (shardbench.parallel.pipeline; 1F1B's hand-written backward in shardbench.parallel.one_f_one_b).
+STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp", "pp", "dp+pp", "fsdp+pp",
+              "pp+tp", "dp+pp+tp")
+# Pipeline schedules (shardbench.parallel.pipeline; 1F1B's hand-written backward in shardbench.train.one_f_one_b).
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "circular")
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
@@ -191,9 +192,10 @@ class ParallelConfig:
 
     strategy: str = setting(
         "auto", "how parameters, gradients, optimizer state and batches are split (zero1/zero2: optimizer state, "
-        "and gradients too, over data; pp: stacked layers in pipeline stages over stage); auto: single for --mesh "
-        "none, dp for a data-only mesh, tp for a model-only one, dp+tp for both, pp for a stage-only one, dp+pp "
-        "for data and stage", choices=STRATEGIES, short="--strategy")
+        "and gradients too, over data; pp: stacked layers in pipeline stages over stage, combined with dp, fsdp and tp "
+        "as dp+pp, fsdp+pp, pp+tp, dp+pp+tp); auto: the plainest strategy that uses every axis the mesh splits (single "
+        "for --mesh none, dp for data, tp for model, dp+tp for both, pp for stage, dp+pp, pp+tp, dp+pp+tp)",
+        choices=STRATEGIES, short="--strategy")
     mesh: str = setting(
         "", "device mesh: N (all on the strategy's axis), AxB (data x model), name=N,... over data, stage and model "
         "(data=2,stage=4), or none (one device, no mesh); '' = every device on the strategy's axis", short="--mesh")

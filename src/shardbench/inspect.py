@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 
@@ -18,8 +19,9 @@ from shardbench.config import Config
 from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
 from shardbench.measure.memory import gradient_buffers, per_device_bytes
-from shardbench.measure.params import format_placements, format_table, param_table, picture
+from shardbench.measure.params import ParamRow, format_placements, format_table, param_table, picture
 from shardbench.models.axes import LAYERS
+from shardbench.parallel.mesh import MESH_AXES, STAGE
 from shardbench.parallel.rules import Layout, flat_by_path, make_layout
 from shardbench.optim import build_optimizer
 from shardbench.models.spec import ModelSpec, describe_model
@@ -57,22 +59,31 @@ def model_state_lines(spec: ModelSpec, model_state: Any) -> list[str]:
     return lines
 
 
-def pipeline_lines(cfg: Config, spec: ModelSpec, layout: Layout) -> list[str]:
-    """The schedule: which layers each stage holds, the microbatches, the iterations and the bubble."""
+def pipeline_lines(cfg: Config, rows: list[ParamRow], layout: Layout) -> list[str]:
+    """The schedule (microbatches, iterations, the bubble), and which layers each stage holds, on which devices,
+    and what else splits them within a stage (fsdp+pp over data, pp+tp over model): the PartitionSpec column
+    says it per parameter."""
     stages, m = layout.shape.stage, microbatch_count(cfg.parallel.microbatches, layout)
     schedule, r = cfg.parallel.schedule, schedule_repeats(cfg.parallel)
-    shapes = flat_by_path(spec.shapes)
-    depth = next(tuple(shapes[path])[axes.index(LAYERS)] for path, axes in sorted(flat_by_path(spec.axes).items())
-                 if LAYERS in axes)
-    held = "; ".join(f"stage {s}: {_spans(stage_layers(s, depth, stages, r))}" for s in range(stages))
+    stacked = [row for row in rows if LAYERS in row.axes]
+    depth = stacked[0].shape[stacked[0].axes.index(LAYERS)]
     work = {"gpipe": f"{m + stages - 1} iterations per pass, each stage idle (S-1)/(M+S-1)",
             "1f1b": f"{m + stages - 1} forward and as many backward slots, each stage idle (S-1)/(M+S-1)",
             "circular": f"{r} repeats, {r * m + stages - 1} iterations of 1/{r} of a stage's layers, each stage "
                         f"idle (S-1)/(R*M+S-1)"}[schedule]
-    return [f"pipeline ({schedule}): {stages} stages, each holding 1/{stages} of every stacked parameter (its "
-            f"layers dim over stage, above); layers of the stack by stage: {held}",
-            f"{m} microbatches of {cfg.train.batch_size // m} examples; {work} = "
-            f"{bubble_fraction(stages, m, r):.1%} of them (the bubble)"]
+    within = sorted({a for row in stacked for a in row.spec if a not in (None, STAGE)}, key=MESH_AXES.index)
+    split = (f" (within its stage, each stacked parameter is split further over {' and '.join(within)}, as its "
+             f"PartitionSpec says)" if within else "")
+    lines = [f"pipeline ({schedule}): {stages} stages, each holding 1/{stages} of every stacked parameter (its "
+             f"layers dim over stage, above)",
+             f"{m} microbatches of {cfg.train.batch_size // m} examples; {work} = "
+             f"{bubble_fraction(stages, m, r):.1%} of them (the bubble)",
+             f"which stage holds which layers, on which devices{split}:"]
+    devices = layout.mesh.devices if layout.mesh is not None else None
+    for s in range(stages):
+        ids = ",".join(str(d.id) for d in np.take(devices, s, axis=MESH_AXES.index(STAGE)).flat)
+        lines.append(f"  stage {s}: layers {_spans(stage_layers(s, depth, stages, r))} on devices {ids}")
+    return lines
 
 
 def _spans(layers: list[int]) -> str:
@@ -116,7 +127,7 @@ def inspect(cfg: Config, array: str = "") -> str:
         lines[-1:-1] = ["", "optimizer state (each per-parameter array, e.g. Adam's two moments) and gradients, "
                         "placed apart from the parameters:", format_placements(spec.axes, spec.shapes, layout)]
     if uses_pipeline(layout):
-        lines[-1:-1] = ["", *pipeline_lines(cfg, spec, layout)]
+        lines[-1:-1] = ["", *pipeline_lines(cfg, rows, layout)]
     if jax.tree.leaves(target.model_state):
         lines[-1:-1] = model_state_lines(spec, target.model_state)
     by_path = {r.path: r for r in rows}

@@ -13,7 +13,7 @@ import jax
 from shardbench import cluster, malloc
 from shardbench.config import Config
 from shardbench.measure import flops as flops_lib
-from shardbench.measure.comms import count_collectives
+from shardbench.measure.comms import along_one_axis, count_collectives
 from shardbench.measure.memory import gradient_buffers, memory_report, per_device_report
 from shardbench.measure.peak import HostPeak
 from shardbench.measure.run_record import (
@@ -21,6 +21,7 @@ from shardbench.measure.run_record import (
 )
 from shardbench.measure.timing import StepTimer
 from shardbench.naming import config_run_name
+from shardbench.parallel.mesh import MESH_AXES, STAGE
 from shardbench.parallel.pipeline import bubble_fraction, microbatch_count, schedule_repeats, uses_pipeline
 from shardbench.parallel.rules import Layout, resolve_strategy
 from shardbench.tasks import Task
@@ -184,6 +185,8 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
         flops=flops,
         mfu=mfu,
         memory=memory,
+        pipeline_transfers=(along_one_axis(comms.ops, layout.shape.sizes, MESH_AXES.index(STAGE))
+                            if comms is not None and uses_pipeline(layout) else None),
         comms={} if comms is None else dict(comms.by_kind),
         comms_total_bytes=0 if comms is None else comms.total_bytes,
     )

@@ -226,6 +226,29 @@ def count_collectives(hlo: str) -> CommsReport:
     return report
 
 
+def crosses_only(groups: tuple[tuple[int, ...], ...] | None, sizes: tuple[int, ...], axis: int) -> bool:
+    """Whether a collective-permute's source-target pairs all cross mesh axis `axis` alone: the same coordinates
+    on the other axes, another on this one (device ids taken as positions in the mesh's row-major order, `sizes`,
+    as jit assigns them)."""
+    import numpy as np
+
+    def along(pair: tuple[int, ...]) -> bool:
+        if len(pair) != 2 or max(pair) >= int(np.prod(sizes)):
+            return False
+        a, b = np.unravel_index(pair[0], sizes), np.unravel_index(pair[1], sizes)
+        return all((x != y) == (i == axis) for i, (x, y) in enumerate(zip(a, b)))
+
+    return bool(groups) and all(map(along, groups or ()))
+
+
+def along_one_axis(ops: list[CollectiveOp], sizes: tuple[int, ...], axis: int) -> Collective:
+    """The collective-permutes that move data along mesh axis `axis` alone (pipeline stages: activations one stage
+    on, their gradients one stage back; `crosses_only`). Executions and bytes per device per step, as
+    `Collective`s count every kind."""
+    moving = [op for op in ops if op.kind == "collective-permute" and crosses_only(op.groups, sizes, axis)]
+    return Collective(count=sum(op.count for op in moving), bytes=sum(op.count * op.bytes_each for op in moving))
+
+
 _BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 _NOT_KERNELS = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast"})
 

@@ -156,12 +156,16 @@ class Measurements:
                                             "batch / grad_accum")
     microbatch_per_shard: int | None = _f("examples", "the same per data shard: the examples whose activations a "
                                                       "device holds at once")
-    pipeline_stages: int | None = _f("stages", "pipeline stages, the stage axis of pp and dp+pp; none without a "
-                                               "pipeline")
+    pipeline_stages: int | None = _f("stages", "pipeline stages, the stage axis of a strategy with stages (pp, "
+                                               "dp+pp, fsdp+pp, pp+tp, dp+pp+tp); none without a pipeline")
     pipeline_microbatches: int | None = _f("microbatches", "microbatches that flow through the stages in each pass "
                                                            "(--parallel.microbatches)")
     pipeline_bubble: float | None = _f("fraction", "the schedule's idle fraction of each stage by its formula, GPipe's "
                                                    "(S-1)/(M+S-1): computed, not measured")
+    pipeline_transfers: Collective | None = _f("", "stage-to-stage transfers: the collective-permutes whose every "
+                                                   "source-target pair crosses the stage axis alone (activations "
+                                                   "one stage on, their gradients one stage back), per device per "
+                                                   "step; counted in comms too; none without a pipeline")
     compile: CompileTimes | None = _f("", "compile time of the train step")
     step_time_s: StepTimes | None = _f("", "step times")
     epoch_time_s: list[float] = _list("s", "wall time of each whole epoch (data included, evaluation excluded)")

@@ -11,7 +11,7 @@ from shardbench.errors import ConfigError
 from shardbench.models.axes import LAYERS
 from shardbench.models.spec import ModelSpec, state_shapes
 from shardbench.parallel.mesh import STAGE
-from shardbench.parallel.rules import Layout, flat_by_path
+from shardbench.parallel.rules import STRATEGIES, Layout, flat_by_path
 
 
 def check_style(style: str, layout: Layout) -> None:
@@ -90,7 +90,8 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
     if STAGE not in layout.strategy.axes:
         if microbatches:
             raise ConfigError(f"--parallel.microbatches {microbatches} splits the batch for pipeline stages, which "
-                              f"--strategy {name} does not have: use --strategy pp or dp+pp with a stage axis "
+                              f"--strategy {name} does not have: use a pipeline strategy "
+                              f"({', '.join(n for n, s in STRATEGIES.items() if STAGE in s.axes)}) with a stage axis "
                               f"(--mesh stage=N), or --train.grad-accum to split a batch without stages")
         if schedule != "gpipe":
             raise ConfigError(f"--parallel.schedule {schedule} orders the work of pipeline stages, which --strategy "

@@ -8,7 +8,7 @@ collective-permute) and then computes, all stages at once (a vmap over the stage
 - circular (MaxText's `num_pipeline_repeats`): the stack splits into S x R chunks, stage s holding chunks s, s+S,
   s+2S, ...; each microbatch loops through the stages R times, R x M + S - 1 iterations of one chunk each.
 - 1f1b: this module's runner runs its forward (evaluation); the train step's gradients are written by hand in
-  `shardbench.parallel.one_f_one_b`.
+  `shardbench.train.one_f_one_b`.
 
 The models never see this: they run their stacked layers through `shardbench.models.axes.run_stack`, and the jit
 step installs `pipeline_runner` in its place while it traces.
@@ -17,9 +17,8 @@ step installs `pipeline_runner` in its place while it traces.
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -29,7 +28,6 @@ import numpy as np
 from shardbench.config import ParallelConfig
 from shardbench.models.axes import BATCH, LAYERS, Constraint, RunStack, StackRunner, stack_runner
 from shardbench.parallel.mesh import STAGE
-from shardbench.parallel.one_f_one_b import one_f_one_b_gradients
 from shardbench.parallel.rules import Layout
 
 
@@ -181,12 +179,3 @@ def pipelined(layout: Layout, parallel: ParallelConfig) -> Iterator[None]:
                              schedule_repeats(parallel))
     with stack_runner(runner):
         yield
-
-
-def hand_written_backward(layout: Layout, parallel: ParallelConfig) -> Callable[..., Any] | None:
-    """For `StepParts.gradients`: 1F1B's gradients (`shardbench.parallel.one_f_one_b`) where the layout has
-    stages and the schedule is 1f1b; None where autodiff through the runner gives the schedule's backward."""
-    if not uses_pipeline(layout) or parallel.schedule != "1f1b":
-        return None
-    return functools.partial(one_f_one_b_gradients, stages=layout.shape.stage,
-                             microbatches=microbatch_count(parallel.microbatches, layout), constrain=layout.constrain)

@@ -147,6 +147,17 @@ STRATEGIES: dict[str, Strategy] = {
                  "pipeline: stacked layers split into stages over stage, microbatches flow through them"),
         Strategy("dp+pp", (ByName(_PP),), {BATCH: DATA, **_PP}, (DATA, STAGE), DATA,
                  "batch split over data; stacked layers split into pipeline stages over stage"),
+        # Pipelines combined: each stage's block of layers is split further as the other strategy splits a whole
+        # parameter (fsdp: one more dim over data, never 'layers'; tp: heads and MLP hidden over model).
+        Strategy("fsdp+pp", (ByName(_PP), Largest(DATA)), {BATCH: DATA, **_PP}, (DATA, STAGE), DATA,
+                 "stacked layers split into pipeline stages over stage, every parameter sharded over data (ZeRO-3) "
+                 "within its stage; batch split over data"),
+        Strategy("pp+tp", (ByName({**_PP, **_TP}),), {BATCH: DATA, **_PP, **_TP}, (STAGE, MODEL), STAGE,
+                 "stacked layers split into pipeline stages over stage, Megatron tensor parallelism over model "
+                 "within each stage"),
+        Strategy("dp+pp+tp", (ByName({**_PP, **_TP}),), {BATCH: DATA, **_PP, **_TP}, (DATA, STAGE, MODEL), DATA,
+                 "batch split over data; stacked layers split into pipeline stages over stage; Megatron tensor "
+                 "parallelism over model within each stage"),
     )
 }
 
@@ -285,12 +296,14 @@ def is_axes(x: Any) -> bool:
 
 
 NO_MESH = ("none", "single")
+# What 'auto' may pick: per set of axes split, the strategy that splits only the batch and what the axes name.
+AUTO = ("dp", "tp", "dp+tp", "pp", "dp+pp", "pp+tp", "dp+pp+tp")
 
 
 def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> str:
     """'auto' picks the strategy the mesh implies, as the seed's experiments use meshes:
     no mesh -> single, data axis only -> dp, model axis only -> tp, both -> dp+tp; stage axis only -> pp, data and
-    stage -> dp+pp."""
+    stage -> dp+pp, stage and model -> pp+tp, all three -> dp+pp+tp (the plainest strategy over the axes split)."""
     if strategy_name != "auto":
         return strategy_name
     spec = mesh_spec.strip().lower()
@@ -298,7 +311,7 @@ def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> st
         return "single"
     shape = parse_mesh(spec, num_devices, DATA)
     split = tuple(axis for axis, size in shape.items() if size > 1)
-    by_axes = {s.axes: name for name, s in STRATEGIES.items() if name in ("dp", "tp", "dp+tp", "pp", "dp+pp")}
+    by_axes = {s.axes: name for name, s in STRATEGIES.items() if name in AUTO}
     return by_axes.get(split, "dp")
 
 

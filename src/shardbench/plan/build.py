@@ -67,6 +67,10 @@ class Plan:
         head = ["#", "candidate", "memory/device", "fits", "params+opt+grads", "activations",
                 f"{names['intra']} MB", *([f"{names['inter']} MB"] if two_links else []),
                 "compute ms", "bound", "comms ms", "step ms", "examples/s", "MFU"]
+        # Pipelines: the bubble by the schedule's formula (in the step time) and the stage-to-stage bytes per
+        # link they cross, shown where some candidate has stages.
+        staged = any(r.prediction is not None and r.candidate.microbatches for r in self.rows)
+        head += ["bubble", "stage-to-stage MB"] if staged else []
         rows = [head]
         for i, r in enumerate(self.rows, 1):
             p = r.prediction
@@ -81,7 +85,10 @@ class Plan:
                 f"{p.comm_bytes.get('intra', 0) / MB:.1f}",
                 *([f"{p.comm_bytes.get('inter', 0) / MB:.1f}"] if two_links else []),
                 f"{p.compute_s * 1e3:.3g}", p.bound, f"{p.exposed_comm_s * 1e3:.3g}", f"{p.step_s * 1e3:.3g}",
-                f"{p.examples_per_s:,.0f}", f"{p.mfu:.1%}"])
+                f"{p.examples_per_s:,.0f}", f"{p.mfu:.1%}",
+                *([f"{p.bubble:.1%}" if r.candidate.microbatches else "-",
+                   ", ".join(f"{v / MB:.2f} {names[k]}" for k, v in sorted(p.stage_bytes.items())) or "-"]
+                  if staged else [])])
         return rows
 
     def text(self) -> str:
@@ -113,7 +120,8 @@ class Plan:
             "compile_s": self.compile_s, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "candidates": [{"name": r.candidate.name, "strategy": r.candidate.strategy, "mesh": r.candidate.mesh,
                             "remat": r.candidate.remat, "dtype": r.candidate.dtype,
-                            "grad_accum": r.candidate.grad_accum,
+                            "grad_accum": r.candidate.grad_accum, "microbatches": r.candidate.microbatches,
+                            "schedule": r.candidate.schedule,
                             "prediction": r.prediction.to_dict() if r.prediction else None,
                             "problem": r.problem or None} for r in self.rows],
         }

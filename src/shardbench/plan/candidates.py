@@ -10,7 +10,7 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.parallel.mesh import MeshShape
+from shardbench.parallel.mesh import MeshShape, parse_mesh
 from shardbench.parallel.rules import STRATEGIES
 
 
@@ -21,18 +21,22 @@ class Candidate:
     remat: str
     dtype: str
     grad_accum: int = 1  # microbatches per update (--train.grad-accum)
+    microbatches: int = 0  # a pipeline's microbatches (--parallel.microbatches); 0 without stages
+    schedule: str = ""  # a pipeline's schedule (--parallel.schedule); '' without stages
 
     @property
     def name(self) -> str:
         accum = f" accum={self.grad_accum}" if self.grad_accum > 1 else ""
-        return f"{self.strategy} {self.mesh} remat={self.remat} {self.dtype}{accum}"
+        piped = f" M={self.microbatches} {self.schedule}" if self.microbatches else ""
+        return f"{self.strategy} {self.mesh}{piped} remat={self.remat} {self.dtype}{accum}"
 
 
 # Which mesh axes each strategy may give more than one device, from the strategies' own table.
 USES: dict[str, tuple[str, ...]] = {name: strategy.axes for name, strategy in STRATEGIES.items()}
-# What a plan considers unless --candidates names others: every strategy but the pipelines, whose step time the
-# step-time model cannot predict yet (it has no pipeline bubble), so a plan would rank them too well.
+# What a plan considers unless --candidates names others: every strategy but the pipelines, each of which
+# multiplies into stages x microbatches x schedules (a compile each), so they are planned when named.
 DEFAULT: tuple[str, ...] = tuple(name for name, axes in USES.items() if "stage" not in axes)
+PER_STAGE: tuple[int, ...] = (1, 4)  # microbatches per stage a pipeline candidate takes: M = S and M = 4S
 
 
 def factorisations(devices: int, parts: int = 2) -> list[tuple[int, ...]]:
@@ -53,11 +57,14 @@ def meshes(devices: int, axes: tuple[str, ...]) -> list[MeshShape]:
 
 
 def candidates(devices: int, batch: int, strategies: list[str], remats: list[str], dtypes: list[str],
-               accums: Sequence[int] = (1,)) -> list[Candidate]:
+               accums: Sequence[int] = (1,), per_stage: Sequence[int] = PER_STAGE,
+               schedules: Sequence[str] = config_lib.PIPELINE_SCHEDULES) -> list[Candidate]:
     """Every candidate: each layout (strategy x mesh) whose data-parallel size divides `batch`, x every remat,
     dtype and number of microbatches K in `accums` that divides the layout's examples per data shard (as
-    `shardbench train` requires). A one-line ConfigError when no mesh uses `devices`, no layout divides
-    `batch`, or a K divides no layout's share."""
+    `shardbench train` requires); a layout with S pipeline stages also x every pipeline microbatch count
+    M = k x S (k in `per_stage`) that divides each accumulated microbatch's examples per data shard, x every
+    schedule. A one-line ConfigError when no mesh uses `devices`, no layout divides `batch`, or a K divides no
+    layout's share."""
     unknown = sorted(set(strategies) - set(USES))
     if unknown:
         raise ConfigError(f"--candidates: unknown strategy '{unknown[0]}': choose from {', '.join(USES)}")
@@ -80,8 +87,16 @@ def candidates(devices: int, batch: int, strategies: list[str], remats: list[str
             shares = ", ".join(map(str, sorted({share for _, _, share in fitting})))
             raise ConfigError(f"--grad-accum {k} divides no candidate's examples per data shard ({shares} at "
                               f"--batch-size {batch}): use a divisor of one of them")
-    return [Candidate(s, m, r, d, k) for s, m, share in fitting for k in accums if share % k == 0
-            for r in remats for d in dtypes]
+    out = []
+    for s, m, share in fitting:
+        stages = parse_mesh(m, None).stage if m != "none" else 1
+        for k in accums:
+            if share % k:
+                continue
+            piped = ([(stages * p, sched) for p in dict.fromkeys(per_stage) if (share // k) % (stages * p) == 0
+                      for sched in schedules] if "stage" in USES[s] else [(0, "")])
+            out += [Candidate(s, m, r, d, k, mb, sched) for mb, sched in piped for r in remats for d in dtypes]
+    return out
 
 
 def candidate_config(cfg: config_lib.Config, c: Candidate, devices: int) -> dict[str, Any]:
@@ -89,4 +104,6 @@ def candidate_config(cfg: config_lib.Config, c: Candidate, devices: int) -> dict
     single = c.strategy == "single"
     return {**config_lib.flatten(cfg), "parallel.strategy": c.strategy, "parallel.mesh": c.mesh,
             "parallel.devices": 1 if single else devices, "model.remat": c.remat, "precision.dtype": c.dtype,
-            "train.grad_accum": c.grad_accum, "parallel.spmd": cfg.parallel.spmd}
+            "train.grad_accum": c.grad_accum, "parallel.spmd": cfg.parallel.spmd,
+            "parallel.microbatches": c.microbatches,
+            "parallel.schedule": c.schedule or config_lib.flatten(cfg)["parallel.schedule"]}

@@ -18,8 +18,10 @@ import jax.numpy as jnp
 
 from shardbench.config import Config
 from shardbench.measure import flops as flops_lib
-from shardbench.measure.comms import count_collectives, executed
+from shardbench.measure.comms import count_collectives, crosses_only, executed
 from shardbench.measure.memory import compiled_memory, gradient_buffers, per_device_bytes
+from shardbench.parallel.mesh import MESH_AXES, STAGE
+from shardbench.parallel.pipeline import uses_pipeline
 from shardbench.parallel.rules import Layout
 from shardbench.optim import build_optimizer
 from shardbench.train.spmd import make_steps
@@ -44,6 +46,16 @@ def abstract_batch(cfg: Config, layout: Layout) -> dict[str, jax.ShapeDtypeStruc
     return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding) for k, (shape, dtype) in shapes.items()}
 
 
+def pipeline_figures(cfg: Config, task: Any, layout: Layout) -> dict[str, Any]:
+    """A pipeline's stages, microbatches, schedule and its bubble by the schedule's own formula, as the run
+    record gives them (one place computes them: `shardbench.measure.collect.batch_sizes`)."""
+    from shardbench.measure.collect import RunSetup, batch_sizes
+
+    sizes = batch_sizes(RunSetup(cfg, task, layout))
+    return {"stages": sizes["pipeline_stages"], "microbatches": sizes["pipeline_microbatches"],
+            "schedule": cfg.parallel.schedule, "bubble": sizes["pipeline_bubble"]}
+
+
 def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | None = None) -> dict[str, Any]:
     """The compiler's figures for `cfg`'s train step (see the module docstring); `link_span` devices share a
     node (its collectives' groups decide the link each crosses). `devices`: compile for these (a TPU
@@ -64,11 +76,15 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
     comms = count_collectives(hlo)
     kernels, traffic = executed(hlo)
     size = layout.shape.size
-    grouped: dict[tuple[str, str, int], list[int]] = {}
+    staged = uses_pipeline(layout)
+    # (kind, link, group size, stage-to-stage): a pipeline's transfers between stages kept apart, with their link.
+    grouped: dict[tuple[str, str, int, bool], list[int]] = {}
     for op in comms.ops:
         group = len(op.groups[0]) if op.groups else size
         link = "intra" if link_of(op.groups, size, link_span) == INTRA else "inter"
-        entry = grouped.setdefault((op.kind, link, group), [0, 0])
+        stage = (staged and op.kind == "collective-permute"
+                 and crosses_only(op.groups, layout.shape.sizes, MESH_AXES.index(STAGE)))
+        entry = grouped.setdefault((op.kind, link, group, stage), [0, 0])
         entry[0] += op.count
         entry[1] += op.count * op.bytes_each
     per_example = task.train_flops_per_example(cfg)
@@ -95,8 +111,9 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
                   "xla_per_device": xla},
         "bytes_accessed": traffic,  # per device, every loop iteration counted (measure.comms.executed)
         "kernels": kernels,
-        "collectives": [{"kind": k, "link": link, "group": g, "count": c, "bytes": b}
-                        for (k, link, g), (c, b) in sorted(grouped.items())],
+        "collectives": [{"kind": k, "link": link, "group": g, "count": c, "bytes": b, "stage": stage}
+                        for (k, link, g, stage), (c, b) in sorted(grouped.items())],
+        "pipeline": pipeline_figures(cfg, task, layout) if staged else None,
         "unknown_trip_counts": comms.unknown_trip_counts,
     }
 

@@ -12,7 +12,7 @@ from typing import Any
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import add_config_arguments, config_from_args
-from shardbench.plan.candidates import DEFAULT, USES, Candidate, candidates
+from shardbench.plan.candidates import DEFAULT, PER_STAGE, USES, Candidate, candidates
 from shardbench.plan.target import HINT, Target, parse_target
 
 # A plan takes comma lists of these (in their short spelling or their long one, `--train.grad-accum`).
@@ -34,8 +34,13 @@ def add_parser(subparsers: Any) -> None:
     group = parser.add_argument_group("plan options")
     group.add_argument("--target", default="", help=f"the hardware: {HINT}")
     group.add_argument("--candidates", default=",".join(DEFAULT), metavar="S,S",
-                       help=f"strategies to consider (default: {','.join(DEFAULT)}; also {','.join(sorted(set(USES) - set(DEFAULT)))}, "
-                            f"whose predicted step time leaves out the pipeline bubble)")
+                       help=f"strategies to consider (default: {','.join(DEFAULT)}; also the pipelines "
+                            f"{','.join(sorted(set(USES) - set(DEFAULT)))}, each of which multiplies into stages x "
+                            f"microbatches x schedules)")
+    group.add_argument("--microbatches-per-stage", default=",".join(map(str, PER_STAGE)), metavar="K,K",
+                       help="pipeline candidates: microbatches per stage to consider, a comma list (M = K x stages; "
+                            "default 1,4), each with every --parallel.schedule, kept where M divides the examples "
+                            "per data shard")
     group.add_argument("--grad-accum", dest="train.grad_accum", default=argparse.SUPPRESS, metavar="K,K",
                        help="microbatches per update to consider, a comma list (plan's spelling of "
                             "--train.grad-accum; default: its value, 1): each multiplies the candidates, kept where "
@@ -107,7 +112,12 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
     dtypes, remats = _choices(cfg, lists)
     accums = list(dict.fromkeys(int(k) for k in lists.get("train.grad_accum", [str(cfg.train.grad_accum)])))
     strategies = [s.strip() for s in args.candidates.split(",") if s.strip()]
-    return cfg, target, candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes, accums)
+    given = str(args.microbatches_per_stage)
+    per_stage = [v.strip() for v in given.split(",") if v.strip()]
+    if not per_stage or not all(v.isdigit() and int(v) >= 1 for v in per_stage):
+        raise ConfigError(f"--microbatches-per-stage '{given}': give whole numbers, 1 or more, comma separated")
+    return cfg, target, candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes, accums,
+                                   [int(v) for v in per_stage])
 
 
 def run(args: argparse.Namespace) -> int:

@@ -80,6 +80,8 @@ class Prediction:
     mfu: float
     overlap: float
     compiler: str  # which compiler compiled the step: "gpu compiler (NVIDIA H100 80GB HBM3)", "cpu compiler"
+    bubble: float = 0.0  # a pipeline's idle fraction by its schedule's formula, in step_s; 0 without stages
+    stage_bytes: dict[str, int] = field(default_factory=dict)  # link -> stage-to-stage bytes per device per step
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -140,6 +142,10 @@ def step_features(result: dict[str, Any], hw: Hardware, remat: str, dtype: str) 
     flops = result["flops"]["analytic_per_step"]
     per_device = (flops / devices if flops is not None else (result["flops"]["xla_per_device"] or 0.0))
     per_device *= REMAT_FLOPS.get(remat, 1.0)
+    # A pipeline's stage runs its useful matmuls over the schedule's whole length: the bubble b by the schedule's
+    # formula stretches them by 1/(1 - b) (idle on real devices; on placeholders in one SPMD program). The
+    # compiled step's traffic and kernels already count every iteration of the schedule's loop.
+    per_device /= 1.0 - pipeline_bubble(result)
     # Simulated CPU devices take turns on the host's cores and share its memory bus: their kernels, traffic and
     # collectives add up (the peak is already split between them).
     share = devices if hw.shared_host else 1
@@ -153,6 +159,11 @@ def step_features(result: dict[str, Any], hw: Hardware, remat: str, dtype: str) 
                         traffic_s=(result.get("bytes_accessed") or 0.0) * share / hw.memory_bandwidth,
                         kernels=float(result["kernels"] * share), collectives=collectives, link_s=links,
                         low_precision=dtype in LOW_PRECISION and result["platform"] != hw.platform)
+
+
+def pipeline_bubble(result: dict[str, Any]) -> float:
+    """The schedule's idle fraction of a compiled pipeline (0 without stages)."""
+    return float((result.get("pipeline") or {}).get("bubble") or 0.0)
 
 
 def compiler_name(result: dict[str, Any]) -> str:
@@ -169,8 +180,12 @@ def predict(result: dict[str, Any], hw: Hardware, coeff: Coefficients, *, batch:
     step = t.total_s
     flops = (result["flops"]["analytic_per_step"] or (result["flops"]["xla_per_device"] or 0.0) * result["devices"])
     comm_bytes: dict[str, int] = {}
+    stage_bytes: dict[str, int] = {}
     for c in result["collectives"]:
         comm_bytes[c["link"]] = comm_bytes.get(c["link"], 0) + int(c["bytes"])
+        if c.get("stage"):
+            stage_bytes[c["link"]] = stage_bytes.get(c["link"], 0) + int(c["bytes"])
+    staged = result.get("pipeline")
     compiler = compiler_name(result)
     on_paper = ("data sheet, not measured: no multi-GPU run has checked it" if hw.platform == "gpu"
                 and comm_bytes else "")
@@ -183,7 +198,7 @@ def predict(result: dict[str, Any], hw: Hardware, coeff: Coefficients, *, batch:
         exposed_comm_s=t.exposed_comm_s, step_s=step, breakdown_s=t.parts(), flops_per_step=flops,
         examples_per_s=batch / step if step > 0 else 0.0,
         mfu=flops / step / (hw.peak_flops * result["devices"]) if step > 0 else 0.0, overlap=coeff.overlap,
-        compiler=compiler,
+        compiler=compiler, bubble=pipeline_bubble(result), stage_bytes=stage_bytes,
         sources={
             "compiler": compiler,
             "state": f"exact: the compiled step's sharded state ({compiler})",
@@ -199,4 +214,9 @@ def predict(result: dict[str, Any], hw: Hardware, coeff: Coefficients, *, batch:
             "communication": f"{hw.bandwidth_source}; {coeff.collective_s * 1e6:.1f} us per collective, "
                              f"{coeff.overlap:.0%} overlapped with compute ({coeff.source})"
                              + (f"; {on_paper}" if on_paper else ""),
+            **({"pipeline": f"{staged['stages']} stages, {staged['microbatches']} microbatches, "
+                            f"{staged['schedule']}: the schedule's bubble {staged['bubble']:.1%} by its formula "
+                            f"stretches the matmuls by 1/(1 - bubble); stage-to-stage transfers: the compiled "
+                            f"step's permutes along the stage axis alone, on the link each crosses"}
+               if staged else {}),
         })

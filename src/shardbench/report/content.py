@@ -50,6 +50,7 @@ class ReportedRun:
     record: RunRecord | None  # summary.json when complete
     predicted: dict[str, Any] | None = None  # the planner's prediction of this run (`shardbench plan --validate`)
     losses: tuple[tuple[int, float], ...] | None = None  # (step, train loss) as logged, where the run folder has them
+    bubble: float | None = None  # pipeline stages: the bubble measured against a one-stage run (report.pipeline)
 
     @property
     def ok(self) -> bool:
@@ -311,6 +312,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("gradients_mib", "gradients MiB", True, lambda r: r.part("gradients")),
     Column("activations_mib", "activations MiB", True, lambda r: r.part("activations_temporaries")),
     Column("comms_mib", "comms/step MiB", True, lambda r: r.comms_mib, 2),
+    Column("stage_mib", "stage-to-stage MiB/step", True,
+           lambda r: _mib((r.m.pipeline_transfers or Collective()).bytes) if (r.m.pipeline_stages or 1) > 1
+           else None, 2, optional=True),
+    Column("bubble_formula_pct", "bubble % formula", True,
+           lambda r: None if r.m.pipeline_bubble is None else 100.0 * r.m.pipeline_bubble, optional=True),
+    Column("bubble_measured_pct", "bubble % measured", True,
+           lambda r: None if r.bubble is None else 100.0 * r.bubble, optional=True),
     Column("collectives", "collectives", False, lambda r: r.collectives),
     Column("test_acc_pct", "test acc %", True, _scaled(lambda r: number(r.rec.test_accuracy), 100.0)),
     Column("test_loss", "test loss", True, lambda r: number(r.rec.test_loss), 4, optional=True),

@@ -10,6 +10,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+from shardbench.report.pipeline import pipeline_findings
 from shardbench.report.speed import equivalence_findings, speed_findings
 
 if TYPE_CHECKING:
@@ -29,6 +30,12 @@ STRATEGY_ROLES: dict[str, str] = {
     "tp": "TP splits the weight matrices over the model axis",
     "dp+tp": "DP+TP splits the weight matrices over the model axis and replicates them over the data axis",
     "fsdp+tp": "FSDP+TP shards parameters and optimizer state over both mesh axes",
+    "pp": "PP splits the stacked layers into stages over the stage axis and replicates the rest",
+    "dp+pp": "DP+PP splits the stacked layers into stages and replicates them over the data axis",
+    "fsdp+pp": "FSDP+PP splits the stacked layers into stages and shards every parameter over the data axis",
+    "pp+tp": "PP+TP splits the stacked layers into stages and their weight matrices over the model axis",
+    "dp+pp+tp": "DP+PP+TP splits the stacked layers into stages and their weight matrices over the model axis, "
+                "and replicates them over the data axis",
 }
 
 
@@ -136,8 +143,9 @@ def _held(run: ReportedRun) -> float | None:
 
 
 def strategy_findings(runs: list[ReportedRun]) -> list[str]:
-    """One sentence per strategy: parameter + optimizer bytes per device against a replica, and comms per step."""
-    complete = [r for r in runs if r.ok]
+    """One sentence per strategy: parameter + optimizer bytes per device against a replica, and comms per step.
+    A pipeline's one-stage runs (the references its bubble is measured against) are not layouts of their own."""
+    complete = [r for r in runs if r.ok and r.m.pipeline_stages != 1]
     replicas: dict[str, float] = {}
     for strategy in ("single", "dp"):  # a single-device run is the cleanest replica; DP holds the same bytes
         for run in complete:
@@ -284,6 +292,7 @@ def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, l
                 "The same computation?": equivalence_findings(runs),
                 "Precision and memory": precision_findings(runs, swept) + ([role] if role else []),
                 "Sharding strategies": strategy_findings(runs),
+                "Pipeline stages": pipeline_findings(runs),
                 "SPMD styles": spmd_findings(runs),
                 "What the data allows": loss_floor_findings(runs),
                 "Accuracy across seeds": seed_findings(runs, swept)}

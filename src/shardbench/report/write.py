@@ -20,6 +20,7 @@ from shardbench.report.content import (
     COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, reported, shown,
 )
 from shardbench.report.findings import explain
+from shardbench.report.pipeline import with_bubbles
 from shardbench.report.speed import differing
 from shardbench.store import Store
 
@@ -189,7 +190,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
     runs, meta = load_runs(sweep_dir, skip=out)
-    runs = with_predictions(runs, sweep_dir)
+    runs = with_bubbles(with_predictions(runs, sweep_dir))
     writable_dir(out, "--out")
     swept = swept_fields(runs)
     complete = sum(r.ok for r in runs)

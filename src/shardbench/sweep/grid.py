@@ -174,8 +174,9 @@ def precision_grid() -> SweepPreset:
 
 def strategies() -> SweepPreset:
     """Every strategy side by side on the same work, on 8 devices: each one in shardbench's table of strategies,
-    on a mesh that splits every axis it uses (none for single, 8 over data, model=8, 4x2), but the pipelines
-    (pp, dp+pp), whose stages must divide the model's layers and which refuse dropout."""
+    on a mesh that splits every axis it uses (none for single, 8 over data, model=8, 4x2), but those with pipeline
+    stages (pp, dp+pp, ...: any that uses the stage axis), whose stages must divide the model's layers and which
+    refuse dropout; the `pipeline` preset runs them."""
     from shardbench.parallel.rules import DATA, MODEL, STRATEGIES  # JAX and flax, only when this preset is asked for
 
     meshes = {(): "none", (DATA,): "8", (MODEL,): "model=8", (DATA, MODEL): "4x2"}
@@ -196,6 +197,49 @@ def zero() -> SweepPreset:
     layouts = [{"parallel.strategy": name, "parallel.mesh": ""} for name in ("dp", "zero1", "zero2", "fsdp")]
     return SweepPreset("lm-seed", {"train.steps": 20, "parallel.devices": 8}, [Grid([layouts])],
                        zero.__doc__ or "")
+
+
+# The pipeline preset's models, CPU-sized: the seed's MLP (mlp-small, 32 stacked layers of width 256) and a narrow
+# 16-block LM, so that 8 stages hold 4 and 2 layers each (2 repeats of a circular schedule divide both).
+PIPELINE_STAGES = 8
+PIPELINE_MICROBATCHES = (8, 16, 32)  # the bubble (S-1)/(M+S-1) at S = 8: 47%, 30%, 18%
+PIPELINE_MODELS: dict[str, tuple[str, Override]] = {
+    "mlp": ("mlp-small", {"model.num_layers": 33, "model.mlp_dim": 256}),
+    "lm": ("lm-seed", {"model.num_layers": 16, "model.embed_dim": 64, "model.num_heads": 4, "model.mlp_dim": 256,
+                       "model.seq_len": 32, "data.synthetic_test": 256}),
+}
+# What a schedule needs beyond its name, where the configuration has the field (the circular schedule's repeats).
+SCHEDULE_SETTINGS: dict[str, Override] = {"circular": {"parallel.repeats": 2}}
+
+
+def _schedule_settings(schedule: str) -> Override:
+    kinds = config_lib.field_types(config_lib.ParallelConfig)
+    return {k: v for k, v in SCHEDULE_SETTINGS.get(schedule, {}).items() if k.partition(".")[2] in kinds}
+
+
+def pipeline() -> SweepPreset:
+    """What pipeline stages cost and save: seed 004's MLP (mlp-small, 32 stacked layers of width 256) and a
+    16-block LM under dp and fsdp, and under pp on 8 stages with each pipeline schedule at 8, 16 and 32
+    microbatches, on 8 devices, 10 steps; beside them a one-stage run (pp on one device) at each microbatch count,
+    the same microbatch size, whose step time the report sets against each pipeline's to measure its bubble."""
+    mlp_base, _ = PIPELINE_MODELS["mlp"]
+    start = config_lib.flatten(get_preset(mlp_base))
+    layouts: Axis = [{"parallel.strategy": "dp", "parallel.mesh": str(PIPELINE_STAGES)},
+                     {"parallel.strategy": "fsdp", "parallel.mesh": str(PIPELINE_STAGES)}]
+    layouts += [{"parallel.strategy": "pp", "parallel.mesh": f"stage={PIPELINE_STAGES}", "parallel.microbatches": m,
+                 "parallel.schedule": schedule, **_schedule_settings(schedule)}
+                for schedule in config_lib.PIPELINE_SCHEDULES for m in PIPELINE_MICROBATCHES]
+    layouts += [{"parallel.strategy": "pp", "parallel.mesh": "stage=1", "parallel.devices": 1,
+                 "parallel.microbatches": m} for m in PIPELINE_MICROBATCHES]
+    base: Override = {"parallel.devices": PIPELINE_STAGES, "train.steps": 10}
+    grids = []
+    for kind, (preset, sizes) in PIPELINE_MODELS.items():
+        # Each model's grid sets what its preset and sizes change from the sweep's run preset (mlp-small); the
+        # kind is an axis of one value, so that it names the runs.
+        own = config_lib.flatten(override(get_preset(preset), sizes))
+        differs = {k: v for k, v in own.items() if v != start[k] and k not in base and k != "model.kind"}
+        grids.append(Grid([[{"model.kind": kind}], layouts], differs))
+    return SweepPreset(mlp_base, base, grids, pipeline.__doc__ or "")
 
 
 def mlp_spmd_styles() -> SweepPreset:
@@ -226,7 +270,7 @@ def precision_accuracy() -> SweepPreset:
 SWEEP_PRESETS: dict[str, Callable[[], SweepPreset]] = {
     "mesh-grid": mesh_grid, "precision-grid": precision_grid, "strategies": strategies,
     "lm-replicated-vs-fsdp": lm_replicated_vs_fsdp, "zero": zero, "mlp-spmd-styles": mlp_spmd_styles,
-    "precision-accuracy": precision_accuracy,
+    "precision-accuracy": precision_accuracy, "pipeline": pipeline,
 }
 
 

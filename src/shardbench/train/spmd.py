@@ -5,7 +5,7 @@ shardings fixed up front. Each style runs the same `StepParts` (`shardbench.trai
   strategy places apart from their parameters (ZeRO-2) are constrained to that placement, so XLA reduces them
   with a reduce-scatter instead of an all-reduce.
   Pipeline strategies (pp) run the model's stacked layers in stages (`shardbench.parallel.pipeline`); under
-  1F1B the gradients are the schedule's own (`shardbench.parallel.one_f_one_b`).
+  1F1B the gradients are the schedule's own (`shardbench.train.one_f_one_b`).
 - `shard_map`: the step's forward and backward pass is a per-device program over the 'data' axis, with
   its collectives written out: replicated parameters have their gradients averaged with `pmean`; FSDP
   parameters are all-gathered before use and their gradients reduce-scattered (`psum_scatter`), as are the
@@ -46,9 +46,10 @@ from shardbench.optim import learning_rate
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
 from shardbench.parallel.rules import Layout, Tactic, is_axes, spec_for
 from shardbench.parallel.checks import check_style
-from shardbench.parallel.pipeline import hand_written_backward, pipelined
+from shardbench.parallel.pipeline import pipelined
 from shardbench.tasks import Rows, Task
 from shardbench.models.spec import ModelSpec
+from shardbench.train.one_f_one_b import hand_written_backward
 from shardbench.train.state import TrainState, gradient_shardings, state_shardings
 from shardbench.train.step import (
     Batch, HostBatch, Metrics, StepParts, Steps, eval_sums, place_batch,

@@ -24,13 +24,18 @@ lax.cond) would run only the scheduled one.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from shardbench.models.axes import BATCH, LAYERS, Constraint, RunStack, stack_runner
+from shardbench.config import ParallelConfig
 from shardbench.parallel.mesh import STAGE
+from shardbench.parallel.pipeline import microbatch_count, uses_pipeline
+from shardbench.parallel.rules import Layout
 from shardbench.train.accum import Batch, Forward, Gradients, split
 
 
@@ -171,3 +176,12 @@ def one_f_one_b_gradients(forward: Forward, params: Any, model_state: Any, input
     grads = like_params(jax.tree.map(lambda a, b, p: ((a.astype(jnp.float32) + b) / count).astype(p.dtype),
                                      d_pre, end["d_post"], params))
     return Gradients(sums["loss_sum"] / count, count, sums["correct"] if scores[0] else None, after, grads)
+
+
+def hand_written_backward(layout: Layout, parallel: ParallelConfig) -> Callable[..., Any] | None:
+    """For `StepParts.gradients`: 1F1B's gradients (this module) where the layout has
+    stages and the schedule is 1f1b; None where autodiff through the runner gives the schedule's backward."""
+    if not uses_pipeline(layout) or parallel.schedule != "1f1b":
+        return None
+    return functools.partial(one_f_one_b_gradients, stages=layout.shape.stage,
+                             microbatches=microbatch_count(parallel.microbatches, layout), constrain=layout.constrain)

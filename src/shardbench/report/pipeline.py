@@ -1,0 +1,213 @@
+"""Pipeline stages in a report: the bubble by the schedule's formula beside the bubble measured from step times,
+the stage-to-stage transfers per step, and what each layout holds per device.
+
+The measured bubble pairs each run with S > 1 stages and M microbatches (its step time T) with a one-stage run of
+the same model at the same microbatch size (rows per microbatch per data shard) with M1 microbatches (step time
+T1). A stage holds L/S of the stack's L layers, so its useful work in a step is M microbatches through L/S layers,
+1/S of a one-stage run's M microbatches through all L; the one-stage run does that in T1 x M/M1. Without a bubble,
+S stages working at once would take
+
+    ideal = T1 x (M/M1) / S          measured bubble = 1 - ideal / T
+
+(with gradient accumulation, M counts every microbatch of the update: accumulated x pipelined). It charges the
+pipeline with everything it does not split S ways (fill and drain, stage-to-stage transfers, the replicated
+layers outside the stack and their update), so on real devices it is an upper bound on the idle fraction the
+schedule's formula gives ((S-1)/(M+S-1) for GPipe). On simulated CPU devices the S stages share the host's
+cores and cannot compute at once, so the figure is not the bubble there: the report says so and sets T/T1 beside
+the work the pipeline's single program does, whose idle stages compute on placeholders ((M+S-1)/M of the
+one-stage stack's work for GPipe's M + S - 1 iterations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shardbench.measure.run_record import Collective
+
+if TYPE_CHECKING:
+    from shardbench.report.content import ReportedRun
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Bubble:
+    """One pipeline run's bubble, by formula and measured against its one-stage reference."""
+
+    run: ReportedRun
+    reference: ReportedRun
+    stages: int
+    passes: int  # microbatches per update: accumulated x pipelined
+    reference_passes: int
+    formula: float | None  # the record's pipeline_bubble: the schedule's own formula
+
+    @property
+    def ideal_s(self) -> float:
+        """The step time with no bubble: the one-stage run's work for these microbatches, split over S stages."""
+        return (self.reference.step_median or 0.0) * self.passes / self.reference_passes / self.stages
+
+    @property
+    def measured(self) -> float:
+        return 1.0 - self.ideal_s / (self.run.step_median or 1.0)
+
+    @property
+    def time_ratio(self) -> float:
+        """T / (T1 x M/M1): the pipeline's step over the one-stage run's for the same microbatches."""
+        same_work = self.stages * self.ideal_s
+        return (self.run.step_median or 0.0) / same_work if same_work else 0.0
+
+
+def stages(run: ReportedRun) -> int | None:
+    return run.m.pipeline_stages
+
+
+def passes(run: ReportedRun) -> int | None:
+    """Microbatches per update through the stack: accumulated x pipelined."""
+    m, k = run.m.pipeline_microbatches, run.m.grad_accum or 1
+    return None if not m else m * k
+
+
+def rows(run: ReportedRun) -> float | None:
+    """Rows of one pipelined microbatch per data shard: the size the stack runs on."""
+    per_shard, m = run.m.microbatch_per_shard, run.m.pipeline_microbatches
+    return None if not per_shard or not m else per_shard / m
+
+
+def schedule(run: ReportedRun) -> str:
+    return str(run.config.get("parallel.schedule") or "gpipe")
+
+
+def _model(run: ReportedRun) -> str:
+    """The model and what it computes in: runs with equal keys hold comparable bytes and time comparable work."""
+    keys = sorted(k for k in run.config if k.startswith(("model.", "precision.")))
+    return json.dumps({k: run.config.get(k) for k in [*keys, "optim.optimizer"]}, sort_keys=True, default=str)
+
+
+def bubbles(runs: list[ReportedRun]) -> list[Bubble]:
+    """Each timed pipeline run (S > 1) with the one-stage run of its model at its microbatch size (the one with
+    as many microbatches where there are several)."""
+    timed = [r for r in runs if r.ok and r.step_median and stages(r) and passes(r)]
+    references = [r for r in timed if stages(r) == 1]
+    found = []
+    for run in timed:
+        if (stages(run) or 1) < 2:
+            continue
+        same = [r for r in references if _model(r) == _model(run) and rows(r) == rows(run)]
+        if not same:
+            continue
+        ref = next((r for r in same if passes(r) == passes(run)), same[0])
+        found.append(Bubble(run, ref, stages(run) or 1, passes(run) or 1, passes(ref) or 1,
+                            run.m.pipeline_bubble))
+    return found
+
+
+def with_bubbles(runs: list[ReportedRun]) -> list[ReportedRun]:
+    """The runs with their measured bubble (`ReportedRun.bubble`), where a one-stage run pairs with them."""
+    measured = {b.run.name: b.measured for b in bubbles(runs)}
+    return [dataclasses.replace(r, bubble=measured[r.name]) if r.name in measured else r for r in runs]
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def _label(run: ReportedRun) -> str:
+    return (f"{run.config.get('model.kind') or run.rec.model} {run.strategy} on {stages(run)} stages, "
+            f"{schedule(run)}, M={run.m.pipeline_microbatches}")
+
+
+def bubble_findings(runs: list[ReportedRun]) -> list[str]:
+    """Per pipeline run: the formula's bubble and the measured one, with the step times they come from; where the
+    stages are simulated, why the measured figure is not the bubble, and the time ratio beside the work ratio."""
+    found = bubbles(runs)
+    sentences = []
+    for b in found:
+        text = (f"{_label(b.run)}: bubble by the schedule's formula {_pct(b.formula)}, measured "
+                f"{_pct(b.measured)} (step {1e3 * (b.run.step_median or 0):,.1f} ms against the ideal "
+                f"{1e3 * b.ideal_s:,.1f} ms: the one-stage run's {1e3 * (b.reference.step_median or 0):,.1f} ms "
+                f"x {b.passes}/{b.reference_passes} microbatches / {b.stages} stages, {b.reference.name})")
+        if b.run.simulated and b.formula is not None and b.formula < 1:
+            # In one SPMD program an idle stage computes on a placeholder: the stack's work is the useful work
+            # over the schedule's busy fraction, (M+S-1)/M for GPipe.
+            text += (f"; it took {b.time_ratio:.2f}x the one-stage step for the same microbatches, where its "
+                     f"program computes {1 / (1 - b.formula):.2f}x the one-stage stack's work (1/(1 - the formula's "
+                     f"bubble): its idle stages compute on placeholders)")
+        sentences.append(text + ".")
+    if any(b.run.simulated for b in found):
+        sentences.append("These stages are simulated devices on one host: they share its cores, so the stages "
+                         "cannot all compute at the same time, and the measured figure, which assumes they do, is "
+                         "not the pipeline's bubble on this host. It is the figure to measure on real devices, one "
+                         "per stage; here the time ratio beside the work ratio is the comparison that applies.")
+    unpaired = [r for r in runs if r.ok and (stages(r) or 1) > 1 and r.name not in {b.run.name for b in found}]
+    if unpaired:
+        sentences.append(f"No one-stage run of the same model at the same microbatch size to measure the bubble of "
+                         f"{', '.join(r.name for r in unpaired)} against (run pp on one device, --mesh stage=1 "
+                         f"--devices 1, with its microbatches; the `pipeline` sweep preset does).")
+    return sentences
+
+
+def transfer_findings(runs: list[ReportedRun]) -> list[str]:
+    """Per pipeline run: the stage-to-stage transfers its record counts per step, against all its collectives."""
+    sentences = []
+    for run in runs:
+        moved: Collective | None = run.m.pipeline_transfers
+        if not run.ok or (stages(run) or 1) < 2 or moved is None:
+            continue
+        total = run.comms_mib or 0.0
+        sentences.append(f"{_label(run)}: {moved.count or 0} stage-to-stage transfers per step, "
+                         f"{(moved.bytes or 0) / MIB:,.2f} MiB per device, of {total:,.2f} MiB in all its "
+                         f"collectives.")
+    return sentences
+
+
+def _mib(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.1f}"
+
+
+def memory_findings(runs: list[ReportedRun]) -> list[str]:
+    """Per model, what each layout holds per device: parameters + optimizer state (against dp's) and activations
+    and temporaries, the pipelines' per schedule and microbatch count. One-stage runs are references, left out."""
+    groups: dict[str, list[ReportedRun]] = {}
+    for run in runs:
+        if run.ok and (stages(run) or 0) != 1:
+            groups.setdefault(_model(run), []).append(run)
+    sentences = []
+    for group in groups.values():
+        if not any((stages(r) or 1) > 1 for r in group):
+            continue
+        kind = group[0].config.get("model.kind") or group[0].rec.model
+        replica = next((r for r in group if r.strategy == "dp"), None)
+        full = None if replica is None else _state(replica)
+        held, acts = [], []
+        for run in group:
+            name = run.strategy if (stages(run) or 1) < 2 else (
+                f"{run.strategy} {schedule(run)} M={run.m.pipeline_microbatches}")
+            state = _state(run)
+            if state is not None:
+                share = f" (1/{full / state:.1f} of dp's)" if full and state and run is not replica else ""
+                held.append(f"{name} {_mib(state)}{share}")
+            acts.append(f"{name} {_mib(run.part('activations_temporaries'))}")
+        sentences.append(f"{kind}, MiB per device: parameters + optimizer state {'; '.join(held)}. Activations and "
+                         f"temporaries (the compiled program's, less the gradients): {'; '.join(acts)}.")
+        for sched in dict.fromkeys(schedule(r) for r in group if (stages(r) or 1) > 1):
+            piped = sorted((r for r in group if (stages(r) or 1) > 1 and schedule(r) == sched),
+                           key=lambda r: r.m.pipeline_microbatches or 0)
+            values = [(r.m.pipeline_microbatches, r.part("activations_temporaries")) for r in piped]
+            if len(values) > 1 and all(v is not None for _, v in values):
+                lo, hi = values[0], values[-1]
+                sentences.append(f"{kind} {sched}: activations and temporaries {_mib(lo[1])} MiB at M={lo[0]} and "
+                                 f"{_mib(hi[1])} MiB at M={hi[0]}, with the batch fixed (each microbatch "
+                                 f"{'smaller' if (hi[0] or 0) > (lo[0] or 0) else 'larger'} as M grows).")
+    return sentences
+
+
+def _state(run: ReportedRun) -> float | None:
+    params, optimizer = run.part("params"), run.part("optimizer")
+    return None if params is None or optimizer is None else params + optimizer
+
+
+def pipeline_findings(runs: list[ReportedRun]) -> list[str]:
+    return bubble_findings(runs) + transfer_findings(runs) + memory_findings(runs)

@@ -1,0 +1,73 @@
+"""The planner's pipelines: candidates over stages x microbatches x schedules, the bubble in the predicted step
+time, and the stage-to-stage bytes on the link they cross, against hand counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardbench.parsing import override
+from shardbench.plan.candidates import candidate_config, candidates, Candidate
+from shardbench.plan.predict import Hardware, step_features
+from shardbench.presets import get_preset
+
+
+def test_pipeline_candidates_are_stages_x_microbatches_x_schedules() -> None:
+    """8 devices, batch 32, 1 and 4 microbatches per stage, two schedules. pp: stage=8, 32 examples: M = 8 and
+    32 both divide, x 2 schedules = 4. dp+pp: data=2,stage=4 (16 examples per shard: M = 4, 16) and
+    data=4,stage=2 (8: M = 2, 8), x 2 = 8. dp: one candidate, no microbatches. With --grad-accum 2, dp+pp's
+    data=4,stage=2 has 4 examples per accumulated microbatch: M = 2 only."""
+    found = candidates(8, 32, ["dp", "pp", "dp+pp"], ["none"], ["float32"], per_stage=(1, 4),
+                       schedules=("gpipe", "other"))
+    got = sorted((c.strategy, c.mesh, c.microbatches, c.schedule) for c in found)
+    want = sorted([("dp", "8x1", 0, "")] + [
+        (s, mesh, m, sched) for s, mesh, ms in [("pp", "stage=8", (8, 32)), ("dp+pp", "data=2,stage=4", (4, 16)),
+                                                ("dp+pp", "data=4,stage=2", (2, 8))]
+        for m in ms for sched in ("gpipe", "other")])
+    assert got == want
+    accumulated = candidates(8, 32, ["dp+pp"], ["none"], ["float32"], accums=(2,), per_stage=(1, 4),
+                             schedules=("gpipe",))
+    assert sorted((c.mesh, c.microbatches) for c in accumulated) == [
+        ("data=2,stage=4", 4), ("data=4,stage=2", 2)]
+    config = candidate_config(get_preset("mlp-small"), Candidate("pp", "stage=8", "none", "float32", 1, 32, "gpipe"), 8)
+    assert (config["parallel.microbatches"], config["parallel.schedule"]) == (32, "gpipe")
+
+
+def _hardware() -> Hardware:
+    return Hardware(name="test", platform="gpu", peak_flops=1e12, peak_source="", memory_bytes=1e9,
+                    memory_source="", bandwidth={"intra": 1e9, "inter": 1e8}, bandwidth_source="",
+                    memory_bandwidth=1e12, memory_bandwidth_source="")
+
+
+def test_the_bubble_stretches_a_stages_matmuls() -> None:
+    """4 devices, 8e12 FLOPs a step: 2e12 per device at 1e12 FLOP/s is 2 s of matmuls. On 4 stages with 8
+    microbatches GPipe's bubble is 3/11, so a stage's useful 2 s take 2 x 11/8 = 2.75 s of the schedule."""
+    result = {"devices": 4, "flops": {"analytic_per_step": 8e12, "xla_per_device": None}, "collectives": [],
+              "bytes_accessed": 0.0, "kernels": 0, "platform": "gpu"}
+    assert step_features(result, _hardware(), "none", "float32").compute_s == pytest.approx(2.0)
+    staged = {**result, "pipeline": {"stages": 4, "microbatches": 8, "schedule": "gpipe", "bubble": 3 / 11}}
+    assert step_features(staged, _hardware(), "none", "float32").compute_s == pytest.approx(2.75)
+
+
+@pytest.mark.slow
+def test_stage_to_stage_bytes_are_predicted_on_the_link_they_cross(tmp_path: Path) -> None:
+    """mlp of width 64, batch 32, 4 stacked layers on 4 stages, 4 microbatches of 8 rows (8 x 64 x 4 = 2,048
+    bytes each), M + S - 1 = 7 iterations: 3 shifts per iteration (one forward, two back: tests/test_pipeline.py)
+    = 21 x 2,048; then, once, the last stage's outputs reach stage 0: forward, the scan's stacked output of all 7
+    iterations (7 x 2,048; the slice to the 4 real microbatches comes after), and back the 4 microbatches'
+    gradient (4 x 2,048). In all 32 x 2,048 = 65,536 bytes per device per step, every one between stages. Two
+    devices per node: the ring of stages 0-1-2-3-0 crosses nodes, so each shift is on the inter-node link; four
+    per node: inside one."""
+    from shardbench.plan.compile import compile_candidate
+
+    cfg = override(get_preset("mlp-small"), {
+        "model.num_layers": 5, "model.mlp_dim": 64, "model.input_dim": 16, "model.num_classes": 8,
+        "train.batch_size": 32, "parallel.strategy": "pp", "parallel.mesh": "stage=4", "parallel.devices": 4,
+        "parallel.microbatches": 4, "data.cache_dir": str(tmp_path)})
+    for span, link in ((2, "inter"), (4, "intra")):
+        result = compile_candidate(cfg, span)
+        stage = [c for c in result["collectives"] if c["stage"]]
+        assert {c["link"] for c in stage} == {link}
+        assert sum(c["bytes"] for c in stage) == (3 * 7 + 7 + 4) * 2048
+        assert result["pipeline"] == {"stages": 4, "microbatches": 4, "schedule": "gpipe", "bubble": 3 / 7}
