@@ -188,7 +188,7 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
      "--parallel.microbatches 3 does not divide the 8 examples per data shard", CONF),
     ("train: pipeline stages of a model of your own", lambda t: [
         "train", *TINY, "--model", f"{EXAMPLES / 'convnet.py'}:build", "--task", "classify", "--strategy", "pp",
-        "--mesh", "stage=2", "--devices", "2", "--out", str(t / "o")], "a model of your own does not hand", CONF),
+        "--mesh", "stage=2", "--devices", "2", "--out", str(t / "o")], "your model hands it 0", CONF),
     ("train: pipeline stages under shard_map", lambda t: [
         "train", *TINY, "--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--model.num-layers", "2",
         "--spmd", "shard_map", "--out", str(t / "o")], "--spmd shard_map cannot run --strategy pp", CONF),

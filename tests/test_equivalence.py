@@ -64,9 +64,16 @@ PIPELINE_SHAPES.update({
                      "parallel.repeats": 2},
     "lm-1f1b": {**PIPELINE_SHAPES["lm-deep"], "parallel.schedule": "1f1b"},
 })
-SAME_MODEL = {"mlp-1f1b": "mlp-deep", "lm-1f1b": "lm-deep"}  # one reference serves both schedules
+# A model of your own that stacks its layers on 'layers' and hands them to run_stack (examples/stacked_mlp.py),
+# under GPipe and 1F1B.
+PIPELINE_SHAPES.update({
+    "own-stacked": {**PIPELINE_SHAPES["mlp-deep"], "model.task": "regress",
+                    "model.factory": f"{Path(__file__).resolve().parents[1] / 'examples' / 'stacked_mlp.py'}:build"},
+})
+PIPELINE_SHAPES["own-1f1b"] = {**PIPELINE_SHAPES["own-stacked"], "parallel.schedule": "1f1b"}
+SAME_MODEL = {"mlp-1f1b": "mlp-deep", "lm-1f1b": "lm-deep", "own-1f1b": "own-stacked"}  # one reference for both
 PRESETS = {"mlp-deep": "mlp-small", "lm-deep": "lm-seed", "vit-deep": "vit-tiny", "mlp-1f1b": "mlp-small",
-           "mlp-circular": "mlp-small", "lm-1f1b": "lm-seed"}
+           "mlp-circular": "mlp-small", "lm-1f1b": "lm-seed", "own-stacked": "mlp-small", "own-1f1b": "mlp-small"}
 PIPELINE_LAYOUTS = [("pp", "stage=4", 4), ("dp+pp", "data=2,stage=4", 8)]
 # Stages combined with the other axes, on three axes at once where it can: fsdp+pp and dp+pp+tp on the MLP, whose
 # step compiles fastest (dp+pp+tp splits each stage's hidden kernels over model, its batch over data, and covers
@@ -81,7 +88,8 @@ COMBINED_PIPELINE_CASES = [("mlp-deep", "fsdp+pp", "data=2,stage=4", 8, "jit"),
 PIPELINE_CASES = [(preset, *layout, "jit") for preset in ("mlp-deep", "lm-deep") for layout in PIPELINE_LAYOUTS] + [
     ("vit-deep", *PIPELINE_LAYOUTS[0], "jit")] + [
     ("mlp-1f1b", *PIPELINE_LAYOUTS[0], "jit"), ("mlp-1f1b", *PIPELINE_LAYOUTS[1], "jit"),
-    ("mlp-circular", *PIPELINE_LAYOUTS[1], "jit"), ("lm-1f1b", *PIPELINE_LAYOUTS[1], "jit")] + COMBINED_PIPELINE_CASES
+    ("mlp-circular", *PIPELINE_LAYOUTS[1], "jit"), ("lm-1f1b", *PIPELINE_LAYOUTS[1], "jit")] + COMBINED_PIPELINE_CASES + [
+    ("own-stacked", *PIPELINE_LAYOUTS[1], "jit"), ("own-1f1b", *PIPELINE_LAYOUTS[0], "jit")]
 
 # (strategy, mesh, devices) for every strategy; pmap runs data parallelism only.
 LAYOUTS = [("dp", "8", 8), ("zero1", "8", 8), ("zero2", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4),

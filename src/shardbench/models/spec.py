@@ -18,6 +18,7 @@ from flax import traverse_util
 from shardbench.config import Config
 from shardbench.errors import ConfigError
 from shardbench.models import axis_fields, build_model, custom
+from shardbench.models.axes import RunStack, stack_runner
 
 Params = dict[str, Any]
 
@@ -53,6 +54,9 @@ class ModelSpec:
     mode: tuple[str, bool] | None = None  # (keyword, its value in training) of a declared mode argument
     mutable: tuple[str, ...] = ()  # a linen module through the bridge: the collections its call updates
     axis_names: tuple[str, ...] = ()  # collective axis names the model's layers name (BatchNorm axis_name=)
+    # How many stacks of layers its call hands to `models.axes.run_stack` (the built-in models one; a model of
+    # your own as many as tracing its call counts): what a pipeline splits into stages.
+    stacks: int = 1
 
     @property
     def has_statistics(self) -> bool:
@@ -222,15 +226,24 @@ def check_outputs(cfg: Config, spec: ModelSpec) -> None:
 
 
 def _with_traced_axis_names(cfg: Config, spec: ModelSpec) -> ModelSpec:
-    """Add the collective axis names the model's call needs but its layers do not show (a linen BatchNorm's
-    axis_name behind the bridge), found by tracing its training call on one example. Any other failure is
-    left to the output check, which reports it."""
+    """Add what tracing its training call on one example tells of a model of your own: the collective axis
+    names the call needs but its layers do not show (a linen BatchNorm's axis_name behind the bridge), and how
+    many stacks of layers it runs through `run_stack`. Any other failure is left to the output check, which
+    reports it."""
     example = example_input(cfg)[0]
     params = nnx.to_pure_dict(spec.abstract)
+    stacks: list[int] = []
+
+    def count(run: RunStack, x: jax.Array, layers: Any) -> jax.Array:
+        stacks.append(1)
+        return run(x, layers)
+
     for _ in range(4):
+        stacks.clear()
         try:
-            spec.trace_outputs(params, example)
-            return spec
+            with stack_runner(count):
+                spec.trace_outputs(params, example)
+            return replace(spec, stacks=len(stacks))
         except NameError as err:
             found = UNBOUND.search(str(err))
             if found is None or found.group(1) in spec.axis_names:

@@ -98,10 +98,15 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
                               f"{name} does not have: use --strategy pp or dp+pp with a stage axis (--mesh stage=N), "
                               f"or leave --parallel.schedule at gpipe")
         return
-    if spec.custom:
-        raise ConfigError(f"--strategy {name} pipelines the stacked layers that the built-in models (vit, lm, mlp) "
-                          f"run through their layer scan; a model of your own does not hand its stack to shardbench: "
-                          f"use dp, fsdp or tp")
+    if spec.custom and spec.stacks != 1:
+        raise ConfigError(f"--strategy {name} splits into stages the one stack of layers a model hands to "
+                          f"shardbench.models.axes.run_stack; your model hands it {spec.stacks}: stack its layers on a "
+                          f"'layers' axis and run them through run_stack once (examples/stacked_mlp.py), or use dp, "
+                          f"fsdp or tp")
+    if spec.has_statistics:
+        raise ConfigError(f"--strategy {name} runs the batch as microbatches, and a model that keeps batch "
+                          f"statistics (BatchNorm) would normalise each by its own, which no full batch does: use "
+                          f"dp, fsdp or tp")
     flat_axes, flat_shapes = flat_by_path(spec.axes), flat_by_path(spec.shapes)
     depths = {path: tuple(flat_shapes[path])[axes.index(LAYERS)] for path, axes in sorted(flat_axes.items())
               if LAYERS in axes}
