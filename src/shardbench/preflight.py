@@ -61,8 +61,10 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices)
     check_style(cfg.parallel.spmd, layout)
     # Before the layout's divisibility: a stack that does not split into stages is said in the pipeline's words.
-    random_layers = tuple(flag for flag, rate in (("--model.dropout", cfg.model.dropout),
-                                                  ("--model.drop-path", cfg.model.drop_path)) if rate > 0)
+    # (The built-in models' dropout flags: a model of your own draws its own, and passes none into its stack.)
+    random_layers = () if spec.custom else tuple(
+        flag for flag, rate in (("--model.dropout", cfg.model.dropout), ("--model.drop-path", cfg.model.drop_path))
+        if rate > 0)
     check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
                    random_layers, cfg.parallel.schedule, cfg.parallel.repeats)
     check_layout(spec, layout)
