@@ -75,7 +75,8 @@ PIPELINE_LAYOUTS = [("pp", "stage=4", 4), ("dp+pp", "data=2,stage=4", 8)]
 # every stage's blocks.
 COMBINED_PIPELINE_CASES = [("mlp-deep", "fsdp+pp", "data=2,stage=4", 8, "jit"),
                            ("mlp-deep", "dp+pp+tp", "data=2,stage=2,model=2", 8, "jit"),
-                           ("lm-deep", "pp+tp", "stage=4,model=2", 8, "jit")]
+                           ("lm-deep", "pp+tp", "stage=4,model=2", 8, "jit"),
+                           ("mlp-deep", "fsdp+pp+tp", "data=2,stage=2,model=2", 8, "jit")]
 # Both layouts on the MLP and the LM; the ViT's blocks are the LM's without the mask, so pp alone. 1F1B on both
 # layouts of the MLP and dp+pp of the LM (its embedding and head are the parts the schedule cuts off the stack),
 # circular on dp+pp of the MLP: each a compile of 5 to 10 s.
@@ -164,20 +165,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
 
 
 def trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[list[float], list[float]]], preset: str,
-                         strategy: str, mesh: str, devices: int, style: str) -> str:
-    """Train `preset` in this layout and hold its losses and gradient norms to one device's; returns the layout
-    as a failure names it."""
+                         strategy: str, mesh: str, devices: int, style: str, **extra: object) -> str:
+    """Train `preset` in this layout (and `extra` settings) and hold its losses and gradient norms to one
+    device's; returns the layout as a failure names it."""
     want_loss, want_norm = reference(SAME_MODEL.get(preset, preset))
     run(config(tmp_path, preset, "run", **{"parallel.strategy": strategy, "parallel.mesh": mesh,
-                                           "parallel.devices": devices, "parallel.spmd": style}))
+                                           "parallel.devices": devices, "parallel.spmd": style, **extra}))
     got_loss, got_norm = logged(tmp_path / "run")
     assert len(got_loss) == STEPS
     # float32 sums in another order (over devices, split matmuls): at most 6e-7 apart when measured. The norm
     # first: a gradient off by a factor shows in it at the first step.
     shape = {**SHAPES, **PIPELINE_SHAPES}[preset]
     schedule = str(shape.get("parallel.schedule", "gpipe"))
-    layout = f"{preset}: {strategy} on mesh {mesh} under {style}" + (f", schedule {schedule}" if "pp" in strategy
-                                                                      else "")
+    layout = (f"{preset}: {strategy} on mesh {mesh} under {style}" + (f", schedule {schedule}" if "pp" in strategy
+                                                                       else "")
+              + "".join(f", {k} {v}" for k, v in extra.items()))
     np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg=f"{layout}: gradient norm differs")
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"{layout}: loss differs")
     return layout

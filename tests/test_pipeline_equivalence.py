@@ -39,3 +39,13 @@ def test_pipeline_trains_as_one_device(tmp_path: Path, reference: Callable[[str]
     assert record["comms"]["collective-permute"]["count"] >= shifts, layout
     # ... all of them between stages (the record's stage-to-stage transfers), whatever else splits a stage.
     assert record["pipeline_transfers"]["count"] >= shifts, layout
+
+
+def test_accumulated_microbatches_through_stages_make_the_full_batch_update(
+        tmp_path: Path, reference: Callable[[str], tuple[list[float], list[float]]]) -> None:
+    """Gradient accumulation composes with stages: 2 accumulated microbatches, each split into the pipeline's
+    own microbatches, make one device's full-batch update."""
+    layout = trains_as_one_device(tmp_path, reference, "mlp-deep", "dp+pp", "data=2,stage=4", 8, "jit",
+                                  **{"train.grad_accum": 2})
+    record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
+    assert (record["grad_accum"], record["pipeline_microbatches"]) == (2, 8), layout

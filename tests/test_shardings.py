@@ -40,10 +40,14 @@ EXPECTED = {
     "dp+pp+tp": {"qkv_kernel": P("stage", None, None, "model", None), "mlp1_kernel": P("stage", None, "model"),
                  "mlp2_kernel": P("stage", "model", None), "out_kernel": P("stage", "model", None, None),
                  "head_kernel": P(None, None)},
+    # ... and fsdp within each stage too: each stacked kernel's remaining whole dim over data.
+    "fsdp+pp+tp": {"qkv_kernel": P("stage", "data", None, "model", None), "mlp1_kernel": P("stage", "data", "model"),
+                   "mlp2_kernel": P("stage", "model", "data"), "out_kernel": P("stage", "model", None, "data"),
+                   "head_kernel": P("data", None)},
 }
 MESHES = {"dp": ("8", 8), "fsdp": ("8", 8), "tp": ("model=4", 4), "fsdp+tp": ("4x2", 8),
           "fsdp+pp": ("data=4,stage=2", 8), "pp+tp": ("stage=2,model=4", 8),
-          "dp+pp+tp": ("data=2,stage=2,model=2", 8)}
+          "dp+pp+tp": ("data=2,stage=2,model=2", 8), "fsdp+pp+tp": ("data=2,stage=2,model=2", 8)}
 
 
 def _state(strategy: str, mesh: str, devices: int = 8):
@@ -139,7 +143,7 @@ def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: in
         ("fsdp", "none", 8, "--mesh none means one device without a mesh, but strategy fsdp needs a mesh"),
         # A pipeline that would also split over an axis its strategy does not use: the strategy that does.
         ("fsdp+pp", "data=2,stage=2,model=2", 8, "strategy fsdp\\+pp does not use the model axis .* use --strategy "
-                                                "dp\\+pp\\+tp"),
+                                                "fsdp\\+pp\\+tp"),
         ("pp", "stage=4,model=2", 8, "use --strategy pp\\+tp"),
     ],
 )

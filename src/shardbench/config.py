@@ -20,7 +20,7 @@ from shardbench.errors import ConfigError
 from shardbench.fields import FRACTION, POSITIVE, Range, Spec, setting, spec_of
 
 STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp", "pp", "dp+pp", "fsdp+pp",
-              "pp+tp", "dp+pp+tp")
+              "pp+tp", "dp+pp+tp", "fsdp+pp+tp")
 # Pipeline schedules (shardbench.parallel.pipeline; 1F1B's hand-written backward in shardbench.train.one_f_one_b).
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "circular")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -158,6 +158,10 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("dp+pp+tp", (ByName({**_PP, **_TP}),), {BATCH: DATA, **_PP, **_TP}, (DATA, STAGE, MODEL), DATA,
                  "batch split over data; stacked layers split into pipeline stages over stage; Megatron tensor "
                  "parallelism over model within each stage"),
+        Strategy("fsdp+pp+tp", (ByName({**_PP, **_TP}), Largest(DATA)), {BATCH: DATA, **_PP, **_TP},
+                 (DATA, STAGE, MODEL), DATA,
+                 "stacked layers split into pipeline stages over stage, Megatron tensor parallelism over model and "
+                 "every parameter sharded over data within each stage; batch split over data"),
     )
 }
 
@@ -347,6 +351,7 @@ def wider_strategy(strategy: Strategy, axis: str) -> str:
     or the plainest one that uses every axis wanted; 'a strategy over A/B' if none does."""
     wanted = set(strategy.axes) | {axis}
     fits = [s for s in STRATEGIES.values() if set(s.axes) == wanted]
-    same = [s for s in fits if all(tactic in s.params for tactic in strategy.params)]
+    # The same kinds of tactic (fsdp's Largest) and more: fsdp+pp on a model axis is fsdp+pp+tp, not dp+pp+tp.
+    same = [s for s in fits if {type(t) for t in strategy.params} <= {type(t) for t in s.params}]
     pick = (same or fits)[:1]
     return pick[0].name if pick else f"a strategy over {'/'.join(sorted(wanted))}"

@@ -36,6 +36,8 @@ STRATEGY_ROLES: dict[str, str] = {
     "pp+tp": "PP+TP splits the stacked layers into stages and their weight matrices over the model axis",
     "dp+pp+tp": "DP+PP+TP splits the stacked layers into stages and their weight matrices over the model axis, "
                 "and replicates them over the data axis",
+    "fsdp+pp+tp": "FSDP+PP+TP splits the stacked layers into stages and their weight matrices over the model axis, "
+                  "and shards every parameter over the data axis",
 }
 
 
