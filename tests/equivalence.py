@@ -57,6 +57,9 @@ PIPELINE_SHAPES.update({
     "mlp-circular": {**PIPELINE_SHAPES["mlp-deep"], "model.num_layers": 9, "parallel.schedule": "circular",
                      "parallel.repeats": 2},
     "lm-1f1b": {**PIPELINE_SHAPES["lm-deep"], "parallel.schedule": "1f1b"},
+    # the LM's 4 blocks as 2 stages x 2 repeats of one block, its embedding and head outside the loop
+    "lm-circular": {**PIPELINE_SHAPES["lm-deep"], "parallel.schedule": "circular", "parallel.repeats": 2,
+                    "parallel.microbatches": 4},
 })
 # A model of your own that stacks its layers on 'layers' and hands them to run_stack (examples/stacked_mlp.py),
 # under GPipe and 1F1B.
@@ -65,9 +68,10 @@ PIPELINE_SHAPES.update({
                     "model.factory": f"{Path(__file__).resolve().parents[1] / 'examples' / 'stacked_mlp.py'}:build"},
 })
 PIPELINE_SHAPES["own-1f1b"] = {**PIPELINE_SHAPES["own-stacked"], "parallel.schedule": "1f1b"}
-SAME_MODEL = {"mlp-1f1b": "mlp-deep", "lm-1f1b": "lm-deep", "own-1f1b": "own-stacked"}  # one reference for both
+SAME_MODEL = {"mlp-1f1b": "mlp-deep", "lm-1f1b": "lm-deep", "lm-circular": "lm-deep",  # one reference for each model
+              "own-1f1b": "own-stacked"}
 PRESETS = {"mlp-deep": "mlp-small", "lm-deep": "lm-seed", "vit-deep": "vit-tiny", "mlp-1f1b": "mlp-small",
-           "mlp-circular": "mlp-small", "lm-1f1b": "lm-seed", "own-stacked": "mlp-small", "own-1f1b": "mlp-small"}
+           "mlp-circular": "mlp-small", "lm-1f1b": "lm-seed", "lm-circular": "lm-seed", "own-stacked": "mlp-small", "own-1f1b": "mlp-small"}
 PIPELINE_LAYOUTS = [("pp", "stage=4", 4), ("dp+pp", "data=2,stage=4", 8)]
 # Stages combined with the other axes, on three axes at once where it can: fsdp+pp and dp+pp+tp on the MLP, whose
 # step compiles fastest (dp+pp+tp splits each stage's hidden kernels over model, its batch over data, and covers
@@ -79,11 +83,12 @@ COMBINED_PIPELINE_CASES = [("mlp-deep", "fsdp+pp", "data=2,stage=4", 8, "jit"),
                            ("mlp-deep", "fsdp+pp+tp", "data=2,stage=2,model=2", 8, "jit")]
 # Both layouts on the MLP and the LM; the ViT's blocks are the LM's without the mask, so pp alone. 1F1B on both
 # layouts of the MLP and dp+pp of the LM (its embedding and head are the parts the schedule cuts off the stack),
-# circular on dp+pp of the MLP: each a compile of 5 to 10 s.
+# circular on dp+pp of the MLP and on 2 stages of the LM: each a compile of 5 to 10 s.
 PIPELINE_CASES = [(preset, *layout, "jit") for preset in ("mlp-deep", "lm-deep") for layout in PIPELINE_LAYOUTS] + [
     ("vit-deep", *PIPELINE_LAYOUTS[0], "jit")] + [
     ("mlp-1f1b", *PIPELINE_LAYOUTS[0], "jit"), ("mlp-1f1b", *PIPELINE_LAYOUTS[1], "jit"),
-    ("mlp-circular", *PIPELINE_LAYOUTS[1], "jit"), ("lm-1f1b", *PIPELINE_LAYOUTS[1], "jit")] + COMBINED_PIPELINE_CASES + [
+    ("mlp-circular", *PIPELINE_LAYOUTS[1], "jit"), ("lm-1f1b", *PIPELINE_LAYOUTS[1], "jit"),
+    ("lm-circular", "pp", "stage=2", 2, "jit")] + COMBINED_PIPELINE_CASES + [
     ("own-stacked", *PIPELINE_LAYOUTS[1], "jit"), ("own-1f1b", *PIPELINE_LAYOUTS[0], "jit")]
 
 
