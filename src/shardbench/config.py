@@ -118,7 +118,8 @@ class ModelConfig:
     """Which model (`kind`) and its shape. Fields a kind does not use are ignored by it:
     vit uses patch_size, embed_dim, num_layers, num_heads, mlp_dim, num_classes, and its own stem, stem_layers,
     pool and lsa (refused for the other kinds);
-    lm uses vocab_size, seq_len, embed_dim, num_layers, num_heads, mlp_dim;
+    lm uses vocab_size, seq_len, embed_dim, num_layers, num_heads, mlp_dim, and with num_experts > 0 top_k,
+    capacity_factor and aux_loss_coef (a mixture of experts in place of each block's MLP);
     mlp uses input_dim, mlp_dim (the width), num_layers (hidden layers) and num_classes (outputs)."""
 
     kind: str = setting(
@@ -176,6 +177,16 @@ class ModelConfig:
     seq_len: int = setting(
         64, "lm: tokens the model reads per sequence (each example holds seq_len + 1 tokens)", range=POSITIVE)
     input_dim: int = setting(1024, "mlp: input features", range=POSITIVE)
+    num_experts: int = setting(
+        0, "lm: experts per block, each a GELU MLP of --model.mlp-dim that replaces the dense MLP (a mixture of "
+        "experts, lm-moe); 0 = the dense MLP", range=Range(0, note="0 = dense"))
+    top_k: int = setting(1, "lm with experts: experts each token is routed to (its k most probable)", range=POSITIVE)
+    capacity_factor: float = setting(
+        1.25, "lm with experts: each expert takes ceil(factor x tokens x top_k / experts) tokens of each sequence; "
+        "the rest are dropped (their residual passes the block unchanged) and counted", range=POSITIVE)
+    aux_loss_coef: float = setting(
+        0.01, "lm with experts: weight of the load-balancing loss (Switch's E x sum_e f_e P_e per block, summed over "
+        "blocks) added to the training objective", range=Range(0))
     factory: str = setting(
         "", "a model of your own: FILE.py:FUNCTION or package.module:FUNCTION, FUNCTION(cfg, rngs) returning an nnx "
         "module (see docs/own-model.md)", short="--model")
