@@ -7,16 +7,29 @@ SGD), with no drops and with drops (counted the same as on one device).
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+from shardbench import config as config_lib
+from shardbench.data.pipeline import make_batches
+from shardbench.errors import ConfigError
+from shardbench.measure.comms import count_collectives
+from shardbench.models import build_model
 from shardbench.models.lm import flops_per_example
-from shardbench.models.moe import capacity, experts_mlp, route
+from shardbench.models.moe import MoEOutputs, capacity, experts_mlp, route
 from shardbench.parsing import override
+from shardbench.preflight import check_run, check_runnable
 from shardbench.presets import get_preset
+from shardbench.tasks import Rows
+from shardbench.train.loop import run
+from conftest import lowered_train_step
 
 # Four tokens, two experts: each row's probabilities, chosen so that the first choices are e0, e0, e1, e0.
 PROBS = np.array([[0.8, 0.2], [0.6, 0.4], [0.3, 0.7], [0.9, 0.1]], np.float32)
@@ -93,3 +106,128 @@ def test_flops_count_the_active_experts() -> None:
     assert flops_per_example(cfg) == {"forward": forward, "train": 3 * forward}
     dense = flops_per_example(override(get_preset("lm-moe"), {"model.num_experts": 0}).model)["forward"]
     assert forward - dense == layers * (4 * t * e * m + 2 * t * e * x)  # top-2 does two experts' work, plus routing
+
+
+TINY = {"model.embed_dim": 32, "model.num_heads": 4, "model.mlp_dim": 16, "model.num_layers": 2,
+        "model.seq_len": 16, "model.num_experts": 8, "model.top_k": 2, "train.batch_size": 16,
+        "model.capacity_factor": 4.0}  # capacity ceil(4 x 16 x 2 / 8) = 16 = every token of a sequence: no drops
+
+
+def tiny(tmp: Path, name: str, **overrides: object) -> config_lib.Config:
+    base = {"train.steps": 3, "train.progress": False, "train.checkpoint_every": 0, "train.log_every": 1,
+            "train.eval": False, "train.out": str(tmp / name), "data.cache_dir": str(tmp / "cache"),
+            "train.compile_cache": "off", "data.synthetic_train": 256, "data.synthetic_test": 64,
+            "optim.optimizer": "sgd", "optim.momentum": 0.0, "optim.lr": 0.05, "optim.schedule": "constant",
+            "optim.warmup_steps": 0, "optim.grad_clip": 0.0, "optim.ema": 0.0}
+    return override(get_preset("lm-moe"), {**base, **TINY, **overrides})
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    ({"parallel.strategy": "ep", "parallel.mesh": "expert=8", "model.num_experts": 0}, "has none"),
+    ({"model.top_k": 9}, "--model.top-k 9"),
+    ({"parallel.strategy": "ep", "parallel.mesh": "expert=8", "model.num_experts": 12},
+     "model.num_experts = 12 is not divisible by the expert axis"),
+    ({"parallel.strategy": "pp", "parallel.mesh": "stage=2", "parallel.devices": 2}, "pipeline stages"),
+    ({"parallel.strategy": "dp", "parallel.mesh": "8", "parallel.spmd": "shard_map"}, "--spmd jit"),
+    ({"model.kind": "vit"}, "--model.num-experts 8 puts"),
+])
+def test_refused_in_one_line_before_compiling(tmp_path: Path, overrides: dict[str, object], words: str) -> None:
+    cfg = tiny(tmp_path, "refused", **{"parallel.devices": 8, **overrides})
+    with pytest.raises(ConfigError, match=words.replace("+", r"\+")) as caught:
+        check_runnable(cfg)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "mesh", "want"), [("dp+ep", "data=2,expert=4", True), ("dp", "8", False)])
+def test_ep_dispatches_by_all_to_all(tmp_path: Path, strategy: str, mesh: str, want: bool) -> None:
+    """Under ep, two all-to-alls per MoE block forward (dispatch, return) and three backward: the return's
+    transpose (the outputs' gradient back to the experts), the dispatch's (the tokens' gradient back to their
+    devices), and the experts' outputs brought to the tokens' devices once more for the gates' gradient (the
+    combine weights are differentiated: PARALLELISM.md's 'two more backward' leaves the gates out). None where
+    the experts are whole on every device."""
+    cfg = tiny(tmp_path, "hlo", **{"parallel.strategy": strategy, "parallel.mesh": mesh, "parallel.devices": 8})
+    report = count_collectives(lowered_train_step(cfg).compile().as_text())
+    found = report.by_kind.get("all-to-all")
+    count = 0 if found is None else found.count
+    if want:
+        assert count == 5 * TINY["model.num_layers"], report.by_kind
+    else:
+        assert count == 0, report.by_kind
+
+
+def one_device(cfg: config_lib.Config) -> tuple[list[float], list[float], list[float]]:
+    """(loss, gradient norm, dropped assignments) per step on one device: the objective (cross-entropy plus the
+    coefficient times the mean load-balancing loss) differentiated by `jax.grad`, SGD by hand."""
+    checked = check_run(cfg)
+    task, b, coef = checked.task, cfg.train.batch_size, cfg.model.aux_loss_coef
+    with jax.threefry_partitionable(False):
+        graphdef, params = nnx.split(build_model(cfg, nnx.Rngs(cfg.train.seed)), nnx.Param)
+
+    def objective(p: nnx.State, batch: dict[str, jax.Array]) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        outputs = nnx.merge(graphdef, p)(task.inputs(cfg, batch, jax.random.key(0), False, Rows(0, b)))
+        assert isinstance(outputs, MoEOutputs)
+        terms = task.terms(outputs, batch)
+        loss = terms.loss_sum.sum() / terms.count.sum()
+        return loss + coef * outputs.aux.mean(), (loss, outputs.dropped.sum())
+
+    grad = jax.jit(jax.value_and_grad(objective, has_aux=True), device=jax.devices()[0])
+    losses, norms, drops = [], [], []
+    for host in make_batches(checked.dataset.train, global_batch=b, seed=cfg.train.seed, shuffle=True, num_steps=3):
+        (_, (loss, dropped)), g = grad(params, {k: jnp.asarray(v) for k, v in host.items()})
+        losses.append(float(loss))
+        drops.append(float(dropped))
+        norms.append(float(np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in jax.tree.leaves(g)))))
+        params = jax.tree.map(lambda p, d: p - 0.05 * d, params, g)
+    return losses, norms, drops
+
+
+def logged(out: Path) -> dict[str, list[float]]:
+    rows = [json.loads(line) for line in (out / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "train/loss" in r]
+    return {k: [r[f"train/{k}"] for r in rows] for k in ("loss", "grad_norm", "moe_dropped")}
+
+
+# Every ep strategy against one device with room for every token, and dp+ep with capacity for 2 of 4 per expert
+# (capacity factor 0.5: ceil(0.5 x 16 x 2 / 8) = 2 slots for the 4 assignments an expert gets on average).
+EP_CASES = [("ep", "expert=8", 4.0), ("dp+ep", "data=2,expert=4", 4.0), ("fsdp+ep", "data=2,expert=4", 4.0),
+            ("ep+tp", "expert=4,model=2", 4.0), ("dp+ep", "data=2,expert=4", 0.5)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory):
+    tmp, done = tmp_path_factory.mktemp("reference"), {}
+
+    def get(factor: float) -> tuple[list[float], list[float], list[float]]:
+        if factor not in done:
+            done[factor] = one_device(tiny(tmp, f"ref{factor}", **{"model.capacity_factor": factor,
+                                                                     "parallel.strategy": "single",
+                                                                     "parallel.mesh": "none"}))
+            losses, norms, _ = done[factor]
+            # SGD steps whose gradients are far from zero: a factor on them would move every later loss.
+            assert min(norms) > 0.01 and abs(losses[-1] - losses[0]) > 1e-4 * losses[0]
+        return done[factor]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "mesh", "factor"), EP_CASES,
+                         ids=[f"{s}-{m}-cf{f}" for s, m, f in EP_CASES])
+def test_ep_trains_as_one_device(tmp_path: Path, reference, strategy: str, mesh: str, factor: float) -> None:
+    want_loss, want_norm, want_drops = reference(factor)
+    summary = run(tiny(tmp_path, "run", **{"parallel.strategy": strategy, "parallel.mesh": mesh,
+                                           "parallel.devices": 8, "model.capacity_factor": factor}))
+    got = logged(tmp_path / "run")
+    where = f"lm-moe: {strategy} on {mesh}, capacity factor {factor}"
+    np.testing.assert_allclose(got["grad_norm"], want_norm, rtol=1e-5, err_msg=f"{where}: gradient norm differs")
+    np.testing.assert_allclose(got["loss"], want_loss, rtol=1e-5, err_msg=f"{where}: loss differs")
+    assert got["moe_dropped"] == want_drops, where
+    assert (sum(want_drops) == 0) == (factor >= 4.0), want_drops  # drops where (and only where) capacity is short
+    moe = summary["moe"]
+    assert moe["dropped"] == sum(want_drops) and moe["capacity"] == math.ceil(factor * 16 * 2 / 8), moe
+    assert moe["assignments_per_step"] == 16 * 16 * 2 * 2  # batch x seq x k x blocks
+    # The record counts the dispatch and the return, forward and backward: 2 + 2 per block at least (the gates'
+    # gradient adds a fifth at capacity 16, above; at capacity 2 XLA all-gathers the small experts' outputs for it).
+    comms = summary["measurements"]["comms"]
+    assert comms["all-to-all"]["count"] >= 4 * 2 and comms["all-to-all"]["bytes"] > 0, comms

@@ -20,7 +20,7 @@ from shardbench.errors import ConfigError
 from shardbench.fields import FRACTION, POSITIVE, Range, Spec, setting, spec_of
 
 STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp", "pp", "dp+pp", "fsdp+pp",
-              "pp+tp", "dp+pp+tp")
+              "pp+tp", "dp+pp+tp", "ep", "dp+ep", "fsdp+ep", "ep+tp")
 # Pipeline schedules (shardbench.parallel.pipeline; 1F1B's hand-written backward in shardbench.train.one_f_one_b).
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "circular")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -204,12 +204,15 @@ class ParallelConfig:
     strategy: str = setting(
         "auto", "how parameters, gradients, optimizer state and batches are split (zero1/zero2: optimizer state, "
         "and gradients too, over data; pp: stacked layers in pipeline stages over stage, combined with dp, fsdp and tp "
-        "as dp+pp, fsdp+pp, pp+tp, dp+pp+tp); auto: the plainest strategy that uses every axis the mesh splits (single "
-        "for --mesh none, dp for data, tp for model, dp+tp for both, pp for stage, dp+pp, pp+tp, dp+pp+tp)",
+        "as dp+pp, fsdp+pp, pp+tp, dp+pp+tp; ep: a mixture's experts over expert, tokens dispatched by all-to-all, as "
+        "ep, dp+ep, fsdp+ep, ep+tp); auto: the plainest strategy that uses every axis the mesh splits (single "
+        "for --mesh none, dp for data, tp for model, dp+tp for both, pp for stage, dp+pp, pp+tp, dp+pp+tp, ep for "
+        "expert, dp+ep)",
         choices=STRATEGIES, short="--strategy")
     mesh: str = setting(
-        "", "device mesh: N (all on the strategy's axis), AxB (data x model), name=N,... over data, stage and model "
-        "(data=2,stage=4), or none (one device, no mesh); '' = every device on the strategy's axis", short="--mesh")
+        "", "device mesh: N (all on the strategy's axis), AxB (data x model), name=N,... over data, stage, model and "
+        "expert (data=2,stage=4), or none (one device, no mesh); '' = every device on the strategy's axis",
+        short="--mesh")
     devices: int = setting(
         0, "devices to use (0 = all); without accelerators, simulates N CPU devices",
         range=Range(0, note="0 = every device"), short="--devices")
