@@ -231,3 +231,40 @@ def test_ep_trains_as_one_device(tmp_path: Path, reference, strategy: str, mesh:
     # gradient adds a fifth at capacity 16, above; at capacity 2 XLA all-gathers the small experts' outputs for it).
     comms = summary["measurements"]["comms"]
     assert comms["all-to-all"]["count"] >= 4 * 2 and comms["all-to-all"]["bytes"] > 0, comms
+
+
+# The tiny model's parameters by hand (vocabulary 512, width 32, 4 heads of 8, 16 positions, 2 blocks, 8 experts of
+# width 16): embedding 512x32, positions 16x32, final norm 2x32, head 32x512; per block two LayerNorms 2x(2x32),
+# q/k/v 32x3x32 + 3x32, output 32x32 + 32, router 32x8; per block's experts 8x32x16 + 8x16 + 8x16x32 + 8x32.
+DENSE_PARAMS = 512 * 32 + 16 * 32 + 2 * 32 + 32 * 512 + 2 * (4 * 32 + 32 * 96 + 96 + 32 * 32 + 32 + 32 * 8)
+EXPERT_PARAMS = 2 * (8 * 32 * 16 + 8 * 16 + 8 * 16 * 32 + 8 * 32)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("strategy", "mesh", "per_device"), [
+    ("ep", "expert=8", DENSE_PARAMS + EXPERT_PARAMS // 8),  # experts 1 of 8 per device, the rest whole
+    ("fsdp+ep", "data=2,expert=4", DENSE_PARAMS // 2 + EXPERT_PARAMS // 8),  # experts over expert, then data
+])
+def test_plan_holds_the_experts_hand_count(tmp_path: Path, strategy: str, mesh: str, per_device: int) -> None:
+    from shardbench.plan.compile import compile_candidate
+
+    assert (DENSE_PARAMS, EXPERT_PARAMS) == (42_560, 17_152)
+    cfg = tiny(tmp_path, "plan", **{"parallel.strategy": strategy, "parallel.mesh": mesh, "parallel.devices": 8})
+    result = compile_candidate(cfg, link_span=8)
+    assert result["state"]["params_bytes"] == 4 * per_device
+    assert result["state"]["gradients_bytes"] == 4 * per_device
+    assert any(c["kind"] == "all-to-all" for c in result["collectives"]), result["collectives"]
+
+
+def test_inspect_shows_the_experts_each_device_holds(tmp_path: Path) -> None:
+    """data=2,expert=4: device d sits at (data d // 4, expert d % 4) and holds experts 2(d % 4) and 2(d % 4) + 1."""
+    from shardbench.inspect import inspect
+
+    text = inspect(tiny(tmp_path, "inspect", **{"parallel.strategy": "dp+ep", "parallel.mesh": "data=2,expert=4",
+                                                "parallel.devices": 8}))
+    assert "experts: 8 per block, split over expert (blocks/expert1_bias)" in text
+    for e in range(4):
+        assert f"  experts {2 * e}-{2 * e + 1} on devices {e},{e + 4}" in text, text
+    text = inspect(tiny(tmp_path, "inspect", **{"parallel.strategy": "dp", "parallel.mesh": "8",
+                                                "parallel.devices": 8}))
+    assert "experts 0-7 on devices 0-7" in text
