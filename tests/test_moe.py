@@ -268,3 +268,15 @@ def test_inspect_shows_the_experts_each_device_holds(tmp_path: Path) -> None:
     text = inspect(tiny(tmp_path, "inspect", **{"parallel.strategy": "dp", "parallel.mesh": "8",
                                                 "parallel.devices": 8}))
     assert "experts 0-7 on devices 0-7" in text
+
+
+def test_the_moe_sweep_preset_runs_lm_moe_under_dp_fsdp_and_ep(tmp_path: Path) -> None:
+    """Each run of the preset passes every check a run makes before compiling."""
+    from shardbench.sweep.grid import make_sweep
+
+    sweep = make_sweep("moe")
+    layouts = [(r.settings["parallel.strategy"], r.settings["parallel.mesh"]) for r in sweep.runs]
+    assert layouts == [("dp", "8"), ("fsdp", "8"), ("ep", "expert=8"), ("dp+ep", "data=2,expert=4"),
+                       ("ep+tp", "expert=4,model=2")]
+    for r in sweep.runs:
+        check_runnable(override(get_preset("lm-moe"), {**r.settings, "data.cache_dir": str(tmp_path)}))
