@@ -190,8 +190,11 @@ def logged(out: Path) -> dict[str, list[float]]:
 
 # Every ep strategy against one device with room for every token, and dp+ep with capacity for 2 of 4 per expert
 # (capacity factor 0.5: ceil(0.5 x 16 x 2 / 8) = 2 slots for the 4 assignments an expert gets on average).
-EP_CASES = [("ep", "expert=8", 4.0), ("dp+ep", "data=2,expert=4", 4.0), ("fsdp+ep", "data=2,expert=4", 4.0),
-            ("ep+tp", "expert=4,model=2", 4.0), ("dp+ep", "data=2,expert=4", 0.5)]
+# dp+ep also accumulates 2 microbatches per update (each sequence is its own group, so the routing is the whole
+# batch's, and the load-balancing loss adds up over the microbatches as over the batch).
+EP_CASES = [("ep", "expert=8", 4.0, 1), ("dp+ep", "data=2,expert=4", 4.0, 1), ("fsdp+ep", "data=2,expert=4", 4.0, 1),
+            ("ep+tp", "expert=4,model=2", 4.0, 1), ("dp+ep", "data=2,expert=4", 0.5, 1),
+            ("dp+ep", "data=2,expert=4", 0.5, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -212,14 +215,16 @@ def reference(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "mesh", "factor"), EP_CASES,
-                         ids=[f"{s}-{m}-cf{f}" for s, m, f in EP_CASES])
-def test_ep_trains_as_one_device(tmp_path: Path, reference, strategy: str, mesh: str, factor: float) -> None:
+@pytest.mark.parametrize(("strategy", "mesh", "factor", "accum"), EP_CASES,
+                         ids=[f"{s}-{m}-cf{f}" + (f"-accum{k}" if k > 1 else "") for s, m, f, k in EP_CASES])
+def test_ep_trains_as_one_device(tmp_path: Path, reference, strategy: str, mesh: str, factor: float,
+                                 accum: int) -> None:
     want_loss, want_norm, want_drops = reference(factor)
     summary = run(tiny(tmp_path, "run", **{"parallel.strategy": strategy, "parallel.mesh": mesh,
-                                           "parallel.devices": 8, "model.capacity_factor": factor}))
+                                           "parallel.devices": 8, "model.capacity_factor": factor,
+                                           "train.grad_accum": accum}))
     got = logged(tmp_path / "run")
-    where = f"lm-moe: {strategy} on {mesh}, capacity factor {factor}"
+    where = f"lm-moe: {strategy} on {mesh}, capacity factor {factor}, {accum} microbatch(es)"
     np.testing.assert_allclose(got["grad_norm"], want_norm, rtol=1e-5, err_msg=f"{where}: gradient norm differs")
     np.testing.assert_allclose(got["loss"], want_loss, rtol=1e-5, err_msg=f"{where}: loss differs")
     assert got["moe_dropped"] == want_drops, where
