@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from shardbench.errors import ConfigError
-from shardbench.parallel.mesh import parse_mesh
+from shardbench.parallel.mesh import MESH_AXES, parse_mesh
 from shardbench.parallel.rules import make_layout
 from shardbench.parsing import override
 from shardbench.presets import get_preset
@@ -129,7 +129,8 @@ def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: in
     layout = make_layout(strategy, spec, jax.devices()[:devices])
     assert (layout.shape.data, layout.shape.model, layout.shape.stage) == (data, model, stage)
     # The built mesh carries every known axis, outermost first, whole where the run does not split it.
-    assert dict(layout.mesh.shape) == {"data": data, "stage": stage, "model": model}
+    assert dict(layout.mesh.shape) == {**dict.fromkeys(MESH_AXES, 1), "data": data, "stage": stage, "model": model}
+    assert tuple(layout.mesh.shape) == MESH_AXES
 
 
 @pytest.mark.parametrize(
@@ -223,7 +224,8 @@ def test_fsdp_is_dp_plus_one_tactic() -> None:
                                             ("stage=4,data=2", "data=2,stage=4")])
 def test_a_mesh_is_named_axis_sizes(spec: str, text: str) -> None:
     shape = parse_mesh(spec, 8)
-    assert str(shape) == text and shape.as_dict() == {"data": shape.data, "stage": shape.stage, "model": shape.model}
+    assert str(shape) == text and shape.as_dict() == {**dict.fromkeys(MESH_AXES, 1), "data": shape.data,
+                                                      "stage": shape.stage, "model": shape.model}
     assert parse_mesh(str(shape), 8) == shape  # what a run records reads back as the same mesh
 
 

@@ -21,7 +21,7 @@ from shardbench.devices import select_devices
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.models.spec import ModelSpec, check_outputs, describe_model
 from shardbench.parallel.checks import (
-    check_accumulation, check_batch, check_layout, check_pipeline, check_style,
+    check_accumulation, check_batch, check_experts, check_layout, check_pipeline, check_style,
 )
 from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
@@ -67,6 +67,7 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
         if rate > 0)
     check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
                    random_layers, cfg.parallel.schedule, cfg.parallel.repeats)
+    check_experts(spec, layout, cfg.parallel.spmd)
     check_layout(spec, layout)
     check_batch("--batch-size", cfg.train.batch_size, layout)
     check_batch("--train.eval-batch-size", cfg.train.eval_batch, layout)

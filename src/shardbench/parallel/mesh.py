@@ -18,11 +18,12 @@ from jax.sharding import AxisType, Mesh
 
 from shardbench.errors import ConfigError
 
-DATA, STAGE, MODEL = "data", "stage", "model"
+DATA, STAGE, MODEL, EXPERT = "data", "stage", "model", "expert"
 # Outermost first: the data axis spans hosts first, so a process holds neighbouring rows of the batch; pipeline
 # stages come next (each moves one microbatch's activations a step, less than a tensor-parallel layer does), and
-# the model axis is innermost, where the links are fastest.
-MESH_AXES: tuple[str, ...] = (DATA, STAGE, MODEL)
+# the model axis is innermost, where the links are fastest. The expert axis (a mixture's experts, and with data the
+# batch outside them) comes last: appended, so that adding it moved no other axis.
+MESH_AXES: tuple[str, ...] = (DATA, STAGE, MODEL, EXPERT)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ class MeshShape:
     @property
     def stage(self) -> int:
         return self[STAGE]
+
+    @property
+    def expert(self) -> int:
+        return self[EXPERT]
 
     @property
     def size(self) -> int:
