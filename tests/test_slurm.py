@@ -466,9 +466,9 @@ def test_a_job_slurm_would_not_take_is_one_line_before_anything_is_submitted(slu
 def test_a_cancelled_job_is_recorded_and_resumed_and_a_live_one_is_not_submitted_again(
         slurm: LocalSlurm, tmp_path: Path) -> None:
     out = tmp_path / "s"
-    # Two runs in one array, one at a time: the first runs while the second waits its turn. 1,500 steps (about
-    # 6 s on 2 busy cores, after the job's start-up) keep the first job running through the --status and Ctrl-C.
-    argv = ["--preset", "vit-tiny", *TINY, "--steps", "1500", "--devices", "2", "--strategy", "dp,fsdp",
+    # Two runs in one array, one at a time: the first runs while the second waits its turn. 3,000 steps (about
+    # 12 s on 2 busy cores, after the job's start-up) keep the first job running through the Ctrl-C and --status.
+    argv = ["--preset", "vit-tiny", *TINY, "--steps", "3000", "--devices", "2", "--strategy", "dp,fsdp",
             "--data.cache-dir", str(tmp_path / "cache"), "--no-report"]
     driver = subprocess.Popen(_sweep_cmd(*argv, "--executor", "slurm", "--slurm-max-running", "1", "--slurm-poll",
                                          "1", "--out", str(out)),
@@ -477,20 +477,19 @@ def test_a_cancelled_job_is_recorded_and_resumed_and_a_live_one_is_not_submitted
         _wait("both jobs queued", lambda: len(_jobs(out)) == 2)
         first, second = (_jobs(out)[n].job_id for n in ("strategy_dp", "strategy_fsdp"))
         _wait("the first job to run", lambda: _squeue(slurm).get(first) == "RUNNING")
-        status = _sweep(slurm, "--out", str(out), "--status").stdout.splitlines()
-        assert any(ln.split()[:3] == ["strategy_dp", first, "RUNNING"] for ln in status), status
-        assert any(ln.split()[:3] == ["strategy_fsdp", second, "PENDING"] for ln in status), status
-        assert "states of jobs not yet ended from squeue and sacct" in status[0]
-
-        driver.send_signal(signal.SIGINT)  # Ctrl-C: the jobs go on
-        # Generous: on two cores shared with the other test workers, the driver can be inside a slow squeue or
-        # sacct call (their own timeout is 120 s) when the signal comes; 60 s was too short there twice.
+        # Ctrl-C while the first job runs (before anything slower: on two cores shared with the other test
+        # workers a --status process can take long enough for both jobs to end first): the jobs go on.
+        driver.send_signal(signal.SIGINT)
         stdout, stderr = driver.communicate(timeout=240)
     finally:
         if driver.poll() is None:
             driver.kill()
     assert driver.returncode == 130, stdout[-2000:] + stderr[-2000:]
     assert f"--out {out} --status" in stderr and f"--out {out} --resume" in stderr and "--cancel" in stderr
+    status = _sweep(slurm, "--out", str(out), "--status").stdout.splitlines()
+    assert any(ln.split()[:3] == ["strategy_dp", first, "RUNNING"] for ln in status), status
+    assert any(ln.split()[:3] == ["strategy_fsdp", second, "PENDING"] for ln in status), status
+    assert "states of jobs not yet ended from squeue and sacct" in status[0]
     assert set(_squeue(slurm)) >= {first, second}
 
     subprocess.run(["scancel", first], env=_env(slurm), check=True, timeout=30)
