@@ -91,6 +91,22 @@ PIPELINE_CASES = [(preset, *layout, "jit") for preset in ("mlp-deep", "lm-deep")
     ("mlp-circular", *PIPELINE_LAYOUTS[1], "jit"), ("lm-1f1b", *PIPELINE_LAYOUTS[1], "jit")] + COMBINED_PIPELINE_CASES + [
     ("own-stacked", *PIPELINE_LAYOUTS[1], "jit"), ("own-1f1b", *PIPELINE_LAYOUTS[0], "jit")]
 
+# Context parallelism on the LM (16 tokens, so 2 x seq = 8 head-tail chunks divide them): keys and values
+# all-gathered and passed around a ring, alone and with the other axes, head-tail order except fsdp+cp's; and tp
+# with sequence parallelism (the residual stream split along the sequence over model).
+CONTEXT_SHAPES: dict[str, dict[str, object]] = {
+    "lm-ring": {**SHAPES["lm-seed"], "parallel.context": "ring"},
+    "lm-ring-contiguous": {**SHAPES["lm-seed"], "parallel.context": "ring", "parallel.context_order": "contiguous"},
+    "lm-sp": {**SHAPES["lm-seed"], "parallel.sequence_parallel": True},
+}
+SAME_MODEL.update({name: "lm-seed" for name in CONTEXT_SHAPES})
+PRESETS.update({name: "lm-seed" for name in CONTEXT_SHAPES})
+CONTEXT_CASES = [("lm-seed", "cp", "seq=4", 4, "jit"), ("lm-ring", "cp", "seq=4", 4, "jit"),
+                 ("lm-ring", "dp+cp", "data=2,seq=4", 8, "jit"),
+                 ("lm-ring-contiguous", "fsdp+cp", "data=2,seq=4", 8, "jit"),
+                 ("lm-ring", "cp+tp", "model=2,seq=4", 8, "jit"), ("lm-sp", "dp+tp", "4x2", 8, "jit")]
+ALL_SHAPES = {**SHAPES, **PIPELINE_SHAPES, **CONTEXT_SHAPES}
+
 # (strategy, mesh, devices) for every strategy; pmap runs data parallelism only.
 LAYOUTS = [("dp", "8", 8), ("zero1", "8", 8), ("zero2", "8", 8), ("fsdp", "8", 8), ("tp", "model=4", 4),
            ("dp+tp", "4x2", 8), ("fsdp+tp", "4x2", 8)]
@@ -107,7 +123,7 @@ CASES = ([(preset, "single", "none", 1, "jit") for preset in SHAPES]
          + [("mlp-small", *layout, "shard_map") for layout in LAYOUTS]
          + [(preset, *layout, "shard_map") for preset in ("vit-tiny", "lm-seed")
             for layout in LAYOUTS if layout[0] in ("zero2", "fsdp+tp")]
-         + PIPELINE_CASES)
+         + PIPELINE_CASES + CONTEXT_CASES)
 
 
 def config(tmp: Path, preset: str, name: str, **overrides: object) -> config_lib.Config:
@@ -116,8 +132,7 @@ def config(tmp: Path, preset: str, name: str, **overrides: object) -> config_lib
             "train.compile_cache": "off", "data.synthetic_train": 256, "data.synthetic_test": 64,
             "model.dropout": 0.0, "optim.optimizer": "sgd", "optim.momentum": 0.0, "optim.lr": LR,
             "optim.schedule": "constant", "optim.warmup_steps": 0, "optim.grad_clip": 0.0, "optim.ema": 0.0}
-    return override(get_preset(PRESETS.get(preset, preset)), {**base, **{**SHAPES, **PIPELINE_SHAPES}[preset],
-                                                              **overrides})
+    return override(get_preset(PRESETS.get(preset, preset)), {**base, **ALL_SHAPES[preset], **overrides})
 
 
 def adam_by_hand(params: nnx.State, grads: nnx.State, moments: tuple[nnx.State, nnx.State], step: int,
@@ -178,7 +193,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
                                                                      "parallel.mesh": "none",
                                                                      "parallel.microbatches": 0,
                                                                      "parallel.schedule": "gpipe",
-                                                                     "parallel.repeats": 1}))
+                                                                     "parallel.repeats": 1,
+                                                                     "parallel.context": "all-gather",
+                                                                     "parallel.sequence_parallel": False}))
             losses, norms = done[preset]
             # SGD steps whose gradients are far from zero: a factor on them would move every later loss.
             assert min(norms) > 0.01 and abs(losses[-1] - losses[0]) > 1e-4 * losses[0]
@@ -198,7 +215,7 @@ def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[l
     assert len(got_loss) == STEPS
     # float32 sums in another order (over devices, split matmuls): at most 6e-7 apart when measured. The norm
     # first: a gradient off by a factor shows in it at the first step.
-    shape = {**SHAPES, **PIPELINE_SHAPES}[preset]
+    shape = ALL_SHAPES[preset]
     schedule = str(shape.get("parallel.schedule", "gpipe"))
     repeats = int(shape.get("parallel.repeats", 1))  # type: ignore[call-overload]
     layout = f"{preset}: {strategy} on mesh {mesh} under {style}" + (f", schedule {schedule}" if "pp" in strategy
@@ -217,6 +234,18 @@ def test_trains_as_one_device(tmp_path: Path, reference: Callable[[str], tuple[l
         assert record["comms"]["collective-permute"]["count"] >= shifts, layout
         # ... all of them between stages (the record's stage-to-stage transfers), whatever else splits a stage.
         assert record["pipeline_transfers"]["count"] >= shifts, layout
+    if shape.get("parallel.context") == "ring":  # N - 1 key/value blocks per layer forward, as many back
+        record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
+        axes = parse_mesh(mesh, devices)
+        batch, tokens, width, layers = (int(shape[k]) for k in (  # type: ignore[call-overload]
+            "train.batch_size", "model.seq_len", "model.embed_dim", "model.num_layers"))
+        # One device's keys and values, float32: 2 x its rows x its tokens x its share of the width (heads over model).
+        block = 2 * (batch // axes.data) * (tokens // axes.seq) * (width // axes.model) * 4
+        ring, moved = 2 * (axes.seq - 1) * layers, record["context_transfers"]
+        # Beside the ring, XLA splits the seq + 1 token ids along seq too and hands each device its neighbour's edge
+        # for the task's shift by one (one or two permutes of a few int32s: 13 or 14 in all, as measured).
+        assert ring <= moved["count"] <= ring + 2, (layout, moved)
+        assert 0 <= moved["bytes"] - ring * block < 1024, (layout, moved, block)
 
 
 # Gradient accumulation: each update sums 4 microbatches' gradients, and must be the one-device full-batch

@@ -76,7 +76,8 @@ def test_the_strategies_preset_runs_every_strategy_on_a_mesh_it_takes() -> None:
     from shardbench.parallel.rules import STRATEGIES, make_layout
 
     runs = make_sweep("strategies").runs
-    unstaged = [name for name, s in STRATEGIES.items() if "stage" not in s.axes]  # pipelines have their own needs
+    # Pipelines and context parallelism have their own needs (layers, a sequence the seq axis splits).
+    unstaged = [name for name, s in STRATEGIES.items() if "stage" not in s.axes and "seq" not in s.axes]
     assert sorted(r.settings["parallel.strategy"] for r in runs) == sorted(unstaged)
     for r in runs:
         devices = jax.devices()[:1 if r.settings["parallel.mesh"] == "none" else 8]
@@ -114,6 +115,27 @@ def test_every_run_of_the_pipeline_preset_passes_trains_checks() -> None:
     from shardbench.sweep.preflight import refusals
 
     assert refusals(make_sweep("pipeline")) == {}
+
+
+def test_the_long_context_preset_runs_six_layouts_to_4k_and_the_ring_to_16k() -> None:
+    runs = [r.settings for r in make_sweep("long-context").runs]
+    layouts = {(r["parallel.strategy"], r.get("parallel.context", "all-gather"), r["parallel.mesh"],
+                r.get("parallel.sequence_parallel", False)) for r in runs}
+    assert layouts == {("dp", "all-gather", "4", False), ("fsdp", "all-gather", "4", False),
+                       ("dp+tp", "all-gather", "data=2,model=2", True),
+                       ("dp+tp", "all-gather", "data=2,model=2", False),
+                       ("cp", "all-gather", "seq=4", False),
+                       ("cp", "ring", "seq=4", False)}
+    lengths = sorted((r["model.seq_len"], r["parallel.strategy"], r.get("parallel.context")) for r in runs)
+    assert [t for t, *_ in lengths] == [1024] * 6 + [2048] * 6 + [4096] * 6 + [8192, 16384]
+    assert all(r["parallel.devices"] == 4 and r["train.batch_size"] == 4 and r["train.steps"] == 3 for r in runs)
+
+
+@pytest.mark.slow
+def test_every_run_of_the_long_context_preset_passes_trains_checks() -> None:
+    from shardbench.sweep.preflight import refusals
+
+    assert refusals(make_sweep("long-context")) == {}
 
 
 def test_command_line_values_override_a_sweep_preset() -> None:

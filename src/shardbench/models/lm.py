@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from shardbench.config import ModelConfig
-from shardbench.models.axes import BATCH, EMBED, HEADS, MLP, NORM, SEQ, VOCAB, constrain
+from shardbench.models.axes import BATCH, EMBED, HEADS, MLP, NORM, SEQ, VOCAB, constrain, sequence_order
 from shardbench.models.transformer import BlockStack, block_flops, kernel_init, layer_norm, param
 
 AXIS_FIELDS: dict[str, str] = {
@@ -50,9 +50,19 @@ class TransformerLM(nnx.Module):
     def __call__(self, tokens: jax.Array, *, rng: jax.Array | None = None) -> jax.Array:
         dtype, precision = self.dtype, self.precision
         seq = tokens.shape[1]
+        positions = self.pos_embed[...][:seq]
+        # A sequence split over devices may be laid out in another order (context parallelism's head-tail chunks):
+        # the tokens are taken in that order with their true positions, and the blocks' output put back in token
+        # order before the head. The tokens are whole on every device, so the first costs nothing; the second is
+        # one exchange of the (batch, seq, embed) activations, smaller than the logits.
+        order = sequence_order(seq)
+        if order is not None:
+            tokens, positions = tokens[:, order], positions[order]
         x = jnp.take(self.token_embed[...].astype(dtype), tokens, axis=0)
-        x = constrain(x + self.pos_embed[...][:seq].astype(dtype), (BATCH, SEQ, EMBED))
+        x = constrain(x + positions.astype(dtype), (BATCH, SEQ, EMBED))
         x = self.blocks(x, rng=rng, precision=precision)
+        if order is not None:
+            x = constrain(x[:, np.argsort(order)], (BATCH, SEQ, EMBED))
         x = layer_norm(x, self.norm_scale[...], self.norm_bias[...])
         logits = jnp.einsum("bse,ev->bsv", x, self.head_kernel[...].astype(dtype), precision=precision)
         return logits.astype(jnp.float32)

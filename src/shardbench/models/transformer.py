@@ -15,7 +15,9 @@ from flax import nnx
 
 from shardbench.config import ModelConfig
 from shardbench.errors import ConfigError
-from shardbench.models.axes import BATCH, EMBED, HEADS, KV, LAYERS, MLP, NORM, SEQ, Axes, constrain, run_stack
+from shardbench.models.axes import (
+    BATCH, EMBED, HEADS, KV, LAYERS, MLP, NORM, SEQ, Axes, constrain, run_attention, run_stack,
+)
 
 
 def kernel_init(in_axis: int | tuple[int, ...], out_axis: int | tuple[int, ...],
@@ -307,8 +309,11 @@ class BlockStack(nnx.Module):
             h = layer_norm(x, p["ln1_scale"], p["ln1_bias"])
             q, k, v = (constrain(t, (BATCH, SEQ, HEADS, KV))
                        for t in project_qkv(h, p["qkv_kernel"], p["qkv_bias"], qkv_layout, precision))
-            attn = attention(q, k, v, kind=kind, precision=precision, causal=causal, pad_multiple=pad_multiple,
-                             scale=p["lsa_scale"] if lsa else None, mask_diagonal=lsa)
+            # A sequence split over devices (context parallelism) brings its own attention (models/axes.py).
+            attn = run_attention(lambda q, k, v: attention(
+                q, k, v, kind=kind, precision=precision, causal=causal, pad_multiple=pad_multiple,
+                scale=p["lsa_scale"] if lsa else None, mask_diagonal=lsa), q, k, v, causal=causal,
+                precision=precision)
             attn = jnp.einsum("bqhd,hde->bqe", attn, p["out_kernel"], precision=precision) + p["out_bias"]
             x = constrain(x + branch(attn, 1), (BATCH, SEQ, EMBED))
             h = layer_norm(x, p["ln2_scale"], p["ln2_bias"])

@@ -19,10 +19,11 @@ from jax.sharding import AxisType, Mesh
 from shardbench.errors import ConfigError
 
 DATA, STAGE, MODEL = "data", "stage", "model"
+SEQUENCE = "seq"  # context parallelism: the sequence split over devices (shardbench.parallel.context)
 # Outermost first: the data axis spans hosts first, so a process holds neighbouring rows of the batch; pipeline
 # stages come next (each moves one microbatch's activations a step, less than a tensor-parallel layer does), and
-# the model axis is innermost, where the links are fastest.
-MESH_AXES: tuple[str, ...] = (DATA, STAGE, MODEL)
+# the model axis is innermost, where the links are fastest. Axes added later are appended, in the order they came.
+MESH_AXES: tuple[str, ...] = (DATA, STAGE, MODEL, SEQUENCE)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ class MeshShape:
     @property
     def stage(self) -> int:
         return self[STAGE]
+
+    @property
+    def seq(self) -> int:
+        return self[SEQUENCE]
 
     @property
     def size(self) -> int:

@@ -29,8 +29,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.models.axes import BATCH, EMBED, HEADS, LAYERS, MLP, Axes
-from shardbench.parallel.mesh import DATA, MODEL, STAGE, MeshShape, build_mesh, parse_mesh
+from shardbench.models.axes import BATCH, EMBED, HEADS, LAYERS, MLP, SEQ, Axes
+from shardbench.parallel.mesh import DATA, MODEL, SEQUENCE, STAGE, MeshShape, build_mesh, parse_mesh
 
 Rules = Mapping[str, str]
 Spec = tuple[str | None, ...]  # one mesh axis (or None) per dim of an array
@@ -93,6 +93,13 @@ _TP: Rules = {HEADS: MODEL, MLP: MODEL}
 # compute, the pipeline's buffer of one microbatch per stage is split over stage along the same logical name
 # (shardbench.parallel.pipeline).
 _PP: Rules = {LAYERS: STAGE}
+# Context parallelism: activations split along the sequence over seq; parameters as the strategy it joins places
+# them (the position table's 'seq' dim is never split: no parameter tactic names it). Attention reaches the other
+# devices' keys and values as --parallel.context says (shardbench.parallel.context).
+_CP: Rules = {SEQ: SEQUENCE}
+# Megatron's sequence parallelism inside tp (--parallel.sequence-parallel): an activation whose other dims leave the
+# model axis free (the residual stream around LayerNorm and dropout) is split along its sequence over model.
+_SP: Rules = {SEQ: MODEL}
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,14 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("dp+pp+tp", (ByName({**_PP, **_TP}),), {BATCH: DATA, **_PP, **_TP}, (DATA, STAGE, MODEL), DATA,
                  "batch split over data; stacked layers split into pipeline stages over stage; Megatron tensor "
                  "parallelism over model within each stage"),
+        Strategy("cp", (), {BATCH: DATA, **_CP}, (SEQUENCE,), SEQUENCE,
+                 "context parallelism: the sequence split over seq, parameters replicated"),
+        Strategy("dp+cp", (), {BATCH: DATA, **_CP}, (DATA, SEQUENCE), DATA,
+                 "batch split over data, the sequence over seq; parameters replicated"),
+        Strategy("fsdp+cp", (Largest(DATA),), {BATCH: DATA, **_CP}, (DATA, SEQUENCE), DATA,
+                 "parameters sharded over data (ZeRO-3); batch split over data, the sequence over seq"),
+        Strategy("cp+tp", (ByName(_TP),), {BATCH: DATA, **_TP, **_CP}, (MODEL, SEQUENCE), SEQUENCE,
+                 "the sequence split over seq, Megatron tensor parallelism over model"),
     )
 }
 
@@ -197,6 +212,7 @@ class Layout:
     shape: MeshShape
     mesh: Mesh | None
     device: jax.Device
+    sequence_parallel: bool = False  # --parallel.sequence-parallel: the residual stream split along seq over model
 
     @property
     def data_size(self) -> int:
@@ -260,11 +276,20 @@ class Layout:
         size = hi - lo
         return lo // size, global_batch // size
 
+    def activation_spec(self, axes: Axes) -> PartitionSpec:
+        """Where an activation with logical `axes` lives: the strategy's compute table, then, under sequence
+        parallelism, its sequence over model where no other dim took the model axis (LayerNorm, dropout and the
+        residual stream; q/k/v and the MLP's hidden activations keep their heads and hidden width over model)."""
+        spec = _by_name((None,) * len(axes), axes, self.strategy.compute)
+        if self.sequence_parallel:
+            spec = _by_name(spec, axes, _SP)
+        return PartitionSpec(*spec)
+
     def constrain(self, x: jax.Array, axes: Axes) -> jax.Array:
         """The activation hook models call through `shardbench.models.axes.constrain`."""
         if self.mesh is None:
             return x
-        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec_for(axes, self.strategy.compute)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, self.activation_spec(axes)))
 
     def check_divisible(self, axes_tree: dict[str, Any], shapes: dict[str, Any],
                         axis_fields: Mapping[str, str]) -> None:
@@ -297,13 +322,14 @@ def is_axes(x: Any) -> bool:
 
 NO_MESH = ("none", "single")
 # What 'auto' may pick: per set of axes split, the strategy that splits only the batch and what the axes name.
-AUTO = ("dp", "tp", "dp+tp", "pp", "dp+pp", "pp+tp", "dp+pp+tp")
+AUTO = ("dp", "tp", "dp+tp", "pp", "dp+pp", "pp+tp", "dp+pp+tp", "cp", "dp+cp", "cp+tp")
 
 
 def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> str:
     """'auto' picks the strategy the mesh implies, as the seed's experiments use meshes:
     no mesh -> single, data axis only -> dp, model axis only -> tp, both -> dp+tp; stage axis only -> pp, data and
-    stage -> dp+pp, stage and model -> pp+tp, all three -> dp+pp+tp (the plainest strategy over the axes split)."""
+    stage -> dp+pp, stage and model -> pp+tp, all three -> dp+pp+tp; seq only -> cp, data and seq -> dp+cp, model
+    and seq -> cp+tp (the plainest strategy over the axes split)."""
     if strategy_name != "auto":
         return strategy_name
     spec = mesh_spec.strip().lower()
@@ -315,7 +341,8 @@ def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> st
     return by_axes.get(split, "dp")
 
 
-def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device]) -> Layout:
+def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device],
+                sequence_parallel: bool = False) -> Layout:
     """Check the mesh against the strategy and devices, then build it (no compilation happens here)."""
     strategy = get_strategy(resolve_strategy(strategy_name, mesh_spec, len(devices)))
     spec = mesh_spec.strip().lower()
@@ -339,7 +366,7 @@ def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device]) -
                 f"devices: use --strategy {wider_strategy(strategy, axis)}, or put every device on "
                 f"{'/'.join(strategy.axes)}"
             )
-    return Layout(strategy, shape, build_mesh(shape, devices), devices[0])
+    return Layout(strategy, shape, build_mesh(shape, devices), devices[0], sequence_parallel)
 
 
 def wider_strategy(strategy: Strategy, axis: str) -> str:

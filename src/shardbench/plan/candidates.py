@@ -34,8 +34,9 @@ class Candidate:
 # Which mesh axes each strategy may give more than one device, from the strategies' own table.
 USES: dict[str, tuple[str, ...]] = {name: strategy.axes for name, strategy in STRATEGIES.items()}
 # What a plan considers unless --candidates names others: every strategy but the pipelines, each of which
-# multiplies into stages x microbatches x schedules (a compile each), so they are planned when named.
-DEFAULT: tuple[str, ...] = tuple(name for name, axes in USES.items() if "stage" not in axes)
+# multiplies into stages x microbatches x schedules (a compile each), and context parallelism, which only a model
+# with attention runs (the mlp is refused): both are planned when named.
+DEFAULT: tuple[str, ...] = tuple(name for name, axes in USES.items() if "stage" not in axes and "seq" not in axes)
 PER_STAGE: tuple[int, ...] = (1, 4)  # microbatches per stage a pipeline candidate takes: M = S and M = 4S
 
 
