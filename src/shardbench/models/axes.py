@@ -21,6 +21,10 @@ Axes = tuple[str | None, ...]
 
 BATCH = "batch"
 SEQ = "seq"
+# The sequence dim of the residual stream, where LayerNorm and dropout work (MaxText's activation_norm_length): a
+# name of its own so that sequence parallelism can split it over the model axis while the matmuls' inputs (SEQ)
+# stay whole there; every other strategy maps it as SEQ.
+NORM_SEQ = "norm_seq"
 EMBED = "embed"  # model width: the residual stream and one side of every kernel
 MLP = "mlp"  # hidden width of the feed-forward block
 HEADS = "heads"  # attention heads

@@ -11,7 +11,7 @@ import numpy as np
 from flax import nnx
 
 from shardbench.config import ModelConfig
-from shardbench.models.axes import BATCH, EMBED, HEADS, MLP, NORM, SEQ, VOCAB, constrain, sequence_order
+from shardbench.models.axes import BATCH, EMBED, HEADS, MLP, NORM, NORM_SEQ, SEQ, VOCAB, constrain, sequence_order
 from shardbench.models.transformer import BlockStack, block_flops, kernel_init, layer_norm, param
 
 AXIS_FIELDS: dict[str, str] = {
@@ -59,10 +59,10 @@ class TransformerLM(nnx.Module):
         if order is not None:
             tokens, positions = tokens[:, order], positions[order]
         x = jnp.take(self.token_embed[...].astype(dtype), tokens, axis=0)
-        x = constrain(x + positions.astype(dtype), (BATCH, SEQ, EMBED))
+        x = constrain(x + positions.astype(dtype), (BATCH, NORM_SEQ, EMBED))
         x = self.blocks(x, rng=rng, precision=precision)
         if order is not None:
-            x = constrain(x[:, np.argsort(order)], (BATCH, SEQ, EMBED))
+            x = constrain(x[:, np.argsort(order)], (BATCH, NORM_SEQ, EMBED))
         x = layer_norm(x, self.norm_scale[...], self.norm_bias[...])
         logits = jnp.einsum("bse,ev->bsv", x, self.head_kernel[...].astype(dtype), precision=precision)
         return logits.astype(jnp.float32)

@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.models.axes import BATCH, EMBED, HEADS, LAYERS, MLP, SEQ, Axes
+from shardbench.models.axes import BATCH, EMBED, HEADS, LAYERS, MLP, NORM_SEQ, SEQ, Axes
 from shardbench.parallel.mesh import DATA, MODEL, SEQUENCE, STAGE, MeshShape, build_mesh, parse_mesh
 
 Rules = Mapping[str, str]
@@ -96,10 +96,11 @@ _PP: Rules = {LAYERS: STAGE}
 # Context parallelism: activations split along the sequence over seq; parameters as the strategy it joins places
 # them (the position table's 'seq' dim is never split: no parameter tactic names it). Attention reaches the other
 # devices' keys and values as --parallel.context says (shardbench.parallel.context).
-_CP: Rules = {SEQ: SEQUENCE}
-# Megatron's sequence parallelism inside tp (--parallel.sequence-parallel): an activation whose other dims leave the
-# model axis free (the residual stream around LayerNorm and dropout) is split along its sequence over model.
-_SP: Rules = {SEQ: MODEL}
+_CP: Rules = {SEQ: SEQUENCE, NORM_SEQ: SEQUENCE}
+# Megatron's sequence parallelism inside tp (--parallel.sequence-parallel): the residual stream, where LayerNorm and
+# dropout work (the models name its sequence 'norm_seq'), is split along the sequence over model; the matmuls'
+# inputs ('seq') stay whole there, so XLA gathers them before and reduce-scatters after.
+_SP: Rules = {NORM_SEQ: MODEL}
 
 
 @dataclass(frozen=True)
@@ -277,13 +278,9 @@ class Layout:
         return lo // size, global_batch // size
 
     def activation_spec(self, axes: Axes) -> PartitionSpec:
-        """Where an activation with logical `axes` lives: the strategy's compute table, then, under sequence
-        parallelism, its sequence over model where no other dim took the model axis (LayerNorm, dropout and the
-        residual stream; q/k/v and the MLP's hidden activations keep their heads and hidden width over model)."""
-        spec = _by_name((None,) * len(axes), axes, self.strategy.compute)
-        if self.sequence_parallel:
-            spec = _by_name(spec, axes, _SP)
-        return PartitionSpec(*spec)
+        """Where an activation with logical `axes` lives: the strategy's compute table, and under sequence
+        parallelism the residual stream's sequence over model."""
+        return spec_for(axes, {**self.strategy.compute, **_SP} if self.sequence_parallel else self.strategy.compute)
 
     def constrain(self, x: jax.Array, axes: Axes) -> jax.Array:
         """The activation hook models call through `shardbench.models.axes.constrain`."""
