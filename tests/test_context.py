@@ -174,3 +174,23 @@ def test_planner_counts_the_rings_blocks(tmp_path) -> None:  # noqa: ANN001
     permutes = [c for c in result["collectives"] if c["kind"] == "collective-permute"]
     assert sum(c["count"] for c in permutes) == 2 * 2 * (N - 1) + 2
     assert sum(c["bytes"] for c in permutes) == 2 * 2 * (N - 1) * 2 * 4 * (16 // N) * 32 * 4 + 80
+
+
+def test_the_report_says_where_the_ring_overtakes_the_all_gather() -> None:
+    """By hand: the all-gather faster at 1k, the ring at 2k and 4k, the ring alone at 8k."""
+    from types import SimpleNamespace
+
+    from shardbench.report.context import context_findings
+
+    def run(tokens: int, mode: str, step_s: float) -> SimpleNamespace:
+        return SimpleNamespace(ok=True, step_median=step_s, m=SimpleNamespace(memory=SimpleNamespace(
+            total_bytes=100 * 2**20)), config={"parallel.strategy": "cp", "parallel.context": mode,
+                                               "model.seq_len": tokens})
+
+    runs = [run(1024, "all-gather", 0.1), run(1024, "ring", 0.2), run(2048, "all-gather", 0.5),
+            run(2048, "ring", 0.4), run(4096, "all-gather", 2.0), run(4096, "ring", 1.0), run(8192, "ring", 4.0),
+            SimpleNamespace(ok=True, step_median=0.1, m=None, config={"parallel.strategy": "dp"})]
+    (sentence,) = context_findings(runs)  # type: ignore[arg-type]
+    assert "the ring overtakes the all-gather from 2,048 tokens on" in sentence
+    assert "1,024 tokens: ring 200.0 ms, all-gather 100.0 ms (100.0 MiB against 100.0 MiB per device)" in sentence
+    assert "The ring alone ran at 8,192 tokens" in sentence

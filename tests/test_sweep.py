@@ -127,7 +127,7 @@ def test_the_long_context_preset_runs_six_layouts_to_4k_and_the_ring_to_8k() -> 
                        ("cp", "all-gather", "seq=4", False),
                        ("cp", "ring", "seq=4", False)}
     lengths = sorted((r["model.seq_len"], r["parallel.strategy"], r.get("parallel.context")) for r in runs)
-    assert [t for t, *_ in lengths] == [1024] * 6 + [2048] * 6 + [4096] * 6 + [8192]
+    assert [t for t, *_ in lengths] == [256] * 2 + [512] * 2 + [1024] * 6 + [2048] * 6 + [4096] * 6 + [8192]
     assert all(r["parallel.devices"] == 4 and r["train.batch_size"] == 4 and r["train.steps"] == 3 for r in runs)
 
 

@@ -254,13 +254,15 @@ LONG_CONTEXT_MODEL: Override = {"model.num_layers": 2, "model.embed_dim": 32, "m
                                 "train.eval": False, "data.synthetic_train": 64, "data.synthetic_test": 8}
 LONG_CONTEXT_WHOLE = (1024, 2048, 4096)  # every layout
 LONG_CONTEXT_RING = (8192,)  # the ring alone
+LONG_CONTEXT_SHORT = (256, 512)  # the two context modes alone: where the all-gather might still win
 
 
 def long_context() -> SweepPreset:
     """Long sequences on the LM: 2 blocks of width 32 on 4 devices at batch 4, 3 steps, at 1k, 2k and 4k tokens
     under dp, fsdp, dp+tp without and with sequence parallelism (data=2,model=2), and context parallelism with
-    the keys and values all-gathered and with ring attention (seq=4, head-tail order); the ring alone at 8k. The
-    report says where the ring's step time falls below the all-gather's."""
+    the keys and values all-gathered and with ring attention (seq=4, head-tail order); the ring alone at 8k, and
+    the two context modes alone at 256 and 512 tokens. The report says where the ring's step time falls below the
+    all-gather's."""
     n = LONG_CONTEXT_DEVICES
     whole: Axis = [{"parallel.strategy": "dp", "parallel.mesh": str(n)},
                    {"parallel.strategy": "fsdp", "parallel.mesh": str(n)},
@@ -271,7 +273,8 @@ def long_context() -> SweepPreset:
                    {"parallel.strategy": "cp", "parallel.mesh": f"seq={n}", "parallel.context": "ring"}]
     ring: Axis = [whole[-1]]
     grids = [Grid([[{"model.seq_len": t} for t in LONG_CONTEXT_WHOLE], whole]),
-             Grid([[{"model.seq_len": t} for t in LONG_CONTEXT_RING], ring])]
+             Grid([[{"model.seq_len": t} for t in LONG_CONTEXT_RING], ring]),
+             Grid([[{"model.seq_len": t} for t in LONG_CONTEXT_SHORT], whole[-2:]])]
     base: Override = {"parallel.devices": n, "train.steps": 3, **LONG_CONTEXT_MODEL}
     return SweepPreset("lm-seed", base, grids, long_context.__doc__ or "")
 
