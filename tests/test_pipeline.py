@@ -1,7 +1,7 @@
 """Pipeline stages (`--strategy pp`, `dp+pp`): the mesh's stage axis, where the stacked layers live, the
 stage-to-stage transfers the compiled step runs (counted in its HLO by `shardbench.measure.comms`), what
 `inspect` says, the 1F1B order and the activations each schedule keeps. Their equality with one device is
-`test_equivalence.py`'s; the refusals are `test_bad_input.py`'s.
+`test_pipeline_equivalence.py`'s; the refusals are `test_bad_input.py`'s.
 
 The model: `mlp` with 16 inputs, width 64, 5 layers (4 stacked, one per stage) and 8 outputs, batch 32.
 """
@@ -20,7 +20,7 @@ from shardbench.inspect import inspect
 from shardbench.measure.comms import along_one_axis, count_collectives
 from shardbench.parallel.mesh import MESH_AXES, MeshShape, parse_mesh
 from shardbench.train.one_f_one_b import backward_ticks, forward_ticks, ticks
-from shardbench.parallel.pipeline import bubble_fraction, stage_order
+from shardbench.parallel.pipeline import bubble_fraction, stack_work, stage_order
 from shardbench.parallel.rules import resolve_strategy
 from shardbench.parsing import override
 from shardbench.presets import get_preset
@@ -156,3 +156,15 @@ def test_1f1b_keeps_fewer_activations_than_gpipe(tmp_path: Path) -> None:
     # Measured (jax 0.10, CPU): 1,581,864 bytes for GPipe, 845,760 for 1F1B, 1,467,240 for circular.
     assert temp["1f1b"] < 0.7 * temp["gpipe"], temp
     assert temp["circular"] < temp["gpipe"], temp
+
+
+@pytest.mark.parametrize(("stages", "microbatches"), [(8, 8), (4, 2), (2, 8)])
+def test_each_schedules_program_work_is_counted_from_its_iterations(stages: int, microbatches: int) -> None:
+    """Per stage, in forwards of its layers over one microbatch (a backward costs two): the useful work is 3M.
+    GPipe runs M+S-1 forward and as many backward iterations; circular (R=2) R*M+S-1 iterations of 1/R of the
+    layers, each forward then recomputed and differentiated (1 + 1 + 2); 1F1B every one of its ticks a forward, a
+    recomputed forward and a backward (1 + 1 + 2)."""
+    s_, m = stages, microbatches
+    assert stack_work("gpipe", s_, m) == pytest.approx((m + s_ - 1) * (1 + 2) / (3 * m))
+    assert stack_work("circular", s_, m, 2) == pytest.approx((2 * m + s_ - 1) * (1 + 1 + 2) / 2 / (3 * m))
+    assert stack_work("1f1b", s_, m) == pytest.approx(ticks(s_, m) * (1 + 1 + 2) / (3 * m))

@@ -46,8 +46,17 @@ def test_the_bubble_stretches_a_stages_matmuls() -> None:
     result = {"devices": 4, "flops": {"analytic_per_step": 8e12, "xla_per_device": None}, "collectives": [],
               "bytes_accessed": 0.0, "kernels": 0, "platform": "gpu"}
     assert step_features(result, _hardware(), "none", "float32").compute_s == pytest.approx(2.0)
-    staged = {**result, "pipeline": {"stages": 4, "microbatches": 8, "schedule": "gpipe", "bubble": 3 / 11}}
+    staged = {**result, "pipeline": {"stages": 4, "microbatches": 8, "schedule": "gpipe", "bubble": 3 / 11,
+                                     "work": 11 / 8}}
     assert step_features(staged, _hardware(), "none", "float32").compute_s == pytest.approx(2.75)
+    # 1F1B in one SPMD program: each of its 2 x 11 ticks computes a forward, a recomputed forward and a backward
+    # (4 forwards' work) where the useful work is 3 x 8: 2 s x 88/24.
+    one_f = {**result, "pipeline": {"stages": 4, "microbatches": 8, "schedule": "1f1b", "bubble": 3 / 11,
+                                    "work": 88 / 24}}
+    assert step_features(one_f, _hardware(), "none", "float32").compute_s == pytest.approx(2.0 * 88 / 24)
+    # A plan written before the work was kept: the bubble's stretch.
+    old = {**result, "pipeline": {"stages": 4, "microbatches": 8, "schedule": "gpipe", "bubble": 3 / 11}}
+    assert step_features(old, _hardware(), "none", "float32").compute_s == pytest.approx(2.75)
 
 
 @pytest.mark.slow
@@ -70,4 +79,5 @@ def test_stage_to_stage_bytes_are_predicted_on_the_link_they_cross(tmp_path: Pat
         stage = [c for c in result["collectives"] if c["stage"]]
         assert {c["link"] for c in stage} == {link}
         assert sum(c["bytes"] for c in stage) == (3 * 7 + 7 + 4) * 2048
-        assert result["pipeline"] == {"stages": 4, "microbatches": 4, "schedule": "gpipe", "bubble": 3 / 7}
+        assert result["pipeline"] == {"stages": 4, "microbatches": 4, "schedule": "gpipe", "bubble": 3 / 7,
+                                      "work": 7 / 4}

@@ -96,4 +96,7 @@ def test_a_plan_considers_the_pipelines_only_when_named() -> None:
     from shardbench.plan.candidates import DEFAULT, USES
 
     pipelines = {name for name, axes in USES.items() if "stage" in axes}
-    assert pipelines == {"pp", "dp+pp", "fsdp+pp", "pp+tp", "dp+pp+tp"} and set(DEFAULT) == set(USES) - pipelines
+    experts = {name for name, axes in USES.items() if "expert" in axes}  # planned for a model with experts
+    assert pipelines == {"pp", "dp+pp", "fsdp+pp", "pp+tp", "dp+pp+tp", "fsdp+pp+tp"} and experts == {"ep", "dp+ep", "fsdp+ep",
+                                                                                       "ep+tp"}
+    assert set(DEFAULT) == set(USES) - pipelines - experts

@@ -489,3 +489,22 @@ def test_the_seeds_mesh_by_batch_charts_from_a_short_sweep(tmp_path: Path) -> No
         image = Image.open(paths.charts[name])
         assert image.size[0] >= 500 and (np.asarray(image.convert("L")) < 200).mean() > 0.01
     assert paths.clipped == {}
+
+
+def test_runs_of_different_models_are_ranked_apart(tmp_path: Path) -> None:
+    """An MLP sweep and an LM sweep in one report: each model's runs are ranked among themselves (an LM's
+    examples are not an MLP's), however fast the other model's runs are."""
+    directory = tmp_path / "sweep"
+
+    def rec(name: str, step_ms: float) -> dict[str, Any]:
+        return record(name, "dp", "8", 8, breakdown=(1, 2, 1, 1), total=5.0, comms={}, epochs=[],
+                      step_ms=step_ms, img_s=0.0, mfu=0.1, acc=0.5, partial=(10, 100, 1.0))
+
+    runs = {"mlp_a": ("mlp", 10.0), "mlp_b": ("mlp", 30.0), "lm_a": ("lm", 200.0), "lm_b": ("lm", 100.0)}
+    with Store(directory / "sweep.db") as store:
+        for name, (kind, step) in runs.items():
+            store.add(row(name, {"model.kind": kind}, rec(name, step)))
+    speed = write_report(directory).markdown.read_text().split("### Speed", 1)[1].split("###", 1)[0]
+    assert "Fastest lm run: lm_b, 100.0 ms per step" in speed and "lm_a is 2.00x slower" in speed
+    assert "Fastest mlp run: mlp_a, 10.0 ms per step" in speed and "mlp_b is 3.00x slower" in speed
+    assert "lm_b is" not in speed and "lm_a is 20" not in speed

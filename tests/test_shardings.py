@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from shardbench.errors import ConfigError
-from shardbench.parallel.mesh import parse_mesh
+from shardbench.parallel.mesh import MESH_AXES, parse_mesh
 from shardbench.parallel.rules import make_layout
 from shardbench.parsing import override
 from shardbench.presets import get_preset
@@ -40,10 +40,14 @@ EXPECTED = {
     "dp+pp+tp": {"qkv_kernel": P("stage", None, None, "model", None), "mlp1_kernel": P("stage", None, "model"),
                  "mlp2_kernel": P("stage", "model", None), "out_kernel": P("stage", "model", None, None),
                  "head_kernel": P(None, None)},
+    # ... and fsdp within each stage too: each stacked kernel's remaining whole dim over data.
+    "fsdp+pp+tp": {"qkv_kernel": P("stage", "data", None, "model", None), "mlp1_kernel": P("stage", "data", "model"),
+                   "mlp2_kernel": P("stage", "model", "data"), "out_kernel": P("stage", "model", None, "data"),
+                   "head_kernel": P("data", None)},
 }
 MESHES = {"dp": ("8", 8), "fsdp": ("8", 8), "tp": ("model=4", 4), "fsdp+tp": ("4x2", 8),
           "fsdp+pp": ("data=4,stage=2", 8), "pp+tp": ("stage=2,model=4", 8),
-          "dp+pp+tp": ("data=2,stage=2,model=2", 8)}
+          "dp+pp+tp": ("data=2,stage=2,model=2", 8), "fsdp+pp+tp": ("data=2,stage=2,model=2", 8)}
 
 
 def _state(strategy: str, mesh: str, devices: int = 8):
@@ -125,7 +129,8 @@ def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: in
     layout = make_layout(strategy, spec, jax.devices()[:devices])
     assert (layout.shape.data, layout.shape.model, layout.shape.stage) == (data, model, stage)
     # The built mesh carries every known axis, outermost first, whole where the run does not split it.
-    assert dict(layout.mesh.shape) == {"data": data, "stage": stage, "model": model}
+    assert dict(layout.mesh.shape) == {**dict.fromkeys(MESH_AXES, 1), "data": data, "stage": stage, "model": model}
+    assert tuple(layout.mesh.shape) == MESH_AXES
 
 
 @pytest.mark.parametrize(
@@ -139,7 +144,7 @@ def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: in
         ("fsdp", "none", 8, "--mesh none means one device without a mesh, but strategy fsdp needs a mesh"),
         # A pipeline that would also split over an axis its strategy does not use: the strategy that does.
         ("fsdp+pp", "data=2,stage=2,model=2", 8, "strategy fsdp\\+pp does not use the model axis .* use --strategy "
-                                                "dp\\+pp\\+tp"),
+                                                "fsdp\\+pp\\+tp"),
         ("pp", "stage=4,model=2", 8, "use --strategy pp\\+tp"),
     ],
 )
@@ -219,7 +224,8 @@ def test_fsdp_is_dp_plus_one_tactic() -> None:
                                             ("stage=4,data=2", "data=2,stage=4")])
 def test_a_mesh_is_named_axis_sizes(spec: str, text: str) -> None:
     shape = parse_mesh(spec, 8)
-    assert str(shape) == text and shape.as_dict() == {"data": shape.data, "stage": shape.stage, "model": shape.model}
+    assert str(shape) == text and shape.as_dict() == {**dict.fromkeys(MESH_AXES, 1), "data": shape.data,
+                                                      "stage": shape.stage, "model": shape.model}
     assert parse_mesh(str(shape), 8) == shape  # what a run records reads back as the same mesh
 
 

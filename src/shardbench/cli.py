@@ -154,7 +154,9 @@ def preset_shape(cfg: config_lib.Config) -> str:
         return f"mlp: {m.num_layers} layers of width {m.mlp_dim} on {m.input_dim} inputs, {m.num_classes} outputs"
     blocks = f"embed {m.embed_dim}, {m.num_layers} layers, {m.num_heads} heads, mlp {m.mlp_dim}"
     if m.kind == "lm":
-        return f"lm: vocabulary {m.vocab_size}, sequence {m.seq_len}, {blocks}"
+        experts = (f", {m.num_experts} experts of mlp {m.mlp_dim}, top-{m.top_k}, capacity factor {m.capacity_factor:g}"
+                   if m.num_experts else "")
+        return f"lm: vocabulary {m.vocab_size}, sequence {m.seq_len}, {blocks}{experts}"
     if m.stem == "conv":
         stem = f"conv stem of {m.stem_layers} layer{'s' if m.stem_layers > 1 else ''}"
     else:

@@ -20,7 +20,7 @@ from shardbench.errors import ConfigError
 from shardbench.fields import FRACTION, POSITIVE, Range, Spec, setting, spec_of
 
 STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp", "pp", "dp+pp", "fsdp+pp",
-              "pp+tp", "dp+pp+tp", "cp", "dp+cp", "fsdp+cp", "cp+tp")
+              "pp+tp", "dp+pp+tp", "fsdp+pp+tp", "ep", "dp+ep", "fsdp+ep", "ep+tp", "cp", "dp+cp", "fsdp+cp", "cp+tp")
 # How attention sees the keys and values of a sequence split over the seq axis (shardbench.parallel.context), and
 # the order its chunks are dealt to the devices (head-tail: device i holds chunks i and 2N-1-i of 2N).
 CONTEXT_MODES = ("all-gather", "ring")
@@ -122,7 +122,8 @@ class ModelConfig:
     """Which model (`kind`) and its shape. Fields a kind does not use are ignored by it:
     vit uses patch_size, embed_dim, num_layers, num_heads, mlp_dim, num_classes, and its own stem, stem_layers,
     pool and lsa (refused for the other kinds);
-    lm uses vocab_size, seq_len, embed_dim, num_layers, num_heads, mlp_dim;
+    lm uses vocab_size, seq_len, embed_dim, num_layers, num_heads, mlp_dim, and with num_experts > 0 top_k,
+    capacity_factor and aux_loss_coef (a mixture of experts in place of each block's MLP);
     mlp uses input_dim, mlp_dim (the width), num_layers (hidden layers) and num_classes (outputs)."""
 
     kind: str = setting(
@@ -180,6 +181,16 @@ class ModelConfig:
     seq_len: int = setting(
         64, "lm: tokens the model reads per sequence (each example holds seq_len + 1 tokens)", range=POSITIVE)
     input_dim: int = setting(1024, "mlp: input features", range=POSITIVE)
+    num_experts: int = setting(
+        0, "lm: experts per block, each a GELU MLP of --model.mlp-dim that replaces the dense MLP (a mixture of "
+        "experts, lm-moe); 0 = the dense MLP", range=Range(0, note="0 = dense"))
+    top_k: int = setting(1, "lm with experts: experts each token is routed to (its k most probable)", range=POSITIVE)
+    capacity_factor: float = setting(
+        1.25, "lm with experts: each expert takes ceil(factor x tokens x top_k / experts) tokens of each sequence; "
+        "the rest are dropped (their residual passes the block unchanged) and counted", range=POSITIVE)
+    aux_loss_coef: float = setting(
+        0.01, "lm with experts: weight of the load-balancing loss (Switch's E x sum_e f_e P_e per block, summed over "
+        "blocks) added to the training objective", range=Range(0))
     factory: str = setting(
         "", "a model of your own: FILE.py:FUNCTION or package.module:FUNCTION, FUNCTION(cfg, rngs) returning an nnx "
         "module (see docs/own-model.md)", short="--model")
@@ -197,13 +208,15 @@ class ParallelConfig:
     strategy: str = setting(
         "auto", "how parameters, gradients, optimizer state and batches are split (zero1/zero2: optimizer state, "
         "and gradients too, over data; pp: stacked layers in pipeline stages over stage, combined with dp, fsdp and tp "
-        "as dp+pp, fsdp+pp, pp+tp, dp+pp+tp; cp: the sequence split over seq, as dp+cp, fsdp+cp, cp+tp); auto: the "
-        "plainest strategy that uses every axis the mesh splits (single for --mesh none, dp for data, tp for model, "
-        "dp+tp for both, pp for stage, dp+pp, pp+tp, dp+pp+tp, cp for seq, dp+cp, cp+tp)",
+        "as dp+pp, fsdp+pp, pp+tp, dp+pp+tp; ep: a mixture's experts over expert, tokens dispatched by all-to-all, as "
+        "ep, dp+ep, fsdp+ep, ep+tp; cp: the sequence split over seq, as dp+cp, fsdp+cp, cp+tp); auto: the plainest "
+        "strategy that uses every axis the mesh splits (single for --mesh none, dp for data, tp for model, dp+tp for "
+        "both, pp for stage, dp+pp, pp+tp, dp+pp+tp, ep for expert, dp+ep, cp for seq, dp+cp, cp+tp)",
         choices=STRATEGIES, short="--strategy")
     mesh: str = setting(
-        "", "device mesh: N (all on the strategy's axis), AxB (data x model), name=N,... over data, stage, model and "
-        "seq (data=2,stage=4), or none (one device, no mesh); '' = every device on the strategy's axis", short="--mesh")
+        "", "device mesh: N (all on the strategy's axis), AxB (data x model), name=N,... over data, stage, model, "
+        "expert and seq (data=2,stage=4), or none (one device, no mesh); '' = every device on the strategy's axis",
+        short="--mesh")
     devices: int = setting(
         0, "devices to use (0 = all); without accelerators, simulates N CPU devices",
         range=Range(0, note="0 = every device"), short="--devices")

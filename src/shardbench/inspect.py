@@ -20,12 +20,12 @@ from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
 from shardbench.measure.memory import gradient_buffers, per_device_bytes
 from shardbench.measure.params import ParamRow, format_placements, format_table, param_table, picture
-from shardbench.models.axes import LAYERS
+from shardbench.models.axes import EXPERT, LAYERS
 from shardbench.parallel.mesh import MESH_AXES, SEQUENCE, STAGE
 from shardbench.parallel.rules import Layout, flat_by_path, make_layout
 from shardbench.optim import build_optimizer
 from shardbench.models.spec import ModelSpec, describe_model
-from shardbench.parallel.checks import check_context, check_layout, check_pipeline, sequence_length
+from shardbench.parallel.checks import check_context, check_experts, check_layout, check_pipeline, sequence_length
 from shardbench.parallel.context import positions, uses_context
 from shardbench.parallel.pipeline import (
     bubble_fraction, microbatch_count, schedule_repeats, stage_layers, uses_pipeline,
@@ -105,6 +105,25 @@ def context_lines(cfg: Config, layout: Layout) -> list[str]:
     return lines
 
 
+def expert_lines(rows: list[ParamRow], layout: Layout) -> list[str]:
+    """Which experts each device holds (of every block: the stacked experts share their placement), read off the
+    sharding of the first parameter with an expert dim; devices holding the same experts on one line."""
+    row = next(r for r in rows if EXPERT in r.axes)
+    dim, count = row.axes.index(EXPERT), row.shape[row.axes.index(EXPERT)]
+    held: dict[str, list[int]] = {}
+    for device, index in sorted(layout.sharding(row.spec).devices_indices_map(row.shape).items(),
+                                key=lambda item: item[0].id):
+        part = index[dim]
+        start, stop = part.start or 0, count if part.stop is None else part.stop
+        held.setdefault(_spans(list(range(start, stop))), []).append(device.id)
+    split = row.spec[dim] if dim < len(row.spec) else None
+    lines = [f"experts: {count} per block, {'split over ' + str(split) if split else 'whole on every device'} "
+             f"({row.path}); which devices hold which experts:"]
+    lines += [f"  experts {experts} on devices {_spans(ids) if len(ids) > 2 else ','.join(map(str, ids))}"
+              for experts, ids in held.items()]
+    return lines
+
+
 def _spans(layers: list[int]) -> str:
     """[0, 1, 2, 5, 6] -> '0-2, 5-6'."""
     spans: list[list[int]] = []
@@ -124,6 +143,7 @@ def inspect(cfg: Config, array: str = "") -> str:
     spec = describe_model(cfg)
     check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
                    schedule=cfg.parallel.schedule, repeats=cfg.parallel.repeats)
+    check_experts(spec, layout, cfg.parallel.spmd)
     check_context(cfg, layout)
     check_layout(spec, layout)
     rows = param_table(spec.axes, spec.shapes, cfg.precision.param_dtype, layout)
@@ -131,7 +151,8 @@ def inspect(cfg: Config, array: str = "") -> str:
     target = abstract_train_state(spec, layout, tx)
     gradients = gradient_buffers(target.params, gradient_shardings(spec, layout))
     split = " x ".join(axis for axis, size in layout.shape.items() if size > 1)
-    mesh = "none" if layout.mesh is None else (f"{layout.shape} (data x model)" if str(layout.shape).count("x")
+    two_axes = str(layout.shape).count('x') == 1  # '4x2' is data x model
+    mesh = "none" if layout.mesh is None else (f"{layout.shape} (data x model)" if two_axes
                                                else f"{layout.shape} ({split})")
     lines = [
         f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
@@ -149,6 +170,8 @@ def inspect(cfg: Config, array: str = "") -> str:
                         "placed apart from the parameters:", format_placements(spec.axes, spec.shapes, layout)]
     if uses_pipeline(layout):
         lines[-1:-1] = ["", *pipeline_lines(cfg, rows, layout)]
+    if any(EXPERT in r.axes for r in rows):
+        lines[-1:-1] = ["", *expert_lines(rows, layout)]
     if uses_context(layout):
         lines[-1:-1] = ["", *context_lines(cfg, layout)]
     if layout.sequence_parallel:
@@ -161,6 +184,8 @@ def inspect(cfg: Config, array: str = "") -> str:
     by_path = {r.path: r for r in rows}
     if not array and cfg.model.factory:  # a model of your own: its largest parameter
         array = max(rows, key=lambda r: math.prod(r.shape)).path
+    if not array and cfg.model.num_experts and cfg.model.kind == "lm":
+        array = "blocks/expert2_kernel"  # the experts' second kernel, where the dense MLP's would be
     array = array or DEFAULT_ARRAYS.get(cfg.model.kind, DEFAULT_ARRAY)
     if array not in by_path:
         raise ConfigError(f"--array {array}: no such parameter; choose one of {', '.join(sorted(by_path))}")

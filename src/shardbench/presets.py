@@ -122,6 +122,20 @@ def lm_tiny() -> Config:
     )
 
 
+def lm_moe() -> Config:
+    """lm-seed with a mixture of experts in each block: 8 experts of MLP width 512, each token routed to its top 2,
+    capacity factor 1.25, load-balancing loss weighted 0.01 (Switch's); 4 blocks of width 256, batch 32."""
+    return Config(
+        preset="lm-moe",
+        data=DataConfig(dataset="tokens-uniform", synthetic_train=8192, synthetic_test=1024),
+        model=ModelConfig(kind="lm", embed_dim=256, num_layers=4, num_heads=8, mlp_dim=512, dropout=0.0,
+                          vocab_size=512, seq_len=64, num_experts=8, top_k=2, capacity_factor=1.25,
+                          aux_loss_coef=0.01),
+        optim=OptimConfig(lr=3e-4, weight_decay=1e-4, schedule="constant", warmup_steps=0, grad_clip=0.0),
+        train=TrainConfig(steps=50, batch_size=32, log_every=10, checkpoint_every=0),
+    )
+
+
 def mlp_seed() -> Config:
     """The seed's deep MLP: 90 ReLU layers of width 2056 on 1024 inputs, 10 outputs, mean squared error,
     Adam 1e-4, batch 256 x 27 = 6,912 (about 380M parameters: a GPU preset)."""
@@ -154,6 +168,7 @@ PRESETS: dict[str, Callable[[], Config]] = {
     "vit-cifar-cct": vit_cifar_cct,
     "lm-seed": lm_seed,
     "lm-tiny": lm_tiny,
+    "lm-moe": lm_moe,
     "mlp-seed": mlp_seed,
     "mlp-small": mlp_small,
 }

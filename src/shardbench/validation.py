@@ -51,6 +51,10 @@ def validate(cfg: Config) -> None:
     if used and m.kind != "vit":
         raise ConfigError(f"{used[0]} applies to image classification (vit or --task classify), not to model kind "
                           f"'{m.kind}': drop it")
+    if m.num_experts and (m.kind != "lm" or m.factory):
+        what = f"a model of your own (--model {m.factory})" if m.factory else f"model kind '{m.kind}'"
+        raise ConfigError(f"--model.num-experts {m.num_experts} puts a mixture of experts in the lm's blocks, not in "
+                          f"{what}: drop it, or use --model.kind lm")
     if m.drop_path > 0 and m.kind == "mlp":
         raise ConfigError("--model.drop-path drops Transformer blocks; the mlp model has none: drop it")
     if cfg.data.cutmix > 0 and cfg.data.mixup <= 0:
@@ -137,6 +141,9 @@ def inert_notes(cfg: Config) -> list[str]:
         "model.input_dim": (m.kind != "mlp", f"the {m.kind} model's input is not a feature vector"),
         "model.attention_pad_multiple": (m.attention != "cudnn", "it pads the sequence for --model.attention cudnn"),
         "model.qkv_layout": (m.kind == "mlp", "the mlp model has no attention"),
+        "model.top_k": (m.num_experts == 0, "it routes tokens to experts, and --model.num-experts is 0"),
+        "model.capacity_factor": (m.num_experts == 0, "it sizes the experts, and --model.num-experts is 0"),
+        "model.aux_loss_coef": (m.num_experts == 0, "it weighs the experts' balance, and --model.num-experts is 0"),
         "optim.mu_dtype": (o.optimizer == "sgd", "it applies to adam and adamw, not sgd"),
     }
     unused["data.randaugment_magnitude"] = (d.randaugment == 0, "it is RandAugment's, and --data.randaugment is 0")

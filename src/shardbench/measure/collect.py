@@ -31,7 +31,7 @@ from shardbench.tasks import Task
 def default_run_name(cfg: Config, layout: Layout) -> str:
     """A run's name from its configuration and the layout that ran (see `shardbench.naming`)."""
     mesh = "none" if layout.mesh is None else f"{layout.shape.data}_{layout.shape.model}"
-    if layout.shape.stage > 1:  # 'data2_stage4': the data_model form would drop the stage axis
+    if layout.shape.stage > 1 or layout.shape.expert > 1:  # 'data2_stage4': data_model would drop the axis
         mesh = "_".join(f"{axis}{size}" for axis, size in layout.shape.items() if size > 1)
     implied = resolve_strategy("auto", "none" if layout.mesh is None else str(layout.shape), layout.shape.size)
     return config_run_name(cfg, mesh, layout.strategy.name, implied)

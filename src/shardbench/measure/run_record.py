@@ -184,6 +184,22 @@ class Measurements:
 
 
 @dataclass(frozen=True)
+class MoE:
+    experts: int | None = _f("experts", "experts per block (--model.num-experts)")
+    top_k: int | None = _f("experts", "experts each token is routed to")
+    capacity_factor: float | None = _f("", "--model.capacity-factor")
+    capacity: int | None = _f("tokens", "slots per expert per sequence per block: ceil(factor x seq x k / experts)")
+    assignments_per_step: int | None = _f("assignments", "token-to-expert assignments per step: batch x seq x k x "
+                                                          "blocks")
+    dropped: float | None = _f("assignments", "assignments dropped over capacity in all the steps of this "
+                                              "invocation (their tokens' residual passed the expert unchanged)")
+    dropped_per_step: float | None = _f("assignments", "dropped over the steps, per step")
+    dropped_fraction: float | None = _f("fraction", "dropped / (assignments_per_step x steps)")
+    aux_loss: float | None = _f("", "the last step's load-balancing loss (Switch's, summed over the blocks, mean "
+                                    "over the sequences), before --model.aux-loss-coef")
+
+
+@dataclass(frozen=True)
 class Versions:
     shardbench: str | None = _f("", "shardbench's version")
     jax: str | None = _f("", "jax's version")
@@ -216,6 +232,7 @@ class RunRecord:
     test_loss: float | None = _f("", "loss on the test split")
     test_accuracy: float | None = _f("fraction", "accuracy on the test split")
     test_perplexity: float | None = _f("", "exp(test loss), language models")
+    moe: MoE | None = _f("", "a mixture of experts: its routing and the assignments dropped over capacity")
     versions: Versions | None = _f("", "what it ran with")
     git_commit: str | None = _f("", "shardbench's git commit, when it runs from a checkout")
     host: str | None = _f("", "the host name of process 0")

@@ -35,6 +35,7 @@ CLASSES = "classes"  # output classes (or vocabulary)
 PATCH = "patch"  # flattened pixels of one patch
 VOCAB = "vocab"  # token ids of a language model's embedding and output head
 FEATURES = "features"  # input features of a model fed vectors (the MLP)
+EXPERT = "expert"  # a mixture's experts: their stacked parameters, and the tokens dispatched to them
 
 Constraint = Callable[[jax.Array, Axes], jax.Array]
 

@@ -53,7 +53,7 @@ SPEC_HINT = "FILE.py:FUNCTION or package.module:FUNCTION"
 # Where flax keeps a parameter's logical names, across its versions; shardbench's own models use "axes".
 METADATA_KEYS = ("axes", "out_sharding", "sharding_names", "sharding")
 KNOWN = frozenset({names.BATCH, names.SEQ, names.EMBED, names.MLP, names.HEADS, names.KV, names.LAYERS,
-                   names.NORM, names.CLASSES, names.PATCH, names.VOCAB, names.FEATURES})
+                   names.NORM, names.CLASSES, names.PATCH, names.VOCAB, names.FEATURES, names.EXPERT})
 ALIASES: dict[str, str] = {
     "joined_kv": names.HEADS, "q_heads": names.HEADS, "kv_heads": names.HEADS, "num_heads": names.HEADS,
     "hidden": names.MLP, "ffn": names.MLP, "intermediate": names.MLP, "mlp_dim": names.MLP,

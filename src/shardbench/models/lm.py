@@ -11,11 +11,15 @@ import numpy as np
 from flax import nnx
 
 from shardbench.config import ModelConfig
-from shardbench.models.axes import BATCH, EMBED, HEADS, MLP, NORM, NORM_SEQ, SEQ, VOCAB, constrain, sequence_order
+from shardbench.models.axes import (
+    BATCH, EMBED, EXPERT, HEADS, MLP, NORM, NORM_SEQ, SEQ, VOCAB, constrain, sequence_order,
+)
+from shardbench.models.moe import MoEOutputs, expert_flops
 from shardbench.models.transformer import BlockStack, block_flops, kernel_init, layer_norm, param
 
 AXIS_FIELDS: dict[str, str] = {
     EMBED: "model.embed_dim", MLP: "model.mlp_dim", HEADS: "model.num_heads", VOCAB: "model.vocab_size",
+    EXPERT: "model.num_experts",
 }
 
 
@@ -30,8 +34,9 @@ def sinusoids(length: int, width: int) -> np.ndarray:
 
 
 class TransformerLM(nnx.Module):
-    """tokens (batch, seq) int -> next-token logits (batch, seq, vocab) in float32. `attention`: the resolved
-    attention kind (`transformer.ATTENTION_KINDS`)."""
+    """tokens (batch, seq) int -> next-token logits (batch, seq, vocab) in float32; with experts
+    (`cfg.num_experts`), `MoEOutputs` (the logits, and per sequence the load-balancing loss and the dropped
+    assignments). `attention`: the resolved attention kind (`transformer.ATTENTION_KINDS`)."""
 
     def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype = jnp.float32, param_dtype: jnp.dtype = jnp.float32,
                  precision: jax.lax.Precision = jax.lax.Precision.DEFAULT, attention: str = "einsum",
@@ -61,16 +66,23 @@ class TransformerLM(nnx.Module):
         x = jnp.take(self.token_embed[...].astype(dtype), tokens, axis=0)
         x = constrain(x + positions.astype(dtype), (BATCH, NORM_SEQ, EMBED))
         x = self.blocks(x, rng=rng, precision=precision)
+        x, stats = x if self.blocks.experts else (x, None)
         if order is not None:
             x = constrain(x[:, np.argsort(order)], (BATCH, NORM_SEQ, EMBED))
         x = layer_norm(x, self.norm_scale[...], self.norm_bias[...])
         logits = jnp.einsum("bse,ev->bsv", x, self.head_kernel[...].astype(dtype), precision=precision)
+        if stats is not None:  # a mixture of experts: its loss and drops go to the task with the logits
+            return MoEOutputs(logits.astype(jnp.float32), *stats)
         return logits.astype(jnp.float32)
 
 
 def flops_per_example(cfg: ModelConfig) -> dict[str, int]:
     """Matmul FLOPs of one sequence of T = seq_len tokens: the blocks plus the output head 2*T*E*V
-    (the embedding is a lookup). Train = 3 x forward."""
+    (the embedding is a lookup). Train = 3 x forward. With X experts, each block's MLP 4*T*E*M becomes the k
+    active experts' 4*T*k*E*M plus the router's 2*T*E*X (dispatch and combine are not counted)."""
     t, e = cfg.seq_len, cfg.embed_dim
     forward = block_flops(t, e, cfg.mlp_dim, cfg.num_layers) + 2 * t * e * cfg.vocab_size
+    if cfg.num_experts:
+        dense, active = 4 * t * e * cfg.mlp_dim, expert_flops(t, e, cfg.mlp_dim, cfg.top_k)
+        forward += cfg.num_layers * (active - dense + 2 * t * e * cfg.num_experts)
     return {"forward": forward, "train": 3 * forward}

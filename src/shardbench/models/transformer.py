@@ -16,8 +16,12 @@ from flax import nnx
 from shardbench.config import ModelConfig
 from shardbench.errors import ConfigError
 from shardbench.models.axes import (
-    BATCH, EMBED, HEADS, KV, LAYERS, MLP, NORM, NORM_SEQ, SEQ, Axes, constrain, run_attention, run_stack,
+    BATCH, EMBED, EXPERT, HEADS, KV, LAYERS, MLP, NORM, NORM_SEQ, SEQ, Axes, constrain, run_attention, run_stack,
 )
+from shardbench.models.moe import experts_mlp
+
+# A mixture of experts' parameters, in place of the MLP's (mlp1/mlp2 kernels and biases) in each block.
+MOE_NAMES = ("router_kernel", "expert1_kernel", "expert1_bias", "expert2_kernel", "expert2_bias")
 
 
 def kernel_init(in_axis: int | tuple[int, ...], out_axis: int | tuple[int, ...],
@@ -262,12 +266,30 @@ class BlockStack(nnx.Module):
         self.out_bias = param(zeros((n, e)), (LAYERS, EMBED), param_dtype)
         self.ln2_scale = param(ones((n, e)), (LAYERS, NORM), param_dtype)
         self.ln2_bias = param(zeros((n, e)), (LAYERS, NORM), param_dtype)
-        self.mlp1_kernel = param(kernel_init(1, 2, (0,))(rngs.params(), (n, e, m)), (LAYERS, EMBED, MLP),
-                                  param_dtype)
-        self.mlp1_bias = param(zeros((n, m)), (LAYERS, MLP), param_dtype)
-        self.mlp2_kernel = param(kernel_init(1, 2, (0,))(rngs.params(), (n, m, e)), (LAYERS, MLP, EMBED),
-                                  param_dtype)
-        self.mlp2_bias = param(zeros((n, e)), (LAYERS, EMBED), param_dtype)
+        self.experts = cfg.num_experts
+        if self.experts:  # a mixture of experts in place of the MLP (shardbench.models.moe)
+            x = self.experts
+            # Switch Transformer's init (Fedus et al. 2021, section 2.4), which it found stabler: truncated normal
+            # of variance 0.1 / fan-in, a tenth of the usual, so the router's probabilities start near uniform.
+            # Its choices need not be balanced: tokens that share most of their representation (lm-moe's position
+            # table at init) share their top experts, and the capacity drops the excess until the loss balances.
+            router = jax.nn.initializers.variance_scaling(0.1, "fan_in", "truncated_normal", in_axis=1, out_axis=2,
+                                                          batch_axis=(0,))
+            self.router_kernel = param(router(rngs.params(), (n, e, x)), (LAYERS, EMBED, None), param_dtype)
+            self.expert1_kernel = param(kernel_init(2, 3, (0, 1))(rngs.params(), (n, x, e, m)),
+                                        (LAYERS, EXPERT, EMBED, MLP), param_dtype)
+            self.expert1_bias = param(zeros((n, x, m)), (LAYERS, EXPERT, MLP), param_dtype)
+            self.expert2_kernel = param(kernel_init(2, 3, (0, 1))(rngs.params(), (n, x, m, e)),
+                                        (LAYERS, EXPERT, MLP, EMBED), param_dtype)
+            self.expert2_bias = param(zeros((n, x, e)), (LAYERS, EXPERT, EMBED), param_dtype)
+            self.top_k, self.capacity_factor = cfg.top_k, cfg.capacity_factor
+        else:
+            self.mlp1_kernel = param(kernel_init(1, 2, (0,))(rngs.params(), (n, e, m)), (LAYERS, EMBED, MLP),
+                                      param_dtype)
+            self.mlp1_bias = param(zeros((n, m)), (LAYERS, MLP), param_dtype)
+            self.mlp2_kernel = param(kernel_init(1, 2, (0,))(rngs.params(), (n, m, e)), (LAYERS, MLP, EMBED),
+                                      param_dtype)
+            self.mlp2_bias = param(zeros((n, e)), (LAYERS, EMBED), param_dtype)
         self.lsa = cfg.lsa
         if cfg.lsa:
             assert attention == EINSUM, f"--model.lsa runs on the einsum attention, not {attention}"
@@ -282,9 +304,12 @@ class BlockStack(nnx.Module):
         self.qkv_layout = cfg.qkv_layout
         self.causal = causal
 
-    def __call__(self, x: jax.Array, *, rng: jax.Array | None, precision: jax.lax.Precision) -> jax.Array:
+    def __call__(self, x: jax.Array, *, rng: jax.Array | None, precision: jax.lax.Precision) -> Any:
+        """The blocks' output; with experts, (output, (aux [B], dropped [B])): the load-balancing loss and the
+        assignments dropped over capacity per sequence, summed over the blocks."""
+        mlp_names = (MOE_NAMES if self.experts else ("mlp1_kernel", "mlp1_bias", "mlp2_kernel", "mlp2_bias"))
         names = ("ln1_scale", "ln1_bias", "qkv_kernel", "qkv_bias", "out_kernel", "out_bias",
-                 "ln2_scale", "ln2_bias", "mlp1_kernel", "mlp1_bias", "mlp2_kernel", "mlp2_bias")
+                 "ln2_scale", "ln2_bias", *mlp_names)
         names += ("lsa_scale",) if self.lsa else ()
         stacked = {name: getattr(self, name)[...] for name in names}
         num_layers = stacked["ln1_scale"].shape[0]
@@ -295,8 +320,13 @@ class BlockStack(nnx.Module):
         depth = jnp.linspace(0.0, self.drop_path, num_layers) if num_layers > 1 else jnp.full((1,), self.drop_path)
         drop_path = self.drop_path > 0 and rng is not None
 
-        def block(x: jax.Array, layer: tuple[dict[str, jax.Array], jax.Array | None, jax.Array]
-                  ) -> tuple[jax.Array, None]:
+        experts = self.experts
+        top_k, capacity_factor = (self.top_k, self.capacity_factor) if experts else (0, 0.0)
+
+        def block(carry: Any, layer: tuple[dict[str, jax.Array], jax.Array | None, jax.Array]
+                  ) -> tuple[Any, None]:
+            # With experts the carry holds the per-sequence (aux, dropped) sums beside the activations.
+            x, stats = carry if experts else (carry, None)
             p, key, path_rate = layer
             # LSA's scale stays in its stored dtype: it multiplies float32 scores (rounding it to bfloat16 would
             # move a learned temperature by up to 0.4%).
@@ -320,12 +350,21 @@ class BlockStack(nnx.Module):
             attn = jnp.einsum("bqhd,hde->bqe", attn, p["out_kernel"], precision=precision) + p["out_bias"]
             x = constrain(x + branch(attn, 1), (BATCH, NORM_SEQ, EMBED))
             h = constrain(layer_norm(x, p["ln2_scale"], p["ln2_bias"]), (BATCH, SEQ, EMBED))
-            h = jnp.einsum("bse,em->bsm", h, p["mlp1_kernel"], precision=precision) + p["mlp1_bias"]
-            h = constrain(dropout(jax.nn.gelu(h), rate, k1), (BATCH, SEQ, MLP))
-            h = jnp.einsum("bsm,me->bse", h, p["mlp2_kernel"], precision=precision) + p["mlp2_bias"]
+            if experts:
+                h, aux, dropped = experts_mlp(h, p, top_k=top_k, capacity_factor=capacity_factor,
+                                              precision=precision)
+                stats = (stats[0] + aux, stats[1] + dropped)
+            else:
+                h = jnp.einsum("bse,em->bsm", h, p["mlp1_kernel"], precision=precision) + p["mlp1_bias"]
+                h = constrain(dropout(jax.nn.gelu(h), rate, k1), (BATCH, SEQ, MLP))
+                h = jnp.einsum("bsm,me->bse", h, p["mlp2_kernel"], precision=precision) + p["mlp2_bias"]
             x = constrain(x + branch(dropout(h, rate, k2), 2), (BATCH, NORM_SEQ, EMBED))
-            return x, None
+            return ((x, stats) if experts else x), None
 
+        if experts:  # the router's probabilities and the load-balancing loss stay float32
+            zero = jnp.zeros(x.shape[:1], jnp.float32)
+            return scan_layers(block, (x, (zero, zero)), (stacked, keys, depth), remat=self.remat,
+                               unroll=self.unroll)
         return scan_layers(block, x, (stacked, keys, depth), remat=self.remat, unroll=self.unroll)
 
 

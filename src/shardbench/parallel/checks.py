@@ -9,9 +9,10 @@ import jax
 
 from shardbench.config import Config
 from shardbench.errors import ConfigError
-from shardbench.models.axes import LAYERS
+from shardbench.models.axes import EXPERT, LAYERS
 from shardbench.models.spec import ModelSpec, state_shapes
 from shardbench.models.vit import num_tokens
+from shardbench.parallel.mesh import EXPERT as EXPERT_AXIS
 from shardbench.parallel.mesh import MODEL, SEQUENCE, STAGE
 from shardbench.parallel.rules import STRATEGIES, Layout, flat_by_path
 
@@ -226,3 +227,23 @@ def _check_chunks(depths: dict[str, int], stages: int, repeats: int, name: str, 
                               f"(parameter {path}) do not split into {stages} stages x {repeats} repeats = "
                               f"{stages * repeats} equal chunks (mesh {shape}): use {instead}, or a stack that is a "
                               f"multiple of {stages * repeats} (the mlp stacks num_layers - 1)")
+
+
+def check_experts(spec: ModelSpec, layout: Layout, style: str) -> None:
+    """Expert parallelism needs experts, and a mixture of experts runs where its routing statistics reach the
+    step: under jit, outside pipeline stages (the stages pass activations alone from one to the next)."""
+    has_experts = any(EXPERT in axes for axes in flat_by_path(spec.axes).values())
+    name = layout.strategy.name
+    if EXPERT_AXIS in layout.strategy.axes and not has_experts:
+        raise ConfigError(f"--strategy {name} splits a mixture's experts over the expert axis, and this model has "
+                          f"none (no parameter with an 'expert' dim): use --preset lm-moe or --model.num-experts N, "
+                          f"or a strategy without ep")
+    if not has_experts:
+        return
+    if STAGE in layout.strategy.axes:
+        raise ConfigError(f"--strategy {name}: a mixture of experts does not run in pipeline stages yet (its "
+                          f"load-balancing loss and drops would have to travel between stages): use dp, fsdp, tp or "
+                          f"an ep strategy")
+    if style != "jit":
+        raise ConfigError(f"--spmd {style}: a mixture of experts runs under --spmd jit only (its all-to-all comes "
+                          f"from XLA's partitioner, and only jit's step reports its drops): use --spmd jit")

@@ -48,6 +48,21 @@ def bubble_fraction(stages: int, microbatches: int, repeats: int = 1) -> float:
     return (stages - 1) / (repeats * microbatches + stages - 1)
 
 
+def stack_work(schedule: str, stages: int, microbatches: int, repeats: int = 1) -> float:
+    """What one step's single SPMD program computes on each stage, in units of the useful work (each stage's
+    layers forward and backward, a backward costing two forwards, for the M microbatches): GPipe (M+S-1)/M, its
+    idle stages computing on placeholders; circular (R*M+S-1)/(R*M) x 4/3, each chunk's forward recomputed in the
+    backward; 1F1B 2(M+S-1)/M x 4/3, every one of its 2(M+S-1) ticks running a forward and a backward with its
+    recomputed forward (under vmap both are computed, and the tick keeps one). Without --model.remat, and leaving
+    out the layers outside the stack (1F1B also runs the head every tick)."""
+    m, s_, r = microbatches, stages, repeats
+    if schedule == "1f1b":
+        return 2 * (m + s_ - 1) / m * 4 / 3
+    if schedule == "circular":
+        return (r * m + s_ - 1) / (r * m) * 4 / 3
+    return (m + s_ - 1) / m
+
+
 def schedule_repeats(parallel: ParallelConfig) -> int:
     """R of the bubble: --parallel.repeats under the circular schedule, 1 otherwise."""
     return parallel.repeats if parallel.schedule == "circular" else 1

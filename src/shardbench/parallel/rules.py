@@ -19,6 +19,7 @@ Adding a way of splitting is adding a tactic or an entry to `STRATEGIES`, not a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,11 +30,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.models.axes import BATCH, EMBED, HEADS, LAYERS, MLP, NORM_SEQ, SEQ, Axes
+from shardbench.models.axes import BATCH, EMBED, EXPERT, HEADS, LAYERS, MLP, NORM_SEQ, SEQ, Axes
 from shardbench.parallel.mesh import DATA, MODEL, SEQUENCE, STAGE, MeshShape, build_mesh, parse_mesh
+from shardbench.parallel.mesh import EXPERT as EXPERT_AXIS
 
-Rules = Mapping[str, str]
-Spec = tuple[str | None, ...]  # one mesh axis (or None) per dim of an array
+# A logical name -> a mesh axis, or several (outermost first): expert parallelism splits the batch outside the
+# experts over data and expert at once.
+Rules = Mapping[str, str | tuple[str, ...]]
+Spec = tuple[str | tuple[str, ...] | None, ...]  # one mesh axis, several, or None per dim of an array
 
 
 class Tactic(Protocol):
@@ -93,6 +97,12 @@ _TP: Rules = {HEADS: MODEL, MLP: MODEL}
 # compute, the pipeline's buffer of one microbatch per stage is split over stage along the same logical name
 # (shardbench.parallel.pipeline).
 _PP: Rules = {LAYERS: STAGE}
+# Expert parallelism: a mixture's experts over expert; outside the experts the batch is split over data and expert
+# together (each device holds its own tokens), so dispatching tokens to their experts and back is an all-to-all
+# over expert (shardbench.models.moe constrains the dispatched tokens to (expert, batch, ...), the batch taking what
+# the experts leave: data).
+_EP: Rules = {EXPERT: EXPERT_AXIS}
+_EP_BATCH: Rules = {BATCH: (DATA, EXPERT_AXIS)}
 # Context parallelism: activations split along the sequence over seq; parameters as the strategy it joins places
 # them (the position table's 'seq' dim is never split: no parameter tactic names it). Attention reaches the other
 # devices' keys and values as --parallel.context says (shardbench.parallel.context).
@@ -166,6 +176,22 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("dp+pp+tp", (ByName({**_PP, **_TP}),), {BATCH: DATA, **_PP, **_TP}, (DATA, STAGE, MODEL), DATA,
                  "batch split over data; stacked layers split into pipeline stages over stage; Megatron tensor "
                  "parallelism over model within each stage"),
+        Strategy("fsdp+pp+tp", (ByName({**_PP, **_TP}), Largest(DATA)), {BATCH: DATA, **_PP, **_TP},
+                 (DATA, STAGE, MODEL), DATA,
+                 "stacked layers split into pipeline stages over stage, Megatron tensor parallelism over model and "
+                 "every parameter sharded over data within each stage; batch split over data"),
+        Strategy("ep", (ByName(_EP),), {**_EP_BATCH, **_EP}, (EXPERT_AXIS,), EXPERT_AXIS,
+                 "expert parallelism: experts split over expert, batch split over expert, tokens dispatched to "
+                 "their experts and back by all-to-all"),
+        Strategy("dp+ep", (ByName(_EP),), {**_EP_BATCH, **_EP}, (DATA, EXPERT_AXIS), DATA,
+                 "experts split over expert, the rest replicated; batch split over data and expert; tokens "
+                 "dispatched by all-to-all over expert"),
+        Strategy("fsdp+ep", (ByName(_EP), Largest(DATA)), {**_EP_BATCH, **_EP}, (DATA, EXPERT_AXIS), DATA,
+                 "experts split over expert, and every parameter sharded over data (ZeRO-3) besides; batch split "
+                 "over data and expert; tokens dispatched by all-to-all over expert"),
+        Strategy("ep+tp", (ByName({**_EP, **_TP}),), {**_EP_BATCH, **_EP, **_TP}, (EXPERT_AXIS, MODEL), EXPERT_AXIS,
+                 "experts split over expert and each expert's MLP hidden (and attention's heads) over model as "
+                 "Megatron splits them; batch split over expert; tokens dispatched by all-to-all"),
         Strategy("cp", (), {BATCH: DATA, **_CP}, (SEQUENCE,), SEQUENCE,
                  "context parallelism: the sequence split over seq, parameters replicated"),
         Strategy("dp+cp", (), {BATCH: DATA, **_CP}, (DATA, SEQUENCE), DATA,
@@ -189,6 +215,13 @@ def get_strategy(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
+def batch_shards(strategy: Strategy, shape: MeshShape) -> int:
+    """How many shards `strategy` splits the batch into on a mesh of `shape`: the product of the sizes of the mesh
+    axes its compute table gives the batch."""
+    split = strategy.compute.get(BATCH, DATA)
+    return math.prod(shape[a] for a in ((split,) if isinstance(split, str) else split))
+
+
 def spec_for(axes: Axes, rules: Rules) -> PartitionSpec:
     """PartitionSpec for logical `axes` by a table; a mesh axis is used at most once per array."""
     return PartitionSpec(*_by_name((None,) * len(axes), axes, rules))
@@ -196,12 +229,17 @@ def spec_for(axes: Axes, rules: Rules) -> PartitionSpec:
 
 def _by_name(spec: Spec, axes: Axes, rules: Rules) -> Spec:
     """`spec` with each whole dim whose name `rules` maps to a mesh axis the array does not use yet split over
-    it (the first such dim takes the axis)."""
+    it (the first such dim takes the axis); a name mapped to several axes takes those still free (the batch over
+    data and expert keeps data where a dim before it took expert)."""
     out = list(spec)
     for dim, name in enumerate(axes):
-        mesh_axis = rules.get(name) if name is not None else None
-        if out[dim] is None and mesh_axis is not None and mesh_axis not in out:
-            out[dim] = mesh_axis
+        wanted = rules.get(name) if name is not None else None
+        if out[dim] is not None or wanted is None:
+            continue
+        used = {a for s in out if s is not None for a in ((s,) if isinstance(s, str) else s)}
+        free = tuple(a for a in ((wanted,) if isinstance(wanted, str) else wanted) if a not in used)
+        if free:
+            out[dim] = free[0] if len(free) == 1 else free
     return tuple(out)
 
 
@@ -217,7 +255,9 @@ class Layout:
 
     @property
     def data_size(self) -> int:
-        return self.shape.data
+        """Shards of the batch: the product of the mesh axes the batch is split over (data; data x expert under
+        expert parallelism)."""
+        return batch_shards(self.strategy, self.shape)
 
     def sharding(self, spec: PartitionSpec) -> jax.sharding.Sharding:
         if self.mesh is None:
@@ -319,14 +359,14 @@ def is_axes(x: Any) -> bool:
 
 NO_MESH = ("none", "single")
 # What 'auto' may pick: per set of axes split, the strategy that splits only the batch and what the axes name.
-AUTO = ("dp", "tp", "dp+tp", "pp", "dp+pp", "pp+tp", "dp+pp+tp", "cp", "dp+cp", "cp+tp")
+AUTO = ("dp", "tp", "dp+tp", "pp", "dp+pp", "pp+tp", "dp+pp+tp", "ep", "dp+ep", "cp", "dp+cp", "cp+tp")
 
 
 def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> str:
     """'auto' picks the strategy the mesh implies, as the seed's experiments use meshes:
     no mesh -> single, data axis only -> dp, model axis only -> tp, both -> dp+tp; stage axis only -> pp, data and
-    stage -> dp+pp, stage and model -> pp+tp, all three -> dp+pp+tp; seq only -> cp, data and seq -> dp+cp, model
-    and seq -> cp+tp (the plainest strategy over the axes split)."""
+    stage -> dp+pp, stage and model -> pp+tp, all three -> dp+pp+tp; expert only -> ep, data and expert -> dp+ep;
+    seq only -> cp, data and seq -> dp+cp, model and seq -> cp+tp (the plainest strategy over the axes split)."""
     if strategy_name != "auto":
         return strategy_name
     spec = mesh_spec.strip().lower()
@@ -371,6 +411,7 @@ def wider_strategy(strategy: Strategy, axis: str) -> str:
     or the plainest one that uses every axis wanted; 'a strategy over A/B' if none does."""
     wanted = set(strategy.axes) | {axis}
     fits = [s for s in STRATEGIES.values() if set(s.axes) == wanted]
-    same = [s for s in fits if all(tactic in s.params for tactic in strategy.params)]
+    # The same kinds of tactic (fsdp's Largest) and more: fsdp+pp on a model axis is fsdp+pp+tp, not dp+pp+tp.
+    same = [s for s in fits if {type(t) for t in strategy.params} <= {type(t) for t in s.params}]
     pick = (same or fits)[:1]
     return pick[0].name if pick else f"a strategy over {'/'.join(sorted(wanted))}"

@@ -10,8 +10,8 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.parallel.mesh import MeshShape, parse_mesh
-from shardbench.parallel.rules import STRATEGIES
+from shardbench.parallel.mesh import EXPERT, MeshShape, parse_mesh
+from shardbench.parallel.rules import STRATEGIES, batch_shards
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,17 @@ class Candidate:
 # Which mesh axes each strategy may give more than one device, from the strategies' own table.
 USES: dict[str, tuple[str, ...]] = {name: strategy.axes for name, strategy in STRATEGIES.items()}
 # What a plan considers unless --candidates names others: every strategy but the pipelines, each of which
-# multiplies into stages x microbatches x schedules (a compile each), and context parallelism, which only a model
-# with attention runs (the mlp is refused): both are planned when named.
-DEFAULT: tuple[str, ...] = tuple(name for name, axes in USES.items() if "stage" not in axes and "seq" not in axes)
+# multiplies into stages x microbatches x schedules (a compile each), so they are planned when named, and but the
+# expert-parallel ones, which a plan adds for a model with experts (`default_strategies`), and context parallelism,
+# which only a model with attention runs (the mlp is refused): planned when named.
+DEFAULT: tuple[str, ...] = tuple(name for name, axes in USES.items()
+                                 if "stage" not in axes and EXPERT not in axes and "seq" not in axes)
+EXPERT_PARALLEL: tuple[str, ...] = tuple(name for name, axes in USES.items() if EXPERT in axes)
+
+
+def default_strategies(cfg: config_lib.Config) -> list[str]:
+    """The strategies a plan of `cfg` considers unless told: DEFAULT, and with experts the ep strategies too."""
+    return [*DEFAULT, *(EXPERT_PARALLEL if cfg.model.num_experts and not cfg.model.factory else ())]
 PER_STAGE: tuple[int, ...] = (1, 4)  # microbatches per stage a pipeline candidate takes: M = S and M = 4S
 
 
@@ -75,7 +83,8 @@ def candidates(devices: int, batch: int, strategies: list[str], remats: list[str
             if devices == 1:
                 layouts.append((strategy, "none", 1))
             continue
-        layouts += [(strategy, str(shape), shape.data) for shape in meshes(devices, USES[strategy])]
+        layouts += [(strategy, str(shape), batch_shards(STRATEGIES[strategy], shape))
+                    for shape in meshes(devices, USES[strategy])]
     if not layouts:
         raise ConfigError(f"no candidate mesh uses {devices} devices with strategies {', '.join(strategies)}")
     fitting = [(s, m, batch // data) for s, m, data in layouts if batch % data == 0]

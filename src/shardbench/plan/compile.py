@@ -48,12 +48,17 @@ def abstract_batch(cfg: Config, layout: Layout) -> dict[str, jax.ShapeDtypeStruc
 
 def pipeline_figures(cfg: Config, task: Any, layout: Layout) -> dict[str, Any]:
     """A pipeline's stages, microbatches, schedule and its bubble by the schedule's own formula, as the run
-    record gives them (one place computes them: `shardbench.measure.collect.batch_sizes`)."""
+    record gives them (one place computes them: `shardbench.measure.collect.batch_sizes`), and the work its
+    program computes over the useful work (`shardbench.parallel.pipeline.stack_work`)."""
     from shardbench.measure.collect import RunSetup, batch_sizes
 
+    from shardbench.parallel.pipeline import schedule_repeats, stack_work
+
     sizes = batch_sizes(RunSetup(cfg, task, layout))
-    return {"stages": sizes["pipeline_stages"], "microbatches": sizes["pipeline_microbatches"],
-            "schedule": cfg.parallel.schedule, "bubble": sizes["pipeline_bubble"]}
+    stages, m = sizes["pipeline_stages"], sizes["pipeline_microbatches"]
+    work = stack_work(cfg.parallel.schedule, stages, m, schedule_repeats(cfg.parallel)) if stages else None
+    return {"stages": stages, "microbatches": m, "schedule": cfg.parallel.schedule, "bubble": sizes["pipeline_bubble"],
+            "work": work}
 
 
 def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | None = None) -> dict[str, Any]:

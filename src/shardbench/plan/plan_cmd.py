@@ -12,7 +12,8 @@ from typing import Any
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import add_config_arguments, config_from_args
-from shardbench.plan.candidates import DEFAULT, PER_STAGE, USES, Candidate, candidates
+from shardbench.plan.candidates import (DEFAULT, EXPERT_PARALLEL, PER_STAGE, USES, Candidate, candidates,
+                                        default_strategies)
 from shardbench.plan.target import HINT, Target, parse_target
 
 # A plan takes comma lists of these (in their short spelling or their long one, `--train.grad-accum`).
@@ -33,10 +34,11 @@ def add_parser(subparsers: Any) -> None:
     add_config_arguments(parser)
     group = parser.add_argument_group("plan options")
     group.add_argument("--target", default="", help=f"the hardware: {HINT}")
-    group.add_argument("--candidates", default=",".join(DEFAULT), metavar="S,S",
-                       help=f"strategies to consider (default: {','.join(DEFAULT)}; also the pipelines "
-                            f"{','.join(sorted(set(USES) - set(DEFAULT)))}, each of which multiplies into stages x "
-                            f"microbatches x schedules)")
+    group.add_argument("--candidates", default="", metavar="S,S",
+                       help=f"strategies to consider (default: {','.join(DEFAULT)}, and for a model with experts "
+                            f"{','.join(EXPERT_PARALLEL)} too; also the pipelines "
+                            f"{','.join(sorted(set(USES) - set(DEFAULT) - set(EXPERT_PARALLEL)))}, each of which "
+                            f"multiplies into stages x microbatches x schedules)")
     group.add_argument("--microbatches-per-stage", default=",".join(map(str, PER_STAGE)), metavar="K,K",
                        help="pipeline candidates: microbatches per stage to consider, a comma list (M = K x stages; "
                             "default 1,4), each with every --parallel.schedule, kept where M divides the examples "
@@ -111,7 +113,7 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
         check_available(target.spec)
     dtypes, remats = _choices(cfg, lists)
     accums = list(dict.fromkeys(int(k) for k in lists.get("train.grad_accum", [str(cfg.train.grad_accum)])))
-    strategies = [s.strip() for s in args.candidates.split(",") if s.strip()]
+    strategies = [s.strip() for s in args.candidates.split(",") if s.strip()] or default_strategies(cfg)
     given = str(args.microbatches_per_stage)
     per_stage = [v.strip() for v in given.split(",") if v.strip()]
     if not per_stage or not all(v.isdigit() and int(v) >= 1 for v in per_stage):

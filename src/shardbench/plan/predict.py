@@ -142,10 +142,11 @@ def step_features(result: dict[str, Any], hw: Hardware, remat: str, dtype: str) 
     flops = result["flops"]["analytic_per_step"]
     per_device = (flops / devices if flops is not None else (result["flops"]["xla_per_device"] or 0.0))
     per_device *= REMAT_FLOPS.get(remat, 1.0)
-    # A pipeline's stage runs its useful matmuls over the schedule's whole length: the bubble b by the schedule's
-    # formula stretches them by 1/(1 - b) (idle on real devices; on placeholders in one SPMD program). The
+    # A pipeline's stage computes its useful matmuls times the schedule's program work: GPipe's 1/(1 - b) (b the
+    # bubble by the schedule's formula; its idle stages compute on placeholders in one SPMD program), circular's
+    # and 1F1B's recomputation and 1F1B's both passes per tick besides (`parallel.pipeline.stack_work`). The
     # compiled step's traffic and kernels already count every iteration of the schedule's loop.
-    per_device /= 1.0 - pipeline_bubble(result)
+    per_device *= pipeline_work(result)
     # Simulated CPU devices take turns on the host's cores and share its memory bus: their kernels, traffic and
     # collectives add up (the peak is already split between them).
     share = devices if hw.shared_host else 1
@@ -159,6 +160,13 @@ def step_features(result: dict[str, Any], hw: Hardware, remat: str, dtype: str) 
                         traffic_s=(result.get("bytes_accessed") or 0.0) * share / hw.memory_bandwidth,
                         kernels=float(result["kernels"] * share), collectives=collectives, link_s=links,
                         low_precision=dtype in LOW_PRECISION and result["platform"] != hw.platform)
+
+
+def pipeline_work(result: dict[str, Any]) -> float:
+    """What a compiled pipeline's program computes over its useful work (1 without stages; a plan written
+    before the figure was kept: 1/(1 - the bubble))."""
+    pipeline = result.get("pipeline") or {}
+    return float(pipeline.get("work") or 1.0 / (1.0 - pipeline_bubble(result)))
 
 
 def pipeline_bubble(result: dict[str, Any]) -> float:

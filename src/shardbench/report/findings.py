@@ -37,6 +37,8 @@ STRATEGY_ROLES: dict[str, str] = {
     "pp+tp": "PP+TP splits the stacked layers into stages and their weight matrices over the model axis",
     "dp+pp+tp": "DP+PP+TP splits the stacked layers into stages and their weight matrices over the model axis, "
                 "and replicates them over the data axis",
+    "fsdp+pp+tp": "FSDP+PP+TP splits the stacked layers into stages and their weight matrices over the model axis, "
+                  "and shards every parameter over the data axis",
     "cp": "CP splits the sequence over the seq axis and replicates parameters and optimizer state",
     "dp+cp": "DP+CP splits the batch over the data axis and the sequence over the seq axis",
     "fsdp+cp": "FSDP+CP shards parameters and optimizer state over the data axis and splits the sequence over seq",
@@ -289,6 +291,26 @@ def simulated_findings(runs: list[ReportedRun]) -> list[str]:
             f"compiler's, and differ on another)."]
 
 
+def expert_findings(runs: list[ReportedRun]) -> list[str]:
+    """Per run with a mixture of experts: how many token-to-expert assignments it dropped over capacity, of how
+    many, and the all-to-all bytes its step moves (the tokens dispatched to their experts and back)."""
+    out = []
+    for run in runs:
+        moe = run.rec.moe
+        if not run.ok or moe is None or moe.dropped is None:
+            continue
+        steps = round(moe.dropped / moe.dropped_per_step) if moe.dropped_per_step else None
+        total = None if steps is None or moe.assignments_per_step is None else moe.assignments_per_step * steps
+        share = f" of {total:,} ({moe.dropped_fraction:.2%})" if total and moe.dropped_fraction is not None else ""
+        a2a = run.m.comms.get("all-to-all")
+        moved = (f"; its step moves {(a2a.bytes or 0) / 2**20:.2f} MiB per device in {a2a.count} all-to-alls"
+                 if a2a is not None and a2a.count else "; no all-to-all (every device holds every expert)")
+        out.append(f"{run.name}: {moe.experts} experts, top-{moe.top_k}, capacity {moe.capacity} per expert per "
+                   f"sequence (factor {moe.capacity_factor:g}): dropped {moe.dropped:,.0f} token-to-expert "
+                   f"assignments{share} over its steps{moved}.")
+    return out
+
+
 def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
     """Sentences under their section heading; sections the runs give nothing to say about are left out."""
     role = dtype_role_finding(runs)
@@ -298,6 +320,7 @@ def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, l
                 "Precision and memory": precision_findings(runs, swept) + ([role] if role else []),
                 "Sharding strategies": strategy_findings(runs),
                 "Pipeline stages": pipeline_findings(runs),
+                "Experts": expert_findings(runs),
                 "Context parallelism": context_findings(runs),
                 "SPMD styles": spmd_findings(runs),
                 "What the data allows": loss_floor_findings(runs),

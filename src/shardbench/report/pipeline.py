@@ -11,11 +11,11 @@ S stages working at once would take
 
 (with gradient accumulation, M counts every microbatch of the update: accumulated x pipelined). It charges the
 pipeline with everything it does not split S ways (fill and drain, stage-to-stage transfers, the replicated
-layers outside the stack and their update), so on real devices it is an upper bound on the idle fraction the
+layers outside the stack and their update, and the recomputation of circular and 1F1B), so on real devices it is an upper bound on the idle fraction the
 schedule's formula gives ((S-1)/(M+S-1) for GPipe). On simulated CPU devices the S stages share the host's
 cores and cannot compute at once, so the figure is not the bubble there: the report says so and sets T/T1 beside
 the work the pipeline's single program does, whose idle stages compute on placeholders ((M+S-1)/M of the
-one-stage stack's work for GPipe's M + S - 1 iterations).
+one-stage stack's work for GPipe's M + S - 1 iterations; `shardbench.parallel.pipeline.stack_work` per schedule).
 """
 
 from __future__ import annotations
@@ -26,11 +26,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from shardbench.measure.run_record import Collective
+from shardbench.parallel.pipeline import stack_work
 
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
 
 MIB = 1024 * 1024
+# Why a schedule's program computes more than the useful work (shardbench.parallel.pipeline.stack_work).
+WORK = {"gpipe": "(M+S-1)/M: its idle stages compute on placeholders",
+        "circular": "(R*M+S-1)/(R*M) x 4/3: idle stages compute on placeholders, and each chunk is recomputed in "
+                    "the backward",
+        "1f1b": "2(M+S-1)/M x 4/3: every tick computes a forward and a backward with its recomputed forward, and "
+                "keeps the one the schedule gives the stage"}
 
 
 @dataclass(frozen=True)
@@ -130,11 +137,11 @@ def bubble_findings(runs: list[ReportedRun]) -> list[str]:
                 f"{1e3 * b.ideal_s:,.1f} ms: the one-stage run's {1e3 * (b.reference.step_median or 0):,.1f} ms "
                 f"x {b.passes}/{b.reference_passes} microbatches / {b.stages} stages, {b.reference.name})")
         if b.run.simulated and b.formula is not None and b.formula < 1:
-            # In one SPMD program an idle stage computes on a placeholder: the stack's work is the useful work
-            # over the schedule's busy fraction, (M+S-1)/M for GPipe.
+            # In one SPMD program an idle stage computes on a placeholder, and circular and 1F1B recompute.
+            kind = schedule(b.run)
+            work = stack_work(kind, b.stages, b.run.m.pipeline_microbatches or 1, int(b.run.config.get("parallel.repeats") or 1))
             text += (f"; it took {b.time_ratio:.2f}x the one-stage step for the same microbatches, where its "
-                     f"program computes {1 / (1 - b.formula):.2f}x the one-stage stack's work (1/(1 - the formula's "
-                     f"bubble): its idle stages compute on placeholders)")
+                     f"program computes {work:.2f}x the one-stage stack's work ({WORK[kind]})")
         sentences.append(text + ".")
     if any(b.run.simulated for b in found):
         sentences.append("These stages are simulated devices on one host: they share its cores, so the stages "

@@ -72,17 +72,37 @@ def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     return out
 
 
+def _model(run: ReportedRun) -> str:
+    """What a run trains, as far as ranking goes: its model kind, or the file of a model of your own."""
+    return str(run.settings.get("model.factory") or run.settings.get("model.kind") or "")
+
+
 def speed_findings(runs: list[ReportedRun]) -> list[str]:
-    """The fastest run, then every other run's slowdown against it as a ratio of steady-state throughput
-    (of median step time where the batches are equal), what differs between them, and ties within the noise."""
+    """Per model the sweep trains (a model kind, or a model of your own: their examples are not alike), the
+    fastest run, then every other run's slowdown against it as a ratio of steady-state throughput (of median
+    step time where the batches are equal), what differs between them, and ties within the noise."""
     timed = [r for r in runs if r.ok and _throughput(r) is not None]
+    models = sorted({_model(r) for r in timed})
+    found = [s for m in models for s in _ranking([r for r in timed if _model(r) == m], m if len(models) > 1 else "")]
+    if any(NOT_A_CAUSE == s for s in found):
+        found = [s for s in found if s != NOT_A_CAUSE] + [NOT_A_CAUSE]
+    compiles = [(r.compile_s, r.name) for r in timed if r.compile_s is not None]
+    if len(compiles) > 1 and max(compiles)[0] > 1.5 * min(compiles)[0]:
+        (slow, slow_name), (quick, quick_name) = max(compiles), min(compiles)
+        found.append(f"Compilation, which the step times leave out, took {quick:.1f} s ({quick_name}) to "
+                     f"{slow:.1f} s ({slow_name}).")
+    return found
+
+
+def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
+    """One model's runs ranked; `model` names it where the sweep trains several."""
     if not timed:
         return []
     ranked = sorted(timed, key=lambda r: -(_throughput(r) or 0.0))
     fastest = ranked[0]
     same_batch = len({r.batch for r in ranked}) == 1
     unit = "step time" if same_batch else "throughput (batch / median step)"
-    head = (f"Fastest: {fastest.name}, {_ms(fastest.step_median)} per step"
+    head = (f"Fastest{f' {model} run' if model else ''}: {fastest.name}, {_ms(fastest.step_median)} per step"
             + ("" if same_batch else f" at batch {fastest.batch}, {_throughput(fastest):,.0f} examples/s")
             + (f" (ranked by median {unit})" if len(ranked) > 1
                else "."))
@@ -104,11 +124,6 @@ def speed_findings(runs: list[ReportedRun]) -> list[str]:
                          + (f"; it differs in: {'; '.join(differs)}." if differs else "."))
     if listed:
         sentences.append(NOT_A_CAUSE)
-    compiles = [(r.compile_s, r.name) for r in timed if r.compile_s is not None]
-    if len(compiles) > 1 and max(compiles)[0] > 1.5 * min(compiles)[0]:
-        (slow, slow_name), (quick, quick_name) = max(compiles), min(compiles)
-        sentences.append(f"Compilation, which the step times leave out, took {quick:.1f} s ({quick_name}) to "
-                         f"{slow:.1f} s ({slow_name}).")
     return sentences
 
 

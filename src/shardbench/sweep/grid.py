@@ -176,8 +176,9 @@ def strategies() -> SweepPreset:
     """Every strategy side by side on the same work, on 8 devices: each one in shardbench's table of strategies,
     on a mesh that splits every axis it uses (none for single, 8 over data, model=8, 4x2), but those with pipeline
     stages (pp, dp+pp, ...: any that uses the stage axis), whose stages must divide the model's layers and which
-    refuse dropout, and context parallelism (cp, ...: the seq axis), which needs a sequence the seq axis splits
-    (vit-seed's 65 tokens do not); the `pipeline` and `long-context` presets run them."""
+    refuse dropout, those with experts (ep, dp+ep, ...: the expert axis), which need a mixture of experts, and
+    context parallelism (cp, ...: the seq axis), which needs a sequence the seq axis splits (vit-seed's 65 tokens
+    do not); the `pipeline`, `moe` and `long-context` presets run them."""
     from shardbench.parallel.rules import DATA, MODEL, STRATEGIES  # JAX and flax, only when this preset is asked for
 
     meshes = {(): "none", (DATA,): "8", (MODEL,): "model=8", (DATA, MODEL): "4x2"}
@@ -198,6 +199,17 @@ def zero() -> SweepPreset:
     layouts = [{"parallel.strategy": name, "parallel.mesh": ""} for name in ("dp", "zero1", "zero2", "fsdp")]
     return SweepPreset("lm-seed", {"train.steps": 20, "parallel.devices": 8}, [Grid([layouts])],
                        zero.__doc__ or "")
+
+
+def moe() -> SweepPreset:
+    """A mixture of experts under each way of splitting it: lm-moe (8 experts, top-2) under dp and fsdp (every
+    device holds or gathers every expert), ep (experts over expert=8), dp+ep (data=2,expert=4) and ep+tp
+    (expert=4,model=2), 8 devices, 20 steps; the report says how many token assignments each run dropped."""
+    layouts = [{"parallel.strategy": "dp", "parallel.mesh": "8"}, {"parallel.strategy": "fsdp", "parallel.mesh": "8"},
+               {"parallel.strategy": "ep", "parallel.mesh": "expert=8"},
+               {"parallel.strategy": "dp+ep", "parallel.mesh": "data=2,expert=4"},
+               {"parallel.strategy": "ep+tp", "parallel.mesh": "expert=4,model=2"}]
+    return SweepPreset("lm-moe", {"train.steps": 20, "parallel.devices": 8}, [Grid([layouts])], moe.__doc__ or "")
 
 
 # The pipeline preset's models, CPU-sized: the seed's MLP (mlp-small, 32 stacked layers of width 256) and a narrow
@@ -307,7 +319,7 @@ def precision_accuracy() -> SweepPreset:
 SWEEP_PRESETS: dict[str, Callable[[], SweepPreset]] = {
     "mesh-grid": mesh_grid, "precision-grid": precision_grid, "strategies": strategies,
     "lm-replicated-vs-fsdp": lm_replicated_vs_fsdp, "zero": zero, "mlp-spmd-styles": mlp_spmd_styles,
-    "precision-accuracy": precision_accuracy, "pipeline": pipeline, "long-context": long_context,
+    "precision-accuracy": precision_accuracy, "pipeline": pipeline, "moe": moe, "long-context": long_context,
 }
 
 

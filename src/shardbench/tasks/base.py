@@ -26,13 +26,30 @@ class Rows(NamedTuple):
     steps: int = 0
 
 
+class MoETerms(NamedTuple):
+    """Per example, from a model with a mixture of experts: its load-balancing loss (summed over the blocks) and
+    its token-to-expert assignments dropped over capacity."""
+
+    aux: jax.Array
+    dropped: jax.Array
+
+
 class Terms(NamedTuple):
     """Per-example sums: loss over the example's targets, how many targets, and how many were right
-    (None where accuracy means nothing, as for regression). Means are taken over the global batch."""
+    (None where accuracy means nothing, as for regression). Means are taken over the global batch. `moe`: a
+    mixture of experts' own terms (None without one)."""
 
     loss_sum: jax.Array
     count: jax.Array
     correct: jax.Array | None
+    moe: MoETerms | None = None
+
+    def objective_sum(self, aux_coef: float) -> jax.Array:
+        """What training minimises, summed (divided by the targets' count it is the mean): the loss, plus with
+        experts `aux_coef` x each example's load-balancing loss weighted by its targets, so that the mean adds
+        `aux_coef` x the batch's mean load-balancing loss however the batch is split."""
+        total = self.loss_sum.sum()
+        return total if self.moe is None else total + aux_coef * (self.moe.aux * self.count).sum()
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,25 @@ Forward = Callable[[Any, Any, jax.Array, Batch, jax.Array | None], tuple[Terms, 
 
 
 class Gradients(NamedTuple):
-    """A batch's training objective and its gradients: `loss` the mean over its targets, `count` the targets,
-    `correct` the right ones (None where accuracy means nothing), the model state after the batch."""
+    """A batch's loss and the gradients of its training objective: `loss` the mean over its targets, `count` the
+    targets, `correct` the right ones (None where accuracy means nothing), the model state after the batch; `moe`
+    (with a mixture of experts): the batch's sums of the load-balancing loss and of the dropped assignments, and its
+    example count."""
 
     loss: jax.Array
     count: jax.Array
     correct: jax.Array | None
     model_state: Any
     grads: Any
+    moe: dict[str, jax.Array] | None = None
+
+
+def moe_sums(t: Terms) -> dict[str, jax.Array] | None:
+    """A batch's sums of its mixture's per-example terms, and its examples (None without experts)."""
+    if t.moe is None:
+        return None
+    return {"aux": t.moe.aux.sum(), "dropped": t.moe.dropped.sum(),
+            "examples": jnp.asarray(t.moe.aux.shape[0], jnp.float32)}
 
 
 def split(x: jax.Array, k: int) -> jax.Array:
@@ -43,7 +54,8 @@ def split(x: jax.Array, k: int) -> jax.Array:
 
 
 def accumulate(forward: Forward, params: Any, model_state: Any, inputs: jax.Array, batch: Batch, k: int,
-               drop_key: jax.Array | None, constrain: Callable[[Any], Any] = lambda g: g) -> Gradients:
+               drop_key: jax.Array | None, constrain: Callable[[Any], Any] = lambda g: g,
+               aux_coef: float = 0.0) -> Gradients:
     """The gradients of the mean loss of (`inputs`, `batch`), prepared whole, run as `k` microbatches in a scan.
 
     The model state is threaded through the microbatches (a model's RNG streams advance per call); microbatch
@@ -54,7 +66,7 @@ def accumulate(forward: Forward, params: Any, model_state: Any, inputs: jax.Arra
 
     def objective(p: Any, state: Any, x: jax.Array, b: Batch, key: jax.Array | None) -> tuple[jax.Array, Any]:
         t, after = forward(p, state, x, b, key)
-        return t.loss_sum.sum(), (t, after)
+        return t.objective_sum(aux_coef), (t, after)
 
     scores: list[bool] = []  # whether the task counts right answers, learnt when the scan traces its body
 
@@ -63,17 +75,25 @@ def accumulate(forward: Forward, params: Any, model_state: Any, inputs: jax.Arra
         acc, state = carry
         x, b, j = xs
         key = None if drop_key is None else jax.random.fold_in(drop_key, j)
-        (loss_sum, (t, after)), grads = jax.value_and_grad(objective, has_aux=True)(params, state, x, b, key)
+        (_, (t, after)), grads = jax.value_and_grad(objective, has_aux=True)(params, state, x, b, key)
         scores.append(t.correct is not None)
-        step = {"grads": grads, "loss_sum": loss_sum, "count": t.count.sum(),
+        step = {"grads": grads, "loss_sum": t.loss_sum.sum(), "count": t.count.sum(),
                 "correct": jnp.zeros(()) if t.correct is None else t.correct.sum()}
+        if t.moe is not None:
+            step["moe"] = moe_sums(t)
         acc = jax.tree.map(lambda a, d: a + d.astype(jnp.float32), acc, step)
         return ({**acc, "grads": constrain(acc["grads"])}, after), None
 
     zero = jnp.zeros((), jnp.float32)
     start = {"grads": constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)),
              "loss_sum": zero, "count": zero, "correct": zero}
+    # Whether the model returns a mixture's terms is known once it is traced: trace one microbatch's terms.
+    first = jax.eval_shape(lambda: forward(params, model_state, micro[0][0], jax.tree.map(lambda x: x[0], micro[1]),
+                                           None)[0])
+    if first.moe is not None:
+        start["moe"] = {"aux": zero, "dropped": zero, "examples": zero}
     (acc, after), _ = jax.lax.scan(body, (start, model_state), micro)
     count = acc["count"]
     grads = jax.tree.map(lambda g, p: (g / count).astype(p.dtype), acc["grads"], params)
-    return Gradients(acc["loss_sum"] / count, count, acc["correct"] if scores[0] else None, after, grads)
+    return Gradients(acc["loss_sum"] / count, count, acc["correct"] if scores[0] else None, after, grads,
+                     acc.get("moe"))

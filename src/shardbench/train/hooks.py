@@ -54,6 +54,9 @@ class EpochMeter:
         return {k: v / max(self.count, 1) for k, v in self.sums.items()}
 
 
+SUMMED_METRICS = ("moe_dropped",)
+
+
 @dataclass
 class Metrics:
     """Each step's metrics, brought to the host one step late and checked: a non-finite loss or gradient
@@ -64,6 +67,10 @@ class Metrics:
     meter: EpochMeter = field(default_factory=EpochMeter)
     pending: tuple[int, dict[str, jax.Array]] | None = None
     last: dict[str, float] = field(default_factory=dict)
+    # Metrics the run record sums over every step of this invocation (a mixture's dropped assignments), and the
+    # steps they cover.
+    totals: dict[str, float] = field(default_factory=dict)
+    settled: int = 0
 
     def push(self, step: int, metrics: dict[str, jax.Array]) -> None:
         """The step just dispatched; the one before it is settled now."""
@@ -88,6 +95,10 @@ class Metrics:
                                    f"training stopped; {self.last_good()}")
         self.meter.add(values)
         self.last = values
+        for name in SUMMED_METRICS:
+            if name in values:
+                self.totals[name] = self.totals.get(name, 0.0) + values[name]
+        self.settled += 1
         return values
 
 

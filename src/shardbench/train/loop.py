@@ -20,6 +20,7 @@ from shardbench.measure import run_record
 from shardbench.measure.collect import Clocks, RunSetup, build_measurements, default_run_name
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.timing import StepTimer, fit_warmup
+from shardbench.models.moe import capacity
 from shardbench import compile_cache
 from shardbench.train import hooks
 from shardbench.train.build import BuiltRun, FinishedRun, build_run
@@ -119,6 +120,21 @@ def _summary(built: BuiltRun, run: hooks.LoopState, writer: ScalarWriter, run_na
         mesh="none" if layout.mesh is None else str(layout.shape), devices=layout.shape.size,
         out=str(checked.out), measurements=measured, dataset={"name": checked.dataset.name, **checked.dataset.info},
         profile=None if window.path is None else str(window.path), device_kind=measured.device_kind,
-        **run_record.provenance(), **test,
+        moe=moe_record(cfg, run.metrics), **run_record.provenance(), **test,
         **({} if unit == "examples" or rate is None else {f"{unit}_per_s": rate.units_per_s}))
     return {k: v for k, v in run_record.to_json(record).items() if v is not None}
+
+
+def moe_record(cfg: Config, metrics: hooks.Metrics) -> run_record.MoE | None:
+    """A mixture of experts' routing and the assignments it dropped over this invocation's steps (None without
+    experts)."""
+    m = cfg.model
+    if not m.num_experts or m.factory:
+        return None
+    per_step = cfg.train.batch_size * m.seq_len * m.top_k * m.num_layers
+    dropped, steps = metrics.totals.get("moe_dropped", 0.0), metrics.settled
+    return run_record.MoE(
+        experts=m.num_experts, top_k=m.top_k, capacity_factor=m.capacity_factor,
+        capacity=capacity(m.seq_len, m.num_experts, m.top_k, m.capacity_factor), assignments_per_step=per_step,
+        dropped=dropped, dropped_per_step=dropped / steps if steps else None,
+        dropped_fraction=dropped / (per_step * steps) if steps else None, aux_loss=metrics.last.get("moe_aux_loss"))

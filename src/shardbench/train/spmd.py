@@ -120,7 +120,7 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
         grads = g.grads
         if grad_shardings is not None:  # each device keeps only its slice of the summed gradients
             grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
-        metrics = parts.train_metrics(state, g.loss, g.correct, g.count, grads)
+        metrics = parts.train_metrics(state, g.loss, g.correct, g.count, grads, g.moe)
         return parts.apply_update(state, grads, g.model_state), metrics
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:

@@ -22,7 +22,7 @@ from shardbench.measure.timing import CompileTimes, compile_timed
 from shardbench.tasks import Rows, Task, Terms
 from shardbench.optim import ema_params
 from shardbench.models.spec import ModelSpec
-from shardbench.train.accum import Gradients, accumulate
+from shardbench.train.accum import Gradients, accumulate, moe_sums
 from shardbench.train.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -117,7 +117,7 @@ class StepParts:
         """The training objective of `batch` (mean over its targets), its terms and the model's other
         variables after the step: differentiate this with respect to `params`."""
         t, after = self.terms(params, model_state, batch, step, train=True, rows=rows, drop_key=drop_key, fold=fold)
-        return t.loss_sum.sum() / t.count.sum(), (t, after)
+        return t.objective_sum(self.cfg.model.aux_loss_coef) / t.count.sum(), (t, after)
 
     def gradients(self, params: Any, model_state: Any, batch: Batch, step: jax.Array, rows: Rows,
                   drop_key: jax.Array | None = None, fold: jax.Array | None = None,
@@ -129,9 +129,11 @@ class StepParts:
         (1F1B), called as `accumulate` is."""
         k = self.cfg.train.grad_accum
         if k == 1 and by_schedule is None:
-            (loss, (t, after)), grads = jax.value_and_grad(self.mean_loss, has_aux=True)(
+            (_, (t, after)), grads = jax.value_and_grad(self.mean_loss, has_aux=True)(
                 params, model_state, batch, step, rows, drop_key, fold)
-            return Gradients(loss, t.count.sum(), None if t.correct is None else t.correct.sum(), after, grads)
+            # The loss reported is the task's (a mixture's load-balancing loss is reported apart, in `moe`).
+            return Gradients(t.loss_sum.sum() / t.count.sum(), t.count.sum(),
+                             None if t.correct is None else t.correct.sum(), after, grads, moe_sums(t))
         inputs, prepared = self.prepare(batch, step, train=True, rows=rows)
         drop = self.keys(step)[1] if drop_key is None else drop_key
 
@@ -140,7 +142,8 @@ class StepParts:
 
         if by_schedule is not None:
             return by_schedule(forward, params, model_state, inputs, prepared, like_params=constrain)
-        return accumulate(forward, params, model_state, inputs, prepared, k, drop, constrain)
+        return accumulate(forward, params, model_state, inputs, prepared, k, drop, constrain,
+                          self.cfg.model.aux_loss_coef)
 
     @staticmethod
     def eval_params(state: TrainState) -> Any:
@@ -153,10 +156,13 @@ class StepParts:
         return TrainState(state.step + 1, optax.apply_updates(state.params, updates), opt_state, model_state)
 
     def train_metrics(self, state: TrainState, loss: jax.Array, correct: jax.Array | None, count: jax.Array,
-                      grads: Any) -> Metrics:
+                      grads: Any, moe: dict[str, jax.Array] | None = None) -> Metrics:
         metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": self.schedule(state.step)}
         if correct is not None:
             metrics["accuracy"] = correct / count
+        if moe is not None:  # the batch's mean load-balancing loss and its assignments dropped over capacity
+            metrics["moe_aux_loss"] = moe["aux"] / moe["examples"]
+            metrics["moe_dropped"] = moe["dropped"]
         return metrics
 
 
