@@ -76,8 +76,9 @@ def test_the_strategies_preset_runs_every_strategy_on_a_mesh_it_takes() -> None:
     from shardbench.parallel.rules import STRATEGIES, make_layout
 
     runs = make_sweep("strategies").runs
-    # Pipelines have their own needs, and expert parallelism needs a model with experts (the moe preset runs it).
-    unstaged = [name for name, s in STRATEGIES.items() if "stage" not in s.axes and "expert" not in s.axes]
+    # Pipelines have their own needs, expert parallelism needs a model with experts (the moe preset runs it), and
+    # context parallelism a sequence its seq axis splits (the long-context preset runs it).
+    unstaged = [name for name, s in STRATEGIES.items() if not {"stage", "expert", "seq"} & set(s.axes)]
     assert sorted(r.settings["parallel.strategy"] for r in runs) == sorted(unstaged)
     for r in runs:
         devices = jax.devices()[:1 if r.settings["parallel.mesh"] == "none" else 8]
@@ -115,6 +116,27 @@ def test_every_run_of_the_pipeline_preset_passes_trains_checks() -> None:
     from shardbench.sweep.preflight import refusals
 
     assert refusals(make_sweep("pipeline")) == {}
+
+
+def test_the_long_context_preset_runs_six_layouts_to_4k_and_the_ring_to_8k() -> None:
+    runs = [r.settings for r in make_sweep("long-context").runs]
+    layouts = {(r["parallel.strategy"], r.get("parallel.context", "all-gather"), r["parallel.mesh"],
+                r.get("parallel.sequence_parallel", False)) for r in runs}
+    assert layouts == {("dp", "all-gather", "4", False), ("fsdp", "all-gather", "4", False),
+                       ("dp+tp", "all-gather", "data=2,model=2", True),
+                       ("dp+tp", "all-gather", "data=2,model=2", False),
+                       ("cp", "all-gather", "seq=4", False),
+                       ("cp", "ring", "seq=4", False)}
+    lengths = sorted((r["model.seq_len"], r["parallel.strategy"], r.get("parallel.context")) for r in runs)
+    assert [t for t, *_ in lengths] == [256] * 2 + [512] * 2 + [1024] * 6 + [2048] * 6 + [4096] * 6 + [8192]
+    assert all(r["parallel.devices"] == 4 and r["train.batch_size"] == 4 and r["train.steps"] == 3 for r in runs)
+
+
+@pytest.mark.slow
+def test_every_run_of_the_long_context_preset_passes_trains_checks() -> None:
+    from shardbench.sweep.preflight import refusals
+
+    assert refusals(make_sweep("long-context")) == {}
 
 
 def test_command_line_values_override_a_sweep_preset() -> None:

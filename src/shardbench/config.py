@@ -20,7 +20,11 @@ from shardbench.errors import ConfigError
 from shardbench.fields import FRACTION, POSITIVE, Range, Spec, setting, spec_of
 
 STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp", "pp", "dp+pp", "fsdp+pp",
-              "pp+tp", "dp+pp+tp", "fsdp+pp+tp", "ep", "dp+ep", "fsdp+ep", "ep+tp")
+              "pp+tp", "dp+pp+tp", "fsdp+pp+tp", "ep", "dp+ep", "fsdp+ep", "ep+tp", "cp", "dp+cp", "fsdp+cp", "cp+tp")
+# How attention sees the keys and values of a sequence split over the seq axis (shardbench.parallel.context), and
+# the order its chunks are dealt to the devices (head-tail: device i holds chunks i and 2N-1-i of 2N).
+CONTEXT_MODES = ("all-gather", "ring")
+CONTEXT_ORDERS = ("head-tail", "contiguous")
 # Pipeline schedules (shardbench.parallel.pipeline; 1F1B's hand-written backward in shardbench.train.one_f_one_b).
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "circular")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -205,13 +209,13 @@ class ParallelConfig:
         "auto", "how parameters, gradients, optimizer state and batches are split (zero1/zero2: optimizer state, "
         "and gradients too, over data; pp: stacked layers in pipeline stages over stage, combined with dp, fsdp and tp "
         "as dp+pp, fsdp+pp, pp+tp, dp+pp+tp; ep: a mixture's experts over expert, tokens dispatched by all-to-all, as "
-        "ep, dp+ep, fsdp+ep, ep+tp); auto: the plainest strategy that uses every axis the mesh splits (single "
-        "for --mesh none, dp for data, tp for model, dp+tp for both, pp for stage, dp+pp, pp+tp, dp+pp+tp, ep for "
-        "expert, dp+ep)",
+        "ep, dp+ep, fsdp+ep, ep+tp; cp: the sequence split over seq, as dp+cp, fsdp+cp, cp+tp); auto: the plainest "
+        "strategy that uses every axis the mesh splits (single for --mesh none, dp for data, tp for model, dp+tp for "
+        "both, pp for stage, dp+pp, pp+tp, dp+pp+tp, ep for expert, dp+ep, cp for seq, dp+cp, cp+tp)",
         choices=STRATEGIES, short="--strategy")
     mesh: str = setting(
-        "", "device mesh: N (all on the strategy's axis), AxB (data x model), name=N,... over data, stage, model and "
-        "expert (data=2,stage=4), or none (one device, no mesh); '' = every device on the strategy's axis",
+        "", "device mesh: N (all on the strategy's axis), AxB (data x model), name=N,... over data, stage, model, "
+        "expert and seq (data=2,stage=4), or none (one device, no mesh); '' = every device on the strategy's axis",
         short="--mesh")
     devices: int = setting(
         0, "devices to use (0 = all); without accelerators, simulates N CPU devices",
@@ -235,6 +239,16 @@ class ParallelConfig:
         1, "pp, --parallel.schedule circular: times each microbatch loops through the stages; the stack splits "
         "into stages x repeats chunks, stage s holding chunks s, s+S, s+2S, ...; the bubble is about "
         "(S-1)/(R*M+S-1)", range=Range(1))
+    context: str = setting(
+        "all-gather", "cp: how attention reaches the keys and values of the sequence split over seq (all-gather: "
+        "each device gathers every key and value; ring: blocks passed around the seq axis with ppermute, an online "
+        "softmax)", choices=CONTEXT_MODES)
+    context_order: str = setting(
+        "head-tail", "cp: which sequence chunks each device holds (head-tail: chunks i and 2N-1-i of 2N, so "
+        "causal attention gives every device as much work; contiguous: chunk i of N)", choices=CONTEXT_ORDERS)
+    sequence_parallel: bool = setting(
+        False, "tp: split the LayerNorm and dropout regions along the sequence over model (Megatron's sequence "
+        "parallelism): an all-gather and a reduce-scatter in place of each all-reduce")
 
 
 @dataclass(frozen=True)

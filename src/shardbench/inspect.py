@@ -21,11 +21,12 @@ from shardbench.errors import ConfigError
 from shardbench.measure.memory import gradient_buffers, per_device_bytes
 from shardbench.measure.params import ParamRow, format_placements, format_table, param_table, picture
 from shardbench.models.axes import EXPERT, LAYERS
-from shardbench.parallel.mesh import MESH_AXES, STAGE
+from shardbench.parallel.mesh import MESH_AXES, SEQUENCE, STAGE
 from shardbench.parallel.rules import Layout, flat_by_path, make_layout
 from shardbench.optim import build_optimizer
 from shardbench.models.spec import ModelSpec, describe_model
-from shardbench.parallel.checks import check_experts, check_layout, check_pipeline
+from shardbench.parallel.checks import check_context, check_experts, check_layout, check_pipeline, sequence_length
+from shardbench.parallel.context import positions, uses_context
 from shardbench.parallel.pipeline import (
     bubble_fraction, microbatch_count, schedule_repeats, stage_layers, uses_pipeline,
 )
@@ -86,6 +87,24 @@ def pipeline_lines(cfg: Config, rows: list[ParamRow], layout: Layout) -> list[st
     return lines
 
 
+def context_lines(cfg: Config, layout: Layout) -> list[str]:
+    """Which tokens of the sequence each device's block holds, by their true positions (head-tail: chunks i and
+    2N-1-i), on which devices, and how attention reaches the others' keys and values."""
+    n, length, order = layout.shape.seq, sequence_length(cfg), cfg.parallel.context_order
+    table = positions(length, n, order).reshape(n, -1)
+    how = {"all-gather": "each device gathers every key and value (an all-gather per layer, a reduce-scatter of "
+                         "their gradients back)",
+           "ring": f"key/value blocks passed around the seq axis, {n - 1} ppermutes per layer forward and as many "
+                   f"back, an online softmax"}[cfg.parallel.context]
+    lines = [f"context ({cfg.parallel.context}, {order}): {length} tokens over {n} seq devices, {length // n} each; "
+             f"{how}", "which tokens each seq block holds (true positions), on which devices:"]
+    devices = layout.mesh.devices if layout.mesh is not None else None
+    for i in range(n):
+        ids = ",".join(str(d.id) for d in np.take(devices, i, axis=MESH_AXES.index(SEQUENCE)).flat)
+        lines.append(f"  seq {i}: tokens {_spans(sorted(table[i].tolist()))} on devices {ids}")
+    return lines
+
+
 def expert_lines(rows: list[ParamRow], layout: Layout) -> list[str]:
     """Which experts each device holds (of every block: the stacked experts share their placement), read off the
     sharding of the first parameter with an expert dim; devices holding the same experts on one line."""
@@ -119,18 +138,20 @@ def _spans(layers: list[int]) -> str:
 def inspect(cfg: Config, array: str = "") -> str:
     """The parameter table, one array's picture (`array`, '' = the model's default) and the batch's."""
     validate(cfg)
-    layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, select_devices(cfg.parallel.devices))
+    layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, select_devices(cfg.parallel.devices),
+                         cfg.parallel.sequence_parallel)
     spec = describe_model(cfg)
     check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
                    schedule=cfg.parallel.schedule, repeats=cfg.parallel.repeats)
     check_experts(spec, layout, cfg.parallel.spmd)
+    check_context(cfg, layout)
     check_layout(spec, layout)
     rows = param_table(spec.axes, spec.shapes, cfg.precision.param_dtype, layout)
     tx: optax.GradientTransformation = build_optimizer(cfg.optim, 100)
     target = abstract_train_state(spec, layout, tx)
     gradients = gradient_buffers(target.params, gradient_shardings(spec, layout))
     split = " x ".join(axis for axis, size in layout.shape.items() if size > 1)
-    two_axes = layout.shape.stage == 1 and layout.shape.expert == 1  # '4x2' is data x model
+    two_axes = str(layout.shape).count('x') == 1  # '4x2' is data x model
     mesh = "none" if layout.mesh is None else (f"{layout.shape} (data x model)" if two_axes
                                                else f"{layout.shape} ({split})")
     lines = [
@@ -151,6 +172,13 @@ def inspect(cfg: Config, array: str = "") -> str:
         lines[-1:-1] = ["", *pipeline_lines(cfg, rows, layout)]
     if any(EXPERT in r.axes for r in rows):
         lines[-1:-1] = ["", *expert_lines(rows, layout)]
+    if uses_context(layout):
+        lines[-1:-1] = ["", *context_lines(cfg, layout)]
+    if layout.sequence_parallel:
+        length = sequence_length(cfg)
+        lines[-1:-1] = ["", f"sequence parallelism: LayerNorm, dropout and the residual stream split along the "
+                            f"sequence over model, {length // layout.shape.model} of {length} tokens per device; "
+                            f"q/k/v and the MLP's hidden width over model as tp splits them"]
     if jax.tree.leaves(target.model_state):
         lines[-1:-1] = model_state_lines(spec, target.model_state)
     by_path = {r.path: r for r in rows}

@@ -21,7 +21,7 @@ from shardbench.devices import select_devices
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.models.spec import ModelSpec, check_outputs, describe_model
 from shardbench.parallel.checks import (
-    check_accumulation, check_batch, check_experts, check_layout, check_pipeline, check_style,
+    check_accumulation, check_batch, check_context, check_experts, check_layout, check_pipeline, check_style,
 )
 from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
@@ -58,7 +58,7 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
         check_outputs(cfg, spec)
     if devices is None:
         devices = select_devices(cfg.parallel.devices)
-    layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices)
+    layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices, cfg.parallel.sequence_parallel)
     check_style(cfg.parallel.spmd, layout)
     # Before the layout's divisibility: a stack that does not split into stages is said in the pipeline's words.
     # (The built-in models' dropout flags: a model of your own draws its own, and passes none into its stack.)
@@ -68,6 +68,7 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
     check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
                    random_layers, cfg.parallel.schedule, cfg.parallel.repeats)
     check_experts(spec, layout, cfg.parallel.spmd)
+    check_context(cfg, layout)
     check_layout(spec, layout)
     check_batch("--batch-size", cfg.train.batch_size, layout)
     check_batch("--train.eval-batch-size", cfg.train.eval_batch, layout)

@@ -21,7 +21,8 @@ from shardbench.measure.run_record import (
 )
 from shardbench.measure.timing import StepTimer
 from shardbench.naming import config_run_name
-from shardbench.parallel.mesh import MESH_AXES, STAGE
+from shardbench.parallel.context import uses_context
+from shardbench.parallel.mesh import MESH_AXES, SEQUENCE, STAGE
 from shardbench.parallel.pipeline import bubble_fraction, microbatch_count, schedule_repeats, uses_pipeline
 from shardbench.parallel.rules import Layout, resolve_strategy
 from shardbench.tasks import Task
@@ -187,6 +188,8 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
         memory=memory,
         pipeline_transfers=(along_one_axis(comms.ops, layout.shape.sizes, MESH_AXES.index(STAGE))
                             if comms is not None and uses_pipeline(layout) else None),
+        context_transfers=(along_one_axis(comms.ops, layout.shape.sizes, MESH_AXES.index(SEQUENCE))
+                           if comms is not None and uses_context(layout) else None),
         comms={} if comms is None else dict(comms.by_kind),
         comms_total_bytes=0 if comms is None else comms.total_bytes,
     )

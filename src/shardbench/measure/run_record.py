@@ -166,6 +166,10 @@ class Measurements:
                                                    "source-target pair crosses the stage axis alone (activations "
                                                    "one stage on, their gradients one stage back), per device per "
                                                    "step; counted in comms too; none without a pipeline")
+    context_transfers: Collective | None = _f("", "context parallelism's ring transfers: the collective-permutes "
+                                                  "whose every source-target pair crosses the seq axis alone (ring "
+                                                  "attention's key/value blocks, their gradients back), per device "
+                                                  "per step; counted in comms too; none without a seq axis")
     compile: CompileTimes | None = _f("", "compile time of the train step")
     step_time_s: StepTimes | None = _f("", "step times")
     epoch_time_s: list[float] = _list("s", "wall time of each whole epoch (data included, evaluation excluded)")

@@ -3,7 +3,8 @@ of layers is run.
 
 Models name the dimensions of their parameters and activations ('batch', 'embed', 'heads', ...).
 They never see a mesh: the parallel layer installs a constraint function while it traces a step, and may install a
-stack runner (a pipeline over stages) that takes over running the stacked layers.
+stack runner (a pipeline over stages) that takes over running the stacked layers, and a sequence split (context
+parallelism) that takes over attention and says in which order the sequence is laid out.
 """
 
 from __future__ import annotations
@@ -11,14 +12,19 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 Axes = tuple[str | None, ...]
 
 BATCH = "batch"
 SEQ = "seq"
+# The sequence dim of the residual stream, where LayerNorm and dropout work (MaxText's activation_norm_length): a
+# name of its own so that sequence parallelism can split it over the model axis while the matmuls' inputs (SEQ)
+# stay whole there; every other strategy maps it as SEQ.
+NORM_SEQ = "norm_seq"
 EMBED = "embed"  # model width: the residual stream and one side of every kernel
 MLP = "mlp"  # hidden width of the feed-forward block
 HEADS = "heads"  # attention heads
@@ -75,3 +81,46 @@ def stack_runner(fn: StackRunner | None) -> Iterator[None]:
         yield
     finally:
         _stack_runner.reset(token)
+
+
+class SequenceSplit(Protocol):
+    """What the parallel layer installs while it traces a step whose sequence is split over devices (context
+    parallelism): the order in which a model should lay out its sequence, and how attention is computed over it."""
+
+    def order(self, length: int) -> np.ndarray | None:
+        """The true position of each row of the sequence as the model should lay it out, or None (in order)."""
+        ...
+
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool,
+               precision: jax.lax.Precision) -> jax.Array:
+        """Softmax attention over (batch, seq, heads, head_dim) q/k/v laid out in `order`'s order."""
+        ...
+
+
+_sequence_split: contextvars.ContextVar[SequenceSplit | None] = contextvars.ContextVar("shardbench_sequence_split",
+                                                                                       default=None)
+
+
+def sequence_order(length: int) -> np.ndarray | None:
+    """The order a model lays its sequence of `length` rows out in (None: as given). A model whose attention
+    is causal and goes through `run_attention` must embed its tokens in this order, with their true positions, and
+    give its outputs back in token order (`shardbench.models.lm`)."""
+    split = _sequence_split.get()
+    return None if split is None else split.order(length)
+
+
+def run_attention(plain: Callable[[jax.Array, jax.Array, jax.Array], jax.Array], q: jax.Array, k: jax.Array,
+                  v: jax.Array, *, causal: bool, precision: jax.lax.Precision) -> jax.Array:
+    """`plain(q, k, v)`, or the installed split's attention over a sequence split over devices."""
+    split = _sequence_split.get()
+    return plain(q, k, v) if split is None else split.attend(q, k, v, causal=causal, precision=precision)
+
+
+@contextlib.contextmanager
+def sequence_split(split: SequenceSplit | None) -> Iterator[None]:
+    """Install `split` for every attention and sequence traced meanwhile."""
+    token = _sequence_split.set(split)
+    try:
+        yield
+    finally:
+        _sequence_split.reset(token)

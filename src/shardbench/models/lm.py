@@ -11,7 +11,9 @@ import numpy as np
 from flax import nnx
 
 from shardbench.config import ModelConfig
-from shardbench.models.axes import BATCH, EMBED, EXPERT, HEADS, MLP, NORM, SEQ, VOCAB, constrain
+from shardbench.models.axes import (
+    BATCH, EMBED, EXPERT, HEADS, MLP, NORM, NORM_SEQ, SEQ, VOCAB, constrain, sequence_order,
+)
 from shardbench.models.moe import MoEOutputs, expert_flops
 from shardbench.models.transformer import BlockStack, block_flops, kernel_init, layer_norm, param
 
@@ -53,10 +55,20 @@ class TransformerLM(nnx.Module):
     def __call__(self, tokens: jax.Array, *, rng: jax.Array | None = None) -> jax.Array:
         dtype, precision = self.dtype, self.precision
         seq = tokens.shape[1]
+        positions = self.pos_embed[...][:seq]
+        # A sequence split over devices may be laid out in another order (context parallelism's head-tail chunks):
+        # the tokens are taken in that order with their true positions, and the blocks' output put back in token
+        # order before the head. The tokens are whole on every device, so the first costs nothing; the second is
+        # one exchange of the (batch, seq, embed) activations, smaller than the logits.
+        order = sequence_order(seq)
+        if order is not None:
+            tokens, positions = tokens[:, order], positions[order]
         x = jnp.take(self.token_embed[...].astype(dtype), tokens, axis=0)
-        x = constrain(x + self.pos_embed[...][:seq].astype(dtype), (BATCH, SEQ, EMBED))
+        x = constrain(x + positions.astype(dtype), (BATCH, NORM_SEQ, EMBED))
         x = self.blocks(x, rng=rng, precision=precision)
         x, stats = x if self.blocks.experts else (x, None)
+        if order is not None:
+            x = constrain(x[:, np.argsort(order)], (BATCH, NORM_SEQ, EMBED))
         x = layer_norm(x, self.norm_scale[...], self.norm_bias[...])
         logits = jnp.einsum("bse,ev->bsv", x, self.head_kernel[...].astype(dtype), precision=precision)
         if stats is not None:  # a mixture of experts: its loss and drops go to the task with the logits

@@ -15,8 +15,9 @@ from flax import nnx
 
 from shardbench.config import ModelConfig
 from shardbench.errors import ConfigError
-from shardbench.models.axes import (BATCH, EMBED, EXPERT, HEADS, KV, LAYERS, MLP, NORM, SEQ, Axes, constrain,
-                                    run_stack)
+from shardbench.models.axes import (
+    BATCH, EMBED, EXPERT, HEADS, KV, LAYERS, MLP, NORM, NORM_SEQ, SEQ, Axes, constrain, run_attention, run_stack,
+)
 from shardbench.models.moe import experts_mlp
 
 # A mixture of experts' parameters, in place of the MLP's (mlp1/mlp2 kernels and biases) in each block.
@@ -335,14 +336,20 @@ class BlockStack(nnx.Module):
             words = jax.random.bits(jax.random.fold_in(key, 1), (4,), jnp.uint32) if drop_path else None
             branch = (lambda h, salt: h) if not drop_path else (
                 lambda h, salt: drop_rows(h, path_rate, words[2 * salt - 2:2 * salt]))
-            h = layer_norm(x, p["ln1_scale"], p["ln1_bias"])
+            # LayerNorm's output enters the matmuls whole along the sequence (SEQ), where the residual stream around
+            # it may be split (NORM_SEQ: sequence parallelism gathers it here and reduce-scatters after).
+            h = constrain(layer_norm(x, p["ln1_scale"], p["ln1_bias"]), (BATCH, SEQ, EMBED))
             q, k, v = (constrain(t, (BATCH, SEQ, HEADS, KV))
                        for t in project_qkv(h, p["qkv_kernel"], p["qkv_bias"], qkv_layout, precision))
-            attn = attention(q, k, v, kind=kind, precision=precision, causal=causal, pad_multiple=pad_multiple,
-                             scale=p["lsa_scale"] if lsa else None, mask_diagonal=lsa)
+            # A sequence split over devices (context parallelism) brings its own attention (models/axes.py).
+            attn = run_attention(lambda q, k, v: attention(
+                q, k, v, kind=kind, precision=precision, causal=causal, pad_multiple=pad_multiple,
+                scale=p["lsa_scale"] if lsa else None, mask_diagonal=lsa), q, k, v, causal=causal,
+                precision=precision)
+            attn = constrain(attn, (BATCH, SEQ, HEADS, KV))  # (and so its gradient: heads split as q/k/v's are)
             attn = jnp.einsum("bqhd,hde->bqe", attn, p["out_kernel"], precision=precision) + p["out_bias"]
-            x = constrain(x + branch(attn, 1), (BATCH, SEQ, EMBED))
-            h = layer_norm(x, p["ln2_scale"], p["ln2_bias"])
+            x = constrain(x + branch(attn, 1), (BATCH, NORM_SEQ, EMBED))
+            h = constrain(layer_norm(x, p["ln2_scale"], p["ln2_bias"]), (BATCH, SEQ, EMBED))
             if experts:
                 h, aux, dropped = experts_mlp(h, p, top_k=top_k, capacity_factor=capacity_factor,
                                               precision=precision)
@@ -351,7 +358,7 @@ class BlockStack(nnx.Module):
                 h = jnp.einsum("bse,em->bsm", h, p["mlp1_kernel"], precision=precision) + p["mlp1_bias"]
                 h = constrain(dropout(jax.nn.gelu(h), rate, k1), (BATCH, SEQ, MLP))
                 h = jnp.einsum("bsm,me->bse", h, p["mlp2_kernel"], precision=precision) + p["mlp2_bias"]
-            x = constrain(x + branch(dropout(h, rate, k2), 2), (BATCH, SEQ, EMBED))
+            x = constrain(x + branch(dropout(h, rate, k2), 2), (BATCH, NORM_SEQ, EMBED))
             return ((x, stats) if experts else x), None
 
         if experts:  # the router's probabilities and the load-balancing loss stay float32

@@ -31,7 +31,7 @@ from flax import nnx
 
 from shardbench.config import ModelConfig
 from shardbench.errors import ConfigError
-from shardbench.models.axes import BATCH, CLASSES, EMBED, HEADS, MLP, NORM, PATCH, SEQ, constrain
+from shardbench.models.axes import BATCH, CLASSES, EMBED, HEADS, MLP, NORM, NORM_SEQ, PATCH, SEQ, constrain
 from shardbench.models.transformer import EINSUM, BlockStack, block_flops, kernel_init, layer_norm, param
 
 # The conv stem (CCT's Tokenizer, kernel_size=3 as in CCT-x/3xN): 3x3 convolutions of stride 1, padding 1, no bias;
@@ -209,7 +209,7 @@ class VisionTransformer(nnx.Module):
             cls = jnp.broadcast_to(self.cls_token[...].astype(dtype), (b, 1, x.shape[-1]))
             x = jnp.concatenate([cls, x], axis=1)
         x = x + self.pos_embed[...].astype(dtype)
-        x = constrain(x, (BATCH, SEQ, EMBED))
+        x = constrain(x, (BATCH, NORM_SEQ, EMBED))
         x = self.encoder(x, rng=rng, precision=precision)
         if self.pool == "cls":
             x = layer_norm(x[:, 0], self.norm_scale[...], self.norm_bias[...])

@@ -7,11 +7,13 @@ import math
 
 import jax
 
+from shardbench.config import Config
 from shardbench.errors import ConfigError
 from shardbench.models.axes import EXPERT, LAYERS
 from shardbench.models.spec import ModelSpec, state_shapes
+from shardbench.models.vit import num_tokens
 from shardbench.parallel.mesh import EXPERT as EXPERT_AXIS
-from shardbench.parallel.mesh import STAGE
+from shardbench.parallel.mesh import MODEL, SEQUENCE, STAGE
 from shardbench.parallel.rules import STRATEGIES, Layout, flat_by_path
 
 
@@ -20,6 +22,13 @@ def check_style(style: str, layout: Layout) -> None:
     if style != "jit" and STAGE in layout.strategy.axes:
         raise ConfigError(f"--spmd {style} cannot run --strategy {layout.strategy.name}: its pipeline stages are "
                           f"vmapped over the stage axis in one global program, which only jit builds: use --spmd jit")
+    if style != "jit" and SEQUENCE in layout.strategy.axes:
+        raise ConfigError(f"--spmd {style} cannot run --strategy {layout.strategy.name}: its attention over the "
+                          f"sequence split over seq is written into the global program, which only jit builds: use "
+                          f"--spmd jit")
+    if style != "jit" and layout.sequence_parallel:
+        raise ConfigError(f"--spmd {style} with --parallel.sequence-parallel: the sequence's split over model is an "
+                          f"activation layout of the global program, which only jit builds: use --spmd jit")
     if style == "pmap":
         if not hasattr(jax, "pmap"):
             raise ConfigError(f"--spmd pmap: this JAX ({jax.__version__}) no longer provides jax.pmap; use "
@@ -39,6 +48,60 @@ def check_layout(spec: ModelSpec, layout: Layout) -> None:
     layout.check_divisible(spec.axes, spec.shapes, spec.axis_fields)
     if spec.state_axes:
         layout.check_divisible(spec.state_axes, state_shapes(spec), spec.axis_fields)
+
+
+def sequence_length(cfg: Config) -> int:
+    """The rows attention runs over: the lm's tokens, the vit's tokens (patches, and the class token), 0 for the
+    mlp."""
+    if cfg.model.kind == "lm":
+        return cfg.model.seq_len
+    if cfg.model.kind == "vit" and not cfg.model.factory:
+        return num_tokens(cfg.model, cfg.data.image_size)
+    return 0
+
+
+def check_context(cfg: Config, layout: Layout) -> None:
+    """Context parallelism (cp) needs a model whose attention goes through shardbench's (the lm and the vit), a
+    sequence that splits into the seq axis's blocks (head-tail: 2 x seq chunks), and attention that its own
+    replaces (einsum's, without LSA); --parallel.context ring means nothing without it. Sequence parallelism needs
+    tp's model axis, and a sequence the model axis divides."""
+    kind, custom, sequence = cfg.model.kind, bool(cfg.model.factory), sequence_length(cfg)
+    context, order, attention, lsa = (cfg.parallel.context, cfg.parallel.context_order, cfg.model.attention,
+                                      cfg.model.lsa)
+    name, shape = layout.strategy.name, layout.shape
+    if SEQUENCE not in layout.strategy.axes:
+        if context != "all-gather":
+            raise ConfigError(f"--parallel.context {context} passes keys and values around a seq axis, which "
+                              f"--strategy {name} does not split: use cp, dp+cp, fsdp+cp or cp+tp with --mesh "
+                              f"seq=N, or leave --parallel.context at all-gather")
+    else:
+        if custom or kind == "mlp":
+            what = ("a model of your own does not run shardbench's attention" if custom
+                    else "the mlp has no attention")
+            raise ConfigError(f"--strategy {name} splits the sequence that attention runs over, but {what}: use the "
+                              f"lm or the vit, or dp, fsdp or tp")
+        if attention in ("fused", "cudnn") or lsa:
+            what = "--model.lsa" if lsa else f"--model.attention {attention}"
+            raise ConfigError(f"--strategy {name} computes attention over the split sequence itself (einsum scores, "
+                              f"{context}), which {what} would replace: use --model.attention einsum"
+                              f"{' without --model.lsa' if lsa else ''}, or a strategy without cp")
+        chunks = 2 * shape.seq if order == "head-tail" else shape.seq
+        if sequence % chunks:
+            what = f"2 x seq = {chunks} chunks (head-tail)" if order == "head-tail" else f"{chunks} blocks"
+            raise ConfigError(f"--strategy {name}: a sequence of {sequence} rows does not split into {what} "
+                              f"(mesh {shape}): use a sequence that is a multiple of {chunks}, another seq size"
+                              f"{', or --parallel.context-order contiguous' if order == 'head-tail' else ''}")
+    if layout.sequence_parallel:
+        if MODEL not in layout.strategy.axes or shape.model == 1:
+            raise ConfigError(f"--parallel.sequence-parallel splits tp's LayerNorm and dropout regions along the "
+                              f"sequence over model, but --strategy {name} on mesh {shape} has no model axis: use tp, "
+                              f"dp+tp or fsdp+tp with --mesh model=N")
+        if SEQUENCE in layout.strategy.axes:
+            raise ConfigError(f"--parallel.sequence-parallel with --strategy {name}: the sequence is already split "
+                              f"over seq (cp), and splitting it over model too is not built: leave out one of them")
+        if sequence % shape.model:
+            raise ConfigError(f"--parallel.sequence-parallel: a sequence of {sequence} rows does not split over the "
+                              f"model axis ({shape.model} devices): use a multiple of {shape.model}")
 
 
 def check_batch(flag: str, size: int, layout: Layout) -> None:

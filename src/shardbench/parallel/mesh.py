@@ -19,11 +19,13 @@ from jax.sharding import AxisType, Mesh
 from shardbench.errors import ConfigError
 
 DATA, STAGE, MODEL, EXPERT = "data", "stage", "model", "expert"
+SEQUENCE = "seq"  # context parallelism: the sequence split over devices (shardbench.parallel.context)
 # Outermost first: the data axis spans hosts first, so a process holds neighbouring rows of the batch; pipeline
 # stages come next (each moves one microbatch's activations a step, less than a tensor-parallel layer does), and
 # the model axis is innermost, where the links are fastest. The expert axis (a mixture's experts, and with data the
-# batch outside them) comes last: appended, so that adding it moved no other axis.
-MESH_AXES: tuple[str, ...] = (DATA, STAGE, MODEL, EXPERT)
+# batch outside them) and the seq axis (context parallelism) come last: appended, so that adding them moved no
+# other axis.
+MESH_AXES: tuple[str, ...] = (DATA, STAGE, MODEL, EXPERT, SEQUENCE)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,10 @@ class MeshShape:
     @property
     def expert(self) -> int:
         return self[EXPERT]
+
+    @property
+    def seq(self) -> int:
+        return self[SEQUENCE]
 
     @property
     def size(self) -> int:

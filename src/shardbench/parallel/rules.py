@@ -30,8 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.models.axes import BATCH, EMBED, EXPERT, HEADS, LAYERS, MLP, Axes
-from shardbench.parallel.mesh import DATA, MODEL, STAGE, MeshShape, build_mesh, parse_mesh
+from shardbench.models.axes import BATCH, EMBED, EXPERT, HEADS, LAYERS, MLP, NORM_SEQ, SEQ, Axes
+from shardbench.parallel.mesh import DATA, MODEL, SEQUENCE, STAGE, MeshShape, build_mesh, parse_mesh
 from shardbench.parallel.mesh import EXPERT as EXPERT_AXIS
 
 # A logical name -> a mesh axis, or several (outermost first): expert parallelism splits the batch outside the
@@ -103,6 +103,14 @@ _PP: Rules = {LAYERS: STAGE}
 # the experts leave: data).
 _EP: Rules = {EXPERT: EXPERT_AXIS}
 _EP_BATCH: Rules = {BATCH: (DATA, EXPERT_AXIS)}
+# Context parallelism: activations split along the sequence over seq; parameters as the strategy it joins places
+# them (the position table's 'seq' dim is never split: no parameter tactic names it). Attention reaches the other
+# devices' keys and values as --parallel.context says (shardbench.parallel.context).
+_CP: Rules = {SEQ: SEQUENCE, NORM_SEQ: SEQUENCE}
+# Megatron's sequence parallelism inside tp (--parallel.sequence-parallel): the residual stream, where LayerNorm and
+# dropout work (the models name its sequence 'norm_seq'), is split along the sequence over model; the matmuls'
+# inputs ('seq') stay whole there, so XLA gathers them before and reduce-scatters after.
+_SP: Rules = {NORM_SEQ: MODEL}
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,14 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("ep+tp", (ByName({**_EP, **_TP}),), {**_EP_BATCH, **_EP, **_TP}, (EXPERT_AXIS, MODEL), EXPERT_AXIS,
                  "experts split over expert and each expert's MLP hidden (and attention's heads) over model as "
                  "Megatron splits them; batch split over expert; tokens dispatched by all-to-all"),
+        Strategy("cp", (), {BATCH: DATA, **_CP}, (SEQUENCE,), SEQUENCE,
+                 "context parallelism: the sequence split over seq, parameters replicated"),
+        Strategy("dp+cp", (), {BATCH: DATA, **_CP}, (DATA, SEQUENCE), DATA,
+                 "batch split over data, the sequence over seq; parameters replicated"),
+        Strategy("fsdp+cp", (Largest(DATA),), {BATCH: DATA, **_CP}, (DATA, SEQUENCE), DATA,
+                 "parameters sharded over data (ZeRO-3); batch split over data, the sequence over seq"),
+        Strategy("cp+tp", (ByName(_TP),), {BATCH: DATA, **_TP, **_CP}, (MODEL, SEQUENCE), SEQUENCE,
+                 "the sequence split over seq, Megatron tensor parallelism over model"),
     )
 }
 
@@ -235,6 +251,7 @@ class Layout:
     shape: MeshShape
     mesh: Mesh | None
     device: jax.Device
+    sequence_parallel: bool = False  # --parallel.sequence-parallel: the residual stream split along seq over model
 
     @property
     def data_size(self) -> int:
@@ -300,11 +317,16 @@ class Layout:
         size = hi - lo
         return lo // size, global_batch // size
 
+    def activation_spec(self, axes: Axes) -> PartitionSpec:
+        """Where an activation with logical `axes` lives: the strategy's compute table, and under sequence
+        parallelism the residual stream's sequence over model."""
+        return spec_for(axes, {**self.strategy.compute, **_SP} if self.sequence_parallel else self.strategy.compute)
+
     def constrain(self, x: jax.Array, axes: Axes) -> jax.Array:
         """The activation hook models call through `shardbench.models.axes.constrain`."""
         if self.mesh is None:
             return x
-        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec_for(axes, self.strategy.compute)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, self.activation_spec(axes)))
 
     def check_divisible(self, axes_tree: dict[str, Any], shapes: dict[str, Any],
                         axis_fields: Mapping[str, str]) -> None:
@@ -337,14 +359,14 @@ def is_axes(x: Any) -> bool:
 
 NO_MESH = ("none", "single")
 # What 'auto' may pick: per set of axes split, the strategy that splits only the batch and what the axes name.
-AUTO = ("dp", "tp", "dp+tp", "pp", "dp+pp", "pp+tp", "dp+pp+tp", "ep", "dp+ep")
+AUTO = ("dp", "tp", "dp+tp", "pp", "dp+pp", "pp+tp", "dp+pp+tp", "ep", "dp+ep", "cp", "dp+cp", "cp+tp")
 
 
 def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> str:
     """'auto' picks the strategy the mesh implies, as the seed's experiments use meshes:
     no mesh -> single, data axis only -> dp, model axis only -> tp, both -> dp+tp; stage axis only -> pp, data and
-    stage -> dp+pp, stage and model -> pp+tp, all three -> dp+pp+tp; expert only -> ep, data and expert -> dp+ep
-    (the plainest strategy over the axes split)."""
+    stage -> dp+pp, stage and model -> pp+tp, all three -> dp+pp+tp; expert only -> ep, data and expert -> dp+ep;
+    seq only -> cp, data and seq -> dp+cp, model and seq -> cp+tp (the plainest strategy over the axes split)."""
     if strategy_name != "auto":
         return strategy_name
     spec = mesh_spec.strip().lower()
@@ -356,7 +378,8 @@ def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> st
     return by_axes.get(split, "dp")
 
 
-def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device]) -> Layout:
+def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device],
+                sequence_parallel: bool = False) -> Layout:
     """Check the mesh against the strategy and devices, then build it (no compilation happens here)."""
     strategy = get_strategy(resolve_strategy(strategy_name, mesh_spec, len(devices)))
     spec = mesh_spec.strip().lower()
@@ -380,7 +403,7 @@ def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device]) -
                 f"devices: use --strategy {wider_strategy(strategy, axis)}, or put every device on "
                 f"{'/'.join(strategy.axes)}"
             )
-    return Layout(strategy, shape, build_mesh(shape, devices), devices[0])
+    return Layout(strategy, shape, build_mesh(shape, devices), devices[0], sequence_parallel)
 
 
 def wider_strategy(strategy: Strategy, axis: str) -> str:

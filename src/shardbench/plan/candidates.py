@@ -35,8 +35,10 @@ class Candidate:
 USES: dict[str, tuple[str, ...]] = {name: strategy.axes for name, strategy in STRATEGIES.items()}
 # What a plan considers unless --candidates names others: every strategy but the pipelines, each of which
 # multiplies into stages x microbatches x schedules (a compile each), so they are planned when named, and but the
-# expert-parallel ones, which a plan adds for a model with experts (`default_strategies`).
-DEFAULT: tuple[str, ...] = tuple(name for name, axes in USES.items() if "stage" not in axes and EXPERT not in axes)
+# expert-parallel ones, which a plan adds for a model with experts (`default_strategies`), and context parallelism,
+# which only a model with attention runs (the mlp is refused): planned when named.
+DEFAULT: tuple[str, ...] = tuple(name for name, axes in USES.items()
+                                 if "stage" not in axes and EXPERT not in axes and "seq" not in axes)
 EXPERT_PARALLEL: tuple[str, ...] = tuple(name for name, axes in USES.items() if EXPERT in axes)
 
 

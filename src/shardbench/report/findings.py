@@ -10,6 +10,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+from shardbench.report.context import context_findings
 from shardbench.report.pipeline import pipeline_findings
 from shardbench.report.speed import equivalence_findings, speed_findings
 
@@ -38,6 +39,10 @@ STRATEGY_ROLES: dict[str, str] = {
                 "and replicates them over the data axis",
     "fsdp+pp+tp": "FSDP+PP+TP splits the stacked layers into stages and their weight matrices over the model axis, "
                   "and shards every parameter over the data axis",
+    "cp": "CP splits the sequence over the seq axis and replicates parameters and optimizer state",
+    "dp+cp": "DP+CP splits the batch over the data axis and the sequence over the seq axis",
+    "fsdp+cp": "FSDP+CP shards parameters and optimizer state over the data axis and splits the sequence over seq",
+    "cp+tp": "CP+TP splits the sequence over the seq axis and the weight matrices over the model axis",
 }
 
 
@@ -316,6 +321,7 @@ def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, l
                 "Sharding strategies": strategy_findings(runs),
                 "Pipeline stages": pipeline_findings(runs),
                 "Experts": expert_findings(runs),
+                "Context parallelism": context_findings(runs),
                 "SPMD styles": spmd_findings(runs),
                 "What the data allows": loss_floor_findings(runs),
                 "Accuracy across seeds": seed_findings(runs, swept)}

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 LAYOUT_ONLY = frozenset({
     "parallel.strategy", "parallel.mesh", "parallel.devices", "parallel.spmd", "parallel.rules",
     "parallel.microbatches", "parallel.schedule", "parallel.repeats",  # a pipeline's, which computes as one device
+    "parallel.context", "parallel.context_order", "parallel.sequence_parallel",  # context and sequence parallelism
     "model.unroll", "model.remat", "model.attention", "model.qkv_layout", "model.attention_pad_multiple",
     "train.xla_presets", "train.compile_cache", "train.timing_warmup", "train.profile", "train.profile_skip",
     "train.profile_steps", "train.checkpoint_every", "train.keep_checkpoints", "train.eval_batch_size",

@@ -176,8 +176,9 @@ def strategies() -> SweepPreset:
     """Every strategy side by side on the same work, on 8 devices: each one in shardbench's table of strategies,
     on a mesh that splits every axis it uses (none for single, 8 over data, model=8, 4x2), but those with pipeline
     stages (pp, dp+pp, ...: any that uses the stage axis), whose stages must divide the model's layers and which
-    refuse dropout, and those with experts (ep, dp+ep, ...: the expert axis), which need a mixture of experts; the
-    `pipeline` and `moe` presets run them."""
+    refuse dropout, those with experts (ep, dp+ep, ...: the expert axis), which need a mixture of experts, and
+    context parallelism (cp, ...: the seq axis), which needs a sequence the seq axis splits (vit-seed's 65 tokens
+    do not); the `pipeline`, `moe` and `long-context` presets run them."""
     from shardbench.parallel.rules import DATA, MODEL, STRATEGIES  # JAX and flax, only when this preset is asked for
 
     meshes = {(): "none", (DATA,): "8", (MODEL,): "model=8", (DATA, MODEL): "4x2"}
@@ -254,6 +255,42 @@ def pipeline() -> SweepPreset:
     return SweepPreset(mlp_base, base, grids, pipeline.__doc__ or "")
 
 
+# The long-context preset: a narrow 2-block LM on 4 devices at batch 4 (one sequence per data shard), sized for
+# two CPU cores. A layout that holds a whole sequence's scores per device (dp, fsdp, tp with sequence parallelism,
+# and the all-gather's queries against every key: T^2 x heads x 4 bytes per layer, kept for the backward) stops at
+# 4k tokens (550-670 MiB per device compiled); the ring, whose block scores grow as (T/N)^2, goes on to 8k (1.26
+# GiB per device). At 16k the ring passed 20 GB on the 4 simulated devices: not in the preset.
+LONG_CONTEXT_DEVICES = 4
+LONG_CONTEXT_MODEL: Override = {"model.num_layers": 2, "model.embed_dim": 32, "model.num_heads": 2,
+                                "model.mlp_dim": 64, "model.vocab_size": 256, "train.batch_size": 4,
+                                "train.eval": False, "data.synthetic_train": 64, "data.synthetic_test": 8}
+LONG_CONTEXT_WHOLE = (1024, 2048, 4096)  # every layout
+LONG_CONTEXT_RING = (8192,)  # the ring alone
+LONG_CONTEXT_SHORT = (256, 512)  # the two context modes alone: where the all-gather might still win
+
+
+def long_context() -> SweepPreset:
+    """Long sequences on the LM: 2 blocks of width 32 on 4 devices at batch 4, 3 steps, at 1k, 2k and 4k tokens
+    under dp, fsdp, dp+tp without and with sequence parallelism (data=2,model=2), and context parallelism with
+    the keys and values all-gathered and with ring attention (seq=4, head-tail order); the ring alone at 8k, and
+    the two context modes alone at 256 and 512 tokens. The report says where the ring's step time falls below the
+    all-gather's."""
+    n = LONG_CONTEXT_DEVICES
+    whole: Axis = [{"parallel.strategy": "dp", "parallel.mesh": str(n)},
+                   {"parallel.strategy": "fsdp", "parallel.mesh": str(n)},
+                   {"parallel.strategy": "dp+tp", "parallel.mesh": f"data={n // 2},model=2"},
+                   {"parallel.strategy": "dp+tp", "parallel.mesh": f"data={n // 2},model=2",
+                    "parallel.sequence_parallel": True},
+                   {"parallel.strategy": "cp", "parallel.mesh": f"seq={n}", "parallel.context": "all-gather"},
+                   {"parallel.strategy": "cp", "parallel.mesh": f"seq={n}", "parallel.context": "ring"}]
+    ring: Axis = [whole[-1]]
+    grids = [Grid([[{"model.seq_len": t} for t in LONG_CONTEXT_WHOLE], whole]),
+             Grid([[{"model.seq_len": t} for t in LONG_CONTEXT_RING], ring]),
+             Grid([[{"model.seq_len": t} for t in LONG_CONTEXT_SHORT], whole[-2:]])]
+    base: Override = {"parallel.devices": n, "train.steps": 3, **LONG_CONTEXT_MODEL}
+    return SweepPreset("lm-seed", base, grids, long_context.__doc__ or "")
+
+
 def mlp_spmd_styles() -> SweepPreset:
     """The seed's MLP modes: one device with jit, jit on all devices, pmap, and shard_map (data parallel)."""
     runs = [{"parallel.strategy": "single", "parallel.mesh": "none", "parallel.spmd": "jit"},
@@ -282,7 +319,7 @@ def precision_accuracy() -> SweepPreset:
 SWEEP_PRESETS: dict[str, Callable[[], SweepPreset]] = {
     "mesh-grid": mesh_grid, "precision-grid": precision_grid, "strategies": strategies,
     "lm-replicated-vs-fsdp": lm_replicated_vs_fsdp, "zero": zero, "mlp-spmd-styles": mlp_spmd_styles,
-    "precision-accuracy": precision_accuracy, "pipeline": pipeline, "moe": moe,
+    "precision-accuracy": precision_accuracy, "pipeline": pipeline, "moe": moe, "long-context": long_context,
 }
 
 

@@ -5,7 +5,8 @@ shardings fixed up front. Each style runs the same `StepParts` (`shardbench.trai
   strategy places apart from their parameters (ZeRO-2) are constrained to that placement, so XLA reduces them
   with a reduce-scatter instead of an all-reduce.
   Pipeline strategies (pp) run the model's stacked layers in stages (`shardbench.parallel.pipeline`); under
-  1F1B the gradients are the schedule's own (`shardbench.train.one_f_one_b`).
+  1F1B the gradients are the schedule's own (`shardbench.train.one_f_one_b`). Context-parallel strategies (cp)
+  run attention over the sequence split over seq (`shardbench.parallel.context`).
 - `shard_map`: the step's forward and backward pass is a per-device program over the 'data' axis, with
   its collectives written out: replicated parameters have their gradients averaged with `pmean`; FSDP
   parameters are all-gathered before use and their gradients reduce-scattered (`psum_scatter`), as are the
@@ -46,6 +47,7 @@ from shardbench.optim import learning_rate
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
 from shardbench.parallel.rules import Layout, Tactic, is_axes, spec_for
 from shardbench.parallel.checks import check_style
+from shardbench.parallel.context import context_parallel
 from shardbench.parallel.pipeline import pipelined
 from shardbench.tasks import Rows, Task
 from shardbench.models.spec import ModelSpec
@@ -112,7 +114,7 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
     by_schedule = hand_written_backward(layout, parallel)
 
     def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        with constraints(layout.constrain), pipelined(layout, parallel):
+        with constraints(layout.constrain), pipelined(layout, parallel), context_parallel(layout, parallel):
             g = parts.gradients(state.params, state.model_state, batch, state.step, Rows(0, global_batch),
                                 constrain=like_gradients, by_schedule=by_schedule)
         grads = g.grads
@@ -122,7 +124,7 @@ def jit_steps(parts: StepParts, layout: Layout, shardings: TrainState, batch_key
         return parts.apply_update(state, grads, g.model_state), metrics
 
     def eval_step(state: TrainState, batch: Batch) -> Metrics:
-        with constraints(layout.constrain), pipelined(layout, parallel):
+        with constraints(layout.constrain), pipelined(layout, parallel), context_parallel(layout, parallel):
             t, _ = parts.terms(parts.eval_params(state), state.model_state, batch, state.step, train=False,
                                rows=Rows(0, batch["mask"].shape[0]))
         return eval_sums(t, batch["mask"])

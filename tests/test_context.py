@@ -1,0 +1,196 @@
+"""Context parallelism (shardbench.parallel.context): ring and all-gather attention over a sequence split over the
+seq axis give plain attention's outputs and gradients, causal or not, in head-tail order or in order; the ring
+moves N - 1 key/value blocks by ppermute forward and N - 1 back, as counted by hand; head-tail deals the chunks as
+torchtitan does; and the layouts it cannot run are refused in one line before compiling."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from shardbench import config as config_lib
+from shardbench.errors import ConfigError
+from shardbench.measure.comms import along_one_axis, count_collectives
+from shardbench.models.transformer import attention
+from shardbench.parallel.context import gathered_attention, head_tail_order, positions, ring_attention
+from shardbench.parallel.mesh import MESH_AXES, SEQUENCE
+from shardbench.parallel.rules import make_layout
+from shardbench.parsing import override
+from shardbench.preflight import check_runnable
+from shardbench.presets import get_preset
+
+BATCH, LENGTH, HEADS, DIM = 2, 16, 2, 4
+N = 4  # devices on the seq axis; the other 2 of the 8 simulated devices on data
+
+
+def test_head_tail_deals_chunk_i_and_2n_minus_1_minus_i() -> None:
+    assert head_tail_order(16, 2).tolist() == [0, 1, 2, 3, 12, 13, 14, 15, 4, 5, 6, 7, 8, 9, 10, 11]
+    order = head_tail_order(32, 4).reshape(4, 8)
+    # Every device attends (causally) to as many keys: the sum of its positions + 1 is the same on each.
+    work = (order + 1).sum(axis=1)
+    assert (work == work[0]).all() and sorted(order.ravel().tolist()) == list(range(32))
+
+
+def _qkv() -> tuple[jax.Array, jax.Array, jax.Array]:
+    keys = jax.random.split(jax.random.key(0), 3)
+    return tuple(jax.random.normal(k, (BATCH, LENGTH, HEADS, DIM), jnp.float32) for k in keys)  # type: ignore
+
+
+def _plain(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool) -> jax.Array:
+    return attention(q, k, v, kind="einsum", precision=jax.lax.Precision.HIGHEST, causal=causal)
+
+
+CASES = [("ring", True, "head-tail"), ("ring", True, "contiguous"), ("ring", False, "head-tail"),
+         ("all-gather", True, "head-tail")]
+
+
+@pytest.mark.parametrize(("mode", "causal", "order"), CASES, ids=["-".join(map(str, c)) for c in CASES])
+def test_split_attention_is_plain_attention(mode: str, causal: bool, order: str) -> None:
+    """Outputs and the gradients of q, k and v against attention on the whole sequence in token order: the
+    inputs are laid out in the split's order (the model's embedding does that), the outputs and gradients put
+    back in token order."""
+    layout = make_layout("dp+cp", f"data=2,seq={N}", jax.devices()[:2 * N])
+    pos = positions(LENGTH, N, order)
+    back = np.argsort(pos)
+    chunks = 2 if order == "head-tail" else 1
+    weights = jax.random.normal(jax.random.key(1), (BATCH, LENGTH, HEADS, DIM))
+
+    def split(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        q, k, v = (t[:, pos] for t in (q, k, v))
+        if mode == "ring":
+            out = ring_attention(q, k, v, mesh=layout.mesh, qpos=pos, chunks=chunks, causal=causal,
+                                 precision=jax.lax.Precision.HIGHEST)
+        else:
+            out = gathered_attention(q, k, v, qpos=pos, causal=causal, precision=jax.lax.Precision.HIGHEST,
+                                     constrain=layout.constrain)
+        return out[:, back]
+
+    def loss(fn, q, k, v):  # noqa: ANN001, ANN202
+        return (fn(q, k, v) * weights).sum()
+
+    q, k, v = _qkv()
+    want = _plain(q, k, v, causal)
+    want_grads = jax.grad(lambda *a: loss(lambda *b: _plain(*b, causal), *a), argnums=(0, 1, 2))(q, k, v)
+    got, got_grads = jax.jit(lambda q, k, v: (split(q, k, v), jax.grad(
+        lambda *a: loss(split, *a), argnums=(0, 1, 2))(q, k, v)))(q, k, v)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{mode} {order} causal={causal}: output")
+    for name, g, w in zip("qkv", got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"{mode} {order} causal={causal}: d{name}")
+
+
+def test_ring_passes_n_minus_1_blocks_each_way() -> None:
+    """One attention forward and backward on seq=4: 3 collective-permutes forward, each of one device's keys
+    and values stacked (2 x batch x rows x heads x head_dim float32), and 3 back with their gradients; every one
+    along the seq axis alone, none of anything else."""
+    layout = make_layout("dp+cp", f"data=2,seq={N}", jax.devices()[:2 * N])
+    pos = positions(LENGTH, N, "head-tail")
+
+    def f(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return ring_attention(q, k, v, mesh=layout.mesh, qpos=pos, chunks=2, causal=True,
+                              precision=jax.lax.Precision.DEFAULT).sum()
+
+    q, k, v = _qkv()
+    sharding = jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec("data", SEQUENCE))
+    hlo = jax.jit(jax.grad(f, argnums=(0, 1, 2)), in_shardings=(sharding,) * 3).lower(q, k, v).compile().as_text()
+    report = count_collectives(hlo)
+    block = 2 * (BATCH // 2) * (LENGTH // N) * HEADS * DIM * 4
+    permutes = report.by_kind["collective-permute"]
+    assert (permutes.count, permutes.bytes) == (2 * (N - 1), 2 * (N - 1) * block), report.by_kind
+    ring = along_one_axis(report.ops, layout.shape.sizes, MESH_AXES.index(SEQUENCE))
+    assert (ring.count, ring.bytes) == (2 * (N - 1), 2 * (N - 1) * block)
+    assert set(report.by_kind) == {"collective-permute"}, report.by_kind
+
+
+def _cfg(**overrides: object) -> config_lib.Config:
+    base = {"model.embed_dim": 32, "model.num_heads": 4, "model.mlp_dim": 64, "model.num_layers": 2,
+            "model.seq_len": 16, "train.batch_size": 16, "parallel.devices": 8}
+    preset = str(overrides.pop("preset", "lm-seed"))
+    return override(get_preset(preset), {**base, **overrides})
+
+
+REFUSED = [
+    ({"parallel.strategy": "cp", "parallel.mesh": "seq=8", "model.seq_len": 24}, "does not split into 2 x seq = 16"),
+    ({"parallel.strategy": "cp", "parallel.mesh": "seq=8", "model.seq_len": 12,
+      "parallel.context_order": "contiguous"}, "does not split into 8 blocks"),
+    ({"preset": "mlp-small", "parallel.strategy": "cp", "parallel.mesh": "seq=8"}, "has no attention"),
+    ({"parallel.strategy": "dp", "parallel.mesh": "8", "parallel.context": "ring"}, "does not split"),
+    ({"preset": "vit-tiny", "parallel.strategy": "cp", "parallel.mesh": "seq=8", "model.lsa": True,
+      "model.pool": "mean", "model.patch_size": 8}, "--model.lsa"),
+    ({"parallel.strategy": "cp", "parallel.mesh": "seq=8", "parallel.spmd": "shard_map"}, "only jit builds"),
+    ({"parallel.strategy": "dp", "parallel.mesh": "8", "parallel.sequence_parallel": True}, "has no model axis"),
+    ({"parallel.strategy": "cp+tp", "parallel.mesh": "model=2,seq=4", "parallel.sequence_parallel": True},
+     "already split over seq"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "says"), REFUSED, ids=[s for _, s in REFUSED])
+def test_refused_before_compiling(overrides: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError, match=says.replace("+", r"\+")) as err:
+        check_runnable(_cfg(**overrides))
+    assert "\n" not in str(err.value)
+
+
+def test_auto_picks_cp_for_a_seq_axis() -> None:
+    _, layout, _ = check_runnable(_cfg(**{"parallel.mesh": "data=2,seq=4"}))
+    assert layout.strategy.name == "dp+cp" and layout.shape.seq == 4
+    _, layout, _ = check_runnable(_cfg(**{"parallel.mesh": "model=2,seq=4"}))
+    assert layout.strategy.name == "cp+tp"
+
+
+def test_inspect_shows_each_devices_sequence_blocks() -> None:
+    """16 tokens over seq=4 in head-tail order: 8 chunks of 2, device i holding chunks i and 7 - i; the mesh
+    (data=2, seq=4) puts seq block i on devices i and 4 + i."""
+    from shardbench.inspect import inspect
+
+    out = inspect(_cfg(**{"parallel.strategy": "dp+cp", "parallel.mesh": "data=2,seq=4", "parallel.context": "ring"}))
+    for line in ("seq 0: tokens 0-1, 14-15 on devices 0,4", "seq 3: tokens 6-9 on devices 3,7",
+                 "3 ppermutes per layer forward"):
+        assert line in out, out
+
+
+def test_planner_leaves_cp_out_unless_named_and_meshes_it_over_seq() -> None:
+    from shardbench.plan.candidates import DEFAULT, candidates
+
+    assert not {"cp", "dp+cp", "fsdp+cp", "cp+tp"} & set(DEFAULT)
+    found = sorted((c.strategy, c.mesh) for c in candidates(8, 8, ["cp", "dp+cp"], ["none"], ["float32"]))
+    assert found == [("cp", "seq=8"), ("dp+cp", "data=2,seq=4"), ("dp+cp", "data=4,seq=2")]
+
+
+@pytest.mark.slow
+def test_planner_counts_the_rings_blocks(tmp_path) -> None:  # noqa: ANN001
+    """The planner's compiled figures for cp with ring attention, in order (contiguous: no reordering of the
+    sequence): 2 layers x (N - 1) = 3 blocks forward and 3 back, each a device's keys and values, 2 x batch 4 x
+    16 / 4 rows x width 32 x 4 bytes = 4,096 bytes: 49,152 bytes a step. And two more, XLA's: it splits the
+    (batch, 17) token ids along seq too, and gives each device its neighbour's edge for the task's shift by one
+    (inputs and targets: int32 [4, 3] and [4, 2], 80 bytes)."""
+    from shardbench.plan.compile import compile_candidate
+
+    cfg = _cfg(**{"parallel.strategy": "cp", "parallel.mesh": "seq=4", "parallel.devices": 4, "train.batch_size": 4,
+                  "parallel.context": "ring", "parallel.context_order": "contiguous",
+                  "data.cache_dir": str(tmp_path)})
+    result = compile_candidate(cfg, 4)
+    permutes = [c for c in result["collectives"] if c["kind"] == "collective-permute"]
+    assert sum(c["count"] for c in permutes) == 2 * 2 * (N - 1) + 2
+    assert sum(c["bytes"] for c in permutes) == 2 * 2 * (N - 1) * 2 * 4 * (16 // N) * 32 * 4 + 80
+
+
+def test_the_report_says_where_the_ring_overtakes_the_all_gather() -> None:
+    """By hand: the all-gather faster at 1k, the ring at 2k and 4k, the ring alone at 8k."""
+    from types import SimpleNamespace
+
+    from shardbench.report.context import context_findings
+
+    def run(tokens: int, mode: str, step_s: float) -> SimpleNamespace:
+        return SimpleNamespace(ok=True, step_median=step_s, m=SimpleNamespace(memory=SimpleNamespace(
+            total_bytes=100 * 2**20)), config={"parallel.strategy": "cp", "parallel.context": mode,
+                                               "model.seq_len": tokens})
+
+    runs = [run(1024, "all-gather", 0.1), run(1024, "ring", 0.2), run(2048, "all-gather", 0.5),
+            run(2048, "ring", 0.4), run(4096, "all-gather", 2.0), run(4096, "ring", 1.0), run(8192, "ring", 4.0),
+            SimpleNamespace(ok=True, step_median=0.1, m=None, config={"parallel.strategy": "dp"})]
+    (sentence,) = context_findings(runs)  # type: ignore[arg-type]
+    assert "the ring overtakes the all-gather from 2,048 tokens on" in sentence
+    assert "1,024 tokens: ring 200.0 ms, all-gather 100.0 ms (100.0 MiB against 100.0 MiB per device)" in sentence
+    assert "The ring alone ran at 8,192 tokens" in sentence

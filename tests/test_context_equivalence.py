@@ -1,0 +1,45 @@
+"""Context parallelism (cp, dp+cp, fsdp+cp, cp+tp; keys and values all-gathered or passed around a ring) and tp with
+sequence parallelism train the LM as one device does: the loss and the gradients' global norm at every step, against
+the one-device computation of tests/equivalence.py; the ring's runs count its key/value blocks by hand."""
+
+# ruff: noqa: F811 - `reference` is a fixture imported from tests/equivalence.py
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from shardbench.parallel.mesh import parse_mesh
+from equivalence import SHAPES, reference, trains_as_one_device  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.slow
+
+RING = {"parallel.context": "ring"}
+# The LM of 16 tokens: 2 x seq = 8 head-tail chunks divide them. Head-tail order everywhere but fsdp+cp's.
+CASES = [("cp", "seq=4", 4, {}), ("cp", "seq=4", 4, RING), ("dp+cp", "data=2,seq=4", 8, RING),
+         ("fsdp+cp", "data=2,seq=4", 8, {**RING, "parallel.context_order": "contiguous"}),
+         ("cp+tp", "model=2,seq=4", 8, RING), ("dp+tp", "4x2", 8, {"parallel.sequence_parallel": True})]
+
+
+@pytest.mark.parametrize(("strategy", "mesh", "devices", "extra"), CASES,
+                         ids=[f"{s}-{m}-" + "-".join(map(str, e.values())) for s, m, _, e in CASES])
+def test_context_and_sequence_parallel_train_as_one_device(
+        tmp_path: Path, reference: Callable[[str], tuple[list[float], list[float]]], strategy: str, mesh: str,
+        devices: int, extra: dict[str, object]) -> None:
+    layout = trains_as_one_device(tmp_path, reference, "lm-seed", strategy, mesh, devices, "jit", **extra)
+    if extra.get("parallel.context") != "ring":
+        return
+    # N - 1 key/value blocks per layer forward, as many back, each one device's keys and values in float32:
+    # 2 x its rows x its tokens x its share of the width (heads over model).
+    record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
+    axes, shape = parse_mesh(mesh, devices), SHAPES["lm-seed"]
+    batch, tokens, width, layers = (int(shape[k]) for k in (  # type: ignore[call-overload]
+        "train.batch_size", "model.seq_len", "model.embed_dim", "model.num_layers"))
+    block = 2 * (batch // axes.data) * (tokens // axes.seq) * (width // axes.model) * 4
+    ring, moved = 2 * (axes.seq - 1) * layers, record["context_transfers"]
+    # Beside the ring, XLA splits the seq + 1 token ids along seq too and hands each device its neighbour's edge
+    # for the task's shift by one (one or two permutes of a few int32s: 13 or 14 in all, as measured).
+    assert ring <= moved["count"] <= ring + 2, (layout, moved)
+    assert 0 <= moved["bytes"] - ring * block < 1024, (layout, moved, block)
