@@ -31,6 +31,7 @@ assert len(jax.devices()) == 8, "tests need 8 simulated CPU devices; XLA_FLAGS w
 # workers in collection order, so the long ones start early and the short ones fill in at the end, and the
 # workers finish together rather than one waiting on a long file that started last.
 SLOWEST_FIRST = ("test_equivalence.py", "test_pipeline_equivalence.py", "test_gpu_suite.py", "test_processes.py",
+                 "test_context_equivalence.py", "test_moe.py",
                  "test_speed_options.py",
                  "test_slurm.py", "test_models_spmd.py", "test_sweep.py", "test_custom_model_state.py",
                  "test_recipe.py", "test_custom_model.py", "test_plan.py", "test_readme_commands.py",
