@@ -97,6 +97,7 @@ def test_a_plan_considers_the_pipelines_only_when_named() -> None:
 
     pipelines = {name for name, axes in USES.items() if "stage" in axes}
     experts = {name for name, axes in USES.items() if "expert" in axes}  # planned for a model with experts
-    assert pipelines == {"pp", "dp+pp", "fsdp+pp", "pp+tp", "dp+pp+tp", "fsdp+pp+tp"} and experts == {"ep", "dp+ep", "fsdp+ep",
-                                                                                       "ep+tp"}
-    assert set(DEFAULT) == set(USES) - pipelines - experts
+    context = {name for name, axes in USES.items() if "seq" in axes}  # only when named (docs/planning.md)
+    assert pipelines == {"pp", "dp+pp", "fsdp+pp", "pp+tp", "dp+pp+tp", "fsdp+pp+tp"}
+    assert experts == {"ep", "dp+ep", "fsdp+ep", "ep+tp"} and context == {"cp", "dp+cp", "fsdp+cp", "cp+tp"}
+    assert set(DEFAULT) == set(USES) - pipelines - experts - context
