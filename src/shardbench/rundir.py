@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
+import jax
+
+from shardbench import cluster
 from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.errors import ConfigError, FileFault
@@ -17,6 +21,15 @@ def resolve_out(cfg: Config) -> Path:
         return Path(cfg.train.out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{cfg.preset}-{cfg.parallel.strategy.replace('+', '_')}-{stamp}"
+
+
+def shared_out(cfg: Config) -> Config:
+    """With several processes and no --out, every process takes the folder name process 0's clock gives."""
+    if jax.process_count() == 1 or cfg.train.out:
+        return cfg
+    mine = str(resolve_out(cfg))
+    out = cluster.exchange(mine)[0]
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=out))
 
 
 def check_resume(cfg: Config, out: Path) -> None:

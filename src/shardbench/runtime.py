@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardbench import compile_cache, xla_presets
-from shardbench.config import TrainConfig
+from shardbench.config import Config, cache_root
 
 
 @dataclass(frozen=True)
@@ -19,10 +19,11 @@ class CacheUse:
     since: tuple[int, int]
 
 
-def start_process(t: TrainConfig, cache_root: Path) -> CacheUse:
+def start_process(cfg: Config) -> CacheUse:
     """Before the first compilation (the pre-flight precision probe compiles): XLA reads its flags, and JAX
     decides whether the cache is on, once per process."""
-    xla_presets.apply(t.xla_presets)  # refused where JAX's backends already run without those flags
-    cache = compile_cache.resolve(t.compile_cache, cache_root)
+    root = cache_root(cfg)
+    xla_presets.apply(cfg.train.xla_presets)  # refused where JAX's backends already run without those flags
+    cache = compile_cache.resolve(cfg.train.compile_cache, root)
     compile_cache.enable(cache)
     return CacheUse(cache, compile_cache.counts())

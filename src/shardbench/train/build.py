@@ -17,15 +17,13 @@ from typing import Any
 import jax
 
 from shardbench import cluster, compile_cache
-from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.data.pipeline import make_batches
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.optim import build_optimizer
-from shardbench.parsing import override
 from shardbench.preflight import CheckedRun, check_run
-from shardbench.rundir import resolve_out
+from shardbench.rundir import shared_out
 from shardbench.runtime import CacheUse, start_process
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import header_line
@@ -115,9 +113,8 @@ def _check(cfg: Config) -> tuple[CheckedRun, CacheUse]:
     """Start the process (XLA's flags and the compilation cache come before the first compilation), then every
     process plans (and checks) before any of them writes; one process's error stops them all. The run is
     announced (its header, and the options it leaves without effect) once checked."""
-    cache = start_process(cfg.train, config_lib.cache_root(cfg))
-    if jax.process_count() > 1 and not cfg.train.out:  # one directory for all: the name process 0's clock gives
-        cfg = override(cfg, {"train.out": cluster.exchange(str(resolve_out(cfg)))[0]})
+    cache = start_process(cfg)
+    cfg = shared_out(cfg)
     checked = cluster.agree("checking", lambda: check_run(cfg), timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     if jax.process_index() == 0:
         print(header_line(checked), flush=True)
