@@ -213,3 +213,25 @@ def test_report_shows_the_cost_of_new_and_old_records(tmp_path: Path) -> None:
     assert cli.main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "again"), "--prices", str(table)]) == 0
     again = (tmp_path / "again" / "report.md").read_text()
     assert again.count("| 0.4444 |") == 2 and f"--prices {table}" in again
+
+
+@pytest.mark.slow
+def test_a_trained_run_records_its_cost(micro, tmp_path: Path) -> None:
+    """A micro run on 8 simulated CPU devices with a table of its own: the record's cost section, by hand from
+    the record's own step time (one host at $0.36/h and 100 W: the CPU row is priced per host)."""
+    from shardbench.train.loop import run
+
+    table = tmp_path / "mine.toml"
+    table.write_text(KNOWN)
+    cfg = micro(**{"parallel.strategy": "dp", "train.steps": 6, "train.prices": str(table)})
+    run(cfg)
+    saved = json.loads((Path(cfg.train.out) / "summary.json").read_text())
+    record = from_json(saved)  # strict: this version's own fields only
+    c, m = record.cost, record.measurements
+    assert saved["schema_version"] == SCHEMA_VERSION and c is not None and m is not None
+    assert c.device == "cpu" and c.devices == 1 and c.prices == f"--prices {table}"
+    epoch = m.step_time_s.median * 14  # 512 x 0.9 = 461 training images, 14 steps of 32
+    assert c.steps_per_epoch == 14 and c.epoch_time_s == pytest.approx(epoch)
+    assert c.on_demand_usd == pytest.approx(0.36 * epoch / 3600) and c.kwh == pytest.approx(100 * epoch / 3.6e6)
+    assert c.energy == "estimated" and c.energy_note == "no energy counters on cpu"
+    assert c.per == "million images" and c.on_demand_usd_per == pytest.approx(c.on_demand_usd * 1e6 / (32 * 14))

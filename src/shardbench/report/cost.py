@@ -93,9 +93,11 @@ def cost_note(runs: list[ReportedRun]) -> str:
     if not costs:
         return ""
     tables = sorted({c.prices or "packaged" for c in costs})
-    rows = sorted({c.price_source or "" for c in costs})
+    rows = sorted({c.device or "?" for c in costs})
+    # The page stays offline (no links): the rows' sources and dates are in each record's cost.price_source.
     return (f" Cost per epoch is steps per epoch x median step x devices x the hourly price ({', '.join(tables)} "
-            f"price table: {'; '.join(rows)}); kWh is measured power (NVML) where the energy column says "
+            f"price table, row{'s' if len(rows) > 1 else ''} {', '.join(rows)}: sources and dates in each record's "
+            f"cost.price_source and docs/cost.md); kWh is measured power (NVML) where the energy column says "
             f"measured, else the table's watts.")
 
 
