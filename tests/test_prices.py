@@ -235,3 +235,24 @@ def test_a_trained_run_records_its_cost(micro, tmp_path: Path) -> None:
     assert c.on_demand_usd == pytest.approx(0.36 * epoch / 3600) and c.kwh == pytest.approx(100 * epoch / 3.6e6)
     assert c.energy == "estimated" and c.energy_note == "no energy counters on cpu"
     assert c.per == "million images" and c.on_demand_usd_per == pytest.approx(c.on_demand_usd * 1e6 / (32 * 14))
+
+
+@pytest.mark.slow
+def test_plan_prints_and_writes_the_cost_of_each_candidate(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    table = tmp_path / "mine.toml"
+    table.write_text(KNOWN)
+    out = tmp_path / "plan"
+    assert cli.main(["plan", "--preset", "lm-tiny", "--target", "8xh100", "--candidates", "dp,fsdp", "--remat",
+                     "none", "--workers", "1", "--prices", str(table), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "cost per epoch:" in printed and "$/billion tokens on-demand" in printed
+    plan = json.loads((out / "plan.json").read_text())
+    step = {c["name"]: c["prediction"]["step_s"] for c in plan["candidates"]}
+    costs = plan["cost"]["candidates"]
+    assert [c["name"] for c in costs] == list(step)
+    for c in costs:  # lm-tiny: 4,096 generated sequences, 3,686 after validation, 115 steps of 32
+        assert c["steps_per_epoch"] == 115 and c["devices"] == 8 and c["energy"] == "estimated"
+        assert c["on_demand_usd"] == pytest.approx(2.0 * 8 * step[c["name"]] * 115 / 3600)
+        assert c["kwh"] == pytest.approx(500 * 8 * step[c["name"]] * 115 / 3.6e6)
+    assert "## Cost" in (out / "plan.md").read_text()

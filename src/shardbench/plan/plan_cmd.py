@@ -5,6 +5,7 @@ them and recommend one, with what an epoch of each would cost (dollars and kWh f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -158,7 +159,7 @@ def cost_rows(plan: Plan, table: PriceTable) -> tuple[list[list[str]], list[dict
         return [], [], f"cost: the price table ({table.origin}) has no row for {target.spec}"
     task = get_task(cfg)
     examples = epoch_examples(cfg)
-    steps = steps_per_epoch(examples, cfg.train.batch_size) if examples else 1
+    steps = steps_per_epoch(examples, cfg.train.batch_size) if examples else 1  # 1: the per-unit figures only
     per_epoch = examples is not None
     rows: list[list[str]] = []
     entries: list[dict[str, Any]] = []
@@ -171,10 +172,10 @@ def cost_rows(plan: Plan, table: PriceTable) -> tuple[list[list[str]], list[dict
                  else ["-", "-", "-"])
         rows.append([str(i), r.candidate.name, *epoch, f"${cost.on_demand_usd_per:,.4g}",
                      f"${cost.spot_usd_per:,.4g}", f"{cost.kwh_per:,.4g}"])
-        entries.append({"name": r.candidate.name, **({k: v for k, v in cost.__dict__.items() if v is not None}
-                                                     if per_epoch else
-                                                     {"per": cost.per, "on_demand_usd_per": cost.on_demand_usd_per,
-                                                      "spot_usd_per": cost.spot_usd_per, "kwh_per": cost.kwh_per})})
+        shown = {k: v for k, v in dataclasses.asdict(cost).items() if v is not None}
+        if not per_epoch:  # the per-unit figures hold without an epoch; the per-epoch ones would be per step
+            shown = {k: shown[k] for k in ("per", "on_demand_usd_per", "spot_usd_per", "kwh_per", "price_source")}
+        entries.append({"name": r.candidate.name, **shown})
     if rows:
         per = entries[0]["per"]
         rows.insert(0, ["#", "candidate", "$/epoch on-demand", "$/epoch spot", "kWh/epoch",

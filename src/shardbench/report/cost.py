@@ -62,8 +62,11 @@ def with_costs(runs: list[ReportedRun], table: PriceTable | None = None) -> list
 
 
 def _energy(run: ReportedRun) -> str | None:
+    """'measured (312 W)' or 'estimated (700 W)': how the kWh were had, and the power per device they used."""
     c = cost(run)
-    return None if c.energy is None else f"{c.energy} ({c.watts_per_device:,.0f} W)" if c.watts_per_device else c.energy
+    if c.energy is None or not c.watts_per_device:
+        return c.energy
+    return f"{c.energy} ({c.watts_per_device:,.0f} W)"
 
 
 def _per(label: str, get: Callable[[Cost], float | None]) -> Callable[[ReportedRun], float | None]:
