@@ -45,7 +45,8 @@ def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> Non
     record = from_json(old)  # version 0: no schema_version, unknown fields tolerated, missing ones None
     assert record.schema_version == 0 and record.images_per_s == 1234.0
     assert record.measurements is not None and record.measurements.step_time_s.warmup is None
-    with pytest.raises(RecordError, match="is a version-7 run record; this shardbench reads versions 0 to 2"):
+    with pytest.raises(RecordError,
+                       match=f"is a version-7 run record; this shardbench reads versions 0 to {SCHEMA_VERSION}"):
         from_json({"schema_version": 7})
     with pytest.raises(RecordError, match=r"summary.json.measurements has unknown field 'stepp_time_s'"):
         from_json({"schema_version": SCHEMA_VERSION, "measurements": {"stepp_time_s": {}}})

@@ -18,6 +18,7 @@ from shardbench.errors import ShardbenchError, run_reported
 from shardbench.flags import add_config_arguments, config_from_args, setup_devices
 from shardbench.parsing import override
 from shardbench.presets import PRESETS
+from shardbench.prices import prices_from_flag
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     """How this process joins others (jax.distributed); `shardbench launch` sets them through the environment."""
@@ -105,6 +106,7 @@ def _join_or_setup(args: argparse.Namespace, cfg: config_lib.Config) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    prices_from_flag(cfg.train.prices)  # a bad --prices table fails here, in one line, before anything compiles
     if cfg.train.xla_presets:  # XLA reads its flags once, when JAX starts: set and check them before that
         from shardbench import xla_presets
 

@@ -47,7 +47,7 @@ SCHEDULES = ("cosine", "constant")
 # Fields that change where and how a run reports, never what it computes: a resumed run may change them, and
 # they are never "what was swept" in a report (sweeps set the first four for every run).
 REPORTING_ONLY = frozenset({"train.out", "train.resume", "train.run_name", "train.profile_root", "train.progress",
-                            "train.log_every", "train.recalibrate_peak", "data.cache_dir", "preset"})
+                            "train.log_every", "train.recalibrate_peak", "train.prices", "data.cache_dir", "preset"})
 # What a model of your own (--model FILE:FUNCTION) is trained to do, and the built-in kind whose data, inputs and
 # loss that task shares: images or arrays to classes, tokens to next tokens, inputs to values.
 TASK_KINDS = {"classify": "vit", "next-token": "lm", "regress": "mlp"}
@@ -331,6 +331,9 @@ class TrainConfig:
     profile_root: str = setting(
         "", "TensorBoard log dir for traces ('' = <out>/tensorboard); a trace lands in "
         "<root>/plugins/profile/<run-name>/")
+    prices: str = setting(
+        "", "price table (TOML) for the dollars and kWh per epoch in the run record, plan and report ('' = "
+        "shardbench's prices.toml; docs/cost.md)", short="--prices")
     # The choices are the option sets shardbench.xla_presets names; each item stands for XLA flags.
     xla_presets: str = setting(
         "", "comma list of named XLA compiler option sets put into XLA_FLAGS before JAX starts; the flags the run "

@@ -6,8 +6,10 @@ modules return these types (`measure.timing.compile_timed` a `CompileTimes`, `me
 every reader (the store's rows, the report, its findings and charts, the planner's measured runs) reads them
 back through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
 
-Versions: 2 is this layout (`schema_version` 2, with the versions of shardbench, jax and flax, the git commit
-when known, the host and the device kind; throughput is the global batch over the median step). Version 1 records
+Versions: 3 is this layout: version 2's, with the `cost` section (dollars and kWh per epoch from the price table,
+energy measured through NVML or estimated; `shardbench.prices`). Version 2 records (the versions of shardbench, jax
+and flax, the git commit when known, the host and the device kind; throughput is the global batch over the median
+step) are read with `cost` None. Version 1 records
 (throughput over the epochs' wall time) and records written before versions existed (no `schema_version`,
 "version 0") are still read: missing fields become None, and readers derive the steady-state throughput from the
 step time (`shardbench.report.content.ReportedRun.rate`). A record newer than this shardbench is refused with one line
@@ -29,7 +31,7 @@ from typing import Any
 
 from shardbench.errors import ShardbenchError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class RecordError(ShardbenchError):
@@ -200,6 +202,31 @@ class MoE:
 
 
 @dataclass(frozen=True)
+class Cost:
+    device: str | None = _f("", "the price table's row: a --target chip name (h100, tpu-v5e, ...) or cpu")
+    devices: int | None = _f("devices", "devices priced (for a row priced per host: the hosts)")
+    epoch_time_s: float | None = _f("s", "steps per epoch x median step time")
+    steps_per_epoch: int | None = _f("steps", "steps of a whole epoch")
+    on_demand_usd: float | None = _f("USD/epoch", "epoch time x devices x the on-demand price per device-hour")
+    spot_usd: float | None = _f("USD/epoch", "the same at the spot price")
+    kwh: float | None = _f("kWh/epoch", "energy of an epoch: measured power (NVML) or the table's watts, x devices "
+                                        "x epoch time")
+    energy: str | None = _f("", "measured (NVML's energy counters over the timed steps) or estimated (the table's "
+                                "watts)")
+    watts_per_device: float | None = _f("W", "the power used: measured average per GPU, or the table's watts")
+    measured_joules: float | None = _f("J", "NVML: energy of this process's GPUs over the timed steps")
+    measured_s: float | None = _f("s", "NVML: the wall time those joules cover")
+    energy_note: str | None = _f("", "why energy is estimated, when it is")
+    per: str | None = _f("", "what the per-unit figures count: billion tokens, million images or million examples")
+    on_demand_usd_per: float | None = _f("USD/per", "on-demand dollars per `per` (a billion tokens, ...)")
+    spot_usd_per: float | None = _f("USD/per", "spot dollars per `per`")
+    kwh_per: float | None = _f("kWh/per", "energy per `per`")
+    prices: str | None = _f("", "the price table used: 'packaged' or the --prices file")
+    price_source: str | None = _f("", "the row's source and date, and which of its figures are estimates")
+    not_measured: str | None = _f("", "why there is no cost, when there is none")
+
+
+@dataclass(frozen=True)
 class Versions:
     shardbench: str | None = _f("", "shardbench's version")
     jax: str | None = _f("", "jax's version")
@@ -237,6 +264,7 @@ class RunRecord:
     git_commit: str | None = _f("", "shardbench's git commit, when it runs from a checkout")
     host: str | None = _f("", "the host name of process 0")
     device_kind: str | None = _f("", "as measurements.device_kind")
+    cost: Cost | None = _f("", "dollars and kWh per epoch (schema 3; None in older records)")
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -1,20 +1,27 @@
 """`shardbench plan`: predict memory, communication and step time of every candidate layout on a target, rank
-them and recommend one; or, with `--validate DIR`, predict runs that were measured and print the error."""
+them and recommend one, with what an epoch of each would cost (dollars and kWh from the price table); or, with
+`--validate DIR`, predict runs that were measured and print the error."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import add_config_arguments, config_from_args
+from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.candidates import (DEFAULT, EXPERT_PARALLEL, PER_STAGE, USES, Candidate, candidates,
                                         default_strategies)
 from shardbench.plan.target import HINT, Target, parse_target
+from shardbench.prices import CPU, PriceTable, epoch_cost, prices_from_flag
+
+if TYPE_CHECKING:
+    from shardbench.plan.build import Plan
 
 # A plan takes comma lists of these (in their short spelling or their long one, `--train.grad-accum`).
 LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.grad_accum": "--grad-accum"}
@@ -122,6 +129,82 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
                                    [int(v) for v in per_stage])
 
 
+# The generated datasets, whose training examples a plan knows without reading them.
+GENERATED = ("synthetic", "tokens-uniform", "regression")
+CIFAR10_TRAIN = 50_000
+
+
+def epoch_examples(cfg: config_lib.Config) -> int | None:
+    """Training examples in an epoch, where the configuration alone says (generated data, CIFAR-10), after the
+    validation split and --data.repeat-augment; None for a dataset of files the plan does not read."""
+    name = cfg.data.dataset.partition(":")[0]
+    if cfg.data.dataset in GENERATED:
+        n = cfg.data.synthetic_train
+    elif name == "cifar10":
+        n = CIFAR10_TRAIN
+    else:
+        return None
+    return (n - round(n * cfg.data.val_fraction)) * cfg.data.repeat_augment
+
+
+def cost_rows(plan: Plan, table: PriceTable) -> tuple[list[list[str]], list[dict[str, Any]], str]:
+    """Per compiled candidate: dollars (on demand, spot) and kWh per epoch, and per billion tokens or million
+    images; the plan.json entries; and the line naming the price row (or why there is none)."""
+    from shardbench.data.pipeline import steps_per_epoch
+    from shardbench.tasks import get_task
+
+    cfg, target = plan.cfg, plan.target
+    price = table.lookup(target.chip.name if target.chip is not None else CPU)
+    if price is None:
+        return [], [], f"cost: the price table ({table.origin}) has no row for {target.spec}"
+    task = get_task(cfg)
+    examples = epoch_examples(cfg)
+    steps = steps_per_epoch(examples, cfg.train.batch_size) if examples else 1  # 1: the per-unit figures only
+    per_epoch = examples is not None
+    rows: list[list[str]] = []
+    entries: list[dict[str, Any]] = []
+    for i, r in enumerate(plan.rows, 1):
+        if r.prediction is None:
+            continue
+        cost = epoch_cost(price, r.prediction.step_s, steps, target.devices, hosts=target.nodes, unit=task.unit,
+                          units_per_step=cfg.train.batch_size * task.units_per_example(cfg), prices=table.origin)
+        epoch = ([f"${cost.on_demand_usd:,.4g}", f"${cost.spot_usd:,.4g}", f"{cost.kwh:,.4g}"] if per_epoch
+                 else ["-", "-", "-"])
+        rows.append([str(i), r.candidate.name, *epoch, f"${cost.on_demand_usd_per:,.4g}",
+                     f"${cost.spot_usd_per:,.4g}", f"{cost.kwh_per:,.4g}"])
+        shown = {k: v for k, v in dataclasses.asdict(cost).items() if v is not None}
+        if not per_epoch:  # the per-unit figures hold without an epoch; the per-epoch ones would be per step
+            shown = {k: shown[k] for k in ("per", "on_demand_usd_per", "spot_usd_per", "kwh_per", "price_source")}
+        entries.append({"name": r.candidate.name, **shown})
+    if rows:
+        per = entries[0]["per"]
+        rows.insert(0, ["#", "candidate", "$/epoch on-demand", "$/epoch spot", "kWh/epoch",
+                        f"$/{per} on-demand", f"$/{per} spot", f"kWh/{per}"])
+    epoch_note = (f"an epoch: {steps} steps of {cfg.train.batch_size}" if per_epoch else
+                  f"no epoch size: {cfg.data.dataset} is not read by a plan")
+    line = (f"cost at {price.describe()}; {target.devices} device(s); {epoch_note}; energy estimated from the "
+            f"table's watts ({table.origin} price table)")
+    return rows, entries, line
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def write_cost(plan: Plan, table: PriceTable, paths: tuple[Path, Path]) -> list[str]:
+    """The cost table as printed lines; also added to plan.json ("cost") and plan.md."""
+    rows, entries, line = cost_rows(plan, table)
+    write_json_atomic(paths[0], {**plan.to_dict(), "cost": {"line": line, "candidates": entries}})
+    md = ["", "## Cost", "", line, ""]
+    if rows:
+        md += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        md += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    with paths[1].open("a") as f:
+        f.write("\n".join(md) + "\n")
+    return ["", "cost per epoch:", *(f"  {r}" for r in (_columns(rows) if rows else [])), f"  {line}"]
+
+
 def run(args: argparse.Namespace) -> int:
     if args.workers < 0:
         raise ConfigError(f"--workers {args.workers}: give a number of processes, or 0 for one per core")
@@ -130,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
 
         return validate_dir(args.validate, args.calibrate, args.workers)
     cfg, target, cands = prepare(args)
+    prices = prices_from_flag(cfg.train.prices)  # a bad table is one line before anything compiles
     out = default_out(cfg, target)
     writable_dir(out, "--out", create=False)  # before the compiling, not after it
     from shardbench.plan.build import make_plan
@@ -137,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(cfg, target, cands, args.workers, args.calibrate, progress=sys.stderr)
     paths = plan.write(out)
     print(plan.text())
+    print("\n".join(write_cost(plan, prices, paths)))
     print(f"\nplan written to {paths[0]} and {paths[1]}")
     return 0 if any(r.prediction for r in plan.rows) else 1  # every candidate failed to compile
 

@@ -16,6 +16,7 @@ from shardbench.config import REPORTING_ONLY
 from shardbench.measure.run_record import (
     Breakdown, Collective, CompileTimes, Measurements, Memory, Mfu, RunRecord, StepTimes, Throughput, from_json,
 )
+from shardbench.report.cost import COST_COLUMNS
 from shardbench.store import RunRow
 
 MIB = 1024 * 1024
@@ -325,6 +326,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("test_ppl", "test perplexity", True, lambda r: number(r.rec.test_perplexity), 2, optional=True),
     Column("loss_floor", "best possible loss", True, lambda r: number(r.rec.dataset.get("loss_floor")), 4,
            optional=True),
+    # Dollars and kWh per epoch and per billion tokens or million images (shardbench.report.cost).
+    *(Column(key, label, numeric, value, digits, optional=True)
+      for key, label, numeric, digits, value in COST_COLUMNS),
 )
 
 

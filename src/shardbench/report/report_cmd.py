@@ -7,6 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shardbench.config import SPECS
+
+PRICES = "train.prices"
+
 
 def add_parser(subparsers: Any) -> None:
     """Add the `report` sub-command to an argparse sub-parsers object."""
@@ -18,14 +22,19 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("dir", metavar="DIR", type=Path, help="sweep directory (or any folder of run directories)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: DIR/report)")
+    # The same flag as train's and plan's --prices, with the help its declaration gives (config.TrainConfig.prices).
+    parser.add_argument(SPECS[PRICES].short, default=None, metavar="FILE",
+                        help=f"{SPECS[PRICES].help}; given, every run is priced again with it")
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the report and print its files, the HTML page last (the one to open)."""
     # Imported here so that building the CLI parser does not load matplotlib.
+    from shardbench.prices import prices_from_flag
     from shardbench.report.write import write_report
 
-    paths = write_report(args.dir, args.out)
+    prices = prices_from_flag(args.prices) if args.prices else None  # a bad table: one line, before any reading
+    paths = write_report(args.dir, args.out, prices)
     if paths.incomplete:
         print(f"report: {len(paths.incomplete)} run folder(s) without summary.json (did not finish), listed as "
               f"failed: {', '.join(paths.incomplete)}", file=sys.stderr)

@@ -14,15 +14,18 @@ from typing import Any
 
 from shardbench.errors import DataError, ShardbenchError, writable_dir
 from shardbench.measure.run_record import from_json
+from shardbench.prices import PriceTable
 from shardbench.report import html as html_page
 from shardbench.report import plots
 from shardbench.report.content import (
     COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, reported, shown,
 )
+from shardbench.report.cost import cost_note, with_costs
 from shardbench.report.findings import explain
 from shardbench.report.pipeline import with_bubbles
 from shardbench.report.speed import differing
 from shardbench.store import Store
+
 
 # ------------------------------------------------------------------------------------------- loading runs
 def _read_json(path: Path) -> Any:
@@ -185,12 +188,13 @@ def render_markdown(content: ReportContent) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
-    """Write report.md, report.html and the charts into `out_dir` (default `<sweep_dir>/report`)."""
+def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTable | None = None) -> ReportPaths:
+    """Write report.md, report.html and the charts into `out_dir` (default `<sweep_dir>/report`); `prices` (--prices)
+    prices every run again (without it, each run's record says its cost)."""
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
     runs, meta = load_runs(sweep_dir, skip=out)
-    runs = with_bubbles(with_predictions(runs, sweep_dir))
+    runs = with_costs(with_bubbles(with_predictions(runs, sweep_dir)), prices)
     writable_dir(out, "--out")
     swept = swept_fields(runs)
     complete = sum(r.ok for r in runs)
@@ -201,7 +205,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
     charts, omitted = plots.write_charts(runs, out)
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
                             columns=shown(COLUMNS, runs), swept=swept, findings=explain(runs, swept),
-                            charts=charts, table_note=TABLE_NOTE, omitted=tuple(omitted))
+                            charts=charts, table_note=TABLE_NOTE + cost_note(runs), omitted=tuple(omitted))
     markdown, page = out / "report.md", out / "report.html"
     markdown.write_text(render_markdown(content), encoding="utf-8")
     page.write_text(html_page.render(content), encoding="utf-8")

@@ -20,6 +20,7 @@ from shardbench.flags import add_config_arguments
 from shardbench.measure import peak as peak_lib
 from shardbench.parsing import override
 from shardbench.presets import PRESETS, get_preset
+from shardbench.prices import prices_from_flag
 from shardbench.store import Store
 from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_options
@@ -311,6 +312,8 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "status", False) or getattr(args, "cancel", False):
             return slurm_lib.watch(args)
         sweep, stored_options = _plan(args)
+        for table in {str({**r.base, **r.overrides}.get("train.prices", "")) for r in sweep.runs}:
+            prices_from_flag(table)  # a bad --prices table is one line now, not a failure in every run
         options = resolve_options(args, stored_options)
         executor, slurm_meta, slurm_opts = slurm_options.resolve(args, _stored_slurm(args))
         if executor == "local" and args.resume and args.out:

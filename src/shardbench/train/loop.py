@@ -18,9 +18,11 @@ from shardbench.config import Config
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure import run_record
 from shardbench.measure.collect import Clocks, RunSetup, build_measurements, default_run_name
+from shardbench.measure.energy import EnergyMeter
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.timing import StepTimer, fit_warmup
 from shardbench.models.moe import capacity
+from shardbench.prices import prices_from_flag, run_cost
 from shardbench import compile_cache
 from shardbench.train import hooks
 from shardbench.train.build import BuiltRun, FinishedRun, build_run
@@ -75,8 +77,10 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     if lowered and is_main:
         print(lowered, flush=True)
     timer = StepTimer(warmup)
+    energy = EnergyMeter.for_this_host(warmup, jax.local_devices()[0].platform)  # NVML on NVIDIA GPUs
     run = hooks.LoopState(total, checked.steps_per_epoch,
-                          hooks.Metrics(timer.completed, hooks.last_good_checkpoint(built.checkpoints, checked.out)),
+                          hooks.Metrics(energy.after(timer.completed),
+                                        hooks.last_good_checkpoint(built.checkpoints, checked.out)),
                           built.state, start=start)
     for step in range(start, total):
         run.done = step + 1
@@ -90,18 +94,21 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
         if any(phase.outside_training for phase in hooks.run_due(schedule, run)):
             timer.leave_out(run.done + 1)  # the step was settled before the hooks: their time is in the next
     last = run.metrics.settle()
+    energy.stop()
     window.stop()
     bar.close()
     built.checkpoints.save(steps.release(run.state))
     measured = build_measurements(
         RunSetup(cfg, checked.task, layout), steps.compiled,
         Clocks(timer, epochs.times, epochs.steps, checked.steps_per_epoch, total - start), run.state, built.host)
-    return _summary(built, run, writer, run_name, window, measured, epochs.history, last)
+    cost = run_cost(prices_from_flag(cfg.train.prices), measured, checked.steps_per_epoch, energy.result,
+                    energy.why_not)
+    return _summary(built, run, writer, run_name, window, measured, epochs.history, last, cost)
 
 
 def _summary(built: BuiltRun, run: hooks.LoopState, writer: ScalarWriter, run_name: str, window: ProfileWindow,
              measured: run_record.Measurements, history: list[dict[str, Any]],
-             last: dict[str, float]) -> dict[str, Any]:
+             last: dict[str, float], cost: run_record.Cost | None = None) -> dict[str, Any]:
     """The run's record: what ran, its measurements, and the test split's metrics, as summary.json holds it
     (fields that do not apply to this run are left out)."""
     checked = built.checked
@@ -120,7 +127,7 @@ def _summary(built: BuiltRun, run: hooks.LoopState, writer: ScalarWriter, run_na
         mesh="none" if layout.mesh is None else str(layout.shape), devices=layout.shape.size,
         out=str(checked.out), measurements=measured, dataset={"name": checked.dataset.name, **checked.dataset.info},
         profile=None if window.path is None else str(window.path), device_kind=measured.device_kind,
-        moe=moe_record(cfg, run.metrics), **run_record.provenance(), **test,
+        moe=moe_record(cfg, run.metrics), cost=cost, **run_record.provenance(), **test,
         **({} if unit == "examples" or rate is None else {f"{unit}_per_s": rate.units_per_s}))
     return {k: v for k, v in run_record.to_json(record).items() if v is not None}
 

@@ -1,0 +1,107 @@
+"""Cost in a report: dollars (on demand, spot) and kWh per epoch for each run, and per billion tokens or million
+images, with whether the energy was measured (NVML) or estimated from the price table's watts.
+
+A run's record carries the cost its run priced (`RunRecord.cost`, schema 3). `shardbench report --prices FILE`
+prices every run again from its measurements with that table (a measured power is kept); a record from before
+schema 3 is priced with the packaged table, so older sweeps get the columns too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from shardbench.measure.energy import Window
+from shardbench.measure.run_record import Cost
+from shardbench.prices import PriceTable, load_prices, run_cost
+
+if TYPE_CHECKING:
+    from shardbench.report.content import ReportedRun
+
+
+def cost(run: ReportedRun) -> Cost:
+    return run.rec.cost or Cost()
+
+
+def steps_per_epoch(run: ReportedRun) -> int | None:
+    """Steps in a whole epoch: as the record's cost or partial epoch says, else its steps over its whole epochs."""
+    if run.rec.cost is not None and run.rec.cost.steps_per_epoch:
+        return run.rec.cost.steps_per_epoch
+    if run.steps_per_epoch:
+        return run.steps_per_epoch
+    epochs = len(run.m.epoch_time_s or [])
+    if epochs and run.rec.steps and not run.rec.resumed_from:
+        return run.rec.steps // epochs
+    return None
+
+
+def priced(run: ReportedRun, table: PriceTable) -> ReportedRun:
+    """`run` with its record's cost worked out from its measurements with `table`."""
+    steps = steps_per_epoch(run)
+    if run.record is None or run.record.measurements is None or not steps:
+        return run
+    old = run.record.cost
+    # A measured power survives repricing: the same average watts per GPU over one second.
+    measured = (Window(old.watts_per_device, 1.0, 1) if old is not None and old.energy == "measured"
+                and old.watts_per_device else None)
+    note = (old.energy_note or "") if old is not None else ""
+    fresh = run_cost(table, run.record.measurements, steps, measured, note)
+    return dataclasses.replace(run, record=dataclasses.replace(run.record, cost=fresh))
+
+
+def with_costs(runs: list[ReportedRun], table: PriceTable | None = None) -> list[ReportedRun]:
+    """Every run with a cost: with `table` (--prices) all are priced again; without, a record that has none (older
+    than schema 3) is priced with the packaged table."""
+    if table is not None:
+        return [priced(r, table) for r in runs]
+    if all(r.rec.cost is not None for r in runs if r.ok):
+        return runs
+    packaged = load_prices()
+    return [r if r.rec.cost is not None or not r.ok else priced(r, packaged) for r in runs]
+
+
+def _energy(run: ReportedRun) -> str | None:
+    """'measured (312 W)' or 'estimated (700 W)': how the kWh were had, and the power per device they used."""
+    c = cost(run)
+    if c.energy is None or not c.watts_per_device:
+        return c.energy
+    return f"{c.energy} ({c.watts_per_device:,.0f} W)"
+
+
+def _per(label: str, get: Callable[[Cost], float | None]) -> Callable[[ReportedRun], float | None]:
+    def value(run: ReportedRun) -> float | None:
+        c = cost(run)
+        return get(c) if c.per == label else None
+
+    return value
+
+
+# (key, label, numeric, digits, value) of the report's cost columns; `report.content.COLUMNS` makes them optional
+# columns, shown where some run has a cost.
+COST_COLUMNS: tuple[tuple[str, str, bool, int, Callable[[ReportedRun], object]], ...] = (
+    ("usd_epoch", "$/epoch on-demand", True, 4, lambda r: cost(r).on_demand_usd),
+    ("usd_epoch_spot", "$/epoch spot", True, 4, lambda r: cost(r).spot_usd),
+    ("kwh_epoch", "kWh/epoch", True, 4, lambda r: cost(r).kwh),
+    ("energy", "energy", False, 0, _energy),
+    ("usd_per_1b_tokens", "$/billion tokens", True, 2, _per("billion tokens", lambda c: c.on_demand_usd_per)),
+    ("usd_per_1m_images", "$/million images", True, 2, _per("million images", lambda c: c.on_demand_usd_per)),
+    ("usd_per_1m_examples", "$/million examples", True, 2, _per("million examples", lambda c: c.on_demand_usd_per)),
+)
+
+
+def cost_note(runs: list[ReportedRun]) -> str:
+    """The table note's sentence on cost: which price table and rows, and how energy was had."""
+    costs = [cost(r) for r in runs if r.ok and cost(r).on_demand_usd is not None]
+    if not costs:
+        return ""
+    tables = sorted({c.prices or "packaged" for c in costs})
+    rows = sorted({c.device or "?" for c in costs})
+    # The page stays offline (no links): the rows' sources and dates are in each record's cost.price_source.
+    return (f" Cost per epoch is steps per epoch x median step x devices x the hourly price ({', '.join(tables)} "
+            f"price table, row{'s' if len(rows) > 1 else ''} {', '.join(rows)}: sources and dates in each record's "
+            f"cost.price_source and docs/cost.md); kWh is measured power (NVML) where the energy column says "
+            f"measured, else the table's watts.")
+
+
+__all__ = ["COST_COLUMNS", "cost_note", "priced", "with_costs"]
