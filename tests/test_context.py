@@ -1,7 +1,8 @@
 """Context parallelism (shardbench.parallel.context): ring and all-gather attention over a sequence split over the
 seq axis give plain attention's outputs and gradients, causal or not, in head-tail order or in order; the ring
-moves N - 1 key/value blocks by ppermute forward and N - 1 back, as counted by hand; head-tail deals the chunks as
-torchtitan does; and the layouts it cannot run are refused in one line before compiling."""
+moves N - 1 key/value blocks by ppermute forward and N - 1 back (each with its gradient), as counted by hand, and
+its compiled memory grows as the sequence, not its square; head-tail deals the chunks as torchtitan does; and the
+layouts it cannot run are refused in one line before compiling."""
 
 from __future__ import annotations
 
@@ -82,8 +83,9 @@ def test_split_attention_is_plain_attention(mode: str, causal: bool, order: str)
 
 def test_ring_passes_n_minus_1_blocks_each_way() -> None:
     """One attention forward and backward on seq=4: 3 collective-permutes forward, each of one device's keys
-    and values stacked (2 x batch x rows x heads x head_dim float32), and 3 back with their gradients; every one
-    along the seq axis alone, none of anything else."""
+    and values stacked (2 x batch x rows x heads x head_dim float32), and 3 back, each a block again with its
+    gradient so far stacked on it (twice the bytes: the backward recomputes the scores from the keys and values
+    rather than keep every block it saw); every one along the seq axis alone, none of anything else."""
     layout = make_layout("dp+cp", f"data=2,seq={N}", jax.devices()[:2 * N])
     pos = positions(LENGTH, N, "head-tail")
 
@@ -97,10 +99,37 @@ def test_ring_passes_n_minus_1_blocks_each_way() -> None:
     report = count_collectives(hlo)
     block = 2 * (BATCH // 2) * (LENGTH // N) * HEADS * DIM * 4
     permutes = report.by_kind["collective-permute"]
-    assert (permutes.count, permutes.bytes) == (2 * (N - 1), 2 * (N - 1) * block), report.by_kind
+    moved = (N - 1) * block + (N - 1) * 2 * block
+    assert (permutes.count, permutes.bytes) == (2 * (N - 1), moved), report.by_kind
     ring = along_one_axis(report.ops, layout.shape.sizes, MESH_AXES.index(SEQUENCE))
-    assert (ring.count, ring.bytes) == (2 * (N - 1), 2 * (N - 1) * block)
+    assert (ring.count, ring.bytes) == (2 * (N - 1), moved)
     assert set(report.by_kind) == {"collective-permute"}, report.by_kind
+
+
+def test_ring_memory_grows_as_the_sequence_not_its_square() -> None:
+    """The compiled temporaries of one causal ring attention, forward and backward, on seq=4 at 1k and 8k tokens
+    (keys 64 at a time: both lengths cut their runs into tiles of that size). A device keeps O(T/N) rows and one
+    (run x 64) tile of scores at a time, so 8x the tokens should cost about 8x the bytes; keeping each block's
+    scores for the backward, (T/N) x T per device, costs 64x (the ring before its custom backward: 40x measured,
+    the rows' O(T) buffers beside the scores). The bound between them, their geometric mean, parts the two."""
+    layout = make_layout("cp", f"seq={N}", jax.devices()[:N])
+    sharding = jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec(None, SEQUENCE))
+
+    def temp_bytes(length: int) -> int:
+        pos = positions(length, N, "head-tail")
+
+        def f(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+            return ring_attention(q, k, v, mesh=layout.mesh, qpos=pos, chunks=2, causal=True,
+                                  precision=jax.lax.Precision.DEFAULT, key_tile=64).sum()
+
+        x = jax.ShapeDtypeStruct((1, length, HEADS, 8), jnp.float32)
+        compiled = jax.jit(jax.grad(f, argnums=(0, 1, 2)), in_shardings=(sharding,) * 3).lower(x, x, x).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    short, long = 1024, 8192
+    linear, quadratic = long / short, (long / short) ** 2
+    ratio = temp_bytes(long) / temp_bytes(short)
+    assert ratio < (linear * quadratic) ** 0.5, f"{ratio:.1f}x the temporaries for {linear:.0f}x the tokens"
 
 
 def _cfg(**overrides: object) -> config_lib.Config:
@@ -161,8 +190,9 @@ def test_planner_leaves_cp_out_unless_named_and_meshes_it_over_seq() -> None:
 @pytest.mark.slow
 def test_planner_counts_the_rings_blocks(tmp_path) -> None:  # noqa: ANN001
     """The planner's compiled figures for cp with ring attention, in order (contiguous: no reordering of the
-    sequence): 2 layers x (N - 1) = 3 blocks forward and 3 back, each a device's keys and values, 2 x batch 4 x
-    16 / 4 rows x width 32 x 4 bytes = 4,096 bytes: 49,152 bytes a step. And two more, XLA's: it splits the
+    sequence): 2 layers x (N - 1) = 3 blocks forward and 3 back, each forward one a device's keys and values, 2 x
+    batch 4 x 16 / 4 rows x width 32 x 4 bytes = 4,096 bytes, each backward one a block with its gradient (8,192
+    bytes): 2 x 3 x 12,288 = 73,728 bytes a step. And two more, XLA's: it splits the
     (batch, 17) token ids along seq too, and gives each device its neighbour's edge for the task's shift by one
     (inputs and targets: int32 [4, 3] and [4, 2], 80 bytes)."""
     from shardbench.plan.compile import compile_candidate
@@ -173,7 +203,7 @@ def test_planner_counts_the_rings_blocks(tmp_path) -> None:  # noqa: ANN001
     result = compile_candidate(cfg, 4)
     permutes = [c for c in result["collectives"] if c["kind"] == "collective-permute"]
     assert sum(c["count"] for c in permutes) == 2 * 2 * (N - 1) + 2
-    assert sum(c["bytes"] for c in permutes) == 2 * 2 * (N - 1) * 2 * 4 * (16 // N) * 32 * 4 + 80
+    assert sum(c["bytes"] for c in permutes) == 2 * 3 * (N - 1) * 2 * 4 * (16 // N) * 32 * 4 + 80
 
 
 def test_the_report_says_where_the_ring_overtakes_the_all_gather() -> None:
