@@ -6,6 +6,9 @@ layouts it cannot run are refused in one line before compiling."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +17,7 @@ import pytest
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.measure.comms import along_one_axis, count_collectives
+from shardbench.measure.run_record import StepTimes
 from shardbench.models.transformer import attention
 from shardbench.parallel.context import gathered_attention, head_tail_order, positions, ring_attention
 from shardbench.parallel.mesh import MESH_AXES, SEQUENCE
@@ -21,6 +25,7 @@ from shardbench.parallel.rules import make_layout
 from shardbench.parsing import override
 from shardbench.preflight import check_runnable
 from shardbench.presets import get_preset
+from shardbench.report.content import ReportedRun
 
 BATCH, LENGTH, HEADS, DIM = 2, 16, 2, 4
 N = 4  # devices on the seq axis; the other 2 of the 8 simulated devices on data
@@ -206,21 +211,80 @@ def test_planner_counts_the_rings_blocks(tmp_path) -> None:  # noqa: ANN001
     assert sum(c["bytes"] for c in permutes) == 2 * 3 * (N - 1) * 2 * 4 * (16 // N) * 32 * 4 + 80
 
 
-def test_the_report_says_where_the_ring_overtakes_the_all_gather() -> None:
-    """By hand: the all-gather faster at 1k, the ring at 2k and 4k, the ring alone at 8k."""
-    from types import SimpleNamespace
+# The long-context sweep's own records (benchmarks/long-context-cpu.md): their configurations and memory as run,
+# the ring's step times set by each test, so that the tests hold when the sweep is run again.
+LONG_CONTEXT_RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "long-context-cpu"
 
+
+def _context_runs() -> tuple[list[ReportedRun], list[int], dict[int, float]]:
+    """The records, the lengths at which both context modes ran (ascending), and the all-gather's step (ms) at
+    each."""
+    from shardbench.report.write import load_runs
+
+    runs = load_runs(LONG_CONTEXT_RUNS)[0]
+    modes: dict[int, dict[str, ReportedRun]] = {}
+    for run in runs:
+        if run.ok and run.config.get("parallel.strategy") == "cp":
+            modes.setdefault(run.config["model.seq_len"], {})[run.config["parallel.context"]] = run
+    both = sorted(t for t, m in modes.items() if len(m) == 2)
+    assert len(both) >= 4, sorted(modes)
+    return runs, both, {t: modes[t]["all-gather"].step_median * 1e3 for t in both}  # type: ignore[operator]
+
+
+def _ring_findings(runs: list[ReportedRun], ring_ms: dict[int, float]) -> str:
+    """The report's sentence on the records with the ring's median step set (ms) at each length given, through the
+    record's own dataclasses."""
     from shardbench.report.context import context_findings
 
-    def run(tokens: int, mode: str, step_s: float) -> SimpleNamespace:
-        return SimpleNamespace(ok=True, step_median=step_s, m=SimpleNamespace(memory=SimpleNamespace(
-            total_bytes=100 * 2**20)), config={"parallel.strategy": "cp", "parallel.context": mode,
-                                               "model.seq_len": tokens})
+    def timed(run: ReportedRun) -> ReportedRun:
+        tokens = run.config["model.seq_len"]
+        if run.config.get("parallel.context") != "ring" or tokens not in ring_ms or run.record is None:
+            return run
+        steps = dataclasses.replace(run.m.step_time_s or StepTimes(), median=ring_ms[tokens] / 1e3)
+        measured = dataclasses.replace(run.m, step_time_s=steps)
+        return dataclasses.replace(run, record=dataclasses.replace(run.record, measurements=measured))
 
-    runs = [run(1024, "all-gather", 0.1), run(1024, "ring", 0.2), run(2048, "all-gather", 0.5),
-            run(2048, "ring", 0.4), run(4096, "all-gather", 2.0), run(4096, "ring", 1.0), run(8192, "ring", 4.0),
-            SimpleNamespace(ok=True, step_median=0.1, m=None, config={"parallel.strategy": "dp"})]
-    (sentence,) = context_findings(runs)  # type: ignore[arg-type]
-    assert "the ring overtakes the all-gather from 2,048 tokens on" in sentence
-    assert "1,024 tokens: ring 200.0 ms, all-gather 100.0 ms (100.0 MiB against 100.0 MiB per device)" in sentence
-    assert "The ring alone ran at 8,192 tokens" in sentence
+    (sentence,) = context_findings([timed(r) for r in runs])
+    return sentence
+
+
+def test_the_report_says_the_ring_was_faster_at_every_length() -> None:
+    """The ring's step half the all-gather's at every length: faster from the shortest; each length's times and
+    memory per device as recorded; a length the ring alone ran (the longest) named; dp, fsdp and tp left out."""
+    runs, both, gathered = _context_runs()
+    sentence = _ring_findings(runs, {t: ms / 2 for t, ms in gathered.items()})
+    assert (f"on this machine the ring's step was the faster at every length measured, from the shortest, "
+            f"{both[0]:,} tokens.") in sentence, sentence
+    ring, other = (next(r for r in runs if r.config.get("parallel.context") == mode and r.config["model.seq_len"]
+                        == both[-1] and r.ok) for mode in ("ring", "all-gather"))
+    assert (f"{both[-1]:,} tokens: ring {gathered[both[-1]] / 2:,.1f} ms, all-gather {gathered[both[-1]]:,.1f} ms "
+            f"({ring.m.memory.total_bytes / 2**20:,.1f} MiB against "  # type: ignore[union-attr]
+            f"{other.m.memory.total_bytes / 2**20:,.1f} MiB per device)") in sentence  # type: ignore[union-attr]
+    assert sentence.count(" tokens: ring ") == len(both)
+    alone = max(r.config["model.seq_len"] for r in runs if r.config.get("parallel.context") == "ring")
+    # What the all-gather would have held there: batch 4 x 2 heads x T^2 float32 scores a layer, on all devices.
+    assert alone > both[-1] and f"The ring alone ran at {alone:,} tokens" in sentence
+    assert f"({4 * 2 * alone**2 * 4 / 2**30:,.1f} GiB at {alone:,} tokens)" in sentence, sentence
+
+
+def test_the_report_says_from_which_length_the_ring_overtakes() -> None:
+    """The ring's step twice the all-gather's at the shortest length and the third, half at the others: it
+    overtakes from the fourth on (faster at the second, then not again at the third)."""
+    runs, both, gathered = _context_runs()
+    slower = (both[0], both[2])
+    sentence = _ring_findings(runs, {t: ms * (2 if t in slower else 0.5) for t, ms in gathered.items()})
+    assert (f"the ring overtakes the all-gather from {both[3]:,} tokens on (its step was not the faster at "
+            f"{both[0]:,}, {both[2]:,} tokens).") in sentence, sentence
+
+
+@pytest.mark.parametrize("short", [0, 2], ids=["nowhere", "only-the-two-shortest"])
+def test_the_report_says_when_the_ring_never_overtakes(short: int) -> None:
+    """The ring's step twice the all-gather's at every length, or at all but the `short` shortest (half there):
+    no crossover within the lengths measured, and where it was the faster, said."""
+    runs, both, gathered = _context_runs()
+    faster = both[:short]
+    sentence = _ring_findings(runs, {t: ms * (0.5 if t in faster else 2) for t, ms in gathered.items()})
+    never = f"the ring never overtakes the all-gather within the lengths measured ({both[0]:,} to {both[-1]:,} tokens)"
+    said = never + (f": its step was the faster at {both[0]:,}, {both[1]:,} tokens, not at {both[-1]:,}."
+                    if short else ".")
+    assert said in sentence, sentence
