@@ -1,9 +1,13 @@
 """Context parallelism (shardbench.parallel.context): ring and all-gather attention over a sequence split over the
 seq axis give plain attention's outputs and gradients, causal or not, in head-tail order or in order; the ring
-moves N - 1 key/value blocks by ppermute forward and N - 1 back, as counted by hand; head-tail deals the chunks as
-torchtitan does; and the layouts it cannot run are refused in one line before compiling."""
+moves N - 1 key/value blocks by ppermute forward and N - 1 back (each with its gradient), as counted by hand, and
+its compiled memory grows as the sequence, not its square; head-tail deals the chunks as torchtitan does; and the
+layouts it cannot run are refused in one line before compiling."""
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +17,7 @@ import pytest
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.measure.comms import along_one_axis, count_collectives
+from shardbench.measure.run_record import StepTimes
 from shardbench.models.transformer import attention
 from shardbench.parallel.context import gathered_attention, head_tail_order, positions, ring_attention
 from shardbench.parallel.mesh import MESH_AXES, SEQUENCE
@@ -20,6 +25,7 @@ from shardbench.parallel.rules import make_layout
 from shardbench.parsing import override
 from shardbench.preflight import check_runnable
 from shardbench.presets import get_preset
+from shardbench.report.content import ReportedRun
 
 BATCH, LENGTH, HEADS, DIM = 2, 16, 2, 4
 N = 4  # devices on the seq axis; the other 2 of the 8 simulated devices on data
@@ -82,8 +88,9 @@ def test_split_attention_is_plain_attention(mode: str, causal: bool, order: str)
 
 def test_ring_passes_n_minus_1_blocks_each_way() -> None:
     """One attention forward and backward on seq=4: 3 collective-permutes forward, each of one device's keys
-    and values stacked (2 x batch x rows x heads x head_dim float32), and 3 back with their gradients; every one
-    along the seq axis alone, none of anything else."""
+    and values stacked (2 x batch x rows x heads x head_dim float32), and 3 back, each a block again with its
+    gradient so far stacked on it (twice the bytes: the backward recomputes the scores from the keys and values
+    rather than keep every block it saw); every one along the seq axis alone, none of anything else."""
     layout = make_layout("dp+cp", f"data=2,seq={N}", jax.devices()[:2 * N])
     pos = positions(LENGTH, N, "head-tail")
 
@@ -97,10 +104,37 @@ def test_ring_passes_n_minus_1_blocks_each_way() -> None:
     report = count_collectives(hlo)
     block = 2 * (BATCH // 2) * (LENGTH // N) * HEADS * DIM * 4
     permutes = report.by_kind["collective-permute"]
-    assert (permutes.count, permutes.bytes) == (2 * (N - 1), 2 * (N - 1) * block), report.by_kind
+    moved = (N - 1) * block + (N - 1) * 2 * block
+    assert (permutes.count, permutes.bytes) == (2 * (N - 1), moved), report.by_kind
     ring = along_one_axis(report.ops, layout.shape.sizes, MESH_AXES.index(SEQUENCE))
-    assert (ring.count, ring.bytes) == (2 * (N - 1), 2 * (N - 1) * block)
+    assert (ring.count, ring.bytes) == (2 * (N - 1), moved)
     assert set(report.by_kind) == {"collective-permute"}, report.by_kind
+
+
+def test_ring_memory_grows_as_the_sequence_not_its_square() -> None:
+    """The compiled temporaries of one causal ring attention, forward and backward, on seq=4 at 1k and 8k tokens
+    (keys 64 at a time: both lengths cut their runs into tiles of that size). A device keeps O(T/N) rows and one
+    (run x 64) tile of scores at a time, so 8x the tokens should cost about 8x the bytes; keeping each block's
+    scores for the backward, (T/N) x T per device, costs 64x (the ring before its custom backward: 40x measured,
+    the rows' O(T) buffers beside the scores). The bound between them, their geometric mean, parts the two."""
+    layout = make_layout("cp", f"seq={N}", jax.devices()[:N])
+    sharding = jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec(None, SEQUENCE))
+
+    def temp_bytes(length: int) -> int:
+        pos = positions(length, N, "head-tail")
+
+        def f(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+            return ring_attention(q, k, v, mesh=layout.mesh, qpos=pos, chunks=2, causal=True,
+                                  precision=jax.lax.Precision.DEFAULT, key_tile=64).sum()
+
+        x = jax.ShapeDtypeStruct((1, length, HEADS, 8), jnp.float32)
+        compiled = jax.jit(jax.grad(f, argnums=(0, 1, 2)), in_shardings=(sharding,) * 3).lower(x, x, x).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    short, long = 1024, 8192
+    linear, quadratic = long / short, (long / short) ** 2
+    ratio = temp_bytes(long) / temp_bytes(short)
+    assert ratio < (linear * quadratic) ** 0.5, f"{ratio:.1f}x the temporaries for {linear:.0f}x the tokens"
 
 
 def _cfg(**overrides: object) -> config_lib.Config:
@@ -161,8 +195,9 @@ def test_planner_leaves_cp_out_unless_named_and_meshes_it_over_seq() -> None:
 @pytest.mark.slow
 def test_planner_counts_the_rings_blocks(tmp_path) -> None:  # noqa: ANN001
     """The planner's compiled figures for cp with ring attention, in order (contiguous: no reordering of the
-    sequence): 2 layers x (N - 1) = 3 blocks forward and 3 back, each a device's keys and values, 2 x batch 4 x
-    16 / 4 rows x width 32 x 4 bytes = 4,096 bytes: 49,152 bytes a step. And two more, XLA's: it splits the
+    sequence): 2 layers x (N - 1) = 3 blocks forward and 3 back, each forward one a device's keys and values, 2 x
+    batch 4 x 16 / 4 rows x width 32 x 4 bytes = 4,096 bytes, each backward one a block with its gradient (8,192
+    bytes): 2 x 3 x 12,288 = 73,728 bytes a step. And two more, XLA's: it splits the
     (batch, 17) token ids along seq too, and gives each device its neighbour's edge for the task's shift by one
     (inputs and targets: int32 [4, 3] and [4, 2], 80 bytes)."""
     from shardbench.plan.compile import compile_candidate
@@ -173,24 +208,83 @@ def test_planner_counts_the_rings_blocks(tmp_path) -> None:  # noqa: ANN001
     result = compile_candidate(cfg, 4)
     permutes = [c for c in result["collectives"] if c["kind"] == "collective-permute"]
     assert sum(c["count"] for c in permutes) == 2 * 2 * (N - 1) + 2
-    assert sum(c["bytes"] for c in permutes) == 2 * 2 * (N - 1) * 2 * 4 * (16 // N) * 32 * 4 + 80
+    assert sum(c["bytes"] for c in permutes) == 2 * 3 * (N - 1) * 2 * 4 * (16 // N) * 32 * 4 + 80
 
 
-def test_the_report_says_where_the_ring_overtakes_the_all_gather() -> None:
-    """By hand: the all-gather faster at 1k, the ring at 2k and 4k, the ring alone at 8k."""
-    from types import SimpleNamespace
+# The long-context sweep's own records (benchmarks/long-context-cpu.md): their configurations and memory as run,
+# the ring's step times set by each test, so that the tests hold when the sweep is run again.
+LONG_CONTEXT_RUNS = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "long-context-cpu"
 
+
+def _context_runs() -> tuple[list[ReportedRun], list[int], dict[int, float]]:
+    """The records, the lengths at which both context modes ran (ascending), and the all-gather's step (ms) at
+    each."""
+    from shardbench.report.write import load_runs
+
+    runs = load_runs(LONG_CONTEXT_RUNS)[0]
+    modes: dict[int, dict[str, ReportedRun]] = {}
+    for run in runs:
+        if run.ok and run.config.get("parallel.strategy") == "cp":
+            modes.setdefault(run.config["model.seq_len"], {})[run.config["parallel.context"]] = run
+    both = sorted(t for t, m in modes.items() if len(m) == 2)
+    assert len(both) >= 4, sorted(modes)
+    return runs, both, {t: modes[t]["all-gather"].step_median * 1e3 for t in both}  # type: ignore[operator]
+
+
+def _ring_findings(runs: list[ReportedRun], ring_ms: dict[int, float]) -> str:
+    """The report's sentence on the records with the ring's median step set (ms) at each length given, through the
+    record's own dataclasses."""
     from shardbench.report.context import context_findings
 
-    def run(tokens: int, mode: str, step_s: float) -> SimpleNamespace:
-        return SimpleNamespace(ok=True, step_median=step_s, m=SimpleNamespace(memory=SimpleNamespace(
-            total_bytes=100 * 2**20)), config={"parallel.strategy": "cp", "parallel.context": mode,
-                                               "model.seq_len": tokens})
+    def timed(run: ReportedRun) -> ReportedRun:
+        tokens = run.config["model.seq_len"]
+        if run.config.get("parallel.context") != "ring" or tokens not in ring_ms or run.record is None:
+            return run
+        steps = dataclasses.replace(run.m.step_time_s or StepTimes(), median=ring_ms[tokens] / 1e3)
+        measured = dataclasses.replace(run.m, step_time_s=steps)
+        return dataclasses.replace(run, record=dataclasses.replace(run.record, measurements=measured))
 
-    runs = [run(1024, "all-gather", 0.1), run(1024, "ring", 0.2), run(2048, "all-gather", 0.5),
-            run(2048, "ring", 0.4), run(4096, "all-gather", 2.0), run(4096, "ring", 1.0), run(8192, "ring", 4.0),
-            SimpleNamespace(ok=True, step_median=0.1, m=None, config={"parallel.strategy": "dp"})]
-    (sentence,) = context_findings(runs)  # type: ignore[arg-type]
-    assert "the ring overtakes the all-gather from 2,048 tokens on" in sentence
-    assert "1,024 tokens: ring 200.0 ms, all-gather 100.0 ms (100.0 MiB against 100.0 MiB per device)" in sentence
-    assert "The ring alone ran at 8,192 tokens" in sentence
+    (sentence,) = context_findings([timed(r) for r in runs])
+    return sentence
+
+
+def test_the_report_says_the_ring_was_faster_at_every_length() -> None:
+    """The ring's step half the all-gather's at every length: faster from the shortest; each length's times and
+    memory per device as recorded; a length the ring alone ran (the longest) named; dp, fsdp and tp left out."""
+    runs, both, gathered = _context_runs()
+    sentence = _ring_findings(runs, {t: ms / 2 for t, ms in gathered.items()})
+    assert (f"on this machine the ring's step was the faster at every length measured, from the shortest, "
+            f"{both[0]:,} tokens.") in sentence, sentence
+    ring, other = (next(r for r in runs if r.config.get("parallel.context") == mode and r.config["model.seq_len"]
+                        == both[-1] and r.ok) for mode in ("ring", "all-gather"))
+    assert (f"{both[-1]:,} tokens: ring {gathered[both[-1]] / 2:,.1f} ms, all-gather {gathered[both[-1]]:,.1f} ms "
+            f"({ring.m.memory.total_bytes / 2**20:,.1f} MiB against "  # type: ignore[union-attr]
+            f"{other.m.memory.total_bytes / 2**20:,.1f} MiB per device)") in sentence  # type: ignore[union-attr]
+    assert sentence.count(" tokens: ring ") == len(both)
+    alone = max(r.config["model.seq_len"] for r in runs if r.config.get("parallel.context") == "ring")
+    # What the all-gather would have held there: batch 4 x 2 heads x T^2 float32 scores a layer, on all devices.
+    assert alone > both[-1] and f"The ring alone ran at {alone:,} tokens" in sentence
+    assert f"({4 * 2 * alone**2 * 4 / 2**30:,.1f} GiB at {alone:,} tokens)" in sentence, sentence
+
+
+def test_the_report_says_from_which_length_the_ring_overtakes() -> None:
+    """The ring's step twice the all-gather's at the shortest length and the third, half at the others: it
+    overtakes from the fourth on (faster at the second, then not again at the third)."""
+    runs, both, gathered = _context_runs()
+    slower = (both[0], both[2])
+    sentence = _ring_findings(runs, {t: ms * (2 if t in slower else 0.5) for t, ms in gathered.items()})
+    assert (f"the ring overtakes the all-gather from {both[3]:,} tokens on (its step was not the faster at "
+            f"{both[0]:,}, {both[2]:,} tokens).") in sentence, sentence
+
+
+@pytest.mark.parametrize("short", [0, 2], ids=["nowhere", "only-the-two-shortest"])
+def test_the_report_says_when_the_ring_never_overtakes(short: int) -> None:
+    """The ring's step twice the all-gather's at every length, or at all but the `short` shortest (half there):
+    no crossover within the lengths measured, and where it was the faster, said."""
+    runs, both, gathered = _context_runs()
+    faster = both[:short]
+    sentence = _ring_findings(runs, {t: ms * (0.5 if t in faster else 2) for t, ms in gathered.items()})
+    never = f"the ring never overtakes the all-gather within the lengths measured ({both[0]:,} to {both[-1]:,} tokens)"
+    said = never + (f": its step was the faster at {both[0]:,}, {both[1]:,} tokens, not at {both[-1]:,}."
+                    if short else ".")
+    assert said in sentence, sentence

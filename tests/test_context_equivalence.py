@@ -31,15 +31,16 @@ def test_context_and_sequence_parallel_train_as_one_device(
     layout = trains_as_one_device(tmp_path, reference, "lm-seed", strategy, mesh, devices, "jit", **extra)
     if extra.get("parallel.context") != "ring":
         return
-    # N - 1 key/value blocks per layer forward, as many back, each one device's keys and values in float32:
-    # 2 x its rows x its tokens x its share of the width (heads over model).
+    # N - 1 key/value blocks per layer forward, each one device's keys and values in float32: 2 x its rows x its
+    # tokens x its share of the width (heads over model); as many back, each a block with its gradient (2 blocks).
     record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
     axes, shape = parse_mesh(mesh, devices), SHAPES["lm-seed"]
     batch, tokens, width, layers = (int(shape[k]) for k in (  # type: ignore[call-overload]
         "train.batch_size", "model.seq_len", "model.embed_dim", "model.num_layers"))
     block = 2 * (batch // axes.data) * (tokens // axes.seq) * (width // axes.model) * 4
     ring, moved = 2 * (axes.seq - 1) * layers, record["context_transfers"]
+    ring_bytes = 3 * (axes.seq - 1) * layers * block
     # Beside the ring, XLA splits the seq + 1 token ids along seq too and hands each device its neighbour's edge
     # for the task's shift by one (one or two permutes of a few int32s: 13 or 14 in all, as measured).
     assert ring <= moved["count"] <= ring + 2, (layout, moved)
-    assert 0 <= moved["bytes"] - ring * block < 1024, (layout, moved, block)
+    assert 0 <= moved["bytes"] - ring_bytes < 1024, (layout, moved, block)

@@ -6,7 +6,11 @@ table maps the logical 'seq' to the mesh's seq axis) only attention needs the ot
   all-gather, and a reduce-scatter of their gradients in the backward) and attends its own queries to all of them;
 - ring: keys and values stay split; in N steps each device attends its queries to the block it holds, then passes
   the block to the next device with a ppermute (N - 1 of them), keeping an online softmax (running max and sum in
-  float32), as Liu et al.'s ring attention does. A block wholly in a query chunk's future is skipped (a `cond`).
+  float32), as Liu et al.'s ring attention does, a tile of keys at a time. Its backward is flash attention's (a
+  custom VJP): it keeps the device's q, k, v, output and each row's log-sum-exp, O(T/N) rows, recomputes each
+  tile's scores, and passes each block back around the ring with its gradient so far (N - 1 ppermutes), so a
+  device holds one tile of scores at a time and memory grows as T, not T^2. Key tiles wholly in a query run's
+  future are never visited (the tile loop stops before them).
 
 Under a causal mask, device i of N holding chunk i would find N - 1 - i of its N blocks empty (device 0 skips all
 but one, device N - 1 none): the slowest device does the whole causal work. The head-tail order (torchtitan's
@@ -76,83 +80,185 @@ def gathered_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, qpos: np.nda
     return jnp.einsum("bhqk,bkhd->bqhd", w, v, precision=precision)
 
 
-def _block(state: tuple[jax.Array, jax.Array, jax.Array], q: jax.Array, k: jax.Array, v: jax.Array,
-           qpos: jax.Array, kpos: jax.Array, causal: bool, precision: jax.lax.Precision
-           ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One block of the online softmax: the running max `m` and sum `l` (batch, heads, query) and the unnormalised
-    output `acc` (batch, heads, query, head_dim), all float32, after the keys `k` at positions `kpos`. The max is a
-    constant of the result (it cancels in acc / l), so its gradient is stopped, as flash attention does."""
-    m, l, acc = state
-    s = _scores(q, k, precision)
-    if causal:
-        allowed = qpos[:, None] >= kpos[None, :]
-        s = jnp.where(allowed, s, NEG)
-    m_new = jax.lax.stop_gradient(jnp.maximum(m, s.max(-1)))
-    p = jnp.exp(s - m_new[..., None])
-    if causal:
-        p = jnp.where(allowed, p, 0.0)
-    rescale = jnp.exp(m - m_new)
-    l = l * rescale + p.sum(-1)
-    acc = acc * rescale[..., None] + jnp.einsum("bhqk,bkhd->bhqd", p, v.astype(jnp.float32), precision=precision)
-    return m_new, l, acc
+KEY_TILE = 512  # keys per tile: a device holds one (query run x KEY_TILE) tile of scores at a time
+
+State = tuple[jax.Array, jax.Array, jax.Array]  # the online softmax's running max, sum and unnormalised output
 
 
-def ring_local(q: jax.Array, k: jax.Array, v: jax.Array, *, table: jax.Array, devices: int, chunks: int,
-               causal: bool, precision: jax.lax.Precision) -> jax.Array:
-    """One device's ring attention, inside a program manual over the seq axis: its queries `q` (rows at positions
-    table[its index]) against the key/value blocks of every device, its own first, then each one the previous
-    device passes on. Each device's rows are `chunks` contiguous runs of positions; a pair of runs whose keys all
-    lie after its queries is skipped under `causal`."""
+@dataclass(frozen=True)
+class _Ring:
+    """What one device's ring attention is built from besides its q, k and v."""
+
+    table: np.ndarray  # (devices, rows): the true positions of the rows each device holds, ascending in each run
+    chunks: int  # contiguous runs of positions per device (head-tail: 2)
+    tile: int  # keys per score tile, dividing a run
+    causal: bool
+    precision: jax.lax.Precision
+
+    @property
+    def devices(self) -> int:
+        return self.table.shape[0]
+
+    def runs(self, x: jax.Array, axis: int = 1) -> list[jax.Array]:
+        """A device's rows (along `axis`) as its `chunks` runs of contiguous positions."""
+        return jnp.split(x, self.chunks, axis=axis)
+
+    def visible(self, qp: jax.Array, kp: jax.Array) -> jax.Array | int:
+        """How many of a run's key tiles (at positions `kp`) hold a key some query at `qp` sees: all of them, or
+        under the causal mask those that start at or before the last query (a run's positions ascend, so the
+        tiles wholly in the future are its last ones, and the loops stop before them)."""
+        tiles = kp.shape[0] // self.tile
+        if not self.causal:
+            return tiles
+        return jnp.sum(kp.reshape(tiles, self.tile)[:, 0] <= qp.max())
+
+    def tile_of(self, x: jax.Array, t: jax.Array, axis: int = 1) -> jax.Array:
+        return jax.lax.dynamic_slice_in_dim(x, t * self.tile, self.tile, axis=axis)
+
+    def masked(self, s: jax.Array, qp: jax.Array, kp: jax.Array, fill: float) -> jax.Array:
+        return jnp.where(qp[:, None] >= kp[None, :], s, fill) if self.causal else s
+
+
+def _attend_run(ring: _Ring, state: State, q: jax.Array, qp: jax.Array, k: jax.Array, v: jax.Array,
+                kp: jax.Array) -> State:
+    """One run of queries `q` (at positions `qp`) after one run of keys and values (at `kp`), a tile of keys at a
+    time: the running max `m` and sum `l` (batch, heads, query) and unnormalised output `acc` (batch, heads,
+    query, head_dim), all float32."""
+
+    def tile(t: jax.Array, state: State) -> State:
+        m, l, acc = state
+        kt, vt, kpt = ring.tile_of(k, t), ring.tile_of(v, t), ring.tile_of(kp, t, axis=0)
+        s = ring.masked(_scores(q, kt, ring.precision), qp, kpt, NEG)
+        m_new = jnp.maximum(m, s.max(-1))
+        # A row whose every key so far is masked has m_new = NEG, where exp(s - m_new) = 1: masked again.
+        p = ring.masked(jnp.exp(s - m_new[..., None]), qp, kpt, 0.0)
+        rescale = jnp.exp(m - m_new)
+        pv = jnp.einsum("bhqk,bkhd->bhqd", p, vt.astype(jnp.float32), precision=ring.precision)
+        return m_new, l * rescale + p.sum(-1), acc * rescale[..., None] + pv
+
+    return jax.lax.fori_loop(0, ring.visible(qp, kp), tile, state)
+
+
+def _grad_run(ring: _Ring, grads: State, q: jax.Array, qp: jax.Array, do: jax.Array, lse: jax.Array,
+              delta: jax.Array, k: jax.Array, v: jax.Array, kp: jax.Array) -> State:
+    """Flash attention's backward for one run of queries against one run of keys, a tile at a time: each tile's
+    probabilities recomputed from its scores and the rows' log-sum-exp `lse`; `delta` = rowsum(dO * O). `grads`:
+    float32 (dq of the query run, dk and dv of the key run), returned with this pair's share added."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    q32 = q.astype(jnp.float32)
+
+    def tile(t: jax.Array, grads: State) -> State:
+        dq, dk, dv = grads
+        kt, vt, kpt = ring.tile_of(k, t), ring.tile_of(v, t), ring.tile_of(kp, t, axis=0)
+        p = ring.masked(jnp.exp(_scores(q, kt, ring.precision) - lse[..., None]), qp, kpt, 0.0)
+        dp = jnp.einsum("bqhd,bkhd->bhqk", do, vt.astype(jnp.float32), precision=ring.precision)
+        ds = p * (dp - delta[..., None]) * scale
+        dq = dq + jnp.einsum("bhqk,bkhd->bqhd", ds, kt.astype(jnp.float32), precision=ring.precision)
+        dkt = ring.tile_of(dk, t) + jnp.einsum("bhqk,bqhd->bkhd", ds, q32, precision=ring.precision)
+        dvt = ring.tile_of(dv, t) + jnp.einsum("bhqk,bqhd->bkhd", p, do, precision=ring.precision)
+        return (dq, jax.lax.dynamic_update_slice_in_dim(dk, dkt, t * ring.tile, axis=1),
+                jax.lax.dynamic_update_slice_in_dim(dv, dvt, t * ring.tile, axis=1))
+
+    return jax.lax.fori_loop(0, ring.visible(qp, kp), tile, grads)
+
+
+def _ring_forward(ring: _Ring, q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    """One device's forward: its query runs against its own key/value block, then against each block the previous
+    device passes on (N - 1 ppermutes, in a loop over the ring's steps). Returns the output and what the backward
+    keeps, each O(T/N) rows: q, k, v, the block held last, the output and each row's log-sum-exp."""
     index = jax.lax.axis_index(SEQUENCE)
+    table = jnp.asarray(ring.table)
     batch, rows, heads, dim = q.shape
-    run = rows // chunks
-    qpos = table[index]
-    qs = [(q[:, c * run:(c + 1) * run], qpos[c * run:(c + 1) * run]) for c in range(chunks)]
+    run = rows // ring.chunks
+    qs, qps = ring.runs(q), ring.runs(table[index], axis=0)
+
+    def attend(states: tuple[State, ...], kv: jax.Array, step: jax.Array | int) -> tuple[State, ...]:
+        """The block of keys and values `kv` this device holds at `step`: device (index - step)'s."""
+        ks, vs, kps = ring.runs(kv[0]), ring.runs(kv[1]), ring.runs(table[(index - step) % ring.devices], axis=0)
+        return tuple(functools.reduce(lambda st, j: _attend_run(ring, st, qs[c], qps[c], ks[j], vs[j], kps[j]),
+                                      range(ring.chunks), states[c]) for c in range(ring.chunks))
+
+    def step(s: jax.Array, carry: tuple[tuple[State, ...], jax.Array]) -> tuple[tuple[State, ...], jax.Array]:
+        states, kv = carry
+        return attend(states, kv, s), jax.lax.ppermute(kv, SEQUENCE, [(i, (i + 1) % ring.devices)
+                                                                      for i in range(ring.devices)])
+
     zero = (jnp.full((batch, heads, run), NEG, jnp.float32), jnp.zeros((batch, heads, run), jnp.float32),
             jnp.zeros((batch, heads, run, dim), jnp.float32))
-    states = [zero] * chunks
-    kv = jnp.stack([k, v])
-    # Each block's scores are recomputed in the backward from its inputs (flash attention's trade), so that a device
-    # need not keep the (rows x sequence) of them autodiff would. What XLA's CPU compiler makes of it, measured on
-    # the long-context preset's LM: per device 335 MiB compiled at 4k tokens, 1,261 MiB at 8k against the
-    # all-gather's 554 at 4k; still quadratic in the sequence (a ring step's block scores grow as (T/N)^2), and
-    # the 16k run passed 20 GB on 4 simulated devices. A loop over the ring's steps kept more (every step's scores
-    # stacked for the backward, inside the layer scan), with jax.checkpoint or a custom_vjp alike.
-    block_step = jax.checkpoint(functools.partial(_block, causal=causal, precision=precision),
-                                policy=jax.checkpoint_policies.nothing_saveable)
-    for step in range(devices):
-        source = (index - step) % devices
-        kpos = table[source]
-        block = kv
-        for c, (qc, qp) in enumerate(qs):
-            for j in range(chunks):
-                kc, vc = block[0][:, j * run:(j + 1) * run], block[1][:, j * run:(j + 1) * run]
-                kp = kpos[j * run:(j + 1) * run]
-
-                def attend(st: tuple[jax.Array, ...], qc: jax.Array = qc, kc: jax.Array = kc, vc: jax.Array = vc,
-                           qp: jax.Array = qp, kp: jax.Array = kp) -> tuple[jax.Array, ...]:
-                    return block_step(st, qc, kc, vc, qp, kp)
-
-                if causal:  # every key after every query: nothing to add
-                    states[c] = jax.lax.cond(kp.min() > qp.max(), lambda st: st, attend, states[c])
-                else:
-                    states[c] = attend(states[c])
-        if step < devices - 1:  # one block of keys and values (stacked: one permute) to the next device
-            kv = jax.lax.ppermute(kv, SEQUENCE, [(i, (i + 1) % devices) for i in range(devices)])
+    # N - 1 steps that each end passing the block on (keys and values stacked: one permute), then the last block.
+    states, kv = jax.lax.fori_loop(0, ring.devices - 1, step, ((zero,) * ring.chunks, jnp.stack([k, v])))
+    states = attend(states, kv, ring.devices - 1)
     out = jnp.concatenate([acc / l[..., None] for _, l, acc in states], axis=2)  # (batch, heads, rows, dim)
-    return out.transpose(0, 2, 1, 3).astype(q.dtype)
+    out = out.transpose(0, 2, 1, 3).astype(q.dtype)
+    lse = jnp.concatenate([m + jnp.log(l) for m, l, _ in states], axis=2)  # (batch, heads, rows)
+    return out, (q, k, v, kv, out, lse)
+
+
+def _ring_backward(ring: _Ring, saved: tuple[jax.Array, ...], dout: jax.Array
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One device's backward, the ring's steps in reverse from the block held last: each block's scores
+    recomputed tile by tile, its gradient accumulated as it goes; the block and its gradient so far (float32,
+    stacked: one permute) passed back to the previous device, N - 1 ppermutes, so that each block's gradient
+    arrives whole at its own device at step 0."""
+    q, k, v, kv, out, lse = saved
+    index = jax.lax.axis_index(SEQUENCE)
+    table = jnp.asarray(ring.table)
+    do = dout.astype(jnp.float32)
+    delta = jnp.einsum("bqhd,bqhd->bhq", do, out.astype(jnp.float32))
+    qs, qps, dos = ring.runs(q), ring.runs(table[index], axis=0), ring.runs(do)
+    lses, deltas = ring.runs(lse, axis=2), ring.runs(delta, axis=2)
+
+    def grad(dqs: tuple[jax.Array, ...], kv: jax.Array, dkv: jax.Array, step: jax.Array | int
+             ) -> tuple[tuple[jax.Array, ...], jax.Array]:
+        ks, vs, kps = ring.runs(kv[0]), ring.runs(kv[1]), ring.runs(table[(index - step) % ring.devices], axis=0)
+        dqs, dks, dvs = list(dqs), ring.runs(dkv[0]), ring.runs(dkv[1])
+        for c in range(ring.chunks):
+            for j in range(ring.chunks):
+                dqs[c], dks[j], dvs[j] = _grad_run(ring, (dqs[c], dks[j], dvs[j]), qs[c], qps[c], dos[c], lses[c],
+                                                   deltas[c], ks[j], vs[j], kps[j])
+        return tuple(dqs), jnp.stack([jnp.concatenate(dks, axis=1), jnp.concatenate(dvs, axis=1)])
+
+    def step(s: jax.Array, carry: tuple[tuple[jax.Array, ...], jax.Array, jax.Array]
+             ) -> tuple[tuple[jax.Array, ...], jax.Array, jax.Array]:
+        dqs, kv, dkv = carry
+        dqs, dkv = grad(dqs, kv, dkv, ring.devices - 1 - s)
+        moved = jax.lax.ppermute(jnp.concatenate([kv.astype(jnp.float32), dkv]), SEQUENCE,
+                                 [(i, (i - 1) % ring.devices) for i in range(ring.devices)])
+        return dqs, moved[:2].astype(kv.dtype), moved[2:]
+
+    zeros = tuple(jnp.zeros(x.shape, jnp.float32) for x in qs)
+    dqs, kv, dkv = jax.lax.fori_loop(0, ring.devices - 1, step, (zeros, kv, jnp.zeros(kv.shape, jnp.float32)))
+    dqs, dkv = grad(dqs, kv, dkv, 0)  # this device's own block, its gradient now complete
+    return jnp.concatenate(dqs, axis=1).astype(q.dtype), dkv[0].astype(k.dtype), dkv[1].astype(v.dtype)
+
+
+def ring_local(q: jax.Array, k: jax.Array, v: jax.Array, *, table: np.ndarray, chunks: int, causal: bool,
+               precision: jax.lax.Precision, key_tile: int = KEY_TILE) -> jax.Array:
+    """One device's ring attention, inside a program manual over the seq axis: its queries `q` (rows at positions
+    table[its index]) against the key/value blocks of every device. Each device's rows are `chunks` contiguous
+    runs of positions; keys are taken `key_tile` at a time (the largest divisor of a run up to it and up to half the
+    run). A custom VJP: the backward keeps O(T/N) rows and recomputes the scores, as flash attention does."""
+    run = q.shape[1] // chunks
+    # At least two tiles a run: a loop over one tile slices the whole run whatever the index, and XLA hoists that
+    # slice, and the scores computed from it, out of the loop (computed even where the loop skips them, and kept).
+    tile = next(t for t in range(min(max(run // 2, 1), key_tile), 0, -1) if run % t == 0)
+    assert (np.diff(table.reshape(table.shape[0], chunks, run), axis=-1) == 1).all(), "runs of ascending positions"
+    ring = _Ring(table, chunks, tile, causal, precision)
+    attend = jax.custom_vjp(functools.partial(lambda ring, q, k, v: _ring_forward(ring, q, k, v)[0], ring))
+    attend.defvjp(functools.partial(_ring_forward, ring), functools.partial(_ring_backward, ring))
+    return attend(q, k, v)
 
 
 def ring_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, mesh: Mesh, qpos: np.ndarray, chunks: int,
-                   causal: bool, precision: jax.lax.Precision) -> jax.Array:
+                   causal: bool, precision: jax.lax.Precision, key_tile: int = KEY_TILE) -> jax.Array:
     """Ring attention over the seq axis of `mesh`: a program manual over seq alone (the other axes stay XLA's to
     partition: the batch over data, heads over model), each device's block of keys and values passed around."""
     devices = mesh.shape[SEQUENCE]
     spec = PartitionSpec(None, SEQUENCE, None, None)
+    table = qpos.reshape(devices, -1)  # row i: the true positions device i holds
 
     def local(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-        table = jnp.asarray(qpos.reshape(devices, -1))  # row i: the true positions device i holds
-        return ring_local(q, k, v, table=table, devices=devices, chunks=chunks, causal=causal, precision=precision)
+        return ring_local(q, k, v, table=table, chunks=chunks, causal=causal, precision=precision, key_tile=key_tile)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
                          axis_names=frozenset({SEQUENCE}), check_vma=False)(q, k, v)

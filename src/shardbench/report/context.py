@@ -22,7 +22,8 @@ def _mib(value: int | None) -> str:
 
 
 def context_findings(runs: list[ReportedRun]) -> list[str]:
-    """One sentence per sequence length with both modes, and where the ring overtakes the all-gather."""
+    """One sentence: each sequence length with both modes, and where the ring overtakes the all-gather (from a
+    length on, from the shortest, or nowhere within the lengths measured)."""
     by_length: dict[int, dict[str, ReportedRun]] = {}
     for run in runs:
         mode = _mode(run)
@@ -39,16 +40,45 @@ def context_findings(runs: list[ReportedRun]) -> list[str]:
                      f"({_mib(ring.m.memory.total_bytes if ring.m.memory else None)} against "
                      f"{_mib(gathered.m.memory.total_bytes if gathered.m.memory else None)} per device)")
     faster = [t for t, ring, gathered in pairs if (ring.step_median or 0) < (gathered.step_median or 0)]
-    # The ring overtakes from the shortest length at which it is faster and stays faster at every longer one.
-    overtakes = next((t for t, _, _ in pairs if all(u in faster for u, _, _ in pairs if u >= t)), None)
-    if overtakes is None:
-        verdict = "the all-gather's step was the faster at every length measured together"
-    elif overtakes == pairs[0][0]:
-        verdict = f"the ring's step was the faster at every length measured together, from {overtakes:,} tokens"
-    else:
-        verdict = f"the ring overtakes the all-gather from {overtakes:,} tokens on"
+    verdict = _crossover([t for t, _, _ in pairs], faster)
+    sentence = (f"Context parallelism, step time (median) and compiled memory per device by sequence length: "
+                f"{'; '.join(parts)}: on this machine {verdict}.{_alone(by_length)}")
+    return [sentence]
+
+
+def _tokens(lengths: list[int]) -> str:
+    return ", ".join(f"{t:,}" for t in lengths)
+
+
+def _crossover(lengths: list[int], faster: list[int]) -> str:
+    """Where the ring overtakes the all-gather: the shortest of the `lengths` (ascending, both modes ran) from which
+    the ring's step is the faster (`faster`) at it and at every longer one; the shortest itself, or none."""
+    overtakes = next((t for t in lengths if all(u in faster for u in lengths if u >= t)), None)
+    if overtakes == lengths[0]:
+        return f"the ring's step was the faster at every length measured, from the shortest, {overtakes:,} tokens"
+    if overtakes is not None:
+        return (f"the ring overtakes the all-gather from {overtakes:,} tokens on (its step was not the faster at "
+                f"{_tokens([t for t in lengths if t < overtakes and t not in faster])} tokens)")
+    span = f"{lengths[0]:,} to {lengths[-1]:,} tokens" if len(lengths) > 1 else f"{lengths[0]:,} tokens"
+    verdict = f"the ring never overtakes the all-gather within the lengths measured ({span})"
+    if faster:  # faster somewhere, but not at the longest: no crossover to speak of
+        verdict += f": its step was the faster at {_tokens(faster)} tokens, not at {lengths[-1]:,}"
+    return verdict
+
+
+def _alone(by_length: dict[int, dict[str, ReportedRun]]) -> str:
+    """The lengths the ring alone ran, and what the others would have held there: a float32 score of every query
+    against every key, batch x heads x T^2 x 4 bytes a layer over all the devices (kept for the backward)."""
     alone = sorted(t for t, modes in by_length.items() if set(modes) == {"ring"})
-    tail = (f" The ring alone ran at {', '.join(f'{t:,}' for t in alone)} tokens, where the all-gather's scores "
-            f"(queries x every key) were not run." if alone else "")
-    return [f"Context parallelism, step time (median) and compiled memory per device by sequence length: "
-            f"{'; '.join(parts)}: on this machine {verdict}.{tail}"]
+    if not alone:
+        return ""
+    scores = []
+    for t in alone:
+        config = by_length[t]["ring"].config
+        batch, heads = config.get("train.batch_size"), config.get("model.num_heads")
+        if isinstance(batch, int) and isinstance(heads, int):
+            scores.append(f"{batch * heads * t * t * 4 / 2**30:,.1f} GiB at {t:,}")
+    held = (f": the all-gather keeps a score for every query against every key, as dp, fsdp and tp do, batch x "
+            f"heads x T^2 x 4 bytes a layer over the devices ({', '.join(scores)} tokens), and was not run there"
+            if scores else ", where the all-gather's scores (queries x every key) were not run")
+    return f" The ring alone ran at {_tokens(alone)} tokens{held}."

@@ -256,25 +256,30 @@ def pipeline() -> SweepPreset:
 
 
 # The long-context preset: a narrow 2-block LM on 4 devices at batch 4 (one sequence per data shard), sized for
-# two CPU cores. A layout that holds a whole sequence's scores per device (dp, fsdp, tp with sequence parallelism,
-# and the all-gather's queries against every key: T^2 x heads x 4 bytes per layer, kept for the backward) stops at
-# 4k tokens (550-670 MiB per device compiled); the ring, whose block scores grow as (T/N)^2, goes on to 8k (1.26
-# GiB per device). At 16k the ring passed 20 GB on the 4 simulated devices: not in the preset.
+# two CPU cores and this 23 GiB host. Every layout but the ring holds a score matrix of every query against every
+# key for the backward: dp and fsdp one sequence's (batch 1 x 2 heads x T^2), tp one head of two sequences, the
+# all-gather a quarter of the queries of all four; in each, batch x heads x T^2 x 4 bytes / 4 devices per layer,
+# 512 MiB at 8k tokens and 2 GiB at 16k. Compiled, they need 2.1-2.6 GiB per device at 8k (8.3-10.2 GiB for the 4
+# devices) and 8.2-10.1 GiB per device at 16k: 32.6-40.4 GiB, beyond the host, so they stop at 8k. The ring
+# keeps O(T/N) rows and one tile of scores: 93 MiB per device at 8k, 186 MiB at 16k (peak RSS of the whole
+# 16k run, 3 steps: 1.55 GiB), and runs on to 16k.
 LONG_CONTEXT_DEVICES = 4
 LONG_CONTEXT_MODEL: Override = {"model.num_layers": 2, "model.embed_dim": 32, "model.num_heads": 2,
                                 "model.mlp_dim": 64, "model.vocab_size": 256, "train.batch_size": 4,
                                 "train.eval": False, "data.synthetic_train": 64, "data.synthetic_test": 8}
-LONG_CONTEXT_WHOLE = (1024, 2048, 4096)  # every layout
-LONG_CONTEXT_RING = (8192,)  # the ring alone
+LONG_CONTEXT_WHOLE = (1024, 2048, 4096, 8192)  # every layout
+LONG_CONTEXT_RING = (16384,)  # the ring alone: the others' scores would need 33-40 GiB
 LONG_CONTEXT_SHORT = (256, 512)  # the two context modes alone: where the all-gather might still win
 
 
 def long_context() -> SweepPreset:
-    """Long sequences on the LM: 2 blocks of width 32 on 4 devices at batch 4, 3 steps, at 1k, 2k and 4k tokens
-    under dp, fsdp, dp+tp without and with sequence parallelism (data=2,model=2), and context parallelism with
-    the keys and values all-gathered and with ring attention (seq=4, head-tail order); the ring alone at 8k, and
-    the two context modes alone at 256 and 512 tokens. The report says where the ring's step time falls below the
-    all-gather's."""
+    """Long sequences on the LM: 2 blocks of width 32 on 4 devices at batch 4, 3 steps, at 1k, 2k, 4k and 8k
+    tokens under dp, fsdp, dp+tp without and with sequence parallelism (data=2,model=2), and context parallelism
+    with the keys and values all-gathered and with ring attention (seq=4, head-tail order); the ring alone at 16k,
+    and the two context modes alone at 256 and 512 tokens. Not at 16k but for the ring: every other layout keeps
+    a score matrix of batch x heads x T^2 x 4 bytes / 4 devices per layer (2 GiB at 16k), 8.2-10.1 GiB per device
+    compiled, 33-40 GiB on the 4 simulated devices of a 23 GiB host; at 8k they need 8.3-10.2 GiB in all, so the
+    sweep wants about 11 GiB free. The report says where the ring's step time falls below the all-gather's."""
     n = LONG_CONTEXT_DEVICES
     whole: Axis = [{"parallel.strategy": "dp", "parallel.mesh": str(n)},
                    {"parallel.strategy": "fsdp", "parallel.mesh": str(n)},
