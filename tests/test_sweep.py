@@ -118,7 +118,7 @@ def test_every_run_of_the_pipeline_preset_passes_trains_checks() -> None:
     assert refusals(make_sweep("pipeline")) == {}
 
 
-def test_the_long_context_preset_runs_six_layouts_to_4k_and_the_ring_to_8k() -> None:
+def test_the_long_context_preset_runs_six_layouts_to_8k_and_the_ring_to_16k() -> None:
     runs = [r.settings for r in make_sweep("long-context").runs]
     layouts = {(r["parallel.strategy"], r.get("parallel.context", "all-gather"), r["parallel.mesh"],
                 r.get("parallel.sequence_parallel", False)) for r in runs}
@@ -128,7 +128,9 @@ def test_the_long_context_preset_runs_six_layouts_to_4k_and_the_ring_to_8k() -> 
                        ("cp", "all-gather", "seq=4", False),
                        ("cp", "ring", "seq=4", False)}
     lengths = sorted((r["model.seq_len"], r["parallel.strategy"], r.get("parallel.context")) for r in runs)
-    assert [t for t, *_ in lengths] == [256] * 2 + [512] * 2 + [1024] * 6 + [2048] * 6 + [4096] * 6 + [8192]
+    assert [t for t, *_ in lengths] == ([256] * 2 + [512] * 2 + [1024] * 6 + [2048] * 6 + [4096] * 6 + [8192] * 6
+                                        + [16384])
+    assert [(s, c) for t, s, c in lengths if t == 16384] == [("cp", "ring")]
     assert all(r["parallel.devices"] == 4 and r["train.batch_size"] == 4 and r["train.steps"] == 3 for r in runs)
 
 
