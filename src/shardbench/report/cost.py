@@ -10,14 +10,28 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from shardbench.measure.energy import Window
-from shardbench.measure.run_record import Cost
+from shardbench.measure.run_record import Cost, RunRecord
 from shardbench.prices import PriceTable, load_prices, run_cost
 
-if TYPE_CHECKING:
-    from shardbench.report.content import ReportedRun
+
+class ReportedRun(Protocol):
+    """What pricing reads of a `report.content.ReportedRun` (a dataclass; named here by its shape, so that this
+    module, which `content` reads its columns from, need not import it back)."""
+
+    @property
+    def record(self) -> RunRecord | None: ...
+
+    @property
+    def rec(self) -> RunRecord: ...
+
+    @property
+    def ok(self) -> bool: ...
+
+
+Run = TypeVar("Run", bound=ReportedRun)
 
 
 def cost(run: ReportedRun) -> Cost:
@@ -36,7 +50,7 @@ def steps_per_epoch(run: ReportedRun) -> int | None:
     return None
 
 
-def priced(run: ReportedRun, table: PriceTable) -> ReportedRun:
+def priced(run: Run, table: PriceTable) -> Run:
     """`run` with its record's cost worked out from its measurements with `table`."""
     steps = steps_per_epoch(run)
     if run.record is None or run.record.measurements is None or not steps:
@@ -50,7 +64,7 @@ def priced(run: ReportedRun, table: PriceTable) -> ReportedRun:
     return dataclasses.replace(run, record=dataclasses.replace(run.record, cost=fresh))
 
 
-def with_costs(runs: list[ReportedRun], table: PriceTable | None = None) -> list[ReportedRun]:
+def with_costs(runs: list[Run], table: PriceTable | None = None) -> list[Run]:
     """Every run with a cost: with `table` (--prices) all are priced again; without, a record that has none (older
     than schema 3) is priced with the packaged table."""
     if table is not None:
