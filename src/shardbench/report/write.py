@@ -112,7 +112,10 @@ def with_predictions(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedR
     """The runs with the planner's predictions of them, where `shardbench plan --validate` left some."""
     path = sweep_dir / PREDICTIONS
     if not path.exists():
-        return runs
+        from shardbench.report.plan_chart import tune_predictions  # or those `shardbench tune` measured against
+
+        planned = tune_predictions(sweep_dir) or {}
+        return [dataclasses.replace(r, predicted=planned.get(r.name)) for r in runs] if planned else runs
     saved = _read_json(path)
     predicted = saved.get("runs") if isinstance(saved, dict) else None
     if not isinstance(predicted, dict):
@@ -150,8 +153,9 @@ TABLE_NOTE = ("Throughput is the global batch over the median step, the same ste
               "step. Memory/device is the runtime peak where the backend reports one (\"peak\"), else XLA's "
               "compiled total: arguments + outputs − aliased + temporaries (\"compiled\"). Epoch time is the mean "
               "wall time per whole epoch, data loading included, evaluation excluded ('–' for a run that trained "
-              "only part of one; the epoch chart projects it). \"Predicted\" columns, where present, are "
-              "`shardbench plan --validate`'s predictions of the same runs.")
+              "only part of one; the epoch chart projects it). \"Predicted\" columns, where present, are the "
+              "planner's predictions of the same runs (`shardbench plan --validate`'s, or those `shardbench tune` "
+              "chose them by).")
 
 
 def _md_cell(text: str) -> str:
