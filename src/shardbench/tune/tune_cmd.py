@@ -129,14 +129,14 @@ def nothing_fits(planned: list[Planned], dropped_before: int, out: Path) -> Conf
         kind = ("do not fit in memory" if p.prediction is not None else
                 "were refused" if p.problem.startswith("refused") else "failed to compile")
         kinds[kind] += 1
-        reasons[p.dropped.split(": ", 1)[-1][:120]] += 1
+        reasons[p.dropped] += 1
     if dropped_before:
         kinds["were dropped before planning"] += dropped_before
     counted = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
-    common = "; ".join(f"{n}x {why}" for why, n in reasons.most_common(2))
-    return ConfigError(f"nothing fits: of {sum(kinds.values())} layouts, {counted}"
-                       + (f" (most often: {common})" if common else "") + f"; every layout and its reason: "
-                       f"{out / 'tune.json'}")
+    common = (f" (the commonest reason, {reasons.most_common(1)[0][1]} of them: {reasons.most_common(1)[0][0]})"
+              if reasons else "")
+    return ConfigError(f"nothing fits: of {sum(kinds.values())} layouts, {counted}{common}; every layout and its "
+                       f"reason: {out / 'tune.json'}")
 
 
 def plan_space(cfg: config_lib.Config, target: Target, points: list[Point], workers: int, calibrate: list[Path],
