@@ -165,6 +165,7 @@ def test_tune_end_to_end_measures_k_and_writes_a_winner_train_accepts(tmp_path: 
     (plain / "plan-validation.json").write_text(json.dumps({"runs": tuned["runs"]}))
     paths = write_report(plain)
     assert "plan_vs_measured" in paths.charts and "Kendall's tau" in paths.markdown.read_text()
+    assert "plan_vs_measured" not in paths.clipped  # no run's name runs past the chart's edge
 
 
 @pytest.mark.slow

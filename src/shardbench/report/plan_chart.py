@@ -61,9 +61,12 @@ def plan_vs_measured(runs: list[ReportedRun], out: Path) -> Chart | str:
     ax = fig.subplots()
     xs, ys = [1e3 * p for _, p, _ in pairs], [1e3 * m for _, _, m in pairs]
     ax.scatter(xs, ys, c=[colors[r.strategy] for r, _, _ in pairs], s=40, zorder=3)
-    for (r, _, _), x, y in zip(pairs, xs, ys, strict=True):
-        ax.annotate(r.name, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7, color="#333333")
     low, high = min(xs + ys) / 1.5, max(xs + ys) * 1.5
+    middle = (low * high) ** 0.5
+    for (r, _, _), x, y in zip(pairs, xs, ys, strict=True):  # names run away from the nearer edge
+        right = x > middle
+        ax.annotate(r.name, (x, y), xytext=(-4 if right else 4, 3), textcoords="offset points", fontsize=7,
+                    color="#333333", ha="right" if right else "left")
     ax.plot([low, high], [low, high], linestyle="--", color="#888888", linewidth=1, label="predicted = measured")
     ax.set_xscale("log")
     ax.set_yscale("log")
