@@ -26,7 +26,7 @@ from typing import Any
 
 from shardbench.parsing import override
 from shardbench.plan.target import parse_target
-from shardbench.plan.validate import kendall_tau
+from shardbench.plan.kendall import kendall_tau
 from shardbench.presets import get_preset
 from shardbench.report.write import write_report
 from shardbench.tune.select import OBJECTIVES, Planned, rank, regret
@@ -130,7 +130,8 @@ def markdown(results: list[dict[str, Any]], command: str, wall_s: float, data: P
     hits = sum(1 for r in results if r["pick_regret"] is not None and r["pick_regret"] <= WITHIN)
     top1 = sum(r["top1_hit"] for r in results)
     lines = [f"# `shardbench tune`'s search on {DEVICES} simulated CPU devices", "",
-             f"- Command: `{command}` ({wall_s / 60:.1f} min wall, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+             f"- Command: `{command}` ({wall_s / 60:.1f} min wall, "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
              f"- Grid: strategies {results[0]['candidates']} on every mesh of {DEVICES} devices (those each model "
              f"takes), no remat, float32, the preset's batch; pipelines with one microbatch per stage, GPipe. Every "
              f"layout that fits was measured once, {results[0]['steps']} steps each (median step), no evaluation.",

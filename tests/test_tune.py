@@ -17,7 +17,7 @@ from shardbench.errors import ConfigError
 from shardbench.parallel.rules import STRATEGIES
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.predict import Prediction
-from shardbench.plan.validate import kendall_tau
+from shardbench.plan.kendall import kendall_tau
 from shardbench.tune.select import (OBJECTIVES, START_S, Measured, Planned, check_budget_floor, outcome, rank, regret,
                                     select)
 from shardbench.tune.space import Point, Space, enumerate_space
@@ -171,7 +171,8 @@ def test_tune_end_to_end_measures_k_and_writes_a_winner_train_accepts(tmp_path: 
 @pytest.mark.slow
 @pytest.mark.parametrize(("args", "expected", "compiled"), [
     (["--budget-min", "0.05"], "--budget-min 0.05 (3.0 s) is too small for one run: a run takes about", False),
-    (["--candidates", "ep,dp+ep", "--budget-min", "5"], "nothing fits: of 3 layouts, 3 were refused (the commonest reason, 3 of them: refused", False),
+    (["--candidates", "ep,dp+ep", "--budget-min", "5"],
+     "nothing fits: of 3 layouts, 3 were refused (the commonest reason, 3 of them: refused", False),
     (["--candidates", "dp", "--budget-min", "0.5", "--measure-steps", "10000"],
      "--budget-min 0.5 is too small for one run: the plan's top choice, dp 8x1 remat=none float32 batch=64", True),
 ])

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shardbench.plan.kendall import kendall_tau
 from shardbench.report.content import Chart, number
 from shardbench.report.plots import BESIDE, NOTE_WIDTH, _save, _strategy_colors
 
@@ -42,8 +43,6 @@ def _pairs(runs: list[ReportedRun]) -> list[tuple[ReportedRun, float, float]]:
 
 def tau(runs: list[ReportedRun]) -> float | None:
     """Kendall's tau of predicted against measured step times (None under two runs with both)."""
-    from shardbench.plan.validate import kendall_tau  # the planner validation's own tau-b
-
     pairs = _pairs(runs)
     return kendall_tau([p for _, p, _ in pairs], [m for _, _, m in pairs]) if len(pairs) > 1 else None
 
@@ -83,6 +82,13 @@ def plan_vs_measured(runs: list[ReportedRun], out: Path) -> Chart | str:
     ax.legend(handles=[Patch(color=c, label=s) for s, c in colors.items()], title="strategy", fontsize=8,
               title_fontsize=8, loc="upper left", bbox_to_anchor=BESIDE)
     return _save(fig, out, "plan_vs_measured", "Predicted against measured step time", note)
+
+
+def write_chart(runs: list[ReportedRun], out: Path) -> list[Chart]:
+    """The chart where the planner predicted the runs (none otherwise, and none left from an earlier report)."""
+    (out / "plan_vs_measured.png").unlink(missing_ok=True)
+    made = plan_vs_measured(runs, out)
+    return [made] if isinstance(made, Chart) else []
 
 
 def plan_findings(runs: list[ReportedRun]) -> list[str]:

@@ -340,11 +340,9 @@ def write_charts(runs: list[ReportedRun], out: Path) -> tuple[list[Chart], list[
     charts: list[Chart] = []
     omitted: list[str] = []
     for stale in ("epoch_time", "step_time", "mesh_batch_epoch_time", "mesh_batch_memory", "peak_memory",
-                  "throughput", "mfu", "comms", "memory_breakdown", "plan_vs_measured"):
+                  "throughput", "mfu", "comms", "memory_breakdown"):
         (out / f"{stale}.png").unlink(missing_ok=True)  # a chart left out this time must not linger from the last
-    from shardbench.report.plan_chart import plan_vs_measured  # it draws with this module's helpers
-
-    for draw in (*CHARTS, plan_vs_measured):
+    for draw in CHARTS:
         made = draw(runs, out)
         if isinstance(made, Chart):
             charts.append(made)

@@ -15,7 +15,7 @@ from typing import Any
 from shardbench.errors import DataError, ShardbenchError, writable_dir
 from shardbench.measure.run_record import from_json
 from shardbench.report import html as html_page
-from shardbench.report import plots
+from shardbench.report import plan_chart, plots
 from shardbench.report.content import (
     COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, reported, shown,
 )
@@ -112,9 +112,7 @@ def with_predictions(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedR
     """The runs with the planner's predictions of them, where `shardbench plan --validate` left some."""
     path = sweep_dir / PREDICTIONS
     if not path.exists():
-        from shardbench.report.plan_chart import tune_predictions  # or those `shardbench tune` measured against
-
-        planned = tune_predictions(sweep_dir) or {}
+        planned = plan_chart.tune_predictions(sweep_dir) or {}  # or those `shardbench tune` chose the runs by
         return [dataclasses.replace(r, predicted=planned.get(r.name)) for r in runs] if planned else runs
     saved = _read_json(path)
     predicted = saved.get("runs") if isinstance(saved, dict) else None
@@ -203,6 +201,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None) -> ReportPaths:
     count = f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
     source = f"Read from {origin} in `{sweep_dir}`: {count}, {complete} complete, {len(runs) - complete} failed."
     charts, omitted = plots.write_charts(runs, out)
+    charts += plan_chart.write_chart(runs, out)  # where the planner predicted these runs
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
                             columns=shown(COLUMNS, runs), swept=swept, findings=explain(runs, swept),
                             charts=charts, table_note=TABLE_NOTE, omitted=tuple(omitted))

@@ -15,7 +15,7 @@ from shardbench import config as config_lib
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.target import Target
 from shardbench.tune.select import MIB, Measured, Objective, Outcome, Planned, outcome
-from shardbench.tune.space import Dropped, Space
+from shardbench.tune.space import Dropped, Space, layout_settings, user_settings
 
 TUNE_JSON = "tune.json"
 WINNER = "winner.toml"
@@ -105,10 +105,9 @@ def winner_settings(t: Tuning, p: Planned) -> tuple[dict[str, Any], dict[str, An
     """(the user's own settings, the layout's): what `shardbench train` needs besides the preset; the layout's
     fields only where they differ from the preset's (its strategy, mesh and devices always)."""
     from shardbench.presets import get_preset
-    from shardbench.tune.tune_cmd import layout_settings, user_settings
 
     given = config_lib.flatten(get_preset(t.cfg.preset))
-    layout = {k: v for k, v in layout_settings(t.cfg, p, t.target.devices).items()
+    layout = {k: v for k, v in layout_settings(t.cfg, p.point, t.target.devices).items()
               if k in ALWAYS or given.get(k) != v}
     return {k: v for k, v in user_settings(t.cfg).items() if k not in layout}, layout
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardbench.errors import ConfigError
+from shardbench.plan.kendall import kendall_tau
 from shardbench.plan.predict import Prediction
 from shardbench.tune.space import Point
 
@@ -145,8 +146,6 @@ class Outcome:
 def outcome(chosen: Sequence[Planned], measured: dict[str, Measured], objective: Objective) -> Outcome | None:
     """The winner (best measured objective), the regret of the plan's top choice (`chosen[0]`) against it, and
     Kendall's tau over the runs with a step time. `measured` is keyed by `Point.name`; None when no run measured."""
-    from shardbench.plan.validate import kendall_tau  # the planner's validation's own tau-b
-
     values = {p.point.name: objective.measured(p, measured[p.point.name]) for p in chosen
               if p.point.name in measured}
     got = [p for p in chosen if values.get(p.point.name) is not None]

@@ -7,12 +7,19 @@ data shards, microbatches that do not divide a shard) is kept with its reason, n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.parallel.rules import STRATEGIES, batch_shards
-from shardbench.plan.candidates import PER_STAGE, USES, Candidate, candidates, meshes
+from shardbench.parsing import override
+from shardbench.plan.candidates import PER_STAGE, USES, Candidate, candidate_config, candidates, meshes
+
+
+# The fields a layout sets (a planner candidate's, `candidate_config`) and the batch.
+LAYOUT_KEYS = ("parallel.strategy", "parallel.mesh", "parallel.devices", "model.remat", "precision.dtype",
+               "train.grad_accum", "parallel.microbatches", "parallel.schedule", "train.batch_size")
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,23 @@ def _quiet(devices: int, batch: int, strategy: str, space: Space, accum: int) ->
                           space.per_stage, space.schedules)
     except ConfigError:
         return []
+
+
+def layout_settings(cfg: config_lib.Config, point: Point, devices: int) -> dict[str, Any]:
+    """What `shardbench train` is told for `point`: the candidate's fields (`candidate_config`) and batch."""
+    flat = candidate_config(override(cfg, {"train.batch_size": point.batch}), point.candidate, devices)
+    return {k: flat[k] for k in LAYOUT_KEYS}
+
+
+def user_settings(cfg: config_lib.Config) -> dict[str, Any]:
+    """The fields the user set away from the preset (what a ready command repeats besides the layout)."""
+    from shardbench.presets import get_preset
+    from shardbench.sweep.grid import SWEEP_OWNED
+
+    preset = config_lib.flatten(get_preset(cfg.preset))
+    return {k: v for k, v in config_lib.flatten(cfg).items()
+            if preset.get(k) != v and k not in SWEEP_OWNED and k not in config_lib.REPORTING_ONLY
+            and k not in LAYOUT_KEYS}
 
 
 def parse_ints(flag: str, text: str) -> tuple[int, ...]:

@@ -15,20 +15,18 @@ from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import add_config_arguments, config_from_args
 from shardbench.parsing import override
-from shardbench.plan.candidates import PER_STAGE, USES, candidate_config
+from shardbench.plan.candidates import PER_STAGE, USES
 from shardbench.plan.target import HINT, Target, parse_target
 from shardbench.tune.select import (OBJECTIVES, Measured, Planned, check_budget_floor, compile_each_s,
                                     estimate_run_s, rank, select)
-from shardbench.tune.space import Point, Space, enumerate_space, parse_ints, parse_names
+from shardbench.tune.space import (LAYOUT_KEYS, Dropped, Point, Space, enumerate_space, layout_settings,
+                                   parse_ints, parse_names, user_settings)
 
 # Comma lists tune takes in a configuration flag's place (the first value stands in the Config meanwhile).
 LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.grad_accum": "--grad-accum",
               "train.batch_size": "--batch-size"}
 # What each measured run changes from the configuration: a few timed steps, no evaluation, no checkpoint.
 MEASURE = {"train.eval": False, "train.checkpoint_every": 0}
-# The fields a layout sets (a planner candidate's, `candidate_config`) and the batch.
-LAYOUT_KEYS = ("parallel.strategy", "parallel.mesh", "parallel.devices", "model.remat", "precision.dtype",
-               "train.grad_accum", "parallel.microbatches", "parallel.schedule", "train.batch_size")
 
 
 def add_parser(subparsers: Any) -> None:
@@ -165,28 +163,12 @@ def plan_space(cfg: config_lib.Config, target: Target, points: list[Point], work
     return planned, compile_each_s(wall, workers or default_workers(), compiled)
 
 
-def layout_settings(cfg: config_lib.Config, p: Planned, devices: int) -> dict[str, Any]:
-    """What `shardbench train` is told for layout `p`: the candidate's fields (`candidate_config`) and batch."""
-    flat = candidate_config(override(cfg, {"train.batch_size": p.point.batch}), p.point.candidate, devices)
-    return {k: flat[k] for k in LAYOUT_KEYS}
-
-
-def user_settings(cfg: config_lib.Config) -> dict[str, Any]:
-    """The fields the user set away from the preset (what a ready command repeats besides the layout)."""
-    from shardbench.presets import get_preset
-    from shardbench.sweep.grid import SWEEP_OWNED
-
-    preset = config_lib.flatten(get_preset(cfg.preset))
-    return {k: v for k, v in config_lib.flatten(cfg).items()
-            if preset.get(k) != v and k not in SWEEP_OWNED and k not in config_lib.REPORTING_ONLY
-            and k not in LAYOUT_KEYS}
-
-
-def make_tune_sweep(cfg: config_lib.Config, chosen: list[Planned], devices: int, steps: int) -> tuple[Any, dict[str, str]]:
+def make_tune_sweep(cfg: config_lib.Config, chosen: list[Planned], devices: int,
+                    steps: int) -> tuple[Any, dict[str, str]]:
     """The sweep of the chosen layouts (their varying fields name the runs) and each run's layout name."""
     from shardbench.sweep.grid import Grid, Sweep, expand
 
-    settings = [layout_settings(cfg, p, devices) for p in chosen]
+    settings = [layout_settings(cfg, p.point, devices) for p in chosen]
     varying = [k for k in LAYOUT_KEYS if len({repr(s[k]) for s in settings}) > 1 or k in ("parallel.strategy",
                                                                                         "parallel.mesh")]
     base = {**user_settings(cfg), **{k: v for k, v in settings[0].items() if k not in varying},
@@ -236,23 +218,31 @@ def measured_runs(out: Path, names: dict[str, str]) -> dict[str, Measured]:
     return found
 
 
-def run(args: argparse.Namespace) -> int:
+def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space, list[Point], list[Dropped]]:
+    """Every check tune makes before compiling (each a one-line ConfigError), the budget's floor first: the
+    configuration, the target, the executor, and the space with what it drops before planning."""
     from shardbench.sweep import slurm_options
-    from shardbench.sweep.sweep_cmd import check_out
     from shardbench.tasks import validate
-    from shardbench.tune import report
 
-    check_options(args)  # the budget first: a budget too small for a run is refused before anything compiles
+    check_options(args)  # a budget too small for a run is refused before anything compiles
     lists = _lists(args)
     cfg = config_from_args(args)
     validate(cfg)
-    objective = OBJECTIVES[args.objective]
     target = parse_target(args.target, cpu_devices=cfg.parallel.devices or 8)
     executor, _, _ = slurm_options.resolve(args, None)
     if executor == "slurm":
         slurm_options.check_available()
     space = make_space(cfg, args, lists)
     points, dropped = enumerate_space(target.devices, space)
+    return cfg, target, space, points, dropped
+
+
+def run(args: argparse.Namespace) -> int:
+    from shardbench.sweep.sweep_cmd import check_out
+    from shardbench.tune import report
+
+    cfg, target, space, points, dropped = prepare(args)
+    objective = OBJECTIVES[args.objective]
     out = default_out(cfg, target)
     check_out(out, resume=False)
     writable_dir(out, "--out")
@@ -284,4 +274,4 @@ def run(args: argparse.Namespace) -> int:
     return report.finish(tuning)
 
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "prepare", "run"]
