@@ -98,7 +98,7 @@ def bench_model(model: str, args: argparse.Namespace, work: Path) -> dict[str, A
         "top1": grid[0].point.name, "top1_hit": grid[0] is best, "top1_regret": regret_of(grid[0]),
         "rules": {name: {"layout": None if (p := rule(*layout)) is None else p.point.name, "regret": regret_of(p)}
                   for name, layout in RULES.items()},
-        "tau": kendall_tau([p.prediction.step_s for p in timed],  # type: ignore[union-attr]
+        "tau": kendall_tau([p.predicted.step_s for p in timed],
                            [step[p.point.name] for p in timed]) if len(timed) > 1 else None,
     }
 

@@ -111,6 +111,17 @@ def test_regret_and_tau_by_hand() -> None:
     assert failed is not None and failed.winner is chosen[1] and failed.regret is None and failed.measured == 2
 
 
+def test_a_target_of_another_platform_is_not_measured_here() -> None:
+    """The local executor measures on this host: an H100 target from a CPU host is one line, before compiling."""
+    from shardbench.cli import build_parser
+    from shardbench.tune.tune_cmd import prepare
+
+    args = build_parser().parse_args(["tune", "--preset", "mlp-small", "--target", "8xh100"])
+    with pytest.raises(ConfigError, match="--target 8xh100 is gpu hardware and this host runs on cpu: measure on it "
+                                          "with --executor slurm"):
+        prepare(args)
+
+
 def shardbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The CLI in a fresh process, as a user runs it."""
     environ = {**os.environ, "JAX_PLATFORMS": "cpu"}

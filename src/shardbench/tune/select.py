@@ -34,6 +34,13 @@ class Planned:
         return self.prediction is not None and self.prediction.fits
 
     @property
+    def predicted(self) -> Prediction:
+        """The prediction of a layout that has one (those ranked, chosen and measured)."""
+        if self.prediction is None:
+            raise ValueError(f"{self.point.name} was not predicted: {self.problem}")
+        return self.prediction
+
+    @property
     def dropped(self) -> str:
         """Why the layout is out of the running ('' when it fits)."""
         if self.prediction is None:
@@ -70,11 +77,11 @@ def _per_example(step_s: float | None, batch: int) -> float | None:
 OBJECTIVES: dict[str, Objective] = {
     # Seconds per example: the step time when the batch is fixed; with --batch-size a,b the faster per example.
     "time": Objective("time", "step time per example",
-                      lambda p: p.prediction.step_s / p.point.batch,  # type: ignore[union-attr]
+                      lambda p: p.predicted.step_s / p.point.batch,
                       lambda p, m: _per_example(m.step_s, p.point.batch),
                       lambda v: f"{v * 1e6:,.1f} us/example"),
     "memory": Objective("memory", "memory per device",
-                        lambda p: p.prediction.total_bytes,  # type: ignore[union-attr]
+                        lambda p: p.predicted.total_bytes,
                         lambda p, m: m.memory_bytes,
                         lambda v: f"{v / MIB:,.1f} MiB"),
 }
@@ -83,7 +90,7 @@ OBJECTIVES: dict[str, Objective] = {
 def rank(planned: Sequence[Planned], objective: Objective) -> list[Planned]:
     """The layouts that fit, best first by the objective (ties: the faster predicted step)."""
     fitting = [p for p in planned if p.fits]
-    return sorted(fitting, key=lambda p: (objective.predicted(p), p.prediction.step_s))  # type: ignore[union-attr]
+    return sorted(fitting, key=lambda p: (objective.predicted(p), p.predicted.step_s))
 
 
 def compile_each_s(compile_wall_s: float, workers: int, compiled: int) -> float:
@@ -146,19 +153,19 @@ class Outcome:
 def outcome(chosen: Sequence[Planned], measured: dict[str, Measured], objective: Objective) -> Outcome | None:
     """The winner (best measured objective), the regret of the plan's top choice (`chosen[0]`) against it, and
     Kendall's tau over the runs with a step time. `measured` is keyed by `Point.name`; None when no run measured."""
-    values = {p.point.name: objective.measured(p, measured[p.point.name]) for p in chosen
-              if p.point.name in measured}
-    got = [p for p in chosen if values.get(p.point.name) is not None]
-    if not got:
+    values: dict[str, float] = {}
+    for p in chosen:
+        value = objective.measured(p, measured[p.point.name]) if p.point.name in measured else None
+        if value is not None:
+            values[p.point.name] = value
+    if not values:
         return None
-    winner = min(got, key=lambda p: values[p.point.name])  # type: ignore[arg-type, return-value]
+    winner = min((p for p in chosen if p.point.name in values), key=lambda p: values[p.point.name])
     best = values[winner.point.name]
     top = chosen[0]
     top_value = values.get(top.point.name)
-    timed = [p for p in chosen if p.point.name in measured and measured[p.point.name].step_s is not None
-             and p.prediction is not None]
-    tau = (kendall_tau([p.prediction.step_s for p in timed],  # type: ignore[union-attr]
-                       [measured[p.point.name].step_s for p in timed])  # type: ignore[misc]
-           if len(timed) > 1 else None)
-    return Outcome(winner, best, top, top_value,  # type: ignore[arg-type]
-                   None if top_value is None else regret(top_value, best), tau, len(got))  # type: ignore[arg-type]
+    steps = [(p.predicted.step_s, step) for p in chosen
+             if p.point.name in measured and (step := measured[p.point.name].step_s) is not None]
+    tau = kendall_tau([a for a, _ in steps], [b for _, b in steps]) if len(steps) > 1 else None
+    return Outcome(winner, best, top, top_value, None if top_value is None else regret(top_value, best), tau,
+                   len(values))

@@ -112,6 +112,19 @@ def check_options(args: argparse.Namespace) -> None:
     check_budget_floor(args.budget_min)
 
 
+def check_measurable(target: Target) -> None:
+    """The local executor measures on this host: a target of another platform is planned, not measured, here."""
+    import os
+
+    from shardbench import malloc
+
+    platform = "cpu" if target.chip is None else ("tpu" if target.topology else "gpu")
+    here = malloc.target_platform(os.environ)
+    if platform != here:
+        raise ConfigError(f"--target {target.spec} is {platform} hardware and this host runs on {here}: measure on it "
+                          f"with --executor slurm (or run tune there), or only plan it with shardbench plan")
+
+
 def default_out(cfg: config_lib.Config, target: Target) -> Path:
     if cfg.train.out:
         return Path(cfg.train.out)
@@ -232,6 +245,8 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space,
     executor, _, _ = slurm_options.resolve(args, None)
     if executor == "slurm":
         slurm_options.check_available()
+    else:
+        check_measurable(target)
     space = make_space(cfg, args, lists)
     points, dropped = enumerate_space(target.devices, space)
     return cfg, target, space, points, dropped
