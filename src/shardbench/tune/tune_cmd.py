@@ -42,8 +42,8 @@ def add_parser(subparsers: Any) -> None:
                     "--dtype, --remat, --grad-accum and --batch-size take comma lists. See docs/tune.md.")
     add_config_arguments(parser)
     group = parser.add_argument_group("tune options")
-    group.add_argument("--target", default="cpu", help=f"the hardware to plan for: {HINT} (default cpu: this host, "
-                                                        f"--devices simulated devices, 8 unless given)")
+    group.add_argument("--target", default="", help=f"the hardware to plan for: {HINT} (default on a CPU host: cpu, "
+                                                      f"this host with --devices simulated devices, 8 unless given)")
     group.add_argument("--candidates", default="", metavar="S,S",
                        help=f"strategies to consider (default: every one in the table: {','.join(USES)})")
     group.add_argument("--grad-accum", dest="train.grad_accum", default=argparse.SUPPRESS, metavar="K,K",
@@ -112,14 +112,29 @@ def check_options(args: argparse.Namespace) -> None:
     check_budget_floor(args.budget_min)
 
 
-def check_measurable(target: Target) -> None:
-    """The local executor measures on this host: a target of another platform is planned, not measured, here."""
+def host_platform() -> str:
+    """Where this host's runs run ('cpu', 'gpu', 'tpu'), decided without importing JAX."""
     import os
 
     from shardbench import malloc
 
+    return malloc.target_platform(os.environ)
+
+
+def default_target(given: str) -> str:
+    """--target, or on a CPU host `cpu`; an accelerator host names its hardware (the plan needs the chip)."""
+    if given:
+        return given
+    here = host_platform()
+    if here != "cpu":
+        raise ConfigError(f"--target: this host runs on {here}; name its hardware for the plan ({HINT})")
+    return "cpu"
+
+
+def check_measurable(target: Target) -> None:
+    """The local executor measures on this host: a target of another platform is planned, not measured, here."""
     platform = "cpu" if target.chip is None else ("tpu" if target.topology else "gpu")
-    here = malloc.target_platform(os.environ)
+    here = host_platform()
     if platform != here:
         raise ConfigError(f"--target {target.spec} is {platform} hardware and this host runs on {here}: measure on it "
                           f"with --executor slurm (or run tune there), or only plan it with shardbench plan")
@@ -241,7 +256,7 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space,
     lists = _lists(args)
     cfg = config_from_args(args)
     validate(cfg)
-    target = parse_target(args.target, cpu_devices=cfg.parallel.devices or 8)
+    target = parse_target(default_target(args.target), cpu_devices=cfg.parallel.devices or 8)
     executor, _, _ = slurm_options.resolve(args, None)
     if executor == "slurm":
         slurm_options.check_available()
