@@ -166,8 +166,24 @@ def markdown(results: list[dict[str, Any]], command: str, wall_s: float, data: P
         if r["dropped"]:
             lines += ["", "Not in the grid: " + "; ".join(f"{d['name']}: {d['why']}" for d in r["dropped"])]
         lines += ["", f"Raw output: `{data / r['model']}/` (bench.json, plan.md, the sweep's report with the chart "
-                      f"of predicted against measured over the grid, and each run's summary.json)."]
+                      f"of predicted against measured over the grid, and each run's summary.json); everything the "
+                      f"benchmark printed: `{data / 'output.txt'}`."]
     return "\n".join(lines) + "\n"
+
+
+class Tee:
+    """A stream that also writes to a file: the raw output of the whole benchmark, kept beside its data."""
+
+    def __init__(self, stream: Any, file: Any) -> None:
+        self.stream, self.file = stream, file
+
+    def write(self, text: str) -> int:
+        self.file.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.file.flush()
+        self.stream.flush()
 
 
 def main(argv: list[str]) -> int:
@@ -180,6 +196,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--data", type=Path, default=Path("benchmarks/data/tune-cpu"), help="raw output kept")
     parser.add_argument("--md", type=Path, default=Path("benchmarks/tune-cpu.md"))
     args = parser.parse_args(argv)
+    args.data.mkdir(parents=True, exist_ok=True)
+    log = open(args.data / "output.txt", "w")  # noqa: SIM115 - open for the whole run
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Tee(sys.stdout, log), Tee(sys.stderr, log)
     started = time.perf_counter()
     results = []
     for model in args.models.split(","):
@@ -189,6 +209,8 @@ def main(argv: list[str]) -> int:
     command = "python benchmarks/tune_bench.py" + (f" {' '.join(argv)}" if argv else "")
     args.md.write_text(markdown(results, command, time.perf_counter() - started, args.data))
     print(f"tune bench: {args.md}, {args.data}")
+    sys.stdout, sys.stderr = streams
+    log.close()
     return 0
 
 
