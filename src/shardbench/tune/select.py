@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from shardbench.errors import ConfigError
 from shardbench.plan.kendall import kendall_tau
 from shardbench.plan.predict import Prediction
+from shardbench.plan.target import Target
 from shardbench.tune.space import Point
 
 GB = 1e9
@@ -28,6 +29,7 @@ class Planned:
     point: Point
     prediction: Prediction | None
     problem: str = ""  # "refused: ..." or "failed to compile: ..."
+    target: Target | None = None  # what it was planned for (its devices and chip: what an objective may price)
 
     @property
     def fits(self) -> bool:
@@ -60,8 +62,8 @@ class Measured:
 
 @dataclass(frozen=True)
 class Objective:
-    """What tune minimises: `predicted` from a planned layout that fits, `measured` from its run (None when the
-    run did not measure it); `show` formats a value."""
+    """What tune minimises: `predicted` from a planned layout that fits (its prediction, batch and target),
+    `measured` from its run (None when the run did not measure it); `show` formats a value."""
 
     name: str
     what: str

@@ -181,11 +181,11 @@ def plan_space(cfg: config_lib.Config, target: Target, points: list[Point], work
         try:
             plan = make_plan(at, target, [p.candidate for p in mine], workers, calibrate, progress=sys.stderr)
         except ConfigError as err:  # every candidate at this batch refused before compiling
-            planned += [Planned(p, None, f"refused: {err}") for p in mine]
+            planned += [Planned(p, None, f"refused: {err}", target) for p in mine]
             continue
         plan.write(out / ("plan" if len(batches) == 1 else f"plan-batch{batch}"))
         rows = {r.candidate: r for r in plan.rows}
-        planned += [Planned(p, rows[p.candidate].prediction, rows[p.candidate].problem) for p in mine]
+        planned += [Planned(p, rows[p.candidate].prediction, rows[p.candidate].problem, target) for p in mine]
         wall += plan.compile_s
         compiled += sum(r.prediction is not None for r in plan.rows)
     return planned, compile_each_s(wall, workers or default_workers(), compiled)
