@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     from shardbench.plan import plan_cmd
     from shardbench.report import report_cmd
     from shardbench.sweep import sweep_cmd
+    from shardbench.tune import tune_cmd
 
     launch.add_parser(sub)
 
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
+    tune_cmd.add_parser(sub)
     presets = sub.add_parser("presets", help="list the named configurations",
                              description="List the named configurations and what they are for.")
     presets.add_argument("--json", action="store_true", help="print each preset's full configuration as JSON")
@@ -189,10 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shardbench.plan import plan_cmd
     from shardbench.report import report_cmd
     from shardbench.sweep import sweep_cmd
+    from shardbench.tune import tune_cmd
 
     commands = {"train": cmd_train, "inspect": cmd_inspect, "sweep": sweep_cmd.run, "report": report_cmd.run,
                 "presets": cmd_presets, "bench": bench_cmd.run, "launch": launch.run,
-                "plan": plan_cmd.run}
+                "plan": plan_cmd.run, "tune": tune_cmd.run}
     return run_reported(lambda: commands[args.command](args), args.debug)
 
 

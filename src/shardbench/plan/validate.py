@@ -13,29 +13,9 @@ from pathlib import Path
 from shardbench.errors import ShardbenchError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.calibration import HELD_OUT, Coefficients, held_out, to_dict
+from shardbench.plan.kendall import kendall_tau
 from shardbench.plan.predict import Prediction, predict
 from shardbench.report.write import PREDICTIONS
-
-
-
-def kendall_tau(a: list[float], b: list[float]) -> float:
-    """Kendall's tau-b between two lists of scores (ties count for neither side)."""
-    concordant = discordant = ties_a = ties_b = 0
-    for i in range(len(a)):
-        for j in range(i + 1, len(a)):
-            da, db = a[i] - a[j], b[i] - b[j]
-            if da == 0 and db == 0:
-                continue
-            if da == 0:
-                ties_a += 1
-            elif db == 0:
-                ties_b += 1
-            elif (da > 0) == (db > 0):
-                concordant += 1
-            else:
-                discordant += 1
-    denominator = ((concordant + discordant + ties_a) * (concordant + discordant + ties_b)) ** 0.5
-    return (concordant - discordant) / denominator if denominator else float("nan")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardbench.report.context import context_findings
 from shardbench.report.pipeline import pipeline_findings
+from shardbench.report.plan_chart import plan_findings
 from shardbench.report.speed import equivalence_findings, speed_findings
 
 if TYPE_CHECKING:
@@ -322,6 +323,7 @@ def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, l
                 "Pipeline stages": pipeline_findings(runs),
                 "Experts": expert_findings(runs),
                 "Context parallelism": context_findings(runs),
+                "The plan against the measurement": plan_findings(runs),
                 "SPMD styles": spmd_findings(runs),
                 "What the data allows": loss_floor_findings(runs),
                 "Accuracy across seeds": seed_findings(runs, swept)}

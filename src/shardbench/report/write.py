@@ -16,7 +16,7 @@ from shardbench.errors import DataError, ShardbenchError, writable_dir
 from shardbench.measure.run_record import from_json
 from shardbench.prices import PriceTable
 from shardbench.report import html as html_page
-from shardbench.report import plots
+from shardbench.report import plan_chart, plots
 from shardbench.report.content import (
     COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, reported, shown,
 )
@@ -115,7 +115,8 @@ def with_predictions(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedR
     """The runs with the planner's predictions of them, where `shardbench plan --validate` left some."""
     path = sweep_dir / PREDICTIONS
     if not path.exists():
-        return runs
+        planned = plan_chart.tune_predictions(sweep_dir) or {}  # or those `shardbench tune` chose the runs by
+        return [dataclasses.replace(r, predicted=planned.get(r.name)) for r in runs] if planned else runs
     saved = _read_json(path)
     predicted = saved.get("runs") if isinstance(saved, dict) else None
     if not isinstance(predicted, dict):
@@ -153,8 +154,9 @@ TABLE_NOTE = ("Throughput is the global batch over the median step, the same ste
               "step. Memory/device is the runtime peak where the backend reports one (\"peak\"), else XLA's "
               "compiled total: arguments + outputs − aliased + temporaries (\"compiled\"). Epoch time is the mean "
               "wall time per whole epoch, data loading included, evaluation excluded ('–' for a run that trained "
-              "only part of one; the epoch chart projects it). \"Predicted\" columns, where present, are "
-              "`shardbench plan --validate`'s predictions of the same runs.")
+              "only part of one; the epoch chart projects it). \"Predicted\" columns, where present, are the "
+              "planner's predictions of the same runs (`shardbench plan --validate`'s, or those `shardbench tune` "
+              "chose them by).")
 
 
 def _md_cell(text: str) -> str:
@@ -203,6 +205,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     count = f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
     source = f"Read from {origin} in `{sweep_dir}`: {count}, {complete} complete, {len(runs) - complete} failed."
     charts, omitted = plots.write_charts(runs, out)
+    charts += plan_chart.write_chart(runs, out)  # where the planner predicted these runs
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
                             columns=shown(COLUMNS, runs), swept=swept, findings=explain(runs, swept),
                             charts=charts, table_note=TABLE_NOTE + cost_note(runs), omitted=tuple(omitted))

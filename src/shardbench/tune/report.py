@@ -1,0 +1,247 @@
+"""What `shardbench tune` writes: tune.json (every layout planned: its prediction, whether it fits, why it was
+dropped, whether it was chosen and what it measured), tune.md (predicted against measured for the runs, the
+winner, the regret of the plan's top choice, Kendall's tau and the chart), the sweep's own report, and the
+winner as a ready `shardbench train` command and as a sweep file, winner.toml."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shardbench import config as config_lib
+from shardbench.jsonfile import write_json_atomic
+from shardbench.plan.target import Target
+from shardbench.tune.select import MIB, Measured, Objective, Outcome, Planned, outcome
+from shardbench.tune.space import Dropped, Space, layout_settings, user_settings
+
+TUNE_JSON = "tune.json"
+WINNER = "winner.toml"
+
+
+@dataclass
+class Tuning:
+    """One tune, filled in as it goes: the space, every layout planned, the chosen ones and their runs."""
+
+    cfg: config_lib.Config
+    target: Target
+    objective: Objective
+    space: Space
+    top_k: int
+    budget_min: float
+    steps: int
+    out: Path
+    dropped: list[Dropped] = field(default_factory=list)  # before planning
+    planned: list[Planned] = field(default_factory=list)
+    estimate: dict[str, float] = field(default_factory=dict)  # layout name -> estimated run wall, s
+    chosen: list[Planned] = field(default_factory=list)  # in the plan's order
+    runs: dict[str, str] = field(default_factory=dict)  # run name -> layout name
+    measured: dict[str, Measured] = field(default_factory=dict)  # layout name -> measured figures
+    measure_wall_s: float | None = None
+
+    @property
+    def run_of(self) -> dict[str, str]:
+        return {layout: run for run, layout in self.runs.items()}
+
+
+def _layout_row(t: Tuning, p: Planned, rank: dict[str, int]) -> dict[str, Any]:
+    c, name = p.point.candidate, p.point.name
+    m = t.measured.get(name)
+    return {"name": name, "batch": p.point.batch, "strategy": c.strategy, "mesh": c.mesh, "remat": c.remat,
+            "dtype": c.dtype, "grad_accum": c.grad_accum, "microbatches": c.microbatches, "schedule": c.schedule,
+            "fits": p.fits,
+            "predicted_step_s": p.prediction.step_s if p.prediction else None,
+            "predicted_memory_bytes": p.prediction.total_bytes if p.prediction else None,
+            "objective": t.objective.predicted(p) if p.fits else None,
+            "rank": rank.get(name), "dropped": p.dropped or None,
+            "estimated_run_s": t.estimate.get(name), "chosen": name in {q.point.name for q in t.chosen},
+            "run": t.run_of.get(name),
+            "measured_step_s": m.step_s if m else None, "measured_memory_bytes": m.memory_bytes if m else None}
+
+
+def summary(t: Tuning) -> Outcome | None:
+    return outcome(t.chosen, t.measured, t.objective) if t.measured else None
+
+
+def write_json(t: Tuning) -> Path:
+    """tune.json: the space, every layout (planned or dropped before planning) and, once measured, the verdict.
+    Its "runs" (run name -> the plan's prediction) is what `shardbench report` sets beside the measurements."""
+    from shardbench.tune.select import rank as ranked_by
+
+    order = {p.point.name: i for i, p in enumerate(ranked_by(t.planned, t.objective), 1)}
+    verdict = summary(t)
+    data = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "target": t.target.spec, "devices": t.target.devices, "objective": t.objective.name,
+        "top_k": t.top_k, "budget_min": t.budget_min, "measure_steps": t.steps,
+        "config": config_lib.flatten(t.cfg),
+        "space": {"strategies": list(t.space.strategies), "remats": list(t.space.remats),
+                  "dtypes": list(t.space.dtypes), "grad_accum": list(t.space.accums),
+                  "batch_sizes": list(t.space.batches), "microbatches_per_stage": list(t.space.per_stage),
+                  "schedules": list(t.space.schedules)},
+        "layouts": [_layout_row(t, p, order) for p in t.planned],
+        "dropped_before_planning": [{"name": d.what, "dropped": d.reason} for d in t.dropped],
+        "runs": {run: next(p.prediction.to_dict() for p in t.chosen if p.point.name == layout and p.prediction)
+                 for run, layout in t.runs.items()},
+        "measure_wall_s": t.measure_wall_s,
+        "result": None if verdict is None else {
+            "winner": verdict.winner.point.name, "winner_run": t.run_of.get(verdict.winner.point.name),
+            "winner_objective": verdict.winner_value, "plan_top": verdict.plan_top.point.name,
+            "plan_top_objective": verdict.plan_top_value, "regret": verdict.regret, "kendall_tau": verdict.tau,
+            "measured": verdict.measured, "command": " ".join(winner_command(t, verdict.winner))},
+    }
+    t.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(t.out / TUNE_JSON, data)
+    return t.out / TUNE_JSON
+
+
+# ------------------------------------------------------------------------------------------ the winner
+ALWAYS = ("parallel.strategy", "parallel.mesh", "parallel.devices")  # said in every ready command
+
+
+def winner_settings(t: Tuning, p: Planned) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the user's own settings, the layout's): what `shardbench train` needs besides the preset; the layout's
+    fields only where they differ from the preset's (its strategy, mesh and devices always)."""
+    from shardbench.presets import get_preset
+
+    given = config_lib.flatten(get_preset(t.cfg.preset))
+    layout = {k: v for k, v in layout_settings(t.cfg, p.point, t.target.devices).items()
+              if k in ALWAYS or given.get(k) != v}
+    return {k: v for k, v in user_settings(t.cfg).items() if k not in layout}, layout
+
+
+def winner_command(t: Tuning, p: Planned) -> list[str]:
+    """The ready command: `shardbench train --preset P`, the user's flags, then the layout's."""
+    from shardbench.sweep.runner import _arg
+
+    own, layout = winner_settings(t, p)
+    cmd = ["shardbench", "train", "--preset", t.cfg.preset]
+    for key, value in {**own, **layout}.items():
+        cmd += _arg(key, value)
+    return cmd
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a TOML basic string is a JSON string for these values
+
+
+def winner_toml(t: Tuning, p: Planned) -> str:
+    """The winner as a sweep file of one run (`shardbench sweep --sweep-file winner.toml`): the preset, the
+    user's settings as its base and the layout as its one axis."""
+    own, layout = winner_settings(t, p)
+    entry = ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in layout.items())
+    lines = [f"# shardbench tune's winner: {p.point.name}", f"# train it: {' '.join(winner_command(t, p))}",
+             f"preset = {json.dumps(t.cfg.preset)}", f"axes = [[{{{entry}}}]]", "", "[base]"]
+    lines += [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in own.items()]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------ tune.md
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value * 1e3:,.1f} ms"
+
+
+def _mib(value: float | None) -> str:
+    return "–" if value is None else f"{value / MIB:,.1f} MiB"
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.1%}"
+
+
+def table(t: Tuning) -> list[list[str]]:
+    """Predicted against measured for the chosen layouts, in the plan's order."""
+    rows = [["plan rank", "layout", "run", "predicted step", "measured step", "error", "predicted memory",
+             "measured memory", f"measured {t.objective.name}"]]
+    for i, p in enumerate(t.chosen, 1):
+        m = t.measured.get(p.point.name)
+        pred = p.prediction
+        error = (None if m is None or not m.step_s or pred is None else (pred.step_s - m.step_s) / m.step_s)
+        value = None if m is None else t.objective.measured(p, m)
+        rows.append([str(i), p.point.name, t.run_of.get(p.point.name, "–"), _ms(pred.step_s if pred else None),
+                     _ms(m.step_s if m else None), _pct(error), _mib(pred.total_bytes if pred else None),
+                     _mib(m.memory_bytes if m else None), "failed" if value is None else t.objective.show(value)])
+    return rows
+
+
+def verdict_lines(t: Tuning, v: Outcome) -> list[str]:
+    fits = sum(p.fits for p in t.planned)
+    planned = sum(p.prediction is not None for p in t.planned)
+    lines = [f"planned {len(t.planned)} layout(s) on {t.target.spec} ({planned} predicted, {fits} fit; "
+             f"{len(t.dropped)} part(s) of the space dropped before planning); measured the plan's top {len(t.chosen)} "
+             f"by {t.objective.what} within --budget-min {t.budget_min:g}"
+             + (f" (took {t.measure_wall_s / 60:.1f} min)" if t.measure_wall_s is not None else ""),
+             f"winner: {v.winner.point.name}, measured {t.objective.show(v.winner_value)}"]
+    if v.plan_top_value is None:
+        lines.append(f"the plan's top choice, {v.plan_top.point.name}, did not measure: no regret")
+    elif v.plan_top is v.winner:
+        lines.append(f"the plan's top choice is the winner: regret 0.0% over the {v.measured} measured")
+    else:
+        lines.append(f"the plan's top choice, {v.plan_top.point.name}, measured "
+                     f"{t.objective.show(v.plan_top_value)}: regret {v.regret:+.1%} against the best measured")
+    lines.append("Kendall's tau of predicted against measured step time: "
+                 + ("– (fewer than 2 runs measured)" if v.tau is None else f"{v.tau:.2f} over {v.measured} run(s)"))
+    return lines
+
+
+def dropped_counts(t: Tuning) -> list[tuple[int, str]]:
+    """Why layouts were dropped, counted, commonest first."""
+    counts: dict[str, int] = {}
+    for reason in [p.dropped for p in t.planned if p.dropped] + [d.reason for d in t.dropped]:
+        counts[reason] = counts.get(reason, 0) + 1
+    return sorted(((n, r) for r, n in counts.items()), key=lambda pair: -pair[0])
+
+
+def render_markdown(t: Tuning, v: Outcome, chart: str | None) -> str:
+    model = t.cfg.model.factory or t.cfg.preset
+    lines = [f"# shardbench tune: {model} on {t.target.spec}, objective {t.objective.name}", ""]
+    lines += [f"- {line}" for line in verdict_lines(t, v)]
+    rows = table(t)
+    lines += ["", "## Predicted against measured", "", "| " + " | ".join(rows[0]) + " |",
+              "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows[1:]]
+    if chart:
+        lines += ["", f"![predicted against measured step time]({chart})"]
+    lines += ["", "## The winner", "", "```", " ".join(winner_command(t, v.winner)), "```", "",
+              f"or `shardbench sweep --sweep-file {t.out / WINNER}` (one run); every layout planned, with its "
+              f"prediction and why it was dropped: `{TUNE_JSON}`; the plan(s): `plan*/plan.md`; the measured runs' "
+              f"report: `report/report.md`."]
+    counted = dropped_counts(t)
+    if counted:
+        lines += ["", "## Dropped", "", "| layouts | why |", "|---:|---|"]
+        lines += [f"| {n} | {r.replace('|', '/')} |" for n, r in counted]
+    return "\n".join(lines) + "\n"
+
+
+def finish(t: Tuning) -> int:
+    """After the runs: tune.json with the verdict, the sweep's report (with the plan's chart), tune.md,
+    winner.toml and the ready command printed. 1 when no run measured the objective."""
+    from shardbench.report.write import write_report
+
+    write_json(t)
+    v = summary(t)
+    if v is None:
+        print(f"tune: no measured run gave {t.objective.what}: see {t.out / 'report'} and the runs' logs",
+              flush=True)
+        return 1
+    paths = write_report(t.out)
+    chart = paths.charts.get("plan_vs_measured")
+    (t.out / WINNER).write_text(winner_toml(t, v.winner))
+    (t.out / "tune.md").write_text(render_markdown(t, v, None if chart is None else
+                                                   chart.relative_to(t.out).as_posix()), encoding="utf-8")
+    rows = table(t)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows))
+    print("\n".join(["", *verdict_lines(t, v), "", "ready command for the winner:",
+                     "  " + " ".join(winner_command(t, v.winner)),
+                     f"tune: {t.out / 'tune.md'}, {t.out / TUNE_JSON}, {t.out / WINNER}, {paths.markdown}"]),
+          flush=True)
+    return 0

@@ -1,0 +1,307 @@
+"""`shardbench tune`: enumerate the layout space (`tune.space`), plan every layout (the planner, compile only),
+drop what does not fit with its reason, measure the best k within `--budget-min` as a sweep (local or SLURM),
+and report predicted against measured, the winner and the plan's regret (`tune.report`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from shardbench import config as config_lib
+from shardbench.errors import ConfigError, writable_dir
+from shardbench.flags import add_config_arguments, config_from_args
+from shardbench.parsing import override
+from shardbench.plan.candidates import PER_STAGE, USES
+from shardbench.plan.target import HINT, Target, parse_target
+from shardbench.tune.select import (OBJECTIVES, Measured, Planned, check_budget_floor, compile_each_s,
+                                    estimate_run_s, rank, select)
+from shardbench.tune.space import (LAYOUT_KEYS, Dropped, Point, Space, enumerate_space, layout_settings,
+                                   parse_ints, parse_names, user_settings)
+
+# Comma lists tune takes in a configuration flag's place (the first value stands in the Config meanwhile).
+LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.grad_accum": "--grad-accum",
+              "train.batch_size": "--batch-size"}
+# What each measured run changes from the configuration: a few timed steps, no evaluation, no checkpoint.
+MEASURE = {"train.eval": False, "train.checkpoint_every": 0}
+
+
+def add_parser(subparsers: Any) -> None:
+    from shardbench.sweep import slurm_options
+
+    parser = subparsers.add_parser(
+        "tune", help="plan every layout, measure the best few within a time budget, and name the fastest",
+        description="Enumerate every layout (each strategy of the table on each mesh, x --remat x --dtype x "
+                    "--grad-accum x pipeline microbatches and schedules x --batch-size), plan each (compile only: "
+                    "does it fit, predicted step), drop what does not fit with its reason, measure the plan's top "
+                    "--top-k within --budget-min as a sweep, and report predicted against measured, the winner, the "
+                    "regret of the plan's top choice and a ready command (and winner.toml) for the winner. "
+                    "--dtype, --remat, --grad-accum and --batch-size take comma lists. See docs/tune.md.")
+    add_config_arguments(parser)
+    group = parser.add_argument_group("tune options")
+    group.add_argument("--target", default="", help=f"the hardware to plan for: {HINT} (default on a CPU host: cpu, "
+                                                      f"this host with --devices simulated devices, 8 unless given)")
+    group.add_argument("--candidates", default="", metavar="S,S",
+                       help=f"strategies to consider (default: every one in the table: {','.join(USES)})")
+    group.add_argument("--grad-accum", dest="train.grad_accum", default=argparse.SUPPRESS, metavar="K,K",
+                       help="microbatches per update to consider, a comma list (default: the configuration's, 1)")
+    group.add_argument("--microbatches-per-stage", default=",".join(map(str, PER_STAGE)), metavar="K,K",
+                       help="pipelines: microbatches per stage to consider (M = K x stages; default 1,4)")
+    group.add_argument("--schedules", default=",".join(config_lib.PIPELINE_SCHEDULES), metavar="S,S",
+                       help=f"pipelines: schedules to consider (default {','.join(config_lib.PIPELINE_SCHEDULES)})")
+    group.add_argument("--objective", default="time", choices=list(OBJECTIVES),
+                       help="what to minimise: " + "; ".join(f"{o.name}: {o.what}" for o in OBJECTIVES.values()))
+    group.add_argument("--top-k", type=int, default=3, metavar="K", help="layouts to measure (default 3)")
+    group.add_argument("--budget-min", type=float, default=30.0, metavar="M",
+                       help="minutes the measured runs may take together, by the plan's estimate (default 30)")
+    group.add_argument("--measure-steps", type=int, default=10, metavar="N",
+                       help="steps each measured run trains (default 10; the median step is the measurement)")
+    group.add_argument("--timeout", type=float, default=1800.0, help="seconds each measured run may take")
+    group.add_argument("--workers", type=int, default=0, help="compile worker processes (0 = one per core)")
+    group.add_argument("--calibrate", action="append", default=[], type=Path, metavar="DIR",
+                       help="fit the planner's step-time model to the runs below DIR first (repeatable)")
+    slurm_options.add_arguments(parser)
+    for action in parser._actions:  # a sweep's follow-up flags: a tune's sweep is followed to its end
+        if action.dest in ("status", "cancel"):
+            action.help = argparse.SUPPRESS
+
+
+def _lists(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The comma lists of the list flags (removed from `args`, which then holds their first value)."""
+    out: dict[str, list[str]] = {}
+    for key, flag in LIST_FLAGS.items():
+        given = getattr(args, key, None)
+        if given is None:
+            continue
+        values = [v.strip() for v in str(given).split(",") if v.strip()]
+        if not values:
+            raise ConfigError(f"{flag} '{given}': give one value or a comma list")
+        out[key] = values
+        setattr(args, key, values[0])
+    return out
+
+
+def make_space(cfg: config_lib.Config, args: argparse.Namespace, lists: dict[str, list[str]]) -> Space:
+    strategies = (parse_names("--candidates", args.candidates, list(USES)) if args.candidates.strip()
+                  else tuple(USES))
+    remats = ((cfg.model.remat,) if cfg.model.factory else  # a model of your own decides its own remat
+              parse_names("--remat", ",".join(lists.get("model.remat", ["none", "block"])),
+                          config_lib.REMAT_POLICIES))
+    return Space(
+        strategies=strategies, remats=remats,
+        dtypes=parse_names("--dtype", ",".join(lists.get("precision.dtype", [cfg.precision.dtype])),
+                           config_lib.DTYPES),
+        accums=parse_ints("--grad-accum", ",".join(lists.get("train.grad_accum", [str(cfg.train.grad_accum)]))),
+        batches=parse_ints("--batch-size", ",".join(lists.get("train.batch_size", [str(cfg.train.batch_size)]))),
+        per_stage=parse_ints("--microbatches-per-stage", args.microbatches_per_stage),
+        schedules=parse_names("--schedules", args.schedules, config_lib.PIPELINE_SCHEDULES))
+
+
+def check_options(args: argparse.Namespace) -> None:
+    if args.top_k < 1:
+        raise ConfigError(f"--top-k {args.top_k}: measure at least 1 layout")
+    if args.measure_steps < 2:
+        raise ConfigError(f"--measure-steps {args.measure_steps}: give at least 2 steps (the first compiles)")
+    if args.workers < 0:
+        raise ConfigError(f"--workers {args.workers}: give a number of processes, or 0 for one per core")
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout must be positive, got {args.timeout:g}")
+    check_budget_floor(args.budget_min)
+
+
+def host_platform() -> str:
+    """Where this host's runs run ('cpu', 'gpu', 'tpu'), decided without importing JAX."""
+    import os
+
+    from shardbench import malloc
+
+    return malloc.target_platform(os.environ)
+
+
+def default_target(given: str) -> str:
+    """--target, or on a CPU host `cpu`; an accelerator host names its hardware (the plan needs the chip)."""
+    if given:
+        return given
+    here = host_platform()
+    if here != "cpu":
+        raise ConfigError(f"--target: this host runs on {here}; name its hardware for the plan ({HINT})")
+    return "cpu"
+
+
+def check_measurable(target: Target) -> None:
+    """The local executor measures on this host: a target of another platform is planned, not measured, here."""
+    platform = "cpu" if target.chip is None else ("tpu" if target.topology else "gpu")
+    here = host_platform()
+    if platform != here:
+        raise ConfigError(f"--target {target.spec} is {platform} hardware and this host runs on {here}: measure on it "
+                          f"with --executor slurm (or run tune there), or only plan it with shardbench plan")
+
+
+def default_out(cfg: config_lib.Config, target: Target) -> Path:
+    if cfg.train.out:
+        return Path(cfg.train.out)
+    model = "model" if cfg.model.factory else cfg.preset
+    return Path("runs") / f"tune-{model}-{target.spec.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def nothing_fits(planned: list[Planned], dropped_before: int, out: Path) -> ConfigError:
+    """One line: no layout fits, with the reasons counted (the commonest of each kind)."""
+    kinds: Counter[str] = Counter()
+    reasons: Counter[str] = Counter()
+    for p in planned:
+        kind = ("do not fit in memory" if p.prediction is not None else
+                "were refused" if p.problem.startswith("refused") else "failed to compile")
+        kinds[kind] += 1
+        reasons[p.dropped] += 1
+    if dropped_before:
+        kinds["were dropped before planning"] += dropped_before
+    counted = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+    common = (f" (the commonest reason, {reasons.most_common(1)[0][1]} of them: {reasons.most_common(1)[0][0]})"
+              if reasons else "")
+    return ConfigError(f"nothing fits: of {sum(kinds.values())} layouts, {counted}{common}; every layout and its "
+                       f"reason: {out / 'tune.json'}")
+
+
+def plan_space(cfg: config_lib.Config, target: Target, points: list[Point], workers: int, calibrate: list[Path],
+               out: Path) -> tuple[list[Planned], float]:
+    """Plan every layout (one plan per batch size, each written under `out`): each as the plan saw it, and the
+    compile time one candidate took on average."""
+    from shardbench.plan.build import make_plan
+    from shardbench.plan.workers import default_workers
+
+    planned: list[Planned] = []
+    wall, compiled = 0.0, 0
+    batches = list(dict.fromkeys(p.batch for p in points))
+    for batch in batches:
+        mine = [p for p in points if p.batch == batch]
+        at = override(cfg, {"train.batch_size": batch})
+        try:
+            plan = make_plan(at, target, [p.candidate for p in mine], workers, calibrate, progress=sys.stderr)
+        except ConfigError as err:  # every candidate at this batch refused before compiling
+            planned += [Planned(p, None, f"refused: {err}", target) for p in mine]
+            continue
+        plan.write(out / ("plan" if len(batches) == 1 else f"plan-batch{batch}"))
+        rows = {r.candidate: r for r in plan.rows}
+        planned += [Planned(p, rows[p.candidate].prediction, rows[p.candidate].problem, target) for p in mine]
+        wall += plan.compile_s
+        compiled += sum(r.prediction is not None for r in plan.rows)
+    return planned, compile_each_s(wall, workers or default_workers(), compiled)
+
+
+def make_tune_sweep(cfg: config_lib.Config, chosen: list[Planned], devices: int,
+                    steps: int) -> tuple[Any, dict[str, str]]:
+    """The sweep of the chosen layouts (their varying fields name the runs) and each run's layout name."""
+    from shardbench.sweep.grid import Grid, Sweep, expand
+
+    settings = [layout_settings(cfg, p.point, devices) for p in chosen]
+    varying = [k for k in LAYOUT_KEYS if len({repr(s[k]) for s in settings}) > 1 or k in ("parallel.strategy",
+                                                                                        "parallel.mesh")]
+    base = {**user_settings(cfg), **{k: v for k, v in settings[0].items() if k not in varying},
+            **MEASURE, "train.steps": steps}
+    axis = [{k: s[k] for k in varying} for s in settings]
+    runs = expand([Grid([axis])], base)
+    sweep = Sweep("tune", cfg.preset, base, [Grid([axis])], runs)
+    return sweep, {r.name: p.point.name for r, p in zip(runs, chosen)}
+
+
+def run_measurements(args: argparse.Namespace, sweep: Any, out: Path) -> int:
+    """The sweep, on the local or the SLURM executor, into `out` (its store and run folders)."""
+    from shardbench.sweep import slurm as slurm_lib
+    from shardbench.sweep import slurm_options
+    from shardbench.sweep.runner import Options, run_sweep
+    from shardbench.sweep.sweep_cmd import open_store, plan_meta, share_peak
+
+    executor, slurm_meta, slurm_opts = slurm_options.resolve(args, None)
+    options = {"timeout": args.timeout, "profile": False, "processes": 1, "devices_per_process": 0,
+               "skip_refused": False}
+    checked = Options(out, args.timeout)
+    if executor == "slurm":
+        shapes = slurm_options.check_shapes(sweep, checked, slurm_opts)
+        slurm_options.check_submittable(shapes, checked, slurm_opts)
+    with open_store(out, False, plan_meta(sweep, options)) as store:
+        env = share_peak(sweep, out) if executor == "local" else {}
+        opts = Options(out, args.timeout, env=env)
+        print(f"tune: measuring {len(sweep.runs)} layout(s) -> {out}", flush=True)
+        if executor == "slurm":
+            store.set_meta("slurm", slurm_meta)
+            return slurm_lib.run_slurm_sweep(sweep, store, opts, slurm_opts, out=lambda line: print(line, flush=True))
+        return run_sweep(sweep, store, opts, out=lambda line: print(line, flush=True))
+
+
+def measured_runs(out: Path, names: dict[str, str]) -> dict[str, Measured]:
+    """Each measured layout's figures (keyed by layout name) from the sweep's store."""
+    from shardbench.report.content import reported
+    from shardbench.store import Store
+
+    found: dict[str, Measured] = {}
+    with Store(out / "sweep.db") as store:
+        for row in store.runs():
+            run = reported(row)
+            if row.name in names and run.ok:
+                mib = run.memory[0]
+                found[names[row.name]] = Measured(run.step_median, None if mib is None else mib * 2**20)
+    return found
+
+
+def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space, list[Point], list[Dropped]]:
+    """Every check tune makes before compiling (each a one-line ConfigError), the budget's floor first: the
+    configuration, the target, the executor, and the space with what it drops before planning."""
+    from shardbench.sweep import slurm_options
+    from shardbench.tasks import validate
+
+    check_options(args)  # a budget too small for a run is refused before anything compiles
+    lists = _lists(args)
+    cfg = config_from_args(args)
+    validate(cfg)
+    target = parse_target(default_target(args.target), cpu_devices=cfg.parallel.devices or 8)
+    executor, _, _ = slurm_options.resolve(args, None)
+    if executor == "slurm":
+        slurm_options.check_available()
+    else:
+        check_measurable(target)
+    space = make_space(cfg, args, lists)
+    points, dropped = enumerate_space(target.devices, space)
+    return cfg, target, space, points, dropped
+
+
+def run(args: argparse.Namespace) -> int:
+    from shardbench.sweep.sweep_cmd import check_out
+    from shardbench.tune import report
+
+    cfg, target, space, points, dropped = prepare(args)
+    objective = OBJECTIVES[args.objective]
+    out = default_out(cfg, target)
+    check_out(out, resume=False)
+    writable_dir(out, "--out")
+    tuning = report.Tuning(cfg, target, objective, space, args.top_k, args.budget_min, args.measure_steps, out,
+                           dropped=dropped)
+    if not points:
+        report.write_json(tuning)
+        raise nothing_fits([], len(dropped), out)
+    print(f"tune: planning {len(points)} layout(s) on {target.spec} ({len(dropped)} dropped before planning)",
+          file=sys.stderr, flush=True)
+    tuning.planned, compile_s = plan_space(cfg, target, points, args.workers, args.calibrate, out)
+    ranked = rank(tuning.planned, objective)
+    if not ranked:
+        report.write_json(tuning)
+        raise nothing_fits(tuning.planned, len(dropped), out)
+    tuning.estimate = {p.point.name: estimate_run_s(p, args.measure_steps, compile_s) for p in ranked}
+    try:
+        tuning.chosen = select(ranked, args.top_k, args.budget_min * 60, lambda p: tuning.estimate[p.point.name])
+    finally:
+        report.write_json(tuning)  # what was planned is kept, whether or not the budget holds a run
+    sweep, tuning.runs = make_tune_sweep(cfg, tuning.chosen, target.devices, args.measure_steps)
+    report.write_json(tuning)
+    started = time.perf_counter()
+    code = run_measurements(args, sweep, out)
+    tuning.measure_wall_s = time.perf_counter() - started
+    if code:
+        return code
+    tuning.measured = measured_runs(out, tuning.runs)
+    return report.finish(tuning)
+
+
+__all__ = ["add_parser", "prepare", "run"]

@@ -1,0 +1,198 @@
+"""`shardbench tune`: the space against the strategies' table, dropping what does not fit with its reason, the
+budget's choice, regret and Kendall's tau by hand, one real small tune end to end (its winner trained by
+`shardbench train`), and the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardbench.errors import ConfigError
+from shardbench.parallel.rules import STRATEGIES
+from shardbench.plan.candidates import Candidate
+from shardbench.plan.predict import Prediction
+from shardbench.plan.kendall import kendall_tau
+from shardbench.tune.select import (OBJECTIVES, START_S, Measured, Planned, check_budget_floor, outcome, rank, regret,
+                                    select)
+from shardbench.tune.space import Point, Space, enumerate_space
+from shardbench.tune.tune_cmd import nothing_fits
+
+# The small MLP of tests/test_plan.py: 3 layers of width 64, batch 64.
+SMALL_MLP = ["--preset", "mlp-small", "--model.num-layers", "3", "--model.mlp-dim", "64", "--model.input-dim", "16",
+             "--model.num-classes", "8", "--batch-size", "64", "--devices", "8"]
+
+
+def prediction(step_s: float, total_bytes: float, memory_bytes: float = 1e9) -> Prediction:
+    """A prediction with only what tune reads: the step, the bytes per device and the usable bytes."""
+    return Prediction(params_bytes=0, optimizer_bytes=0, gradients_bytes=0, activations_bytes=0.0, other_bytes=0,
+                      runtime_bytes=0.0, total_bytes=total_bytes, memory_bytes=memory_bytes,
+                      fits=total_bytes <= memory_bytes, comm_bytes={}, compute_s=step_s, bound="compute",
+                      kernels_s=0.0, comm_s={}, exposed_comm_s=0.0, step_s=step_s, breakdown_s={},
+                      flops_per_step=0.0, examples_per_s=0.0, mfu=0.0, overlap=0.0, compiler="cpu compiler")
+
+
+def planned(strategy: str, step_s: float | None, total: float = 1e6, batch: int = 64, problem: str = "") -> Planned:
+    point = Point(Candidate(strategy, "8", "none", "float32"), batch)
+    return Planned(point, None if step_s is None else prediction(step_s, total), problem)
+
+
+def test_the_space_is_the_strategy_table_on_every_mesh() -> None:
+    """Every strategy of the table but single (one device) has candidates on 8 devices; single is dropped with
+    its reason; every pipeline candidate has microbatches and a schedule; a batch of 4 drops the layouts with more
+    data shards than examples, each with why."""
+    points, dropped = enumerate_space(8, Space(remats=("none",), batches=(64,)))
+    assert {p.candidate.strategy for p in points} == set(STRATEGIES) - {"single"}
+    assert [d.what for d in dropped] == ["single batch=64"] and "no candidate mesh uses 8 devices" in dropped[0].reason
+    staged = [p.candidate for p in points if "pp" in p.candidate.strategy.split("+")]
+    assert staged and all(c.microbatches and c.schedule for c in staged)
+    assert {c.schedule for c in staged} == {"gpipe", "1f1b", "circular"}
+    one, _ = enumerate_space(1, Space(strategies=("single", "dp"), remats=("none",), batches=(64,)))
+    assert {p.candidate.strategy for p in one} == {"single", "dp"}
+    small, dropped = enumerate_space(8, Space(strategies=("dp", "dp+tp"), remats=("none",), batches=(4,)))
+    assert {p.candidate.mesh for p in small} == {"2x4", "4x2"}  # dp+tp: 2 or 4 data shards of a batch of 4
+    assert [d.what for d in dropped] == ["dp batch=4"]  # 8 data shards for 4 examples
+    assert "--batch-size 4 is divisible by no candidate's data-parallel size (8)" in dropped[0].reason
+    _, by_accum = enumerate_space(8, Space(strategies=("dp+tp",), remats=("none",), batches=(8,), accums=(4,)))
+    assert [d.what for d in by_accum] == ["dp+tp 4x2 batch=8"]  # 2 examples per shard: 4 microbatches do not divide
+    assert "no microbatch count of 4" in by_accum[0].reason
+
+
+def test_what_does_not_fit_is_dropped_with_its_reason() -> None:
+    fast_but_big = planned("dp", 0.010, total=3e9)  # 3 GB of 1 GB usable
+    refused = planned("ep", None, problem="refused: --strategy ep splits a mixture's experts ...")
+    ok = [planned("fsdp", 0.030), planned("tp", 0.020)]
+    ranked = rank([fast_but_big, refused, *ok], OBJECTIVES["time"])
+    assert [p.point.candidate.strategy for p in ranked] == ["tp", "fsdp"]
+    assert fast_but_big.dropped == "does not fit: 3.00 GB per device of 1.00 GB usable"
+    assert refused.dropped.startswith("refused: --strategy ep") and ok[0].dropped == ""
+    by_memory = rank([planned("dp", 0.01, total=5e5), planned("fsdp", 0.03, total=2e5)], OBJECTIVES["memory"])
+    assert [p.point.candidate.strategy for p in by_memory] == ["fsdp", "dp"]
+    line = str(nothing_fits([fast_but_big, refused, refused], 2, Path("out")))
+    assert line.startswith("nothing fits: of 5 layouts, 2 were refused, 2 were dropped before planning, 1 do not fit")
+    assert "out/tune.json" in line and "\n" not in line
+
+
+def test_the_budget_takes_the_plans_top_k_that_fit_together() -> None:
+    """Estimated walls 40, 30, 50, 10 s in rank order: 100 s holds the first two (70 s; the third would make 120,
+    and the choice stops there), k=1 the first alone, 35 s none: one line naming the top choice's estimate."""
+    ranked = [planned(s, 0.01) for s in ("dp", "fsdp", "tp", "zero1")]
+    walls = dict(zip((p.point.name for p in ranked), (40.0, 30.0, 50.0, 10.0)))
+    estimate = lambda p: walls[p.point.name]  # noqa: E731
+    assert [p.point.candidate.strategy for p in select(ranked, 4, 100.0, estimate)] == ["dp", "fsdp"]
+    assert [p.point.candidate.strategy for p in select(ranked, 1, 100.0, estimate)] == ["dp"]
+    assert len(select(ranked, 4, 130.0, estimate)) == 4
+    with pytest.raises(ConfigError, match=r"too small for one run: the plan's top choice, dp 8 remat=none float32 "
+                                          r"batch=64, is estimated at 40 s"):
+        select(ranked, 4, 35.0, estimate)
+    with pytest.raises(ConfigError, match="too small for one run"):
+        check_budget_floor(START_S / 60 / 2)
+    check_budget_floor(1.0)
+
+
+def test_regret_and_tau_by_hand() -> None:
+    """Plan order dp, fsdp, tp (predicted 10, 20, 30 ms); measured 12, 10, 15 ms. Winner fsdp; the plan's top (dp)
+    regrets (12 - 10) / 10 = 20%. Pairs (dp,fsdp) discordant, (dp,tp) and (fsdp,tp) concordant: tau = (2-1)/3."""
+    chosen = [planned("dp", 0.010), planned("fsdp", 0.020), planned("tp", 0.030)]
+    measured = {p.point.name: Measured(s, 1e6) for p, s in zip(chosen, (0.012, 0.010, 0.015))}
+    v = outcome(chosen, measured, OBJECTIVES["time"])
+    assert v is not None and v.winner is chosen[1] and v.plan_top is chosen[0]
+    assert v.winner_value == pytest.approx(0.010 / 64)
+    assert v.regret == pytest.approx(0.2) == regret(12, 10)
+    assert v.tau == pytest.approx(1 / 3) == kendall_tau([10, 20, 30], [12, 10, 15])
+    assert regret(10, 10) == 0.0
+    # The plan's top choice failed: the winner is still named, the regret is unknown.
+    failed = outcome(chosen, {k: m for k, m in measured.items() if not k.startswith("dp")}, OBJECTIVES["time"])
+    assert failed is not None and failed.winner is chosen[1] and failed.regret is None and failed.measured == 2
+
+
+def test_a_target_of_another_platform_is_not_measured_here() -> None:
+    """The local executor measures on this host: an H100 target from a CPU host is one line, before compiling."""
+    from shardbench.cli import build_parser
+    from shardbench.tune.tune_cmd import prepare
+
+    args = build_parser().parse_args(["tune", "--preset", "mlp-small", "--target", "8xh100"])
+    with pytest.raises(ConfigError, match="--target 8xh100 is gpu hardware and this host runs on cpu: measure on it "
+                                          "with --executor slurm"):
+        prepare(args)
+
+
+def shardbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The CLI in a fresh process, as a user runs it."""
+    environ = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    environ.pop("XLA_FLAGS", None)
+    return subprocess.run([sys.executable, "-m", "shardbench", *args], capture_output=True, text=True, env=environ,
+                          cwd=cwd, timeout=600)
+
+
+@pytest.mark.slow
+def test_tune_end_to_end_measures_k_and_writes_a_winner_train_accepts(tmp_path: Path) -> None:
+    """dp, tp and ep on the small MLP: ep is refused (no experts) and said so in tune.json; the other two are
+    measured (k=2); the report charts predicted against measured; the ready command trains a step."""
+    out = tmp_path / "tune"
+    done = shardbench("tune", *SMALL_MLP, "--candidates", "dp,tp,ep", "--remat", "none", "--top-k", "2",
+                      "--budget-min", "5", "--measure-steps", "3", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tuned = json.loads((out / "tune.json").read_text())
+    by_strategy = {row["strategy"]: row for row in tuned["layouts"]}
+    assert set(by_strategy) == {"dp", "tp", "ep"}
+    assert by_strategy["ep"]["dropped"].startswith("refused:") and not by_strategy["ep"]["chosen"]
+    chosen = [row for row in tuned["layouts"] if row["chosen"]]
+    assert len(chosen) == 2 and all(row["measured_step_s"] and row["predicted_step_s"] for row in chosen)
+    result = tuned["result"]
+    assert result["winner"] in {row["name"] for row in chosen} and result["regret"] >= 0
+    assert -1 <= result["kendall_tau"] <= 1 and set(tuned["runs"]) == {row["run"] for row in chosen}
+    md = (out / "tune.md").read_text()
+    assert "Kendall's tau" in md and "regret" in md and "report/plan_vs_measured.png" in md
+    assert (out / "report" / "plan_vs_measured.png").exists()
+    assert "The plan against the measurement" in (out / "report" / "report.md").read_text()
+    assert result["command"] in done.stdout
+
+    # winner.toml is a sweep file of the one winning run, with the settings of the ready command.
+    from shardbench.sweep.grid import make_sweep
+    from shardbench.sweep.sweep_file import load_sweep_file
+
+    sweep = make_sweep(sweep_file=load_sweep_file(out / "winner.toml"))
+    command = result["command"].split()
+    assert command[:4] == ["shardbench", "train", "--preset", "mlp-small"] and len(sweep.runs) == 1
+    flags = dict(arg[2:].split("=", 1) for arg in command[4:])
+    settings = {k.replace("_", "-"): str(v) for k, v in sweep.runs[0].settings.items()}
+    assert flags == settings
+    trained = shardbench(*command[1:], "--steps", "1", "--no-train.eval", "--out", str(tmp_path / "winner"),
+                         cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert (tmp_path / "winner" / "summary.json").exists()
+
+    # A plain sweep folder with a plan of its runs (`plan --validate` writes plan-validation.json) gets the chart too.
+    from shardbench.report.write import write_report
+
+    plain = tmp_path / "plain"
+    shutil.copytree(out, plain, ignore=shutil.ignore_patterns("tune.json", "report"))
+    (plain / "plan-validation.json").write_text(json.dumps({"runs": tuned["runs"]}))
+    paths = write_report(plain)
+    assert "plan_vs_measured" in paths.charts and "Kendall's tau" in paths.markdown.read_text()
+    assert "plan_vs_measured" not in paths.clipped  # no run's name runs past the chart's edge
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("args", "expected", "compiled"), [
+    (["--budget-min", "0.05"], "--budget-min 0.05 (3.0 s) is too small for one run: a run takes about", False),
+    (["--candidates", "ep,dp+ep", "--budget-min", "5"],
+     "nothing fits: of 3 layouts, 3 were refused (the commonest reason, 3 of them: refused", False),
+    (["--candidates", "dp", "--budget-min", "0.5", "--measure-steps", "10000"],
+     "--budget-min 0.5 is too small for one run: the plan's top choice, dp 8x1 remat=none float32 batch=64", True),
+])
+def test_refusals_are_one_line_and_exit_2(args: list[str], expected: str, compiled: bool, tmp_path: Path) -> None:
+    """A budget below a run's start-up (before anything compiles), a space where nothing can run, a budget the
+    plan's top choice overruns."""
+    done = shardbench("tune", *SMALL_MLP, "--remat", "none", *args, "--out", str(tmp_path / "t"), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("shardbench: error: ") and expected in last, done.stderr[-2000:]
+    assert ("compiled:" in done.stderr) == compiled
+    assert not (tmp_path / "t" / "sweep.db").exists()
