@@ -4,6 +4,7 @@ budget's choice, regret and Kendall's tau by hand, one real small tune end to en
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -196,3 +197,27 @@ def test_refusals_are_one_line_and_exit_2(args: list[str], expected: str, compil
     assert last.startswith("shardbench: error: ") and expected in last, done.stderr[-2000:]
     assert ("compiled:" in done.stderr) == compiled
     assert not (tmp_path / "t" / "sweep.db").exists()
+
+
+def test_the_cost_objective_prices_the_step_on_the_targets_devices() -> None:
+    """Dollars per example by hand: 8 H100s at the table's on-demand price, a 0.5 s step over a batch of 64; a
+    layout as fast on twice the devices costs twice as much; a target the table has no row for is one line."""
+    from shardbench.plan.target import parse_target
+    from shardbench.prices import load_prices, parse_prices
+    from shardbench.tune.select import objective
+
+    table = load_prices()
+    h100 = parse_target("8xh100")
+    cost = objective("cost", table, h100)
+    hourly = table.lookup("h100").on_demand
+    p = dataclasses.replace(planned("dp", 0.5), target=h100)
+    assert cost.predicted(p) == pytest.approx(0.5 * 8 * hourly / 3600 / 64)
+    assert cost.measured(p, Measured(0.25, None)) == pytest.approx(0.25 * 8 * hourly / 3600 / 64)
+    wider = dataclasses.replace(planned("dp", 0.5), target=parse_target("16xh100"))
+    assert cost.predicted(wider) == pytest.approx(2 * cost.predicted(p))
+    assert rank([wider, p], cost)[0] is p  # time ranks them level; cost puts the half-price one first
+    only_cpu = parse_prices('currency = "USD"\ntaken = "2026-11-25"\n[devices.cpu]\non_demand = 1.0\nspot = 0.5\n'
+                            'watts = 100\nsource = "by hand"\ndate = "2026-11"\nper = "host"\n', "test table")
+    with pytest.raises(ConfigError, match=r"--objective cost: the price table \(test table\) has no row for h100"):
+        objective("cost", only_cpu, h100)
+    assert objective("time", only_cpu, h100) is OBJECTIVES["time"]

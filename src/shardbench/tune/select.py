@@ -12,6 +12,7 @@ from shardbench.errors import ConfigError
 from shardbench.plan.kendall import kendall_tau
 from shardbench.plan.predict import Prediction
 from shardbench.plan.target import Target
+from shardbench.prices import PriceTable, epoch_cost
 from shardbench.tune.space import Point
 
 GB = 1e9
@@ -87,6 +88,47 @@ OBJECTIVES: dict[str, Objective] = {
                         lambda p, m: m.memory_bytes,
                         lambda v: f"{v / MIB:,.1f} MiB"),
 }
+
+
+
+def _cost(prices: PriceTable) -> Objective:
+    """On-demand dollars per example on the layout's target, from `prices` (`--prices`, else the packaged table):
+    the step's seconds x the devices' hourly price (a row priced per host: x the hosts) / 3600, over the batch.
+    A layout on more devices must be that much faster to cost the same."""
+
+    def per_example(p: Planned, step_s: float | None) -> float | None:
+        if step_s is None or p.target is None:
+            return None
+        price = prices.lookup(p.target.chip.name if p.target.chip else "cpu")
+        if price is None:
+            return None
+        cost = epoch_cost(price, step_s, 1, p.target.devices, hosts=p.target.nodes)
+        return cost.on_demand_usd / p.point.batch
+
+    def predicted(p: Planned) -> float:
+        value = per_example(p, p.predicted.step_s)
+        return math.inf if value is None else value
+
+    return Objective("cost", "on-demand dollars per example (the price table: --prices)", predicted,
+                     lambda p, m: per_example(p, m.step_s),
+                     lambda v: f"${v * 1e6:,.4f} per million examples")
+
+
+# Objectives that need the price table: built with it (`objective`).
+PRICED: dict[str, Callable[[PriceTable], Objective]] = {"cost": _cost}
+OBJECTIVE_NAMES = (*OBJECTIVES, *PRICED)
+
+
+def objective(name: str, prices: PriceTable, target: Target) -> Objective:
+    """The objective `--objective` names; `cost` on a target the price table has no row for is one line."""
+    if name not in PRICED:
+        return OBJECTIVES[name]
+    chip = target.chip.name if target.chip else "cpu"
+    if prices.lookup(chip) is None:
+        raise ConfigError(f"--objective {name}: the price table ({prices.origin}) has no row for {chip}, the "
+                          f"target's device: add [devices.{chip}] to a table of your own and pass --prices FILE, "
+                          f"or use --objective time")
+    return PRICED[name](prices)
 
 
 def rank(planned: Sequence[Planned], objective: Objective) -> list[Planned]:

@@ -17,8 +17,10 @@ from shardbench.flags import add_config_arguments, config_from_args
 from shardbench.parsing import override
 from shardbench.plan.candidates import PER_STAGE, USES
 from shardbench.plan.target import HINT, Target, parse_target
-from shardbench.tune.select import (OBJECTIVES, Measured, Planned, check_budget_floor, compile_each_s,
+from shardbench.prices import prices_from_flag
+from shardbench.tune.select import (OBJECTIVE_NAMES, OBJECTIVES, Measured, Planned, check_budget_floor, compile_each_s,
                                     estimate_run_s, rank, select)
+from shardbench.tune.select import objective as select_objective
 from shardbench.tune.space import (LAYOUT_KEYS, Dropped, Point, Space, enumerate_space, layout_settings,
                                    parse_ints, parse_names, user_settings)
 
@@ -52,8 +54,9 @@ def add_parser(subparsers: Any) -> None:
                        help="pipelines: microbatches per stage to consider (M = K x stages; default 1,4)")
     group.add_argument("--schedules", default=",".join(config_lib.PIPELINE_SCHEDULES), metavar="S,S",
                        help=f"pipelines: schedules to consider (default {','.join(config_lib.PIPELINE_SCHEDULES)})")
-    group.add_argument("--objective", default="time", choices=list(OBJECTIVES),
-                       help="what to minimise: " + "; ".join(f"{o.name}: {o.what}" for o in OBJECTIVES.values()))
+    group.add_argument("--objective", default="time", choices=list(OBJECTIVE_NAMES),
+                       help="what to minimise: " + "; ".join(f"{o.name}: {o.what}" for o in OBJECTIVES.values())
+                       + "; cost: on-demand dollars per example on the target, from the price table (--prices)")
     group.add_argument("--top-k", type=int, default=3, metavar="K", help="layouts to measure (default 3)")
     group.add_argument("--budget-min", type=float, default=30.0, metavar="M",
                        help="minutes the measured runs may take together, by the plan's estimate (default 30)")
@@ -272,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     from shardbench.tune import report
 
     cfg, target, space, points, dropped = prepare(args)
-    objective = OBJECTIVES[args.objective]
+    objective = select_objective(args.objective, prices_from_flag(cfg.train.prices), target)
     out = default_out(cfg, target)
     check_out(out, resume=False)
     writable_dir(out, "--out")
