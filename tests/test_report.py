@@ -510,3 +510,25 @@ def test_runs_of_different_models_are_ranked_apart(tmp_path: Path) -> None:
     assert "Fastest lm run: lm_b, 100.0 ms per step" in speed and "lm_a is 2.00x slower" in speed
     assert "Fastest mlp run: mlp_a, 10.0 ms per step" in speed and "mlp_b is 3.00x slower" in speed
     assert "lm_b is" not in speed and "lm_a is 20" not in speed
+
+
+def test_runs_of_one_model_at_different_sequence_lengths_are_ranked_apart(tmp_path: Path) -> None:
+    """A long-context sweep: a step at 4k tokens is not the work of one at 1k, so each length's runs are ranked
+    among themselves; remat, a layout setting, does not split them."""
+    directory = tmp_path / "sweep"
+
+    def rec(name: str, step_ms: float) -> dict[str, Any]:
+        return record(name, "dp", "8", 8, breakdown=(1, 2, 1, 1), total=5.0, comms={}, epochs=[],
+                      step_ms=step_ms, img_s=0.0, mfu=0.1, acc=0.5, partial=(10, 100, 1.0))
+
+    runs = {"short_ring": (1024, "none", 10.0), "short_gather": (1024, "full", 20.0),
+            "long_ring": (4096, "none", 300.0), "long_gather": (4096, "none", 100.0)}
+    with Store(directory / "sweep.db") as store:
+        for name, (tokens, remat, step) in runs.items():
+            store.add(row(name, {"model.kind": "lm", "model.seq_len": tokens, "model.remat": remat},
+                          rec(name, step)))
+    speed = write_report(directory).markdown.read_text().split("### Speed", 1)[1].split("###", 1)[0]
+    assert "Fastest run at seq_len 1024: short_ring, 10.0 ms per step" in speed
+    assert "short_gather is 2.00x slower" in speed
+    assert "Fastest run at seq_len 4096: long_gather, 100.0 ms per step" in speed
+    assert "long_ring is 3.00x slower" in speed and "long_gather is" not in speed and "long_ring is 30" not in speed

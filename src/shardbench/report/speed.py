@@ -72,18 +72,37 @@ def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     return out
 
 
-def _model(run: ReportedRun) -> str:
-    """What a run trains, as far as ranking goes: its model kind, or the file of a model of your own."""
-    return str(run.settings.get("model.factory") or run.settings.get("model.kind") or "")
+Model = tuple[tuple[str, str], ...]
+
+
+def _model(run: ReportedRun) -> Model:
+    """What a run trains, as far as ranking goes: its model kind (or the file of a model of your own) and every
+    model setting that changes what an example computes (its sequence length, widths, depth ...; not those of
+    LAYOUT_ONLY, such as remat): a 1k-token step and an 8k-token one are not the same work."""
+    kind = str(run.settings.get("model.factory") or run.settings.get("model.kind") or "")
+    shape = sorted((k, str(v)) for k, v in run.settings.items()
+                   if k.startswith("model.") and k not in LAYOUT_ONLY and k not in ("model.kind", "model.factory"))
+    return (("model", kind), *shape)
+
+
+def _label(model: Model, models: list[Model]) -> str:
+    """How a ranking names its runs where the sweep trains several models: the kind where the kinds differ and
+    the settings in which the models differ ('lm run', 'run at seq_len 1024', 'lm run at seq_len 1024')."""
+    varying = [(k, v) for k, v in model if len({dict(m).get(k) for m in models}) > 1]
+    kind = "".join(v + " " for k, v in varying if k == "model")
+    shape = ", ".join(f"{k.removeprefix('model.')} {v}" for k, v in varying if k != "model")
+    return f"{kind}run" + (f" at {shape}" if shape else "")
 
 
 def speed_findings(runs: list[ReportedRun]) -> list[str]:
-    """Per model the sweep trains (a model kind, or a model of your own: their examples are not alike), the
-    fastest run, then every other run's slowdown against it as a ratio of steady-state throughput (of median
-    step time where the batches are equal), what differs between them, and ties within the noise."""
+    """Per model the sweep trains (a model kind or a model of your own at one shape: examples of different models,
+    or of one model at another sequence length, are not alike), the fastest run, then every other run's slowdown
+    against it as a ratio of steady-state throughput (of median step time where the batches are equal), what
+    differs between them, and ties within the noise."""
     timed = [r for r in runs if r.ok and _throughput(r) is not None]
-    models = sorted({_model(r) for r in timed})
-    found = [s for m in models for s in _ranking([r for r in timed if _model(r) == m], m if len(models) > 1 else "")]
+    models = sorted({_model(r) for r in timed}, key=lambda m: [(k, (len(v), v)) for k, v in m])
+    found = [s for m in models
+             for s in _ranking([r for r in timed if _model(r) == m], _label(m, models) if len(models) > 1 else "")]
     if any(NOT_A_CAUSE == s for s in found):
         found = [s for s in found if s != NOT_A_CAUSE] + [NOT_A_CAUSE]
     compiles = [(r.compile_s, r.name) for r in timed if r.compile_s is not None]
@@ -95,14 +114,14 @@ def speed_findings(runs: list[ReportedRun]) -> list[str]:
 
 
 def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
-    """One model's runs ranked; `model` names it where the sweep trains several."""
+    """One model's runs ranked; `model` names them where the sweep trains several ('lm run')."""
     if not timed:
         return []
     ranked = sorted(timed, key=lambda r: -(_throughput(r) or 0.0))
     fastest = ranked[0]
     same_batch = len({r.batch for r in ranked}) == 1
     unit = "step time" if same_batch else "throughput (batch / median step)"
-    head = (f"Fastest{f' {model} run' if model else ''}: {fastest.name}, {_ms(fastest.step_median)} per step"
+    head = (f"Fastest{f' {model}' if model else ''}: {fastest.name}, {_ms(fastest.step_median)} per step"
             + ("" if same_batch else f" at batch {fastest.batch}, {_throughput(fastest):,.0f} examples/s")
             + (f" (ranked by median {unit})" if len(ranked) > 1
                else "."))
