@@ -221,3 +221,27 @@ def test_the_cost_objective_prices_the_step_on_the_targets_devices() -> None:
     with pytest.raises(ConfigError, match=r"--objective cost: the price table \(test table\) has no row for h100"):
         objective("cost", only_cpu, h100)
     assert objective("time", only_cpu, h100) is OBJECTIVES["time"]
+
+
+def test_tunes_report_prices_an_epoch_of_each_measured_layout(tmp_path: Path) -> None:
+    """The report's cost per epoch by hand: the CPU row (priced per host) x the plan's step x the epoch's steps
+    for the prediction, and the run record's own cost for the measurement."""
+    from shardbench.data.pipeline import steps_per_epoch
+    from shardbench.measure.run_record import Cost
+    from shardbench.plan.plan_cmd import epoch_examples
+    from shardbench.plan.target import parse_target
+    from shardbench.presets import get_preset
+    from shardbench.prices import load_prices
+    from shardbench.tune.report import Tuning, cost_table
+
+    cfg = get_preset("mlp-small")
+    target = parse_target("cpu", cpu_devices=8)
+    dp = dataclasses.replace(planned("dp", 0.5), target=target)
+    tuning = Tuning(cfg, target, OBJECTIVES["time"], Space(), 1, 10.0, 10, tmp_path, chosen=[dp],
+                    measured={dp.point.name: Measured(0.4, None, Cost(on_demand_usd=0.125, kwh=0.5))})
+    rows, how = cost_table(tuning)
+    steps = steps_per_epoch(epoch_examples(cfg), cfg.train.batch_size)
+    hourly = load_prices().lookup("cpu").on_demand
+    assert rows[1] == [dp.point.name, f"${0.5 * steps * hourly / 3600:,.4g}",
+                       f"{0.5 * steps * load_prices().lookup('cpu').watts / 3.6e6:,.4g}", "$0.125", "0.5"]
+    assert f"({steps} steps of {cfg.train.batch_size})" in how

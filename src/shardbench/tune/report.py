@@ -172,6 +172,42 @@ def table(t: Tuning) -> list[list[str]]:
     return rows
 
 
+def cost_table(t: Tuning) -> tuple[list[list[str]], str]:
+    """Dollars (on demand) and kWh of an epoch for the chosen layouts: predicted from the plan's step time and the
+    price table (`--prices`), measured from each run's record; and the line that says how."""
+    from shardbench.data.pipeline import steps_per_epoch
+    from shardbench.plan.plan_cmd import epoch_examples
+    from shardbench.prices import epoch_cost, prices_from_flag
+
+    table = prices_from_flag(t.cfg.train.prices)
+    chip = t.target.chip.name if t.target.chip else "cpu"
+    price = table.lookup(chip)
+    examples = epoch_examples(t.cfg)
+    if price is None or examples is None:
+        why = (f"the price table ({table.origin}) has no row for {chip}" if price is None else
+               f"{t.cfg.data.dataset} gives no epoch size before it is read; see each run's record")
+        return [], f"cost per epoch: {why}"
+    steps = steps_per_epoch(examples, t.cfg.train.batch_size)
+    rows = [["layout", "predicted $/epoch", "predicted kWh/epoch", "measured $/epoch", "measured kWh/epoch"]]
+    for p in t.chosen:
+        pred = (epoch_cost(price, p.prediction.step_s, steps, t.target.devices, hosts=t.target.nodes)
+                if p.prediction else None)
+        m = t.measured.get(p.point.name)
+        got = m.cost if m is not None and m.cost is not None and m.cost.on_demand_usd is not None else None
+        rows.append([p.point.name, _usd(pred.on_demand_usd if pred else None), _kwh(pred.kwh if pred else None),
+                     _usd(got.on_demand_usd if got else None), _kwh(got.kwh if got else None)])
+    return rows, (f"cost per epoch ({steps} steps of {t.cfg.train.batch_size}) at {price.describe()}, on "
+                  f"{t.target.devices} device(s); energy from the table's watts (estimated) unless a run measured it")
+
+
+def _usd(value: float | None) -> str:
+    return "–" if value is None else f"${value:,.4g}"
+
+
+def _kwh(value: float | None) -> str:
+    return "–" if value is None else f"{value:,.4g}"
+
+
 def verdict_lines(t: Tuning, v: Outcome) -> list[str]:
     fits = sum(p.fits for p in t.planned)
     planned = sum(p.prediction is not None for p in t.planned)
@@ -210,6 +246,12 @@ def render_markdown(t: Tuning, v: Outcome, chart: str | None) -> str:
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows[1:]]
     if chart:
         lines += ["", f"![predicted against measured step time]({chart})"]
+    costs, how = cost_table(t)
+    lines += ["", "## Cost per epoch", ""]
+    if costs:
+        lines += ["| " + " | ".join(costs[0]) + " |", "|" + "---|" * len(costs[0])]
+        lines += ["| " + " | ".join(r) + " |" for r in costs[1:]] + [""]
+    lines.append(how)
     lines += ["", "## The winner", "", "```", " ".join(winner_command(t, v.winner)), "```", "",
               f"or `shardbench sweep --sweep-file {t.out / WINNER}` (one run); every layout planned, with its "
               f"prediction and why it was dropped: `{TUNE_JSON}`; the plan(s): `plan*/plan.md`; the measured runs' "

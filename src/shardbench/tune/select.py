@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shardbench.errors import ConfigError
+from shardbench.measure.run_record import Cost
 from shardbench.plan.kendall import kendall_tau
 from shardbench.plan.predict import Prediction
 from shardbench.plan.target import Target
@@ -55,10 +56,12 @@ class Planned:
 
 @dataclass(frozen=True)
 class Measured:
-    """What a measured run gives an objective: its median step and its memory per device (None: not measured)."""
+    """What a measured run gives an objective: its median step and its memory per device (None: not measured),
+    and its record's cost of an epoch."""
 
     step_s: float | None
     memory_bytes: float | None
+    cost: Cost | None = None
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,8 @@ def measured_runs(out: Path, names: dict[str, str]) -> dict[str, Measured]:
             run = reported(row)
             if row.name in names and run.ok:
                 mib = run.memory[0]
-                found[names[row.name]] = Measured(run.step_median, None if mib is None else mib * 2**20)
+                found[names[row.name]] = Measured(run.step_median, None if mib is None else mib * 2**20,
+                                                  run.rec.cost)
     return found
 
 
