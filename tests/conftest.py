@@ -13,6 +13,8 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
+import json  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
@@ -43,10 +45,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_FIRST)))  # stable: the rest keep their order
 
 
+@pytest.fixture(scope="session", autouse=True)
+def host_peak_measured_once(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The host's float32 matmul peak measured once per test process and handed to every run, in-process or
+    started from here, through SHARDBENCH_PEAK_FILE, as a sweep hands its figure to its runs
+    (`shardbench.measure.peak`). Each run's fresh --data.cache-dir would otherwise measure it again: a compile
+    and six 1536^3 matmuls per run, a tenth of a small run's time. tests/test_measure.py checks a lone run's own
+    measuring and host cache without it."""
+    from shardbench.measure.peak import PEAK_FILE_ENV, measure
+
+    if os.environ.get(PEAK_FILE_ENV):  # handed in from outside: leave it
+        yield
+        return
+    path = tmp_path_factory.mktemp("host-peak") / "peak.json"
+    peak = measure("float32")
+    path.write_text(json.dumps({"float32": {k: v for k, v in peak.to_dict().items() if k != "origin"}}))
+    os.environ[PEAK_FILE_ENV] = str(path)
+    try:
+        yield
+    finally:
+        os.environ.pop(PEAK_FILE_ENV, None)
+
+
 def logged_losses(out: Path) -> list[float]:
     """The training losses a run logged, one per logged step, from its metrics.jsonl."""
-    import json
-
     rows = [json.loads(line) for line in (out / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
     return [r["train/loss"] for r in rows if "train/loss" in r]
 
