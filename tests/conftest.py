@@ -28,16 +28,18 @@ from shardbench.presets import get_preset  # noqa: E402
 assert len(jax.devices()) == 8, "tests need 8 simulated CPU devices; XLA_FLAGS was set too late"
 
 
-# The slowest test files first, longest first (seconds on 2 cores, 2026-11-25: equivalence ~250, the GPU suite's
-# smoke run ~200, processes ~185, speed options ~155, SLURM ~120, ...): `make test` hands whole files to its
-# workers in collection order, so the long ones start early and the short ones fill in at the end, and the
-# workers finish together rather than one waiting on a long file that started last.
-SLOWEST_FIRST = ("test_equivalence.py", "test_pipeline_equivalence.py", "test_gpu_suite.py", "test_processes.py",
+# The slowest test files first, longest first: `make test` hands whole files to its workers in collection order, so
+# the long ones start early and the short ones fill in at the end, and the workers finish together rather than one
+# waiting on a long file that started last. CPU seconds of the heaviest, each file alone with -n 1 on the 2-core
+# machine (2026-11-25): processes ~160, the GPU suite's smoke run ~140, equivalence ~125, pipeline equivalence ~55;
+# speed options ~155 and SLURM ~120 (mostly waiting on jobs), seconds in the full suite as measured before; the
+# README's commands ~30.
+SLOWEST_FIRST = ("test_processes.py", "test_gpu_suite.py", "test_equivalence.py", "test_speed_options.py",
+                 "test_pipeline_equivalence.py",
                  "test_context_equivalence.py", "test_moe.py",
-                 "test_speed_options.py",
                  "test_slurm.py", "test_models_spmd.py", "test_sweep.py", "test_custom_model_state.py",
-                 "test_recipe.py", "test_custom_model.py", "test_plan.py", "test_readme_commands.py",
-                 "test_recipe_policies.py", "test_resume.py", "test_speed_switches.py")
+                 "test_recipe.py", "test_custom_model.py", "test_plan.py",
+                 "test_recipe_policies.py", "test_resume.py", "test_speed_switches.py", "test_readme_commands.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
