@@ -83,12 +83,22 @@ class Sizes:
     def data(self) -> list[str]:
         return ["--data.synthetic-train", "512", "--data.synthetic-test", "64"] if self.smoke else []
 
+    def model(self, preset: str) -> list[str]:
+        """--smoke: vit-tiny narrowed to one block of width 32 (compiling is what a smoke case spends its time on;
+        every switch the parts compare applies to it as to the full model)."""
+        return [*SMOKE_VIT] if self.smoke and self.preset(preset) == "vit-tiny" else []
+
+
+# --smoke's ViT: the code paths of vit-tiny's (patch stem, class token, attention, MLP) at a third of its compile.
+SMOKE_VIT = ("--model.embed-dim", "32", "--model.mlp-dim", "64", "--model.num-layers", "1", "--model.num-heads", "2")
+
 
 def train_case(sizes: Sizes, name: str, preset: str, dtype: str, batch: int, *extra: str, steps: int = 40,
                est_s: float = 30.0, note: str = "", same_model: bool = True, cache: str = "off") -> Case:
     argv = ["train", "--preset", sizes.preset(preset), "--dtype", dtype, "--batch-size", str(sizes.batch(batch)),
             "--steps", str(sizes.steps(steps)), "--no-train.eval", "--no-train.progress", "--train.log-every", "1",
-            "--train.checkpoint-every", "0", "--train.compile-cache", cache, *sizes.data(), *extra]
+            "--train.checkpoint-every", "0", "--train.compile-cache", cache, *sizes.data(), *sizes.model(preset),
+            *extra]
     if sizes.preset(preset).startswith(("vit", "lm")) and "--data" not in extra:
         argv += ["--data", "synthetic" if sizes.preset(preset).startswith("vit") else "tokens-uniform"]
     if sizes.smoke:
@@ -127,7 +137,9 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
         argv = ["bench", "--groups", "step", "--out", str(work / "bench-raw")]
         if sizes.smoke:
             argv += ["--preset", "vit-tiny", "--dtype", "float32", "--batch-size", "16", "--baselines", "seed-style",
-                     "--warmup", "1", "--windows", "1", "--steps-per-window", "2", "--peak-size", "256"]
+                     "--warmup", "1", "--windows", "1", "--steps-per-window", "2", "--peak-size", "256",
+                     *(f"--set=model.{flag[8:].replace('-', '_')}={value}"
+                       for flag, value in zip(SMOKE_VIT[::2], SMOKE_VIT[1::2]))]
         return [Case("bench step group", argv, 330.0, "float32 b128 and bfloat16 b1024", kind="bench")]
     if part == "compile":
         cache = str(work / "compile-cache")
@@ -178,7 +190,8 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
     if part == "plan":
         batches, dtypes = ("16", "32") if sizes.smoke else ("512", "2048"), ("float32", "bfloat16")
         base = ["--preset", sizes.preset("vit-seed"), "--steps", str(sizes.steps(40)), "--no-train.eval",
-                "--no-train.progress", "--train.checkpoint-every", "0", "--data", "synthetic", *sizes.data()]
+                "--no-train.progress", "--train.checkpoint-every", "0", "--data", "synthetic", *sizes.data(),
+                *sizes.model("vit-seed")]
         if sizes.smoke:
             base += ["--devices", "1", "--mesh", "none"]
             dtypes = ("float32",)
@@ -210,8 +223,7 @@ def accuracy_cases(sizes: Sizes, args: argparse.Namespace) -> list[Case]:
         raise SystemExit(f"gpu_suite: unknown --recipe '{unknown[0]}': choose from {', '.join(recipes())} or all")
     if sizes.smoke:
         data = ["--data", "synthetic", *sizes.data(), "--steps", "4", "--batch-size", "16", "--devices", "1",
-                "--mesh", "none", "--model.embed-dim", "32", "--model.mlp-dim", "64", "--model.num-layers", "1",
-                "--model.num-heads", "2"]
+                "--mesh", "none", *SMOKE_VIT]
     else:
         path = args.data_path or next((p for p in CIFAR_CANDIDATES if (ROOT / p).exists()), "")
         if not path:
@@ -286,7 +298,10 @@ def child_env(smoke: bool) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
     if smoke:
         env["JAX_PLATFORMS"] = "cpu"
-        env.pop("XLA_FLAGS", None)  # one CPU device: the suite's own device count, not a caller's
+        # One CPU device: the suite's own device count, not a caller's. LLVM at -O0 (as tests/conftest.py sets
+        # for the tests' own programs): a smoke run checks code paths, and its tiny programs compile in a third
+        # less time.
+        env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
     return env
 
 

@@ -13,6 +13,8 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
+import json  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NoReturn  # noqa: E402
 
@@ -26,16 +28,18 @@ from shardbench.presets import get_preset  # noqa: E402
 assert len(jax.devices()) == 8, "tests need 8 simulated CPU devices; XLA_FLAGS was set too late"
 
 
-# The slowest test files first, longest first (seconds on 2 cores, 2026-11-25: equivalence ~250, the GPU suite's
-# smoke run ~200, processes ~185, speed options ~155, SLURM ~120, ...): `make test` hands whole files to its
-# workers in collection order, so the long ones start early and the short ones fill in at the end, and the
-# workers finish together rather than one waiting on a long file that started last.
-SLOWEST_FIRST = ("test_equivalence.py", "test_pipeline_equivalence.py", "test_gpu_suite.py", "test_processes.py",
+# The slowest test files first, longest first: `make test` hands whole files to its workers in collection order, so
+# the long ones start early and the short ones fill in at the end, and the workers finish together rather than one
+# waiting on a long file that started last. CPU seconds of the heaviest, each file alone with -n 1 on the 2-core
+# machine (2026-11-25): processes ~160, the GPU suite's smoke run ~140, equivalence ~125, pipeline equivalence ~55;
+# speed options ~155 and SLURM ~120 (mostly waiting on jobs), seconds in the full suite as measured before; the
+# README's commands ~30.
+SLOWEST_FIRST = ("test_processes.py", "test_gpu_suite.py", "test_equivalence.py", "test_speed_options.py",
+                 "test_pipeline_equivalence.py",
                  "test_context_equivalence.py", "test_moe.py",
-                 "test_speed_options.py",
                  "test_slurm.py", "test_models_spmd.py", "test_sweep.py", "test_custom_model_state.py",
-                 "test_recipe.py", "test_custom_model.py", "test_plan.py", "test_readme_commands.py",
-                 "test_recipe_policies.py", "test_resume.py", "test_speed_switches.py")
+                 "test_recipe.py", "test_custom_model.py", "test_plan.py",
+                 "test_recipe_policies.py", "test_resume.py", "test_speed_switches.py", "test_readme_commands.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -43,10 +47,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_FIRST)))  # stable: the rest keep their order
 
 
+@pytest.fixture(scope="session", autouse=True)
+def host_peak_measured_once(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The host's float32 matmul peak measured once per test process and handed to every run, in-process or
+    started from here, through SHARDBENCH_PEAK_FILE, as a sweep hands its figure to its runs
+    (`shardbench.measure.peak`). Each run's fresh --data.cache-dir would otherwise measure it again: a compile
+    and six 1536^3 matmuls per run, a tenth of a small run's time. tests/test_measure.py checks a lone run's own
+    measuring and host cache without it."""
+    from shardbench.measure.peak import PEAK_FILE_ENV, measure
+
+    if os.environ.get(PEAK_FILE_ENV):  # handed in from outside: leave it
+        yield
+        return
+    path = tmp_path_factory.mktemp("host-peak") / "peak.json"
+    peak = measure("float32")
+    path.write_text(json.dumps({"float32": {k: v for k, v in peak.to_dict().items() if k != "origin"}}))
+    os.environ[PEAK_FILE_ENV] = str(path)
+    try:
+        yield
+    finally:
+        os.environ.pop(PEAK_FILE_ENV, None)
+
+
 def logged_losses(out: Path) -> list[float]:
     """The training losses a run logged, one per logged step, from its metrics.jsonl."""
-    import json
-
     rows = [json.loads(line) for line in (out / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
     return [r["train/loss"] for r in rows if "train/loss" in r]
 

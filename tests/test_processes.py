@@ -36,8 +36,11 @@ STRATEGIES = {"dp": ["--strategy", "dp"], "fsdp": ["--strategy", "fsdp"],
 
 
 def _env() -> dict[str, str]:
-    # The launcher gives each process its own device count; the test process's 8-device flag must not leak.
-    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    # The launcher gives each process its own device count; the test process's 8-device flag must not leak. LLVM at
+    # -O0, as in this process (tests/conftest.py): the processes compile in less time, and alike with the
+    # one-process runs they are compared with.
+    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
+        "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
 
 
 def _launch(out: Path, cache: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 0,
