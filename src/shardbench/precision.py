@@ -15,9 +15,21 @@ def check_supported(cfg: PrecisionConfig, device: jax.Device) -> None:
 
     Some backends reject some combinations only when the big program runs (the seeds hit
     'Dot algorithm ALG_DOT_F16_F16_F32 is not supported'); this fails in a second, with the combination named.
+    A combination that ran is not probed again in this process (a refused one is, each time it is asked for).
     """
-    param_dtype, dtype = jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)
-    precision = PRECISIONS[cfg.matmul_precision]
+    key = (cfg.param_dtype, cfg.dtype, cfg.matmul_precision, device.platform, getattr(device, "device_kind", ""))
+    if key not in _RAN:
+        _probe(cfg.param_dtype, cfg.dtype, cfg.matmul_precision, device)
+        _RAN.add(key)
+
+
+# The combinations the probe ran in this process, by device platform and kind.
+_RAN: set[tuple[str, str, str, str, str]] = set()
+
+
+def _probe(param_name: str, dtype_name: str, matmul_precision: str, device: jax.Device) -> None:
+    param_dtype, dtype = jnp.dtype(param_name), jnp.dtype(dtype_name)
+    precision = PRECISIONS[matmul_precision]
 
     def probe(w: jax.Array, x: jax.Array) -> jax.Array:
         def loss(w: jax.Array) -> jax.Array:
@@ -34,6 +46,6 @@ def check_supported(cfg: PrecisionConfig, device: jax.Device) -> None:
     except Exception as err:  # the backend's own words are the useful part
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(
-            f"--param-dtype {cfg.param_dtype} --dtype {cfg.dtype} --matmul-precision {cfg.matmul_precision} "
+            f"--param-dtype {param_name} --dtype {dtype_name} --matmul-precision {matmul_precision} "
             f"cannot run on {device.platform}: {first[:200]}; try --dtype float32 or --param-dtype float32"
         ) from None
