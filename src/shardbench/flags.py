@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shardbench import config as config_lib
+from shardbench.errors import ConfigError
 from shardbench.fields import Spec
 from shardbench.parsing import override
 from shardbench.presets import PRESETS, get_preset
@@ -62,6 +63,22 @@ def config_from_args(args: argparse.Namespace) -> config_lib.Config:
     values: dict[str, Any] = {k: ",".join(v) if isinstance(v, list) else v for k, v in vars(args).items() if "." in k}
     cfg = get_preset(getattr(args, "preset", "vit-seed"))
     return override(cfg, values)
+
+
+def comma_lists(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, list[str]]:
+    """The comma lists given to the configuration fields `flags` names (key -> its flag), for commands that take
+    several values where a run takes one (plan, tune); `args` is left holding the first value of each."""
+    out: dict[str, list[str]] = {}
+    for key, flag in flags.items():
+        given = getattr(args, key, None)
+        if given is None:
+            continue
+        values = [v.strip() for v in str(given).split(",") if v.strip()]
+        if not values:
+            raise ConfigError(f"{flag} '{given}': give one value or a comma list")
+        out[key] = values
+        setattr(args, key, values[0])
+    return out
 
 
 def setup_devices(cfg: config_lib.Config) -> None:

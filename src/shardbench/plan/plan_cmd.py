@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
-from shardbench.flags import add_config_arguments, config_from_args
+from shardbench.flags import add_config_arguments, comma_lists, config_from_args
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.candidates import (DEFAULT, EXPERT_PARALLEL, PER_STAGE, USES, Candidate, candidates,
                                         default_strategies)
@@ -63,19 +63,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _lists(args: argparse.Namespace) -> dict[str, list[str]]:
-    """The comma lists of --dtype and --remat (removed from `args`, which then holds one value of each)."""
-    out: dict[str, list[str]] = {}
-    for key, flag in LIST_FLAGS.items():
-        given = getattr(args, key, None)
-        if given is None:
-            continue
-        values = [v.strip() for v in str(given).split(",") if v.strip()]
-        if not values:
-            raise ConfigError(f"{flag} '{given}': give one value or a comma list")
-        if key == "train.grad_accum" and not all(v.isdigit() and int(v) >= 1 for v in values):
-            raise ConfigError(f"{flag} '{given}': give whole numbers of microbatches, 1 or more, comma separated")
-        out[key] = values
-        setattr(args, key, values[0])
+    """The comma lists of --dtype, --remat and --grad-accum (removed from `args`, which then holds one value of
+    each)."""
+    out = comma_lists(args, LIST_FLAGS)
+    accums = out.get("train.grad_accum", [])
+    if not all(v.isdigit() and int(v) >= 1 for v in accums):
+        raise ConfigError(f"--grad-accum '{','.join(accums)}': give whole numbers of microbatches, 1 or more, comma "
+                          f"separated")
     return out
 
 

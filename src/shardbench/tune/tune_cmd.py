@@ -13,7 +13,7 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
-from shardbench.flags import add_config_arguments, config_from_args
+from shardbench.flags import add_config_arguments, comma_lists, config_from_args
 from shardbench.parsing import override
 from shardbench.plan.candidates import PER_STAGE, USES
 from shardbench.plan.target import HINT, Target, parse_target
@@ -70,21 +70,6 @@ def add_parser(subparsers: Any) -> None:
     for action in parser._actions:  # a sweep's follow-up flags: a tune's sweep is followed to its end
         if action.dest in ("status", "cancel"):
             action.help = argparse.SUPPRESS
-
-
-def _lists(args: argparse.Namespace) -> dict[str, list[str]]:
-    """The comma lists of the list flags (removed from `args`, which then holds their first value)."""
-    out: dict[str, list[str]] = {}
-    for key, flag in LIST_FLAGS.items():
-        given = getattr(args, key, None)
-        if given is None:
-            continue
-        values = [v.strip() for v in str(given).split(",") if v.strip()]
-        if not values:
-            raise ConfigError(f"{flag} '{given}': give one value or a comma list")
-        out[key] = values
-        setattr(args, key, values[0])
-    return out
 
 
 def make_space(cfg: config_lib.Config, args: argparse.Namespace, lists: dict[str, list[str]]) -> Space:
@@ -257,7 +242,7 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space,
     from shardbench.tasks import validate
 
     check_options(args)  # a budget too small for a run is refused before anything compiles
-    lists = _lists(args)
+    lists = comma_lists(args, LIST_FLAGS)
     cfg = config_from_args(args)
     validate(cfg)
     target = parse_target(default_target(args.target), cpu_devices=cfg.parallel.devices or 8)
