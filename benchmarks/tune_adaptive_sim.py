@@ -26,7 +26,7 @@ import numpy as np
 
 from shardbench.plan import calibration as cal
 from shardbench.plan.calibration import CPU_DEFAULT, fit
-from shardbench.plan.kendall import kendall_tau
+from shardbench.report.kendall import kendall_tau
 from shardbench.plan.steptime import Coefficients, StepFeatures, step_time
 
 MODELS = ("vit-tiny", "lm-tiny", "mlp-small")

@@ -26,7 +26,7 @@ from typing import Any
 
 from shardbench.parsing import override
 from shardbench.plan.target import parse_target
-from shardbench.plan.kendall import kendall_tau
+from shardbench.report.kendall import kendall_tau
 from shardbench.presets import get_preset
 from shardbench.report.write import write_report
 from shardbench.tune.select import OBJECTIVES, Planned, rank, regret

@@ -18,7 +18,7 @@ from shardbench.errors import ConfigError
 from shardbench.parallel.rules import STRATEGIES
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.predict import Prediction
-from shardbench.plan.kendall import kendall_tau
+from shardbench.report.kendall import kendall_tau
 from shardbench.tune.select import (OBJECTIVES, START_S, Measured, Planned, check_budget_floor, outcome, rank, regret,
                                     select)
 from shardbench.tune.space import Point, Space, enumerate_space

@@ -13,7 +13,7 @@ from pathlib import Path
 from shardbench.errors import ShardbenchError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.calibration import HELD_OUT, Coefficients, held_out, to_dict
-from shardbench.plan.kendall import kendall_tau
+from shardbench.report.kendall import kendall_tau
 from shardbench.plan.predict import Prediction, predict
 from shardbench.report.write import PREDICTIONS
 

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardbench.plan.kendall import kendall_tau
+from shardbench.report.kendall import kendall_tau
 from shardbench.report.content import Chart, number
 from shardbench.report.plots import BESIDE, NOTE_WIDTH, _save, _strategy_colors
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from shardbench.errors import ConfigError
 from shardbench.measure.run_record import Cost
-from shardbench.plan.kendall import kendall_tau
+from shardbench.report.kendall import kendall_tau
 from shardbench.plan.predict import Prediction
 from shardbench.plan.target import Target
 from shardbench.prices import PriceTable, epoch_cost
