@@ -458,6 +458,27 @@ def test_a_sweep_on_slurm_matches_the_local_sweep(slurm: LocalSlurm, tmp_path: P
     assert {st.word for st in states.values()} == {"COMPLETED"}
 
 
+def test_tune_measures_its_choice_as_a_slurm_job(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """`shardbench tune --executor slurm`: the plan's top choice is measured as a SLURM job, and tune's verdict,
+    winner and report come from that job's run record."""
+    out = tmp_path / "tune"
+    small_mlp = ["--preset", "mlp-small", "--model.num-layers", "3", "--model.mlp-dim", "64", "--model.input-dim",
+                 "16", "--model.num-classes", "8", "--batch-size", "64", "--devices", "8"]
+    done = subprocess.run([sys.executable, "-m", "shardbench", "tune", *small_mlp, "--candidates", "dp,fsdp",
+                           "--remat", "none", "--top-k", "1", "--budget-min", "5", "--measure-steps", "3",
+                           "--workers", "1", "--executor", "slurm", "--slurm-poll", "1", "--out", str(out)],
+                          env=_env(slurm), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    tuned = json.loads((out / "tune.json").read_text())
+    chosen = [row for row in tuned["layouts"] if row["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["measured_step_s"] and tuned["result"]["winner"] == chosen[0]["name"]
+    jobs = _jobs(out)
+    assert [job.state for job in jobs.values()] == ["COMPLETED"] and list(jobs) == [chosen[0]["run"]]
+    record = _rows(out)[chosen[0]["run"]].record
+    assert record["measurements"]["step_time_s"]["median"] == pytest.approx(chosen[0]["measured_step_s"])
+    assert "[job " in done.stdout and (out / "tune.md").exists() and (out / "winner.toml").exists()
+
+
 def test_a_job_slurm_would_not_take_is_one_line_before_anything_is_submitted(slurm: LocalSlurm,
                                                                              tmp_path: Path) -> None:
     out = tmp_path / "s"
