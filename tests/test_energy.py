@@ -71,3 +71,15 @@ def test_nvml_without_a_gpu_says_why() -> None:
     meter.completed(1)
     meter.stop()
     assert meter.result is None and meter.why_not == why
+
+
+def test_the_counters_read_are_the_gpus_this_process_may_use() -> None:
+    """NVML numbers every GPU of the host and ignores CUDA_VISIBLE_DEVICES; the meter reads the visible ones
+    only (indices or UUIDs, up to the first entry CUDA would stop at), else all."""
+    from shardbench.measure.energy import visible_gpus
+
+    assert visible_gpus(None, 4) == ["0", "1", "2", "3"]
+    assert visible_gpus("2,3", 8) == ["2", "3"]
+    assert visible_gpus("GPU-5f2c, 1", 8) == ["GPU-5f2c", "1"]
+    assert visible_gpus("1,9,2", 8) == ["1"]  # 9 does not exist: CUDA stops there
+    assert visible_gpus("", 8) == []

@@ -212,6 +212,7 @@ def test_kendall_tau() -> None:
     assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
     assert kendall_tau([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
     assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+    assert kendall_tau([5, 5, 5], [1, 2, 3]) is None  # a plan predicting every run alike ranks nothing
 
 
 def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "pass") -> subprocess.CompletedProcess[str]:

@@ -256,3 +256,34 @@ def test_plan_prints_and_writes_the_cost_of_each_candidate(tmp_path: Path,
         assert c["on_demand_usd"] == pytest.approx(2.0 * 8 * step[c["name"]] * 115 / 3600)
         assert c["kwh"] == pytest.approx(500 * 8 * step[c["name"]] * 115 / 3.6e6)
     assert "## Cost" in (out / "plan.md").read_text()
+
+
+@pytest.mark.slow
+def test_plan_of_a_batch_larger_than_the_epoch_prices_per_token_only(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """36 training examples cannot fill one step of 64: no per-epoch figures (they were a crash after compiling),
+    the per-token ones as for any plan, and the line says why."""
+    assert cli.main(["plan", "--preset", "lm-tiny", "--data.synthetic-train", "40", "--batch-size", "64",
+                     "--candidates", "dp", "--remat", "none", "--workers", "1", "--target", "8xh100",
+                     "--out", str(tmp_path / "plan")]) == 0
+    printed = capsys.readouterr().out
+    assert "no whole step in an epoch: --batch-size 64 is more than its 36 examples" in printed
+    costs = json.loads((tmp_path / "plan" / "plan.json").read_text())["cost"]["candidates"]
+    assert "on_demand_usd" not in costs[0] and costs[0]["on_demand_usd_per"] > 0
+
+
+def test_a_row_priced_per_host_counts_machines_not_processes() -> None:
+    """Two processes of one CPU run on one machine pay for one host; on two machines, for two."""
+    from shardbench.measure.run_record import Measurements, StepTimes
+    from shardbench.prices import load_prices, run_cost
+
+    table = load_prices()
+    hourly = table.lookup("cpu").on_demand
+
+    def measured(hosts: list[str]) -> Measurements:
+        return Measurements(platform="cpu", device_kind="cpu", devices=8, global_batch=64, processes=len(hosts),
+                            step_time_s=StepTimes(median=0.5), per_process=[{"host": h} for h in hosts])
+
+    one, two = run_cost(table, measured(["a", "a"]), 10), run_cost(table, measured(["a", "b"]), 10)
+    assert one.devices == 1 and one.on_demand_usd == pytest.approx(hourly * 0.5 * 10 / 3600)
+    assert two.devices == 2 and two.on_demand_usd == pytest.approx(2 * one.on_demand_usd)

@@ -240,8 +240,24 @@ def test_tunes_report_prices_an_epoch_of_each_measured_layout(tmp_path: Path) ->
     tuning = Tuning(cfg, target, OBJECTIVES["time"], Space(), 1, 10.0, 10, tmp_path, chosen=[dp],
                     measured={dp.point.name: Measured(0.4, None, Cost(on_demand_usd=0.125, kwh=0.5))})
     rows, how = cost_table(tuning)
-    steps = steps_per_epoch(epoch_examples(cfg), cfg.train.batch_size)
+    steps = steps_per_epoch(epoch_examples(cfg), dp.point.batch)  # the layout's batch, not the preset's
     hourly = load_prices().lookup("cpu").on_demand
     assert rows[1] == [dp.point.name, f"${0.5 * steps * hourly / 3600:,.4g}",
                        f"{0.5 * steps * load_prices().lookup('cpu').watts / 3.6e6:,.4g}", "$0.125", "0.5"]
-    assert f"({steps} steps of {cfg.train.batch_size})" in how
+    assert f"({epoch_examples(cfg)} examples over each layout's batch)" in how
+    half = dataclasses.replace(dp, point=dataclasses.replace(dp.point, batch=dp.point.batch * 2))
+    tuning.chosen = [half]  # a layout at twice the batch: half the steps an epoch, at the same step time
+    assert cost_table(tuning)[0][1][1] == f"${0.5 * steps_per_epoch(epoch_examples(cfg), half.point.batch) * hourly / 3600:,.4g}"
+
+
+def test_the_measured_runs_and_the_winner_keep_the_users_reporting_flags() -> None:
+    """--prices and --data.cache-dir go to every measured run (their records are priced with the user's table,
+    their data read from the user's cache) and into the ready command; the sweep's own fields do not."""
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+    from shardbench.tune.space import user_settings
+
+    cfg = override(get_preset("mlp-small"), {"train.prices": "/tmp/mine.toml", "data.cache_dir": "/data/cache",
+                                             "train.steps": 7, "train.out": "/tmp/x", "parallel.strategy": "fsdp"})
+    assert user_settings(cfg) == {"train.prices": "/tmp/mine.toml", "data.cache_dir": "/data/cache",
+                                  "train.steps": 7}

@@ -195,7 +195,9 @@ def run_cost(table: PriceTable, measured: Measurements, steps_per_epoch: int, en
                    and rate.examples_per_s else 1.0)
     unit = rate.unit if rate is not None and rate.unit else "examples"
     units = measured.global_batch * per_example if measured.global_batch else None
-    return epoch_cost(price, step, steps_per_epoch, measured.devices, hosts=measured.processes or 1, unit=unit,
+    # A row priced per host counts machines, not processes: several processes of one run may share one host.
+    hosts = len({p.get("host") for p in measured.per_process if p.get("host")}) or 1
+    return epoch_cost(price, step, steps_per_epoch, measured.devices, hosts=hosts, unit=unit,
                       units_per_step=units, measured=energy, energy_note=energy_note, prices=table.origin)
 
 

@@ -9,6 +9,7 @@ table's watts instead (`shardbench.prices`).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,20 @@ def window(start: Reading, end: Reading) -> Window | None:
     return Window(joules=sum(deltas) / 1000.0, seconds=seconds, gpus=gpus)
 
 
+def visible_gpus(setting: str | None, count: int) -> list[str]:
+    """The GPUs this process may use, as NVML names them: CUDA_VISIBLE_DEVICES's entries (indices or UUIDs, up
+    to the first invalid one, as CUDA reads it), else all `count` of the host's. NVML itself ignores that
+    variable, so without this a run on 2 of a node's 8 GPUs would average the idle 6 (or another job's) in."""
+    if setting is None:
+        return [str(i) for i in range(count)]
+    found = []
+    for entry in (e.strip() for e in setting.split(",")):
+        if not (entry.startswith(("GPU-", "MIG-")) or (entry.isdigit() and int(entry) < count)):
+            break
+        found.append(entry)
+    return found
+
+
 class NvmlCounters:
     """The local GPUs' energy counters through pynvml; `open` says why not where they cannot be read."""
 
@@ -66,7 +81,9 @@ class NvmlCounters:
             return None, "pynvml is not installed (pip install 'shardbench[gpu]')"
         try:
             pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            handles = [pynvml.nvmlDeviceGetHandleByUUID(v) if v.startswith(("GPU-", "MIG-"))
+                       else pynvml.nvmlDeviceGetHandleByIndex(int(v))
+                       for v in visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), pynvml.nvmlDeviceGetCount())]
             if not handles:
                 return None, "NVML sees no GPU"
             counters = cls(pynvml, handles)

@@ -153,8 +153,9 @@ def cost_rows(plan: Plan, table: PriceTable) -> tuple[list[list[str]], list[dict
         return [], [], f"cost: the price table ({table.origin}) has no row for {target.spec}"
     task = get_task(cfg)
     examples = epoch_examples(cfg)
-    steps = steps_per_epoch(examples, cfg.train.batch_size) if examples else 1  # 1: the per-unit figures only
-    per_epoch = examples is not None
+    whole = steps_per_epoch(examples, cfg.train.batch_size) if examples else 0
+    per_epoch = whole > 0  # a batch larger than the epoch's examples makes no whole step: per-unit figures only
+    steps = whole or 1  # 1: the per-unit figures only
     rows: list[list[str]] = []
     entries: list[dict[str, Any]] = []
     for i, r in enumerate(plan.rows, 1):
@@ -175,7 +176,8 @@ def cost_rows(plan: Plan, table: PriceTable) -> tuple[list[list[str]], list[dict
         rows.insert(0, ["#", "candidate", "$/epoch on-demand", "$/epoch spot", "kWh/epoch",
                         f"$/{per} on-demand", f"$/{per} spot", f"kWh/{per}"])
     epoch_note = (f"an epoch: {steps} steps of {cfg.train.batch_size}" if per_epoch else
-                  f"no epoch size: {cfg.data.dataset} is not read by a plan")
+                  f"no epoch size: {cfg.data.dataset} is not read by a plan" if examples is None else
+                  f"no whole step in an epoch: --batch-size {cfg.train.batch_size} is more than its {examples} examples")
     line = (f"cost at {price.describe()}; {target.devices} device(s); {epoch_note}; energy estimated from the "
             f"table's watts ({table.origin} price table)")
     return rows, entries, line

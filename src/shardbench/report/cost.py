@@ -56,9 +56,12 @@ def priced(run: Run, table: PriceTable) -> Run:
     if run.record is None or run.record.measurements is None or not steps:
         return run
     old = run.record.cost
-    # A measured power survives repricing: the same average watts per GPU over one second.
-    measured = (Window(old.watts_per_device, 1.0, 1) if old is not None and old.energy == "measured"
-                and old.watts_per_device else None)
+    # A measured power survives repricing: the same joules over the same seconds on as many GPUs.
+    measured = None
+    if old is not None and old.energy == "measured" and old.measured_joules and old.measured_s and \
+            old.watts_per_device:
+        gpus = max(1, round(old.measured_joules / old.measured_s / old.watts_per_device))
+        measured = Window(old.measured_joules, old.measured_s, gpus)
     note = (old.energy_note or "") if old is not None else ""
     fresh = run_cost(table, run.record.measurements, steps, measured, note)
     return dataclasses.replace(run, record=dataclasses.replace(run.record, cost=fresh))

@@ -4,8 +4,9 @@ the reports' chart of predicted against measured). Imports nothing of the packag
 from __future__ import annotations
 
 
-def kendall_tau(a: list[float], b: list[float]) -> float:
-    """Kendall's tau-b between two lists of scores (ties count for neither side)."""
+def kendall_tau(a: list[float], b: list[float]) -> float | None:
+    """Kendall's tau-b between two lists of scores (ties count for neither side); None where it is undefined
+    (every pair tied in one of the lists, e.g. a plan that predicts every run alike)."""
     concordant = discordant = ties_a = ties_b = 0
     for i in range(len(a)):
         for j in range(i + 1, len(a)):
@@ -21,4 +22,4 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
             else:
                 discordant += 1
     denominator = ((concordant + discordant + ties_a) * (concordant + discordant + ties_b)) ** 0.5
-    return (concordant - discordant) / denominator if denominator else float("nan")
+    return (concordant - discordant) / denominator if denominator else None

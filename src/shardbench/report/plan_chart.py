@@ -77,7 +77,7 @@ def plan_vs_measured(runs: list[ReportedRun], out: Path) -> Chart | str:
     found = tau(runs)
     note = (f"Kendall's tau of the two orders: {found:.2f} over {len(pairs)} runs (1: the plan ranks them as "
             f"measured; 0: no better than chance)" if found is not None else
-            "one run: no order to compare")
+            "no order to compare (one run, or every prediction alike)")
     ax.set_title(textwrap.fill(note, NOTE_WIDTH), fontsize=8, color="#555555")
     ax.legend(handles=[Patch(color=c, label=s) for s, c in colors.items()], title="strategy", fontsize=8,
               title_fontsize=8, loc="upper left", bbox_to_anchor=BESIDE)

@@ -23,6 +23,7 @@ from shardbench.jsonfile import write_json_atomic
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.optim import build_optimizer
 from shardbench.preflight import CheckedRun, check_run
+from shardbench.prices import PriceTable, prices_from_flag
 from shardbench.rundir import shared_out
 from shardbench.runtime import CacheUse, start_process
 from shardbench.train.checkpoint import Checkpoints
@@ -45,6 +46,7 @@ class BuiltRun:
     checkpoints: Checkpoints
     host: HostPeak | None  # on a CPU, the host's matmul peak for MFU
     cache: CacheUse
+    prices: PriceTable  # --prices (or the packaged table), read before anything is written: the record's cost
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ def build_run(cfg: Config) -> BuiltRun | FinishedRun:
     """Check `cfg`, then create (or restore) the run's state and compile its train step."""
     checked, cache = _check(cfg)
     cfg, out, total = checked.cfg, checked.out, checked.total_steps
+    prices = prices_from_flag(cfg.train.prices)  # a bad table is one line here, not after the last step
     before = compile_cache.counts()
     host = shared_host_peak(checked)  # measuring it compiles a matmul: not one of this run's programs
     cache = CacheUse(cache.path, compile_cache.shift(cache.since, before, compile_cache.counts()))
@@ -86,7 +89,7 @@ def build_run(cfg: Config) -> BuiltRun | FinishedRun:
     except BaseException:
         checkpoints.close()  # orbax's background threads end here, not in an interpreter shutting down
         raise
-    return BuiltRun(checked, steps, state, start, batches, checkpoints, host, cache)
+    return BuiltRun(checked, steps, state, start, batches, checkpoints, host, cache, prices)
 
 
 def _start_step(checked: CheckedRun, checkpoints: Checkpoints) -> int | FinishedRun:

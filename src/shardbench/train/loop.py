@@ -22,7 +22,7 @@ from shardbench.measure.energy import EnergyMeter
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.timing import StepTimer, fit_warmup
 from shardbench.models.moe import capacity
-from shardbench.prices import prices_from_flag, run_cost
+from shardbench.prices import run_cost
 from shardbench import compile_cache
 from shardbench.train import hooks
 from shardbench.train.build import BuiltRun, FinishedRun, build_run
@@ -101,7 +101,7 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     measured = build_measurements(
         RunSetup(cfg, checked.task, layout), steps.compiled,
         Clocks(timer, epochs.times, epochs.steps, checked.steps_per_epoch, total - start), run.state, built.host)
-    cost = run_cost(prices_from_flag(cfg.train.prices), measured, checked.steps_per_epoch, energy.result,
+    cost = run_cost(built.prices, measured, checked.steps_per_epoch, energy.result,
                     energy.why_not)
     return _summary(built, run, writer, run_name, window, measured, epochs.history, last, cost)
 

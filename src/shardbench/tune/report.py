@@ -187,16 +187,16 @@ def cost_table(t: Tuning) -> tuple[list[list[str]], str]:
         why = (f"the price table ({table.origin}) has no row for {chip}" if price is None else
                f"{t.cfg.data.dataset} gives no epoch size before it is read; see each run's record")
         return [], f"cost per epoch: {why}"
-    steps = steps_per_epoch(examples, t.cfg.train.batch_size)
     rows = [["layout", "predicted $/epoch", "predicted kWh/epoch", "measured $/epoch", "measured kWh/epoch"]]
     for p in t.chosen:
+        steps = steps_per_epoch(examples, p.point.batch)  # a layout's own batch (--batch-size may list several)
         pred = (epoch_cost(price, p.prediction.step_s, steps, t.target.devices, hosts=t.target.nodes)
-                if p.prediction else None)
+                if p.prediction and steps else None)
         m = t.measured.get(p.point.name)
         got = m.cost if m is not None and m.cost is not None and m.cost.on_demand_usd is not None else None
         rows.append([p.point.name, _usd(pred.on_demand_usd if pred else None), _kwh(pred.kwh if pred else None),
                      _usd(got.on_demand_usd if got else None), _kwh(got.kwh if got else None)])
-    return rows, (f"cost per epoch ({steps} steps of {t.cfg.train.batch_size}) at {price.describe()}, on "
+    return rows, (f"cost per epoch ({examples} examples over each layout's batch) at {price.describe()}, on "
                   f"{t.target.devices} device(s); energy from the table's watts (estimated) unless a run measured it")
 
 
@@ -222,9 +222,10 @@ def verdict_lines(t: Tuning, v: Outcome) -> list[str]:
         lines.append(f"the plan's top choice is the winner: regret 0.0% over the {v.measured} measured")
     else:
         lines.append(f"the plan's top choice, {v.plan_top.point.name}, measured "
-                     f"{t.objective.show(v.plan_top_value)}: regret {v.regret:+.1%} against the best measured")
+                     f"{t.objective.show(v.plan_top_value)}: regret {_pct(v.regret)} against the best measured")
     lines.append("Kendall's tau of predicted against measured step time: "
-                 + ("– (fewer than 2 runs measured)" if v.tau is None else f"{v.tau:.2f} over {v.measured} run(s)"))
+                 + ("– (fewer than 2 runs measured, or every prediction alike)" if v.tau is None
+                    else f"{v.tau:.2f} over {v.measured} run(s)"))
     return lines
 
 

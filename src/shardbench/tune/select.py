@@ -142,7 +142,7 @@ def rank(planned: Sequence[Planned], objective: Objective) -> list[Planned]:
 
 def compile_each_s(compile_wall_s: float, workers: int, compiled: int) -> float:
     """One candidate's compilation, from the plan's: its wall time over the candidates each worker compiled."""
-    return compile_wall_s * max(workers, 1) / max(compiled, 1)
+    return compile_wall_s * max(min(workers, compiled), 1) / max(compiled, 1)
 
 
 def estimate_run_s(p: Planned, steps: int, compile_s: float) -> float:
@@ -179,9 +179,10 @@ def select(ranked: Sequence[Planned], k: int, budget_s: float, estimate: Callabl
     return chosen
 
 
-def regret(top: float, best: float) -> float:
-    """How much worse the plan's top choice measured than the best measured: (top - best) / best."""
-    return (top - best) / best if best else float("nan")
+def regret(top: float, best: float) -> float | None:
+    """How much worse the plan's top choice measured than the best measured: (top - best) / best (None where the
+    best is 0 and the top is not)."""
+    return (top - best) / best if best else (0.0 if top == best else None)
 
 
 @dataclass(frozen=True)

@@ -115,14 +115,15 @@ def layout_settings(cfg: config_lib.Config, point: Point, devices: int) -> dict[
 
 
 def user_settings(cfg: config_lib.Config) -> dict[str, Any]:
-    """The fields the user set away from the preset (what a ready command repeats besides the layout)."""
+    """The fields the user set away from the preset (what the measured runs and the ready command repeat besides
+    the layout): the reporting fields too (--prices, --data.cache-dir, ...), but not those a sweep sets for each
+    run (its folder and name) or the preset's name."""
     from shardbench.presets import get_preset
     from shardbench.sweep.grid import SWEEP_OWNED
 
     preset = config_lib.flatten(get_preset(cfg.preset))
     return {k: v for k, v in config_lib.flatten(cfg).items()
-            if preset.get(k) != v and k not in SWEEP_OWNED and k not in config_lib.REPORTING_ONLY
-            and k not in LAYOUT_KEYS}
+            if preset.get(k) != v and k not in SWEEP_OWNED and k != "preset" and k not in LAYOUT_KEYS}
 
 
 def parse_ints(flag: str, text: str) -> tuple[int, ...]:
