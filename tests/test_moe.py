@@ -41,6 +41,7 @@ def test_capacity_is_the_factor_times_the_tokens_share() -> None:
     assert capacity(4, 2, 2, 0.5) == 2
     assert capacity(64, 8, 2, 1.25) == 20  # lm-moe: ceil(1.25 x 64 x 2 / 8)
     assert capacity(3, 8, 1, 1.0) == 1  # never 0 slots
+    assert capacity(100, 11, 1, 1.1) == 10  # ceil(110 / 11), though 1.1 x 100 / 11 is 10.000000000000002 in floats
 
 
 def test_top1_routing_by_hand() -> None:
@@ -71,6 +72,23 @@ def test_top2_routing_fills_first_choices_before_second_ones() -> None:
     # Every assignment counts for f before capacity: e0 and e1 are chosen 4 times each of 8, so 2 x (0.5 x 0.65 +
     # 0.5 x 0.35) = 1.
     np.testing.assert_allclose(r.aux, [1.0], rtol=1e-6)
+
+
+def test_a_sequence_laid_out_head_tail_routes_as_in_order() -> None:
+    """Context parallelism lays a sequence out in head-tail chunks: slots still go to earlier tokens first, so
+    every row keeps the slot (and the drop) it has with the sequence in order."""
+    from shardbench.parallel.context import head_tail_order
+
+    tokens, experts, k = 16, 8, 2
+    order = head_tail_order(tokens, 4)  # 0-1, 14-15, 2-3, 12-13, ...: later tokens ahead of earlier ones
+    logits = jax.random.normal(jax.random.key(0), (3, tokens, experts))
+    slots = capacity(tokens, experts, k, 0.5)
+    want, got = route(logits, k, slots), route(logits[:, order], k, slots, order)
+    assert float(want.dropped.sum()) > 0  # capacity binds: which tokens keep their slots matters
+    for name in ("combine", "dispatch"):
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name)[:, order], err_msg=name)
+    np.testing.assert_array_equal(got.dropped, want.dropped)
+    np.testing.assert_allclose(got.aux, want.aux, rtol=1e-6)
 
 
 def test_experts_output_is_each_tokens_gated_sum_of_its_experts() -> None:
@@ -234,6 +252,19 @@ def test_ep_trains_as_one_device(tmp_path: Path, reference, strategy: str, mesh:
         # devices), and the experts' outputs brought to the tokens' devices once more for the gates' gradient (the
         # combine weights are differentiated: PARALLELISM.md's 'two more backward' leaves the gates out).
         assert comms["all-to-all"]["count"] == 5 * TINY["model.num_layers"], comms
+
+
+@pytest.mark.slow
+def test_experts_under_context_parallelism_drop_as_one_device(tmp_path: Path, reference) -> None:
+    """dp+cp lays each sequence out head-tail over seq=4: with capacity for 2 of 4 assignments per expert, the
+    same tokens drop as on one device, and the losses and gradients follow."""
+    want_loss, want_norm, want_drops = reference(0.5)
+    run(tiny(tmp_path, "run", **{"parallel.strategy": "dp+cp", "parallel.mesh": "data=2,seq=4",
+                                 "parallel.devices": 8, "model.capacity_factor": 0.5}))
+    got = logged(tmp_path / "run")
+    assert got["moe_dropped"] == want_drops
+    np.testing.assert_allclose(got["grad_norm"], want_norm, rtol=1e-5, err_msg="gradient norm differs")
+    np.testing.assert_allclose(got["loss"], want_loss, rtol=1e-5, err_msg="loss differs")
 
 
 # The tiny model's parameters by hand (vocabulary 512, width 32, 4 heads of 8, 16 positions, 2 blocks, 8 experts of

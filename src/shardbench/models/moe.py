@@ -13,12 +13,14 @@ batch, XLA's partitioner moves them there and back with all-to-alls. The model n
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from shardbench.models.axes import BATCH, EMBED, EXPERT, MLP, SEQ, constrain
+from shardbench.models.axes import BATCH, EMBED, EXPERT, MLP, SEQ, constrain, sequence_order
 
 
 class MoEOutputs(NamedTuple):
@@ -44,12 +46,15 @@ class Routing(NamedTuple):
 
 
 def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:
-    """Slots per expert in a group of `tokens`: ceil(factor x tokens x k / experts), at least 1."""
-    return max(1, math.ceil(factor * tokens * top_k / experts))
+    """Slots per expert in a group of `tokens`: ceil(factor x tokens x k / experts), at least 1. The factor is
+    taken as the decimal it is written as (1.1 x 100 / 11 is 10 slots, not the 11 that float rounding gives)."""
+    return max(1, math.ceil(Fraction(str(factor)) * tokens * top_k / experts))
 
 
-def route(logits: jax.Array, top_k: int, slots: int) -> Routing:
-    """Top-k routing of router `logits` [G, T, E] into `slots` slots per expert.
+def route(logits: jax.Array, top_k: int, slots: int, order: np.ndarray | None = None) -> Routing:
+    """Top-k routing of router `logits` [G, T, E] into `slots` slots per expert. `order`: the true position of
+    each row where the sequence is laid out in another order (context parallelism's head-tail chunks); slots still
+    go to earlier tokens first, so a layout routes and drops as the sequence in order does.
 
     Probabilities are the softmax over experts (float32); a token's k gates are its k largest probabilities (not
     renormalised: Switch's gate for k = 1). Slots are filled in the order GShard gives them: every token's first
@@ -61,8 +66,11 @@ def route(logits: jax.Array, top_k: int, slots: int) -> Routing:
     gates, index = jax.lax.top_k(probs, top_k)  # [G, T, k]
     chosen = jax.nn.one_hot(index, e, dtype=jnp.int32)  # [G, T, k, E]
     # Priority order (choice, token): the running count of earlier assignments to the same expert is the slot.
-    by_choice = chosen.transpose(0, 2, 1, 3).reshape(g, top_k * t, e)
+    in_order = chosen if order is None else chosen[:, np.argsort(order)]  # rows back to token order
+    by_choice = in_order.transpose(0, 2, 1, 3).reshape(g, top_k * t, e)
     slot = (jnp.cumsum(by_choice, axis=1) - 1).reshape(g, top_k, t, e).transpose(0, 2, 1, 3)  # [G, T, k, E]
+    if order is not None:
+        slot = slot[:, order]  # each row's slots, in the layout's order again
     kept = chosen * (slot < slots)
     where = jax.nn.one_hot(jnp.where(kept > 0, slot, -1), slots, dtype=jnp.float32)  # -1: no slot (all zeros)
     dispatch = jnp.einsum("gtke,gtkec->gtec", kept.astype(jnp.float32), where)
@@ -81,7 +89,7 @@ def experts_mlp(h: jax.Array, p: dict[str, jax.Array], *, top_k: int, capacity_f
     dtype = h.dtype
     experts, seq = p["router_kernel"].shape[-1], h.shape[1]
     logits = jnp.einsum("gtm,me->gte", h, p["router_kernel"], precision=precision)
-    r = route(logits, top_k, capacity(seq, experts, top_k, capacity_factor))
+    r = route(logits, top_k, capacity(seq, experts, top_k, capacity_factor), sequence_order(seq))
     # Dispatch: tokens (split by group) to experts (split by expert): the all-to-all, where both are split.
     x = jnp.einsum("gtec,gtm->egcm", r.dispatch.astype(dtype), h, precision=precision)
     x = constrain(x, (EXPERT, BATCH, None, EMBED))
