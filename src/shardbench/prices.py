@@ -147,23 +147,32 @@ def prices_from_flag(value: str) -> PriceTable:
     return load_prices(Path(value).expanduser() if value else None)
 
 
+def _power(price: DevicePrice, count: int, devices: int, measured: Window | None) -> tuple[float, int]:
+    """(watts, how many draw them): the measured watts per GPU x the run's devices, else the row's watts x what
+    the row prices (devices, or hosts for a row priced per host)."""
+    if measured is not None:
+        return measured.watts_per_gpu, devices
+    return price.watts, count
+
+
 def epoch_cost(price: DevicePrice, step_time_s: float, steps_per_epoch: int, devices: int, *, hosts: int = 1,
                unit: str = "examples", units_per_step: float | None = None, measured: Window | None = None,
                energy_note: str = "", prices: str = PACKAGED) -> Cost:
     """Dollars and kWh for one epoch of `steps_per_epoch` steps of `step_time_s` on `devices` devices (`hosts`
     machines, for a row priced per host).
 
-    on_demand_usd = price.on_demand x devices x step_time_s x steps_per_epoch / 3600 (spot likewise); kWh = watts x
-    devices x epoch seconds / 3.6e6, where watts is the measured average per GPU when `measured` (an NVML window)
-    is given, else the table's watts (energy "estimated"). With `units_per_step` (tokens, images or examples
-    of `unit` in one step), the same per billion tokens or per million images or examples.
+    on_demand_usd = price.on_demand x count x step_time_s x steps_per_epoch / 3600 (spot likewise), where count is
+    `devices`, or `hosts` for a row priced per host. kWh = the measured average watts per GPU x `devices` x epoch
+    seconds / 3.6e6 when `measured` (an NVML window) is given, else the table's watts x count (energy "estimated"):
+    NVML measures each GPU, whatever the row prices. With `units_per_step` (tokens, images or examples of `unit` in
+    one step), the same per billion tokens or per million images or examples.
     `tune --objective cost` ranks by `.on_demand_usd`."""
     count = hosts if price.per == "host" else devices
     epoch_s = step_time_s * steps_per_epoch
-    watts = measured.watts_per_gpu if measured is not None else price.watts
+    watts, powered = _power(price, count, devices, measured)
     dollars = price.on_demand * count * epoch_s / 3600
     spot = price.spot * count * epoch_s / 3600
-    kwh = watts * count * epoch_s / 3.6e6
+    kwh = watts * powered * epoch_s / 3.6e6
     per = on_demand_per = spot_per = kwh_per = None
     if units_per_step and steps_per_epoch:
         scale, per = PER_UNIT.get(unit, PER_UNIT["examples"])

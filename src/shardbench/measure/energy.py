@@ -1,10 +1,10 @@
 """Energy of the timed steps, read from NVML's energy counters on NVIDIA GPUs (nvidia-ml-py, the `gpu` extra).
 
-`EnergyMeter` reads every local GPU's total-energy counter (`nvmlDeviceGetTotalEnergyConsumption`, millijoules
-since the driver loaded) when the first timed step interval starts and again when training ends; `window` turns
-two readings into joules over seconds, a pure function of the counters. Without pynvml, without a GPU, or on a
-GPU too old to count energy (before Volta), the meter says why and the run's energy is estimated from the price
-table's watts instead (`shardbench.prices`).
+`EnergyMeter` reads the total-energy counter (`nvmlDeviceGetTotalEnergyConsumption`, millijoules since the driver
+loaded) of each GPU the run uses on this host, no other, when the first timed step interval starts and again when
+training ends; `window` turns two readings into joules over seconds, a pure function of the counters. Without
+pynvml, without a GPU, or on a GPU too old to count energy (before Volta), the meter says why and the run's energy
+is estimated from the price table's watts instead (`shardbench.prices`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,25 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+UUID_PREFIXES = ("GPU-", "MIG-")
+
+
+class Device(Protocol):
+    """What the meter reads of a JAX device (`jax.Device`): its platform and its number on this host, which for a
+    GPU is its CUDA ordinal (counting only the GPUs CUDA_VISIBLE_DEVICES leaves visible), None where unknown."""
+
+    @property
+    def platform(self) -> str: ...
+
+    @property
+    def local_hardware_id(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
 class Reading:
-    """Every local GPU's energy counter (millijoules) at one moment (seconds, `time.perf_counter`)."""
+    """The energy counter (millijoules) of each GPU read, at one moment (seconds, `time.perf_counter`)."""
 
     millijoules: tuple[int, ...]
     at_s: float
@@ -59,34 +72,62 @@ def visible_gpus(setting: str | None, count: int) -> list[str]:
         return [str(i) for i in range(count)]
     found = []
     for entry in (e.strip() for e in setting.split(",")):
-        if not (entry.startswith(("GPU-", "MIG-")) or (entry.isdigit() and int(entry) < count)):
+        if not (entry.startswith(UUID_PREFIXES) or (entry.isdigit() and int(entry) < count)):
             break
         found.append(entry)
     return found
 
 
+def run_gpus(devices: Sequence[Device], visible: Sequence[str]) -> tuple[list[str], str]:
+    """The NVML names (indices or UUIDs, as `visible_gpus` gives them) of the GPUs `devices` run on, or [] and why.
+
+    A JAX GPU device's local_hardware_id is its CUDA ordinal, the position of its GPU among the visible ones
+    (JAX's GPU devices carry no PCI bus id to match NVML's by). That position names the same GPU as NVML's index
+    where CUDA numbers GPUs as NVML does: with CUDA_DEVICE_ORDER=PCI_BUS_ID, and in practice on a host of one model
+    under CUDA's default order. A device without that number, or one past the visible GPUs, leaves energy
+    estimated: reading other GPUs would average idle ones (or another job's) into the run's."""
+    names: list[str] = []
+    for device in devices:
+        ordinal = device.local_hardware_id
+        if ordinal is None or not 0 <= ordinal < len(visible):
+            return [], (f"cannot tell which GPU JAX device {device} is (local_hardware_id {ordinal}, "
+                        f"{len(visible)} visible GPUs)")
+        names.append(visible[ordinal])
+    return list(dict.fromkeys(names)), ""
+
+
+def _handle(nvml: Any, name: str) -> Any:
+    """NVML's handle of a GPU named by index or UUID."""
+    if name.startswith(UUID_PREFIXES):
+        return nvml.nvmlDeviceGetHandleByUUID(name)
+    return nvml.nvmlDeviceGetHandleByIndex(int(name))
+
+
 class NvmlCounters:
-    """The local GPUs' energy counters through pynvml; `open` says why not where they cannot be read."""
+    """The energy counters of the run's GPUs on this host through pynvml; `open` says why not where they cannot
+    be read."""
 
     def __init__(self, nvml: Any, handles: Sequence[Any]) -> None:
         self._nvml = nvml
         self._handles = list(handles)
 
     @classmethod
-    def open(cls) -> tuple[NvmlCounters | None, str]:
-        """The counters, or None and one line saying why energy will be estimated."""
+    def open(cls, devices: Sequence[Device]) -> tuple[NvmlCounters | None, str]:
+        """The counters of the GPUs `devices` (the run's JAX devices on this process) run on, or None and one line
+        saying why energy will be estimated."""
         try:
             import pynvml
         except ImportError:
             return None, "pynvml is not installed (pip install 'shardbench[gpu]')"
         try:
             pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByUUID(v) if v.startswith(("GPU-", "MIG-"))
-                       else pynvml.nvmlDeviceGetHandleByIndex(int(v))
-                       for v in visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), pynvml.nvmlDeviceGetCount())]
-            if not handles:
+            visible = visible_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"), pynvml.nvmlDeviceGetCount())
+            if not visible:
                 return None, "NVML sees no GPU"
-            counters = cls(pynvml, handles)
+            names, why = run_gpus(devices, visible)
+            if not names:
+                return None, why or "the run has no GPU on this host"
+            counters = cls(pynvml, [_handle(pynvml, name) for name in names])
             counters.read()  # a GPU before Volta has no energy counter: find out now, not at the end
         except pynvml.NVMLError as err:
             return None, f"NVML cannot read the GPUs' energy counters ({err})"
@@ -110,11 +151,14 @@ class EnergyMeter:
     result: Window | None = field(default=None)
 
     @classmethod
-    def for_this_host(cls, warmup: int, platform: str) -> EnergyMeter:
-        """A meter on this host's NVIDIA GPUs; on another platform (or without NVML) one that only says why not."""
-        if platform != "gpu":
-            return cls(warmup, why_not=f"no energy counters on {platform}")
-        counters, why = NvmlCounters.open()
+    def for_this_host(cls, warmup: int, devices: Sequence[Device]) -> EnergyMeter:
+        """A meter on the NVIDIA GPUs that `devices`, the run's devices on this process, run on (only those: a run
+        on 2 of a host's 8 GPUs reads 2 counters); on another platform (or without NVML) one that only says why."""
+        if not devices:
+            return cls(warmup, why_not="no device of the run on this process")
+        if devices[0].platform != "gpu":
+            return cls(warmup, why_not=f"no energy counters on {devices[0].platform}")
+        counters, why = NvmlCounters.open(devices)
         return cls(warmup, counters, why)
 
     def after(self, arrived: Callable[[int], None]) -> Callable[[int], None]:
@@ -154,4 +198,4 @@ class EnergyMeter:
             return None
 
 
-__all__ = ["EnergyMeter", "NvmlCounters", "Reading", "Window", "window"]
+__all__ = ["Device", "EnergyMeter", "NvmlCounters", "Reading", "Window", "run_gpus", "visible_gpus", "window"]

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from shardbench.config import Config
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure import run_record
-from shardbench.measure.collect import Clocks, RunSetup, build_measurements, default_run_name
+from shardbench.measure.collect import Clocks, RunSetup, build_measurements, default_run_name, layout_devices
 from shardbench.measure.energy import EnergyMeter
 from shardbench.measure.profile import ProfileWindow
 from shardbench.measure.timing import StepTimer, fit_warmup
@@ -77,7 +77,7 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     if lowered and is_main:
         print(lowered, flush=True)
     timer = StepTimer(warmup)
-    energy = EnergyMeter.for_this_host(warmup, jax.local_devices()[0].platform)  # NVML on NVIDIA GPUs
+    energy = EnergyMeter.for_this_host(warmup, layout_devices(layout))  # NVML: only the GPUs this run uses here
     run = hooks.LoopState(total, checked.steps_per_epoch,
                           hooks.Metrics(energy.after(timer.completed),
                                         hooks.last_good_checkpoint(built.checkpoints, checked.out)),
