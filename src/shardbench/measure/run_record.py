@@ -207,10 +207,11 @@ class Cost:
     devices: int | None = _f("devices", "devices priced (for a row priced per host: the hosts)")
     epoch_time_s: float | None = _f("s", "steps per epoch x median step time")
     steps_per_epoch: int | None = _f("steps", "steps of a whole epoch")
-    on_demand_usd: float | None = _f("USD/epoch", "epoch time x devices x the on-demand price per device-hour")
+    on_demand_usd: float | None = _f("USD/epoch", "epoch time x the devices priced x the row's on-demand price per "
+                                                       "device-hour (hosts and host-hour for a row priced per host)")
     spot_usd: float | None = _f("USD/epoch", "the same at the spot price")
-    kwh: float | None = _f("kWh/epoch", "energy of an epoch: measured power (NVML) or the table's watts, x devices "
-                                        "x epoch time")
+    kwh: float | None = _f("kWh/epoch", "energy of an epoch: epoch time x the measured power per GPU (NVML) x the "
+                                        "run's devices, or x the table's watts x what the row prices")
     energy: str | None = _f("", "measured (NVML's energy counters over the timed steps) or estimated (the table's "
                                 "watts)")
     watts_per_device: float | None = _f("W", "the power used: measured average per GPU, or the table's watts")
