@@ -54,6 +54,11 @@ def test_the_plans_order_is_judged_within_each_group_of_the_same_work() -> None:
         "Predicted against measured step time (seq_len 2048): 2 runs, too few for Kendall's tau to mean anything; "
         "mean absolute error 89.8%; the plan's fastest, d, measured 60.0 ms against the fastest measured, e, "
         "50.0 ms (+20.0%)."]
+    # From one timed step each, a 10% gap between the plan's fastest and the fastest measured is undecided.
+    few = [run("d", lm, 55.0, 5.0, steps=1), run("e", lm, 50.0, 6.0, steps=1)]
+    assert plan_findings(few)[0].endswith(
+        "the plan's fastest, d, against the fastest measured, e, is undecided (55.0 against 50.0 ms, +10.0%, from "
+        "1 timed step each).")
     # A batch size is another piece of work too.
     batches = [run("f", {"train.batch_size": 128}, 10.0, 1.0), run("g", {"train.batch_size": 256}, 20.0, 2.0)]
     assert [s.split(":")[0] for s in plan_findings(batches)] == [

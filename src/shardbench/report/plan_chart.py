@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from shardbench.report.kendall import kendall_tau
 from shardbench.report.content import Chart, number
 from shardbench.report.plots import BESIDE, NOTE_WIDTH, _save, _strategy_colors
-from shardbench.report.speed import Model, comparable, label
+from shardbench.report.speed import Model, comparable, label, steps_note, undecided
 
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
@@ -138,6 +138,11 @@ def _group_sentence(pairs: list[Pair], name: str) -> str:
         return head + "."
     top = min(pairs, key=lambda pair: pair[1])
     best = min(pairs, key=lambda pair: pair[2])
+    gap = (top[2] - best[2]) / best[2]
+    if top[0] is not best[0] and undecided(top[0], best[0], gap):
+        return (f"{head}; the plan's fastest, {top[0].name}, against the fastest measured, {best[0].name}, is "
+                f"undecided ({1e3 * top[2]:,.1f} against {1e3 * best[2]:,.1f} ms, {gap:+.1%}, "
+                f"{steps_note([top[0], best[0]])}).")
     fastest = (f"the plan's fastest, {top[0].name}, was also the fastest measured ({1e3 * best[2]:,.1f} ms)"
                if top[0] is best[0] else
                f"the plan's fastest, {top[0].name}, measured {1e3 * top[2]:,.1f} ms against the fastest measured, "
