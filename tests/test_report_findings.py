@@ -6,6 +6,7 @@ sentence, the mesh x batch charts' left-out runs, and an old record's zero step.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +242,21 @@ def test_an_old_record_with_a_zero_median_step_is_reported(tmp_path: Path) -> No
     text = write_report(directory).markdown.read_text()
     speed = text.split("### Speed", 1)[1].split("###", 1)[0]
     assert "Fastest: good, 12.0 ms per step." in speed and "z is" not in speed
+
+
+def test_a_folder_of_runs_compares_the_losses_logged_beside_each_summary(tmp_path: Path) -> None:
+    """Runs kept as benchmarks/data keeps them, metrics.jsonl beside summary.json: two layouts compared on their
+    two logged losses and the test loss, 3 in all (the test loss alone without the logged ones)."""
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+
+    for mesh in ("8x1", "4x2"):
+        folder = tmp_path / "runs" / mesh
+        folder.mkdir(parents=True)
+        cfg = override(get_preset("vit-tiny"), {"parallel.mesh": mesh, "train.out": f"runs/{mesh}"})
+        (folder / "config.json").write_text(cfg.to_json())
+        (folder / "summary.json").write_text(json.dumps(rec(mesh, 10.0, mesh=mesh)))
+        (folder / "metrics.jsonl").write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.9}\n')
+    text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
+    assert "are the same computation in different layouts: their losses differ by at most 0.0e+00 (relative, over " \
+           "3 compared losses)" in text
