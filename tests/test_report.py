@@ -184,11 +184,19 @@ def test_simulated_devices_are_said_to_share_the_host_and_slowdowns_name_no_caus
     assert "do not carry those speed comparisons to GPUs or TPUs" in simulated
     assert "the bytes each collective moves" in simulated.split("What does carry:", 1)[1]
     speed = text.split("### Speed", 1)[1].split("###", 1)[0]
-    assert ("fsdp_8 is 1.27x slower (38.0 ms against 30.0 ms); it differs in: 105.3 MiB of collectives per "
-            "device per step (all-gather, reduce-scatter) against 40.1 MiB.") in speed
-    assert ("single_fp32 is 3.17x slower (95.0 ms against 30.0 ms); it differs in: 1 device(s) against 8; "
-            "0.0 MiB of collectives per device per step against 40.1 MiB.") in speed
-    assert "dptp_4x2 is 1.50x slower (45.0 ms against 30.0 ms); it differs in:" in speed
+    # Every setting that differs from the fastest's is named (the strategy, the mesh, the devices, the compute
+    # dtype), and nothing else: no MFU stands in for a difference.
+    assert ("fsdp_8 is 1.27x slower (38.0 ms against 30.0 ms); it differs in: parallel.strategy fsdp against dp; "
+            "105.3 MiB of collectives per device per step (all-gather, reduce-scatter) against 40.1 MiB.") in speed
+    assert ("single_fp32 is 3.17x slower (95.0 ms against 30.0 ms); it differs in: parallel.devices 1 against 8; "
+            "parallel.mesh 1 against 8; parallel.strategy single against dp; 0.0 MiB of collectives per device per "
+            "step against 40.1 MiB.") in speed
+    assert ("single_bf16 is 2.33x slower (70.0 ms against 30.0 ms); it differs in: parallel.devices 1 against 8; "
+            "parallel.mesh 1 against 8; parallel.strategy single against dp; precision.dtype bfloat16 against "
+            "float32; 0.0 MiB of collectives per device per step against 40.1 MiB.") in speed
+    assert ("dptp_4x2 is 1.50x slower (45.0 ms against 30.0 ms); it differs in: parallel.mesh 4x2 against 8; "
+            "parallel.strategy dp+tp against dp.") in speed
+    assert "MFU" not in speed
     assert NOT_A_CAUSE in speed
     _no_cause_claimed(speed)
 
@@ -460,8 +468,8 @@ def test_speed_ties_and_a_layout_that_computes_something_else(tmp_path: Path) ->
     assert "Fastest: a, 100.0 ms per step" in speed
     assert "b ties with a (105.0 ms against 100.0 ms): the 5.0% difference is within the spread of their step times" in speed
     # The bytes are a fact, not a cause: nothing timed the collectives, so the sentence names no cause.
-    assert ("c is 2.00x slower (200.0 ms against 100.0 ms); it differs in: 40.0 MiB of collectives per device "
-            "per step (all-reduce) against 0.0 MiB.") in speed
+    assert ("c is 2.00x slower (200.0 ms against 100.0 ms); it differs in: parallel.mesh 2x4 against 8x1; 40.0 MiB "
+            "of collectives per device per step (all-reduce) against 0.0 MiB.") in speed
     assert NOT_A_CAUSE in speed
     _no_cause_claimed(speed)
     assert "a, b, c should be the same computation but differ" in text and "at test loss" in text

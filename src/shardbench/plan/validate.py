@@ -9,12 +9,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shardbench.errors import ShardbenchError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.calibration import HELD_OUT, Coefficients, held_out, to_dict
 from shardbench.report.kendall import kendall_tau
 from shardbench.plan.predict import Prediction, predict
+from shardbench.report.plan_chart import MIN_TAU_RUNS, describe_tau
+from shardbench.report.speed import comparable, label
 from shardbench.report.write import PREDICTIONS
 
 
@@ -28,6 +31,7 @@ class Check:
     memory_kind: str
     problem: str = ""
     held_out: bool = False  # named in the folder's held-out.txt: no fit saw it
+    group: str = ""  # the work it does (`report.speed.comparable`: model, shape, batch), named among the folder's
 
     @staticmethod
     def error(measured: float | None, predicted: float | None) -> float | None:
@@ -63,10 +67,12 @@ def validate_dir(directory: Path, calibrate: list[Path], workers: int) -> int:
     checks: list[Check] = []
     predictions: dict[str, Prediction] = {}
     measured = measured_runs(directory, workers)
-    for m in measured:
+    keys = [comparable(m.run) for m in measured]
+    for m, key in zip(measured, keys, strict=True):
+        group = label(key, keys)
         if m.result is None or m.hardware is None:
             checks.append(Check(m.run.name, m.step_s, None, m.memory_bytes, None, m.memory_kind, m.problem,
-                                m.run.name in held))
+                                m.run.name in held, group))
             continue
         compiled_for, target = m.result["platform"], m.hardware.platform
         scale, source = calibration.activation_scale(compiled_for, target, m.dtype)
@@ -75,7 +81,7 @@ def validate_dir(directory: Path, calibrate: list[Path], workers: int) -> int:
                     runtime_bytes=calibration.runtime(compiled_for, target))
         predictions[m.run.name] = p
         checks.append(Check(m.run.name, m.step_s, p.step_s, m.memory_bytes, p.total_bytes, m.memory_kind,
-                            held_out=m.run.name in held))
+                            held_out=m.run.name in held, group=group))
     if not predictions:
         raise ShardbenchError(f"--validate {directory}: no run could be predicted"
                               + (f" ({checks[0].problem})" if checks else ""))
@@ -102,9 +108,20 @@ def validate_dir(directory: Path, calibrate: list[Path], workers: int) -> int:
     return 0
 
 
-def summary(checks: list[Check]) -> dict[str, float | int | None]:
+def step_taus(ok: list[Check]) -> list[dict[str, str | int | float | None]]:
+    """Kendall's tau of the step-time ranking within each group of the same work (`Check.group`): across groups
+    the plan's order would rank models and batch sizes, not layouts. None under MIN_TAU_RUNS runs."""
+    out: list[dict[str, str | int | float | None]] = []
+    for group in dict.fromkeys(c.group for c in ok):
+        members = [c for c in ok if c.group == group]
+        measured, predicted = [c.measured_step or 0.0 for c in members], [c.predicted_step or 0.0 for c in members]
+        out.append({"group": group, "runs": len(members), "text": describe_tau(predicted, measured),
+                    "tau": kendall_tau(measured, predicted) if len(members) >= MIN_TAU_RUNS else None})
+    return out
+
+
+def summary(checks: list[Check]) -> dict[str, Any]:
     ok = [c for c in checks if c.predicted_step is not None and c.measured_step]
-    steps = ([c.measured_step for c in ok], [c.predicted_step for c in ok])
     memory = [c for c in checks if c.predicted_memory is not None and c.measured_memory]
     step_worst, memory_worst = worst(ok, "step"), worst(memory, "memory")
     return {
@@ -115,7 +132,7 @@ def summary(checks: list[Check]) -> dict[str, float | int | None]:
         "step_worst_run": step_worst[1] if step_worst else None,
         "memory_worst": memory_worst[0] if memory_worst else None,
         "memory_worst_run": memory_worst[1] if memory_worst else None,
-        "step_tau": kendall_tau(*steps) if len(ok) > 1 else None,
+        "step_tau_by_group": step_taus(ok),
         "memory_tau": kendall_tau([c.measured_memory for c in memory], [c.predicted_memory for c in memory])
         if len(memory) > 1 else None,
     }
@@ -143,14 +160,16 @@ def render(directory: Path, checks: list[Check], coefficients: dict[str, Coeffic
     def fmt(v: float | int | None, pct: bool = True) -> str:
         return "–" if v is None else (f"{v:.1%}" if pct else f"{v:.2f}")
 
-    def line(s: dict[str, float | int | None]) -> str:
+    def line(s: dict[str, Any]) -> str:
         def worst_of(figure: str) -> str:
             value = s[f"{figure}_worst"]
             return "" if value is None else f", worst {value:+.1%} ({s[f'{figure}_worst_run']})"
 
+        groups = s["step_tau_by_group"]
+        taus = "; ".join(f"{g['group'] + ': ' if len(groups) > 1 else ''}{g['text']}" for g in groups) or "no run"
         return (f"memory: mean absolute error {fmt(s['memory_mape'])}{worst_of('memory')}; step time: mean absolute "
-                f"error {fmt(s['step_mape'])}{worst_of('step')}; Kendall's tau of the step-time ranking "
-                f"{fmt(s['step_tau'], False)} over {s['runs']} run(s)")
+                f"error {fmt(s['step_mape'])}{worst_of('step')} over {s['runs']} run(s); Kendall's tau of the "
+                f"step-time ranking within each group of the same work (model, shape, batch): {taus}")
 
     lines += ["", line(summary(checks))]
     if split:

@@ -85,6 +85,12 @@ class ReportedRun:
         return number((self.m.step_time_s or StepTimes()).p90)
 
     @property
+    def measured_steps(self) -> int | None:
+        """How many step intervals the median and p90 were taken over (None where the record does not say)."""
+        value = number((self.m.step_time_s or StepTimes()).measured_steps)
+        return None if value is None else int(value)
+
+    @property
     def compile_s(self) -> float | None:
         return number((self.m.compile or CompileTimes()).compile_s)
 
@@ -99,8 +105,11 @@ class ReportedRun:
     def rate(self, key: str) -> float | None:
         """A throughput figure: examples_per_s, units_per_s, and their _per_device: the global batch over the
         median step (derived so for records before schema 2, which divided by the epochs' wall time)."""
+        if key.startswith("units") and self.unit == "images":  # an image is the example: records before schema
+            key = "examples" + key.removeprefix("units")      # 2 kept no units_per_s for them
         recorded = self.m.throughput or Throughput()
-        if self.rec.schema_version >= 2 or self.step_median is None or self.batch is None:
+        # No step time (or an old record's median of 0.0, nothing to divide by): the figure as recorded.
+        if self.rec.schema_version >= 2 or not self.step_median or self.batch is None:
             return number(getattr(recorded, key))
         examples = self.batch / self.step_median
         per_example = 1.0

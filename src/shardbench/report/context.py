@@ -1,68 +1,126 @@
 """What a sweep over sequence lengths says about context parallelism: at each length, the ring's step time and
 memory against the all-gather's, and the shortest length from which the ring is the faster of the two on the
-machine the runs ran on (the `long-context` preset)."""
+machine the runs ran on (the `long-context` preset). A ring run is paired with the all-gather run whose settings
+are its own but for `parallel.context`; runs that differ in anything else but the sequence length (a batch size,
+a mesh) are another series, said apart. A gap within `speed.FEW_STEPS_MARGIN` between figures from fewer than
+`speed.MIN_MEASURED_STEPS` timed steps is undecided: it makes the ring neither the faster nor the slower."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
+
+from shardbench.report.speed import FEW_STEPS_MARGIN, MIN_MEASURED_STEPS, steps_note, undecided
 
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
+
+SEQ_LEN = "model.seq_len"
+CONTEXT = "parallel.context"
+Pair = tuple[int, "ReportedRun", "ReportedRun"]  # (tokens, ring, all-gather)
 
 
 def _mode(run: ReportedRun) -> str | None:
     """'ring' or 'all-gather' for a context-parallel run, None for any other."""
     if "cp" not in str(run.config.get("parallel.strategy") or "").split("+"):
         return None
-    return str(run.config.get("parallel.context") or "all-gather")
+    return str(run.config.get(CONTEXT) or "all-gather")
 
 
 def _mib(value: int | None) -> str:
     return "?" if value is None else f"{value / 2**20:,.1f} MiB"
 
 
-def context_findings(runs: list[ReportedRun]) -> list[str]:
-    """One sentence: each sequence length with both modes, and where the ring overtakes the all-gather (from a
-    length on, from the shortest, or nowhere within the lengths measured)."""
-    by_length: dict[int, dict[str, ReportedRun]] = {}
+def _key(run: ReportedRun, *dropped: str) -> str:
+    return json.dumps({k: v for k, v in run.settings.items() if k not in dropped}, sort_keys=True, default=str)
+
+
+def _series(runs: list[ReportedRun]) -> dict[str, dict[int, dict[str, ReportedRun]]]:
+    """The timed context-parallel runs by series (settings but the sequence length and the mode), then length,
+    then mode; a pair is the two modes of one series at one length."""
+    series: dict[str, dict[int, dict[str, ReportedRun]]] = {}
     for run in runs:
         mode = _mode(run)
         if run.ok and mode is not None and run.step_median is not None:
-            by_length.setdefault(int(run.config.get("model.seq_len") or 0), {})[mode] = run
-    pairs = [(t, modes["ring"], modes["all-gather"]) for t, modes in sorted(by_length.items())
-             if {"ring", "all-gather"} <= set(modes)]
-    if not pairs:
-        return []
+            lengths = series.setdefault(_key(run, SEQ_LEN, CONTEXT), {})
+            lengths.setdefault(int(run.config.get(SEQ_LEN) or 0), {})[mode] = run
+    return series
+
+
+def _series_name(key: str, keys: list[str]) -> str:
+    """What sets a series apart from the others ('' where there is one): 'train.batch_size 4'."""
+    settings = [json.loads(k) for k in keys]
+    mine = json.loads(key)
+    varying = sorted(k for k in set().union(*settings) if len({json.dumps(s.get(k)) for s in settings}) > 1)
+    return ", ".join(f"{k} {mine.get(k)}" for k in varying)
+
+
+def context_findings(runs: list[ReportedRun]) -> list[str]:
+    """One sentence per series with both modes at some length: each such length, and where the ring overtakes
+    the all-gather (from a length on, from the shortest, or nowhere within the lengths measured)."""
+    series = _series(runs)
+    keys = list(series)
+    sentences = []
+    for key, by_length in series.items():
+        pairs = [(t, modes["ring"], modes["all-gather"]) for t, modes in sorted(by_length.items())
+                 if {"ring", "all-gather"} <= set(modes)]
+        if pairs:
+            sentences.append(_sentence(pairs, by_length, _series_name(key, keys) if len(keys) > 1 else ""))
+    return sentences
+
+
+def _gap(ring: ReportedRun, gathered: ReportedRun) -> float:
+    """How much slower the all-gather's step is than the ring's, relative to the ring's (negative: faster)."""
+    r, g = ring.step_median or 0.0, gathered.step_median or 0.0
+    return g / r - 1.0 if r else 0.0
+
+
+def _sentence(pairs: list[Pair], by_length: dict[int, dict[str, ReportedRun]], name: str) -> str:
     parts = []
     for t, ring, gathered in pairs:
         r, g = ring.step_median or 0.0, gathered.step_median or 0.0
         parts.append(f"{t:,} tokens: ring {r * 1e3:,.1f} ms, all-gather {g * 1e3:,.1f} ms "
                      f"({_mib(ring.m.memory.total_bytes if ring.m.memory else None)} against "
                      f"{_mib(gathered.m.memory.total_bytes if gathered.m.memory else None)} per device)")
-    faster = [t for t, ring, gathered in pairs if (ring.step_median or 0) < (gathered.step_median or 0)]
-    verdict = _crossover([t for t, _, _ in pairs], faster)
-    sentence = (f"Context parallelism, step time (median) and compiled memory per device by sequence length: "
-                f"{'; '.join(parts)}: on this machine {verdict}.{_alone(by_length)}")
-    return [sentence]
+    open_ = [t for t, ring, gathered in pairs if undecided(ring, gathered, _gap(ring, gathered))]
+    faster = [t for t, ring, gathered in pairs if t not in open_ and _gap(ring, gathered) > 0]
+    verdict = _crossover([t for t, _, _ in pairs], faster, open_)
+    steps = steps_note([r for _, ring, gathered in pairs for r in (ring, gathered)])
+    timed = f" (figures {steps})" if steps else ""
+    where = f" ({name})" if name else ""
+    return (f"Context parallelism{where}, step time (median) and compiled memory per device by sequence length"
+            f"{timed}: {'; '.join(parts)}: on this machine {verdict}.{_alone(by_length)}")
 
 
 def _tokens(lengths: list[int]) -> str:
     return ", ".join(f"{t:,}" for t in lengths)
 
 
-def _crossover(lengths: list[int], faster: list[int]) -> str:
+def _undecided_note(lengths: list[int]) -> str:
+    return (f"undecided at {_tokens(lengths)} tokens, where the two steps are within {100 * FEW_STEPS_MARGIN:.0f}% "
+            f"of each other from fewer than {MIN_MEASURED_STEPS} timed steps")
+
+
+def _crossover(lengths: list[int], faster: list[int], open_: list[int] | None = None) -> str:
     """Where the ring overtakes the all-gather: the shortest of the `lengths` (ascending, both modes ran) from which
-    the ring's step is the faster (`faster`) at it and at every longer one; the shortest itself, or none."""
+    the ring's step is decidedly the faster (`faster`) at it and at every longer one; the shortest itself, or
+    none. `open_` are the lengths where the gap is undecided: they count neither way."""
+    open_ = open_ or []
     overtakes = next((t for t in lengths if all(u in faster for u in lengths if u >= t)), None)
     if overtakes == lengths[0]:
         return f"the ring's step was the faster at every length measured, from the shortest, {overtakes:,} tokens"
     if overtakes is not None:
-        return (f"the ring overtakes the all-gather from {overtakes:,} tokens on (its step was not the faster at "
-                f"{_tokens([t for t in lengths if t < overtakes and t not in faster])} tokens)")
+        slower = [t for t in lengths if t < overtakes and t not in faster and t not in open_]
+        before = [t for t in open_ if t < overtakes]
+        said = [f"not the faster at {_tokens(slower)} tokens"] if slower else []
+        said += [_undecided_note(before)] if before else []
+        return f"the ring overtakes the all-gather from {overtakes:,} tokens on (its step was {', '.join(said)})"
     span = f"{lengths[0]:,} to {lengths[-1]:,} tokens" if len(lengths) > 1 else f"{lengths[0]:,} tokens"
     verdict = f"the ring never overtakes the all-gather within the lengths measured ({span})"
     if faster:  # faster somewhere, but not at the longest: no crossover to speak of
         verdict += f": its step was the faster at {_tokens(faster)} tokens, not at {lengths[-1]:,}"
+    if open_:
+        verdict += f" ({_undecided_note(open_)})"
     return verdict
 
 

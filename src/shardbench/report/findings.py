@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from shardbench.report.context import context_findings
 from shardbench.report.pipeline import pipeline_findings
 from shardbench.report.plan_chart import plan_findings
-from shardbench.report.speed import equivalence_findings, speed_findings
+from shardbench.report.speed import Model, _model, equivalence_findings, label, speed_findings
 
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
@@ -107,35 +107,65 @@ def precision_findings(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> 
     return sentences
 
 
-def dtype_role_finding(runs: list[ReportedRun]) -> str | None:
-    """Which bytes each dtype governs, with the activation share of the breakdown measured per batch size."""
-    shares: dict[int, list[float]] = {}
-    states: list[float] = []
+DOMINATE = 50.0  # activations dominate a breakdown from this share (%) of it on
+
+
+def _shares(runs: list[ReportedRun]) -> dict[Model, tuple[dict[int, list[float]], list[float]]]:
+    """Per model (`speed._model`): the activation share (%) of each complete run's breakdown by batch size, and
+    the bytes of parameters + optimizer state + gradients (MiB) of every such run."""
+    out: dict[Model, tuple[dict[int, list[float]], list[float]]] = {}
     for run in runs:
         parts = [run.part(p) for p in ("params", "optimizer", "gradients", "activations_temporaries")]
         batch = run.batch
         if not run.ok or None in parts or batch is None or not sum(p or 0.0 for p in parts):
             continue
         total = sum(p or 0.0 for p in parts)
+        shares, states = out.setdefault(_model(run), ({}, []))
         shares.setdefault(batch, []).append((parts[3] or 0.0) / total * 100)
         states.append(total - (parts[3] or 0.0))
-    if not shares:
-        return None
-    small, large = min(shares), max(shares)
-    share_large = max(shares[large])
-    if small == large:
-        described = f"{_span(shares[large], '%', 0)} of the per-device breakdown at batch {large}"
-        verdict = ", so they do not dominate at this batch size" if share_large < 50 else ", so they dominate it"
-    else:
-        described = (f"{_span(shares[small], '%', 0)} of the per-device breakdown at batch {small} and "
-                     f"{_span(shares[large], '%', 0)} at batch {large}")
-        verdict = (f", so they do not dominate here even at batch {large}" if share_large < 50
-                   else ", so they dominate only at large batch" if max(shares[small]) < 50
-                   else ", so they dominate at every batch size here")
-    return (f"The parameter dtype sets the bytes of parameters, optimizer state and gradients (here "
-            f"{_span(states, ' MiB')} per device); the compute dtype changes only activations and temporaries, "
-            f"which are {described}{verdict}. Halving them (float32 -> bfloat16 "
-            f"compute) can therefore save at most about {share_large / 2:.0f}% of it.")
+    return out
+
+
+def _dominance(shares: dict[int, list[float]]) -> str:
+    """Whether activations dominate, from every run's share: nowhere (the largest share under DOMINATE), at every
+    batch size (the smallest share at or above it), from a batch size on, or in some runs only."""
+    every = [v for values in shares.values() for v in values]
+    batches = sorted(shares)
+    if max(every) < DOMINATE:
+        return (", so they do not dominate at this batch size" if len(batches) == 1
+                else f", so they do not dominate here even at batch {batches[-1]}")
+    if min(every) >= DOMINATE:
+        return ", so they dominate it" if len(batches) == 1 else ", so they dominate at every batch size here"
+    first = next((b for b in batches if all(min(shares[c]) >= DOMINATE for c in batches if c >= b)), None)
+    below = [b for b in batches if first is not None and b < first]
+    if first is not None and all(max(shares[b]) < DOMINATE for b in below):
+        return (f", so they dominate only at batch {first}" if first == batches[-1]
+                else f", so they dominate from batch {first} on")
+    count = sum(v >= DOMINATE for v in every)
+    return f", so they dominate in {count} of the {len(every)} runs here"
+
+
+def dtype_role_finding(runs: list[ReportedRun]) -> list[str]:
+    """Which bytes each dtype governs, with the activation share of the breakdown measured per batch size: one
+    sentence per model the sweep trains (a model's share says nothing of another's)."""
+    grouped = _shares(runs)
+    keys = list(grouped)
+    sentences = []
+    for key, (shares, states) in grouped.items():
+        name = label(key, keys) if len(keys) > 1 else ""
+        every = [v for values in shares.values() for v in values]
+        small, large = min(shares), max(shares)
+        if small == large:
+            described = f"{_span(shares[large], '%', 0)} of the per-device breakdown at batch {large}"
+        else:
+            described = "; ".join(f"{_span(shares[b], '%', 0)} at batch {b}" for b in sorted(shares))
+            described = f"{described.replace(' at batch', ' of the per-device breakdown at batch', 1)}"
+        sentences.append(
+            f"{f'{name}: ' if name else ''}The parameter dtype sets the bytes of parameters, optimizer state and "
+            f"gradients (here {_span(states, ' MiB')} per device); the compute dtype changes only activations and "
+            f"temporaries, which are {described}{_dominance(shares)}. Halving them (float32 -> bfloat16 compute) "
+            f"can therefore save at most about {max(every) / 2:.0f}% of it.")
+    return sentences
 
 
 def _replica_key(run: ReportedRun) -> str:
@@ -196,29 +226,48 @@ def _style(run: ReportedRun) -> str:
 
 
 def spmd_findings(runs: list[ReportedRun]) -> list[str]:
-    """Per strategy run in more than one SPMD style: each style's step time, memory and collectives against jit's."""
-    complete = [r for r in runs if r.ok]
+    """Per group of runs whose settings differ only in their SPMD style, run in more than one style: each style's
+    step time, memory and collectives against jit's. Runs that differ in anything else (a batch, a mesh) are
+    another group, said apart."""
+    groups: dict[str, list[ReportedRun]] = {}
+    for run in (r for r in runs if r.ok):
+        rest = {k: v for k, v in run.settings.items() if k != "parallel.spmd"}
+        groups.setdefault(json.dumps(rest, sort_keys=True, default=str), []).append(run)
+    groups = {k: g for k, g in groups.items() if len({_style(r) for r in g}) > 1}
+    keys = list(groups)
     sentences = []
-    for strategy in dict.fromkeys(r.strategy for r in complete):
-        group = {_style(r): r for r in complete if r.strategy == strategy}
-        if len(group) < 2:
-            continue
-        base = group.get("jit")
-        parts = []
-        for style, run in group.items():
-            step = run.step_median
-            memory, _ = run.memory
-            text = f"{style} {'–' if step is None else format(1e3 * step, ',.1f')} ms/step"
-            if base is not None and run is not base and step and (ref := base.step_median):
-                text += f" ({step / ref:.2f}x jit)"
-            if memory is not None:
-                text += f", {memory:,.1f} MiB/device"
-            kinds = sorted(run.comms, key=lambda k: -run.comms_bytes(k))
-            if run.comms_mib is not None:
-                text += f", {run.comms_mib:,.2f} MiB of collectives" + (f" ({', '.join(kinds)})" if kinds else "")
-            parts.append(text)
-        sentences.append(f"{STRATEGY_ROLES.get(strategy, strategy)} in each SPMD style: " + "; ".join(parts) + ".")
+    for key, group in groups.items():
+        where = _group_name(key, keys)
+        strategy = group[0].strategy
+        sentences.append(f"{STRATEGY_ROLES.get(strategy, strategy)}{f' ({where})' if where else ''} in each SPMD "
+                         f"style: " + "; ".join(_style_part(run, group) for run in group) + ".")
     return sentences
+
+
+def _group_name(key: str, keys: list[str]) -> str:
+    """The settings that set one group of runs apart from the others ('' where there is one), the strategy left
+    out (each sentence names it)."""
+    settings = [json.loads(k) for k in keys]
+    mine = json.loads(key)
+    varying = sorted(k for k in set().union(*settings) if len({json.dumps(s.get(k)) for s in settings}) > 1
+                     and k != "parallel.strategy")
+    return ", ".join(f"{SHORT_NAMES.get(k, k)} {mine.get(k)}" for k in varying)
+
+
+def _style_part(run: ReportedRun, group: list[ReportedRun]) -> str:
+    """One style's step, against jit's in the same group, its memory and its collectives."""
+    base = next((r for r in group if _style(r) == "jit"), None)
+    step = run.step_median
+    memory, _ = run.memory
+    text = f"{_style(run)} {'–' if step is None else format(1e3 * step, ',.1f')} ms/step"
+    if base is not None and run is not base and step and (ref := base.step_median):
+        text += f" ({step / ref:.2f}x jit)"
+    if memory is not None:
+        text += f", {memory:,.1f} MiB/device"
+    kinds = sorted(run.comms, key=lambda k: -run.comms_bytes(k))
+    if run.comms_mib is not None:
+        text += f", {run.comms_mib:,.2f} MiB of collectives" + (f" ({', '.join(kinds)})" if kinds else "")
+    return text
 
 
 def loss_floor_findings(runs: list[ReportedRun]) -> list[str]:
@@ -314,11 +363,10 @@ def expert_findings(runs: list[ReportedRun]) -> list[str]:
 
 def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
     """Sentences under their section heading; sections the runs give nothing to say about are left out."""
-    role = dtype_role_finding(runs)
     sections = {"Speed": speed_findings(runs),
                 "Simulated devices": simulated_findings(runs),
                 "The same computation?": equivalence_findings(runs),
-                "Precision and memory": precision_findings(runs, swept) + ([role] if role else []),
+                "Precision and memory": precision_findings(runs, swept) + dtype_role_finding(runs),
                 "Sharding strategies": strategy_findings(runs),
                 "Pipeline stages": pipeline_findings(runs),
                 "Experts": expert_findings(runs),

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 from shardbench.report.kendall import kendall_tau
 from shardbench.report.content import Chart, number
 from shardbench.report.plots import BESIDE, NOTE_WIDTH, _save, _strategy_colors
+from shardbench.report.speed import Model, comparable, label, steps_note, undecided
 
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
 
 TUNE_JSON = "tune.json"  # written by `shardbench tune` (`shardbench.tune.report`)
+MIN_TAU_RUNS = 3  # under three runs Kendall's tau is +-1 or undefined: it says nothing of the plan's ranking
 
 
 def tune_predictions(sweep_dir: Path) -> dict[str, Any] | None:
@@ -41,10 +43,37 @@ def _pairs(runs: list[ReportedRun]) -> list[tuple[ReportedRun, float, float]]:
     return out
 
 
-def tau(runs: list[ReportedRun]) -> float | None:
-    """Kendall's tau of predicted against measured step times (None under two runs with both)."""
-    pairs = _pairs(runs)
+Pair = tuple["ReportedRun", float, float]
+
+
+def groups(runs: list[ReportedRun]) -> dict[Model, list[Pair]]:
+    """The predicted runs by the work they do (`speed.comparable`: model, its shape and the global batch): only
+    within one group does the plan's order rank layouts; across groups it ranks models and batch sizes."""
+    out: dict[Model, list[Pair]] = {}
+    for pair in _pairs(runs):
+        out.setdefault(comparable(pair[0]), []).append(pair)
+    return dict(sorted(out.items(), key=lambda item: [(k, (len(v), v)) for k, v in item[0]]))
+
+
+def tau(pairs: list[Pair]) -> float | None:
+    """Kendall's tau of predicted against measured step times of one group (None under two runs with both)."""
     return kendall_tau([p for _, p, _ in pairs], [m for _, _, m in pairs]) if len(pairs) > 1 else None
+
+
+def tau_text(pairs: list[Pair]) -> str:
+    """Kendall's tau of a group with its n, or why it says nothing there."""
+    return describe_tau([p for _, p, _ in pairs], [m for _, _, m in pairs])
+
+
+def describe_tau(predicted: list[float], measured: list[float]) -> str:
+    """Kendall's tau of two orders of one group's runs with its n; under MIN_TAU_RUNS runs, that it means nothing."""
+    n = len(predicted)
+    if n < MIN_TAU_RUNS:
+        return f"{n} run{'' if n == 1 else 's'}, too few for Kendall's tau to mean anything"
+    found = kendall_tau(predicted, measured)
+    if found is None:
+        return f"{n} runs, no order to compare (every prediction or measurement alike)"
+    return f"Kendall's tau {found:.2f} over {n} runs"
 
 
 def plan_vs_measured(runs: list[ReportedRun], out: Path) -> Chart | str:
@@ -74,10 +103,11 @@ def plan_vs_measured(runs: list[ReportedRun], out: Path) -> Chart | str:
     ax.set_xlabel("predicted step time, ms (the plan)")
     ax.set_ylabel("measured median step time, ms")
     ax.grid(alpha=0.3, which="both")
-    found = tau(runs)
-    note = (f"Kendall's tau of the two orders: {found:.2f} over {len(pairs)} runs (1: the plan ranks them as "
-            f"measured; 0: no better than chance)" if found is not None else
-            "no order to compare (one run, or every prediction alike)")
+    grouped = groups(runs)
+    keys = list(grouped)
+    note = ("Kendall's tau of the two orders within each group of the same work (1: the plan ranks them as "
+            "measured; 0: no better than chance): " + "; ".join(
+                f"{label(k, keys) + ': ' if len(keys) > 1 else ''}{tau_text(v)}" for k, v in grouped.items()))
     ax.set_title(textwrap.fill(note, NOTE_WIDTH), fontsize=8, color="#555555")
     ax.legend(handles=[Patch(color=c, label=s) for s, c in colors.items()], title="strategy", fontsize=8,
               title_fontsize=8, loc="upper left", bbox_to_anchor=BESIDE)
@@ -92,18 +122,29 @@ def write_chart(runs: list[ReportedRun], out: Path) -> list[Chart]:
 
 
 def plan_findings(runs: list[ReportedRun]) -> list[str]:
-    """One sentence: how well the plan's step times order and size the runs, and what its fastest measured."""
-    pairs = _pairs(runs)
-    if not pairs:
-        return []
+    """One sentence per group of the same work (`groups`): how well the plan's step times order and size its runs,
+    and whether the plan's fastest was the fastest measured."""
+    grouped = groups(runs)
+    keys = list(grouped)
+    return [_group_sentence(pairs, label(key, keys)) for key, pairs in grouped.items()]
+
+
+def _group_sentence(pairs: list[Pair], name: str) -> str:
     errors = [abs(p - m) / m for _, p, m in pairs]
+    where = f" ({name})" if name else ""
+    head = f"Predicted against measured step time{where}: {tau_text(pairs)}; mean absolute error " \
+           f"{sum(errors) / len(errors):.1%}"
+    if len(pairs) < 2:
+        return head + "."
     top = min(pairs, key=lambda pair: pair[1])
     best = min(pairs, key=lambda pair: pair[2])
-    found = tau(runs)
-    order = "" if found is None else f"Kendall's tau of the plan's order against the measured one {found:.2f}; "
+    gap = (top[2] - best[2]) / best[2]
+    if top[0] is not best[0] and undecided(top[0], best[0], gap):
+        return (f"{head}; the plan's fastest, {top[0].name}, against the fastest measured, {best[0].name}, is "
+                f"undecided ({1e3 * top[2]:,.1f} against {1e3 * best[2]:,.1f} ms, {gap:+.1%}, "
+                f"{steps_note([top[0], best[0]])}).")
     fastest = (f"the plan's fastest, {top[0].name}, was also the fastest measured ({1e3 * best[2]:,.1f} ms)"
                if top[0] is best[0] else
                f"the plan's fastest, {top[0].name}, measured {1e3 * top[2]:,.1f} ms against the fastest measured, "
                f"{best[0].name}, {1e3 * best[2]:,.1f} ms ({(top[2] - best[2]) / best[2]:+.1%})")
-    return [f"Predicted against measured step time over {len(pairs)} run(s): {order}mean absolute error "
-            f"{sum(errors) / len(errors):.1%}; {fastest}."]
+    return f"{head}; {fastest}."

@@ -176,9 +176,13 @@ def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: 
     """The seeds' layout: one group of bars per mesh, one bar per batch size (vertical, as drawn by hand)."""
     meshes = list(dict.fromkeys(_mesh(r) for r in runs if r.ok))
     batches = sorted({r.batch for r in runs if r.ok and r.batch})
-    cells = {(_mesh(r), r.batch): r for r in runs if r.ok and value(r) is not None}
+    cells, left_out = _cells(runs, value)
     if len(meshes) < 2 or len(batches) < 2 or not cells:
         return ""
+    # Said under the chart (the figure is too narrow for a list of names).
+    caption = " ".join(filter(None, [note, f"One bar per mesh and batch size: left out, as another run has its "
+                                           f"mesh and batch (the first is drawn): {', '.join(left_out)}."
+                                     if left_out else ""]))
     fig = Figure(figsize=(2.0 + 1.3 * len(meshes) * max(1, len(batches) / 2), 4.2), dpi=100, layout="constrained")
     ax = fig.subplots()
     width = 0.8 / len(batches)
@@ -203,7 +207,19 @@ def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: 
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=BESIDE)
     if note:
         ax.set_title(textwrap.fill(note, 70), fontsize=8, color="#555555")
-    return _save(fig, out, name, title, note)
+    return _save(fig, out, name, title, caption)
+
+
+def _cells(runs: list[ReportedRun], value: Callable[[ReportedRun], float | None]
+           ) -> tuple[dict[tuple[str, int | None], ReportedRun], list[str]]:
+    """The run drawn in each (mesh, batch) cell, the first in store order, and the names of the runs left out
+    because an earlier one has their cell (runs that differ in another setting, a dtype or a strategy)."""
+    cells: dict[tuple[str, int | None], ReportedRun] = {}
+    left_out = []
+    for run in (r for r in runs if r.ok and value(r) is not None):
+        if cells.setdefault((_mesh(run), run.batch), run) is not run:
+            left_out.append(run.name)
+    return cells, left_out
 
 
 def mesh_batch_epoch(runs: list[ReportedRun], out: Path) -> Chart | str:
@@ -241,21 +257,27 @@ def peak_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
     return _save(fig, out, "peak_memory", "Peak memory per device per run", note)
 
 
-def throughput(runs: list[ReportedRun], out: Path) -> Chart | str:
-    """Examples per second (global batch / median step), in the runs' own unit (images, tokens) when they share one."""
+def throughput_figure(runs: list[ReportedRun]) -> Figure | str:
+    """The throughput chart drawn (its bars hold the figures), or why it is left out."""
     if not any(r.rate("examples_per_s") is not None for r in runs):
         return "Training throughput per run: left out, as no run has a step time to derive it from."
     colors = [_strategy_colors(runs)[r.strategy] for r in runs]
     fig, (total, per_device) = _figure(len(runs), columns=2)
     units = {r.unit for r in runs if r.ok}
     unit = units.pop() if len(units) == 1 else "examples"
-    key = "units_per_s" if unit != "examples" else "examples_per_s"
+    key = "units_per_s" if unit != "examples" else "examples_per_s"  # images: the examples (ReportedRun.rate)
     _run_bars(total, runs, [r.rate(key) for r in runs], "{:,.0f}", colors)
     _run_bars(per_device, runs, [r.rate(f"{key}_per_device") for r in runs], "{:,.0f}", colors)
     total.set_xlabel(f"{unit} per second (global batch / median step)")
     per_device.set_xlabel(f"{unit} per second per device")
     _strategy_legend(per_device, _strategy_colors(runs))
-    return _save(fig, out, "throughput", "Training throughput per run")
+    return fig
+
+
+def throughput(runs: list[ReportedRun], out: Path) -> Chart | str:
+    """Examples per second (global batch / median step), in the runs' own unit (images, tokens) when they share one."""
+    fig = throughput_figure(runs)
+    return fig if isinstance(fig, str) else _save(fig, out, "throughput", "Training throughput per run")
 
 
 def mfu(runs: list[ReportedRun], out: Path) -> Chart | str:

@@ -30,6 +30,12 @@ LAYOUT_ONLY = frozenset({
 # across devices (measured: 1e-6 to 1e-5 over 20 steps of vit-tiny); bfloat16 rounds every activation.
 LOSS_RTOL = {"float32": 2e-3, "bfloat16": 5e-2, "float16": 5e-2}
 COMPARED_STEPS = 200  # losses logged after this many steps may drift apart chaotically, and are not compared
+# A step figure from fewer timed steps than this has no spread to judge a difference by (one interval: p90 =
+# median). Between such runs a gap within FEW_STEPS_MARGIN is called undecided: 15% lies above the upper quartile
+# (13%) of the p90-over-median spreads of the 64 CPU records under benchmarks/data timed over 7 to 17 steps (their
+# median is 6.9%), so a gap within it is within what one step's noise can be.
+MIN_MEASURED_STEPS = 5
+FEW_STEPS_MARGIN = 0.15
 COMMS_NAMED_MIB = 1.0  # collectives below this per step are not named as a difference
 # Said once under the slowdowns whenever some are listed with what differs.
 NOT_A_CAUSE = ("What differs beside each slowdown is what the records show, not a measured cause: a run records "
@@ -47,50 +53,103 @@ def _spread(run: ReportedRun) -> float:
     return max(0.0, p90 / step - 1.0) if step and p90 else 0.0
 
 
+def few_steps(run: ReportedRun) -> bool:
+    """Its step figures rest on fewer than MIN_MEASURED_STEPS timed steps (a record that does not say is not)."""
+    steps = run.measured_steps
+    return steps is not None and steps < MIN_MEASURED_STEPS
+
+
+def steps_note(runs: list[ReportedRun]) -> str:
+    """How many timed steps the figures of `runs` rest on, for those with fewer than MIN_MEASURED_STEPS ('' for
+    none): 'from 1 timed step each' or 'a from 1 timed step, b from 3'."""
+    few = [r for r in runs if few_steps(r)]
+    if not few:
+        return ""
+    counts = {r.measured_steps for r in few}
+    if len(few) == len(runs) and len(counts) == 1:
+        n = few[0].measured_steps
+        return f"from {n} timed step{'' if n == 1 else 's'}" + (" each" if len(runs) > 1 else "")
+    return ", ".join(f"{r.name} from {r.measured_steps} timed step{'' if r.measured_steps == 1 else 's'}"
+                     for r in few)
+
+
+def undecided(a: ReportedRun, b: ReportedRun, gap: float) -> bool:
+    """A relative gap between two runs too small to rank them: one of them timed fewer than MIN_MEASURED_STEPS
+    steps (its p90 says nothing of its noise) and the gap is within FEW_STEPS_MARGIN."""
+    return (few_steps(a) or few_steps(b)) and abs(gap) <= FEW_STEPS_MARGIN
+
+
 def _ms(seconds: float | None) -> str:
     return "–" if seconds is None else f"{1e3 * seconds:,.1f} ms"
 
 
+def _value(value: object) -> str:
+    return "(default)" if value == "" else str(value)
+
+
 def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
-    """What the records show differs between `run` and `fastest`, as facts: none of it is a measured cause. A run
-    records its collectives' bytes, not their time, and bytes alone do not say how long they took (on simulated
-    devices sharing a host's cores, a few MiB cost next to nothing)."""
-    out = []
-    if (run.devices or 1) != (fastest.devices or 1):
+    """What the records show differs between `run` and `fastest`, as facts: none of it is a measured cause. Every
+    setting whose value differs (NOISE left out), the device count where the settings do not show it, and the
+    collectives' bytes. A run records its collectives' bytes, not their time, and bytes alone do not say how
+    long they took (on simulated devices sharing a host's cores, a few MiB cost next to nothing)."""
+    mine, theirs = run.settings, fastest.settings
+    keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    out = [f"{k} {_value(mine.get(k))} against {_value(theirs.get(k))}" for k in keys]
+    if (run.devices or 1) != (fastest.devices or 1) and "parallel.devices" not in keys:
         out.append(f"{run.devices or 1} device(s) against {fastest.devices or 1}")
-    for k in sorted(set(run.settings) | set(fastest.settings)):
-        if (k in ("model.remat", "precision.dtype", "precision.param_dtype", "parallel.spmd")
-                and run.settings.get(k) != fastest.settings.get(k)):
-            out.append(f"{k.split('.')[-1]} {run.settings.get(k)} against {fastest.settings.get(k)}")
-    mine, theirs = run.comms_mib or 0.0, fastest.comms_mib or 0.0
-    if max(mine, theirs) >= COMMS_NAMED_MIB and not math.isclose(mine, theirs, rel_tol=0.5):
+    mine_mib, theirs_mib = run.comms_mib or 0.0, fastest.comms_mib or 0.0
+    if max(mine_mib, theirs_mib) >= COMMS_NAMED_MIB and not math.isclose(mine_mib, theirs_mib, rel_tol=0.5):
         kinds = sorted(run.comms, key=lambda k: -run.comms_bytes(k))
-        out.append(f"{mine:,.1f} MiB of collectives per device per step" + (f" ({', '.join(kinds)})" if kinds else "")
-                   + f" against {theirs:,.1f} MiB")
-    if not out and run.mfu_value is not None and fastest.mfu_value is not None:
-        out.append(f"MFU {100 * run.mfu_value:.1f}% against {100 * fastest.mfu_value:.1f}%")
+        out.append(f"{mine_mib:,.1f} MiB of collectives per device per step"
+                   + (f" ({', '.join(kinds)})" if kinds else "") + f" against {theirs_mib:,.1f} MiB")
     return out
 
 
 Model = tuple[tuple[str, str], ...]
 
 
+# Data settings that change what one example computes (a ViT at 64 pixels has four times the patches of one at 32).
+WORK_DATA = ("data.image_size",)
+
+
 def _model(run: ReportedRun) -> Model:
-    """What a run trains, as far as ranking goes: its model kind (or the file of a model of your own) and every
+    """What a run trains, as far as ranking goes: its model kind (or the file of a model of your own), every
     model setting that changes what an example computes (its sequence length, widths, depth ...; not those of
-    LAYOUT_ONLY, such as remat): a 1k-token step and an 8k-token one are not the same work."""
+    LAYOUT_ONLY, such as remat) and the data settings of WORK_DATA (the image size): a 1k-token step and an
+    8k-token one are not the same work."""
     kind = str(run.settings.get("model.factory") or run.settings.get("model.kind") or "")
     shape = sorted((k, str(v)) for k, v in run.settings.items()
-                   if k.startswith("model.") and k not in LAYOUT_ONLY and k not in ("model.kind", "model.factory"))
+                   if (k.startswith("model.") and k not in LAYOUT_ONLY and k not in ("model.kind", "model.factory"))
+                   or k in WORK_DATA)
     return (("model", kind), *shape)
+
+
+def comparable(run: ReportedRun) -> Model:
+    """Runs whose step times rank layouts of one piece of work: the same model at the same shape (`_model`) and
+    the same global batch."""
+    return (*_model(run), ("train.batch_size", str(run.batch)))
+
+
+def _varying(key: Model, keys: list[Model]) -> list[tuple[str, str]]:
+    """The settings of `key` that tell it from the others: its kind where the kinds differ, and each other setting
+    that differs among the keys of its own kind (an LM's sequence length does not tell it from an MLP)."""
+    kind = dict(key)["model"]
+    kin = [m for m in keys if dict(m)["model"] == kind]
+    return [(k, v) for k, v in key
+            if len({dict(m).get(k) for m in (keys if k == "model" else kin)}) > 1]
+
+
+def label(key: Model, keys: list[Model]) -> str:
+    """A group's name among `keys`, from `_varying` ('lm, seq_len 1024, batch_size 4'); '' where there is one."""
+    return ", ".join(v if k == "model" else f"{k.split('.')[-1]} {v}" for k, v in _varying(key, keys))
 
 
 def _label(model: Model, models: list[Model]) -> str:
     """How a ranking names its runs where the sweep trains several models: the kind where the kinds differ and
     the settings in which the models differ ('lm run', 'run at seq_len 1024', 'lm run at seq_len 1024')."""
-    varying = [(k, v) for k, v in model if len({dict(m).get(k) for m in models}) > 1]
+    varying = _varying(model, models)
     kind = "".join(v + " " for k, v in varying if k == "model")
-    shape = ", ".join(f"{k.removeprefix('model.')} {v}" for k, v in varying if k != "model")
+    shape = ", ".join(f"{k.split('.')[-1]} {v}" for k, v in varying if k != "model")
     return f"{kind}run" + (f" at {shape}" if shape else "")
 
 
@@ -121,29 +180,43 @@ def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
     fastest = ranked[0]
     same_batch = len({r.batch for r in ranked}) == 1
     unit = "step time" if same_batch else "throughput (batch / median step)"
+    few = steps_note([fastest])
     head = (f"Fastest{f' {model}' if model else ''}: {fastest.name}, {_ms(fastest.step_median)} per step"
             + ("" if same_batch else f" at batch {fastest.batch}, {_throughput(fastest):,.0f} examples/s")
-            + (f" (ranked by median {unit})" if len(ranked) > 1
-               else "."))
-    sentences = [head if head.endswith(".") else head + "."]
+            + (f" ({few})" if few else "")
+            + (f" (ranked by median {unit})" if len(ranked) > 1 else ""))
+    sentences = [head + "."]
     listed = False
     for run in ranked[1:]:
-        ratio = (_throughput(fastest) or 0.0) / (_throughput(run) or 1.0)
-        noise = max(_spread(run), _spread(fastest))
-        figures = (f"{_ms(run.step_median)} against {_ms(fastest.step_median)}" if same_batch else
-                   f"{_throughput(run):,.0f} against {_throughput(fastest):,.0f} examples/s")
-        if ratio - 1.0 <= noise:
-            sentences.append(f"{run.name} ties with {fastest.name} ({figures}): the {100 * (ratio - 1):.1f}% "
-                             f"difference is within the spread of their step times (median to p90, up to "
-                             f"{100 * noise:.1f}%), so this ranking cannot tell them apart.")
-            continue
-        differs = _differences(run, fastest)
-        listed = listed or bool(differs)
-        sentences.append(f"{run.name} is {ratio:.2f}x slower ({figures})"
-                         + (f"; it differs in: {'; '.join(differs)}." if differs else "."))
+        sentence, differs = _against(run, fastest, same_batch)
+        listed = listed or differs
+        sentences.append(sentence)
     if listed:
         sentences.append(NOT_A_CAUSE)
     return sentences
+
+
+def _against(run: ReportedRun, fastest: ReportedRun, same_batch: bool) -> tuple[str, bool]:
+    """One run against the fastest: a tie within their spread, undecided within FEW_STEPS_MARGIN where either
+    timed fewer than MIN_MEASURED_STEPS steps, or the slowdown with what differs (and whether anything was
+    listed)."""
+    ratio = (_throughput(fastest) or 0.0) / (_throughput(run) or 1.0)
+    noise = max(_spread(run), _spread(fastest))
+    figures = (f"{_ms(run.step_median)} against {_ms(fastest.step_median)}" if same_batch else
+               f"{_throughput(run):,.0f} against {_throughput(fastest):,.0f} examples/s")
+    few = steps_note([run, fastest])
+    if undecided(run, fastest, ratio - 1.0):
+        return (f"{run.name} against {fastest.name} is undecided ({figures}, {few}): the {100 * (ratio - 1):.1f}% "
+                f"difference is within the {100 * FEW_STEPS_MARGIN:.0f}% margin the report requires of figures "
+                f"from fewer than {MIN_MEASURED_STEPS} timed steps, so this ranking cannot tell them apart."), False
+    if ratio - 1.0 <= noise:
+        return (f"{run.name} ties with {fastest.name} ({figures}): the {100 * (ratio - 1):.1f}% "
+                f"difference is within the spread of their step times (median to p90, up to "
+                f"{100 * noise:.1f}%), so this ranking cannot tell them apart."), False
+    differs = _differences(run, fastest)
+    return (f"{run.name} is {ratio:.2f}x slower ({figures}{f', {few}' if few else ''})"
+            + (f"; it differs in: {'; '.join(differs)}." if differs else
+               f"; its recorded settings are the same as {fastest.name}'s.")), bool(differs)
 
 
 @dataclass(frozen=True)

@@ -75,12 +75,12 @@ def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
 
 
 def _logged_losses(run: ReportedRun, sweep_dir: Path) -> tuple[tuple[int, float], ...] | None:
-    """(step, train loss) from the run folder's metrics.jsonl: under the sweep's runs/, at the folder's own path,
-    or where the record says it wrote (resolved from the working directory)."""
+    """(step, train loss) from the run folder's metrics.jsonl (in its tensorboard/, or beside its summary.json as
+    the runs kept under benchmarks/data have it): under the sweep's runs/, at the folder's own path, or where the
+    record says it wrote (resolved from the working directory)."""
     places = [sweep_dir / "runs" / run.name, sweep_dir / run.name]
     places += [Path(p) for p in (run.rec.out, run.config.get("train.out")) if p]
-    for place in places:
-        metrics = place / "tensorboard" / "metrics.jsonl"
+    for metrics in (m for place in places for m in (place / "tensorboard" / "metrics.jsonl", place / "metrics.jsonl")):
         if metrics.is_file():
             losses = []
             try:

@@ -1,0 +1,262 @@
+"""The report's findings on small made-up records whose answers are counted by hand: the plan's order within
+groups of the same work, figures from too few timed steps, what differs between runs, image sizes, SPMD styles
+and context modes compared only with their own kind, the throughput chart of old records, the dtype-role
+sentence, the mesh x batch charts' left-out runs, and an old record's zero step."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from test_report import record, row
+
+from shardbench.plan.validate import Check, render, summary
+from shardbench.report import plots
+from shardbench.report.content import ReportedRun, reported
+from shardbench.report.context import context_findings
+from shardbench.report.findings import dtype_role_finding, spmd_findings
+from shardbench.report.plan_chart import plan_findings
+from shardbench.report.speed import speed_findings
+from shardbench.report.write import write_report
+from shardbench.store import Store
+
+
+def rec(name: str, step_ms: float, *, steps: int = 37, p90: float = 1.0,
+        breakdown: tuple[float, float, float, float] = (1, 2, 1, 1), strategy: str = "dp", mesh: str = "8"
+        ) -> dict[str, Any]:
+    """A record with its median step, its p90 as a multiple of it, and how many timed steps it rests on."""
+    made = record(name, strategy, mesh, 8, breakdown=breakdown, total=sum(breakdown), comms={}, epochs=[],
+                  step_ms=step_ms, img_s=0.0, mfu=0.1, acc=0.5, partial=(10, 100, 1.0))
+    made["measurements"]["step_time_s"].update(p90=step_ms * p90 / 1e3, measured_steps=steps)
+    return made
+
+
+def run(name: str, overrides: dict[str, Any], step_ms: float, predicted_ms: float | None = None,
+        **kw: Any) -> ReportedRun:
+    made = reported(row(name, overrides, rec(name, step_ms, **kw)))
+    return made if predicted_ms is None else dataclasses.replace(made, predicted={"step_s": predicted_ms / 1e3})
+
+
+# ----------------------------------------------------------------------------- 1: the plan, group by group
+def test_the_plans_order_is_judged_within_each_group_of_the_same_work() -> None:
+    """lm at 1,024 tokens, three layouts: predicted 1 < 2 < 3 ms, measured 10, 30, 20 ms: pairs (a,b) and (a,c)
+    agree, (b,c) does not, tau = (2 - 1) / 3 = 0.33; errors 90%, 93.3% and 85%, mean 89.4%. At 2,048 tokens two layouts: predicted 5 < 6, measured 60 >
+    50: too few for a tau (errors 91.7% and 88%, mean 89.8%), and the plan's fastest measured 60 ms against 50 (+20.0%). Pooled, the five runs' tau
+    would be 0.6: the lengths' own order would count as the plan's."""
+    lm = {"model.kind": "lm"}
+    runs = [run("a", lm | {"model.seq_len": 1024}, 10.0, 1.0), run("b", lm | {"model.seq_len": 1024}, 30.0, 2.0),
+            run("c", lm | {"model.seq_len": 1024}, 20.0, 3.0), run("d", lm | {"model.seq_len": 2048}, 60.0, 5.0),
+            run("e", lm | {"model.seq_len": 2048}, 50.0, 6.0)]
+    assert plan_findings(runs) == [
+        "Predicted against measured step time (seq_len 1024): Kendall's tau 0.33 over 3 runs; mean absolute error "
+        "89.4%; the plan's fastest, a, was also the fastest measured (10.0 ms).",
+        "Predicted against measured step time (seq_len 2048): 2 runs, too few for Kendall's tau to mean anything; "
+        "mean absolute error 89.8%; the plan's fastest, d, measured 60.0 ms against the fastest measured, e, "
+        "50.0 ms (+20.0%)."]
+    # From one timed step each, a 10% gap between the plan's fastest and the fastest measured is undecided.
+    few = [run("d", lm, 55.0, 5.0, steps=1), run("e", lm, 50.0, 6.0, steps=1)]
+    assert plan_findings(few)[0].endswith(
+        "the plan's fastest, d, against the fastest measured, e, is undecided (55.0 against 50.0 ms, +10.0%, from "
+        "1 timed step each).")
+    # A batch size is another piece of work too.
+    batches = [run("f", {"train.batch_size": 128}, 10.0, 1.0), run("g", {"train.batch_size": 256}, 20.0, 2.0)]
+    assert [s.split(":")[0] for s in plan_findings(batches)] == [
+        "Predicted against measured step time (batch_size 128)", "Predicted against measured step time (batch_size 256)"]
+
+
+def test_plan_validate_ranks_within_each_group_of_the_same_work() -> None:
+    """The same five runs as `shardbench plan --validate` checks them: tau within each group, never pooled."""
+    checks = [Check("a", 0.010, 0.001, 1.0, 1.0, "compiled", group="seq_len 1024"),
+              Check("b", 0.030, 0.002, 1.0, 1.0, "compiled", group="seq_len 1024"),
+              Check("c", 0.020, 0.003, 1.0, 1.0, "compiled", group="seq_len 1024"),
+              Check("d", 0.060, 0.005, 1.0, 1.0, "compiled", group="seq_len 2048"),
+              Check("e", 0.050, 0.006, 1.0, 1.0, "compiled", group="seq_len 2048")]
+    groups = summary(checks)["step_tau_by_group"]
+    assert [(g["group"], g["runs"], round(g["tau"], 4) if g["tau"] is not None else None) for g in groups] == [
+        ("seq_len 1024", 3, 0.3333), ("seq_len 2048", 2, None)]
+    assert ("Kendall's tau of the step-time ranking within each group of the same work (model, shape, batch): "
+            "seq_len 1024: Kendall's tau 0.33 over 3 runs; seq_len 2048: 2 runs, too few for Kendall's tau to mean "
+            "anything") in render(Path("d"), checks, {}, in_sample=False)
+
+
+# ----------------------------------------------------------------------------- 2: too few timed steps
+def test_figures_from_too_few_timed_steps_say_so_and_small_gaps_are_undecided() -> None:
+    """a 100 ms, b 110 ms (10% apart, within the 15% margin), c 200 ms, each from 1 timed step (p90 = median):
+    a against b is undecided, c is 2.00x slower with its step count said. The same figures from 37 steps with
+    no spread rank b 1.10x slower; 4 steps are too few, 5 are enough."""
+    def speed(steps: int) -> list[str]:
+        return speed_findings([run(n, {"parallel.mesh": m}, ms, steps=steps)
+                               for n, m, ms in (("a", "8x1", 100.0), ("b", "4x2", 110.0), ("c", "2x4", 200.0))])
+
+    few = speed(1)
+    assert few[0] == "Fastest: a, 100.0 ms per step (from 1 timed step) (ranked by median step time)."
+    assert few[1] == ("b against a is undecided (110.0 ms against 100.0 ms, from 1 timed step each): the 10.0% "
+                      "difference is within the 15% margin the report requires of figures from fewer than 5 timed "
+                      "steps, so this ranking cannot tell them apart.")
+    assert few[2] == ("c is 2.00x slower (200.0 ms against 100.0 ms, from 1 timed step each); it differs in: "
+                      "parallel.mesh 2x4 against 8x1.")
+    assert speed(4)[1].startswith("b against a is undecided (110.0 ms against 100.0 ms, from 4 timed steps each)")
+    for steps in (5, 37):
+        many = speed(steps)
+        assert many[0] == "Fastest: a, 100.0 ms per step (ranked by median step time)."
+        assert many[1] == "b is 1.10x slower (110.0 ms against 100.0 ms); it differs in: parallel.mesh 4x2 against 8x1."
+
+
+def _context(name: str, mode: str, tokens: int, ms: float, steps: int = 37, batch: int = 4) -> ReportedRun:
+    return run(name, {"model.kind": "lm", "parallel.strategy": "cp", "parallel.context": mode,
+                      "model.seq_len": tokens, "train.batch_size": batch}, ms, steps=steps)
+
+
+def test_no_crossover_is_declared_from_an_undecided_gap() -> None:
+    """Ring against all-gather at 256, 512 and 1,024 tokens: 16.4 / 11.5 ms (ring 30% slower), 25.8 / 26.6 ms
+    (3% faster), 91.4 / 237.2 ms. From 37 timed steps the ring overtakes from 512 on; from 1 step the 3% at 512
+    is undecided, so it overtakes from 1,024 on."""
+    figures = {256: (16.4, 11.5), 512: (25.8, 26.6), 1024: (91.4, 237.2)}
+
+    def sentence(steps: int) -> str:
+        (found,) = context_findings([_context(f"{mode}_{t}", mode, t, ms[i], steps) for t, ms in figures.items()
+                                     for i, mode in enumerate(("ring", "all-gather"))])
+        return found
+
+    assert "the ring overtakes the all-gather from 512 tokens on (its step was not the faster at 256 tokens)." \
+        in sentence(37)
+    one = sentence(1)
+    assert ("by sequence length (figures from 1 timed step each): 256 tokens: ring 16.4 ms, all-gather 11.5 ms"
+            in one)
+    assert ("the ring overtakes the all-gather from 1,024 tokens on (its step was not the faster at 256 tokens, "
+            "undecided at 512 tokens, where the two steps are within 15% of each other from fewer than 5 timed "
+            "steps).") in one
+
+
+# ----------------------------------------------------------------------------- 3: what differs
+def test_every_setting_that_differs_is_named_and_no_mfu_stands_in() -> None:
+    """Slower runs that differ from the fastest only in the matmul precision, in gradient accumulation, or in
+    nothing at all: each names exactly that (no 'MFU x% against y%')."""
+    found = speed_findings([run("base", {}, 10.0), run("highest", {"precision.matmul_precision": "highest"}, 30.0),
+                            run("accum", {"train.grad_accum": 4}, 25.0), run("again", {}, 20.0)])
+    assert found[1:4] == [
+        "again is 2.00x slower (20.0 ms against 10.0 ms); its recorded settings are the same as base's.",
+        "accum is 2.50x slower (25.0 ms against 10.0 ms); it differs in: train.grad_accum 4 against 1.",
+        "highest is 3.00x slower (30.0 ms against 10.0 ms); it differs in: precision.matmul_precision highest "
+        "against default."]
+    assert not any("MFU" in s for s in found)
+
+
+# ----------------------------------------------------------------------------- 4: image sizes
+def test_vit_runs_at_different_image_sizes_are_ranked_apart() -> None:
+    found = speed_findings([run("img32", {"data.image_size": 32}, 10.0), run("img64", {"data.image_size": 64}, 40.0)])
+    assert found == ["Fastest run at image_size 32: img32, 10.0 ms per step.",
+                     "Fastest run at image_size 64: img64, 40.0 ms per step."]
+
+
+# ----------------------------------------------------------------------------- 5, 6: compared with their own kind
+def test_spmd_styles_are_compared_within_runs_that_differ_only_in_style() -> None:
+    """jit and shard_map at batch 128 (10, 11 ms) and at 1,024 (80, 88 ms): each style against jit at its own
+    batch (1.10x both times), never shard_map at 1,024 against jit at 128."""
+    runs = [run(f"{style}_b{b}", {"parallel.spmd": style, "train.batch_size": b}, ms)
+            for style, b, ms in (("jit", 128, 10.0), ("shard_map", 128, 11.0), ("jit", 1024, 80.0),
+                                 ("shard_map", 1024, 88.0))]
+    found = spmd_findings(runs)
+    head = "DP replicates parameters and optimizer state on every device"
+    assert [s.split(":")[0] for s in found] == [f"{head} (batch 128) in each SPMD style",
+                                                 f"{head} (batch 1024) in each SPMD style"]
+    assert "shard_map 11.0 ms/step (1.10x jit)" in found[0] and "shard_map 88.0 ms/step (1.10x jit)" in found[1]
+
+
+def test_context_modes_are_paired_only_with_the_same_settings() -> None:
+    """At 1,024 tokens, batch 4: ring 10 ms, all-gather 12 ms; batch 16: ring 40 ms, all-gather 20 ms. Each batch
+    is its own series: the ring is faster at batch 4 and never at 16 (paired by length alone, the batch-16 ring
+    would have stood against the batch-4 all-gather)."""
+    found = context_findings([_context("r4", "ring", 1024, 10.0), _context("g4", "all-gather", 1024, 12.0),
+                              _context("r16", "ring", 1024, 40.0, batch=16),
+                              _context("g16", "all-gather", 1024, 20.0, batch=16)])
+    assert len(found) == 2
+    four = next(s for s in found if "(train.batch_size 4)" in s)
+    sixteen = next(s for s in found if "(train.batch_size 16)" in s)
+    assert "ring 10.0 ms, all-gather 12.0 ms" in four and "the ring's step was the faster at every length" in four
+    assert "ring 40.0 ms, all-gather 20.0 ms" in sixteen and "the ring never overtakes" in sixteen
+
+
+# ----------------------------------------------------------------------------- 7: the throughput chart
+def test_throughput_chart_of_old_vit_records_draws_each_runs_figure() -> None:
+    """Records from before schema 2 keep no units_per_s: the bars are the global batch over the median step,
+    128 / 0.010 s = 12,800 images/s and 128 / 0.040 s = 3,200, and per device an eighth of it."""
+    runs = [run("a", {}, 10.0), run("b", {}, 40.0)]
+    assert all(r.rec.schema_version < 2 and r.m.throughput.units_per_s is None for r in runs)  # type: ignore[union-attr]
+    fig = plots.throughput_figure(runs)
+    assert not isinstance(fig, str)
+    total, per_device = fig.axes[0], fig.axes[1]
+    assert [round(p.get_width(), 6) for p in total.patches] == [12_800.0, 3_200.0]
+    assert [round(p.get_width(), 6) for p in per_device.patches] == [1_600.0, 400.0]
+
+
+# ----------------------------------------------------------------------------- 8: the dtype-role sentence
+def test_dtype_role_sentence_bounds_from_every_share_and_groups_models() -> None:
+    """vit at batch 64: activation shares 40% and 90%; at batch 256: 70% and 80%. Not every batch size is
+    dominated (40% at 64), nor from a batch size on (90% at 64): 3 of the 4 runs are; the bound is half the
+    largest share, 45%. An MLP's 20% is said apart."""
+    shares = {("v1", 64): (1, 1, 1, 2), ("v2", 64): (1, 0, 0, 9), ("v3", 256): (1, 1, 1, 7), ("v4", 256): (1, 0, 1, 8)}
+    runs = [run(n, {"model.kind": "vit", "train.batch_size": b, "parallel.mesh": n}, 10.0, breakdown=parts)
+            for (n, b), parts in shares.items()]
+    runs.append(run("m", {"model.kind": "mlp", "train.batch_size": 64}, 10.0, breakdown=(2, 4, 2, 2)))
+    found = dtype_role_finding(runs)
+    assert len(found) == 2
+    vit = next(s for s in found if s.startswith("vit: "))
+    assert ("which are 40–90% of the per-device breakdown at batch 64; 70–80% at batch 256, so they dominate in 3 "
+            "of the 4 runs here. Halving them (float32 -> bfloat16 compute) can therefore save at most about 45% "
+            "of it.") in vit
+    mlp = next(s for s in found if s.startswith("mlp: "))
+    assert "20% of the per-device breakdown at batch 64, so they do not dominate at this batch size" in mlp
+    assert "save at most about 10% of it" in mlp
+
+
+# ----------------------------------------------------------------------------- 9, 10: charts and old records
+def test_mesh_by_batch_charts_name_the_runs_they_leave_out(tmp_path: Path) -> None:
+    """Two meshes x two batches, and at mesh 8x1 batch 64 a bfloat16 run beside the float32 one: one bar per
+    cell, so the chart says which run it left out."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for mesh in ("8x1", "4x2"):
+            for batch in (64, 256):
+                name = f"mesh_{mesh}_batch_{batch}"
+                store.add(row(name, {"parallel.mesh": mesh, "train.batch_size": batch}, rec(name, batch / 8, mesh=mesh)))
+        store.add(row("mesh_8x1_batch_64_bf16", {"parallel.mesh": "8x1", "train.batch_size": 64,
+                                                 "precision.dtype": "bfloat16"}, rec("bf16", 5.0, mesh="8x1")))
+    paths = write_report(directory)
+    text = paths.markdown.read_text()
+    assert "mesh_batch_memory" in paths.charts and paths.clipped == {}
+    assert ("left out, as another run has its mesh and batch (the first is drawn): mesh_8x1_batch_64_bf16."
+            in text)
+
+
+def test_an_old_record_with_a_zero_median_step_is_reported(tmp_path: Path) -> None:
+    """A median step of 0.0 (an old record) gives no throughput to divide, and no ranking; the report is written."""
+    zero = rec("z", 10.0)
+    zero["measurements"]["step_time_s"].update(median=0.0, p90=0.0)
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        store.add(row("good", {"parallel.mesh": "8"}, rec("good", 12.0)))
+        store.add(row("z", {"parallel.mesh": "4x2"}, zero))
+    text = write_report(directory).markdown.read_text()
+    speed = text.split("### Speed", 1)[1].split("###", 1)[0]
+    assert "Fastest: good, 12.0 ms per step." in speed and "z is" not in speed
+
+
+def test_a_folder_of_runs_compares_the_losses_logged_beside_each_summary(tmp_path: Path) -> None:
+    """Runs kept as benchmarks/data keeps them, metrics.jsonl beside summary.json: two layouts compared on their
+    two logged losses and the test loss, 3 in all (the test loss alone without the logged ones)."""
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+
+    for mesh in ("8x1", "4x2"):
+        folder = tmp_path / "runs" / mesh
+        folder.mkdir(parents=True)
+        cfg = override(get_preset("vit-tiny"), {"parallel.mesh": mesh, "train.out": f"runs/{mesh}"})
+        (folder / "config.json").write_text(cfg.to_json())
+        (folder / "summary.json").write_text(json.dumps(rec(mesh, 10.0, mesh=mesh)))
+        (folder / "metrics.jsonl").write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.9}\n')
+    text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
+    assert "are the same computation in different layouts: their losses differ by at most 0.0e+00 (relative, over " \
+           "3 compared losses)" in text
