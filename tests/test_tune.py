@@ -60,8 +60,68 @@ def test_the_space_is_the_strategy_table_on_every_mesh() -> None:
     assert [d.what for d in dropped] == ["dp batch=4"]  # 8 data shards for 4 examples
     assert "--batch-size 4 is divisible by no candidate's data-parallel size (8)" in dropped[0].reason
     _, by_accum = enumerate_space(8, Space(strategies=("dp+tp",), remats=("none",), batches=(8,), accums=(4,)))
-    assert [d.what for d in by_accum] == ["dp+tp 4x2 batch=8"]  # 2 examples per shard: 4 microbatches do not divide
-    assert "no microbatch count of 4" in by_accum[0].reason
+    assert [d.what for d in by_accum] == ["dp+tp 4x2 accum=4 batch=8"]  # 2 examples per shard: 4 do not divide
+    assert by_accum[0].reason == "--grad-accum 4 does not divide its 2 examples per data shard"
+
+
+def test_every_microbatch_count_a_layout_cannot_take_is_dropped_with_why() -> None:
+    """At batch 16 on 8 devices, dp and fsdp (8 data shards: 2 examples each) take K=1 and not K=4: each K=4 is
+    dropped by name with why, not left out silently; pp (8 stages, 16 examples) takes M=8 and not M=32."""
+    points, dropped = enumerate_space(8, Space(strategies=("dp", "fsdp"), remats=("none",), batches=(16,),
+                                               accums=(1, 4)))
+    assert sorted((p.candidate.strategy, p.candidate.grad_accum) for p in points) == [("dp", 1), ("fsdp", 1)]
+    assert [(d.what, d.reason) for d in dropped] == [
+        ("dp 8x1 accum=4 batch=16", "--grad-accum 4 does not divide its 2 examples per data shard"),
+        ("fsdp 8x1 accum=4 batch=16", "--grad-accum 4 does not divide its 2 examples per data shard")]
+    piped, dropped = enumerate_space(8, Space(strategies=("pp",), remats=("none",), batches=(16,), per_stage=(1, 4)))
+    assert {p.candidate.microbatches for p in piped} == {8}
+    assert [(d.what, d.reason) for d in dropped] == [
+        ("pp stage=8 M=32 batch=16", "32 pipeline microbatches (4 per stage x 8 stages) do not divide its 16 "
+                                     "examples per data shard")]
+
+
+def test_the_whole_space_is_either_planned_or_dropped_by_name() -> None:
+    """Every strategy x mesh x K x pipeline M of the space on 8 devices at batch 16, K in 1, 2, 4: each is a layout
+    or has its own drop (the mesh's, where the batch does not split, else its K's, else its M's)."""
+    from shardbench.parallel.rules import batch_shards
+    from shardbench.plan.candidates import USES, meshes
+
+    space = Space(remats=("none",), batches=(16,), accums=(1, 2, 4), per_stage=(1, 4))
+    points, dropped = enumerate_space(8, space)
+    kept = {(p.candidate.strategy, p.candidate.mesh, p.candidate.grad_accum, p.candidate.microbatches)
+            for p in points}
+    names = {d.what for d in dropped}
+    for strategy in set(USES) - {"single"}:
+        for shape in meshes(8, USES[strategy]):
+            if 16 % batch_shards(STRATEGIES[strategy], shape):
+                assert f"{strategy} {shape} batch=16" in names
+                continue
+            stages = shape.stage if "stage" in USES[strategy] else 0
+            for k in space.accums:
+                whole = [(f"{strategy} {shape}{f' M={stages * m}' if stages else ''}"
+                          f"{f' accum={k}' if k > 1 else ''} batch=16", stages * m)
+                         for m in (space.per_stage if stages else (0,))]
+                if f"{strategy} {shape} accum={k} batch=16" in names:
+                    assert not any((strategy, str(shape), k, m) in kept for _, m in whole)
+                    continue
+                for name, m in whole:
+                    assert ((strategy, str(shape), k, m) in kept) != (name in names), (name, kept)
+
+
+def test_a_batch_larger_than_the_epoch_is_dropped_before_planning() -> None:
+    """100 generated examples, 10% held out: 90 to train on. Batch 128 makes no step (`shardbench train` refuses
+    it), so tune drops it with that reason and plans batch 64 alone."""
+    from shardbench.cli import build_parser
+    from shardbench.tune.tune_cmd import prepare
+
+    args = build_parser().parse_args(["tune", *SMALL_MLP[:-4], "--devices", "8", "--candidates", "dp", "--remat",
+                                      "none", "--data.synthetic-train", "100", "--batch-size", "64,128"])
+    _, _, space, points, dropped = prepare(args)
+    assert space.examples == 90 and {p.batch for p in points} == {64}
+    assert [(d.what, d.reason) for d in dropped] == [("batch=128", "--batch-size 128 is larger than the 90 "
+                                                                   "training examples")]
+    _, kept = enumerate_space(8, dataclasses.replace(space, examples=None))
+    assert kept == []  # where the epoch's size is not known, no batch is dropped for it
 
 
 def test_what_does_not_fit_is_dropped_with_its_reason() -> None:
@@ -121,6 +181,31 @@ def test_a_target_of_another_platform_is_not_measured_here() -> None:
     with pytest.raises(ConfigError, match="--target 8xh100 is gpu hardware and this host runs on cpu: measure on it "
                                           "with --executor slurm"):
         prepare(args)
+
+
+def test_the_local_executor_needs_the_targets_devices_on_this_host() -> None:
+    """An accelerator target is measured here with all its devices: 8 H100s on a host of 4 is one line naming
+    what would run, so is another chip or a target over nodes; a CPU target's devices are simulated by each run
+    (any count), so nothing is asked of this host. This host's devices are listed by JAX in a process of its own."""
+    from shardbench.plan.target import parse_target
+    from shardbench.tune.tune_cmd import HostDevices, check_host, host_devices
+
+    four = HostDevices("gpu", 4, "NVIDIA H100 80GB HBM3")
+    with pytest.raises(ConfigError, match=r"^--target 8xh100 has 8 devices, and this host has 4 \(NVIDIA H100 80GB "
+                                          r"HBM3\): give --target 4xh100, or measure on the target with --executor "
+                                          r"slurm$"):
+        check_host(parse_target("8xh100"), four)
+    with pytest.raises(ConfigError, match=r"^--target 2x2xh100 has 4 devices, 2 nodes of 2, and this host has 2 "):
+        check_host(parse_target("2x2xh100"), HostDevices("gpu", 2, "NVIDIA H100 80GB HBM3"))
+    with pytest.raises(ConfigError, match=r"^--target 4xa100 is a100 and this host's devices are h100 \(NVIDIA H100 "
+                                          r"80GB HBM3\): give --target 4xh100"):
+        check_host(parse_target("4xa100"), four)
+    check_host(parse_target("4xh100"), four)
+    check_host(parse_target("2xh100"), four)  # a run takes the first 2
+    check_host(parse_target("4xh100"), HostDevices("gpu", 4, "an unknown board"))  # the count alone is checked
+    check_host(parse_target("cpu", cpu_devices=64), HostDevices("cpu", 1, "cpu"))
+    here = host_devices()
+    assert here.platform == "cpu" and here.count >= 1 and here.kind == "cpu"
 
 
 def shardbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -184,7 +269,7 @@ def test_tune_end_to_end_measures_k_and_writes_a_winner_train_accepts(tmp_path: 
 @pytest.mark.parametrize(("args", "expected", "compiled"), [
     (["--budget-min", "0.05"], "--budget-min 0.05 (3.0 s) is too small for one run: a run takes about", False),
     (["--candidates", "ep,dp+ep", "--budget-min", "5"],
-     "nothing fits: of 3 layouts, 3 were refused (the commonest reason, 3 of them: refused", False),
+     "nothing fits: of 3 layouts, 3 were refused (the commonest reason, 2 of them: refused: --strategy dp+ep ", False),
     (["--candidates", "dp", "--budget-min", "0.5", "--measure-steps", "10000"],
      "--budget-min 0.5 is too small for one run: the plan's top choice, dp 8x1 remat=none float32 batch=64", True),
 ])
@@ -197,6 +282,95 @@ def test_refusals_are_one_line_and_exit_2(args: list[str], expected: str, compil
     assert last.startswith("shardbench: error: ") and expected in last, done.stderr[-2000:]
     assert ("compiled:" in done.stderr) == compiled
     assert not (tmp_path / "t" / "sweep.db").exists()
+
+
+@pytest.mark.slow
+def test_with_no_measured_run_tune_writes_what_it_points_at(tmp_path: Path) -> None:
+    """Every run past its time limit (1 s: not even JAX has started): no winner, exit 1. tune.md, tune.json and the
+    report are written, tune.md says there is no winner and where the runs' errors are, every path tune names
+    exists, and no winner.toml is written."""
+    out = tmp_path / "t"
+    done = shardbench("tune", *SMALL_MLP, "--remat", "none", "--candidates", "dp", "--budget-min", "5",
+                      "--measure-steps", "3", "--timeout", "1", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert json.loads((out / "tune.json").read_text())["result"] is None
+    md = (out / "tune.md").read_text()
+    assert "no winner: none of the 1 measured run(s) gave step time per example" in md and "| failed |" in md
+    assert "timeout: no result within the 1 s time limit" in (out / "report" / "report.md").read_text()
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("tune: ") and not (out / "winner.toml").exists()
+    named = [Path(part.split(": ")[-1]) for part in last[len("tune: "):].split(", ")]
+    assert out / "tune.md" in named and out / "report" / "report.md" in named
+    assert all(path.exists() for path in named), last
+
+
+@pytest.mark.slow
+def test_an_interrupted_tune_is_finished_by_resume(tmp_path: Path) -> None:
+    """A tune stopped by Ctrl-C after its first of two runs says how to finish it; the same command with --resume
+    (another --top-k is refused, naming it) runs the second run alone and writes the verdict, tune.md and the
+    winner over both runs, each run recorded once."""
+    import signal
+    import threading
+
+    from shardbench.store import Store
+
+    out = tmp_path / "t"
+    argv = ["tune", *SMALL_MLP, "--remat", "none", "--candidates", "dp,tp", "--top-k", "2", "--budget-min", "5",
+            "--measure-steps", "3", "--out", str(out)]
+    environ = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    environ.pop("XLA_FLAGS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "shardbench", *argv], env=environ, cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
+    try:
+        printed = []
+        for line in proc.stdout or ():
+            printed.append(line)
+            if line.startswith("[1/2] "):  # the first run is recorded; the second is starting
+                proc.send_signal(signal.SIGINT)
+                break
+        printed.append(proc.communicate(timeout=120)[0])
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.wait()
+    text = "".join(printed)
+    assert proc.returncode == 130, text[-3000:]
+    assert (f"tune: interrupted; finish it with the same shardbench tune command and --resume (its --out is {out})"
+            in text)
+    with Store(out / "sweep.db") as store:
+        assert len(store.names()) == 1
+    assert not (out / "tune.md").exists() and json.loads((out / "tune.json").read_text())["result"] is None
+
+    changed = shardbench(*argv, "--top-k", "3", "--resume", cwd=tmp_path)
+    assert changed.returncode == 2 and "top_k: 2 there, 3 now" in changed.stderr.strip().splitlines()[-1]
+    resumed = shardbench(*argv, "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    assert "resuming: 1 of 2 runs already recorded" in resumed.stdout and "[2/2] " in resumed.stdout
+    tuned = json.loads((out / "tune.json").read_text())
+    chosen = [row for row in tuned["layouts"] if row["chosen"]]
+    assert len(chosen) == 2 and all(row["measured_step_s"] for row in chosen)
+    assert tuned["result"]["measured"] == 2 and tuned["result"]["command"] in resumed.stdout
+    assert (out / "winner.toml").exists() and "regret" in (out / "tune.md").read_text()
+    with Store(out / "sweep.db") as store:
+        runs = store.runs()
+    assert sorted(r.name for r in runs) == sorted(row["run"] for row in chosen)
+    assert all(r.status == "complete" for r in runs)
+
+
+@pytest.mark.slow
+def test_each_refused_layout_keeps_its_own_reason(tmp_path: Path) -> None:
+    """cp and ep on the MLP are both refused before compiling, each for its own reason (no attention; no experts):
+    tune.json says so per layout, even where every layout at the batch is refused."""
+    out = tmp_path / "t"
+    done = shardbench("tune", *SMALL_MLP, "--remat", "none", "--candidates", "cp,ep", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    rows = {row["strategy"]: row for row in json.loads((out / "tune.json").read_text())["layouts"]}
+    assert rows["cp"]["dropped"].startswith("refused: --strategy cp splits the sequence"), rows["cp"]
+    assert "the mlp has no attention" in rows["cp"]["dropped"]
+    assert rows["ep"]["dropped"].startswith("refused: --strategy ep splits a mixture's experts"), rows["ep"]
+    assert "(the commonest reason, 1 of them: refused: --strategy cp" in done.stderr.strip().splitlines()[-1]
 
 
 def test_the_cost_objective_prices_the_step_on_the_targets_devices() -> None:
@@ -216,6 +390,11 @@ def test_the_cost_objective_prices_the_step_on_the_targets_devices() -> None:
     wider = dataclasses.replace(planned("dp", 0.5), target=parse_target("16xh100"))
     assert cost.predicted(wider) == pytest.approx(2 * cost.predicted(p))
     assert rank([wider, p], cost)[0] is p  # time ranks them level; cost puts the half-price one first
+    # Within one tune every layout runs on all the target's devices: cost is time x a constant, the same order.
+    same = [dataclasses.replace(planned(s, step, batch=b), target=h100)
+            for s, step, b in (("dp", 0.5, 64), ("fsdp", 0.8, 128), ("tp", 0.3, 32), ("zero1", 0.2, 16))]
+    assert [p.point.name for p in rank(same, cost)] == [p.point.name for p in rank(same, OBJECTIVES["time"])]
+    assert all(cost.predicted(p) == pytest.approx(OBJECTIVES["time"].predicted(p) * 8 * hourly / 3600) for p in same)
     only_cpu = parse_prices('currency = "USD"\ntaken = "2026-11-25"\n[devices.cpu]\non_demand = 1.0\nspot = 0.5\n'
                             'watts = 100\nsource = "by hand"\ndate = "2026-11"\nper = "host"\n', "test table")
     with pytest.raises(ConfigError, match=r"--objective cost: the price table \(test table\) has no row for h100"):
@@ -245,6 +424,8 @@ def test_tunes_report_prices_an_epoch_of_each_measured_layout(tmp_path: Path) ->
     assert rows[1] == [dp.point.name, f"${0.5 * steps * hourly / 3600:,.4g}",
                        f"{0.5 * steps * load_prices().lookup('cpu').watts / 3.6e6:,.4g}", "$0.125", "0.5"]
     assert f"({epoch_examples(cfg)} examples over each layout's batch)" in how
+    assert ", on 1 host(s);" in how  # the CPU row is priced per host: 8 simulated devices are one machine
+    assert ", on 8 device(s);" in cost_table(dataclasses.replace(tuning, target=parse_target("8xh100")))[1]
     half = dataclasses.replace(dp, point=dataclasses.replace(dp.point, batch=dp.point.batch * 2))
     tuning.chosen = [half]  # a layout at twice the batch: half the steps an epoch, at the same step time
     assert cost_table(tuning)[0][1][1] == f"${0.5 * steps_per_epoch(epoch_examples(cfg), half.point.batch) * hourly / 3600:,.4g}"

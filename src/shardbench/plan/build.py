@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from shardbench import config as config_lib
+from shardbench.errors import ConfigError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.candidates import Candidate, candidate_config
@@ -19,6 +20,15 @@ from shardbench.plan.steptime import FORMULA
 from shardbench.plan.target import Target
 
 MB = 1e6
+
+
+class AllRefused(ConfigError):
+    """Every candidate was refused before compiling. The message names the first refusal (what `shardbench plan`
+    prints); `refusals` holds each candidate's own reason, by candidate name."""
+
+    def __init__(self, message: str, refusals: dict[str, str]) -> None:
+        super().__init__(message)
+        self.refusals = refusals
 
 
 @dataclass(frozen=True)
@@ -139,8 +149,7 @@ class Plan:
 def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], workers: int,
               calibrate: list[Path], progress: TextIO | None = sys.stderr) -> Plan:
     """Compile every candidate (refusing those `shardbench train` would refuse), predict and rank them.
-    Raises ConfigError when every candidate is refused: nothing was compiled."""
-    from shardbench.errors import ConfigError
+    Raises AllRefused (a ConfigError) when every candidate is refused: nothing was compiled."""
     from shardbench.plan.machine import hardware
     from shardbench.plan.measured import calibrate as fit_runs
     from shardbench.plan.workers import compile_all, default_workers
@@ -168,7 +177,8 @@ def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], wo
     elapsed = time.perf_counter() - start
     lines = [found[c.name] for c in cands]
     if all("refused" in line for line in lines):
-        raise ConfigError(f"no candidate can run on {target.devices} device(s): {lines[0]['refused']}")
+        raise AllRefused(f"no candidate can run on {target.devices} device(s): {lines[0]['refused']}",
+                         {c.name: str(line["refused"]) for c, line in zip(cands, lines)})
     hw = {d: hardware(target, d, cfg.precision.matmul_precision, cache_root(cfg))
           for d in dict.fromkeys(c.dtype for c in cands)}
     sources: set[str] = set()

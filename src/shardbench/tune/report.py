@@ -5,6 +5,7 @@ winner as a ready `shardbench train` command and as a sweep file, winner.toml.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench import config as config_lib
+from shardbench.errors import ConfigError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.target import Target
 from shardbench.tune.select import MIB, Measured, Objective, Outcome, Planned, outcome
@@ -55,7 +57,8 @@ def _layout_row(t: Tuning, p: Planned, rank: dict[str, int]) -> dict[str, Any]:
             "predicted_step_s": p.prediction.step_s if p.prediction else None,
             "predicted_memory_bytes": p.prediction.total_bytes if p.prediction else None,
             "objective": t.objective.predicted(p) if p.fits else None,
-            "rank": rank.get(name), "dropped": p.dropped or None,
+            "rank": rank.get(name), "dropped": p.dropped or None, "problem": p.problem or None,
+            "prediction": p.prediction.to_dict() if p.prediction else None,
             "estimated_run_s": t.estimate.get(name), "chosen": name in {q.point.name for q in t.chosen},
             "run": t.run_of.get(name),
             "measured_step_s": m.step_s if m else None, "measured_memory_bytes": m.memory_bytes if m else None}
@@ -74,13 +77,7 @@ def write_json(t: Tuning) -> Path:
     verdict = summary(t)
     data = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "target": t.target.spec, "devices": t.target.devices, "objective": t.objective.name,
-        "top_k": t.top_k, "budget_min": t.budget_min, "measure_steps": t.steps,
-        "config": config_lib.flatten(t.cfg),
-        "space": {"strategies": list(t.space.strategies), "remats": list(t.space.remats),
-                  "dtypes": list(t.space.dtypes), "grad_accum": list(t.space.accums),
-                  "batch_sizes": list(t.space.batches), "microbatches_per_stage": list(t.space.per_stage),
-                  "schedules": list(t.space.schedules)},
+        **identity(t), "config": config_lib.flatten(t.cfg),
         "layouts": [_layout_row(t, p, order) for p in t.planned],
         "dropped_before_planning": [{"name": d.what, "dropped": d.reason} for d in t.dropped],
         "runs": {run: next(p.prediction.to_dict() for p in t.chosen if p.point.name == layout and p.prediction)
@@ -95,6 +92,78 @@ def write_json(t: Tuning) -> Path:
     t.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(t.out / TUNE_JSON, data)
     return t.out / TUNE_JSON
+
+
+def identity(t: Tuning) -> dict[str, Any]:
+    """What makes a tune the one it is, besides its configuration: the target, the objective, the budget and the
+    space (in tune.json; a resumed tune must match it)."""
+    return {"target": t.target.spec, "devices": t.target.devices, "objective": t.objective.name,
+            "top_k": t.top_k, "budget_min": t.budget_min, "measure_steps": t.steps,
+            "space": {"strategies": list(t.space.strategies), "remats": list(t.space.remats),
+                      "dtypes": list(t.space.dtypes), "grad_accum": list(t.space.accums),
+                      "batch_sizes": list(t.space.batches), "microbatches_per_stage": list(t.space.per_stage),
+                      "schedules": list(t.space.schedules), "train_examples": t.space.examples}}
+
+
+# ------------------------------------------------------------------------------------------ --resume
+# Configuration fields a resumed tune may give differently: where it is, and --resume itself.
+RESUME_MAY_CHANGE = ("train.out", "train.resume")
+
+
+def resumed(t: Tuning) -> Tuning:
+    """`t`, built from this command's flags, with what the interrupted tune in `t.out` planned and chose (read
+    back from its tune.json), ready to measure the runs its sweep has not recorded. One line where `t.out` holds
+    no tune whose runs had started, or one started with other flags."""
+    path = t.out / TUNE_JSON
+    if not path.exists():
+        raise ConfigError(f"--resume: {t.out} holds no tune to finish (no {TUNE_JSON}); drop --resume and give an "
+                          f"empty or new --out to start one")
+    data = json.loads(path.read_text())
+    differs = _difference(data, t)
+    if differs:
+        raise ConfigError(f"--resume: {t.out} holds a tune started with other flags ({differs}); give the flags it "
+                          f"was started with, or drop --resume and give another --out")
+    rows = data.get("layouts", [])
+    planned = [_planned_from(row, t.target) for row in rows]
+    chosen = sorted(((p, row["rank"]) for p, row in zip(planned, rows) if row["chosen"]), key=lambda pair: pair[1])
+    if not chosen:
+        raise ConfigError(f"--resume: the tune in {t.out} chose no layout to measure (it stopped before, or was "
+                          f"refused): drop --resume and give another --out to start again")
+    if any(p.prediction is None for p, _ in chosen):
+        raise ConfigError(f"--resume: {t.out / TUNE_JSON} keeps no prediction of its chosen layouts (an older "
+                          f"shardbench wrote it): drop --resume and give another --out to start again")
+    t.dropped = [Dropped(d["name"], d["dropped"]) for d in data.get("dropped_before_planning", [])]
+    t.planned = planned
+    t.estimate = {row["name"]: row["estimated_run_s"] for row in rows if row["estimated_run_s"] is not None}
+    t.chosen = [p for p, _ in chosen]  # in the plan's order
+    t.runs = {row["run"]: row["name"] for row in rows if row["run"]}
+    return t
+
+
+def _difference(data: dict[str, Any], t: Tuning) -> str | None:
+    """The first field where tune.json's tune and `t` differ ('field: as stored there, as given now'); None when
+    they are alike. The configuration's fields are compared one by one, but for RESUME_MAY_CHANGE."""
+    def flat(tune: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        return {**tune, **{k: v for k, v in config.items() if k not in RESUME_MAY_CHANGE}}
+
+    now = json.loads(json.dumps(flat(identity(t), config_lib.flatten(t.cfg))))
+    stored = flat({k: data.get(k) for k in identity(t)}, data.get("config") or {})
+    key = next((k for k in dict.fromkeys([*now, *stored]) if now.get(k) != stored.get(k)), None)
+    return None if key is None else f"{key}: {stored.get(key)!r} there, {now.get(key)!r} now"
+
+
+def _planned_from(row: dict[str, Any], target: Target) -> Planned:
+    """A layout of tune.json as it was planned: its point, its prediction (or why there is none)."""
+    from shardbench.plan.candidates import Candidate
+    from shardbench.plan.predict import Prediction
+    from shardbench.tune.space import Point
+
+    candidate = Candidate(row["strategy"], row["mesh"], row["remat"], row["dtype"], row["grad_accum"],
+                          row["microbatches"], row["schedule"])
+    stored = row.get("prediction")
+    prediction = (None if stored is None else
+                  Prediction(**{f.name: stored[f.name] for f in dataclasses.fields(Prediction)}))
+    return Planned(Point(candidate, row["batch"]), prediction, row.get("problem") or "", target)
 
 
 # ------------------------------------------------------------------------------------------ the winner
@@ -197,7 +266,13 @@ def cost_table(t: Tuning) -> tuple[list[list[str]], str]:
         rows.append([p.point.name, _usd(pred.on_demand_usd if pred else None), _kwh(pred.kwh if pred else None),
                      _usd(got.on_demand_usd if got else None), _kwh(got.kwh if got else None)])
     return rows, (f"cost per epoch ({examples} examples over each layout's batch) at {price.describe()}, on "
-                  f"{t.target.devices} device(s); energy from the table's watts (estimated) unless a run measured it")
+                  f"{priced_on(t.target, price.per)}; energy from the table's watts (estimated) unless a run "
+                  f"measured it")
+
+
+def priced_on(target: Target, per: str) -> str:
+    """What a price row counts on the target: its hosts (a row priced per host, the CPU's) or its devices."""
+    return f"{target.nodes} host(s)" if per == "host" else f"{target.devices} device(s)"
 
 
 def _usd(value: float | None) -> str:
@@ -208,14 +283,27 @@ def _kwh(value: float | None) -> str:
     return "–" if value is None else f"{value:,.4g}"
 
 
-def verdict_lines(t: Tuning, v: Outcome) -> list[str]:
+def planned_line(t: Tuning) -> str:
+    """What was planned, dropped and measured, in one line."""
     fits = sum(p.fits for p in t.planned)
     planned = sum(p.prediction is not None for p in t.planned)
-    lines = [f"planned {len(t.planned)} layout(s) on {t.target.spec} ({planned} predicted, {fits} fit; "
-             f"{len(t.dropped)} part(s) of the space dropped before planning); measured the plan's top {len(t.chosen)} "
-             f"by {t.objective.what} within --budget-min {t.budget_min:g}"
-             + (f" (took {t.measure_wall_s / 60:.1f} min)" if t.measure_wall_s is not None else ""),
-             f"winner: {v.winner.point.name}, measured {t.objective.show(v.winner_value)}"]
+    return (f"planned {len(t.planned)} layout(s) on {t.target.spec} ({planned} predicted, {fits} fit; "
+            f"{len(t.dropped)} part(s) of the space dropped before planning); measured the plan's top {len(t.chosen)} "
+            f"by {t.objective.what} within --budget-min {t.budget_min:g}"
+            + (f" (took {t.measure_wall_s / 60:.1f} min)" if t.measure_wall_s is not None else ""))
+
+
+def no_verdict_line(t: Tuning) -> str:
+    """Why there is no winner: no chosen layout's run measured the objective."""
+    return (f"no winner: none of the {len(t.chosen)} measured run(s) gave {t.objective.what} (each run's status and "
+            f"error: report/report.md; its output: runs/<run>.log)")
+
+
+def verdict_lines(t: Tuning, v: Outcome | None) -> list[str]:
+    lines = [planned_line(t)]
+    if v is None:
+        return [*lines, no_verdict_line(t)]
+    lines.append(f"winner: {v.winner.point.name}, measured {t.objective.show(v.winner_value)}")
     if v.plan_top_value is None:
         lines.append(f"the plan's top choice, {v.plan_top.point.name}, did not measure: no regret")
     elif v.plan_top is v.winner:
@@ -237,7 +325,9 @@ def dropped_counts(t: Tuning) -> list[tuple[int, str]]:
     return sorted(((n, r) for r, n in counts.items()), key=lambda pair: -pair[0])
 
 
-def render_markdown(t: Tuning, v: Outcome, chart: str | None) -> str:
+def render_markdown(t: Tuning, v: Outcome | None, chart: str | None) -> str:
+    """tune.md: the verdict (or why there is none), predicted against measured, the cost of an epoch, the winner's
+    command where there is a winner, and what was dropped."""
     model = t.cfg.model.factory or t.cfg.preset
     lines = [f"# shardbench tune: {model} on {t.target.spec}, objective {t.objective.name}", ""]
     lines += [f"- {line}" for line in verdict_lines(t, v)]
@@ -253,10 +343,13 @@ def render_markdown(t: Tuning, v: Outcome, chart: str | None) -> str:
         lines += ["| " + " | ".join(costs[0]) + " |", "|" + "---|" * len(costs[0])]
         lines += ["| " + " | ".join(r) + " |" for r in costs[1:]] + [""]
     lines.append(how)
-    lines += ["", "## The winner", "", "```", " ".join(winner_command(t, v.winner)), "```", "",
-              f"or `shardbench sweep --sweep-file {t.out / WINNER}` (one run); every layout planned, with its "
-              f"prediction and why it was dropped: `{TUNE_JSON}`; the plan(s): `plan*/plan.md`; the measured runs' "
-              f"report: `report/report.md`."]
+    where = (f"every layout planned, with its prediction and why it was dropped: `{TUNE_JSON}`; the plan(s): "
+             f"`plan*/plan.md`; the measured runs' report: `report/report.md`.")
+    if v is not None:
+        lines += ["", "## The winner", "", "```", " ".join(winner_command(t, v.winner)), "```", "",
+                  f"or `shardbench sweep --sweep-file {t.out / WINNER}` (one run); {where}"]
+    else:
+        lines += ["", "## No winner", "", where[0].upper() + where[1:]]
     counted = dropped_counts(t)
     if counted:
         lines += ["", "## Dropped", "", "| layouts | why |", "|---:|---|"]
@@ -265,24 +358,27 @@ def render_markdown(t: Tuning, v: Outcome, chart: str | None) -> str:
 
 
 def finish(t: Tuning) -> int:
-    """After the runs: tune.json with the verdict, the sweep's report (with the plan's chart), tune.md,
-    winner.toml and the ready command printed. 1 when no run measured the objective."""
+    """After the runs: tune.json with the verdict, the sweep's report (with the plan's chart), tune.md and the
+    table printed; with a winner, winner.toml and the ready command too. 1 when no run measured the objective
+    (tune.md and the report, written first, say which runs failed and why)."""
     from shardbench.report.write import write_report
 
     write_json(t)
     v = summary(t)
-    if v is None:
-        print(f"tune: no measured run gave {t.objective.what}: see {t.out / 'report'} and the runs' logs",
-              flush=True)
-        return 1
     paths = write_report(t.out)
     chart = paths.charts.get("plan_vs_measured")
-    (t.out / WINNER).write_text(winner_toml(t, v.winner))
+    if v is not None:
+        (t.out / WINNER).write_text(winner_toml(t, v.winner))
     (t.out / "tune.md").write_text(render_markdown(t, v, None if chart is None else
                                                    chart.relative_to(t.out).as_posix()), encoding="utf-8")
     rows = table(t)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows))
+    if v is None:
+        print("\n".join(["", *verdict_lines(t, v), f"tune: {t.out / 'tune.md'}, {t.out / TUNE_JSON}, "
+                                                    f"{paths.markdown}, the runs' output: {t.out / 'runs'}"]),
+              flush=True)
+        return 1
     print("\n".join(["", *verdict_lines(t, v), "", "ready command for the winner:",
                      "  " + " ".join(winner_command(t, v.winner)),
                      f"tune: {t.out / 'tune.md'}, {t.out / TUNE_JSON}, {t.out / WINNER}, {paths.markdown}"]),

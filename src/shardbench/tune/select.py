@@ -96,8 +96,9 @@ OBJECTIVES: dict[str, Objective] = {
 
 def _cost(prices: PriceTable) -> Objective:
     """On-demand dollars per example on the layout's target, from `prices` (`--prices`, else the packaged table):
-    the step's seconds x the devices' hourly price (a row priced per host: x the hosts) / 3600, over the batch.
-    A layout on more devices must be that much faster to cost the same."""
+    the step's seconds x the hourly price x the target's devices (a row priced per host, the CPU's: x its hosts)
+    / 3600, over the batch. Every layout of one tune runs on all of its target's devices, so within a tune this is
+    the time objective times one constant: it ranks as `time` does and differs in what it reports (dollars)."""
 
     def per_example(p: Planned, step_s: float | None) -> float | None:
         if step_s is None or p.target is None:

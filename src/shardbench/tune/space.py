@@ -7,8 +7,8 @@ data shards, microbatches that do not divide a shard) is kept with its reason, n
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
@@ -33,6 +33,8 @@ class Space:
     batches: tuple[int, ...] = (128,)  # global batch sizes
     per_stage: tuple[int, ...] = PER_STAGE  # a pipeline's microbatches per stage
     schedules: tuple[str, ...] = config_lib.PIPELINE_SCHEDULES
+    examples: int | None = None  # training examples in an epoch, where the configuration says (None: not known)
+    repeats: int = 1  # --data.repeat-augment: a batch holds batch / repeats distinct examples
 
 
 @dataclass(frozen=True)
@@ -55,24 +57,54 @@ class Dropped:
     reason: str
 
 
-def _layout_drops(devices: int, strategy: str, batch: int, accums: Sequence[int], kept: set[str]) -> list[Dropped]:
-    """The meshes of `strategy` that `candidates` leaves out at `batch` (no candidate of that mesh), with why."""
+def _layout_drops(devices: int, strategy: str, batch: int, space: Space) -> list[Dropped]:
+    """Every part of `strategy`'s space at `batch` that `candidates` leaves out, with why: a mesh whose data shards
+    do not split the batch, and on the others each microbatch count K (and, with stages, each pipeline
+    microbatch count M) that does not divide its examples per data shard."""
     if strategy == "single":
-        return [] if devices == 1 else [Dropped(f"single batch={batch}",
-                                                f"one device, and the target has {devices}")]
+        if devices != 1:
+            return [Dropped(f"single batch={batch}", f"one device, and the target has {devices}")]
+        return _microbatch_drops("single", "none", 0, batch, batch, space)
     out = []
     for shape in meshes(devices, USES[strategy]):
-        if str(shape) in kept:
-            continue
         data = batch_shards(STRATEGIES[strategy], shape)
         if batch % data:
-            why = f"--batch-size {batch} does not split over its {data} data shards"
+            out.append(Dropped(f"{strategy} {shape} batch={batch}",
+                               f"--batch-size {batch} does not split over its {data} data shards"))
         else:
-            share = batch // data
-            why = (f"no microbatch count of {', '.join(map(str, accums))} (and, with stages, no pipeline microbatch "
-                   f"count) divides its {share} examples per data shard")
-        out.append(Dropped(f"{strategy} {shape} batch={batch}", why))
+            stages = shape.stage if "stage" in USES[strategy] else 0
+            out += _microbatch_drops(strategy, str(shape), stages, batch // data, batch, space)
     return out
+
+
+def _microbatch_drops(strategy: str, mesh: str, stages: int, share: int, batch: int, space: Space) -> list[Dropped]:
+    """The microbatch counts of `space` that do not divide a layout's `share` examples per data shard: each K of
+    --grad-accum, and with `stages` (0: none) each M = k x stages of --microbatches-per-stage (every schedule)."""
+    out = []
+    for k in space.accums:
+        if share % k:
+            out.append(Dropped(f"{strategy} {mesh} accum={k} batch={batch}",
+                               f"--grad-accum {k} does not divide its {share} examples per data shard"))
+            continue
+        for per in dict.fromkeys(space.per_stage) if stages else ():
+            m = stages * per
+            if (share // k) % m:
+                each = f"{share // k} examples per data shard" + (f" in each of {k} microbatches" if k > 1 else "")
+                accum = f" accum={k}" if k > 1 else ""
+                out.append(Dropped(f"{strategy} {mesh} M={m}{accum} batch={batch}",
+                                   f"{m} pipeline microbatches ({per} per stage x {stages} stages) do not divide its "
+                                   f"{each}"))
+    return out
+
+
+def _epoch_drop(batch: int, space: Space) -> Dropped | None:
+    """A batch larger than the epoch's training examples (where the configuration says how many) makes no step:
+    `shardbench train` refuses it (`preflight.check_run`), so it is dropped here, before planning."""
+    from shardbench.data.pipeline import steps_per_epoch
+
+    if space.examples is None or steps_per_epoch(space.examples, batch, space.repeats):
+        return None
+    return Dropped(f"batch={batch}", f"--batch-size {batch} is larger than the {space.examples} training examples")
 
 
 def enumerate_space(devices: int, space: Space) -> tuple[list[Point], list[Dropped]]:
@@ -84,6 +116,10 @@ def enumerate_space(devices: int, space: Space) -> tuple[list[Point], list[Dropp
     layouts: list[Point] = []
     dropped: list[Dropped] = []
     for batch in space.batches:
+        too_large = _epoch_drop(batch, space)
+        if too_large is not None:
+            dropped.append(too_large)
+            continue
         for strategy in space.strategies:
             try:
                 found = candidates(devices, batch, [strategy], list(space.remats), list(space.dtypes),
@@ -94,7 +130,7 @@ def enumerate_space(devices: int, space: Space) -> tuple[list[Point], list[Dropp
                     dropped.append(Dropped(f"{strategy} batch={batch}", str(err)))
                     continue
             layouts += [Point(c, batch) for c in found]
-            dropped += _layout_drops(devices, strategy, batch, space.accums, {c.mesh for c in found})
+            dropped += _layout_drops(devices, strategy, batch, space)
     return layouts, dropped
 
 

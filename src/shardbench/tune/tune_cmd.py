@@ -8,8 +8,9 @@ import argparse
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
@@ -24,11 +25,15 @@ from shardbench.tune.select import objective as select_objective
 from shardbench.tune.space import (LAYOUT_KEYS, Dropped, Point, Space, enumerate_space, layout_settings,
                                    parse_ints, parse_names, user_settings)
 
+if TYPE_CHECKING:
+    from shardbench.tune.report import Tuning
+
 # Comma lists tune takes in a configuration flag's place (the first value stands in the Config meanwhile).
 LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.grad_accum": "--grad-accum",
               "train.batch_size": "--batch-size"}
 # What each measured run changes from the configuration: a few timed steps, no evaluation, no checkpoint.
 MEASURE = {"train.eval": False, "train.checkpoint_every": 0}
+INTERRUPTED = 130  # a sweep stopped by Ctrl-C (`sweep.runner.run_sweep`)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -41,7 +46,8 @@ def add_parser(subparsers: Any) -> None:
                     "does it fit, predicted step), drop what does not fit with its reason, measure the plan's top "
                     "--top-k within --budget-min as a sweep, and report predicted against measured, the winner, the "
                     "regret of the plan's top choice and a ready command (and winner.toml) for the winner. "
-                    "--dtype, --remat, --grad-accum and --batch-size take comma lists. See docs/tune.md.")
+                    "--dtype, --remat, --grad-accum and --batch-size take comma lists. The same command with "
+                    "--resume finishes an interrupted tune in its --out. See docs/tune.md.")
     add_config_arguments(parser)
     group = parser.add_argument_group("tune options")
     group.add_argument("--target", default="", help=f"the hardware to plan for: {HINT} (default on a CPU host: cpu, "
@@ -56,7 +62,9 @@ def add_parser(subparsers: Any) -> None:
                        help=f"pipelines: schedules to consider (default {','.join(config_lib.PIPELINE_SCHEDULES)})")
     group.add_argument("--objective", default="time", choices=list(OBJECTIVE_NAMES),
                        help="what to minimise: " + "; ".join(f"{o.name}: {o.what}" for o in OBJECTIVES.values())
-                       + "; cost: on-demand dollars per example on the target, from the price table (--prices)")
+                       + "; cost: on-demand dollars per example on the target, from the price table (--prices); "
+                         "every layout uses all the target's devices, so cost ranks as time does and reports "
+                         "dollars")
     group.add_argument("--top-k", type=int, default=3, metavar="K", help="layouts to measure (default 3)")
     group.add_argument("--budget-min", type=float, default=30.0, metavar="M",
                        help="minutes the measured runs may take together, by the plan's estimate (default 30)")
@@ -70,6 +78,8 @@ def add_parser(subparsers: Any) -> None:
     for action in parser._actions:  # a sweep's follow-up flags: a tune's sweep is followed to its end
         if action.dest in ("status", "cancel"):
             action.help = argparse.SUPPRESS
+        if action.dest == "train.resume":  # tune's own meaning of train's flag
+            action.help = "finish the interrupted tune in --out: give the flags it was started with"
 
 
 def make_space(cfg: config_lib.Config, args: argparse.Namespace, lists: dict[str, list[str]]) -> Space:
@@ -85,7 +95,17 @@ def make_space(cfg: config_lib.Config, args: argparse.Namespace, lists: dict[str
         accums=parse_ints("--grad-accum", ",".join(lists.get("train.grad_accum", [str(cfg.train.grad_accum)]))),
         batches=parse_ints("--batch-size", ",".join(lists.get("train.batch_size", [str(cfg.train.batch_size)]))),
         per_stage=parse_ints("--microbatches-per-stage", args.microbatches_per_stage),
-        schedules=parse_names("--schedules", args.schedules, config_lib.PIPELINE_SCHEDULES))
+        schedules=parse_names("--schedules", args.schedules, config_lib.PIPELINE_SCHEDULES),
+        examples=train_examples(cfg), repeats=cfg.data.repeat_augment)
+
+
+def train_examples(cfg: config_lib.Config) -> int | None:
+    """The distinct training examples of an epoch where the configuration says (what `shardbench train` checks
+    each batch against); None for a dataset of files, read only when a run starts."""
+    from shardbench.plan.plan_cmd import epoch_examples
+
+    examples = epoch_examples(cfg)  # after the validation split, x --data.repeat-augment
+    return None if examples is None else examples // cfg.data.repeat_augment
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -128,6 +148,63 @@ def check_measurable(target: Target) -> None:
                           f"with --executor slurm (or run tune there), or only plan it with shardbench plan")
 
 
+@dataclass(frozen=True)
+class HostDevices:
+    """This host's devices as a run's JAX sees them: the platform, how many, and the first one's device_kind."""
+
+    platform: str
+    count: int
+    kind: str
+
+
+# Lists the devices and prints [platform, count, device_kind] as JSON: what a run on this host would get.
+PROBE = "import json, jax; d = jax.devices(); print(json.dumps([d[0].platform, len(d), d[0].device_kind]))"
+
+
+def host_devices(timeout_s: float = 300.0) -> HostDevices:
+    """This host's devices, listed by JAX in a process of its own (this one never holds an accelerator that its
+    runs need); one line where JAX cannot list them."""
+    import json
+    import os
+    import subprocess
+
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # list the devices, hold no memory
+    try:
+        done = subprocess.run([sys.executable, "-c", PROBE], check=False, capture_output=True, text=True, env=env,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"tune: JAX did not list this host's devices within {timeout_s:.0f} s: check that they "
+                          f"are free (nvidia-smi), or measure elsewhere with --executor slurm") from None
+    if done.returncode:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise ConfigError(f"tune: JAX could not list this host's devices ({why}): fix the installation, or measure "
+                          f"elsewhere with --executor slurm")
+    platform, count, kind = json.loads(done.stdout.strip().splitlines()[-1])
+    return HostDevices(platform, int(count), str(kind))
+
+
+def check_host(target: Target, host: HostDevices) -> None:
+    """The local executor runs every layout on this host with all the target's devices: an accelerator target
+    needs that many devices here, of its chip where the host's device_kind names a known one. A CPU target's
+    devices are simulated by each run (any count), so only accelerator targets are checked."""
+    from shardbench.hardware import chip_for_kind
+
+    if target.chip is None:
+        return
+    here = chip_for_kind(host.kind)
+    if target.devices > host.count:
+        nodes = f", {target.nodes} nodes of {target.per_node}" if target.nodes > 1 else ""
+        fits = f"--target {host.count}x{here.name}" if here is not None and host.platform == "gpu" else (
+            f"a target of at most {host.count} devices")
+        raise ConfigError(f"--target {target.spec} has {target.devices} devices{nodes}, and this host has "
+                          f"{host.count} ({host.kind}): give {fits}, or measure on the target with --executor slurm")
+    if here is not None and here.name != target.chip.name:
+        instead = (f"--target {target.devices}x{here.name}" if host.platform == "gpu" else
+                   f"a {here.name} --target ({here.name}:AxB)")
+        raise ConfigError(f"--target {target.spec} is {target.chip.name} and this host's devices are {here.name} "
+                          f"({host.kind}): give {instead}, or measure on the target with --executor slurm")
+
+
 def default_out(cfg: config_lib.Config, target: Target) -> Path:
     if cfg.train.out:
         return Path(cfg.train.out)
@@ -157,7 +234,7 @@ def plan_space(cfg: config_lib.Config, target: Target, points: list[Point], work
                out: Path) -> tuple[list[Planned], float]:
     """Plan every layout (one plan per batch size, each written under `out`): each as the plan saw it, and the
     compile time one candidate took on average."""
-    from shardbench.plan.build import make_plan
+    from shardbench.plan.build import AllRefused, make_plan
     from shardbench.plan.workers import default_workers
 
     planned: list[Planned] = []
@@ -168,8 +245,8 @@ def plan_space(cfg: config_lib.Config, target: Target, points: list[Point], work
         at = override(cfg, {"train.batch_size": batch})
         try:
             plan = make_plan(at, target, [p.candidate for p in mine], workers, calibrate, progress=sys.stderr)
-        except ConfigError as err:  # every candidate at this batch refused before compiling
-            planned += [Planned(p, None, f"refused: {err}", target) for p in mine]
+        except AllRefused as err:  # every candidate at this batch refused before compiling, each for its reason
+            planned += [Planned(p, None, f"refused: {err.refusals[p.candidate.name]}", target) for p in mine]
             continue
         plan.write(out / ("plan" if len(batches) == 1 else f"plan-batch{batch}"))
         rows = {r.candidate: r for r in plan.rows}
@@ -195,8 +272,9 @@ def make_tune_sweep(cfg: config_lib.Config, chosen: list[Planned], devices: int,
     return sweep, {r.name: p.point.name for r, p in zip(runs, chosen)}
 
 
-def run_measurements(args: argparse.Namespace, sweep: Any, out: Path) -> int:
-    """The sweep, on the local or the SLURM executor, into `out` (its store and run folders)."""
+def run_measurements(args: argparse.Namespace, sweep: Any, out: Path, resume: bool = False) -> int:
+    """The sweep, on the local or the SLURM executor, into `out` (its store and run folders); with `resume`, the
+    runs its store has not recorded (a store that was never created is created)."""
     from shardbench.sweep import slurm as slurm_lib
     from shardbench.sweep import slurm_options
     from shardbench.sweep.runner import Options, run_sweep
@@ -209,7 +287,7 @@ def run_measurements(args: argparse.Namespace, sweep: Any, out: Path) -> int:
     if executor == "slurm":
         shapes = slurm_options.check_shapes(sweep, checked, slurm_opts)
         slurm_options.check_submittable(shapes, checked, slurm_opts)
-    with open_store(out, False, plan_meta(sweep, options)) as store:
+    with open_store(out, resume and (out / "sweep.db").exists(), plan_meta(sweep, options)) as store:
         env = share_peak(sweep, out) if executor == "local" else {}
         opts = Options(out, args.timeout, env=env)
         print(f"tune: measuring {len(sweep.runs)} layout(s) -> {out}", flush=True)
@@ -251,6 +329,8 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space,
         slurm_options.check_available()
     else:
         check_measurable(target)
+        if target.chip is not None:  # an accelerator: are its devices here? (a CPU target's are simulated)
+            check_host(target, host_devices())
     space = make_space(cfg, args, lists)
     points, dropped = enumerate_space(target.devices, space)
     return cfg, target, space, points, dropped
@@ -262,11 +342,15 @@ def run(args: argparse.Namespace) -> int:
 
     cfg, target, space, points, dropped = prepare(args)
     objective = select_objective(args.objective, prices_from_flag(cfg.train.prices), target)
+    if cfg.train.resume and not cfg.train.out:
+        raise ConfigError("--resume needs --out: the folder of the tune to finish")
     out = default_out(cfg, target)
-    check_out(out, resume=False)
-    writable_dir(out, "--out")
     tuning = report.Tuning(cfg, target, objective, space, args.top_k, args.budget_min, args.measure_steps, out,
                            dropped=dropped)
+    if cfg.train.resume:  # what it planned and chose is read back; only the runs not yet recorded are run
+        return measure(args, report.resumed(tuning), resume=True)
+    check_out(out, resume=False)
+    writable_dir(out, "--out")
     if not points:
         report.write_json(tuning)
         raise nothing_fits([], len(dropped), out)
@@ -282,14 +366,25 @@ def run(args: argparse.Namespace) -> int:
         tuning.chosen = select(ranked, args.top_k, args.budget_min * 60, lambda p: tuning.estimate[p.point.name])
     finally:
         report.write_json(tuning)  # what was planned is kept, whether or not the budget holds a run
-    sweep, tuning.runs = make_tune_sweep(cfg, tuning.chosen, target.devices, args.measure_steps)
+    return measure(args, tuning, resume=False)
+
+
+def measure(args: argparse.Namespace, tuning: Tuning, resume: bool) -> int:
+    """Measure the chosen layouts as a sweep (with `resume`, those its store has not recorded), then the verdict
+    (`report.finish`). An interrupted sweep says how to finish it."""
+    from shardbench.tune import report
+
+    sweep, tuning.runs = make_tune_sweep(tuning.cfg, tuning.chosen, tuning.target.devices, args.measure_steps)
     report.write_json(tuning)
     started = time.perf_counter()
-    code = run_measurements(args, sweep, out)
-    tuning.measure_wall_s = time.perf_counter() - started
+    code = run_measurements(args, sweep, tuning.out, resume)
+    tuning.measure_wall_s = None if resume else time.perf_counter() - started  # a resumed tune's total is unknown
+    if code == INTERRUPTED:
+        print(f"tune: interrupted; finish it with the same shardbench tune command and --resume (its --out is "
+              f"{tuning.out})", file=sys.stderr, flush=True)
     if code:
         return code
-    tuning.measured = measured_runs(out, tuning.runs)
+    tuning.measured = measured_runs(tuning.out, tuning.runs)
     return report.finish(tuning)
 
 
