@@ -165,11 +165,29 @@ def test_regret_and_tau_by_hand() -> None:
     assert v is not None and v.winner is chosen[1] and v.plan_top is chosen[0]
     assert v.winner_value == pytest.approx(0.010 / 64)
     assert v.regret == pytest.approx(0.2) == regret(12, 10)
-    assert v.tau == pytest.approx(1 / 3) == kendall_tau([10, 20, 30], [12, 10, 15])
+    assert v.taus() == {64: pytest.approx(1 / 3)} and kendall_tau([10, 20, 30], [12, 10, 15]) == pytest.approx(1 / 3)
     assert regret(10, 10) == 0.0
     # The plan's top choice failed: the winner is still named, the regret is unknown.
     failed = outcome(chosen, {k: m for k, m in measured.items() if not k.startswith("dp")}, OBJECTIVES["time"])
     assert failed is not None and failed.winner is chosen[1] and failed.regret is None and failed.measured == 2
+
+
+def test_tau_is_taken_within_each_batch_size() -> None:
+    """Runs of one batch are one piece of work: at batch 16 the plan orders 10, 20, 30 ms against 12, 10, 15
+    measured (tau 1/3, as above); at batch 64 it orders 40, 50, 60 against 60, 50, 40 (tau -1). Pooled, the
+    larger batch's longer steps alone would make the plan look right (tau 7/15); two runs say nothing."""
+    small = [planned(s, t, batch=16) for s, t in (("dp", 0.010), ("fsdp", 0.020), ("tp", 0.030))]
+    large = [planned(s, t, batch=64) for s, t in (("dp", 0.040), ("fsdp", 0.050), ("tp", 0.060))]
+    pair = [planned("dp", 0.010, batch=8), planned("tp", 0.020, batch=8)]
+    chosen = small + large + pair
+    steps = (0.012, 0.010, 0.015, 0.060, 0.050, 0.040, 0.001, 0.002)
+    measured = {p.point.name: Measured(s, 1e6) for p, s in zip(chosen, steps)}
+    v = outcome(chosen, measured, OBJECTIVES["time"])
+    assert v is not None
+    assert v.taus() == {8: None, 16: pytest.approx(1 / 3), 64: pytest.approx(-1.0)}
+    assert kendall_tau([10, 20, 30, 40, 50, 60], [12, 10, 15, 60, 50, 40]) == pytest.approx(7 / 15)
+    assert v.tau_texts()[8] == "2 runs, too few for Kendall's tau to mean anything"
+    assert v.tau_texts()[64] == "Kendall's tau -1.00 over 3 runs"
 
 
 def test_a_target_of_another_platform_is_not_measured_here() -> None:
@@ -232,9 +250,11 @@ def test_tune_end_to_end_measures_k_and_writes_a_winner_train_accepts(tmp_path: 
     assert len(chosen) == 2 and all(row["measured_step_s"] and row["predicted_step_s"] for row in chosen)
     result = tuned["result"]
     assert result["winner"] in {row["name"] for row in chosen} and result["regret"] >= 0
-    assert -1 <= result["kendall_tau"] <= 1 and set(tuned["runs"]) == {row["run"] for row in chosen}
+    # Both runs are one batch: two runs are too few for a tau, and tune.md says so.
+    assert result["kendall_tau_by_batch"] == {str(tuned["config"]["train.batch_size"]): None}
+    assert set(tuned["runs"]) == {row["run"] for row in chosen}
     md = (out / "tune.md").read_text()
-    assert "Kendall's tau" in md and "regret" in md and "report/plan_vs_measured.png" in md
+    assert "2 runs, too few for Kendall's tau" in md and "regret" in md and "report/plan_vs_measured.png" in md
     assert (out / "report" / "plan_vs_measured.png").exists()
     assert "The plan against the measurement" in (out / "report" / "report.md").read_text()
     assert result["command"] in done.stdout

@@ -14,9 +14,8 @@ from typing import Any
 from shardbench.errors import ShardbenchError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.calibration import HELD_OUT, Coefficients, held_out, to_dict
-from shardbench.report.kendall import kendall_tau
+from shardbench.report.kendall import MIN_TAU_RUNS, describe_tau, kendall_tau
 from shardbench.plan.predict import Prediction, predict
-from shardbench.report.plan_chart import MIN_TAU_RUNS, describe_tau
 from shardbench.report.speed import comparable, label
 from shardbench.report.write import PREDICTIONS
 

@@ -1,7 +1,10 @@
 """Kendall's tau between two orders: how well the planner ranks what was measured (`plan --validate`, `tune`, and
-the reports' chart of predicted against measured). Imports nothing of the package, so any module may use it."""
+the reports' chart of predicted against measured), and `describe_tau`, which says one group's tau with its n.
+Imports nothing of the package, so any module may use it."""
 
 from __future__ import annotations
+
+MIN_TAU_RUNS = 3  # under three runs Kendall's tau is +-1 or undefined: it says nothing of the plan's ranking
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float | None:
@@ -23,3 +26,14 @@ def kendall_tau(a: list[float], b: list[float]) -> float | None:
                 discordant += 1
     denominator = ((concordant + discordant + ties_a) * (concordant + discordant + ties_b)) ** 0.5
     return (concordant - discordant) / denominator if denominator else None
+
+
+def describe_tau(predicted: list[float], measured: list[float]) -> str:
+    """Kendall's tau of two orders of one group's runs with its n; under MIN_TAU_RUNS runs, that it means nothing."""
+    n = len(predicted)
+    if n < MIN_TAU_RUNS:
+        return f"{n} run{'' if n == 1 else 's'}, too few for Kendall's tau to mean anything"
+    found = kendall_tau(predicted, measured)
+    if found is None:
+        return f"{n} runs, no order to compare (every prediction or measurement alike)"
+    return f"Kendall's tau {found:.2f} over {n} runs"

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shardbench.report.kendall import kendall_tau
+from shardbench.report.kendall import describe_tau, kendall_tau
 from shardbench.report.content import Chart, number
 from shardbench.report.plots import BESIDE, NOTE_WIDTH, _save, _strategy_colors
 from shardbench.report.speed import Model, comparable, label, steps_note, undecided
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
 
 TUNE_JSON = "tune.json"  # written by `shardbench tune` (`shardbench.tune.report`)
-MIN_TAU_RUNS = 3  # under three runs Kendall's tau is +-1 or undefined: it says nothing of the plan's ranking
 
 
 def tune_predictions(sweep_dir: Path) -> dict[str, Any] | None:
@@ -63,17 +62,6 @@ def tau(pairs: list[Pair]) -> float | None:
 def tau_text(pairs: list[Pair]) -> str:
     """Kendall's tau of a group with its n, or why it says nothing there."""
     return describe_tau([p for _, p, _ in pairs], [m for _, _, m in pairs])
-
-
-def describe_tau(predicted: list[float], measured: list[float]) -> str:
-    """Kendall's tau of two orders of one group's runs with its n; under MIN_TAU_RUNS runs, that it means nothing."""
-    n = len(predicted)
-    if n < MIN_TAU_RUNS:
-        return f"{n} run{'' if n == 1 else 's'}, too few for Kendall's tau to mean anything"
-    found = kendall_tau(predicted, measured)
-    if found is None:
-        return f"{n} runs, no order to compare (every prediction or measurement alike)"
-    return f"Kendall's tau {found:.2f} over {n} runs"
 
 
 def plan_vs_measured(runs: list[ReportedRun], out: Path) -> Chart | str:

@@ -86,7 +86,8 @@ def write_json(t: Tuning) -> Path:
         "result": None if verdict is None else {
             "winner": verdict.winner.point.name, "winner_run": t.run_of.get(verdict.winner.point.name),
             "winner_objective": verdict.winner_value, "plan_top": verdict.plan_top.point.name,
-            "plan_top_objective": verdict.plan_top_value, "regret": verdict.regret, "kendall_tau": verdict.tau,
+            "plan_top_objective": verdict.plan_top_value, "regret": verdict.regret,
+            "kendall_tau_by_batch": {str(batch): tau for batch, tau in verdict.taus().items()},
             "measured": verdict.measured, "command": " ".join(winner_command(t, verdict.winner))},
     }
     t.out.mkdir(parents=True, exist_ok=True)
@@ -311,9 +312,10 @@ def verdict_lines(t: Tuning, v: Outcome | None) -> list[str]:
     else:
         lines.append(f"the plan's top choice, {v.plan_top.point.name}, measured "
                      f"{t.objective.show(v.plan_top_value)}: regret {_pct(v.regret)} against the best measured")
-    lines.append("Kendall's tau of predicted against measured step time: "
-                 + ("– (fewer than 2 runs measured, or every prediction alike)" if v.tau is None
-                    else f"{v.tau:.2f} over {v.measured} run(s)"))
+    texts = v.tau_texts()
+    lines.append("predicted against measured step time, per batch size (one batch's runs are one piece of work): "
+                 + ("no run measured a step time" if not texts else
+                    "; ".join(f"batch {batch}: {text}" for batch, text in texts.items())))
     return lines
 
 

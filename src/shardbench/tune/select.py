@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from shardbench.errors import ConfigError
 from shardbench.measure.run_record import Cost
-from shardbench.report.kendall import kendall_tau
+from shardbench.report.kendall import MIN_TAU_RUNS, describe_tau, kendall_tau
 from shardbench.plan.predict import Prediction
 from shardbench.plan.target import Target
 from shardbench.prices import PriceTable, epoch_cost
@@ -195,13 +195,25 @@ class Outcome:
     plan_top: Planned
     plan_top_value: float | None  # None: the plan's top choice failed to measure
     regret: float | None
-    tau: float | None  # Kendall's tau of predicted against measured step times; None under 2 runs
+    orders: dict[int, tuple[list[float], list[float]]]  # per batch size: predicted and measured step times
     measured: int
+
+    def taus(self) -> dict[int, float | None]:
+        """Kendall's tau of predicted against measured step times per batch size (the runs of one batch are one
+        piece of work; across batches the order would rank batch sizes, not layouts); None under MIN_TAU_RUNS
+        runs, or where every prediction or measurement is alike."""
+        return {batch: kendall_tau(*pair) if len(pair[0]) >= MIN_TAU_RUNS else None
+                for batch, pair in self.orders.items()}
+
+    def tau_texts(self) -> dict[int, str]:
+        """Each batch size's tau with its n, or why it says nothing there."""
+        return {batch: describe_tau(*pair) for batch, pair in self.orders.items()}
 
 
 def outcome(chosen: Sequence[Planned], measured: dict[str, Measured], objective: Objective) -> Outcome | None:
     """The winner (best measured objective), the regret of the plan's top choice (`chosen[0]`) against it, and
-    Kendall's tau over the runs with a step time. `measured` is keyed by `Point.name`; None when no run measured."""
+    per batch size the predicted and measured step times of the runs with one (for Kendall's tau). `measured` is
+    keyed by `Point.name`; None when no run measured."""
     values: dict[str, float] = {}
     for p in chosen:
         value = objective.measured(p, measured[p.point.name]) if p.point.name in measured else None
@@ -213,8 +225,11 @@ def outcome(chosen: Sequence[Planned], measured: dict[str, Measured], objective:
     best = values[winner.point.name]
     top = chosen[0]
     top_value = values.get(top.point.name)
-    steps = [(p.predicted.step_s, step) for p in chosen
-             if p.point.name in measured and (step := measured[p.point.name].step_s) is not None]
-    tau = kendall_tau([a for a, _ in steps], [b for _, b in steps]) if len(steps) > 1 else None
-    return Outcome(winner, best, top, top_value, None if top_value is None else regret(top_value, best), tau,
-                   len(values))
+    orders: dict[int, tuple[list[float], list[float]]] = {}
+    for p in chosen:
+        if p.point.name in measured and (step := measured[p.point.name].step_s) is not None:
+            predicted, steps = orders.setdefault(p.point.batch, ([], []))
+            predicted.append(p.predicted.step_s)
+            steps.append(step)
+    return Outcome(winner, best, top, top_value, None if top_value is None else regret(top_value, best),
+                   dict(sorted(orders.items())), len(values))
