@@ -60,6 +60,9 @@ def test_inspect_shows_which_stage_holds_each_layer(tmp_path: Path) -> None:
     assert "mesh stage=4 (stage)" in text
     assert "8 microbatches of 4 examples; 11 iterations per pass" in text
     assert bubble_fraction(4, 8) == 3 / 11 and "(S-1)/(M+S-1) = 27.3%" in text
+    # Accumulated in 2 parts on 2 data shards: 32 / 2 / 4 = 4 examples a microbatch, 2 on each shard.
+    text = inspect(_cfg(tmp_path, "dp+pp", "data=2,stage=4", 8, 4, **{"train.grad_accum": 2}))
+    assert "4 microbatches of 4 examples (2 per data shard), in each of the 2 accumulated parts" in text
 
 
 @pytest.mark.parametrize(("strategy", "mesh", "spec", "device_shape", "stage0", "stage1", "within"), [
@@ -167,4 +170,5 @@ def test_each_schedules_program_work_is_counted_from_its_iterations(stages: int,
     s_, m = stages, microbatches
     assert stack_work("gpipe", s_, m) == pytest.approx((m + s_ - 1) * (1 + 2) / (3 * m))
     assert stack_work("circular", s_, m, 2) == pytest.approx((2 * m + s_ - 1) * (1 + 1 + 2) / 2 / (3 * m))
+    assert stack_work("circular", s_, m, 1) == stack_work("gpipe", s_, m)  # one repeat runs GPipe's program
     assert stack_work("1f1b", s_, m) == pytest.approx(ticks(s_, m) * (1 + 1 + 2) / (3 * m))

@@ -34,6 +34,18 @@ def test_pipeline_candidates_are_stages_x_microbatches_x_schedules() -> None:
     assert (config["parallel.microbatches"], config["parallel.schedule"]) == (32, "gpipe")
 
 
+@pytest.mark.parametrize(("configured", "want"), [(1, {"gpipe": 1, "1f1b": 1, "circular": 2}),
+                                                  (4, {"gpipe": 1, "1f1b": 1, "circular": 4})])
+def test_a_circular_candidate_loops_and_the_others_run_once(configured: int, want: dict[str, int]) -> None:
+    """A circular candidate at --parallel.repeats 1 would run GPipe's program under circular's name: the planner
+    lays it out with 2 repeats, or the configuration's own; gpipe and 1f1b run once through the stages (a repeats
+    above 1 would have them refused)."""
+    cfg = override(get_preset("mlp-small"), {"parallel.repeats": configured, "parallel.schedule": "circular"})
+    for schedule, repeats in want.items():
+        config = candidate_config(cfg, Candidate("pp", "stage=4", "none", "float32", 1, 8, schedule), 8)
+        assert (config["parallel.schedule"], config["parallel.repeats"]) == (schedule, repeats)
+
+
 def _hardware() -> Hardware:
     return Hardware(name="test", platform="gpu", peak_flops=1e12, peak_source="", memory_bytes=1e9,
                     memory_source="", bandwidth={"intra": 1e9, "inter": 1e8}, bandwidth_source="",

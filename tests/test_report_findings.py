@@ -260,3 +260,14 @@ def test_a_folder_of_runs_compares_the_losses_logged_beside_each_summary(tmp_pat
     text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
     assert "are the same computation in different layouts: their losses differ by at most 0.0e+00 (relative, over " \
            "3 compared losses)" in text
+
+
+def test_swept_numbers_are_listed_ascending_and_names_in_first_use() -> None:
+    """Runs read from folders come in name order (1024, 16384, 2048, 256): the lengths are listed as numbers."""
+    from shardbench.report.write import swept_fields
+
+    runs = [run(f"r{n}", {"model.seq_len": n, "parallel.context": mode}, 10.0)
+            for n, mode in ((1024, "ring"), (16384, "ring"), (2048, "all-gather"), (256, "ring"))]
+    swept = swept_fields(runs)
+    assert swept["model.seq_len"] == [256, 1024, 2048, 16384]
+    assert swept["parallel.context"] == ["ring", "all-gather"]

@@ -337,7 +337,9 @@ def test_an_interrupted_tune_is_finished_by_resume(tmp_path: Path) -> None:
     out = tmp_path / "t"
     argv = ["tune", *SMALL_MLP, "--remat", "none", "--candidates", "dp,tp", "--top-k", "2", "--budget-min", "5",
             "--measure-steps", "3", "--out", str(out)]
-    environ = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # Unbuffered: the first run's line arrives as it is printed, while the second run's process is still starting
+    # (a few seconds), not together with it at the end.
+    environ = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
     environ.pop("XLA_FLAGS", None)
     proc = subprocess.Popen([sys.executable, "-m", "shardbench", *argv], env=environ, cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -27,6 +27,7 @@ CONTEXT_MODES = ("all-gather", "ring")
 CONTEXT_ORDERS = ("head-tail", "contiguous")
 # Pipeline schedules (shardbench.parallel.pipeline; 1F1B's hand-written backward in shardbench.train.one_f_one_b).
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "circular")
+CIRCULAR_REPEATS = 2  # R of a circular layout the planner or a sweep lays out where --parallel.repeats is 1
 DTYPES = ("float32", "bfloat16", "float16")
 MATMUL_PRECISIONS = ("default", "high", "highest")
 REMAT_POLICIES = ("none", "block", "full")

@@ -77,7 +77,7 @@ def pipeline_lines(cfg: Config, rows: list[ParamRow], layout: Layout) -> list[st
              f"PartitionSpec says)" if within else "")
     lines = [f"pipeline ({schedule}): {stages} stages, each holding 1/{stages} of every stacked parameter (its "
              f"layers dim over stage, above)",
-             f"{m} microbatches of {cfg.train.batch_size // m} examples; {work} = "
+             f"{m} microbatches of {_microbatch_rows(cfg, layout, m)}; {work} = "
              f"{bubble_fraction(stages, m, r):.1%} of them (the bubble)",
              f"which stage holds which layers, on which devices{split}:"]
     devices = layout.mesh.devices if layout.mesh is not None else None
@@ -85,6 +85,15 @@ def pipeline_lines(cfg: Config, rows: list[ParamRow], layout: Layout) -> list[st
         ids = ",".join(str(d.id) for d in np.take(devices, s, axis=MESH_AXES.index(STAGE)).flat)
         lines.append(f"  stage {s}: layers {_spans(stage_layers(s, depth, stages, r))} on devices {ids}")
     return lines
+
+
+def _microbatch_rows(cfg: Config, layout: Layout, m: int) -> str:
+    """A pipeline microbatch's examples: the batch over --train.grad-accum's parts, then over M, then per data
+    shard where the data axis splits it."""
+    k, data = cfg.train.grad_accum, layout.data_size
+    rows = cfg.train.batch_size // k // m
+    text = f"{rows} examples" + (f" ({rows // data} per data shard)" if data > 1 else "")
+    return text + (f", in each of the {k} accumulated parts of the batch (--train.grad-accum {k})" if k > 1 else "")
 
 
 def context_lines(cfg: Config, layout: Layout) -> list[str]:

@@ -58,7 +58,7 @@ def stack_work(schedule: str, stages: int, microbatches: int, repeats: int = 1) 
     m, s_, r = microbatches, stages, repeats
     if schedule == "1f1b":
         return 2 * (m + s_ - 1) / m * 4 / 3
-    if schedule == "circular":
+    if schedule == "circular" and r > 1:  # at R = 1 the circular schedule runs GPipe's program
         return (r * m + s_ - 1) / (r * m) * 4 / 3
     return (m + s_ - 1) / m
 

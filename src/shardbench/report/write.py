@@ -126,11 +126,13 @@ def with_predictions(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedR
 
 
 def swept_fields(runs: list[ReportedRun]) -> dict[str, list[Any]]:
-    """Each swept field with its distinct values, in the order the runs first use them."""
+    """Each swept field with its distinct values: numbers ascending, others in the order the runs first use them."""
     fields: dict[str, list[Any]] = {}
     for key in dict.fromkeys(k for r in runs for k in r.overrides if k not in NOISE):
-        values = [r.overrides.get(key, r.config.get(key)) for r in runs]
-        fields[key] = list({json.dumps(v, sort_keys=True): v for v in values}.values())
+        values = list({json.dumps(v, sort_keys=True): v for v in
+                       (r.overrides.get(key, r.config.get(key)) for r in runs)}.values())
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        fields[key] = sorted(values) if numeric else values
     return fields
 
 

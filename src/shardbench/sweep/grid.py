@@ -222,7 +222,7 @@ PIPELINE_MODELS: dict[str, tuple[str, Override]] = {
                        "model.seq_len": 32, "data.synthetic_test": 256}),
 }
 # What a schedule needs beyond its name, where the configuration has the field (the circular schedule's repeats).
-SCHEDULE_SETTINGS: dict[str, Override] = {"circular": {"parallel.repeats": 2}}
+SCHEDULE_SETTINGS: dict[str, Override] = {"circular": {"parallel.repeats": config_lib.CIRCULAR_REPEATS}}
 
 
 def _schedule_settings(schedule: str) -> Override:

@@ -147,20 +147,26 @@ class Every:
     phase: Phase
     steps: int = 0
     epoch_end: bool = False
+    light: bool = False  # a few scalars and a line, as logging is (an epoch's end without evaluation): stays timed
 
     def due(self, run: LoopState) -> bool:
         return (self.steps > 0 and run.done % self.steps == 0) or (self.epoch_end and run.end_of_epoch)
 
+    @property
+    def outside_training(self) -> bool:
+        """Whether the step it ran after is left out of the step times."""
+        return self.phase.outside_training and not self.light
 
-def run_due(schedule: Iterable[Every], run: LoopState) -> list[Phase]:
+
+def run_due(schedule: Iterable[Every], run: LoopState) -> list[Every]:
     """Call the hooks due after the step just dispatched, by phase, once its metrics are on the host (a
-    checkpoint must know its loss is finite); returns the phases that ran."""
+    checkpoint must know its loss is finite); returns those that ran, in that order."""
     due = sorted((every for every in schedule if every.due(run)), key=lambda every: every.phase)
     if due:
         run.metrics.settle()
     for every in due:
         every.hook(run)
-    return [every.phase for every in due]
+    return due
 
 
 @dataclass

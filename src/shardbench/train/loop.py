@@ -66,7 +66,7 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
                               checked.task.unit), hooks.Phase.LOG, cfg.train.log_every, epoch_end=True),
         hooks.Every(hooks.Checkpoint(built.checkpoints, steps.release), hooks.Phase.CHECKPOINT,
                     cfg.train.checkpoint_every),
-        hooks.Every(epochs, hooks.Phase.EPOCH_END, epoch_end=True),
+        hooks.Every(epochs, hooks.Phase.EPOCH_END, epoch_end=True, light=not cfg.train.eval),
         *filter(None, [hooks.fault_injection()]),
     ]
     run_name = cfg.train.run_name or default_run_name(cfg, layout)
@@ -91,7 +91,7 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
         run.metrics.push(run.done, metrics)
         window.after_step(run.done, block=metrics)
         bar.update(1)
-        if any(phase.outside_training for phase in hooks.run_due(schedule, run)):
+        if any(every.outside_training for every in hooks.run_due(schedule, run)):
             timer.leave_out(run.done + 1)  # the step was settled before the hooks: their time is in the next
     last = run.metrics.settle()
     energy.stop()
