@@ -90,3 +90,33 @@ def test_cifar10_keeps_its_published_statistics(micro, tmp_path: Path) -> None:
     ds = make_synthetic(64, 16, image_size=32, num_classes=10, seed=0, val_fraction=0.0)
     assert normalized(ds, "cifar10", tmp_path).norm == (CIFAR_MEAN, CIFAR_STD)
     assert normalized(ds, "synthetic", tmp_path).norm == channel_stats(ds.train.images)
+
+
+def test_cached_statistics_follow_every_image_of_the_split(tmp_path: Path) -> None:
+    """The statistics cache knows a split by all of its bytes: whiten 30 of 72 training images (none of them the
+    first or last, which a sample would look at) and the statistics are computed again, not read back stale."""
+    from shardbench.data.stats import cached_stats
+
+    images = np.random.default_rng(0).integers(0, 100, (72, 8, 8, 3), dtype=np.uint8)
+    assert cached_stats(tmp_path, "mine", images) == channel_stats(images)
+    edited = images.copy()
+    edited[5:35] = 255
+    assert cached_stats(tmp_path, "mine", edited) == channel_stats(edited) != channel_stats(images)
+    assert cached_stats(tmp_path, "mine", images) == channel_stats(images)  # both splits are kept, each its own
+
+
+@pytest.mark.parametrize(("arrays", "overrides", "message"), [
+    ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.zeros(4), "x_test": np.zeros((2, 40, 40, 3),
+      np.uint8), "y_test": np.zeros(2)}, {}, "x_test is uint8 (2, 40, 40, 3) but x_train is uint8 (4, 32, 32, 3)"),
+    ({"x_train": np.zeros((4, 40, 40, 3), np.uint8), "y_train": np.zeros(4), "x_test": np.zeros((2, 40, 40, 3),
+      np.uint8), "y_test": np.zeros(2)}, {}, "has 40x40 images but the model expects 32x32; pass --data.image-size 40"),
+    ({"x_train": np.zeros((4, 17), np.int32), "y_train": np.zeros(4), "x_test": np.full((2, 17), 600, np.int32),
+      "y_test": np.zeros(2)}, {"model.kind": "lm", "model.seq_len": 16, "model.vocab_size": 512},
+     "token ids must be in [0, 512) (--model.vocab-size) in every split"),
+])
+def test_every_split_is_checked_against_the_model(micro, tmp_path: Path, arrays: dict, overrides: dict,
+                                                  message: str) -> None:
+    path = _npz(tmp_path / "bad.npz", **arrays)
+    cfg = micro(**{"data.dataset": f"arrays:{path}", **overrides})
+    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load_for(cfg, tmp_path / "cache")

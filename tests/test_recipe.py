@@ -109,20 +109,28 @@ def test_mixup_and_cutmix_of_a_pair_by_hand() -> None:
 
 
 def test_soft_targets_follow_the_pixels_and_sum_to_one() -> None:
+    """Each image is one flat value, 10 x (its row + 1): after mixing, its mean says how much of it is its own,
+    (mean - partner's value) / (own value - partner's value), whether mixup blended it or CutMix pasted a box. The
+    soft targets, drawn apart from the pixels, must weigh the two labels by exactly that."""
     data = config_lib.DataConfig(mixup=1.0, cutmix=0.5, image_size=32)
-    labels = jnp.array([1, 4, 2, 2, 7, 0])
-    key, rows = jax.random.key(3), (0, 6)
+    labels = jnp.array([1, 4, 2, 2, 7, 0, 3, 9, 5, 6, 8, 1])
+    b, key = len(labels), jax.random.key(3)
+    rows = (0, b)
     soft = np.asarray(recipe.soft_targets(data, labels, 10, 0.1, key, rows))
     np.testing.assert_allclose(soft.sum(-1), 1.0, rtol=1e-6)
-    u, lam = recipe.mix_draws(data, key, rows, 6)
-    images = jnp.stack([jnp.full((32, 32, 1), float(i)) for i in range(6)])
-    _, own = recipe.mix_pairs(images, u, lam, 0.5)
-    for i in range(6):
+    values = 10.0 * (np.arange(b) + 1)
+    images = jnp.stack([jnp.full((32, 32, 1), v) for v in values])
+    u, lam = recipe.mix_draws(data, key, rows, b)
+    mixed = np.asarray(recipe.mix_pairs(images, u, lam, 0.5)[0])
+    pasted = [i for i in range(b) if len(np.unique(mixed[i])) == 2]  # CutMix: two values; mixup: one
+    assert 0 < len(pasted) < b, pasted  # both kinds of mixing are covered
+    for i in range(b):
         partner = i ^ 1
+        own = (mixed[i].mean() - values[partner]) / (values[i] - values[partner])
         want = np.full(10, 0.01)
-        want[int(labels[i])] += 0.9 * float(own[i])
-        want[int(labels[partner])] += 0.9 * (1 - float(own[i]))
-        np.testing.assert_allclose(soft[i], want, rtol=1e-5, atol=1e-7)
+        want[int(labels[i])] += 0.9 * own
+        want[int(labels[partner])] += 0.9 * (1 - own)
+        np.testing.assert_allclose(soft[i], want, rtol=1e-4, atol=1e-6, err_msg=f"row {i}")
 
 
 @pytest.mark.slow

@@ -100,7 +100,7 @@ class ImageDataset:
     class_names: tuple[str, ...]
     # Per-channel (mean, std) on the [0, 1] scale that the model's inputs are normalised with, and whence.
     norm: tuple[tuple[float, ...], tuple[float, ...]] = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
-    norm_source: str = "CIFAR-10's published statistics"
+    norm_source: str = "CIFAR-10's customary statistics (the seed notebook's; see shardbench.data.augment)"
 
     @property
     def info(self) -> dict[str, Any]:

@@ -58,12 +58,27 @@ def _column_splits(arrays: dict[str, np.ndarray], x_key: str, y_key: str | None,
     return train.take(np.sort(order[n_val:])), train.take(np.sort(order[:n_val])), test
 
 
+def _check_splits_alike(arrays: dict[str, np.ndarray], name: str) -> None:
+    """Every split's inputs (x_*) have x_train's kind of dtype and its shape past the rows, and its targets (y_*)
+    y_train's shape past the rows: a test split of another image size or sequence length is one line here, not an
+    error inside a step."""
+    for prefix in ("x_", "y_"):
+        first = arrays[f"{prefix}train"]
+        for key, value in arrays.items():
+            if key.startswith(prefix) and (value.shape[1:] != first.shape[1:] or
+                                           (prefix == "x_" and value.dtype.kind != first.dtype.kind)):
+                raise DataError(f"{name}: {key} is {value.dtype} {value.shape} but {prefix}train is {first.dtype} "
+                                f"{first.shape}: every split must have its shape past the rows (and its inputs' "
+                                f"dtype)")
+
+
 def load_arrays(path: Path, kind: str, *, num_classes: int, seq_len: int, vocab_size: int, input_dim: int,
                 val_fraction: float, seed: int) -> ImageDataset | Dataset:
     """The dataset in `path` for a model of kind `kind` ('vit', 'lm' or 'mlp'), checked against the model."""
     arrays = _read(path)
     x = arrays["x_train"]
     name = f"arrays:{path.name}"
+    _check_splits_alike(arrays, name)
     if kind == "vit":
         if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3 or x.shape[1] != x.shape[2]:
             raise DataError(f"{name}: images to classify must be uint8 (N, H, W, 3) with H = W, got "
@@ -84,8 +99,8 @@ def load_arrays(path: Path, kind: str, *, num_classes: int, seq_len: int, vocab_
         if not np.issubdtype(x.dtype, np.integer) or x.ndim != 2 or x.shape[1] != seq_len + 1:
             raise DataError(f"{name}: token sequences must be integers (N, --model.seq-len + 1 = {seq_len + 1}), got "
                             f"{x.dtype} {x.shape}")
-        if x.min() < 0 or x.max() >= vocab_size:
-            raise DataError(f"{name}: token ids must be in [0, {vocab_size}) (--model.vocab-size)")
+        if any(v.min() < 0 or v.max() >= vocab_size for k, v in arrays.items() if k.startswith("x_") and v.size):
+            raise DataError(f"{name}: token ids must be in [0, {vocab_size}) (--model.vocab-size) in every split")
         arrays.update({k: v.astype(np.int32) for k, v in arrays.items() if k.startswith("x_")})
         train, val, test = _column_splits(arrays, "tokens", None, val_fraction, seed)
         return Dataset(name, train, val, test, {"vocab_size": vocab_size})

@@ -121,6 +121,8 @@ def load_for(cfg: Config, cache_dir: Path) -> ImageDataset | Dataset:
         assert path is not None
         found = load_arrays(path, m.kind, num_classes=m.num_classes, seq_len=m.seq_len, vocab_size=m.vocab_size,
                             input_dim=m.input_dim, val_fraction=d.val_fraction, seed=cfg.train.seed)
+        if isinstance(found, ImageDataset):
+            _check_shape(found, image_size=d.image_size, num_classes=m.num_classes)
         return normalized(found, kind, cache_dir)
     if kind == "regression":
         return regression(d.synthetic_train, d.synthetic_test, input_dim=m.input_dim, outputs=m.num_classes,
@@ -132,7 +134,7 @@ def load_for(cfg: Config, cache_dir: Path) -> ImageDataset | Dataset:
 
 
 def normalized(ds: ImageDataset | Dataset, kind: str, cache_dir: Path) -> ImageDataset | Dataset:
-    """An image dataset with the statistics its images are normalised with: CIFAR-10's published ones, or
+    """An image dataset with the statistics its images are normalised with: CIFAR-10's customary ones, or
     those of its own training split (computed once, cached)."""
     if not isinstance(ds, ImageDataset) or kind == "cifar10":
         return ds

@@ -36,11 +36,11 @@ def channel_stats(images: np.ndarray) -> Stats:
 
 
 def fingerprint(images: np.ndarray) -> str:
-    """Identifies a training split by its shape and a sample of its bytes (every 97th image, and the last)."""
+    """Identifies a training split by its shape and every byte of it (a sample would miss an edited image, or
+    another split of the same files: about 0.3 s for CIFAR-10's 45,000 training images)."""
     digest = hashlib.sha1(repr(images.shape).encode())
-    for i in [*range(0, len(images), 97), len(images) - 1]:
-        if i >= 0:
-            digest.update(images[i].tobytes())
+    for start in range(0, len(images), _CHUNK):
+        digest.update(np.ascontiguousarray(images[start:start + _CHUNK]).tobytes())
     return digest.hexdigest()
 
 

@@ -26,7 +26,7 @@ def get_task(cfg: Config) -> Task:
 
 def for_data(task: Task, dataset: object) -> Task:
     """The task with what it needs to know of its dataset: an image task normalises with the dataset's own
-    statistics (CIFAR-10's published ones, or those of its training split)."""
+    statistics (CIFAR-10's customary ones, or those of its training split)."""
     norm = getattr(dataset, "norm", None)
     if task.kind != "vit" or norm is None:
         return task
