@@ -192,4 +192,6 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
                            if comms is not None and uses_context(layout) else None),
         comms={} if comms is None else dict(comms.by_kind),
         comms_total_bytes=0 if comms is None else comms.total_bytes,
+        comms_total_sent_bytes=0 if comms is None else comms.total_sent_bytes,
+        comms_unknown_trip_counts=None if comms is None else comms.unknown_trip_counts,
     )
