@@ -32,6 +32,10 @@ def test_train_writes_a_versioned_record_that_reads_back_typed(micro) -> None:
     assert m.step_time_s.median == saved["measurements"]["step_time_s"]["median"]
     assert isinstance(m.comms["all-reduce"], Collective)
     assert m.comms["all-reduce"].bytes == saved["measurements"]["comms"]["all-reduce"]["bytes"]
+    # dp on 8 devices: every all-reduce spans the 8, so each device sends 2 x 7/8 of its payload on a ring.
+    assert m.comms["all-reduce"].sent_bytes == pytest.approx(2 * 7 / 8 * m.comms["all-reduce"].bytes, abs=8)
+    assert m.comms_total_sent_bytes == sum(c.sent_bytes for c in m.comms.values())
+    assert m.comms_unknown_trip_counts == 0
     assert m.memory is not None and m.memory.breakdown is not None and m.memory.breakdown.params_bytes > 0
     # Written from the types and read back into them, the measurements are exactly what was written: the
     # types are the schema, field for field.
