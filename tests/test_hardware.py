@@ -119,15 +119,56 @@ def test_the_figures_are_consistent() -> None:
 @pytest.mark.parametrize("kind", ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "TPU v5 lite", "TPU v4"])
 def test_a_run_gets_the_peak_of_its_compute_class(kind: str) -> None:
     """What MFU divides by follows the run's precision through the device's kind: bfloat16 and float16 compute
-    use the 16-bit peak; float32 at default precision the TF32 (GPU) or bf16-pass (TPU) peak; 'highest' the
-    full float32 peak; and the source names the chip and class it came from."""
+    use the 16-bit peak; float32 at default precision the TF32 (GPU) or one-bf16-pass (TPU) peak; 'high' TF32 on
+    a GPU but three bf16 passes on a TPU; 'highest' the full float32 peak; and the source names the chip and class
+    it came from."""
     chip = chip_for_kind(kind)
     assert chip is not None
+    tpu = kind.startswith("TPU")
     expected = {("bfloat16", "default"): "bf16", ("float16", "highest"): "bf16", ("float32", "default"): "tf32",
-                ("float32", "high"): "tf32", ("float32", "highest"): "f32"}
+                ("float32", "high"): "bf16x3" if tpu else "tf32", ("float32", "highest"): "f32"}
     for (dtype, precision), cls in expected.items():
         peak, source = table_peak(kind, dtype, precision)
         assert peak == chip.peaks[cls] and source.startswith(f"table: {chip.name} {cls} (")
     assert table_peak(kind, "float32", "highest")[0] < table_peak(kind, "float32", "default")[0] <= \
         table_peak(kind, "bfloat16", "default")[0]
     assert table_peak("cpu", "float32", "default") is None
+
+
+@pytest.mark.parametrize(("kind", "bf16"), [("TPU v4", 275e12), ("TPU v5 lite", 197e12)])
+def test_float32_at_high_precision_on_a_tpu_runs_three_bf16_passes(kind: str, bf16: float) -> None:
+    """XLA's TPU compiler runs a float32 matmul at Precision.HIGH as three bfloat16 passes (bf16_3x): a third of
+    the data sheet's bf16 rate (v4 275 TF, v5e 197 TF), where NVIDIA's 'high' is TF32 (H100 SXM: 494 TF)."""
+    assert table_peak(kind, "float32", "high")[0] == pytest.approx(bf16 / 3)
+    assert table_peak(kind, "float32", "default")[0] == pytest.approx(bf16)
+    assert table_peak("NVIDIA H100 80GB HBM3", "float32", "high")[0] == pytest.approx(494e12)
+
+
+@pytest.mark.parametrize(("kind", "chip_bf16", "chip_gib"), [("TPU v3", 123e12, 32), ("TPU v2", 45e12, 16)])
+def test_a_tpu_v2_or_v3_device_is_one_core_half_a_chip(kind: str, chip_bf16: float, chip_gib: int) -> None:
+    """A JAX device on TPU v2 and v3 is one of the chip's two TensorCores: the data sheet's 123 TF bf16 and 32 GiB
+    per v3 chip (45 TF and 16 GiB per v2 chip) are 61.5 TF and 16 GiB per device (22.5 TF and 8 GiB), and so
+    are MFU's peak and the planner's memory; a v4 device (megacore) is its whole chip."""
+    chip = chip_for_kind(kind)
+    assert chip is not None and chip.devices_per_chip == 2
+    assert table_peak(kind, "bfloat16", "default")[0] == pytest.approx(chip_bf16 / 2)
+    assert chip.memory_per_device == chip_gib * 2**30 / 2
+    v4 = chip_for_kind("TPU v4")
+    assert v4 is not None and v4.peak_per_device("bf16") == 275e12 and v4.memory_per_device == 32 * 2**30
+
+
+def test_a_cpu_run_over_several_hosts_divides_by_every_host_s_peak() -> None:
+    """Four processes on two hosts (two per host), 16 simulated devices in all, each host measured at 100 GFLOP/s:
+    the devices share 2 x 100 GFLOP/s, 12.5 GFLOP/s each, and a step of 100 GFLOP in 1 s is 100 / (12.5 x 16) =
+    50% MFU (process 0's one host spread over all 16 devices would say 6.25 GFLOP/s and 100%)."""
+    import jax
+
+    from shardbench.measure.flops import host_count, mfu, peak_per_device
+    from shardbench.measure.peak import HostPeak
+
+    processes = [{"process": i, "host": f"node{i // 2}"} for i in range(4)]
+    assert host_count(processes) == 2 and host_count([{"process": 0, "host": "a"}, {"process": 1, "host": "a"}]) == 1
+    host = HostPeak("float32", 100e9, "2026-01-01T00:00:00Z", "node0")
+    peak, source = peak_per_device(jax.devices("cpu")[0], 16, "float32", "default", host, host_count(processes))
+    assert peak == pytest.approx(12.5e9) and "x 2 hosts, split over 16 device(s)" in (source or "")
+    assert mfu(100e9, 1.0, peak, 16) == pytest.approx(0.5)

@@ -24,16 +24,45 @@ def test_shape_bytes() -> None:
 
 
 def test_one_psum_is_one_all_reduce_of_the_local_block() -> None:
+    """Payload: the 4096-byte buffer. Sent on a ring of 8: 2 x 7/8 x 4096 = 7168 bytes per device."""
     f = jax.shard_map(lambda x: jax.lax.psum(x, "d"), mesh=_mesh(), in_specs=P("d"), out_specs=P())
     report = count_collectives(_hlo(f, jnp.ones((8, 1024), jnp.float32)))
-    assert report.by_kind == {"all-reduce": Collective(count=1, bytes=1024 * 4)}
+    assert report.by_kind == {"all-reduce": Collective(count=1, bytes=1024 * 4, sent_bytes=7168)}
+    assert report.total_bytes == 4096 and report.total_sent_bytes == 7168
 
 
 def test_all_gather_counts_the_gathered_bytes() -> None:
+    """Payload: the gathered 8 x 1024 bytes. Sent on a ring of 8: 7/8 of it, 7168 bytes per device."""
     f = jax.shard_map(lambda x: jax.lax.all_gather(x, "d", tiled=True), mesh=_mesh(), in_specs=P("d"),
                       out_specs=P(), check_vma=False)
     report = count_collectives(_hlo(f, jnp.ones((8, 256), jnp.float32)))
-    assert report.by_kind == {"all-gather": Collective(count=1, bytes=8 * 256 * 4)}
+    assert report.by_kind == {"all-gather": Collective(count=1, bytes=8 * 256 * 4, sent_bytes=7168)}
+
+
+def test_psum_and_psum_scatter_with_all_gather_send_the_same_bytes() -> None:
+    """The same 4096 bytes per device reduced two ways on 8 devices. psum: payload 4096, sent 2 x 7/8 x 4096 =
+    7168. psum_scatter then all_gather: payload 4096 each (the scattered input, the gathered output), 8192 in
+    all, sent 7/8 x 4096 = 3584 each, 7168 in all: the payloads differ by 2x, the bytes sent do not."""
+    def scatter_gather(v: jax.Array) -> jax.Array:
+        s = jax.lax.psum_scatter(v, "d", scatter_dimension=1, tiled=True)
+        return jax.lax.all_gather(s, "d", axis=1, tiled=True)
+
+    x = jnp.ones((8, 1024), jnp.float32)
+    psum = jax.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=_mesh(), in_specs=P("d"), out_specs=P("d"))
+    zero = jax.shard_map(scatter_gather, mesh=_mesh(), in_specs=P("d"), out_specs=P("d"), check_vma=False)
+    once, twice = count_collectives(_hlo(psum, x)), count_collectives(_hlo(zero, x))
+    assert (once.total_bytes, twice.total_bytes) == (4096, 8192)
+    assert twice.by_kind == {"reduce-scatter": Collective(count=1, bytes=4096, sent_bytes=3584),
+                             "all-gather": Collective(count=1, bytes=4096, sent_bytes=3584)}
+    assert once.total_sent_bytes == twice.total_sent_bytes == 7168
+
+
+def test_sent_bytes_follow_each_op_s_group_size() -> None:
+    """A psum over the 4-device axis of a (2, 4) mesh: groups of 4, so 2 x 3/4 x 4096 = 6144 bytes sent."""
+    mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    f = jax.shard_map(lambda v: jax.lax.psum(v, "b"), mesh=mesh, in_specs=P(("a", "b")), out_specs=P("a"))
+    report = count_collectives(_hlo(f, jnp.ones((8, 1024), jnp.float32)))
+    assert report.by_kind == {"all-reduce": Collective(count=1, bytes=4096, sent_bytes=6144)}
 
 
 def test_collectives_inside_a_scan_count_once_per_iteration() -> None:
@@ -46,7 +75,7 @@ def test_collectives_inside_a_scan_count_once_per_iteration() -> None:
     f = jax.shard_map(body, mesh=_mesh(), in_specs=P("d"), out_specs=P("d"))
     report = count_collectives(_hlo(f, jnp.ones((8, 64), jnp.float32)))
     assert report.unknown_trip_counts == 0
-    assert report.by_kind == {"all-reduce": Collective(count=5, bytes=5 * 64 * 4)}
+    assert report.by_kind == {"all-reduce": Collective(count=5, bytes=5 * 64 * 4, sent_bytes=5 * 2 * 7 * 32)}
 
 
 def test_no_collectives_on_one_device() -> None:
@@ -56,7 +85,8 @@ def test_no_collectives_on_one_device() -> None:
 
 def test_async_collectives_count_every_output_once() -> None:
     # GPU programs merge collectives and run them asynchronously; CPU programs do not, so this is hand-written HLO.
-    hlo = """HloModule m, entry_computation_layout={()->()}
+    # Groups left out ({} or none) are every device of the module: num_partitions=4 in its header.
+    hlo = """HloModule m, entry_computation_layout={()->()}, num_partitions=4
 
 ENTRY %main () -> f32[] {
   %a = f32[1024]{0} parameter(0)
@@ -70,11 +100,26 @@ ENTRY %main () -> f32[] {
 }
 """
     report = count_collectives(hlo)
-    assert report.by_kind == {
-        "all-reduce": Collective(count=1, bytes=2 * 1024 * 4),
-        "all-gather": Collective(count=1, bytes=2 * 1024 * 4),
-        "collective-permute": Collective(count=1, bytes=512 * 4),
+    assert report.by_kind == {  # sent on a ring of 4: all-reduce 2 x 3/4, all-gather 3/4, a permute its buffer
+        "all-reduce": Collective(count=1, bytes=2 * 1024 * 4, sent_bytes=12288),
+        "all-gather": Collective(count=1, bytes=2 * 1024 * 4, sent_bytes=6144),
+        "collective-permute": Collective(count=1, bytes=512 * 4, sent_bytes=512 * 4),
     }
+
+
+def test_an_async_reduce_scatter_counts_its_input_as_the_sync_one_does() -> None:
+    """GPU HLO's reduce-scatter-start returns ((operands), output): the payload is the 1024 float32 input (4096
+    bytes), as for the synchronous form, not the 128-element scattered output; sent on a ring of 8: 7/8 of it."""
+    head = "HloModule m, entry_computation_layout={()->()}, num_partitions=8\n\nENTRY %main () -> f32[128] {\n"
+    groups = "replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}, to_apply=%add"
+    sync = (f"{head}  %a = f32[1024]{{0}} parameter(0)\n"
+            f"  ROOT %rs = f32[128]{{0}} reduce-scatter(%a), {groups}\n}}\n")
+    asyn = (f"{head}  %a = f32[1024]{{0}} parameter(0)\n"
+            f"  %rss = ((f32[1024]{{0}}), f32[128]{{0}}) reduce-scatter-start(%a), {groups}\n"
+            f"  ROOT %rsd = f32[128]{{0}} reduce-scatter-done(%rss)\n}}\n")
+    expected = {"reduce-scatter": Collective(count=1, bytes=4096, sent_bytes=3584)}
+    assert count_collectives(sync).by_kind == expected
+    assert count_collectives(asyn).by_kind == expected
 
 
 def test_bytes_moved_match_xla_where_nothing_loops_and_count_every_iteration_where_it_does() -> None:
@@ -121,7 +166,7 @@ def test_permutes_along_the_stage_axis_alone_are_the_stage_to_stage_transfers() 
 
     f = jax.shard_map(body, mesh=mesh, in_specs=P(("data", "stage", "model")), out_specs=P(("data", "stage", "model")))
     report = count_collectives(_hlo(f, jnp.ones((32, 16), jnp.float32)))
-    assert report.by_kind["collective-permute"] == Collective(count=7, bytes=7 * 256)
-    assert along_one_axis(report.ops, (2, 2, 2), 1) == Collective(count=5, bytes=5 * 256)
-    assert along_one_axis(report.ops, (2, 2, 2), 0) == Collective(count=1, bytes=256)
-    assert along_one_axis(report.ops, (2, 2, 2), 2) == Collective(count=0, bytes=0)
+    assert report.by_kind["collective-permute"] == Collective(count=7, bytes=7 * 256, sent_bytes=7 * 256)
+    assert along_one_axis(report.ops, (2, 2, 2), 1) == Collective(count=5, bytes=5 * 256, sent_bytes=5 * 256)
+    assert along_one_axis(report.ops, (2, 2, 2), 0) == Collective(count=1, bytes=256, sent_bytes=256)
+    assert along_one_axis(report.ops, (2, 2, 2), 2) == Collective(count=0, bytes=0, sent_bytes=0)

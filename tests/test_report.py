@@ -33,8 +33,10 @@ BASE = config_lib.flatten(get_preset("vit-tiny"))
 def record(name: str, strategy: str, mesh: str, devices: int, *, breakdown: tuple[float, float, float, float],
            total: float, comms: dict[str, tuple[int, float]], epochs: list[float], step_ms: float, img_s: float,
            mfu: float | None, acc: float, peak: float | None = None,
-           partial: tuple[int, int, float] | None = None) -> dict[str, Any]:
-    """A summary.json as `shardbench train` writes it; every size is given in MiB."""
+           partial: tuple[int, int, float] | None = None, sent: dict[str, float] | None = None) -> dict[str, Any]:
+    """A summary.json as `shardbench train` writes it; every size is given in MiB. `comms`: per kind, executions
+    and payload; `sent`: per kind, the bytes each device sends, as records keep them now (None: a record written
+    before they were kept)."""
     params, optimizer, gradients, activations = breakdown
     return {
         "status": "complete", "run_name": name, "strategy": strategy, "mesh": mesh, "devices": devices,
@@ -62,8 +64,10 @@ def record(name: str, strategy: str, mesh: str, devices: int, *, breakdown: tupl
                               "gradients_bytes": int(gradients * MIB),
                               "activations_temporaries_bytes": int(activations * MIB)},
             },
-            "comms": {k: {"count": c, "bytes": int(b * MIB)} for k, (c, b) in comms.items()},
+            "comms": {k: {"count": c, "bytes": int(b * MIB)}
+                      | ({} if sent is None else {"sent_bytes": int(sent[k] * MIB)}) for k, (c, b) in comms.items()},
             "comms_total_bytes": int(sum(b for _, b in comms.values()) * MIB),
+            **({} if sent is None else {"comms_total_sent_bytes": int(sum(sent.values()) * MIB)}),
         },
     }
 
@@ -148,7 +152,8 @@ def test_markdown_table_has_every_run_with_its_numbers(written: ReportPaths) -> 
     assert (fp32["params MiB"], fp32["optimizer MiB"], fp32["activations MiB"]) == ("40.1", "80.2", "41.2")
     assert (fp32["comms/step MiB"], fp32["collectives"], fp32["test acc %"]) == ("0.00", "none", "41.2")
     fsdp = rows["fsdp_8"]
-    assert (fsdp["img/s/device"], fsdp["MFU %"], fsdp["comms/step MiB"]) == ("421", "–", "105.30")
+    # Records written before bytes sent were kept: the payload, said beside the figure.
+    assert (fsdp["img/s/device"], fsdp["MFU %"], fsdp["comms/step MiB"]) == ("421", "–", "105.30 (payload)")
     assert fsdp["collectives"] == "all-gather×12, reduce-scatter×6"
     failed = rows["fsdp_8_batch_4096"]
     assert (failed["status"], failed["strategy"], failed["batch"], failed["epoch time s"]) == (
@@ -165,7 +170,8 @@ def test_markdown_explains_precision_and_strategies_from_the_data(written: Repor
     assert "The parameter dtype sets the bytes of parameters, optimizer state and gradients" in text
     assert "FSDP shards parameters and optimizer state over the data axis: 15.0 MiB" in text
     assert "1/8.0 of the 120.3 MiB a full replica holds" in text
-    assert "moves 105.3 MiB per device per step in collectives (all-gather, reduce-scatter)" in text
+    assert "has 105.3 MiB of collective payload per device per step (all-gather, reduce-scatter)" in text
+    assert "dp_8, fsdp_8, dptp_4x2: recorded before the bytes each device sends were kept" in text
     assert "DP replicates parameters and optimizer state on every device: 120.3 MiB" in text
     assert "the same as a full replica (120.3 MiB)" in text
     assert "A single device holds the whole model" in text and "needs no collectives" in text
@@ -182,18 +188,19 @@ def test_simulated_devices_are_said_to_share_the_host_and_slowdowns_name_no_caus
     simulated = text.split("### Simulated devices", 1)[1].split("###", 1)[0]
     assert "The runs on 8 devices use simulated devices on this host's CPU: they all share its cores" in simulated
     assert "do not carry those speed comparisons to GPUs or TPUs" in simulated
-    assert "the bytes each collective moves" in simulated.split("What does carry:", 1)[1]
+    assert "the bytes each device sends in collectives" in simulated.split("What does carry:", 1)[1]
     speed = text.split("### Speed", 1)[1].split("###", 1)[0]
     # Every setting that differs from the fastest's is named (the strategy, the mesh, the devices, the compute
     # dtype), and nothing else: no MFU stands in for a difference.
     assert ("fsdp_8 is 1.27x slower (38.0 ms against 30.0 ms); it differs in: parallel.strategy fsdp against dp; "
-            "105.3 MiB of collectives per device per step (all-gather, reduce-scatter) against 40.1 MiB.") in speed
+            "105.3 MiB of collective payload per device per step (all-gather, reduce-scatter) against 40.1 MiB.") \
+        in speed
     assert ("single_fp32 is 3.17x slower (95.0 ms against 30.0 ms); it differs in: parallel.devices 1 against 8; "
-            "parallel.mesh 1 against 8; parallel.strategy single against dp; 0.0 MiB of collectives per device per "
-            "step against 40.1 MiB.") in speed
+            "parallel.mesh 1 against 8; parallel.strategy single against dp; 0.0 MiB of collective payload per "
+            "device per step against 40.1 MiB.") in speed
     assert ("single_bf16 is 2.33x slower (70.0 ms against 30.0 ms); it differs in: parallel.devices 1 against 8; "
             "parallel.mesh 1 against 8; parallel.strategy single against dp; precision.dtype bfloat16 against "
-            "float32; 0.0 MiB of collectives per device per step against 40.1 MiB.") in speed
+            "float32; 0.0 MiB of collective payload per device per step against 40.1 MiB.") in speed
     assert ("dptp_4x2 is 1.50x slower (45.0 ms against 30.0 ms); it differs in: parallel.mesh 4x2 against 8; "
             "parallel.strategy dp+tp against dp.") in speed
     assert "MFU" not in speed
@@ -448,12 +455,14 @@ def test_accuracy_across_seeds_says_whether_a_difference_beats_the_spread(tmp_pa
 
 def test_speed_ties_and_a_layout_that_computes_something_else(tmp_path: Path) -> None:
     """Three layouts of one computation at batch 128: b is 5% slower than a with a 10% step spread (a tie), c
-    twice as slow with 40 MiB of all-reduce per step and a test loss 25% off (not the same computation)."""
+    twice as slow with an all-reduce of 40 MiB per step (on a ring of 8 each device sends 2 x 7/8 x 40 = 70 MiB)
+    and a test loss 25% off (not the same computation)."""
     directory = tmp_path / "sweep"
 
     def rec(name: str, step_ms: float, comms: dict[str, tuple[int, float]], test_loss: float) -> dict[str, Any]:
+        sent = {kind: 2 * 7 / 8 * payload for kind, (_, payload) in comms.items()}
         made = record(name, "dp", "8", 8, breakdown=(1, 2, 1, 1), total=5.0, comms=comms, epochs=[],
-                      step_ms=step_ms, img_s=0.0, mfu=0.1, acc=0.5, partial=(10, 100, 1.0))
+                      step_ms=step_ms, img_s=0.0, mfu=0.1, acc=0.5, partial=(10, 100, 1.0), sent=sent)
         made["measurements"]["step_time_s"]["p90"] = step_ms * 1.10 / 1e3
         made["test_loss"] = test_loss
         return made
@@ -468,8 +477,8 @@ def test_speed_ties_and_a_layout_that_computes_something_else(tmp_path: Path) ->
     assert "Fastest: a, 100.0 ms per step" in speed
     assert "b ties with a (105.0 ms against 100.0 ms): the 5.0% difference is within the spread of their step times" in speed
     # The bytes are a fact, not a cause: nothing timed the collectives, so the sentence names no cause.
-    assert ("c is 2.00x slower (200.0 ms against 100.0 ms); it differs in: parallel.mesh 2x4 against 8x1; 40.0 MiB "
-            "of collectives per device per step (all-reduce) against 0.0 MiB.") in speed
+    assert ("c is 2.00x slower (200.0 ms against 100.0 ms); it differs in: parallel.mesh 2x4 against 8x1; 70.0 MiB "
+            "sent in collectives per device per step (all-reduce) against 0.0 MiB.") in speed
     assert NOT_A_CAUSE in speed
     _no_cause_claimed(speed)
     assert "a, b, c should be the same computation but differ" in text and "at test loss" in text

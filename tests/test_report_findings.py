@@ -14,7 +14,7 @@ from test_report import record, row
 
 from shardbench.plan.validate import Check, render, summary
 from shardbench.report import plots
-from shardbench.report.content import ReportedRun, reported
+from shardbench.report.content import COLUMNS, ReportedRun, comms_measure, reported
 from shardbench.report.context import context_findings
 from shardbench.report.findings import dtype_role_finding, spmd_findings
 from shardbench.report.plan_chart import plan_findings
@@ -271,3 +271,42 @@ def test_swept_numbers_are_listed_ascending_and_names_in_first_use() -> None:
     swept = swept_fields(runs)
     assert swept["model.seq_len"] == [256, 1024, 2048, 16384]
     assert swept["parallel.context"] == ["ring", "all-gather"]
+
+
+# ----------------------------------------------------------------------------- collectives: bytes sent, payloads
+def _comms_run(name: str, strategy: str, comms: dict[str, tuple[int, float]], sent: dict[str, float] | None,
+               unknown_loops: int | None = None) -> ReportedRun:
+    made = record(name, strategy, "8", 8, breakdown=(1, 2, 1, 1), total=5.0, comms=comms, epochs=[], step_ms=10.0,
+                  img_s=0.0, mfu=0.1, acc=0.5, partial=(10, 100, 1.0), sent=sent)
+    if unknown_loops is not None:
+        made["measurements"]["comms_unknown_trip_counts"] = unknown_loops
+    return reported(row(name, {"parallel.strategy": strategy}, made))
+
+
+def test_dp_and_zero2_compare_by_the_bytes_each_device_sends_and_older_records_by_their_payload() -> None:
+    """8 MiB of gradients on 8 devices. dp's all-reduce: payload 8 MiB, sent 2 x 7/8 x 8 = 14 MiB. zero2's
+    reduce-scatter and all-gather: payload 8 MiB each (16 in all), sent 7/8 x 8 = 7 MiB each, 14 in all: the same
+    as dp's, where the payloads differ by 2x. An older zero2 record without bytes sent shows its payload, 16 MiB,
+    and says so."""
+    from shardbench.report.findings import comms_findings, strategy_findings
+
+    dp = _comms_run("dp", "dp", {"all-reduce": (1, 8.0)}, {"all-reduce": 14.0})
+    zero2 = _comms_run("zero2", "zero2", {"reduce-scatter": (1, 8.0), "all-gather": (1, 8.0)},
+                       {"reduce-scatter": 7.0, "all-gather": 7.0})
+    old = _comms_run("old", "fsdp", {"reduce-scatter": (1, 8.0), "all-gather": (1, 8.0)}, None, unknown_loops=2)
+    assert (dp.comms_mib, zero2.comms_mib, old.comms_mib) == (14.0, 14.0, 16.0)
+    assert (dp.comms_sent, zero2.comms_sent, old.comms_sent) == (True, True, False)
+    sentences = strategy_findings([dp, zero2, old])
+    assert "and sends 14.0 MiB per device per step in collectives (all-reduce)." in sentences[0]
+    assert "and sends 14.0 MiB per device per step in collectives (all-gather, reduce-scatter)." in sentences[1]
+    assert "and has 16.0 MiB of collective payload per device per step (all-gather, reduce-scatter)." in sentences[2]
+    said = comms_findings([dp, zero2, old])
+    assert said[0].startswith("Collective figures are the bytes each device sends per step on a ring")
+    assert said[1].startswith("old: recorded before the bytes each device sends were kept, so its collective "
+                              "figures are payloads") and said[1].endswith("with the other runs' bytes sent.")
+    assert said[2] == ("old: 2 loops of its step ran an unknown number of times (XLA recorded no trip count): "
+                       "collectives inside them are counted once, so its collective figures undercount them.")
+    assert comms_findings([dp, zero2]) == [said[0]]
+    table = {column.key: column for column in COLUMNS}
+    assert (table["comms_mib"].text(dp), table["comms_mib"].text(old)) == ("14.00", "16.00 (payload)")
+    assert [comms_measure(runs) for runs in ([dp, zero2], [old], [dp, old])] == ["sent", "payload", "mixed"]

@@ -32,6 +32,10 @@ def test_train_writes_a_versioned_record_that_reads_back_typed(micro) -> None:
     assert m.step_time_s.median == saved["measurements"]["step_time_s"]["median"]
     assert isinstance(m.comms["all-reduce"], Collective)
     assert m.comms["all-reduce"].bytes == saved["measurements"]["comms"]["all-reduce"]["bytes"]
+    # dp on 8 devices: every all-reduce spans the 8, so each device sends 2 x 7/8 of its payload on a ring.
+    assert m.comms["all-reduce"].sent_bytes == pytest.approx(2 * 7 / 8 * m.comms["all-reduce"].bytes, abs=8)
+    assert m.comms_total_sent_bytes == sum(c.sent_bytes for c in m.comms.values())
+    assert m.comms_unknown_trip_counts == 0
     assert m.memory is not None and m.memory.breakdown is not None and m.memory.breakdown.params_bytes > 0
     # Written from the types and read back into them, the measurements are exactly what was written: the
     # types are the schema, field for field.
@@ -50,12 +54,19 @@ def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> Non
         from_json({"schema_version": 7})
     with pytest.raises(RecordError, match=r"summary.json.measurements has unknown field 'stepp_time_s'"):
         from_json({"schema_version": SCHEMA_VERSION, "measurements": {"stepp_time_s": {}}})
+    # Written before the bytes each device sends and the loops of unknown trip count were kept: read as None.
+    payload_only = from_json({"schema_version": SCHEMA_VERSION, "measurements": {
+        "comms": {"all-reduce": {"count": 1, "bytes": 4096}}, "comms_total_bytes": 4096}})
+    m = payload_only.measurements
+    assert m.comms["all-reduce"] == Collective(count=1, bytes=4096, sent_bytes=None)
+    assert m.comms_total_sent_bytes is None and m.comms_unknown_trip_counts is None
 
 
 def test_every_field_is_documented_with_its_unit_in_one_place() -> None:
     rows = field_table()
     paths = [path for path, _, _ in rows]
     assert "measurements.step_time_s.median" in paths and "measurements.comms.*.bytes" in paths
+    assert "measurements.comms.*.sent_bytes" in paths and "measurements.comms_unknown_trip_counts" in paths
     assert "measurements.partial_epochs[].steps" in paths
     assert all(doc for _, _, doc in rows), [p for p, _, d in rows if not d]
     units = dict((path, unit) for path, unit, _ in rows)

@@ -3,8 +3,13 @@
 One table, each number with its source. MFU divides by these peaks (`shardbench.measure.flops`); the planner
 (`shardbench.plan`) reads the memory and link figures too. Peaks are dense (no structured sparsity), per chip. Compute
 classes: "bf16" (bfloat16/float16 matmuls), "tf32" (float32 matmuls at default precision: TF32 on NVIDIA,
-bfloat16 passes on TPUs), "f32" (float32 at highest precision). Link bandwidths are per chip and per
+one bfloat16 pass on TPUs; at "high" precision too on NVIDIA), "bf16x3" (TPUs only: float32 at "high" precision,
+three bfloat16 passes), "f32" (float32 at highest precision: six bfloat16 passes on TPUs). Link bandwidths are per chip and per
 direction; None where the data sheet gives none.
+
+A JAX device is a whole chip except on TPU v2 and v3, whose two TensorCores are two devices each with half the
+chip's peak and its own half of the HBM (v4 and v5p join a chip's two cores into one device, "megacore"):
+`Chip.devices_per_chip`, and `peak_per_device` and `memory_per_device` divide by it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,16 @@ class Chip:
     inter_bandwidth: float | None  # bytes/s per chip per direction to other nodes (InfiniBand, DCN)
     per_node: int  # chips a node (host) holds
     source: str
+    devices_per_chip: int = 1  # JAX devices one chip appears as: 2 on TPU v2 and v3 (one per TensorCore)
+
+    def peak_per_device(self, cls: str) -> float:
+        """Dense FLOP/s of one JAX device in compute class `cls`: the chip's peak over its devices."""
+        return self.peaks[cls] / self.devices_per_chip
+
+    @property
+    def memory_per_device(self) -> float:
+        """HBM bytes of one JAX device: the chip's capacity over its devices."""
+        return self.memory_bytes / self.devices_per_chip
 
 
 CHIPS: tuple[Chip, ...] = (
@@ -61,27 +76,27 @@ CHIPS: tuple[Chip, ...] = (
     # Cloud TPU v6e (Trillium) system architecture: 918 TF bf16, 32 GB HBM at 1,638 GB/s, ICI 800 GB/s
     # bidirectional per chip, 8 chips per host, 256-chip pod (2D torus). float32 matmuls run as bf16 passes:
     # "f32" at highest precision takes six passes (XLA's default), hence / 6.
-    Chip("tpu-v6e", "tpu v6 lite", {"bf16": 918e12, "tf32": 918e12, "f32": 918e12 / 6}, 32 * GB, 1638 * GB,
+    Chip("tpu-v6e", "tpu v6 lite", {"bf16": 918e12, "tf32": 918e12, "bf16x3": 918e12 / 3, "f32": 918e12 / 6}, 32 * GB, 1638 * GB,
          400 * GB, None, 8, "Cloud TPU v6e system architecture"),
     # Cloud TPU v5e: 197 TF bf16, 16 GB HBM2 at 819 GB/s, ICI 400 GB/s bidirectional per chip, 8 chips per host,
     # 2 x 100 Gb/s NICs per host (DCN), 256-chip pod (2D torus).
-    Chip("tpu-v5e", "tpu v5 lite", {"bf16": 197e12, "tf32": 197e12, "f32": 197e12 / 6}, 16 * GB, 819 * GB,
+    Chip("tpu-v5e", "tpu v5 lite", {"bf16": 197e12, "tf32": 197e12, "bf16x3": 197e12 / 3, "f32": 197e12 / 6}, 16 * GB, 819 * GB,
          200 * GB, 2 * 12.5 * GB / 8, 8, "Cloud TPU v5e system architecture"),
     # Cloud TPU v5p: 459 TF bf16, 95 GB HBM2e at 2,765 GB/s, bidirectional ICI 1,200 GB/s per chip (older versions
     # of the page: "4,800 Gbps", which is the same 600 GB/s each way), 3D torus; 4 chips per host.
     # JAX names it "TPU v5" (v5e is "TPU v5 lite", listed first).
-    Chip("tpu-v5p", "tpu v5", {"bf16": 459e12, "tf32": 459e12, "f32": 459e12 / 6}, 95 * GB, 2765 * GB,
+    Chip("tpu-v5p", "tpu v5", {"bf16": 459e12, "tf32": 459e12, "bf16x3": 459e12 / 3, "f32": 459e12 / 6}, 95 * GB, 2765 * GB,
          1200 * GB / 2, None, 4, "Cloud TPU v5p system architecture"),
     # Cloud TPU v4: 275 TF bf16, 32 GiB HBM2 at 1,200 GB/s, 3D mesh/torus; 4 chips per host. The data sheet
     # gives no per-chip ICI bandwidth.
-    Chip("tpu-v4", "tpu v4", {"bf16": 275e12, "tf32": 275e12, "f32": 275e12 / 6}, 32 * 2**30, 1200 * GB, None,
+    Chip("tpu-v4", "tpu v4", {"bf16": 275e12, "tf32": 275e12, "bf16x3": 275e12 / 3, "f32": 275e12 / 6}, 32 * 2**30, 1200 * GB, None,
          None, 4, "Cloud TPU v4 system architecture"),
     # Cloud TPU v3: 123 TF bf16 per chip, 32 GiB HBM2 at 900 GB/s; Cloud TPU v2: 45 TF, 16 GiB (the TPU v2/v3
-    # documentation).
-    Chip("tpu-v3", "tpu v3", {"bf16": 123e12, "tf32": 123e12, "f32": 123e12 / 6}, 32 * 2**30, 900 * GB, None,
-         None, 4, "Cloud TPU v3 documentation"),
-    Chip("tpu-v2", "tpu v2", {"bf16": 45e12, "tf32": 45e12, "f32": 45e12 / 6}, 16 * 2**30, None, None,
-         None, 4, "Cloud TPU v2 documentation"),
+    # documentation). Each chip has two TensorCores, each its own JAX device with half the HBM (16 GiB on v3).
+    Chip("tpu-v3", "tpu v3", {"bf16": 123e12, "tf32": 123e12, "bf16x3": 123e12 / 3, "f32": 123e12 / 6}, 32 * 2**30, 900 * GB, None,
+         None, 4, "Cloud TPU v3 documentation", devices_per_chip=2),
+    Chip("tpu-v2", "tpu v2", {"bf16": 45e12, "tf32": 45e12, "bf16x3": 45e12 / 3, "f32": 45e12 / 6}, 16 * 2**30, None, None,
+         None, 4, "Cloud TPU v2 documentation", devices_per_chip=2),
 )
 BY_NAME: dict[str, Chip] = {c.name: c for c in CHIPS}
 

@@ -105,8 +105,8 @@ def _throughput(setup: RunSetup, steps: StepTimes, clocks: Clocks) -> Throughput
                       if train_time > 0 and clocks.steps_run else None)
 
 
-def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes,
-                   host_peak: HostPeak | None) -> tuple[Flops, Mfu]:
+def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes, host_peak: HostPeak | None,
+                   hosts: int = 1) -> tuple[Flops, Mfu]:
     cfg, layout, devices = setup.cfg, setup.layout, setup.layout.shape.size
     per_example = setup.task.train_flops_per_example(cfg)
     analytic = None if per_example is None else float(per_example * cfg.train.batch_size)
@@ -114,7 +114,7 @@ def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes,
     xla_step = None if xla is None else xla * devices
     counted = analytic if analytic is not None else xla_step  # a model of your own without its own count
     peak, source = flops_lib.peak_per_device(layout.device, devices, cfg.precision.dtype,
-                                             cfg.precision.matmul_precision, host_peak)
+                                             cfg.precision.matmul_precision, host_peak, hosts)
     flops = Flops(analytic_per_step=analytic, xla_per_step=xla_step, formula=setup.task.formula,
                   mfu_uses="analytic" if analytic is not None else "xla",
                   # Measured here: for vit-tiny (4 layers) XLA reports ~0.28x the analytic count.
@@ -165,7 +165,8 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
                                                                  state.model_state)})
     if memory is not None:
         memory = replace(memory, per_device=[entry for g in gathered for entry in g["devices"]])
-    flops, mfu = _flops_and_mfu(setup, compiled, steps, host_peak)
+    flops, mfu = _flops_and_mfu(setup, compiled, steps, host_peak,
+                                flops_lib.host_count([g["process"] for g in gathered]))
     # Whole epochs only: a run cut short by --steps (or resumed mid-epoch) ends with a partial one.
     epochs = list(zip(clocks.epoch_times, clocks.epoch_steps, strict=False))
     return Measurements(
@@ -192,4 +193,6 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
                            if comms is not None and uses_context(layout) else None),
         comms={} if comms is None else dict(comms.by_kind),
         comms_total_bytes=0 if comms is None else comms.total_bytes,
+        comms_total_sent_bytes=0 if comms is None else comms.total_sent_bytes,
+        comms_unknown_trip_counts=None if comms is None else comms.unknown_trip_counts,
     )

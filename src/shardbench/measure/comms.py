@@ -1,7 +1,16 @@
 """Communication per step per device: every collective in a compiled (SPMD-partitioned) HLO module.
 
+Two byte figures per collective, both per device per step: the payload, the collective's buffer (an
+all-reduce's buffer, an all-gather's gathered output, a reduce-scatter's input, an all-to-all's or a
+collective-permute's buffer), and the bytes one device sends on a ring of the op's group of N devices:
+2(N-1)/N x the payload for an all-reduce, (N-1)/N for an all-gather, reduce-scatter or all-to-all, the whole
+buffer for a collective-permute (`sent_fraction`). Payloads do not compare across kinds: data parallelism's
+all-reduce of S bytes of gradients has a payload of S, ZeRO's reduce-scatter and all-gather of the same
+gradients 2S, while each device sends 2(N-1)/N x S in both.
+
 Collectives inside a `while` body (the layer scan) run once per iteration, so counts are multiplied
-by the loop's known trip count, recursively from the entry computation.
+by the loop's known trip count, recursively from the entry computation; a loop whose trip count is not known
+is counted once, and `CommsReport.unknown_trip_counts` says how many there were.
 """
 
 from __future__ import annotations
@@ -23,24 +32,45 @@ _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.+?)\s+([a-z][\w\-]*)\((.*)$")
 _TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
 _CALLEES = re.compile(r"\b(?:body|to_apply|calls|branch_computations)=\{?([%\w.\-, ]+)\}?")
+_NUM_PARTITIONS = re.compile(r"\bnum_partitions=(\d+)")
+_REPLICA_COUNT = re.compile(r"\breplica_count=(\d+)")
+
+
+def sent_fraction(kind: str, n: int) -> float:
+    """Bytes one device sends per byte of payload, for a collective of `kind` over a group of `n` devices on a
+    ring: an all-reduce (a reduce-scatter, then an all-gather) 2(n-1)/n, a collective-permute its whole buffer,
+    an all-gather, reduce-scatter or all-to-all (n-1)/n; nothing in a group of one."""
+    if n <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return 2.0 * (n - 1) / n
+    if kind == "collective-permute":
+        return 1.0
+    return (n - 1) / n
 
 
 @dataclass(frozen=True)
 class CollectiveOp:
-    """One collective instruction: how often it runs per step, its bytes per device per run, and the groups of
-    devices (logical ids, in the program's device assignment) that exchange data; None where XLA gave none
-    (every device in one group)."""
+    """One collective instruction: how often it runs per step, its payload per device per run, the groups of
+    devices (logical ids, in the program's device assignment) that exchange data (None where XLA gave none:
+    every device in one group), and the size of its group."""
 
     kind: str
     count: int
     bytes_each: int
     groups: tuple[tuple[int, ...], ...] | None
+    group_size: int = 1
+
+    @property
+    def sent_each(self) -> float:
+        """Bytes one device sends per run on a ring of its group (`sent_fraction`)."""
+        return self.bytes_each * sent_fraction(self.kind, self.group_size)
 
 
 @dataclass
 class CommsReport:
-    """What a compiled module communicates per step: per kind, the record's own `Collective` (executions and
-    bytes per device), and every instruction with its device groups."""
+    """What a compiled module communicates per step: per kind, the record's own `Collective` (executions,
+    payload and bytes sent per device), and every instruction with its device groups."""
 
     by_kind: dict[str, Collective] = field(default_factory=dict)
     unknown_trip_counts: int = 0  # loops whose trip count XLA did not record: counted once
@@ -51,13 +81,20 @@ class CommsReport:
         return sum(c.bytes or 0 for c in self.by_kind.values())
 
     @property
+    def total_sent_bytes(self) -> int:
+        return sum(c.sent_bytes or 0 for c in self.by_kind.values())
+
+    @property
     def total_count(self) -> int:
         return sum(c.count or 0 for c in self.by_kind.values())
 
-    def add(self, kind: str, times: int, payload: int) -> None:
-        """One more instruction of `kind`, run `times` per step, moving `payload` bytes per device each run."""
-        c = self.by_kind.get(kind, Collective(count=0, bytes=0))
-        self.by_kind[kind] = replace(c, count=(c.count or 0) + times, bytes=(c.bytes or 0) + times * payload)
+    def add(self, op: CollectiveOp) -> None:
+        """One more instruction: its executions per step, payload and bytes sent per device, added to its kind's."""
+        self.ops.append(op)
+        c = self.by_kind.get(op.kind, Collective(count=0, bytes=0, sent_bytes=0))
+        self.by_kind[op.kind] = replace(c, count=(c.count or 0) + op.count,
+                                        bytes=(c.bytes or 0) + op.count * op.bytes_each,
+                                        sent_bytes=(c.sent_bytes or 0) + round(op.count * op.sent_each))
 
 
 def shape_bytes(shape_text: str) -> list[int]:
@@ -125,12 +162,15 @@ def _tuple_elements(shape_text: str) -> list[str]:
 
 
 def _payload(inst: _Instruction, kind: str, shapes: dict[str, str]) -> int:
-    """Per-device bytes: the larger of operand and result (gathered output, scattered input)."""
+    """Per-device payload: the larger of operand and result (gathered output, scattered input)."""
     result = shape_bytes(inst.shape)
     if inst.opcode.endswith("-start") and kind != "all-reduce":
-        # Async all-gather/collective-permute results are (operands, outputs[, context scalars]): count the outputs.
+        # Async results are (operands, outputs[, context scalars]): an all-gather's or collective-permute's
+        # outputs (the gathered buffer), a reduce-scatter's operands (the buffer before it is scattered).
         elements = _tuple_elements(inst.shape)
-        return sum(shape_bytes(elements[1])) if len(elements) >= 2 else sum(result)
+        if len(elements) < 2:
+            return sum(result)
+        return sum(shape_bytes(elements[0 if kind == "reduce-scatter" else 1]))
     total = sum(result)
     if kind == "reduce-scatter":
         operands = re.findall(r"%([\w.\-]+)", inst.rest.split(")")[0])
@@ -190,12 +230,27 @@ def trip_count(inst: _Instruction, comps: dict[str, list[_Instruction]]) -> int 
     return bounds[0] if len(bounds) == 1 and len(compares) == 1 and bounds[0] > 0 else None
 
 
+def module_devices(hlo: str) -> int:
+    """The devices a module runs on, from its header: num_partitions x replica_count (XLA's default for
+    either, when the header leaves it out, is 1)."""
+    header = next((line for line in hlo.splitlines() if line.startswith("HloModule")), "")
+    partitions, replicas = _NUM_PARTITIONS.search(header), _REPLICA_COUNT.search(header)
+    return (int(partitions.group(1)) if partitions else 1) * (int(replicas.group(1)) if replicas else 1)
+
+
+def group_size(groups: tuple[tuple[int, ...], ...] | None, devices: int) -> int:
+    """Devices in one group of a collective: its first replica group's, or every device of the module where
+    XLA gave no groups."""
+    return len(groups[0]) if groups else devices
+
+
 def count_collectives(hlo: str) -> CommsReport:
     """Collectives of a compiled module, each counted as often as it executes in one call."""
     comps, entry = _computations(hlo)
     report = CommsReport()
     if entry is None:
         return report
+    devices = module_devices(hlo)
 
     def visit(name: str, times: int, depth: int) -> None:
         if depth > 64 or name not in comps:
@@ -205,9 +260,9 @@ def count_collectives(hlo: str) -> CommsReport:
         for inst in insts:
             kind = _kind(inst.opcode)
             if kind is not None:
-                payload = _payload(inst, kind, shapes)
-                report.add(kind, times, payload)
-                report.ops.append(CollectiveOp(kind, times, payload, device_groups(inst.rest)))
+                groups = device_groups(inst.rest)
+                report.add(CollectiveOp(kind, times, _payload(inst, kind, shapes), groups,
+                                        group_size(groups, devices)))
             callees = [n.strip().lstrip("%") for m in _CALLEES.finditer(inst.rest) for n in m.group(1).split(",")]
             if not callees:
                 continue
@@ -246,7 +301,8 @@ def along_one_axis(ops: list[CollectiveOp], sizes: tuple[int, ...], axis: int) -
     on, their gradients one stage back; `crosses_only`). Executions and bytes per device per step, as
     `Collective`s count every kind."""
     moving = [op for op in ops if op.kind == "collective-permute" and crosses_only(op.groups, sizes, axis)]
-    return Collective(count=sum(op.count for op in moving), bytes=sum(op.count * op.bytes_each for op in moving))
+    return Collective(count=sum(op.count for op in moving), bytes=sum(op.count * op.bytes_each for op in moving),
+                      sent_bytes=round(sum(op.count * op.sent_each for op in moving)))
 
 
 _BODY = re.compile(r"\bbody=%?([\w.\-]+)")

@@ -7,7 +7,10 @@ every reader (the store's rows, the report, its findings and charts, the planner
 back through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
 
 Versions: 3 is this layout: version 2's, with the `cost` section (dollars and kWh per epoch from the price table,
-energy measured through NVML or estimated; `shardbench.prices`). Version 2 records (the versions of shardbench, jax
+energy measured through NVML or estimated; `shardbench.prices`). Version 3 records written before the bytes each
+device sends were kept (`Collective.sent_bytes`, `Measurements.comms_total_sent_bytes`) and loops of unknown trip
+count were reported (`Measurements.comms_unknown_trip_counts`) read with those fields None; the report then falls
+back to the payload (`Collective.bytes`) and says so. Version 2 records (the versions of shardbench, jax
 and flax, the git commit when known, the host and the device kind; throughput is the global batch over the median
 step) are read with `cost` None. Version 1 records
 (throughput over the epochs' wall time) and records written before versions existed (no `schema_version`,
@@ -130,7 +133,13 @@ class Memory:
 @dataclass(frozen=True)
 class Collective:
     count: int | None = _f("per step", "executions per step (inside a layer scan: x the trip count)")
-    bytes: int | None = _f("bytes/device/step", "bytes moved per device per step")
+    bytes: int | None = _f("bytes/device/step", "payload: the collective's buffer per device, summed over its "
+                                                "executions (all-reduce: its buffer; all-gather: the gathered "
+                                                "output; reduce-scatter: its input); not comparable across kinds")
+    sent_bytes: int | None = _f("bytes/device/step", "bytes one device sends on a ring of the op's group of N: "
+                                                     "all-reduce 2(N-1)/N x the payload, all-gather, reduce-scatter "
+                                                     "and all-to-all (N-1)/N, collective-permute its buffer (None in "
+                                                     "records written before it was kept)")
 
 
 @dataclass(frozen=True)
@@ -181,7 +190,13 @@ class Measurements:
     mfu: Mfu | None = _f("", "model FLOPs utilisation")
     memory: Memory | None = _f("", "memory per device")
     comms: dict[str, Collective] = _dict("", "per collective kind (all-reduce, all-gather, ...)")
-    comms_total_bytes: int | None = _f("bytes/device/step", "every collective's bytes together")
+    comms_total_bytes: int | None = _f("bytes/device/step", "every collective's payload together")
+    comms_total_sent_bytes: int | None = _f("bytes/device/step", "every collective's bytes sent together (None in "
+                                                                 "records written before it was kept)")
+    comms_unknown_trip_counts: int | None = _f("loops", "loops of the step whose trip count XLA did not record "
+                                                        "(and no bound was found): collectives inside them are "
+                                                        "counted once, so comms undercounts them (None in records "
+                                                        "written before it was kept)")
     compile_cache: CompileCache | None = _f("", "the persistent compilation cache")
 
 

@@ -58,8 +58,8 @@ def hardware(target: Target, dtype: str, matmul_precision: str, cache_dir: Path,
             memory_source=f"this host's available memory, split over {devices} device(s)",
             bandwidth={"intra": bandwidth, "inter": bandwidth}, bandwidth_source=bw_source,
             memory_bandwidth=bandwidth, memory_bandwidth_source=bw_source, shared_host=True)
-    cls = compute_class(dtype, matmul_precision)
     tpu = chip.name.startswith("tpu-")
+    cls = compute_class(dtype, matmul_precision, tpu=tpu)
     fraction, fraction_source = (1.0, "the whole HBM") if tpu else gpu_memory_fraction()
     placement = (f"a {'x'.join(map(str, target.topology))} slice (ICI throughout)" if tpu else
                  f"{target.nodes} node(s) x {target.per_node}")

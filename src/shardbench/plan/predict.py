@@ -16,21 +16,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shardbench.measure.comms import sent_fraction
 from shardbench.measure.memory import breakdown
 from shardbench.plan.steptime import LOW_PRECISION, Coefficients, StepFeatures, step_time
 
 # Bytes each device sends for a collective whose per-device payload is S, over a group of n (ring algorithms):
-# all-reduce 2(n-1)/n S (reduce-scatter then all-gather), all-gather and reduce-scatter (n-1)/n S, all-to-all
-# (n-1)/n S, a collective-permute S.
-def sent_fraction(kind: str, n: int) -> float:
-    if n <= 1:
-        return 0.0
-    if kind == "all-reduce":
-        return 2.0 * (n - 1) / n
-    if kind == "collective-permute":
-        return 1.0
-    return (n - 1) / n
-
+# `sent_fraction` (shardbench.measure.comms, which the run record's sent bytes use too).
 
 # FLOPs a remat policy adds to the analytic (matmul) count: full recomputes each block's forward (x 4/3 of
 # forward + backward); block keeps matmul outputs and recomputes element-wise work, which the count leaves out.

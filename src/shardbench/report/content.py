@@ -223,12 +223,26 @@ class ReportedRun:
     def comms(self) -> dict[str, Collective]:
         return self.m.comms or {}
 
+    @property
+    def comms_sent(self) -> bool:
+        """Whether the record keeps the bytes each device sends per collective; records written before it did
+        give only the payload (the collectives' buffers), which the report then shows instead, saying so."""
+        return self.m.comms_total_sent_bytes is not None or not self.comms or all(
+            c.sent_bytes is not None for c in self.comms.values())
+
     def comms_bytes(self, kind: str) -> float:
-        return (number(self.comms[kind].bytes) or 0.0) if kind in self.comms else 0.0
+        """One kind's bytes per device per step: sent on a ring, or the payload where the record has no more."""
+        if kind not in self.comms:
+            return 0.0
+        collective = self.comms[kind]
+        return number(collective.sent_bytes if self.comms_sent else collective.bytes) or 0.0
 
     @property
     def comms_mib(self) -> float | None:
-        total = _mib(self.m.comms_total_bytes)
+        """Every collective's bytes per device per step, in MiB: sent on a ring, or the payload (`comms_sent`)."""
+        total = _mib(self.m.comms_total_sent_bytes) if self.comms_sent else None
+        if total is None and (not self.comms_sent or not self.comms):  # the payload, or no collectives at all
+            total = _mib(self.m.comms_total_bytes)
         if total is None and self.ok and self.m.comms:
             total = sum(self.comms_bytes(kind) for kind in self.comms) / MIB
         return total
@@ -243,6 +257,18 @@ class ReportedRun:
     @property
     def label(self) -> str:
         return f"failed ({self.error_kind})" if self.error_kind else self.status
+
+
+def comms_measure(runs: list[ReportedRun]) -> str:
+    """What the collective figures of `runs` count: "sent" (the bytes each device sends on a ring), "payload"
+    (the collectives' buffers: records written before bytes sent were kept) or "mixed"."""
+    sent = {r.comms_sent for r in runs if r.ok and r.comms}
+    return "mixed" if len(sent) > 1 else "payload" if sent == {False} else "sent"
+
+
+def comms_phrase(run: ReportedRun) -> str:
+    """What a run's collective figure is, after its MiB: 'sent in collectives' or 'of collective payload'."""
+    return "sent in collectives" if run.comms_sent else "of collective payload"
 
 
 def reported(row: RunRow, source: str = "the run's record") -> ReportedRun:
@@ -277,6 +303,8 @@ class Column:
             return "–"
         if self.key == "mem_mib":  # the figure alone would hide whether it is measured or compiled
             return f"{value:,.{self.digits}f} ({run.memory[1]})"
+        if self.key == "comms_mib" and not run.comms_sent:  # an older record: its payload, not bytes sent
+            return f"{value:,.{self.digits}f} (payload)"
         return f"{value:,.{self.digits}f}" if self.numeric else str(value)
 
 

@@ -10,6 +10,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+from shardbench.report.content import comms_measure, comms_phrase
 from shardbench.report.context import context_findings
 from shardbench.report.pipeline import pipeline_findings
 from shardbench.report.plan_chart import plan_findings
@@ -212,9 +213,12 @@ def strategy_findings(runs: list[ReportedRun]) -> list[str]:
                      else f", 1/{_span(ratios)} of the {replica} MiB a full replica holds")
         comms = [c for c in (r.comms_mib for r in group) if c is not None]
         kinds = sorted({k for r in group for k in r.comms},
-                       key=lambda k: -sum(r.comms_bytes(k) for r in group))
-        if comms and max(comms) > 0:
-            text += f", and moves {_span(comms, ' MiB')} per device per step in collectives ({', '.join(kinds)})"
+                       key=lambda k: (-sum(r.comms_bytes(k) for r in group), k))  # the heaviest first, ties by name
+        if comms and max(comms) > 0 and comms_measure(group) == "sent":
+            text += f", and sends {_span(comms, ' MiB')} per device per step in collectives ({', '.join(kinds)})"
+        elif comms and max(comms) > 0:  # an older record: its buffers, not bytes sent (see comms_findings)
+            text += (f", and has {_span(comms, ' MiB')} of collective payload per device per step "
+                     f"({', '.join(kinds)})")
         elif comms:
             text += ", and needs no collectives"
         sentences.append(text + ".")
@@ -266,7 +270,7 @@ def _style_part(run: ReportedRun, group: list[ReportedRun]) -> str:
         text += f", {memory:,.1f} MiB/device"
     kinds = sorted(run.comms, key=lambda k: -run.comms_bytes(k))
     if run.comms_mib is not None:
-        text += f", {run.comms_mib:,.2f} MiB of collectives" + (f" ({', '.join(kinds)})" if kinds else "")
+        text += f", {run.comms_mib:,.2f} MiB {comms_phrase(run)}" + (f" ({', '.join(kinds)})" if kinds else "")
     return text
 
 
@@ -336,7 +340,8 @@ def simulated_findings(runs: list[ReportedRun]) -> list[str]:
             f"interconnect. Speed across device counts, strategies, "
             f"meshes and SPMD styles therefore compares how XLA splits a step on this CPU, not how real devices "
             f"would run it: do not carry those speed comparisons to GPUs or TPUs. What does carry: the bytes of "
-            f"parameters, optimizer state and gradients each device holds, the bytes each collective moves, the "
+            f"parameters, optimizer state and gradients each device holds, the bytes each device sends in "
+            f"collectives, the "
             f"FLOPs, and whether layouts compute the same losses (activations and temporaries are the CPU "
             f"compiler's, and differ on another)."]
 
@@ -353,11 +358,42 @@ def expert_findings(runs: list[ReportedRun]) -> list[str]:
         total = None if steps is None or moe.assignments_per_step is None else moe.assignments_per_step * steps
         share = f" of {total:,} ({moe.dropped_fraction:.2%})" if total and moe.dropped_fraction is not None else ""
         a2a = run.m.comms.get("all-to-all")
-        moved = (f"; its step moves {(a2a.bytes or 0) / 2**20:.2f} MiB per device in {a2a.count} all-to-alls"
-                 if a2a is not None and a2a.count else "; no all-to-all (every device holds every expert)")
+        verb = "sends" if run.comms_sent else "has a payload of"
+        moved = (f"; its step {verb} {run.comms_bytes('all-to-all') / 2**20:.2f} MiB per device in {a2a.count} "
+                 f"all-to-alls" if a2a is not None and a2a.count else
+                 "; no all-to-all (every device holds every expert)")
         out.append(f"{run.name}: {moe.experts} experts, top-{moe.top_k}, capacity {moe.capacity} per expert per "
                    f"sequence (factor {moe.capacity_factor:g}): dropped {moe.dropped:,.0f} token-to-expert "
                    f"assignments{share} over its steps{moved}.")
+    return out
+
+
+SENT_MEANS = ("Collective figures are the bytes each device sends per step on a ring of the collective's group "
+              "of N devices: 2(N-1)/N of an all-reduce's buffer, (N-1)/N of an all-gather's, reduce-scatter's or "
+              "all-to-all's, a collective-permute's whole buffer. They are computed from the compiled step's "
+              "collectives and their groups, not measured on a link.")
+
+
+def comms_findings(runs: list[ReportedRun]) -> list[str]:
+    """What the collective figures count, which runs give only payloads (records written before bytes sent were
+    kept), and which runs' counts miss iterations of loops whose trip count XLA did not record."""
+    moving = [r for r in runs if r.ok and (r.comms_mib or 0) > 0]
+    out = [SENT_MEANS] if moving and comms_measure(moving) != "payload" else []
+    older = [r.name for r in moving if not r.comms_sent]
+    if older:
+        their = "its" if len(older) == 1 else "their"
+        out.append(f"{', '.join(older)}: recorded before the bytes each device sends were kept, so {their} "
+                   f"collective figures are payloads, the collectives' buffers per device (an all-gather's "
+                   f"gathered output, a reduce-scatter's input): a reduce-scatter plus an all-gather of S bytes count "
+                   f"2S where an all-reduce of S counts S, though on a ring each device sends as much for both; "
+                   + ("read them as buffers, not traffic." if len(older) == len(moving) else
+                      "they do not compare with the other runs' bytes sent."))
+    for run in runs:
+        loops = run.m.comms_unknown_trip_counts if run.ok else None
+        if loops:
+            out.append(f"{run.name}: {loops} loop{'s' if loops > 1 else ''} of its step ran an unknown number of "
+                       f"times (XLA recorded no trip count): collectives inside {'them' if loops > 1 else 'it'} "
+                       f"are counted once, so its collective figures undercount them.")
     return out
 
 
@@ -368,6 +404,7 @@ def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, l
                 "The same computation?": equivalence_findings(runs),
                 "Precision and memory": precision_findings(runs, swept) + dtype_role_finding(runs),
                 "Sharding strategies": strategy_findings(runs),
+                "Collectives": comms_findings(runs),
                 "Pipeline stages": pipeline_findings(runs),
                 "Experts": expert_findings(runs),
                 "Context parallelism": context_findings(runs),

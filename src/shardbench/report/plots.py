@@ -16,7 +16,7 @@ from matplotlib.patches import Patch
 from matplotlib.text import Text
 from matplotlib.transforms import blended_transform_factory
 
-from shardbench.report.content import Chart
+from shardbench.report.content import Chart, comms_measure
 
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
@@ -313,15 +313,22 @@ def _stacked(ax: Axes, runs: list[ReportedRun], positions: list[float], parts: l
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=BESIDE)
 
 
+COMMS_AXIS = {
+    "sent": "bytes sent per device per training step on a ring, MiB (stacked by collective kind)",
+    "payload": "collective payload per device per training step, MiB (older records: buffers, not bytes sent)",
+    "mixed": "bytes sent per device per training step, MiB (runs marked (payload) in the table: buffers)",
+}
+
+
 def comms(runs: list[ReportedRun], out: Path) -> Chart | str:
-    kinds = sorted({k for r in runs for k in r.comms}, key=lambda k: -sum(r.comms_bytes(k) for r in runs))
+    kinds = sorted({k for r in runs for k in r.comms}, key=lambda k: (-sum(r.comms_bytes(k) for r in runs), k))
     if not any(r.comms_bytes(k) for r in runs for k in kinds):
         return "Communication per step: left out, as no run moves bytes between devices."
     fig, (ax,) = _figure(len(runs))
     parts = [(kind, [r.comms_bytes(kind) / 2**20 for r in runs]) for kind in kinds]
     _stacked(ax, runs, list(range(len(runs))), parts, list(PALETTE), lambda r: "no collectives" if r.ok
              else r.label)
-    ax.set_xlabel("bytes moved per device per training step, MiB (stacked by collective kind)")
+    ax.set_xlabel(COMMS_AXIS[comms_measure(runs)])
     return _save(fig, out, "comms", "Communication per step per device")
 
 

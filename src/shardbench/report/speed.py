@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shardbench.report.content import comms_phrase
+
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
 
@@ -100,8 +102,13 @@ def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     mine_mib, theirs_mib = run.comms_mib or 0.0, fastest.comms_mib or 0.0
     if max(mine_mib, theirs_mib) >= COMMS_NAMED_MIB and not math.isclose(mine_mib, theirs_mib, rel_tol=0.5):
         kinds = sorted(run.comms, key=lambda k: -run.comms_bytes(k))
-        out.append(f"{mine_mib:,.1f} MiB of collectives per device per step"
-                   + (f" ({', '.join(kinds)})" if kinds else "") + f" against {theirs_mib:,.1f} MiB")
+        # A run without collectives reads in the other's terms (nothing sent is no payload); where both have
+        # some and one record gives payloads only, each figure says what it is.
+        mine = comms_phrase(run if run.comms else fastest)
+        theirs = f" {comms_phrase(fastest)}" if run.comms and fastest.comms and fastest.comms_sent != run.comms_sent \
+            else ""
+        out.append(f"{mine_mib:,.1f} MiB {mine} per device per step"
+                   + (f" ({', '.join(kinds)})" if kinds else "") + f" against {theirs_mib:,.1f} MiB{theirs}")
     return out
 
 
