@@ -6,11 +6,11 @@ modules return these types (`measure.timing.compile_timed` a `CompileTimes`, `me
 every reader (the store's rows, the report, its findings and charts, the planner's measured runs) reads them
 back through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
 
-Versions: 3 is this layout: version 2's, with the `cost` section (dollars and kWh per epoch from the price table,
-energy measured through NVML or estimated; `shardbench.prices`). Version 3 records written before the bytes each
-device sends were kept (`Collective.sent_bytes`, `Measurements.comms_total_sent_bytes`) and loops of unknown trip
-count were reported (`Measurements.comms_unknown_trip_counts`) read with those fields None; the report then falls
-back to the payload (`Collective.bytes`) and says so. Version 2 records (the versions of shardbench, jax
+Versions: 4 is this layout: version 3's, with the bytes each device sends (`Collective.sent_bytes`,
+`Measurements.comms_total_sent_bytes`) beside each collective's payload (`Collective.bytes`), and the loops of
+unknown trip count (`Measurements.comms_unknown_trip_counts`). Version 3 records (with the `cost` section: dollars
+and kWh per epoch from the price table, energy measured through NVML or estimated; `shardbench.prices`) read with
+those fields None; the report then compares payloads and says so. Version 2 records (the versions of shardbench, jax
 and flax, the git commit when known, the host and the device kind; throughput is the global batch over the median
 step) are read with `cost` None. Version 1 records
 (throughput over the epochs' wall time) and records written before versions existed (no `schema_version`,
@@ -34,7 +34,7 @@ from typing import Any
 
 from shardbench.errors import ShardbenchError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class RecordError(ShardbenchError):
