@@ -254,7 +254,68 @@ def test_store_round_trip(tmp_path: Path) -> None:
         assert store.get_meta("axes") == [[{"parallel.mesh": "8"}]] and store.get_meta("nope", 3) == 3
 
 
+def test_every_kind_a_run_can_fail_with_is_one_the_store_takes() -> None:
+    from shardbench.store import ERROR_KINDS
+    from shardbench.sweep.runner import EXIT_KINDS
+    from shardbench.sweep.slurm_jobs import KILLED_KINDS
+
+    assert set(EXIT_KINDS.values()) | set(KILLED_KINDS.values()) | {"timeout", "oom", "crash"} <= set(ERROR_KINDS)
+
+
 # ------------------------------------------------------------------------------ real sweeps, real processes
+@pytest.mark.slow
+def test_a_run_whose_processes_could_not_join_is_recorded_as_processes(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit status 5 (processes): each run is told, through the variables `shardbench train` joins by, to join a
+    coordinator nobody runs, and gives up after 3 s. The sweep records it and goes on, not dies storing it."""
+    from shardbench.launch import free_port
+
+    monkeypatch.setenv("SHARDBENCH_COORDINATOR", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("SHARDBENCH_NUM_PROCESSES", "2")
+    monkeypatch.setenv("SHARDBENCH_PROCESS_ID", "1")
+    monkeypatch.setenv("SHARDBENCH_JOIN_TIMEOUT", "3")
+    out = tmp_path / "s"
+    assert sweep(tmp_path, "--mesh", "8", "--out", str(out), "--no-report") == 1
+    (row,) = rows(out).values()
+    assert (row.status, row.error_kind) == ("failed", "processes")
+    assert "process 1 could not join the run within 3 s" in (row.error or "")
+
+
+@pytest.mark.slow
+def test_a_resume_that_repeats_the_plan_keeps_the_stored_options(tmp_path: Path) -> None:
+    """A sweep started with --timeout 1 and killed before its run ended, resumed with the same plan arguments and
+    no --timeout: the run gets the stored 1 s, not the default 1800 s (where it would complete)."""
+    out = tmp_path / "s"
+    argv = [*TINY, "--data.cache-dir", str(tmp_path / "cache"), "--mesh", "8", "--out", str(out), "--no-report"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    first = subprocess.Popen([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--timeout", "1"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert first.stdout is not None
+        for line in first.stdout:  # the store holds the plan and options once this is printed
+            if line.startswith("sweep: 1 runs ->"):
+                break
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.wait()
+    assert rows(out) == {}
+
+    resumed = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--resume"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    assert "replaces the stored" not in resumed.stdout
+    (row,) = rows(out).values()
+    assert (row.error_kind, row.error) == ("timeout", "no result within the 1 s time limit: stopped")
+
+    # An option given with --resume replaces the stored one, says so, and is kept for the next --resume.
+    again = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--resume", "--timeout", "600"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert "sweep: --timeout 600 replaces the stored 1" in again.stdout, again.stdout + again.stderr
+    with Store(out / "sweep.db") as store:
+        assert store.get_meta("options")["timeout"] == 600
+
+
 @pytest.mark.slow
 def test_an_impossible_run_stops_the_sweep_before_it_starts_unless_skipped(tmp_path: Path,
                                                                             capsys: pytest.CaptureFixture) -> None:
