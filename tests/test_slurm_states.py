@@ -91,8 +91,8 @@ def test_a_failing_squeue_leaves_running_jobs_unrecorded_until_it_answers(
         ("failed", "processes", "shardbench: error: process 1 could not join the run within 120 s")] * 2
     assert {j.state for j in jobs.values()} == {"FAILED"}
     warnings = [line for line in said if "warning" in line]
-    assert warnings == [f"sweep: warning: squeue failed ({UNREACHABLE}); the jobs' states are unknown until it "
-                        f"answers, trying again every 0.1 s"]
+    assert warnings == [(f"sweep: warning: squeue failed ({UNREACHABLE}); the jobs' states are unknown until it "
+                         f"answers, trying again every 0.1 s")]
     assert "sweep: squeue answers again" in said
 
 

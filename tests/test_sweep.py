@@ -498,6 +498,63 @@ def test_peak_memory_of_a_real_process_is_sampled(tmp_path: Path) -> None:
     assert outcome.peak_rss_bytes is not None and outcome.peak_rss_bytes >= size
 
 
+def test_peak_memory_counts_the_runs_child_processes(tmp_path: Path) -> None:
+    """A multi-process run's workers are children of its launch process: their memory is the run's."""
+    from shardbench.sweep.runner import run_process
+
+    size = 300 * 2**20
+    child = f"b = bytearray({size}); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(1.5)"
+    code = f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', {child!r}]))"
+    outcome = run_process([sys.executable, "-c", code], tmp_path / "alloc.log", timeout_s=60)
+    assert outcome.returncode == 0
+    assert outcome.peak_rss_bytes is not None and outcome.peak_rss_bytes >= size
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_cgroups_memory_limit_and_oom_kills_are_read(tmp_path: Path, version: int) -> None:
+    """/proc/PID/cgroup and the cgroup files as the kernel writes them, in a folder standing for /proc and
+    /sys/fs/cgroup: the tightest limit of the cgroup and its ancestors, and its count of OOM kills."""
+    from shardbench.sweep.memory import cgroup_limit_bytes, memory_cgroup, oom_kills
+
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "7").mkdir(parents=True)
+    if version == 2:
+        (proc / "7" / "cgroup").write_text("0::/user.slice/run\n")
+        base = root
+        (root / "cgroup.controllers").parent.mkdir(parents=True)
+        (root / "cgroup.controllers").write_text("cpu memory pids\n")
+        limits = {"user.slice": "2147483648", "user.slice/run": "max"}
+        events = ("memory.events", "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\noom_group_kill 0\n")
+    else:
+        (proc / "7" / "cgroup").write_text("5:devices:/\n4:memory:/user.slice/run\n1:cpu:/\n0::/\n")
+        base = root / "memory"
+        limits = {"": "9223372036854771712", "user.slice": "2147483648", "user.slice/run": "3221225472"}
+        events = ("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    for folder, value in limits.items():
+        (base / folder).mkdir(parents=True, exist_ok=True)
+        (base / folder / limit_file).write_text(value + "\n")
+    (base / "user.slice" / "run" / events[0]).write_text(events[1])
+    found = memory_cgroup(7, proc, root)
+    assert found is not None and found.folders[0] == base / "user.slice" / "run"
+    assert cgroup_limit_bytes(found) == 2 * 2**30 and oom_kills(found) == 2
+    # No limit anywhere, no such cgroup mounted here (a cgroup namespace: its root stands for it), no process.
+    (base / "user.slice" / limit_file).write_text("max\n" if version == 2 else "9223372036854771712\n")
+    if version == 2:
+        assert cgroup_limit_bytes(memory_cgroup(7, proc, root)) is None
+    (proc / "7" / "cgroup").write_text("0::/elsewhere\n" if version == 2 else "4:memory:/elsewhere\n")
+    assert memory_cgroup(7, proc, root).folders == (base,)  # type: ignore[union-attr]
+    assert memory_cgroup(8, proc, root) is None
+
+
+def test_a_sigkill_while_the_cgroup_counted_an_oom_kill_is_an_oom(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text("shardbench: vit-tiny ...\n")
+    kind, message = classify(Outcome(-9, [], 0.0, 1.0, 2**30, oom_kills=1), log, 60)
+    assert kind == "oom" and "out-of-memory killer took 1 process(es)" in message
+    assert classify(Outcome(-9, [], 0.0, 1.0, 2**30, oom_kills=0), log, 60) == ("killed", "killed by SIGKILL")
+
+
 def test_a_sigkill_near_the_host_memory_limit_is_called_an_oom(tmp_path: Path) -> None:
     from shardbench.sweep.runner import host_memory_bytes
 

@@ -87,7 +87,7 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
     outcome = run_process(spec.cmd, log, spec.timeout_s, task_environ(spec, os.environ))
     result = {"job_id": _job_id(os.environ), "rank": rank, "returncode": outcome.returncode,
               "stderr": outcome.stderr[-60:], "started": outcome.started, "wall_s": outcome.wall_s,
-              "peak_rss_bytes": outcome.peak_rss_bytes}
+              "peak_rss_bytes": outcome.peak_rss_bytes, "oom_kills": outcome.oom_kills}
     if rank == 0:
         path = outcome_path(sweep_dir, result["job_id"])
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def row_for(sweep: Sweep, run: PlannedRun, opts: Options, job_id: str, state: Jo
     outcome = None
     if saved is not None:
         outcome = Outcome(saved.get("returncode"), list(saved.get("stderr") or []), float(saved.get("started") or now),
-                          float(saved.get("wall_s") or 0.0), saved.get("peak_rss_bytes"))
+                          float(saved.get("wall_s") or 0.0), saved.get("peak_rss_bytes"), saved.get("oom_kills"))
     record = _read_json(run_dir / "summary.json") if outcome is not None and outcome.returncode == 0 else None
     if outcome is not None and record is not None:
         config_saved = _read_json(run_dir / "config.json")
