@@ -184,6 +184,67 @@ def test_a_hanging_launch_is_stopped_at_its_time_limit(tmp_path: Path) -> None:
     assert not _running(str(tmp_path / "run"))
 
 
+# Process 1 alone fails with an exception that is not one of shardbench's own (a file's permission, a bug), at the
+# stage SHARDBENCH_TEST_FAULT names: `checking` is inside cluster.agree (the configuration and data checked by
+# every process), `building` after it (the step built, where process 0 goes on into the first collective).
+# It writes the time it failed into SHARDBENCH_TEST_FAULT_MARK.
+FAULT_SITE = """
+import os
+import time
+_stage = os.environ.get("SHARDBENCH_TEST_FAULT")
+
+
+def _mark():
+    with open(os.environ["SHARDBENCH_TEST_FAULT_MARK"], "w") as f:
+        f.write(repr(time.time()))
+
+
+if _stage and os.environ.get("SHARDBENCH_PROCESS_ID") == "1":
+    if _stage == "checking":
+        import shardbench.preflight as _module
+
+        def check_run(*args, **kwargs):
+            _mark()
+            raise PermissionError(13, "Permission denied", "/data/train.npz")
+
+        _module.check_run = check_run
+    else:
+        import shardbench.train.spmd as _module
+
+        def make_steps(*args, **kwargs):
+            _mark()
+            raise RuntimeError("injected fault in process 1")
+
+        _module.make_steps = make_steps
+"""
+
+
+@pytest.mark.parametrize("stage, code, said", [
+    ("checking", 6, "process 1 failed at checking: /data/train.npz cannot be written or read (permission denied)"),
+    ("building", 70, "process 1 of 2 failed: internal error: RuntimeError: injected fault in process 1"),
+])
+def test_one_process_failing_with_any_exception_ends_the_run_at_once(tmp_path: Path, stage: str, code: int,
+                                                                     said: str) -> None:
+    """Both end within seconds of the fault: in `checking` every process stops with process 1's message (it used
+    to wait the hour cluster.SLOW_STAGE_TIMEOUT_S allows, here the launch's 150 s); in `building` process 1 ends at
+    once rather than waiting in JAX's shutdown barrier, so the launch sees it and stops process 0 (which used to
+    fail on its own, 30 s later, when gloo gave up waiting for process 1)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(FAULT_SITE)
+    path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    out, mark = tmp_path / "run", tmp_path / "fault-time"
+    failed = _launch(out, tmp_path / "cache", *STRATEGIES["dp"], timeout=150,
+                     env={"PYTHONPATH": path, "SHARDBENCH_TEST_FAULT": stage, "SHARDBENCH_TEST_FAULT_MARK": str(mark)})
+    ended = time.time()
+    assert failed.returncode == code, failed.stdout[-2000:] + failed.stderr[-3000:]
+    assert said in failed.stderr, failed.stderr[-3000:]
+    assert ended - float(mark.read_text()) < 20
+    assert "[p0] shardbench: internal error" not in failed.stderr
+    assert not _running(str(out))
+    assert not (out / "summary.json").exists()
+
+
 def test_unreachable_coordinator_fails_in_bounded_time_with_one_line(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     cmd = [sys.executable, "-m", "shardbench", "train", *MICRO, "--out", str(tmp_path / "run"),

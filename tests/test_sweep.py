@@ -254,7 +254,68 @@ def test_store_round_trip(tmp_path: Path) -> None:
         assert store.get_meta("axes") == [[{"parallel.mesh": "8"}]] and store.get_meta("nope", 3) == 3
 
 
+def test_every_kind_a_run_can_fail_with_is_one_the_store_takes() -> None:
+    from shardbench.store import ERROR_KINDS
+    from shardbench.sweep.runner import EXIT_KINDS
+    from shardbench.sweep.slurm_jobs import KILLED_KINDS
+
+    assert set(EXIT_KINDS.values()) | set(KILLED_KINDS.values()) | {"timeout", "oom", "crash"} <= set(ERROR_KINDS)
+
+
 # ------------------------------------------------------------------------------ real sweeps, real processes
+@pytest.mark.slow
+def test_a_run_whose_processes_could_not_join_is_recorded_as_processes(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit status 5 (processes): each run is told, through the variables `shardbench train` joins by, to join a
+    coordinator nobody runs, and gives up after 3 s. The sweep records it and goes on, not dies storing it."""
+    from shardbench.launch import free_port
+
+    monkeypatch.setenv("SHARDBENCH_COORDINATOR", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("SHARDBENCH_NUM_PROCESSES", "2")
+    monkeypatch.setenv("SHARDBENCH_PROCESS_ID", "1")
+    monkeypatch.setenv("SHARDBENCH_JOIN_TIMEOUT", "3")
+    out = tmp_path / "s"
+    assert sweep(tmp_path, "--mesh", "8", "--out", str(out), "--no-report") == 1
+    (row,) = rows(out).values()
+    assert (row.status, row.error_kind) == ("failed", "processes")
+    assert "process 1 could not join the run within 3 s" in (row.error or "")
+
+
+@pytest.mark.slow
+def test_a_resume_that_repeats_the_plan_keeps_the_stored_options(tmp_path: Path) -> None:
+    """A sweep started with --timeout 1 and killed before its run ended, resumed with the same plan arguments and
+    no --timeout: the run gets the stored 1 s, not the default 1800 s (where it would complete)."""
+    out = tmp_path / "s"
+    argv = [*TINY, "--data.cache-dir", str(tmp_path / "cache"), "--mesh", "8", "--out", str(out), "--no-report"]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    first = subprocess.Popen([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--timeout", "1"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert first.stdout is not None
+        for line in first.stdout:  # the store holds the plan and options once this is printed
+            if line.startswith("sweep: 1 runs ->"):
+                break
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.wait()
+    assert rows(out) == {}
+
+    resumed = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--resume"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 1, resumed.stdout + resumed.stderr
+    assert "replaces the stored" not in resumed.stdout
+    (row,) = rows(out).values()
+    assert (row.error_kind, row.error) == ("timeout", "no result within the 1 s time limit: stopped")
+
+    # An option given with --resume replaces the stored one, says so, and is kept for the next --resume.
+    again = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--resume", "--timeout", "600"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert "sweep: --timeout 600 replaces the stored 1" in again.stdout, again.stdout + again.stderr
+    with Store(out / "sweep.db") as store:
+        assert store.get_meta("options")["timeout"] == 600
+
+
 @pytest.mark.slow
 def test_an_impossible_run_stops_the_sweep_before_it_starts_unless_skipped(tmp_path: Path,
                                                                             capsys: pytest.CaptureFixture) -> None:
@@ -435,6 +496,63 @@ def test_peak_memory_of_a_real_process_is_sampled(tmp_path: Path) -> None:
     outcome = run_process([sys.executable, "-c", code], tmp_path / "alloc.log", timeout_s=60)
     assert outcome.returncode == 0
     assert outcome.peak_rss_bytes is not None and outcome.peak_rss_bytes >= size
+
+
+def test_peak_memory_counts_the_runs_child_processes(tmp_path: Path) -> None:
+    """A multi-process run's workers are children of its launch process: their memory is the run's."""
+    from shardbench.sweep.runner import run_process
+
+    size = 300 * 2**20
+    child = f"b = bytearray({size}); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(1.5)"
+    code = f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', {child!r}]))"
+    outcome = run_process([sys.executable, "-c", code], tmp_path / "alloc.log", timeout_s=60)
+    assert outcome.returncode == 0
+    assert outcome.peak_rss_bytes is not None and outcome.peak_rss_bytes >= size
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_cgroups_memory_limit_and_oom_kills_are_read(tmp_path: Path, version: int) -> None:
+    """/proc/PID/cgroup and the cgroup files as the kernel writes them, in a folder standing for /proc and
+    /sys/fs/cgroup: the tightest limit of the cgroup and its ancestors, and its count of OOM kills."""
+    from shardbench.sweep.memory import cgroup_limit_bytes, memory_cgroup, oom_kills
+
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "7").mkdir(parents=True)
+    if version == 2:
+        (proc / "7" / "cgroup").write_text("0::/user.slice/run\n")
+        base = root
+        (root / "cgroup.controllers").parent.mkdir(parents=True)
+        (root / "cgroup.controllers").write_text("cpu memory pids\n")
+        limits = {"user.slice": "2147483648", "user.slice/run": "max"}
+        events = ("memory.events", "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\noom_group_kill 0\n")
+    else:
+        (proc / "7" / "cgroup").write_text("5:devices:/\n4:memory:/user.slice/run\n1:cpu:/\n0::/\n")
+        base = root / "memory"
+        limits = {"": "9223372036854771712", "user.slice": "2147483648", "user.slice/run": "3221225472"}
+        events = ("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    limit_file = "memory.max" if version == 2 else "memory.limit_in_bytes"
+    for folder, value in limits.items():
+        (base / folder).mkdir(parents=True, exist_ok=True)
+        (base / folder / limit_file).write_text(value + "\n")
+    (base / "user.slice" / "run" / events[0]).write_text(events[1])
+    found = memory_cgroup(7, proc, root)
+    assert found is not None and found.folders[0] == base / "user.slice" / "run"
+    assert cgroup_limit_bytes(found) == 2 * 2**30 and oom_kills(found) == 2
+    # No limit anywhere, no such cgroup mounted here (a cgroup namespace: its root stands for it), no process.
+    (base / "user.slice" / limit_file).write_text("max\n" if version == 2 else "9223372036854771712\n")
+    if version == 2:
+        assert cgroup_limit_bytes(memory_cgroup(7, proc, root)) is None
+    (proc / "7" / "cgroup").write_text("0::/elsewhere\n" if version == 2 else "4:memory:/elsewhere\n")
+    assert memory_cgroup(7, proc, root).folders == (base,)  # type: ignore[union-attr]
+    assert memory_cgroup(8, proc, root) is None
+
+
+def test_a_sigkill_while_the_cgroup_counted_an_oom_kill_is_an_oom(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text("shardbench: vit-tiny ...\n")
+    kind, message = classify(Outcome(-9, [], 0.0, 1.0, 2**30, oom_kills=1), log, 60)
+    assert kind == "oom" and "out-of-memory killer took 1 process(es)" in message
+    assert classify(Outcome(-9, [], 0.0, 1.0, 2**30, oom_kills=0), log, 60) == ("killed", "killed by SIGKILL")
 
 
 def test_a_sigkill_near_the_host_memory_limit_is_called_an_oom(tmp_path: Path) -> None:

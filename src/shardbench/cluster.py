@@ -160,6 +160,7 @@ def join(cluster: Cluster, cpu_devices: int = 0) -> None:
         raise ClusterError(f"{_who(cluster)} could not join the {cluster.describe()}: {first[:200]}") from None
     finally:
         joined.set()
+    errors.end_at_once_on_failure()  # a failing process must not wait in JAX's shutdown barrier for the others
 
 
 JOIN_MARGIN_S = 15  # JAX's own join deadline comes this much after ours, so ours is the message people see
@@ -248,25 +249,37 @@ def agree(stage: str, fn: Callable[[], T], timeout_s: float | None = None) -> T:
     """Run `fn` in every process and continue only if it succeeded in all of them; otherwise every process
     raises the first failing process's error (one process's bad data must not leave the others waiting).
     `timeout_s` bounds the wait for a process still busy with `fn` (default: the join timeout)."""
-    error: ShardbenchError | None = None
+    error: Exception | None = None
     result: T | None = None
     try:
         result = fn()
-    except ShardbenchError as err:
+    except Exception as err:  # noqa: BLE001 - any failure must reach the others, or they wait for it
         error = err
     if jax.process_count() == 1 or not is_joined():
         if error is not None:
             raise error
         return result  # type: ignore[return-value]
+    shared = None if error is None else as_shardbench_error(error)
     outcomes = [json.loads(v) for v in exchange(json.dumps(
-        {"ok": error is None, "kind": type(error).__name__ if error else "", "message": str(error or "")}),
+        {"ok": shared is None, "kind": type(shared).__name__ if shared else "", "message": str(shared or "")}),
         timeout_s)]
     for p, outcome in enumerate(outcomes):
         if not outcome["ok"]:
             if p == jax.process_index() and error is not None:
-                raise error
-            raise _rebuild(outcome["kind"], f"process {p} failed at {stage}: {outcome['message']}")
+                raise errors.mark_agreed(error)
+            raise errors.mark_agreed(_rebuild(outcome["kind"], f"process {p} failed at {stage}: {outcome['message']}"))
     return result  # type: ignore[return-value]
+
+
+def as_shardbench_error(err: Exception) -> ShardbenchError:
+    """`err` as the other processes are told of it: itself, a fault of a file or the system as its one line
+    (`errors.describe_fault`), anything else (a bug) as a ClusterError naming its type."""
+    if isinstance(err, ShardbenchError):
+        return err
+    fault = errors.describe_fault(err)
+    if fault is not None:
+        return fault
+    return ClusterError(f"internal error: {type(err).__name__}: {errors.one_line(err)}")
 
 
 def _rebuild(kind: str, message: str) -> ShardbenchError:
@@ -289,10 +302,10 @@ def check_same(flat: Mapping[str, Any], what: str = "configuration") -> None:
         key = differing[0]
         values = {p: theirs.get(key), me: mine.get(key)}
         first, second = sorted((p, me))
-        raise ConfigError(
+        raise errors.mark_agreed(ConfigError(
             f"the processes were started with different {what}s: process {first} has {key}={values[first]!r} "
             f"but process {second} has {values[second]!r}; start every process with the same arguments"
-        )
+        ))
 
 
 def gather_json(value: Any) -> list[Any]:

@@ -20,6 +20,9 @@ import sys
 import tarfile
 import zipfile
 from collections.abc import Callable
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
 
 
 class ShardbenchError(Exception):
@@ -51,9 +54,43 @@ EXIT_CODES = {"sweep runs failed": 1, "configuration": 2, "diverged": 3, "data":
 DEBUG_ENV = "SHARDBENCH_DEBUG"
 
 
-def _one_line(text: object) -> str:
+def one_line(text: object) -> str:
+    """The first non-blank line of `text`, stripped, at most 300 characters."""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     return (lines[0] if lines else "")[:300]
+
+
+_end_at_once = False  # set by cluster.join: this process is one of a joined multi-process run
+_AGREED = "_shardbench_agreed"
+
+
+def end_at_once_on_failure() -> None:
+    """From now on, a command that fails ends this process as soon as its line is printed (os._exit), skipping
+    the interpreter's exit handlers: in a joined multi-process run, JAX's (distributed.shutdown) waits in a
+    barrier for every other process, so a process failing alone would hang there instead of ending, and the
+    others (and `shardbench launch`, which stops them when one ends) would wait with it."""
+    global _end_at_once
+    _end_at_once = True
+
+
+def mark_agreed(err: E) -> E:
+    """Mark `err` as a failure every process of the run raises together (cluster.agree, check_same): they all
+    meet in JAX's shutdown barrier, so each ends normally (ending at once could take the coordinator away
+    from a process still reading the last exchange)."""
+    setattr(err, _AGREED, True)
+    return err
+
+
+def _finish(code: int, err: BaseException | None = None) -> int:
+    """`code`, or, in a joined multi-process run that failed on its own, the end of this process with it."""
+    if code != 0 and _end_at_once and not getattr(err, _AGREED, False):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+    return code
 
 
 def report(err: ShardbenchError) -> int:
@@ -63,9 +100,9 @@ def report(err: ShardbenchError) -> int:
     Distinct codes let a sweep tell a bad configuration from bad data without reading the message.
     """
     if isinstance(err, TrainingDiverged):
-        print(f"shardbench: {_one_line(err)}", file=sys.stderr)
+        print(f"shardbench: {one_line(err)}", file=sys.stderr)
         return 3
-    print(f"shardbench: error: {_one_line(err)}", file=sys.stderr)
+    print(f"shardbench: error: {one_line(err)}", file=sys.stderr)
     if isinstance(err, ClusterError):
         return 5
     if isinstance(err, FileFault):
@@ -96,16 +133,16 @@ def describe_fault(err: BaseException) -> ShardbenchError | None:
             path = f"{err.filename} -> {err.filename2}"
         return FileFault(f"{path} {what}: {fix}")
     if isinstance(err, OSError):
-        return FileFault(f"{err.filename or 'a file'}: {err.strerror or _one_line(err)}")
+        return FileFault(f"{err.filename or 'a file'}: {err.strerror or one_line(err)}")
     if isinstance(err, (EOFError, zipfile.BadZipFile, tarfile.TarError)):
-        detail = _one_line(err) or "no detail"
+        detail = one_line(err) or "no detail"
         return DataError(f"a file is empty, truncated or corrupt ({type(err).__name__}: {detail}); give a complete "
                          f"file, or run with --debug to see which")
     if isinstance(err, json.JSONDecodeError):
-        return DataError(f"a JSON file is corrupt ({_one_line(err)}); remove or rewrite it, or run with --debug to "
+        return DataError(f"a JSON file is corrupt ({one_line(err)}); remove or rewrite it, or run with --debug to "
                          f"see which")
     if isinstance(err, sqlite3.DatabaseError):
-        return DataError(f"a SQLite database is corrupt or not a database ({_one_line(err)}); remove it or choose "
+        return DataError(f"a SQLite database is corrupt or not a database ({one_line(err)}); remove it or choose "
                          f"another --out")
     return None
 
@@ -133,27 +170,27 @@ def writable_dir(path: os.PathLike[str] | str, flag: str, create: bool = True) -
             raise FileFault(f"{flag} {requested}: it cannot be created in {folder} ({err.strerror or err}): choose a "
                             f"folder you can write to") from None
         fault = describe_fault(err)
-        raise FileFault(f"{flag} {folder}: {fault if fault is not None else _one_line(err)}") from None
+        raise FileFault(f"{flag} {folder}: {fault if fault is not None else one_line(err)}") from None
 
 
 def run_reported(command: Callable[[], int], debug: bool = False) -> int:
     """Run one command; every failure becomes one line on stderr and an exit status (see EXIT_CODES)."""
     debug = debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
-        return command()
+        return _finish(command())
     except ShardbenchError as err:
         if debug:
             raise
-        return report(err)
+        return _finish(report(err), err)
     except KeyboardInterrupt:
         print("shardbench: interrupted", file=sys.stderr)
-        return 130
+        return _finish(130)
     except Exception as err:  # noqa: BLE001 - the one place where every other failure becomes a line
         if debug:
             raise
         fault = describe_fault(err)
         if fault is not None:
-            return report(fault)
-        print(f"shardbench: internal error: {type(err).__name__}: {_one_line(err)} (a bug in shardbench: run again "
+            return _finish(report(fault), err)
+        print(f"shardbench: internal error: {type(err).__name__}: {one_line(err)} (a bug in shardbench: run again "
               f"with --debug or {DEBUG_ENV}=1 for the traceback, and report it)", file=sys.stderr)
-        return 70
+        return _finish(70, err)

@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS jobs (
 """
 
 STATUSES = ("complete", "failed")
-ERROR_KINDS = ("config", "data", "diverged", "timeout", "killed", "oom", "crash")
+# Every kind runner.classify and slurm.row_for give (runner.EXIT_KINDS, slurm_jobs.KILLED_KINDS) must be here.
+ERROR_KINDS = ("config", "data", "diverged", "processes", "timeout", "killed", "oom", "crash")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,13 @@ from shardbench.report.terminal import progress_line, summary_table
 from shardbench.store import RunRow, Store
 from shardbench.subprocs import dies_with_parent, kill_group
 from shardbench.sweep.grid import PlannedRun, Sweep, field_kind, run_config
+from shardbench.sweep.memory import (
+    PeakMemory,
+    host_memory_bytes,
+    memory_cgroup,
+    memory_limit_bytes,
+    oom_kills,
+)
 
 # `shardbench train` exit codes (cli.main): 2 bad configuration, 3 diverged, 4 missing or corrupt data, 5 the
 # processes of a multi-process run could not join or one of them failed (`shardbench launch` passes them on).
@@ -118,46 +125,8 @@ class Outcome:
     stderr: list[str]
     started: float
     wall_s: float
-    peak_rss_bytes: int | None = None  # the process's resident high-water mark, last sampled (Linux only)
-
-
-class PeakMemory:
-    """Samples a process's resident high-water mark (VmHWM in /proc/PID/status) until it ends: a process the
-    kernel's out-of-memory killer takes leaves no message of its own, only how large it had grown."""
-
-    def __init__(self, pid: int, every_s: float = 0.25) -> None:
-        self.pid, self.every_s, self.peak = pid, every_s, None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            value = _proc_kib(f"/proc/{self.pid}/status", "VmHWM:")
-            if value is not None:
-                self.peak = max(self.peak or 0, value)
-            self._stop.wait(self.every_s)
-
-    def stop(self) -> int | None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        return self.peak
-
-
-def _proc_kib(path: str, key: str) -> int | None:
-    """Bytes of a 'key: N kB' line of a /proc file (Linux); None where there is no such file or line."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def host_memory_bytes() -> int | None:
-    return _proc_kib("/proc/meminfo", "MemTotal:")
+    peak_rss_bytes: int | None = None  # the run's processes' resident memory at its largest, sampled (Linux only)
+    oom_kills: int | None = None  # processes the out-of-memory killer took in this cgroup while the run ran
 
 
 def run_process(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str, str] | None = None) -> Outcome:
@@ -173,6 +142,8 @@ def run_process(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str,
         reader = threading.Thread(target=_tee, args=(proc.stderr, log, lines), daemon=True)
         reader.start()
         memory = PeakMemory(proc.pid)
+        cgroup = memory_cgroup()
+        kills_before = oom_kills(cgroup)
         code: int | None
         try:
             code = proc.wait(timeout=timeout_s)
@@ -186,7 +157,9 @@ def run_process(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str,
             peak = memory.stop()
         reader.join(timeout=10)
         proc.stderr.close()
-    return Outcome(code, lines, started, time.perf_counter() - t0, peak)
+    kills_after = oom_kills(cgroup)
+    kills = None if kills_before is None or kills_after is None else kills_after - kills_before
+    return Outcome(code, lines, started, time.perf_counter() - t0, peak, kills)
 
 
 def _log_lines(path: Path) -> list[str]:
@@ -201,6 +174,23 @@ def _log_lines(path: Path) -> list[str]:
 def _one_line(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _oom_kill(outcome: Outcome, name: str, oom_line: str | None) -> str | None:
+    """Why a SIGKILLed run was most likely the out-of-memory killer's, in one line; None when nothing says so:
+    its log's own words, the cgroup's count of OOM kills grown while it ran, or its processes' memory near the
+    limit (the host's, or the cgroup's where tighter)."""
+    if oom_line:
+        return _one_line(f"killed by {name}: {oom_line}")
+    if outcome.oom_kills:
+        return (f"killed by {name}: the kernel's out-of-memory killer took {outcome.oom_kills} process(es) of "
+                f"this cgroup while the run ran")
+    limit, peak = memory_limit_bytes(), outcome.peak_rss_bytes
+    if peak and limit and peak > OOM_FRACTION * limit:
+        where = "the host's" if limit == host_memory_bytes() else "its cgroup's limit of"
+        return (f"killed by {name} with {peak / 2**30:.1f} GiB resident of {where} {limit / 2**30:.1f} GiB: most "
+                f"likely the kernel's out-of-memory killer")
+    return None
 
 
 def classify(outcome: Outcome, log_path: Path, timeout_s: float) -> tuple[str, str]:
@@ -219,13 +209,10 @@ def classify(outcome: Outcome, log_path: Path, timeout_s: float) -> tuple[str, s
             name = signal.Signals(-code).name
         except ValueError:
             name = f"signal {-code}"
-        if -code == signal.SIGKILL and oom:
-            return "oom", _one_line(f"killed by {name}: {oom}")
-        total = host_memory_bytes()
-        peak = outcome.peak_rss_bytes
-        if -code == signal.SIGKILL and peak and total and peak > OOM_FRACTION * total:
-            return "oom", (f"killed by {name} with {peak / 2**30:.1f} GiB resident of the host's "
-                           f"{total / 2**30:.1f} GiB: most likely the kernel's out-of-memory killer")
+        if -code == signal.SIGKILL:
+            found = _oom_kill(outcome, name, oom)
+            if found:
+                return "oom", found
         return "killed", f"killed by {name}"
     if code in EXIT_KINDS:
         return EXIT_KINDS[code], _one_line(message)

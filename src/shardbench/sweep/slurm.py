@@ -32,7 +32,7 @@ from shardbench.store import JobRow, RunRow, Store
 from shardbench.sweep.grid import PlannedRun, Sweep, run_config, stored_sweep
 from shardbench.sweep.runner import (Options, Outcome, _one_line, _read_json, classify, refused_row, run_process,
                                      train_command)
-from shardbench.sweep.slurm_jobs import KILLED_KINDS, LIVE_STATES, JobState, job_states, run_command
+from shardbench.sweep.slurm_jobs import KILLED_KINDS, LIVE_STATES, JobState, ReadFailed, job_states, run_command
 from shardbench.sweep.slurm_options import Shape, SlurmOptions, check_shapes, parse_sbatch, time_limit_min
 
 OUTCOME_GRACE_S = 60.0  # a job SLURM calls finished whose outcome file has not appeared (a slow shared filesystem)
@@ -87,7 +87,7 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
     outcome = run_process(spec.cmd, log, spec.timeout_s, task_environ(spec, os.environ))
     result = {"job_id": _job_id(os.environ), "rank": rank, "returncode": outcome.returncode,
               "stderr": outcome.stderr[-60:], "started": outcome.started, "wall_s": outcome.wall_s,
-              "peak_rss_bytes": outcome.peak_rss_bytes}
+              "peak_rss_bytes": outcome.peak_rss_bytes, "oom_kills": outcome.oom_kills}
     if rank == 0:
         path = outcome_path(sweep_dir, result["job_id"])
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def row_for(sweep: Sweep, run: PlannedRun, opts: Options, job_id: str, state: Jo
     outcome = None
     if saved is not None:
         outcome = Outcome(saved.get("returncode"), list(saved.get("stderr") or []), float(saved.get("started") or now),
-                          float(saved.get("wall_s") or 0.0), saved.get("peak_rss_bytes"))
+                          float(saved.get("wall_s") or 0.0), saved.get("peak_rss_bytes"), saved.get("oom_kills"))
     record = _read_json(run_dir / "summary.json") if outcome is not None and outcome.returncode == 0 else None
     if outcome is not None and record is not None:
         config_saved = _read_json(run_dir / "config.json")
@@ -264,8 +264,22 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
     by_name = {r.name: r for r in sweep.runs}
     unsettled: dict[str, float] = {}  # since when a job has been ending without a final word
     started = time.time()
+    failing = False  # squeue could not be read at the last poll
     while pending:
-        states, source = job_states(list(pending.values()))
+        try:
+            states, source = job_states(list(pending.values()))
+        except ReadFailed as err:  # nothing is known of any job this time: none is taken to have ended
+            if not failing:
+                out(f"sweep: warning: {err}; the jobs' states are unknown until it answers, trying again every "
+                    f"{slurm.poll_s:g} s")
+            failing = True
+            if once:
+                return
+            time.sleep(slurm.poll_s)
+            continue
+        if failing:
+            out("sweep: squeue answers again")
+            failing = False
         ending = False
         for name, job_id in list(pending.items()):
             state = states.get(job_id)
@@ -306,7 +320,10 @@ def status_lines(store: Store, sweep: Sweep) -> list[str]:
     jobs = store.jobs()
     rows = {r.name: r for r in store.runs()}
     live = {n: j.job_id for n, j in jobs.items() if j.state in LIVE_STATES}
-    states, source = job_states(list(live.values())) if live else ({}, "")
+    try:
+        states, source = job_states(list(live.values())) if live else ({}, "")
+    except ReadFailed as err:
+        states, source = {}, f"the store, as last recorded: {err}"
     width = max((len(r.name) for r in sweep.runs), default=4)
     lines = []
     counts: dict[str, int] = {}

@@ -61,9 +61,26 @@ def _clock(text: str) -> float | None:
         return None
 
 
-def run_command(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-    """One of SLURM's commands (sbatch, squeue, sacct, scontrol, scancel), its output captured as text."""
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+COMMAND_TIMEOUT_S = 120.0
+
+
+def run_command(cmd: list[str], timeout_s: float | None = None) -> subprocess.CompletedProcess[str]:
+    """One of SLURM's commands (sbatch, squeue, sacct, scontrol, scancel), its output captured as text. One that
+    does not answer within `timeout_s` (default COMMAND_TIMEOUT_S: a controller that hangs) or cannot be started
+    is a failed command (exit status 124 or 127, with the reason as its stderr), as one that fails itself is."""
+    timeout_s = COMMAND_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]} did not answer within {timeout_s:g} s")
+    except OSError as err:
+        return subprocess.CompletedProcess(cmd, 127, "", f"{cmd[0]} could not be run: {err.strerror or err}")
+
+
+def failure(done: subprocess.CompletedProcess[str]) -> str:
+    """What a failed command said, in one line: its first line of stderr (else stdout), else its exit status."""
+    said = next((ln.strip() for ln in (done.stderr or done.stdout or "").splitlines() if ln.strip()), "")
+    return f"{done.args[0]} failed ({said[:200] or f'exit {done.returncode}'})"
 
 
 def sacct_states(job_ids: list[str]) -> dict[str, JobState] | None:
@@ -84,11 +101,18 @@ def sacct_states(job_ids: list[str]) -> dict[str, JobState] | None:
     return out
 
 
+class ReadFailed(Exception):
+    """squeue could not be read (it failed, or did not answer): no job's state is known this time."""
+
+
 def squeue_states(job_ids: list[str]) -> dict[str, JobState]:
-    """States of the jobs SLURM's controller still holds: queued and running ones (squeue, always current)."""
+    """States of the jobs SLURM's controller still holds: queued and running ones (squeue, always current).
+    Raises ReadFailed when squeue fails: its silence would otherwise say that every job has left the queue."""
     wanted = set(job_ids)
     out: dict[str, JobState] = {}
     done = run_command(["squeue", "-h", "-r", "-o", "%i|%T|%r"])
+    if done.returncode != 0:
+        raise ReadFailed(failure(done))
     for line in done.stdout.splitlines():
         parts = line.strip().split("|")
         if len(parts) == 3:
@@ -111,13 +135,19 @@ def scontrol_states(job_ids: list[str]) -> dict[str, JobState]:
     return out
 
 
+def _merge(found: dict[str, JobState], later: dict[str, JobState], rest: list[str]) -> None:
+    """Add what sacct or scontrol say of the jobs in `rest`: a final state always (it replaces squeue's
+    COMPLETING), a live one only for a job squeue did not list (squeue's own word is the more current)."""
+    found.update({j: st for j, st in later.items() if j in rest and (not st.live or j not in found)})
+
+
 def job_states(job_ids: list[str]) -> tuple[dict[str, JobState], str]:
     """{job id: state} and where the states came from. Queued and running jobs: squeue, which is current (the
     accounting learns of a start or an end a moment later). Jobs that left the queue: sacct, which keeps why a
     job ended; without accounting, scontrol, which remembers ended jobs for a few minutes. A job absent from
-    both is left out (just submitted, or just ended and not yet accounted for). A job squeue calls COMPLETING
+    all is left out (just submitted, or just ended and not yet accounted for). A job squeue calls COMPLETING
     has ended and is being cleaned up (after scancel, for seconds): its final state, where the accounting or the
-    controller already has it, is the one given."""
+    controller already has it, is the one given. Raises ReadFailed when squeue cannot be read."""
     if not job_ids:
         return {}, "squeue and sacct"
     found = squeue_states(job_ids)
@@ -126,7 +156,7 @@ def job_states(job_ids: list[str]) -> tuple[dict[str, JobState], str]:
         return found, "squeue and sacct"
     accounted = sacct_states(rest)
     if accounted is None:
-        found.update({j: st for j, st in scontrol_states(rest).items() if not st.live})
+        _merge(found, scontrol_states(rest), rest)
         return found, "squeue and scontrol (no accounting)"
-    found.update({j: st for j, st in accounted.items() if j in rest and not st.live})
+    _merge(found, accounted, rest)
     return found, "squeue and sacct"

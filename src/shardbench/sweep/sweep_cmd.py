@@ -205,6 +205,19 @@ def resolve_options(args: argparse.Namespace, stored: dict[str, Any] | None) -> 
             for k, default in DEFAULT_OPTIONS.items()}
 
 
+def replaced_options(args: argparse.Namespace, stored: dict[str, Any] | None) -> list[str]:
+    """What the options given with --resume change of those the sweep stored: 'sweep: --timeout 60 replaces the
+    stored 77' per option (none for a new sweep, or options given as stored)."""
+    lines = []
+    for key, default in DEFAULT_OPTIONS.items():
+        given, before = getattr(args, key), (stored or {}).get(key, default)
+        if stored is not None and given is not None and given != before:
+            lines.append(f"sweep: --{key.replace('_', '-')} {given:g} replaces the stored {before:g}"
+                         if isinstance(given, float) else
+                         f"sweep: --{key.replace('_', '-')} {given} replaces the stored {before}")
+    return lines
+
+
 def failed_summary(store: Store, names: list[str]) -> str | None:
     """'2 of 9 runs failed: 1 oom, 1 config' for the sweep's runs, or None when none failed."""
     rows = [r for r in store.runs() if r.name in set(names)]
@@ -273,8 +286,8 @@ def share_peak(sweep: Sweep, out: Path) -> dict[str, str]:
     return {peak_lib.PEAK_FILE_ENV: str(path.resolve())}
 
 
-def _plan(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any] | None]:
-    """The sweep to run, and the stored options when it is resumed from `--out` alone."""
+def _plan(args: argparse.Namespace) -> tuple[Sweep, bool]:
+    """The sweep to run, and whether it is the stored plan (resumed from `--out` alone)."""
     values = {k: ",".join(v) if isinstance(v, list) else v for k, v in vars(args).items() if "." in k}
     from_store = args.resume and args.preset is None and args.sweep_file is None and args.base is None and not values
     if from_store:
@@ -286,23 +299,36 @@ def _plan(args: argparse.Namespace) -> tuple[Sweep, dict[str, Any] | None]:
         with Store(path) as store:
             if not store.get_meta("runs"):
                 raise ConfigError(f"--resume: {path} holds no plan to resume; start the sweep again with another --out")
-            return stored_sweep(store), store.get_meta("options") or {}
+            return stored_sweep(store), True
     file = load_sweep_file(args.sweep_file) if args.sweep_file is not None else None
     sweep = make_sweep(args.preset, args.base, file, values)
     if file is not None and not file.axes and len(sweep.runs) == 1:
         raise ConfigError(f"--sweep-file {args.sweep_file} defines no axes or grid, so the sweep would be one run of "
                           f"its base: add axes = [[...]] or grid = {{\"field\" = [values]}} (see shardbench sweep "
                           f"--help), or train that one run with shardbench train")
-    return sweep, None
+    return sweep, False
 
 
-def _stored_slurm(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The SLURM options a sweep being resumed was started with (None for a local or a new sweep)."""
+def _stored_meta(args: argparse.Namespace, key: str) -> Any:
+    """What a sweep being resumed stored under `key` (None for a new sweep)."""
     path = Path(args.out) / "sweep.db" if args.out else None
     if not args.resume or path is None or not path.exists():
         return None
     with Store(path) as store:
-        return store.get_meta("slurm")
+        return store.get_meta(key)
+
+
+def _stored_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The options (--timeout, --processes, ...) a sweep being resumed was started with, whether --resume comes
+    alone or with the plan's arguments again (None for a new sweep; {} for a store that kept none)."""
+    if not args.resume or not args.out or not (Path(args.out) / "sweep.db").exists():
+        return None
+    return _stored_meta(args, "options") or {}
+
+
+def _stored_slurm(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The SLURM options a sweep being resumed was started with (None for a local or a new sweep)."""
+    return _stored_meta(args, "slurm")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -311,7 +337,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "status", False) or getattr(args, "cancel", False):
             return slurm_lib.watch(args)
-        sweep, stored_options = _plan(args)
+        sweep, from_store = _plan(args)
+        stored_options = _stored_options(args)
         for table in {str({**r.base, **r.overrides}.get("train.prices", "")) for r in sweep.runs}:
             prices_from_flag(table)  # a bad --prices table is one line now, not a failure in every run
         options = resolve_options(args, stored_options)
@@ -345,7 +372,10 @@ def run(args: argparse.Namespace) -> int:
         lock = _lock(out)
         started, t0 = time.time(), time.perf_counter()
         try:
-            with open_store(out, args.resume, plan_meta(sweep, options), stored_options is not None) as store:
+            with open_store(out, args.resume, plan_meta(sweep, options), from_store) as store:
+                for line in replaced_options(args, stored_options):
+                    print(line, flush=True)
+                store.set_meta("options", options)  # a later --resume goes on with what this one ran
                 print(f"sweep: {len(sweep.runs)} runs -> {out}", flush=True)
                 # A cluster's nodes are not this host: there each run measures (and caches) its own node's peak.
                 env = share_peak(sweep, out) if executor == "local" else {}
