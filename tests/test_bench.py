@@ -4,6 +4,11 @@ defaults on an accelerator, how the tables name both, and a case past its timeou
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -90,7 +95,7 @@ def test_the_pytorch_baseline_is_the_seed_vit_and_trains() -> None:
     torch_vit.synchronize(where)
     assert where.type == "cpu" and info["device"] == "cpu" and info["compiled"] == "none"
     assert info["matmul"] == "float32" and info["params"] == torch_vit.count_params(torch_vit.build_model(tiny))
-    assert info["first_step_s"] > 0 and info["threads"] == 1
+    assert info["first_step_s"] > 0 and info["threads"] == 1 and info["compile_mode"] == "none"
 
 
 def _planned(monkeypatch, platform: str, *argv: str) -> tuple[argparse.Namespace, dict[str, list[dict]]]:
@@ -199,3 +204,61 @@ def test_the_baselines_are_refused_a_model_they_do_not_build(monkeypatch) -> Non
     _, groups = _planned(monkeypatch, "cpu", "--preset", "vit-cifar-spt", "--groups", "batch",
                           "--batch-size", "96", "--batches", "48,96")
     assert set(groups) == {"batch"}
+
+
+# The smallest step group a CPU runs: vit-tiny narrowed to one block, one window of two steps.
+TINY = ["--preset", "vit-tiny", "--dtype", "float32", "--batch-size", "16", "--warmup", "1", "--windows", "1",
+        "--steps-per-window", "2", "--peak-size", "256", "--set=model.num_layers=1", "--set=model.embed_dim=32",
+        "--set=model.mlp_dim=64", "--set=model.num_heads=2"]
+
+
+def _bench(out: Path, *argv: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "shardbench", "bench", "--out", str(out), *argv],
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_a_contender_that_errors_or_times_out_makes_bench_exit_1_and_say_which(tmp_path: Path) -> None:
+    """Every contender stopped after 1 s (none can import JAX and compile in that): exit 1, one line on stderr
+    naming each, and both files written with the rows that say why."""
+    proc = _bench(tmp_path, "--groups", "step", "--baselines", "seed-style", "--timeout", "1", *TINY)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("shardbench bench: 3 of 3 case(s) errored or timed out: matmul peak (float32 b16): "
+                                "timed out"), err[-2000:]
+    assert "seed-style nnx (float32 b16): timed out" in lines[-1]
+    rows = json.loads((tmp_path / "bench.json").read_text())["cases"]
+    assert [r["label"] for r in rows] == ["matmul peak", "shardbench", "seed-style nnx"]
+    assert "| shardbench | - | timed out:" in (tmp_path / "bench.md").read_text()
+
+
+@pytest.mark.slow
+def test_bench_writes_its_files_after_each_group(tmp_path: Path) -> None:
+    """Stopped (SIGKILL) while its second group runs, bench keeps the first group's rows in both files."""
+    proc = _bench(tmp_path, "--groups", "pipeline,alloc", "--pipeline-seconds", "0.5", *TINY)
+    assert proc.stdout is not None
+    try:
+        for line in proc.stdout:
+            if line.startswith("pipeline: ") and line.rstrip().endswith(" s"):  # the first group is done
+                break
+        else:
+            pytest.fail(f"bench ended before its second group: {proc.wait()} {proc.stderr.read()[-2000:]}")
+    finally:
+        proc.kill()
+        proc.wait()
+    rows = json.loads((tmp_path / "bench.json").read_text())["cases"]
+    assert [(r["group"], r["label"]) for r in rows] == [("pipeline", "host pipeline")]
+    assert "error" not in rows[0]["result"]
+    assert "On-device augmentation" in (tmp_path / "bench.md").read_text()
+
+
+def test_reduce_overhead_is_a_torch_compile_contender_that_names_its_mode(monkeypatch) -> None:
+    _, groups = _planned(monkeypatch, "cpu", "--groups", "step", "--baselines",
+                         "pytorch-compile,pytorch-reduce-overhead")
+    torch_entries = {e["label"]: e["kwargs"] for e in groups["step"] if e["case"] == "torch"}
+    assert torch_entries["pytorch reduce-overhead"]["compile_mode"] == "reduce-overhead"
+    assert "compile_mode" not in torch_entries["pytorch compile"]  # torch.compile's default mode
+    args = _args()
+    assert args.baselines == "seed-style,pytorch-eager,pytorch-compile"  # opt-in

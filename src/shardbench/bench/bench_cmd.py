@@ -21,7 +21,10 @@ On a GPU or TPU the defaults are trimmed to finish in under 10 minutes on one H1
 `ACCELERATOR_DEFAULTS`); the run's first lines and bench.md say what was left out, and explicit
 --batches/--layers/--timeout run what they name.
 
-Prints the tables and writes <out>/bench.json and <out>/bench.md.
+Prints the tables and writes <out>/bench.json and <out>/bench.md, both rewritten after each group (a run that is
+stopped keeps the groups it finished). Exit status: 1 when any case errored or timed out (named on stderr in one
+line; its row says why, and the files are written), 2 for a bad flag or configuration, 0 otherwise (a PyTorch
+baseline skipped because torch is not installed is not an error).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ from shardbench.presets import PRESETS, get_preset
 GROUPS = ("step", "batch", "layers", "remat", "pipeline", "alloc")
 SCALING_WINDOWS = 3  # timed windows of the groups other than step
 DEFAULT_GROUPS = GROUPS[:-1]  # the allocator comparison is opt-in: --groups alloc
-BASELINES = ("seed-style", "pytorch-eager", "pytorch-compile")
+BASELINES = ("seed-style", "pytorch-eager", "pytorch-compile", "pytorch-reduce-overhead")
+DEFAULT_BASELINES = BASELINES[:3]  # torch.compile's reduce-overhead mode (CUDA graphs) is opt-in
 CPU_DEFAULTS = {"batches": "64,256", "layers": "6,12,24", "timeout": 600.0, "compile_timeout": 600.0}
 # On a GPU or TPU, what `shardbench bench` runs when --batches/--layers/--timeout are not given, sized to finish
 # in under 10 minutes on one H100. Measured there with the CPU defaults (jax 0.11.2, torch 2.11): step group
@@ -86,8 +90,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--groups", default=",".join(DEFAULT_GROUPS),
                    help=f"comma list of groups to run, from {','.join(GROUPS)} (default: "
                         f"{','.join(DEFAULT_GROUPS)})")
-    p.add_argument("--baselines", default=",".join(BASELINES),
-                   help=f"baselines of the step group (default: all of {','.join(BASELINES)})")
+    p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
+                   help=f"baselines of the step group, from {','.join(BASELINES)} (default: "
+                        f"{','.join(DEFAULT_BASELINES)}; pytorch-reduce-overhead is torch.compile with "
+                        f"mode='reduce-overhead', CUDA graphs on a GPU)")
     p.add_argument("--peak-size", type=int, default=0,
                    help="side of the matmul-peak matrices (default 0: 4096 on CPU, 8192 on accelerators)")
     p.add_argument("--pipeline-seconds", type=float, default=5.0, help="how long to run the host pipeline")
@@ -245,6 +251,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
             "seed-style": entry("seed-style nnx", "seed-style", preset=args.preset, overrides=here),
             "pytorch-eager": entry("pytorch eager", "torch", preset=args.preset, overrides=here, compile=False),
             "pytorch-compile": entry("pytorch compile", "torch", preset=args.preset, overrides=here, compile=True),
+            "pytorch-reduce-overhead": entry("pytorch reduce-overhead", "torch", preset=args.preset, overrides=here,
+                                             compile=True, compile_mode="reduce-overhead"),
         }
         group = [entry("matmul peak", "matmul-peak", dtype=dtype, size=args.peak_size,
                        matmul_precision=args.matmul_precision),
@@ -435,16 +443,20 @@ def machine() -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run every planned group; bench.json and bench.md are rewritten after each group, so a run that is stopped
+    keeps the groups it finished. Exit status 1 (after writing both files) when any contender errored or timed
+    out, named on stderr in one line; 0 otherwise (a baseline skipped for a missing torch is not an error)."""
     planned = plan(args)
     where = malloc.target_platform(os.environ)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     writable_dir(out, "--out", create=False)
     out.mkdir(parents=True, exist_ok=True)
-    cases = []
+    cases: list[dict[str, Any]] = []
     started = time.perf_counter()
     print(f"matmul precision {args.matmul_precision}: {matmul_summary(args.matmul_precision, where)}", flush=True)
     for note in args.trimmed:
         print(f"trimmed on an accelerator: {note}", flush=True)
+    info = machine()
     with (out / "bench.log").open("w") as log:
         for group, entries in planned:
             setting = entries[0].get("setting") if entries else None
@@ -458,18 +470,41 @@ def run(args: argparse.Namespace) -> int:
             for entry, result in zip(entries, results):
                 cases.append({"group": group, **{k: entry[k] for k in ("label", "case", "kwargs")},
                               "setting": entry.get("setting"), "result": result})
+            write_files(out, bench_record(args, info, cases, started))
             print(f"{group}: {time.perf_counter() - t0:.0f} s", flush=True)
-    record = {"machine": machine(), "preset": args.preset, "dtype": args.dtype, "batch_size": args.batch_size,
-              "settings": [setting_name(d, b) for d, b in args.settings],
-              "matmul_precision": args.matmul_precision, "trimmed": args.trimmed,
-              "timing": {"warmup": args.warmup, "windows": args.windows, "steps_per_window": args.steps_per_window,
-                         "min_window_s": args.min_window_s},
-              "total_s": time.perf_counter() - started, "cases": cases}
-    text = render(record)
+    record = bench_record(args, info, cases, started)
+    text = write_files(out, record)
     print("\n" + text)
+    print(f"\nshardbench bench: wrote {out / 'bench.json'} and {out / 'bench.md'} ({record['total_s']:.0f} s)")
+    failed = failed_contenders(cases)
+    if failed:
+        print(f"shardbench bench: {len(failed)} of {len(cases)} case(s) errored or timed out: {'; '.join(failed)}"
+              [:1000], file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def bench_record(args: argparse.Namespace, info: dict[str, Any], cases: list[dict[str, Any]],
+                 started: float) -> dict[str, Any]:
+    return {"machine": info, "preset": args.preset, "dtype": args.dtype, "batch_size": args.batch_size,
+            "settings": [setting_name(d, b) for d, b in args.settings],
+            "matmul_precision": args.matmul_precision, "trimmed": args.trimmed,
+            "timing": {"warmup": args.warmup, "windows": args.windows, "steps_per_window": args.steps_per_window,
+                       "min_window_s": args.min_window_s},
+            "total_s": time.perf_counter() - started, "cases": cases}
+
+
+def write_files(out: Path, record: dict[str, Any]) -> str:
+    """bench.json (atomically) and bench.md from `record`; returns the markdown."""
+    text = render(record)
     tmp = out / "bench.json.tmp"
     tmp.write_text(json.dumps(record, indent=2))
     os.replace(tmp, out / "bench.json")
     (out / "bench.md").write_text(text + "\n")
-    print(f"\nshardbench bench: wrote {out / 'bench.json'} and {out / 'bench.md'} ({record['total_s']:.0f} s)")
-    return 0
+    return text
+
+
+def failed_contenders(cases: list[dict[str, Any]]) -> list[str]:
+    """`label (setting): error` for each case whose result is an error (a timeout is one)."""
+    return [f"{c['label']} ({c['setting'] or c['group']}): {c['result']['error']}" for c in cases
+            if "error" in c["result"]]

@@ -142,7 +142,7 @@ def seed_style_step(preset: str, overrides: dict[str, Any]) -> Prepared:
         "matmul": jax_matmul_label(cfg.precision.matmul_precision, cfg.precision.dtype)})
 
 
-def torch_step(preset: str, overrides: dict[str, Any], *, compile: bool) -> Prepared:
+def torch_step(preset: str, overrides: dict[str, Any], *, compile: bool, compile_mode: str = "default") -> Prepared:
     from shardbench.bench import torch_vit
 
     reason = torch_vit.available()
@@ -151,7 +151,7 @@ def torch_step(preset: str, overrides: dict[str, Any], *, compile: bool) -> Prep
     cfg = bench_config(preset, overrides)
     step, info, where = torch_vit.prepare(cfg.model, batch_size=cfg.train.batch_size, compile=compile,
                                           image_size=cfg.data.image_size, dtype=cfg.precision.dtype,
-                                          matmul_precision=cfg.precision.matmul_precision)
+                                          matmul_precision=cfg.precision.matmul_precision, compile_mode=compile_mode)
     if cfg.precision.dtype != "float32":
         info["matmul"] = cfg.precision.dtype
     return Prepared(step, cfg.train.batch_size, "images/s", {**info, "train_flops_per_image": _train_flops(cfg)},

@@ -222,10 +222,11 @@ def _timed(step: Step, images: torch.Tensor, labels: torch.Tensor) -> tuple[floa
 
 
 def _first_step(vit: nn.Module, optimizer: torch.optim.Optimizer, compile: bool, images: torch.Tensor,
-                labels: torch.Tensor, autocast: torch.dtype | None = None
+                labels: torch.Tensor, autocast: torch.dtype | None = None, mode: str = "default"
                 ) -> tuple[Step, str, float, torch.Tensor]:
     """Build the step (compiled whole when that works, else with only the model compiled), run it once.
 
+    `mode` is torch.compile's mode ("default", "reduce-overhead": CUDA graphs on a GPU, "max-autotune").
     Returns (step, "step" | "model" | "none", seconds of the first step including any compilation, loss).
     """
     import torch
@@ -236,12 +237,12 @@ def _first_step(vit: nn.Module, optimizer: torch.optim.Optimizer, compile: bool,
         return step, "none", *_timed(step, images, labels)
     torch._dynamo.reset()  # fresh guards and recompile budget for each measurement in one process
     try:
-        step = torch.compile(_make_step(vit, optimizer, params, autocast))
+        step = torch.compile(_make_step(vit, optimizer, params, autocast), mode=mode)
         return step, "step", *_timed(step, images, labels)
     except Exception:  # noqa: BLE001 - any compile failure falls back to compiling the model only
         optimizer.zero_grad(set_to_none=True)
         torch._dynamo.reset()
-        step = _make_step(torch.compile(vit), optimizer, params, autocast)
+        step = _make_step(torch.compile(vit, mode=mode), optimizer, params, autocast)
         return step, "model", *_timed(step, images, labels)
 
 
@@ -291,13 +292,14 @@ def set_matmul_precision(matmul_precision: str, where: torch.device) -> dict[str
 
 
 def prepare(model: ModelConfig, *, batch_size: int, compile: bool, dtype: str = "float32", seed: int = 0,
-            threads: int | None = None, image_size: int = 32, matmul_precision: str = "default"
-            ) -> tuple[Callable[[], None], dict[str, object], torch.device]:
+            threads: int | None = None, image_size: int = 32, matmul_precision: str = "default",
+            compile_mode: str = "default") -> tuple[Callable[[], None], dict[str, object], torch.device]:
     """Build the model, optimizer and batch on `device()`, and run the first step (which includes
     torch.compile's compilation when `compile`). `dtype` other than float32 is the autocast dtype;
     `matmul_precision` is shardbench's name for the float32 matmul arithmetic (`set_matmul_precision`).
     Returns a function that runs one more step (queued on a GPU: `synchronize` waits for it), what to
     record ({"first_step_s", "params", "torch_version", "threads", "compiled": "step" | "model" | "none",
+    "compile_mode": torch.compile's mode or "none",
     "adamw": "fused" | "foreach", "device", "autocast", "matmul" and the torch settings behind it}) and
     the device."""
     import torch
@@ -312,7 +314,7 @@ def prepare(model: ModelConfig, *, batch_size: int, compile: bool, dtype: str = 
     vit = build_model(model, image_size=image_size, seed=seed).to(where)
     optimizer, adamw = _make_optimizer(vit)
     images, labels = (t.to(where) for t in _batch(model, batch_size, image_size, seed))
-    step, compiled, first_step_s, _ = _first_step(vit, optimizer, compile, images, labels, autocast)
+    step, compiled, first_step_s, _ = _first_step(vit, optimizer, compile, images, labels, autocast, compile_mode)
 
     def one_step() -> None:
         step(images, labels)
@@ -323,6 +325,7 @@ def prepare(model: ModelConfig, *, batch_size: int, compile: bool, dtype: str = 
         "torch_version": torch.__version__,
         "threads": used_threads,
         "compiled": compiled,
+        "compile_mode": compile_mode if compile else "none",
         "adamw": adamw,
         "device": torch.cuda.get_device_name(where) if where.type == "cuda" else "cpu",
         "autocast": AUTOCAST[dtype],
