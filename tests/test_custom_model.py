@@ -91,6 +91,23 @@ BAD_PLUGINS = [
      "        return self.dense(x.reshape(x.shape[0], -1))\n"
      "def build(cfg, rngs):\n    return Wrong(rngs)\n",
      "returned shape (2, 7) for input (2, 32, 32, 3); --task classify scores logits (batch, --model.num-classes)"),
+    ("import sys\ndef build(cfg, rngs):\n    sys.exit(3)\n", "building the model failed: SystemExit: it called sys.exit(3)"),
+    ("import sys\nfrom flax import nnx\n"
+     "class Quits(nnx.Module):\n"
+     "    def __init__(self, rngs):\n"
+     "        self.dense = nnx.Linear(32 * 32 * 3, 10, rngs=rngs)\n"
+     "    def __call__(self, x):\n"
+     "        sys.exit(0)\n"
+     "def build(cfg, rngs):\n    return Quits(rngs)\n",
+     "failed: SystemExit: it called sys.exit(0)"),
+    ("import jax.numpy as jnp\nfrom flax import nnx\n"
+     "class Rounds(nnx.Module):\n"
+     "    def __init__(self, rngs):\n"
+     "        self.dense = nnx.Linear(32 * 32 * 3, 10, rngs=rngs)\n"
+     "    def __call__(self, x):\n"
+     "        return self.dense(x.reshape(x.shape[0], -1)).astype(jnp.int32)\n"
+     "def build(cfg, rngs):\n    return Rounds(rngs)\n",
+     "returned int32 outputs, which no gradient flows through: --task classify scores floating-point logits"),
 ]
 
 
