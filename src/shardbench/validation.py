@@ -25,8 +25,14 @@ def check_ranges(cfg: Config) -> None:
     """Every numeric field inside its declared range: one line naming the flag, the range and the value."""
     values = flatten(cfg)
     for key, allowed in config_lib.RANGES.items():
-        if not allowed.holds(float(values[key])):
-            raise ConfigError(f"--{key.replace('_', '-')} must be in {allowed.text()}, got {values[key]}")
+        if not allowed.holds(values[key]):
+            raise ConfigError(f"--{key.replace('_', '-')} must be in {allowed.text()}, got {_shown(values[key])}")
+
+
+def _shown(value: float) -> str:
+    """A value as a refusal quotes it: a number of more than 24 digits by its count of digits."""
+    text = str(value)
+    return f"a number of {len(text.lstrip('-'))} digits" if isinstance(value, int) and len(text) > 24 else text
 
 
 def validate(cfg: Config) -> None:

@@ -167,8 +167,8 @@ def _build_abstract(cfg: Config) -> nnx.Module:
         if not cfg.model.factory:
             if isinstance(err, SystemExit):
                 raise
-            raise ConfigError(f"the {cfg.model.kind} model cannot be built from its settings{_named_in(cfg, err)}: "
-                              f"{_first_line(err)}; choose smaller --model.* sizes") from None
+            raise ConfigError(f"the {cfg.model.kind} model cannot be built from this configuration"
+                              f"{_named_in(cfg, err)}: {_first_line(err)}; check its --model.* settings") from None
         held = NOT_AN_ARRAY.search(_first_line(err))
         if held:  # a Variable holding a Python object, which no traced step can carry
             path = "/".join(re.findall(r"\['([^']+)'\]", held.group(2))) or held.group(2)
