@@ -175,3 +175,18 @@ def test_settings_the_mlp_or_no_augmentation_never_read_are_noted() -> None:
     assert inert_notes(vit) == ["--data.crop-scale (0.5, 1.0) does nothing here: augmentation is off "
                                 "(--no-data.augment)"]
     assert inert_notes(override(get_preset("vit-tiny"), {"data.crop_scale": (0.5, 1.0)})) == []
+
+
+@pytest.mark.parametrize("command", ["train", "inspect"])
+def test_a_flag_the_command_does_not_take_points_to_that_commands_help(command: str,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`shardbench train --checkpoint-every 0` (the flag is --train.checkpoint-every): exit 2, the command's own
+    error line and its own --help, before anything runs."""
+    from shardbench.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([command, "--checkpoint-every", "0"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"shardbench {command}: error: unrecognized arguments: --checkpoint-every 0",
+        f"see 'shardbench {command} --help'"]
