@@ -158,6 +158,15 @@ CONF, DATA = "configuration", "data"
 # (name, command line, what the one line names, exit class): a missing dataset is data, a value no field takes
 # or a folder with nothing to report is configuration.
 VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
+    ("train: a seed of 2^63", lambda t: ["train", *TINY, "--seed", str(2**63), "--out", str(t / "o")],
+     "--train.seed must be in [0, 2^32)", CONF),
+    ("train: 400 digits of steps", lambda t: ["train", *TINY, "--steps", "9" * 400, "--out", str(t / "o")],
+     "--train.steps must be in [0, 2^31); 0 = train by --epochs, got a number of 400 digits", CONF),
+    ("train: a width past 2^31", lambda t: ["train", *TINY, "--model.mlp-dim", "99999999999999999999", "--out",
+                                            str(t / "o")], "--model.mlp-dim must be in (0, 2^31)", CONF),
+    ("train: generated examples past 2^31", lambda t: ["train", *TINY, "--data.synthetic-train", "9" * 30, "--out",
+                                                       str(t / "o")], "--data.synthetic-train must be in (0, 2^31)",
+     CONF),
     ("train: a profile window of no steps", lambda t: ["train", *TINY, "--profile", "--train.profile-steps", "0",
                                                        "--out", str(t / "o")], "--train.profile-steps 0", CONF),
     ("train: an unknown XLA preset", lambda t: ["train", *TINY, "--train.xla-presets", "turbo", "--out", str(t / "o")],

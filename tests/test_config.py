@@ -14,7 +14,7 @@ from shardbench.parsing import from_dict, override
 from shardbench.presets import get_preset
 from shardbench.tasks import validate
 from shardbench.models.spec import describe_model
-from shardbench.validation import check_choices, check_ranges
+from shardbench.validation import check_choices, check_ranges, inert_notes
 
 
 def _param_count(cfg: config_lib.Config) -> int:
@@ -153,3 +153,40 @@ def test_unknown_preset_and_field() -> None:
         get_preset("vit-huge")
     with pytest.raises(ConfigError, match="unknown configuration field 'model.width'"):
         override(config_lib.Config(), {"model.width": 3})
+
+
+def test_settings_the_mlp_or_no_augmentation_never_read_are_noted() -> None:
+    """The mlp reads feature vectors (no image to size, crop, flip or augment) and has no attention; with
+    --no-data.augment the crop's scale and ratio are read by nothing. Each is one note; the mlp's own fields
+    and a model of your own's --model.* fields (its code may read them) are not."""
+    mlp = override(get_preset("mlp-small"), {
+        "model.embed_dim": 64, "model.num_heads": 2, "model.attention": "einsum", "data.image_size": 64,
+        "data.augment": False, "data.flip": False, "data.crop_scale": (0.5, 1.0), "data.crop_ratio": (0.5, 2.0),
+        "model.mlp_dim": 64})
+    notes = inert_notes(mlp)
+    for flag in ("--model.embed-dim 64", "--model.num-heads 2", "--model.attention einsum", "--data.image-size 64",
+                 "--data.augment False", "--data.flip False", "--data.crop-scale (0.5, 1.0)",
+                 "--data.crop-ratio (0.5, 2.0)"):
+        assert sum(note.startswith(f"{flag} does nothing here: the mlp model") for note in notes) == 1, (flag, notes)
+    assert not any("mlp-dim" in note.split(":")[0] for note in notes), notes
+    own = override(mlp, {"model.factory": "examples/linen_mlp.py:build", "model.task": "regress"})
+    assert not any(note.startswith(("--model.embed-dim", "--model.num-heads")) for note in inert_notes(own))
+    vit = override(get_preset("vit-tiny"), {"data.augment": False, "data.crop_scale": (0.5, 1.0)})
+    assert inert_notes(vit) == ["--data.crop-scale (0.5, 1.0) does nothing here: augmentation is off "
+                                "(--no-data.augment)"]
+    assert inert_notes(override(get_preset("vit-tiny"), {"data.crop_scale": (0.5, 1.0)})) == []
+
+
+@pytest.mark.parametrize("command", ["train", "inspect"])
+def test_a_flag_the_command_does_not_take_points_to_that_commands_help(command: str,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`shardbench train --checkpoint-every 0` (the flag is --train.checkpoint-every): exit 2, the command's own
+    error line and its own --help, before anything runs."""
+    from shardbench.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([command, "--checkpoint-every", "0"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"shardbench {command}: error: unrecognized arguments: --checkpoint-every 0",
+        f"see 'shardbench {command} --help'"]

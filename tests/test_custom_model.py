@@ -91,6 +91,23 @@ BAD_PLUGINS = [
      "        return self.dense(x.reshape(x.shape[0], -1))\n"
      "def build(cfg, rngs):\n    return Wrong(rngs)\n",
      "returned shape (2, 7) for input (2, 32, 32, 3); --task classify scores logits (batch, --model.num-classes)"),
+    ("import sys\ndef build(cfg, rngs):\n    sys.exit(3)\n", "building the model failed: SystemExit: it called sys.exit(3)"),
+    ("import sys\nfrom flax import nnx\n"
+     "class Quits(nnx.Module):\n"
+     "    def __init__(self, rngs):\n"
+     "        self.dense = nnx.Linear(32 * 32 * 3, 10, rngs=rngs)\n"
+     "    def __call__(self, x):\n"
+     "        sys.exit(0)\n"
+     "def build(cfg, rngs):\n    return Quits(rngs)\n",
+     "failed: SystemExit: it called sys.exit(0)"),
+    ("import jax.numpy as jnp\nfrom flax import nnx\n"
+     "class Rounds(nnx.Module):\n"
+     "    def __init__(self, rngs):\n"
+     "        self.dense = nnx.Linear(32 * 32 * 3, 10, rngs=rngs)\n"
+     "    def __call__(self, x):\n"
+     "        return self.dense(x.reshape(x.shape[0], -1)).astype(jnp.int32)\n"
+     "def build(cfg, rngs):\n    return Rounds(rngs)\n",
+     "returned int32 outputs, which no gradient flows through: --task classify scores floating-point logits"),
 ]
 
 
@@ -132,3 +149,48 @@ def test_a_model_of_your_own_runs_under_shard_map(micro, tmp_path: Path) -> None
     run(base)
     run(override(base, {"parallel.spmd": "shard_map", "train.out": str(tmp_path / "shard_map")}))
     assert _losses(tmp_path / "shard_map") == pytest.approx(_losses(tmp_path / "jit"), rel=2e-5, abs=2e-6)
+
+
+HAND_COUNTED = '''
+from flax import nnx
+
+
+class Net(nnx.Module):
+    def __init__(self, cfg, rngs):
+        self.a = nnx.Linear(cfg.model.input_dim, 64, rngs=rngs)
+        self.b = nnx.Linear(64, cfg.model.num_classes, rngs=rngs)
+
+    def __call__(self, x):
+        return self.b(nnx.relu(self.a(x)))
+
+
+def build(cfg, rngs):
+    return Net(cfg, rngs)
+'''
+
+
+@pytest.mark.slow
+def test_xla_counts_one_step_and_an_mfu_over_100_percent_is_not_reported(micro, tmp_path: Path) -> None:
+    """(about 5 s.) The FLOPs XLA counts for a model of your own are the step's, by hand: the first layer's
+    forward and weight gradient (no input gradient) 4*256*64, the second's forward and both gradients 6*64*10,
+    per example, plus under 5% of elementwise work and Adam. A step time that would run them faster than the
+    host's peak (the reviewer's 0.15 ms steps at MFU 130%) is no step time: it, the throughput and the MFU are
+    dropped with the reason."""
+    from shardbench.measure.collect import credible_steps
+    from shardbench.measure.run_record import StepTimes
+
+    cfg = micro(**{"model.factory": _plugin(tmp_path, HAND_COUNTED), "model.task": "regress", "data.dataset":
+                   "regression", "model.input_dim": 256, "train.batch_size": 256, "train.steps": 4,
+                   "parallel.devices": 1, "parallel.mesh": "none"})
+    m = run(cfg)["measurements"]
+    hand = 256 * (4 * 256 * 64 + 6 * 64 * 10)
+    assert hand <= m["flops"]["xla_per_step"] <= 1.05 * hand, (m["flops"]["xla_per_step"], hand)
+    assert m["mfu"]["mfu"] is None or m["mfu"]["mfu"] <= 1.0
+    peak = m["mfu"]["peak_flops_per_s_per_device"]
+    fast = StepTimes(median=hand / peak / 1.3, p90=hand / peak / 1.3, measured_steps=1, excluded_steps=2, warmup=2)
+    dropped = credible_steps(fast, hand / fast.median / peak)
+    assert dropped.median is None and dropped.p90 is None and dropped.measured_steps == 1
+    assert dropped.not_measured.startswith("not credible: the median of 1 interval(s)"), dropped.not_measured
+    assert "at 130% of the peak" in dropped.not_measured and "train more steps" in dropped.not_measured
+    slow = StepTimes(median=hand / peak / 0.5, p90=hand / peak / 0.5, measured_steps=1, excluded_steps=2, warmup=2)
+    assert credible_steps(slow, 0.5) is slow

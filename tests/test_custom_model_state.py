@@ -301,10 +301,47 @@ class Net(nnx.Module):
 def build(cfg, rngs):
     return Net(rngs)
 ''', "unknown mode argument 'is_test': name one True in training"),
+    # linen's BatchNorm with its `train` default and no mode_argument: evaluation would update batch_stats.
+    ('''
+import flax.linen as nn
+import jax.numpy as jnp
+from flax import nnx
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = True):
+        x = nn.BatchNorm(use_running_average=not train)(nn.Dense(16)(x.reshape(x.shape[0], -1)))
+        return nn.Dense(10)(x)
+
+
+def build(cfg, rngs):
+    return nnx.bridge.ToNNX(Net(), rngs=rngs).lazy_init(jnp.zeros((1, 32, 32, 3)))
+''', "the linen module updates batch_stats but declares no mode argument, so evaluation would run it in training "
+        "mode: add mode_argument = \"train\" (or \"deterministic\", ...) to "),
+    # A model that only evaluation's call breaks: found by tracing that call too, before compiling.
+    ('''
+from flax import nnx
+
+
+class Net(nnx.Module):
+    def __init__(self, rngs):
+        self.head = nnx.Linear(32 * 32 * 3, 10, rngs=rngs)
+
+    def __call__(self, x, train: bool = False):
+        if not train:
+            raise ValueError("no evaluation path")
+        return self.head(x.reshape(x.shape[0], -1))
+
+
+def build(cfg, rngs):
+    return Net(rngs)
+''', "calling it in evaluation mode on classify input of shape (2, 32, 32, 3) failed: ValueError: no evaluation path"),
 ]
 
 
-@pytest.mark.parametrize(("source", "message"), REFUSED, ids=["not-an-array", "nested-bridge", "unknown-mode"])
+@pytest.mark.parametrize(("source", "message"), REFUSED, ids=["not-an-array", "nested-bridge", "unknown-mode",
+                                                              "linen-batchnorm-without-mode", "eval-only-failure"])
 def test_what_cannot_be_carried_stops_with_one_line(tmp_path: Path, capsys, source: str, message: str) -> None:
     """(under 1 s each.)"""
     out = tmp_path / "run"

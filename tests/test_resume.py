@@ -89,3 +89,75 @@ def test_resume_before_the_first_checkpoint_says_it_starts_over(tmp_path: Path) 
     assert resumed.returncode == 0, resumed.stderr
     assert "holds no finished checkpoint (the run stopped before its first); training from step 0" in resumed.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["resumed_from"] == 0
+
+
+OWN = '''
+from flax import nnx
+
+WIDTH = 48
+
+
+class Net(nnx.Module):
+    def __init__(self, cfg, rngs):
+        self.a = nnx.Linear(cfg.model.input_dim, WIDTH, rngs=rngs)
+        self.b = nnx.Linear(WIDTH, cfg.model.num_classes, rngs=rngs)
+
+    def __call__(self, x):
+        return self.b(nnx.relu(self.a(x)))
+
+
+def build(cfg, rngs):
+    return Net(cfg, rngs)
+'''
+
+
+def _train_own(model: Path, out: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    cmd = [sys.executable, "-m", "shardbench", "train", "--model", f"{model}:build", "--task", "regress", "--data",
+           "regression", "--data.synthetic-train", "256", "--data.synthetic-test", "64", "--model.input-dim", "16",
+           "--batch-size", "32", "--steps", "2", "--train.checkpoint-every", "1", "--no-train.eval",
+           "--no-train.progress", "--devices", "1", "--mesh", "none", "--out", str(out), "--data.cache-dir",
+           str(cache), *extra]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(("edit", "says"), [
+    ("WIDTH = 64", "was trained with params/a/bias of shape (48,);"),
+    ("WIDTH = 48  # the same shapes, other code", "changed since"),
+], ids=["shape-changed", "code-changed"])
+def test_resume_after_editing_the_models_file_is_refused_in_one_line(tmp_path: Path, edit: str, says: str) -> None:
+    """A model of your own is resumed only from the file it was trained with: a width changed (the checkpoints
+    no longer fit) or code changed with the same shapes stops with one line and exit 2, the checkpoints kept."""
+    model, out, cache = tmp_path / "mine.py", tmp_path / "run", tmp_path / "cache"
+    model.write_text(OWN)
+    assert _train_own(model, out, cache).returncode == 0
+    (out / "summary.json").unlink()  # as if it had stopped after its last checkpoint
+    before = _tree(out)
+    model.write_text(OWN.replace("WIDTH = 48", edit))
+    resumed = _train_own(model, out, cache, "--resume")
+    lines = resumed.stderr.strip().splitlines()
+    assert resumed.returncode == 2 and len(lines) == 1, resumed.stderr
+    assert lines[0].startswith("shardbench: error: --resume: ") and says in lines[0], lines[0]
+    assert "damaged" not in lines[0] and "Traceback" not in resumed.stdout + resumed.stderr
+    assert _tree(out) == before
+
+
+def test_a_checkpoint_of_other_shapes_is_a_changed_model_not_damage(tmp_path: Path) -> None:
+    """A run whose model.json is missing (a run from before it was written) falls back on the checkpoint's own
+    shapes: one line naming the array, not the damaged-checkpoint advice, and no orbax traceback."""
+    model, out, cache = tmp_path / "mine.py", tmp_path / "run", tmp_path / "cache"
+    model.write_text(OWN)
+    assert _train_own(model, out, cache).returncode == 0
+    (out / "summary.json").unlink()
+    (out / "model.json").unlink()
+    model.write_text(OWN.replace("WIDTH = 48", "WIDTH = 64"))
+    resumed = _train_own(model, out, cache, "--resume")
+    errors = [line for line in resumed.stderr.splitlines() if "error" in line]
+    assert resumed.returncode == 2, resumed.stderr
+    assert len(resumed.stderr.strip().splitlines()) == 1 and "Traceback" not in resumed.stderr, resumed.stderr
+    assert len(errors) == 1 and "of shape (48,), the model now (64,)" in errors[0], errors
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == ["1", "2"]

@@ -181,9 +181,27 @@ def _train_steps(args: argparse.Namespace) -> int | None:
         return None
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line's arguments; a flag the command does not take is refused by that command's parser,
+    whose line points to its own --help ('shardbench train --help')."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        command = subcommand_parser(parser, args.command) or parser
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    """The parser of sub-command `name`, or None."""
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(name)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if argv is None:  # run as a program (not called from Python): the allocator, before JAX is imported
         malloc.maybe_reexec(_train_steps(args))
     from shardbench import launch

@@ -17,7 +17,7 @@ from typing import Any
 
 from shardbench import xla_presets
 from shardbench.errors import ConfigError
-from shardbench.fields import FRACTION, POSITIVE, Range, Spec, setting, spec_of
+from shardbench.fields import FRACTION, POSITIVE, POSITIVE_COUNT, Range, Spec, count, setting, spec_of
 
 STRATEGIES = ("auto", "single", "dp", "zero1", "zero2", "fsdp", "tp", "dp+tp", "fsdp+tp", "pp", "dp+pp", "fsdp+pp",
               "pp+tp", "dp+pp+tp", "fsdp+pp+tp", "ep", "dp+ep", "fsdp+ep", "ep+tp", "cp", "dp+cp", "fsdp+cp", "cp+tp")
@@ -62,7 +62,7 @@ class DataConfig:
         "synthetic", "dataset: for vit cifar10 (downloaded and md5-checked), cifar10:PATH (local tarball or folder), "
         "imagefolder:PATH (folder or .tar/.tar.gz of <split>/<class>/<image>), synthetic; for lm tokens-uniform or "
         "text:PATH (bytes of a local text file); for mlp regression; for any kind arrays:PATH.npz", short="--data")
-    image_size: int = setting(32, "image side in pixels", range=POSITIVE)
+    image_size: int = setting(32, "image side in pixels", range=POSITIVE_COUNT)
     val_fraction: float = setting(
         0.1, "fraction of train held out for validation when the dataset has no val split (45,000/5,000 on "
         "CIFAR-10)", range=FRACTION)
@@ -70,8 +70,8 @@ class DataConfig:
         "", "where downloads and decoded images are cached ('' = $SHARDBENCH_CACHE or ~/.cache/shardbench)")
     synthetic_train: int = setting(
         50_000, "number of generated training examples (images, sequences or rows of synthetic, tokens-uniform, "
-        "regression)", range=POSITIVE)
-    synthetic_test: int = setting(10_000, "number of generated test examples", range=POSITIVE)
+        "regression)", range=POSITIVE_COUNT)
+    synthetic_test: int = setting(10_000, "number of generated test examples", range=POSITIVE_COUNT)
     augment: bool = setting(True, "random flip and crop on training images")
     flip: bool = setting(True, "random horizontal flip (with --data.augment)")
     crop_scale: tuple[float, float] = setting(
@@ -81,7 +81,7 @@ class DataConfig:
     crop: str = setting(
         "resized", "training crop: resized (RandomResizedCrop by --data.crop-scale and --data.crop-ratio) or pad (a "
         "random crop of the image padded with --data.crop-pad zeros)", choices=CROPS)
-    crop_pad: int = setting(4, "pixels of zeros around the image for --data.crop pad", range=Range(0))
+    crop_pad: int = setting(4, "pixels of zeros around the image for --data.crop pad", range=count(0))
     trivial_augment: bool = setting(
         False, "TrivialAugment: one colour or geometric op per training image at a random magnitude")
     mixup: float = setting(
@@ -99,7 +99,7 @@ class DataConfig:
     randaugment: int = setting(
         0, "RandAugment: N ops per training image, each drawn uniformly from 14 (identity, shears, translations, "
         "rotate, brightness, saturation, contrast, sharpness, posterize, solarize, autocontrast, equalize); 0 = off. "
-        "One op policy at a time (trivial, rand or auto)", range=Range(0, note="0 = off"))
+        "One op policy at a time (trivial, rand or auto)", range=count(0, note="0 = off"))
     randaugment_magnitude: float = setting(
         9.0, "RandAugment's M: every op at M/30 of its strongest setting (torchvision's scale; timm's rand-m9 is 27 "
         "here)", range=Range(0, 30))
@@ -115,7 +115,7 @@ class DataConfig:
     repeat_augment: int = setting(
         1, "repeated augmentation: each training batch holds batch/k distinct images, each k times with different "
         "draws; an epoch is one pass over the distinct images (k times the steps); 1 = off",
-        range=Range(1, note="1 = off"))
+        range=count(1, note="1 = off"))
 
 
 @dataclass(frozen=True)
@@ -130,12 +130,12 @@ class ModelConfig:
     kind: str = setting(
         "vit", "model: vit (Vision Transformer), lm (decoder-only Transformer language model) or mlp (deep ReLU "
         "MLP)", choices=MODEL_KINDS)
-    patch_size: int = setting(4, "patch side in pixels", range=POSITIVE)
-    embed_dim: int = setting(384, "model width", range=POSITIVE)
-    num_layers: int = setting(6, "Transformer blocks, or the MLP's ReLU layers", range=POSITIVE)
-    num_heads: int = setting(8, "attention heads", range=POSITIVE)
-    mlp_dim: int = setting(1536, "hidden width of each MLP block (the MLP model's width)", range=POSITIVE)
-    num_classes: int = setting(10, "output classes (the MLP's outputs)", range=POSITIVE)
+    patch_size: int = setting(4, "patch side in pixels", range=POSITIVE_COUNT)
+    embed_dim: int = setting(384, "model width", range=POSITIVE_COUNT)
+    num_layers: int = setting(6, "Transformer blocks, or the MLP's ReLU layers", range=POSITIVE_COUNT)
+    num_heads: int = setting(8, "attention heads", range=POSITIVE_COUNT)
+    mlp_dim: int = setting(1536, "hidden width of each MLP block (the MLP model's width)", range=POSITIVE_COUNT)
+    num_classes: int = setting(10, "output classes (the MLP's outputs)", range=POSITIVE_COUNT)
     dropout: float = setting(0.1, "dropout rate after the MLP's activation and output", range=FRACTION,
                              short="--dropout")
     drop_path: float = setting(
@@ -143,7 +143,7 @@ class ModelConfig:
         "(linear from 0 at the first block); 0 = off", range=FRACTION)
     unroll: int = setting(
         0, "layers per scan iteration: 1 = rolled loop (compile time flat in depth), N = N layers per iteration, "
-        "0 = auto (all layers up to 8, else 1)", range=Range(0, note="0 = auto"))
+        "0 = auto (all layers up to 8, else 1)", range=count(0, note="0 = auto"))
     remat: str = setting(
         "none", "activation checkpointing per block: none, block (keep matmul outputs, recompute the element-wise "
         "ops) or full (keep only each block's input)", choices=REMAT_POLICIES, short="--remat")
@@ -156,7 +156,7 @@ class ModelConfig:
     # at models.transformer.padded_attention); 64 (cuDNN's tile) is the other length the GPU suite measures.
     attention_pad_multiple: int = setting(
         8, "--model.attention cudnn: pad the sequence to a multiple of this (65 tokens: 72 for 8, 128 for 64); the "
-        "padding is masked by sequence lengths and sliced off", range=POSITIVE)
+        "padding is masked by sequence lengths and sliced off", range=POSITIVE_COUNT)
     qkv_layout: str = setting(
         "fused", "q/k/v projection, from the same parameter: fused (one einsum to [3, batch, seq, heads, dim]), "
         "split (three einsums) or seq-major (one einsum to [batch, seq, 3, heads, dim]); the last two avoid the "
@@ -174,18 +174,19 @@ class ModelConfig:
         "projected)", choices=STEMS)
     stem_layers: int = setting(
         1, "vit, --model.stem conv: convolution layers (1 for CCT-x/3x1, 2 for CCT-x/3x2); each halves the image "
-        "side, the ones before the last have 64 channels", range=POSITIVE)
+        "side, the ones before the last have 64 channels", range=POSITIVE_COUNT)
     lsa: bool = setting(
         False, "vit: Locality Self-Attention (SPT/LSA): each head's softmax scale a learned parameter (from "
         "1/sqrt(head dim)) and no token attending to itself; einsum attention only")
-    vocab_size: int = setting(512, "lm: vocabulary size (256 for text:PATH, which is byte-level)", range=POSITIVE)
+    vocab_size: int = setting(512, "lm: vocabulary size (256 for text:PATH, which is byte-level)", range=POSITIVE_COUNT)
     seq_len: int = setting(
-        64, "lm: tokens the model reads per sequence (each example holds seq_len + 1 tokens)", range=POSITIVE)
-    input_dim: int = setting(1024, "mlp: input features", range=POSITIVE)
+        64, "lm: tokens the model reads per sequence (each example holds seq_len + 1 tokens)", range=POSITIVE_COUNT)
+    input_dim: int = setting(1024, "mlp: input features", range=POSITIVE_COUNT)
     num_experts: int = setting(
         0, "lm: experts per block, each a GELU MLP of --model.mlp-dim that replaces the dense MLP (a mixture of "
-        "experts, lm-moe); 0 = the dense MLP", range=Range(0, note="0 = dense"))
-    top_k: int = setting(1, "lm with experts: experts each token is routed to (its k most probable)", range=POSITIVE)
+        "experts, lm-moe); 0 = the dense MLP", range=count(0, note="0 = dense"))
+    top_k: int = setting(1, "lm with experts: experts each token is routed to (its k most probable)",
+                         range=POSITIVE_COUNT)
     capacity_factor: float = setting(
         1.25, "lm with experts: each expert takes ceil(factor x tokens x top_k / experts) tokens of each sequence; "
         "the rest are dropped (their residual passes the block unchanged) and counted", range=POSITIVE)
@@ -220,7 +221,7 @@ class ParallelConfig:
         short="--mesh")
     devices: int = setting(
         0, "devices to use (0 = all); without accelerators, simulates N CPU devices",
-        range=Range(0, note="0 = every device"), short="--devices")
+        range=count(0, note="0 = every device"), short="--devices")
     spmd: str = setting(
         "jit", "SPMD style: jit (automatic partitioning), shard_map (explicit per-device program with written-out "
         "collectives) or pmap (replicated parameters, data parallelism only)", choices=SPMD_STYLES, short="--spmd")
@@ -230,7 +231,7 @@ class ParallelConfig:
     microbatches: int = setting(
         0, "pp: microbatches each data shard's batch is split into, which flow through the stages one after "
         "another; more of them shrink the pipeline's idle fraction (S-1)/(M+S-1)",
-        range=Range(0, note="0 = as many as stages"))
+        range=count(0, note="0 = as many as stages"))
     schedule: str = setting(
         "gpipe", "pp: the pipeline schedule (gpipe: every microbatch's forward, then every backward, M microbatches' "
         "activations alive; 1f1b: one forward then one backward per stage after a warm-up, at most S alive; "
@@ -239,7 +240,7 @@ class ParallelConfig:
     repeats: int = setting(
         1, "pp, --parallel.schedule circular: times each microbatch loops through the stages; the stack splits "
         "into stages x repeats chunks, stage s holding chunks s, s+S, s+2S, ...; the bubble is about "
-        "(S-1)/(R*M+S-1)", range=Range(1))
+        "(S-1)/(R*M+S-1)", range=count(1))
     context: str = setting(
         "all-gather", "cp: how attention reaches the keys and values of the sequence split over seq (all-gather: "
         "each device gathers every key and value; ring: blocks passed around the seq axis with ppermute, an online "
@@ -274,7 +275,7 @@ class OptimConfig:
     b2: float = setting(0.999, "Adam beta2", range=FRACTION)
     momentum: float = setting(0.9, "SGD momentum (sgd only)", range=FRACTION)
     warmup_steps: int = setting(
-        -1, "linear warm-up steps (-1 = 5% of training)", range=Range(-1, note="-1 = 5% of the steps"))
+        -1, "linear warm-up steps (-1 = 5% of training)", range=count(-1, note="-1 = 5% of the steps"))
     schedule: str = setting("cosine", "learning-rate schedule after warm-up: cosine decay or constant",
                             choices=SCHEDULES)
     end_lr_fraction: float = setting(0.01, "final learning rate as a fraction of the peak (cosine)",
@@ -292,40 +293,40 @@ class OptimConfig:
 class TrainConfig:
     """Length of training, batch, seed, output directory and side effects."""
 
-    epochs: int = setting(1, "epochs to train", range=Range(0, note="used when --steps is 0"), short="--epochs")
+    epochs: int = setting(1, "epochs to train", range=count(0, note="used when --steps is 0"), short="--epochs")
     steps: int = setting(0, "train exactly this many steps (overrides --epochs)",
-                         range=Range(0, note="0 = train by --epochs"), short="--steps")
-    batch_size: int = setting(128, "global batch size (split over the data axis)", range=POSITIVE,
+                         range=count(0, note="0 = train by --epochs"), short="--steps")
+    batch_size: int = setting(128, "global batch size (split over the data axis)", range=POSITIVE_COUNT,
                               short="--batch-size")
     grad_accum: int = setting(
         1, "gradient accumulation: each update sums the gradients of this many microbatches of --batch-size / N "
         "examples, run one after another (activation memory of one microbatch, the full batch's update); N must "
-        "divide the examples per data shard; 1 = off", range=Range(1, note="1 = off"))
+        "divide the examples per data shard; 1 = off", range=count(1, note="1 = off"))
     eval_batch_size: int = setting(0, "evaluation batch size (0 = --batch-size)",
-                                   range=Range(0, note="0 = --batch-size"))
+                                   range=count(0, note="0 = --batch-size"))
     label_smoothing: float = setting(
         0.0, "classification: spread this fraction of each training target evenly over the classes", range=FRACTION)
-    seed: int = setting(12, "random seed", range=Range(0), short="--seed")
+    seed: int = setting(12, "random seed", range=Range(0, 2**32, high_open=True, note="a 32-bit seed"), short="--seed")
     out: str = setting("", "run directory ('' = runs/<preset>-<strategy>-<time>)", short="--out")
     resume: bool = setting(False, "continue the run in --out from its last checkpoint", short="--resume")
     checkpoint_every: int = setting(
         500, "save a checkpoint every N steps (and at the end; 0 = only at the end)",
-        range=Range(0, note="0 = only at the end"))
-    keep_checkpoints: int = setting(2, "checkpoints to keep", range=POSITIVE)
-    log_every: int = setting(50, "steps between scalar logs", range=POSITIVE)
+        range=count(0, note="0 = only at the end"))
+    keep_checkpoints: int = setting(2, "checkpoints to keep", range=POSITIVE_COUNT)
+    log_every: int = setting(50, "steps between scalar logs", range=POSITIVE_COUNT)
     eval: bool = setting(True, "validate each epoch and test at the end")
     progress: bool = setting(True, "show a progress bar")
     run_name: str = setting(
         "", "name of the run in reports and profiles ('' = from the configuration, e.g. mesh_4_2_batch_1024)")
     timing_warmup: int = setting(
         2, "first step intervals left out of the step-time statistics (lowered, with a line saying so, when a run "
-        "has too few steps)", range=Range(0))
+        "has too few steps)", range=count(0))
     recalibrate_peak: bool = setting(
         False, "on a CPU, measure the host's matmul peak for MFU afresh (and cache it) instead of using the cached "
         "figure")
     profile: bool = setting(False, "record a jax.profiler trace of a window of steps", short="--profile")
-    profile_skip: int = setting(5, "steps to run before the traced window", range=Range(0))
-    profile_steps: int = setting(3, "steps in the traced window", range=Range(0))
+    profile_skip: int = setting(5, "steps to run before the traced window", range=count(0))
+    profile_steps: int = setting(3, "steps in the traced window", range=count(0))
     compile_cache: str = setting(
         "", "persistent compilation cache: '' = <data cache dir>/xla (~/.cache/shardbench/xla), 'off', or a "
         "directory")

@@ -24,7 +24,8 @@ class Range:
     note: str = ""  # what a special value means, e.g. "0 = train by --epochs"
 
     def holds(self, value: float) -> bool:
-        if not math.isfinite(value):
+        """Whether `value` lies inside; an int is compared exactly (however many digits: never through float)."""
+        if not isinstance(value, int) and not math.isfinite(value):
             return False
         above = value > self.low if self.low_open else value >= self.low
         below = value < self.high if self.high_open else value <= self.high
@@ -33,11 +34,29 @@ class Range:
     def text(self) -> str:
         low = "(" if self.low_open else "["
         high = ")" if self.high_open or math.isinf(self.high) else "]"
-        top = "inf" if math.isinf(self.high) else f"{self.high:g}"
+        top = "inf" if math.isinf(self.high) else _number(self.high)
         return f"{low}{self.low:g}, {top}{high}" + (f"; {self.note}" if self.note else "")
 
 
+def _number(value: float) -> str:
+    """A bound as a reader types it: 2^31 for a large power of two, else the shortest form."""
+    if isinstance(value, int) and value >= 2**16 and value & (value - 1) == 0:
+        return f"2^{value.bit_length() - 1}"
+    return f"{value:g}"
+
+
+# Sizes and counts (widths, examples, steps, devices, ...) stay below 2^31: XLA's shapes, jnp's default int32
+# and the data pipeline's indices are 32-bit, and a larger value would fail long after the run started.
+INT_LIMIT = 2**31
+
+
+def count(low: int, *, low_open: bool = False, note: str = "") -> Range:
+    """The range of an integer size or count: from `low` to below 2^31."""
+    return Range(low, INT_LIMIT, low_open=low_open, high_open=True, note=note)
+
+
 POSITIVE = Range(0, low_open=True)
+POSITIVE_COUNT = count(0, low_open=True)
 FRACTION = Range(0, 1, high_open=True)
 
 
@@ -89,4 +108,5 @@ def spec_of(f: dataclasses.Field[Any]) -> Spec:
     return spec
 
 
-__all__ = ["FRACTION", "POSITIVE", "Range", "Spec", "setting", "spec_of", "unknown_choice"]
+__all__ = ["FRACTION", "INT_LIMIT", "POSITIVE", "POSITIVE_COUNT", "Range", "Spec", "count", "setting", "spec_of",
+           "unknown_choice"]

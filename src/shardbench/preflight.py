@@ -88,7 +88,7 @@ def check_run(cfg: Config) -> CheckedRun:
     task, layout, spec = check_runnable(cfg)
     check_supported(cfg.precision, layout.device)
     out = resolve_out(cfg)
-    check_resume(cfg, out)
+    check_resume(cfg, out, spec)
     cache = config_lib.cache_root(cfg)
     writable_dir(cache, "--data.cache-dir")  # decoded datasets and the host's peak go there
     dataset = load_for(cfg, cache)

@@ -13,7 +13,13 @@ from shardbench import cluster
 from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.errors import ConfigError, FileFault
+from shardbench.jsonfile import write_json_atomic
+from shardbench.models import custom
+from shardbench.models.spec import ModelSpec, shape_tree
 from shardbench.parsing import from_dict
+
+# Beside config.json, for a model of your own: its file's sha256 and its arrays' shapes when the run started.
+MODEL_RECORD = "model.json"
 
 
 def resolve_out(cfg: Config) -> Path:
@@ -32,8 +38,9 @@ def shared_out(cfg: Config) -> Config:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=out))
 
 
-def check_resume(cfg: Config, out: Path) -> None:
-    """A run directory is resumed only with the configuration it was started with."""
+def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None) -> None:
+    """A run directory is resumed only with the configuration it was started with, and a model of your own
+    (`spec`) only with the file and shapes it was started with."""
     if out.exists() and not out.is_dir():
         raise FileFault(f"--out {out} is a file: give a folder for the run (it holds config.json, checkpoints, ...)")
     saved_path = out / "config.json"
@@ -53,5 +60,47 @@ def check_resume(cfg: Config, out: Path) -> None:
                 f"--resume: {out} was trained with {k}={saved.get(k)!r}, not {current[k]!r}{more}; resume with "
                 f"the same configuration or start a new run with another --out"
             )
+        if spec is not None:
+            check_same_model(cfg, out, spec)
     elif out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
+
+
+def model_record(cfg: Config, spec: ModelSpec) -> dict[str, object] | None:
+    """A model of your own as a resumed run must find it again: its file's sha256 and every array's shape
+    (None for a built-in model, which its configuration describes)."""
+    if not spec.custom:
+        return None
+    return {"factory": cfg.model.factory, "file": custom.load(cfg.model.factory).file,
+            "sha256": custom.source_digest(cfg.model.factory), "shapes": shape_tree(spec)}
+
+
+def write_model_record(cfg: Config, out: Path, spec: ModelSpec) -> None:
+    """Write `model.json` beside config.json for a model of your own (nothing for a built-in model)."""
+    record = model_record(cfg, spec)
+    if record is not None:
+        write_json_atomic(out / MODEL_RECORD, record)
+
+
+def check_same_model(cfg: Config, out: Path, spec: ModelSpec) -> None:
+    """A resumed model of your own has the shapes and the file it was trained with: one line naming the first
+    array whose shape changed, else the file that changed. A run from before model.json was kept is not checked."""
+    now, path = model_record(cfg, spec), out / MODEL_RECORD
+    if now is None or not path.is_file():
+        return
+    try:
+        then = json.loads(path.read_text())
+        shapes, digest = dict(then["shapes"]), str(then["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"--resume: {path} is unreadable ({err}); start a new run with another --out") from None
+    file = now["file"] or cfg.model.factory
+    advice = "resume with the model it was trained with, or start a new run with another --out"
+    ours: dict[str, list[int]] = now["shapes"]  # type: ignore[assignment]
+    for name in [*shapes, *(n for n in ours if n not in shapes)]:
+        if shapes.get(name) != ours.get(name):
+            was = "no such array" if name not in shapes else f"shape {tuple(shapes[name])}"
+            is_ = "none" if name not in ours else f"{tuple(ours[name])}"
+            raise ConfigError(f"--resume: {out} was trained with {name} of {was}; {file} now makes {is_}: {advice}")
+    if digest != now["sha256"]:
+        raise ConfigError(f"--resume: {file} changed since {out} was trained with it (sha256 {digest[:12]}..., now "
+                          f"{str(now['sha256'])[:12]}...): its shapes are the same, but not its code: {advice}")

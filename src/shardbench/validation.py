@@ -25,8 +25,14 @@ def check_ranges(cfg: Config) -> None:
     """Every numeric field inside its declared range: one line naming the flag, the range and the value."""
     values = flatten(cfg)
     for key, allowed in config_lib.RANGES.items():
-        if not allowed.holds(float(values[key])):
-            raise ConfigError(f"--{key.replace('_', '-')} must be in {allowed.text()}, got {values[key]}")
+        if not allowed.holds(values[key]):
+            raise ConfigError(f"--{key.replace('_', '-')} must be in {allowed.text()}, got {_shown(values[key])}")
+
+
+def _shown(value: float) -> str:
+    """A value as a refusal quotes it: a number of more than 24 digits by its count of digits."""
+    text = str(value)
+    return f"a number of {len(text.lstrip('-'))} digits" if isinstance(value, int) and len(text) > 24 else text
 
 
 def validate(cfg: Config) -> None:
@@ -148,12 +154,29 @@ def inert_notes(cfg: Config) -> list[str]:
     }
     unused["data.randaugment_magnitude"] = (d.randaugment == 0, "it is RandAugment's, and --data.randaugment is 0")
     unused["data.erasing_fill"] = (d.random_erasing == 0, "it fills erased boxes, and --data.random-erasing is 0")
+    if m.kind == "mlp":
+        unused.update(_mlp_inert(m.factory))
     if not d.augment:
-        for name in ("data.flip", "data.crop", "data.trivial_augment", "data.randaugment", "data.autoaugment",
-                     "data.random_erasing"):
-            unused.setdefault(name, (True, "augmentation is off (--no-data.augment)"))
+        for name in ("data.flip", "data.crop", "data.crop_scale", "data.crop_ratio", "data.crop_pad",
+                     "data.trivial_augment", "data.randaugment", "data.autoaugment", "data.random_erasing"):
+            if not unused.get(name, (False, ""))[0]:
+                unused[name] = (True, "augmentation is off (--no-data.augment)")
     return [f"--{key.replace('_', '-')} {now[key]} does nothing here: {why}"
             for key, (inert, why) in unused.items() if inert and now[key] != base.get(key)]
+
+
+def _mlp_inert(factory: str) -> dict[str, tuple[bool, str]]:
+    """What the mlp kind never reads: its inputs are feature vectors (no images to size, crop, flip or augment:
+    only `tasks.vision` does that), and the built-in mlp has no attention (a model of your own may read any
+    --model.* field, so those are said only for the built-in one)."""
+    why = "the mlp model's inputs are feature vectors, not images"
+    found = {name: (True, why) for name in ("data.image_size", "data.augment", "data.flip", "data.crop",
+                                              "data.crop_scale", "data.crop_ratio", "data.crop_pad")}
+    if not factory:
+        found |= {"model.embed_dim": (True, "the mlp model's width is --model.mlp-dim"),
+                  "model.num_heads": (True, "the mlp model has no attention"),
+                  "model.attention": (True, "the mlp model has no attention")}
+    return found
 
 
 def check_profile_window(t: TrainConfig, steps_left: int) -> None:

@@ -85,6 +85,23 @@ def _mfu_missing(peak: float | None, steps: StepTimes, layout: Layout) -> str | 
     return None
 
 
+def credible_steps(steps: StepTimes, mfu: float | None) -> StepTimes:
+    """The step times as they are, or, where they put the step's FLOPs above the devices' peak (MFU > 100%),
+    none, with the reason (`not_credible`)."""
+    return steps if mfu is None or mfu <= 1.0 else not_credible(steps, mfu)
+
+
+def not_credible(steps: StepTimes, mfu: float) -> StepTimes:
+    """A step time that would put the step's FLOPs above the devices' peak (MFU > 100%) measured the host, not
+    the step: with few intervals, one that began when the host saw the step before complete late (the devices
+    had already run on: on a CPU they share the host's cores with it) is shorter than the step. It is dropped,
+    and so are the throughput and MFU that divide by it, with that said."""
+    return replace(steps, median=None, p90=None, not_measured=(
+        f"not credible: the median of {steps.measured_steps} interval(s), {(steps.median or 0) * 1e3:.3g} ms, would "
+        f"run the step's FLOPs at {mfu:.0%} of the peak; so few intervals time when the host saw steps complete, "
+        f"not the steps: train more steps (--steps) for a step time"))
+
+
 def step_times(timer: StepTimer) -> StepTimes:
     """The timer's statistics as the record's `StepTimes`."""
     stats = timer.stats()
@@ -165,8 +182,12 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
                                                                  state.model_state)})
     if memory is not None:
         memory = replace(memory, per_device=[entry for g in gathered for entry in g["devices"]])
-    flops, mfu = _flops_and_mfu(setup, compiled, steps, host_peak,
-                                flops_lib.host_count([g["process"] for g in gathered]))
+    hosts = flops_lib.host_count([g["process"] for g in gathered])
+    flops, mfu = _flops_and_mfu(setup, compiled, steps, host_peak, hosts)
+    credible = credible_steps(steps, mfu.mfu)
+    if credible is not steps:
+        steps = credible
+        flops, mfu = _flops_and_mfu(setup, compiled, steps, host_peak, hosts)
     # Whole epochs only: a run cut short by --steps (or resumed mid-epoch) ends with a partial one.
     epochs = list(zip(clocks.epoch_times, clocks.epoch_steps, strict=False))
     return Measurements(

@@ -72,6 +72,7 @@ class Plugin:
     loss: Callable[[Any, Any], Any] | None
     flops_per_example: Callable[[Config], float] | None
     mode_argument: str = ""  # the file's `mode_argument`: the keyword of __call__ that says train or evaluate
+    file: str = ""  # the file the function was loaded from ('' where Python knows none)
 
 
 def _load_module(spec: str, target: str) -> Any:
@@ -120,7 +121,17 @@ def load(spec: str) -> Plugin:
     if not isinstance(mode, str):
         raise ConfigError(f"--model {spec}: mode_argument = {mode!r} in {target} must be a keyword's name, e.g. "
                           f"'train' or 'deterministic'")
-    return Plugin(spec, build, loss if callable(loss) else None, flops if callable(flops) else None, mode)
+    return Plugin(spec, build, loss if callable(loss) else None, flops if callable(flops) else None, mode,
+                  str(getattr(module, "__file__", None) or ""))
+
+
+def source_digest(spec: str) -> str:
+    """sha256 of the file `--model` loads its function from ('' where there is no file), read now: what a
+    resumed run compares to know its model's code is the code it was trained with."""
+    file = load(spec).file
+    if not file or not Path(file).is_file():
+        return ""
+    return hashlib.sha256(Path(file).read_bytes()).hexdigest()
 
 
 def build(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:

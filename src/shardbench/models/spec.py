@@ -114,11 +114,11 @@ class ModelSpec:
         merged = {p: (flat_before[p] if p in keys else v.astype(flat_before[p].dtype)) for p, v in flat_after.items()}
         return out, traverse_util.unflatten_dict(merged) if merged else {}
 
-    def trace_outputs(self, params: Params, inputs: Any) -> Any:
-        """The training call's outputs as ShapeDtypeStructs (nothing compiles), the model's collective axis
-        names bound (each over one device) as the explicit styles bind them."""
+    def trace_outputs(self, params: Params, inputs: Any, *, train: bool = True) -> Any:
+        """The training (or, `train=False`, evaluation) call's outputs as ShapeDtypeStructs (nothing compiles),
+        the model's collective axis names bound (each over one device) as the explicit styles bind them."""
         def call(p: Params, st: Params, x: jax.Array) -> jax.Array:
-            fn = lambda x1: self.apply(p, st, x1, jax.random.key(0), train=True)[0]  # noqa: E731
+            fn = lambda x1: self.apply(p, st, x1, jax.random.key(0), train=train)[0]  # noqa: E731
             for name in self.axis_names:
                 fn = jax.vmap(fn, axis_name=name)
                 x = x[None]
@@ -132,21 +132,7 @@ class ModelSpec:
 
 def describe_model(cfg: Config) -> ModelSpec:
     """Trace the model's construction abstractly: no parameter is materialised."""
-    try:
-        model = nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(cfg.train.seed)))
-    except ConfigError:
-        raise
-    except Exception as err:
-        if not cfg.model.factory:
-            raise
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        held = NOT_AN_ARRAY.search(first)
-        if held:  # a Variable holding a Python object, which no traced step can carry
-            path = "/".join(re.findall(r"\['([^']+)'\]", held.group(2))) or held.group(2)
-            raise ConfigError(f"--model {cfg.model.factory}: the Variable {path} holds a {held.group(1)}, not an "
-                              f"array: store jnp.asarray(...), or a plain attribute for a constant") from None
-        raise ConfigError(f"--model {cfg.model.factory}: building the model failed: {type(err).__name__}: "
-                          f"{first}") from None
+    model = _build_abstract(cfg)
     if not cfg.model.factory:
         graphdef, abstract = nnx.split(model, nnx.Param)
         return ModelSpec(graphdef, abstract, param_axes(abstract), param_shapes(abstract), axis_fields(cfg))
@@ -157,6 +143,7 @@ def describe_model(cfg: Config) -> ModelSpec:
                      unmapped, rest, state_axes, state_stored, kinds, custom=True,
                      takes_rngs=custom.takes_rngs(model), mode=custom.mode_argument(cfg, model),
                      mutable=custom.bridge_collections(cfg, model), axis_names=custom.axis_names(model))
+    _check_mode_declared(cfg, spec)
     spec = _with_traced_axis_names(cfg, spec)
     if spec.axis_names and cfg.parallel.spmd == "jit":
         raise ConfigError(
@@ -167,6 +154,49 @@ def describe_model(cfg: Config) -> ModelSpec:
             f"--model {cfg.model.factory}: names the collective axes {', '.join(spec.axis_names)}; only the data "
             f"axis is bound: give every layer the same axis_name")
     return spec
+
+
+def _build_abstract(cfg: Config) -> nnx.Module:
+    """The model with every array a ShapeDtypeStruct; a failure is one line (ConfigError): the user's code,
+    sys.exit included, or a built-in model that its --model.* settings cannot build."""
+    try:
+        return nnx.eval_shape(lambda: build_model(cfg, nnx.Rngs(cfg.train.seed)))
+    except ConfigError:
+        raise
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - reported in one line below (Ctrl-C stays an interrupt)
+        if not cfg.model.factory:
+            if isinstance(err, SystemExit):
+                raise
+            raise ConfigError(f"the {cfg.model.kind} model cannot be built from this configuration"
+                              f"{_named_in(cfg, err)}: {_first_line(err)}; check its --model.* settings") from None
+        held = NOT_AN_ARRAY.search(_first_line(err))
+        if held:  # a Variable holding a Python object, which no traced step can carry
+            path = "/".join(re.findall(r"\['([^']+)'\]", held.group(2))) or held.group(2)
+            raise ConfigError(f"--model {cfg.model.factory}: the Variable {path} holds a {held.group(1)}, not an "
+                              f"array: store jnp.asarray(...), or a plain attribute for a constant") from None
+        raise ConfigError(f"--model {cfg.model.factory}: building the model failed: {_first_line(err)}") from None
+
+
+def _named_in(cfg: Config, err: BaseException) -> str:
+    """' (--model.FIELD N)' for the first integer model setting whose value the error message quotes, else ''."""
+    text = str(err)
+    for name, value in vars(cfg.model).items():
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1 and re.search(
+                rf"(?<!\d){value}(?!\d)", text):
+            return f" (--model.{name.replace('_', '-')} {value})"
+    return ""
+
+
+def _check_mode_declared(cfg: Config, spec: ModelSpec) -> None:
+    """A linen module whose call updates collections (BatchNorm's `batch_stats`) must be told train or evaluate:
+    without a mode argument its own default (training) would run in evaluation too, where nothing may change."""
+    if not spec.mutable or spec.mode is not None:
+        return
+    where = custom.load(cfg.model.factory).file or "its file"
+    raise ConfigError(
+        f"--model {cfg.model.factory}: the linen module updates {', '.join(spec.mutable)} but declares no mode "
+        f"argument, so evaluation would run it in training mode: add mode_argument = \"train\" (or "
+        f"\"deterministic\", ...) to {where}, or pass --model.mode-argument train")
 
 
 def _state_layout(cfg: Config, rest: nnx.State, rules: dict[str, str]) -> tuple[Params, Params, tuple[str, ...]]:
@@ -209,20 +239,39 @@ def example_input(cfg: Config) -> tuple[jax.ShapeDtypeStruct, tuple[int, ...], s
 
 
 def check_outputs(cfg: Config, spec: ModelSpec) -> None:
-    """Trace (never compile) the model on one batch of its task's input: its output must be what the task
-    scores, or one line says what came back and what was expected."""
+    """Trace (never compile) the model on one batch of its task's input, as the step calls it and as evaluation
+    does: each output must be the floating-point array the task scores, or one line says what came back and
+    what was expected."""
     example, expected, what = example_input(cfg)
-    params = nnx.to_pure_dict(spec.abstract)
+    for train in (True, False):
+        out = _traced_call(cfg, spec, example, train)
+        shape = getattr(out, "shape", None)
+        if shape != expected:
+            raise ConfigError(f"--model {cfg.model.factory} returned shape {shape} for input {example.shape}"
+                              f"{'' if train else ' in evaluation mode'}; --task {cfg.model.task} scores {what} "
+                              f"= {expected}")
+        dtype = jnp.dtype(out.dtype)
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise ConfigError(f"--model {cfg.model.factory} returned {dtype.name} outputs"
+                              f"{'' if train else ' in evaluation mode'}, which no gradient flows through: "
+                              f"--task {cfg.model.task} scores floating-point {what} (e.g. float32)")
+
+
+def _traced_call(cfg: Config, spec: ModelSpec, example: jax.ShapeDtypeStruct, train: bool) -> Any:
+    """The outputs of one traced call, or one line saying how calling the user's model failed."""
     try:
-        out = spec.trace_outputs(params, example)
-    except Exception as err:  # noqa: BLE001 - the user's code: one line, not a traceback
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        raise ConfigError(f"--model {cfg.model.factory}: calling it on {cfg.model.task} input of shape "
-                          f"{example.shape} failed: {type(err).__name__}: {first}") from None
-    shape = getattr(out, "shape", None)
-    if shape != expected:
-        raise ConfigError(f"--model {cfg.model.factory} returned shape {shape} for input {example.shape}; --task "
-                          f"{cfg.model.task} scores {what} = {expected}")
+        return spec.trace_outputs(nnx.to_pure_dict(spec.abstract), example, train=train)
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's code: one line (Ctrl-C stays an interrupt)
+        raise ConfigError(f"--model {cfg.model.factory}: calling it{'' if train else ' in evaluation mode'} on "
+                          f"{cfg.model.task} input of shape {example.shape} failed: {_first_line(err)}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    """`Type: the message's first line`, as one line of a refusal (SystemExit says its status)."""
+    if isinstance(err, SystemExit):
+        return f"SystemExit: it called sys.exit({err.code!r})"
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
 
 
 def _with_traced_axis_names(cfg: Config, spec: ModelSpec) -> ModelSpec:
@@ -249,9 +298,17 @@ def _with_traced_axis_names(cfg: Config, spec: ModelSpec) -> ModelSpec:
             if found is None or found.group(1) in spec.axis_names:
                 return spec
             spec = replace(spec, axis_names=tuple(sorted({*spec.axis_names, found.group(1)})))
-        except Exception:  # noqa: BLE001 - the user's code: check_outputs reports it in one line
+        except (Exception, SystemExit):  # noqa: BLE001 - the user's code: check_outputs reports it in one line
             return spec
     return spec
+
+
+def shape_tree(spec: ModelSpec) -> dict[str, list[int]]:
+    """Every parameter's and non-parameter variable's stored shape by its path ('params/dense/kernel',
+    'model_state/bn/mean'): what a checkpoint of this model holds, as JSON."""
+    flat = {("params", *map(str, p)): s for p, s in traverse_util.flatten_dict(spec.shapes).items()}
+    flat |= {("model_state", *map(str, p)): s for p, s in traverse_util.flatten_dict(state_shapes(spec)).items()}
+    return {"/".join(path): list(shape) for path, shape in flat.items()}
 
 
 def state_shapes(spec: ModelSpec) -> Params:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
-from shardbench.errors import DataError
+from shardbench.errors import ConfigError, DataError
 from shardbench.train.state import TrainState
 
 
@@ -70,6 +71,12 @@ class Checkpoints:
         a line and the one before it is used; where none restores, one line says what to do."""
         damaged: list[str] = []
         for step in sorted((s for s in self.all_steps() if s <= newest), reverse=True):
+            mismatch = self.mismatch(target, step)
+            if mismatch:  # the model changed, not the file: no checkpoint of this run will fit
+                self.close()
+                raise ConfigError(f"--resume: the checkpoint of step {step} in {self._directory} holds {mismatch}: "
+                                  f"the model changed since it was trained; resume with the model it was trained "
+                                  f"with, or start a new run with another --out (the checkpoints are kept)")
             try:
                 state = self._manager.restore(step, args=ocp.args.StandardRestore(target))
             except Exception as err:  # noqa: BLE001 - orbax raises many kinds on a damaged file
@@ -85,9 +92,48 @@ class Checkpoints:
         raise DataError(f"--resume: no checkpoint in {self._directory} restores (damaged: {', '.join(damaged)}): "
                         f"remove that folder to train again from step 0, or put back a copy of it")
 
+    def mismatch(self, target: TrainState, step: int) -> str:
+        """What of `target` the checkpoint of `step` stores otherwise, as its metadata says: the first parameter
+        (or model state) it lacks or holds in another shape, or the first array of another shape; '' when it
+        fits, or when its metadata cannot be read (then restoring it says how it is damaged)."""
+        absl = logging.getLogger("absl")  # orbax warns of a metadata file older checkpoints lack
+        level = absl.level
+        absl.setLevel(logging.ERROR)
+        try:
+            stored = _shapes(ocp.StandardCheckpointer().metadata(self._directory / str(step) / "default").item_metadata)
+        except Exception:  # noqa: BLE001 - an unreadable checkpoint is damage, which restore_good reports
+            return ""
+        finally:
+            absl.setLevel(level)
+        wanted = _shapes(target)
+        for part in ("params", "model_state"):
+            ours = {p for p in wanted if p.startswith(part + "/")}
+            theirs = {p for p in stored if p.startswith(part + "/")}
+            if ours != theirs:
+                if theirs - ours:
+                    return f"{min(theirs - ours)}, which the model now lacks"
+                return f"no {min(ours - theirs)}, which the model now has"
+        for path, shape in wanted.items():
+            if path in stored and stored[path] != shape:
+                return f"{path} of shape {stored[path]}, the model now {shape}"
+        return ""
+
     def wait(self) -> None:
         self._manager.wait_until_finished()
 
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """Each array leaf's shape by its path ('params/dense/kernel'), whatever containers hold it."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(_key(k) for k in path): tuple(leaf.shape) for path, leaf in flat if hasattr(leaf, "shape")}
+
+
+def _key(key: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
