@@ -105,6 +105,8 @@ class Checkpoints:
             return ""
         finally:
             absl.setLevel(level)
+        if not stored:  # no tree in its metadata (its files emptied): damage, which restoring names
+            return ""
         wanted = _shapes(target)
         for part in ("params", "model_state"):
             ours = {p for p in wanted if p.startswith(part + "/")}
