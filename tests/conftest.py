@@ -36,7 +36,7 @@ assert len(jax.devices()) == 8, "tests need 8 simulated CPU devices; XLA_FLAGS w
 # README's commands ~30.
 SLOWEST_FIRST = ("test_processes.py", "test_gpu_suite.py", "test_equivalence.py", "test_speed_options.py",
                  "test_pipeline_equivalence.py",
-                 "test_context_equivalence.py", "test_moe.py",
+                 "test_context_equivalence.py", "test_moe.py", "test_tune.py",
                  "test_slurm.py", "test_models_spmd.py", "test_sweep.py", "test_custom_model_state.py",
                  "test_recipe.py", "test_custom_model.py", "test_plan.py",
                  "test_recipe_policies.py", "test_resume.py", "test_speed_switches.py", "test_readme_commands.py")
