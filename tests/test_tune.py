@@ -1,6 +1,6 @@
 """`shardbench tune`: the space against the strategies' table, dropping what does not fit with its reason, the
-budget's choice, regret and Kendall's tau by hand, one real small tune end to end (its winner trained by
-`shardbench train`), and the one-line refusals."""
+budget's choice, regret and Kendall's tau by hand, one real small tune end to end (interrupted and resumed, its
+winner trained by `shardbench train`), and the one-line refusals."""
 
 from __future__ import annotations
 
@@ -235,13 +235,53 @@ def shardbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_tune_end_to_end_measures_k_and_writes_a_winner_train_accepts(tmp_path: Path) -> None:
+def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accepts(tmp_path: Path) -> None:
     """dp, tp and ep on the small MLP: ep is refused (no experts) and said so in tune.json; the other two are
-    measured (k=2); the report charts predicted against measured; the ready command trains a step."""
+    measured (k=2). Stopped by Ctrl-C after its first run, the tune says how to finish it; the same command with
+    --resume (another --top-k is refused, naming it) runs the second run alone, each run recorded once. The verdict
+    covers both runs: the report charts predicted against measured, and the ready command trains a step.
+    (One tune, interrupted, serves both: a second uninterrupted tune of the same space would run the same code.)"""
+    import signal
+    import threading
+
+    from shardbench.store import Store
+
     out = tmp_path / "tune"
-    done = shardbench("tune", *SMALL_MLP, "--candidates", "dp,tp,ep", "--remat", "none", "--top-k", "2",
-                      "--budget-min", "5", "--measure-steps", "3", "--out", str(out), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    argv = ["tune", *SMALL_MLP, "--remat", "none", "--candidates", "dp,tp,ep", "--top-k", "2", "--budget-min", "5",
+            "--measure-steps", "3", "--out", str(out)]
+    # Unbuffered: the first run's line arrives as it is printed, while the second run's process is still starting
+    # (a few seconds), not together with it at the end.
+    environ = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    environ.pop("XLA_FLAGS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "shardbench", *argv], env=environ, cwd=tmp_path, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
+    try:
+        printed = []
+        for line in proc.stdout or ():
+            printed.append(line)
+            if line.startswith("[1/2] "):  # the first run is recorded; the second is starting
+                proc.send_signal(signal.SIGINT)
+                break
+        printed.append(proc.communicate(timeout=120)[0])
+    finally:
+        watchdog.cancel()
+        proc.kill()
+        proc.wait()
+    text = "".join(printed)
+    assert proc.returncode == 130, text[-3000:]
+    assert (f"tune: interrupted; finish it with the same shardbench tune command and --resume (its --out is {out})"
+            in text)
+    with Store(out / "sweep.db") as store:
+        assert len(store.names()) == 1
+    assert not (out / "tune.md").exists() and json.loads((out / "tune.json").read_text())["result"] is None
+
+    changed = shardbench(*argv, "--top-k", "3", "--resume", cwd=tmp_path)
+    assert changed.returncode == 2 and "top_k: 2 there, 3 now" in changed.stderr.strip().splitlines()[-1]
+    done = shardbench(*argv, "--resume", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "resuming: 1 of 2 runs already recorded" in done.stdout and "[2/2] " in done.stdout
     tuned = json.loads((out / "tune.json").read_text())
     by_strategy = {row["strategy"]: row for row in tuned["layouts"]}
     assert set(by_strategy) == {"dp", "tp", "ep"}
@@ -249,10 +289,15 @@ def test_tune_end_to_end_measures_k_and_writes_a_winner_train_accepts(tmp_path: 
     chosen = [row for row in tuned["layouts"] if row["chosen"]]
     assert len(chosen) == 2 and all(row["measured_step_s"] and row["predicted_step_s"] for row in chosen)
     result = tuned["result"]
+    assert result["measured"] == 2
     assert result["winner"] in {row["name"] for row in chosen} and result["regret"] >= 0
     # Both runs are one batch: two runs are too few for a tau, and tune.md says so.
     assert result["kendall_tau_by_batch"] == {str(tuned["config"]["train.batch_size"]): None}
     assert set(tuned["runs"]) == {row["run"] for row in chosen}
+    with Store(out / "sweep.db") as store:
+        runs = store.runs()
+    assert sorted(r.name for r in runs) == sorted(row["run"] for row in chosen)
+    assert all(r.status == "complete" for r in runs)
     md = (out / "tune.md").read_text()
     assert "2 runs, too few for Kendall's tau" in md and "regret" in md and "report/plan_vs_measured.png" in md
     assert (out / "report" / "plan_vs_measured.png").exists()
@@ -322,63 +367,6 @@ def test_with_no_measured_run_tune_writes_what_it_points_at(tmp_path: Path) -> N
     named = [Path(part.split(": ")[-1]) for part in last[len("tune: "):].split(", ")]
     assert out / "tune.md" in named and out / "report" / "report.md" in named
     assert all(path.exists() for path in named), last
-
-
-@pytest.mark.slow
-def test_an_interrupted_tune_is_finished_by_resume(tmp_path: Path) -> None:
-    """A tune stopped by Ctrl-C after its first of two runs says how to finish it; the same command with --resume
-    (another --top-k is refused, naming it) runs the second run alone and writes the verdict, tune.md and the
-    winner over both runs, each run recorded once."""
-    import signal
-    import threading
-
-    from shardbench.store import Store
-
-    out = tmp_path / "t"
-    argv = ["tune", *SMALL_MLP, "--remat", "none", "--candidates", "dp,tp", "--top-k", "2", "--budget-min", "5",
-            "--measure-steps", "3", "--out", str(out)]
-    # Unbuffered: the first run's line arrives as it is printed, while the second run's process is still starting
-    # (a few seconds), not together with it at the end.
-    environ = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
-    environ.pop("XLA_FLAGS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "shardbench", *argv], env=environ, cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    watchdog = threading.Timer(300, proc.kill)
-    watchdog.start()
-    try:
-        printed = []
-        for line in proc.stdout or ():
-            printed.append(line)
-            if line.startswith("[1/2] "):  # the first run is recorded; the second is starting
-                proc.send_signal(signal.SIGINT)
-                break
-        printed.append(proc.communicate(timeout=120)[0])
-    finally:
-        watchdog.cancel()
-        proc.kill()
-        proc.wait()
-    text = "".join(printed)
-    assert proc.returncode == 130, text[-3000:]
-    assert (f"tune: interrupted; finish it with the same shardbench tune command and --resume (its --out is {out})"
-            in text)
-    with Store(out / "sweep.db") as store:
-        assert len(store.names()) == 1
-    assert not (out / "tune.md").exists() and json.loads((out / "tune.json").read_text())["result"] is None
-
-    changed = shardbench(*argv, "--top-k", "3", "--resume", cwd=tmp_path)
-    assert changed.returncode == 2 and "top_k: 2 there, 3 now" in changed.stderr.strip().splitlines()[-1]
-    resumed = shardbench(*argv, "--resume", cwd=tmp_path)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    assert "resuming: 1 of 2 runs already recorded" in resumed.stdout and "[2/2] " in resumed.stdout
-    tuned = json.loads((out / "tune.json").read_text())
-    chosen = [row for row in tuned["layouts"] if row["chosen"]]
-    assert len(chosen) == 2 and all(row["measured_step_s"] for row in chosen)
-    assert tuned["result"]["measured"] == 2 and tuned["result"]["command"] in resumed.stdout
-    assert (out / "winner.toml").exists() and "regret" in (out / "tune.md").read_text()
-    with Store(out / "sweep.db") as store:
-        runs = store.runs()
-    assert sorted(r.name for r in runs) == sorted(row["run"] for row in chosen)
-    assert all(r.status == "complete" for r in runs)
 
 
 @pytest.mark.slow
