@@ -164,9 +164,11 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
     if part == "bench":
         argv = ["bench", "--groups", "step", "--out", str(work / "bench-raw")]
         if sizes.smoke:  # PyTorch eager where torch is installed (`make test` installs the CPU build)
+            # Both of the GPU run's dtypes, at one tiny batch, in two windows: the tests check bench's own
+            # records (a setting per dtype, a rate per window) on this run.
             baselines = "seed-style,pytorch-eager" if importlib.util.find_spec("torch") else "seed-style"
-            argv += ["--preset", "vit-tiny", "--dtype", "float32", "--batch-size", "16", "--baselines", baselines,
-                     "--warmup", "1", "--windows", "1", "--steps-per-window", "2", "--peak-size", "256",
+            argv += ["--preset", "vit-tiny", "--dtype", "float32,bfloat16", "--batch-size", "16", "--baselines",
+                     baselines, "--warmup", "1", "--windows", "2", "--steps-per-window", "1", "--peak-size", "256",
                      *(f"--set=model.{flag[8:].replace('-', '_')}={value}"
                        for flag, value in zip(SMOKE_VIT[::2], SMOKE_VIT[1::2]))]
         else:  # and torch.compile's reduce-overhead mode (CUDA graphs) beside its default

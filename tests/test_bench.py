@@ -250,7 +250,8 @@ def test_bench_writes_its_files_after_each_group(tmp_path: Path) -> None:
         proc.wait()
     rows = json.loads((tmp_path / "bench.json").read_text())["cases"]
     assert [(r["group"], r["label"]) for r in rows] == [("pipeline", "host pipeline")]
-    assert "error" not in rows[0]["result"]
+    pipeline = rows[0]["result"]
+    assert "error" not in pipeline and pipeline["cores"] == 1 and pipeline["images_per_s"] > 0
     assert "On-device augmentation" in (tmp_path / "bench.md").read_text()
 
 

@@ -63,8 +63,8 @@ def test_every_part_writes_its_files(smoke_run: tuple[Path, subprocess.Completed
             assert ran, (part, name, c["status"])
     # The bench part's every contender gave figures: none errored or timed out (PyTorch eager where torch is here).
     rows = json.loads((smoke / "bench-raw.json").read_text())["cases"]
-    assert [r["label"] for r in rows] == ["matmul peak", "shardbench", "seed-style nnx",
-                                          *(["pytorch eager"] if _torch_installed() else [])]
+    assert [r["label"] for r in rows] == 2 * ["matmul peak", "shardbench", "seed-style nnx",
+                                              *(["pytorch eager"] if _torch_installed() else [])]  # 2 dtypes
     assert all("error" not in r["result"] and r["result"].get("rates") for r in rows), rows
     # the results folder stays small: runs, logs and caches went to --work
     assert not list(smoke.rglob("*.xplane.pb")) and not list(smoke.rglob("checkpoints"))
@@ -112,13 +112,35 @@ def test_profile_plan_accuracy_and_bench(smoke: Path) -> None:
     accuracy = _cases(smoke, "accuracy")["recipe vit-cifar"]
     assert 0.0 <= accuracy["test_accuracy"] <= 1.0
     assert (smoke / "accuracy-recipe-vit-cifar.png").stat().st_size > 1000
-    bench = (smoke / "bench.md").read_text()
-    assert "shardbench bench" in bench
-    for label in ("shardbench", "seed-style nnx", *(["pytorch eager"] if _torch_installed() else [])):
-        row = next(line for line in bench.splitlines() if line.startswith(f"| {label} | "))
-        float(row.split("|")[3].replace(",", ""))  # its images/s: a number, not an error or a timeout
     page = gpu_suite.collect(smoke)
     assert all(f"## {part} (smoke run" in page for part in gpu_suite.PARTS)
+
+
+def test_bench_compares_every_contender_in_each_setting(smoke: Path) -> None:
+    """`shardbench bench` as the bench part ran it: real worker processes, real compilations, interleaved windows;
+    a setting per dtype, a rate per window for each contender, and one table per setting."""
+    record = json.loads((smoke / "bench-raw.json").read_text())
+    assert record["settings"] == ["float32 b16", "bfloat16 b16"]
+    steps = {(c["setting"], c["label"]): c["result"] for c in record["cases"] if c["group"] == "step"}
+    contenders = ("shardbench", "seed-style nnx", *(["pytorch eager"] if _torch_installed() else []))
+    for setting in record["settings"]:
+        for label in ("matmul peak", *contenders):
+            assert len(steps[setting, label]["rates"]) == 2, steps[setting, label]  # --windows 2
+            assert min(steps[setting, label]["rates"]) > 0
+        for label in contenders:
+            assert "peak_bytes" in steps[setting, label]  # asked of every worker; None on the CPU
+        assert steps[setting, "shardbench"]["train_flops_per_image"] == steps[setting, "seed-style nnx"][
+            "train_flops_per_image"]
+    assert steps["bfloat16 b16", "matmul peak"]["dtype"] == "bfloat16"
+    assert steps["float32 b16", "seed-style nnx"]["params"] > 0
+    table = (smoke / "bench.md").read_text()
+    assert "shardbench bench" in table and table.count("shardbench / best baseline") == 2
+    assert "## Train step, one device, bfloat16 b16" in table and "MFU (data sheet)" in table
+    for label in contenders:
+        rows = [line for line in table.splitlines() if line.startswith(f"| {label} | ")]
+        assert len(rows) == 2, label
+        for row in rows:
+            float(row.split("|")[3].replace(",", ""))  # its images/s: a number, not an error or a timeout
 
 
 def test_a_part_out_of_budget_lists_what_it_did_not_run(tmp_path: Path) -> None:

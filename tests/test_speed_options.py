@@ -204,37 +204,6 @@ def test_allocator_is_tuned_only_for_cpu_training_long_enough_to_repay_it() -> N
     assert "GLIBC_TUNABLES" not in malloc.child_environ({**env, "JAX_PLATFORMS": "cpu"}, None)
 
 
-@pytest.mark.slow
-def test_bench_end_to_end(tmp_path) -> None:
-    """A scaled-down `shardbench bench`: real worker processes, real compilations, interleaved windows."""
-    out = tmp_path / "bench"
-    done = _cli(["bench", "--preset", "vit-tiny", "--groups", "step,pipeline", "--pipeline-seconds", "1",
-                 "--baselines", "seed-style", "--dtype", "float32,bfloat16", "--batch-size", "16", "--warmup", "1",
-                 "--windows", "2", "--steps-per-window", "1", "--peak-size", "512",
-                 "--set", "model.embed_dim=32", "--set", "model.mlp_dim=64", "--set", "model.num_layers=2",
-                 "--set", "model.patch_size=8", "--out", str(out)])
-    assert done.returncode == 0, done.stderr[-2000:]
-    record = json.loads((out / "bench.json").read_text())
-    assert record["settings"] == ["float32 b16", "bfloat16 b16"]
-    steps = {(c["setting"], c["label"]): c["result"] for c in record["cases"] if c["group"] == "step"}
-    cases = {(c["group"], c["label"]): c["result"] for c in record["cases"] if c["group"] != "step"}
-    for setting in record["settings"]:
-        for label in ("matmul peak", "shardbench", "seed-style nnx"):
-            assert len(steps[setting, label]["rates"]) == 2, steps[setting, label]
-            assert min(steps[setting, label]["rates"]) > 0
-            assert "peak_bytes" in steps[setting, label]  # asked of every worker; None on the CPU
-        assert steps[setting, "shardbench"]["train_flops_per_image"] == steps[setting, "seed-style nnx"][
-            "train_flops_per_image"]
-    assert steps["bfloat16 b16", "matmul peak"]["dtype"] == "bfloat16"
-    cases["step", "seed-style nnx"] = steps["float32 b16", "seed-style nnx"]
-    assert cases["step", "seed-style nnx"]["params"] > 0
-    pipeline = cases["pipeline", "host pipeline"]
-    assert pipeline["cores"] == 1 and pipeline["images_per_s"] > 0
-    table = (out / "bench.md").read_text()
-    assert table.count("shardbench / best baseline") == 2 and "| shardbench |" in table
-    assert "## Train step, one device, bfloat16 b16" in table and "MFU (data sheet)" in table
-
-
 def test_bench_settings_pair_dtypes_with_batches() -> None:
     assert settings("", "", "cpu") == [("float32", 128)]
     assert settings("", "", "gpu") == [("float32", 128), ("bfloat16", 1024)]
