@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -81,3 +84,13 @@ def test_a_disabled_writer_writes_nothing(tmp_path: Path) -> None:
     writer.flush()
     writer.close()
     assert not (tmp_path / "tb").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed: nothing to keep out")
+def test_the_training_loop_starts_without_importing_torch() -> None:
+    """tensorboardX imports torch wherever it is installed (a second of every run's start); a training process
+    never imports it, yet writes its events (the tests above), while a process that has torch keeps it."""
+    check = ("import sys; import shardbench.train.loop; assert 'torch' not in sys.modules, 'torch was imported'; "
+             "import torch; assert torch.ones(2).sum().item() == 2.0")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -7,11 +7,32 @@ The JSON-lines file is what shardbench itself reads back (reports, benchmarks); 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from tensorboardX import SummaryWriter
+
+def _import_without_torch() -> type:
+    """tensorboardX's SummaryWriter. Its module imports torch wherever torch is installed, only to name torch's
+    tensor type in its signatures: a second or so of every run's start (1.1 s of 2.9 s importing the training
+    loop, on a 2-core Xeon), for scalars we hand it as plain floats. So torch is hidden while tensorboardX loads
+    (it then names numpy's array instead), unless this process has imported torch already."""
+    if "torch" in sys.modules:
+        from tensorboardX import SummaryWriter as writer
+        return writer
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError meanwhile
+    try:
+        from tensorboardX import SummaryWriter as writer
+    finally:
+        del sys.modules["torch"]
+    return writer
+
+
+if TYPE_CHECKING:
+    from tensorboardX import SummaryWriter
+else:
+    SummaryWriter = _import_without_torch()
 
 # tensorboardX writes from a background thread and flushes that thread's file every `flush_secs`; its
 # `flush()` does not wait for the queue. One second keeps a killed run's curves to within a second of the kill.
