@@ -1,6 +1,7 @@
 """The recipe's softer mixing and its other policies: mixing with a probability and only for the first part of
 training, RandAugment and AutoAugment's ops against Pillow and torchvision's definitions, random erasing,
-repeated augmentation, their one-line refusals, and one device's losses under dp and fsdp+tp with all of them on."""
+repeated augmentation, their one-line refusals, and one device's losses under fsdp+tp and fsdp as shard_map with
+all of them on."""
 
 from __future__ import annotations
 
@@ -254,15 +255,15 @@ CCT_MODEL = {"model.stem": "conv", "model.pool": "sequence", "data.image_size": 
 @pytest.mark.slow
 def test_every_strategy_trains_on_the_same_images_with_every_knob(micro) -> None:
     """AutoAugment, random erasing, mixing with a probability and for half the steps, repeated augmentation, on a
-    ViT with CCT's convolutional tokenizer and sequence pooling: one device's losses under dp, fsdp+tp (2-D) and
-    fsdp as shard_map, step by step, through the switch-off at step 2 of 4."""
+    ViT with CCT's convolutional tokenizer and sequence pooling: one device's losses under fsdp+tp (2-D) and
+    fsdp as shard_map, step by step, through the switch-off at step 2 of 4. (Data parallelism under jit is
+    fsdp+tp's data axis at another size: tests/test_recipe.py runs the whole recipe under dp.)"""
     knobs = {**KNOBS, **CCT_MODEL}
     out = micro().train.out
     run(micro(**knobs, **{"parallel.strategy": "single", "train.out": out + "-single"}))
     base = _losses(Path(out + "-single"))
     assert len(base) == 4
-    for name, overrides in {"dp": {"parallel.strategy": "dp", "parallel.mesh": "8"},
-                            "fsdp_tp": {"parallel.strategy": "fsdp+tp", "parallel.mesh": "4x2"},
+    for name, overrides in {"fsdp_tp": {"parallel.strategy": "fsdp+tp", "parallel.mesh": "4x2"},
                             "fsdp_shard_map": {"parallel.strategy": "fsdp", "parallel.mesh": "8",
                                                "parallel.spmd": "shard_map"}}.items():
         run(micro(**knobs, **overrides, **{"train.out": out + "-" + name}))
