@@ -303,6 +303,25 @@ def test_tpu_slice_compiles_with_the_tpu_compiler(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not libtpu_installed(), reason="libtpu is not installed (pip install 'shardbench[tpu]'): the "
+                                                   "TPU compiler cannot be tried here")
+def test_a_tpu_v3_plan_lays_its_mesh_over_every_core(tmp_path: Path) -> None:
+    """A 2x2 slice of v3 chips is 8 JAX devices (two TensorCores a chip), as libtpu's topology lists them: fsdp's
+    mesh spans all 8 (1/8 of the parameters each, not 1/4), each device planned with half a chip (61.5 TF float32 at
+    default precision, 16 GiB), and an epoch priced as 4 chips at the table's per-chip $2.00 an hour."""
+    out = tmp_path / "plan"
+    _, plan = _plan(out, "tpu-v3:2x2", "fsdp")
+    assert plan["devices"] == 8
+    fsdp = plan["candidates"][0]
+    assert fsdp["mesh"] == "8x1" and fsdp["prediction"]["params_bytes"] == MLP_PARAM_BYTES // 8
+    hw = plan["hardware"]["float32"]
+    assert hw["name"] == "8 devices (4 tpu-v3 chips) on a 2x2 slice (ICI throughout)"
+    assert hw["peak_flops"] == 123e12 / 2 and hw["memory_bytes"] == 16 * 2**30
+    cost = plan["cost"]["candidates"][0]
+    assert cost["devices"] == 4 and cost["on_demand_usd"] == pytest.approx(2.00 * 4 * cost["epoch_time_s"] / 3600)
+
+
+@pytest.mark.slow
 def test_validate_predicts_a_measured_cpu_sweep(tmp_path: Path) -> None:
     """A real sweep of one MLP at three batch sizes on 8 simulated devices: the planner recompiles each run as it
     ran, so its memory is the run's compiled total exactly, and its step times rank the batches. The report then

@@ -239,3 +239,24 @@ def test_validation_gives_the_worst_error_beside_the_mean_and_the_held_out_apart
     assert "held out (named in d/held-out.txt; no fit saw them): memory: mean absolute error 5.0%, worst +10.0% (b); " \
            "step time: mean absolute error 10.5%, worst -20.0% (b)" in text
     assert "b (held out)" in text and "worst -50.0% (c)" in text
+
+
+def test_a_tpu_v3_target_is_planned_per_jax_device(tmp_path: Path) -> None:
+    """The plan's hardware is per JAX device: a TPU v3 device is one of its chip's two TensorCores, with half the
+    data sheet's 123 TF bf16, 32 GiB and 900 GB/s (61.5 TF, 16 GiB, 450 GB/s), and the name counts both devices
+    and chips; a v5e device is its whole chip (197 TF, 16 GB), as before."""
+    from shardbench.plan.machine import hardware
+    from shardbench.plan.target import parse_target
+
+    v3 = hardware(parse_target("tpu-v3:4x4"), "bfloat16", "default", tmp_path)
+    assert v3.peak_flops == 123e12 / 2 and v3.memory_bytes == 16 * 2**30 and v3.memory_bandwidth == 900e9 / 2
+    assert v3.name == "32 devices (16 tpu-v3 chips) on a 4x4 slice (ICI throughout)"
+    assert "123 TFLOP/s a chip, 61.5 TFLOP/s per device (2 devices a chip" in v3.peak_source
+    assert "32 GiB a chip, 16 GiB per device" in v3.memory_source
+    assert "0.45 TB/s per device" in v3.memory_bandwidth_source
+    f32 = hardware(parse_target("tpu-v2:2x2"), "float32", "highest", tmp_path)  # six bf16 passes, half a chip
+    assert f32.peak_flops == pytest.approx(45e12 / 6 / 2) and f32.memory_bytes == 8 * 2**30
+    v5e = hardware(parse_target("tpu-v5e:4x4"), "bfloat16", "default", tmp_path)
+    assert (v5e.peak_flops, v5e.memory_bytes, v5e.memory_bandwidth) == (197e12, 16e9, 819e9)
+    assert v5e.name == "16 tpu-v5e on a 4x4 slice (ICI throughout)"
+    assert v5e.peak_source == "data sheet: tpu-v5e bf16 197 TFLOP/s (Cloud TPU v5e system architecture)"

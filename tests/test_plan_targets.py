@@ -3,6 +3,11 @@ among them), meshes and numbers of accumulated microbatches."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from shardbench import config as config_lib
@@ -12,6 +17,7 @@ from shardbench.parsing import override
 from shardbench.plan.candidates import candidate_config, candidates, factorisations
 from shardbench.plan.plan_cmd import prepare
 from shardbench.plan.target import parse_target
+from shardbench.plan.tpu import libtpu_installed
 from shardbench.presets import get_preset
 
 
@@ -101,3 +107,48 @@ def test_a_plan_considers_the_pipelines_only_when_named() -> None:
     assert pipelines == {"pp", "dp+pp", "fsdp+pp", "pp+tp", "dp+pp+tp", "fsdp+pp+tp"}
     assert experts == {"ep", "dp+ep", "fsdp+ep", "ep+tp"} and context == {"cp", "dp+cp", "fsdp+cp", "cp+tp"}
     assert set(DEFAULT) == set(USES) - pipelines - experts - context
+
+
+def test_a_tpu_v2_or_v3_chip_is_two_jax_devices() -> None:
+    """A TPU v2 or v3 chip is two JAX devices (one per TensorCore), so a slice of 4x4 v3 chips is 32 devices on 4
+    hosts of 4 chips (8 devices) each; a v5e chip is one device, as before."""
+    v3 = parse_target("tpu-v3:4x4")
+    assert (v3.devices, v3.chips, v3.per_node, v3.nodes, v3.topology) == (32, 16, 8, 4, (4, 4))
+    assert v3.counted() == "32 devices (16 tpu-v3 chips)"
+    v2 = parse_target("tpu-v2:2x2")
+    assert (v2.devices, v2.chips, v2.per_node, v2.nodes) == (8, 4, 8, 1)
+    v5e = parse_target("tpu-v5e:4x4")
+    assert (v5e.devices, v5e.chips, v5e.per_node, v5e.nodes) == (16, 16, 8, 2) and v5e.counted() == "16 device(s)"
+    assert parse_target("2x8xh100").chips == 16 and parse_target("cpu", 8).chips == 8
+
+
+# Lists each slice's devices as the TPU compiler's topology gives them: [devices, hosts].
+TOPOLOGY_PROBE = """
+import json, sys
+from shardbench.plan.tpu import topology_devices
+found = {}
+for spec in sys.argv[1:]:
+    chip, _, shape = spec.partition(":")
+    devices = topology_devices(chip, [int(v) for v in shape.split("x")])
+    found[spec] = [len(devices), len({d.process_index for d in devices})]
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.skipif(not libtpu_installed(), reason="libtpu is not installed (pip install 'shardbench[tpu]'): the "
+                                                   "TPU compiler's topology cannot be listed here")
+def test_a_tpu_targets_devices_are_its_topologys() -> None:
+    """The mesh a plan compiles is laid over `Target.devices` of the slice's topology: they must be all of them
+    (a v3 slice of 4x4 chips is 32 devices to libtpu, on 4 hosts). In a process of its own: libtpu stays out of
+    this one."""
+    specs = ["tpu-v3:4x4", "tpu-v2:2x2", "tpu-v5e:2x4", "tpu-v4:2x2x2"]
+    environ = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    environ.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, "-c", TOPOLOGY_PROBE, *specs], capture_output=True, text=True,
+                          env=environ, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    for spec in specs:
+        assert found[spec][0] == parse_target(spec).devices, spec
+    for spec in ("tpu-v3:4x4", "tpu-v2:2x2"):  # 4 chips, 8 devices, to a host
+        assert found[spec][1] == parse_target(spec).nodes, spec

@@ -114,6 +114,26 @@ def test_a_row_priced_per_host_counts_hosts_not_devices() -> None:
     assert "estimated: watts" in (cost.price_source or "")
 
 
+def test_tpu_v2_and_v3_jax_devices_are_priced_as_chips() -> None:
+    """A TPU v3 chip is two JAX devices and its row is per chip-hour: an epoch of 100 s on 32 v3 devices (a 4x4
+    slice, 16 chips) at the packaged $2.00 and $0.60 per chip-hour and 220 W a chip is 2.00 x 16 x 100 / 3600 =
+    $0.8889 on demand, $0.2667 spot and 220 x 16 x 100 / 3.6e6 = 0.0978 kWh, not twice that; a v5e chip is one
+    device (16 devices, 16 chips at $1.20)."""
+    table = load_prices()
+    v3, v5e = table.lookup("tpu-v3"), table.lookup("tpu-v5e")
+    assert v3 is not None and (v3.on_demand, v3.spot, v3.watts) == (2.00, 0.60, 220)
+    cost = epoch_cost(v3, 0.25, 400, 32)
+    assert cost.devices == 16 and cost.epoch_time_s == 100.0
+    assert cost.on_demand_usd == pytest.approx(2.00 * 16 * 100 / 3600)
+    assert cost.spot_usd == pytest.approx(0.60 * 16 * 100 / 3600)
+    assert cost.kwh == pytest.approx(220 * 16 * 100 / 3.6e6)
+    assert v5e is not None and epoch_cost(v5e, 0.25, 400, 16).on_demand_usd == pytest.approx(1.20 * 16 * 100 / 3600)
+    # The record of a run measured on a v3-8 (JAX: 8 "TPU v3" devices, 4 chips): 100 steps of 0.5 s.
+    run = run_cost(table, _measurements(platform="tpu", device_kind="TPU v3", devices=8), 100)
+    assert run.device == "tpu-v3" and run.devices == 4
+    assert run.on_demand_usd == pytest.approx(2.00 * 4 * 50 / 3600)
+
+
 def test_lookup_by_device_kind_and_chip_name() -> None:
     table = load_prices()
     for kind, name in [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100-pcie"), ("h100", "h100"),

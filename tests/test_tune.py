@@ -226,6 +226,29 @@ def test_the_local_executor_needs_the_targets_devices_on_this_host() -> None:
     assert here.platform == "cpu" and here.count >= 1 and here.kind == "cpu"
 
 
+def test_a_tpu_v3_target_is_tuned_on_its_jax_devices_and_priced_by_its_chips() -> None:
+    """A v3-8 host lists 8 JAX devices ("TPU v3"), its 4 chips' 8 TensorCores: tpu-v3:2x2 is those 8 and runs there,
+    tpu-v3:4x4 is 32 on 4 hosts of 8 and does not. The cost objective prices a 0.5 s step over a batch of 64 on
+    tpu-v3:2x2 as 4 chips at the table's per-chip price (not 8), and the report says so."""
+    from shardbench.plan.target import parse_target
+    from shardbench.prices import load_prices
+    from shardbench.tune.report import priced_on
+    from shardbench.tune.select import objective
+    from shardbench.tune.tune_cmd import HostDevices, check_host
+
+    v3_8 = HostDevices("tpu", 8, "TPU v3")
+    small = parse_target("tpu-v3:2x2")
+    check_host(small, v3_8)
+    with pytest.raises(ConfigError, match=r"^--target tpu-v3:4x4 has 32 devices, 4 nodes of 8, and this host has 8 "
+                                          r"\(TPU v3\): give a target of at most 8 devices"):
+        check_host(parse_target("tpu-v3:4x4"), v3_8)
+    table = load_prices()
+    hourly = table.lookup("tpu-v3").on_demand
+    p = dataclasses.replace(planned("dp", 0.5), target=small)
+    assert objective("cost", table, small).predicted(p) == pytest.approx(0.5 * 4 * hourly / 3600 / 64)
+    assert priced_on(small, "device") == "8 devices (4 tpu-v3 chips)"
+
+
 def shardbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The CLI in a fresh process, as a user runs it."""
     environ = {**os.environ, "JAX_PLATFORMS": "cpu"}

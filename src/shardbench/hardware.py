@@ -9,11 +9,13 @@ direction; None where the data sheet gives none.
 
 A JAX device is a whole chip except on TPU v2 and v3, whose two TensorCores are two devices each with half the
 chip's peak and its own half of the HBM (v4 and v5p join a chip's two cores into one device, "megacore"):
-`Chip.devices_per_chip`, and `peak_per_device` and `memory_per_device` divide by it.
+`Chip.devices_per_chip`, and `peak_per_device`, `memory_per_device` and `memory_bandwidth_per_device` divide by
+it; `devices_per_node` and `chips` count between the two.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -43,6 +45,21 @@ class Chip:
     def memory_per_device(self) -> float:
         """HBM bytes of one JAX device: the chip's capacity over its devices."""
         return self.memory_bytes / self.devices_per_chip
+
+    @property
+    def memory_bandwidth_per_device(self) -> float | None:
+        """HBM bytes/s of one JAX device (each TensorCore of a TPU v2/v3 reads its own half of the HBM); None when
+        the data sheet gives none."""
+        return None if self.memory_bandwidth is None else self.memory_bandwidth / self.devices_per_chip
+
+    @property
+    def devices_per_node(self) -> int:
+        """JAX devices a node (host) holds: its chips x each chip's devices."""
+        return self.per_node * self.devices_per_chip
+
+    def chips(self, devices: int) -> int:
+        """The chips `devices` JAX devices occupy: a device of a two-device chip still takes the whole chip."""
+        return math.ceil(devices / self.devices_per_chip)
 
 
 CHIPS: tuple[Chip, ...] = (

@@ -40,9 +40,9 @@ class DevicePrice:
     """One row: a device's hourly prices in US dollars and its power."""
 
     name: str  # a --target chip name (src/shardbench/hardware.py) or "cpu"
-    on_demand: float  # $ per device-hour (per host-hour when per == "host")
+    on_demand: float  # $ per device-hour: per chip, per GPU (per host-hour when per == "host")
     spot: float  # $ per device-hour, spot or preemptible
-    watts: float  # board power / TDP per device (per host when per == "host")
+    watts: float  # board power / TDP per device: per chip, per GPU (per host when per == "host")
     source: str  # where the figures come from
     date: str  # when they were published or taken
     estimated: tuple[str, ...] = ()  # which of on_demand, spot, watts are estimates
@@ -149,25 +149,35 @@ def prices_from_flag(value: str) -> PriceTable:
 
 def _power(price: DevicePrice, count: int, devices: int, measured: Window | None) -> tuple[float, int]:
     """(watts, how many draw them): the measured watts per GPU x the run's devices, else the row's watts x what
-    the row prices (devices, or hosts for a row priced per host)."""
+    the row prices (chips, or hosts for a row priced per host)."""
     if measured is not None:
         return measured.watts_per_gpu, devices
     return price.watts, count
 
 
+def priced_count(price: DevicePrice, devices: int, hosts: int) -> int:
+    """What `price` counts of a run on `devices` JAX devices over `hosts` machines: the hosts for a row priced per
+    host, else the chips the devices occupy (a TPU v2 or v3 chip is two JAX devices, and its row is per chip)."""
+    if price.per == "host":
+        return hosts
+    chip = BY_NAME.get(price.name)
+    return devices if chip is None else chip.chips(devices)
+
+
 def epoch_cost(price: DevicePrice, step_time_s: float, steps_per_epoch: int, devices: int, *, hosts: int = 1,
                unit: str = "examples", units_per_step: float | None = None, measured: Window | None = None,
                energy_note: str = "", prices: str = PACKAGED) -> Cost:
-    """Dollars and kWh for one epoch of `steps_per_epoch` steps of `step_time_s` on `devices` devices (`hosts`
+    """Dollars and kWh for one epoch of `steps_per_epoch` steps of `step_time_s` on `devices` JAX devices (`hosts`
     machines, for a row priced per host).
 
     on_demand_usd = price.on_demand x count x step_time_s x steps_per_epoch / 3600 (spot likewise), where count is
-    `devices`, or `hosts` for a row priced per host. kWh = the measured average watts per GPU x `devices` x epoch
-    seconds / 3.6e6 when `measured` (an NVML window) is given, else the table's watts x count (energy "estimated"):
-    NVML measures each GPU, whatever the row prices. With `units_per_step` (tokens, images or examples of `unit` in
-    one step), the same per billion tokens or per million images or examples.
+    the chips the `devices` are (`priced_count`: half of them on TPU v2 and v3, all of them elsewhere), or `hosts`
+    for a row priced per host. kWh = the measured average watts per GPU x `devices` x epoch seconds / 3.6e6 when
+    `measured` (an NVML window) is given, else the table's watts x count (energy "estimated"): NVML measures each
+    GPU, whatever the row prices. With `units_per_step` (tokens, images or examples of `unit` in one step), the
+    same per billion tokens or per million images or examples.
     `tune --objective cost` ranks by `.on_demand_usd`."""
-    count = hosts if price.per == "host" else devices
+    count = priced_count(price, devices, hosts)
     epoch_s = step_time_s * steps_per_epoch
     watts, powered = _power(price, count, devices, measured)
     dollars = price.on_demand * count * epoch_s / 3600
@@ -211,4 +221,4 @@ def run_cost(table: PriceTable, measured: Measurements, steps_per_epoch: int, en
 
 
 __all__ = ["DEVICE_NAMES", "DevicePrice", "PriceTable", "epoch_cost", "load_prices", "parse_prices",
-           "prices_from_flag", "run_cost"]
+           "priced_count", "prices_from_flag", "run_cost"]

@@ -219,7 +219,8 @@ class MoE:
 @dataclass(frozen=True)
 class Cost:
     device: str | None = _f("", "the price table's row: a --target chip name (h100, tpu-v5e, ...) or cpu")
-    devices: int | None = _f("devices", "devices priced (for a row priced per host: the hosts)")
+    devices: int | None = _f("devices", "devices priced: chips (a TPU v2/v3 chip is two JAX devices; a GPU is one), "
+                                        "or the hosts for a row priced per host")
     epoch_time_s: float | None = _f("s", "steps per epoch x median step time")
     steps_per_epoch: int | None = _f("steps", "steps of a whole epoch")
     on_demand_usd: float | None = _f("USD/epoch", "epoch time x the devices priced x the row's on-demand price per "

@@ -1,12 +1,14 @@
-"""The target's numbers the model needs, per device: peak FLOP/s in the candidate's compute class, usable
+"""The target's numbers the model needs, per JAX device: peak FLOP/s in the candidate's compute class, usable
 memory, and each link's bandwidth; from the data sheet (`shardbench.hardware`) or, for `cpu`, measured on
-this host."""
+this host. The data sheet is per chip: a TPU v2 or v3 chip is two devices, each with half its peak, HBM and HBM
+bandwidth."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from shardbench.hardware import Chip
 from shardbench.measure.flops import compute_class
 from shardbench.plan.predict import Hardware
 from shardbench.plan.target import Target
@@ -63,18 +65,42 @@ def hardware(target: Target, dtype: str, matmul_precision: str, cache_dir: Path,
     fraction, fraction_source = (1.0, "the whole HBM") if tpu else gpu_memory_fraction()
     placement = (f"a {'x'.join(map(str, target.topology))} slice (ICI throughout)" if tpu else
                  f"{target.nodes} node(s) x {target.per_node}")
+    name = (f"{target.devices} {chip.name} on {placement}" if chip.devices_per_chip == 1 else
+            f"{target.counted()} on {placement}")
     intra = chip.intra_bandwidth or 0.0
     inter = chip.inter_bandwidth or intra
+    hbm = chip.memory_bandwidth_per_device
     return Hardware(
-        name=f"{target.devices} {chip.name} on {placement}", platform="tpu" if tpu else "gpu",
-        peak_flops=chip.peaks[cls], peak_source=f"data sheet: {chip.name} {cls} {chip.peaks[cls] / 1e12:.0f} "
-                                                f"TFLOP/s ({chip.source})",
-        memory_bytes=chip.memory_bytes * fraction,
-        memory_source=f"data sheet: {chip.memory_bytes / 1e9:.0f} GB, {fraction_source}",
+        name=name, platform="tpu" if tpu else "gpu",
+        peak_flops=chip.peak_per_device(cls), peak_source=_peak_source(chip, cls),
+        memory_bytes=chip.memory_per_device * fraction,
+        memory_source=f"{_memory_source(chip)}, {fraction_source}",
         bandwidth={"intra": intra or float("inf"), "inter": inter or float("inf")},
         bandwidth_source=(f"data sheet: {intra / 1e9:.0f} GB/s per direction inside a node"
                           + (f", {inter / 1e9:.0f} GB/s across nodes" if not tpu else "")
                           if intra else "no link bandwidth on the data sheet: transfers not timed"),
-        memory_bandwidth=chip.memory_bandwidth or float("inf"),
-        memory_bandwidth_source=(f"data sheet: {chip.memory_bandwidth / 1e12:.2f} TB/s" if chip.memory_bandwidth
+        memory_bandwidth=hbm or float("inf"),
+        memory_bandwidth_source=(_per_device(chip, f"data sheet: {(chip.memory_bandwidth or 0) / 1e12:.2f} TB/s",
+                                             f"{hbm / 1e12:.2f} TB/s") if hbm
                                  else "no memory bandwidth on the data sheet: traffic not timed"))
+
+
+def _per_device(chip: Chip, whole: str, each: str) -> str:
+    """`whole` (a chip's figure), and `each` (a device's) where the chip is more than one device."""
+    if chip.devices_per_chip == 1:
+        return whole
+    return f"{whole} a chip, {each} per device ({chip.devices_per_chip} devices a chip, one per TensorCore)"
+
+
+def _peak_source(chip: Chip, cls: str) -> str:
+    """Where the per-device peak in compute class `cls` comes from."""
+    whole = f"data sheet: {chip.name} {cls} {chip.peaks[cls] / 1e12:.0f} TFLOP/s"
+    return f"{_per_device(chip, whole, f'{chip.peak_per_device(cls) / 1e12:.3g} TFLOP/s')} ({chip.source})"
+
+
+def _memory_source(chip: Chip) -> str:
+    """Where the per-device memory comes from."""
+    if chip.devices_per_chip == 1:
+        return f"data sheet: {chip.memory_bytes / 1e9:.0f} GB"
+    return _per_device(chip, f"data sheet: {chip.memory_bytes / 2**30:.0f} GiB",
+                       f"{chip.memory_per_device / 2**30:.0f} GiB")

@@ -100,7 +100,8 @@ def where_it_ran(run: ReportedRun, cfg: config_lib.Config, cache_dir: Path) -> H
     chip = chip_for_kind(m.device_kind or "")
     if m.platform != "gpu" or chip is None:
         return f"runs on {m.platform} ({m.device_kind}) are not predicted yet"
-    return hardware(Target(chip.name, chip, devices, max(devices, chip.per_node)), cfg.precision.dtype,
+    # The run's devices are JAX's (two a chip on TPU v2/v3), as a Target counts them.
+    return hardware(Target(chip.name, chip, devices, max(devices, chip.devices_per_node)), cfg.precision.dtype,
                     cfg.precision.matmul_precision, cache_dir)
 
 

@@ -178,7 +178,7 @@ def cost_rows(plan: Plan, table: PriceTable) -> tuple[list[list[str]], list[dict
     epoch_note = (f"an epoch: {steps} steps of {cfg.train.batch_size}" if per_epoch else
                   f"no epoch size: {cfg.data.dataset} is not read by a plan" if examples is None else
                   f"no whole step in an epoch: --batch-size {cfg.train.batch_size} is more than its {examples} examples")
-    line = (f"cost at {price.describe()}; {target.devices} device(s); {epoch_note}; energy estimated from the "
+    line = (f"cost at {price.describe()}; {target.counted()}; {epoch_note}; energy estimated from the "
             f"table's watts ({table.origin} price table)")
     return rows, entries, line
 

@@ -4,7 +4,11 @@
     2x8xh100      2 nodes x 8 H100s (NVLink inside a node, InfiniBand across)
     tpu-v5e:16x16 a TPU v5e slice of 16x16 chips (ICI inside the slice; 8 chips per host)
     tpu-v4:4x4x4  a TPU v4 slice of 4x4x4 chips
+    tpu-v3:4x4    a TPU v3 slice of 4x4 chips: 32 JAX devices (each v2 or v3 chip is two, one per TensorCore)
     cpu           this host (its measured matmul peak and memory)
+
+A target counts JAX devices, as the compiled mesh and the TPU compiler's topology do; `Target.chips` counts the
+chips, which prices are per.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ HINT = "e.g. 8xh100, 2x8xh100, tpu-v5e:16x16, tpu-v4:4x4x4 or cpu"
 
 @dataclass(frozen=True)
 class Target:
-    """`devices` chips of one kind (`chip` None: this host's CPU), `per_node` to a node or host; a TPU slice
-    keeps its topology (its chips share ICI whatever the host)."""
+    """`devices` JAX devices of one chip (`chip` None: this host's CPU), `per_node` of them to a node or host; a TPU
+    slice keeps its topology in chips (its chips share ICI whatever the host)."""
 
     spec: str
     chip: Chip | None
@@ -32,7 +36,20 @@ class Target:
 
     @property
     def nodes(self) -> int:
+        """Nodes (hosts) the devices span."""
         return math.ceil(self.devices / self.per_node)
+
+    @property
+    def chips(self) -> int:
+        """Chips the devices are (a CPU target's simulated devices count as themselves)."""
+        return self.devices if self.chip is None else self.chip.chips(self.devices)
+
+    def counted(self) -> str:
+        """The devices in words, with their chips where a chip is more than one device: "32 devices (16 tpu-v3
+        chips)"."""
+        if self.chip is None or self.chip.devices_per_chip == 1:
+            return f"{self.devices} device(s)"
+        return f"{self.devices} devices ({self.chips} {self.chip.name} chips)"
 
 
 def _chip(name: str, spec: str) -> Chip:
@@ -57,7 +74,8 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
         dims = tuple(int(v) for v in shape.split("x"))
         if min(dims) < 1:
             raise ConfigError(f"--target {spec}: every side of the slice needs at least one chip")
-        return Target(spec, chip, math.prod(dims), chip.per_node, dims)
+        chips = math.prod(dims)
+        return Target(spec, chip, chips * chip.devices_per_chip, chip.devices_per_node, dims)
     found = re.fullmatch(r"(?:(\d+)x)?(\d+)x([a-z0-9\-]+)", text)
     if not found:
         raise ConfigError(f"--target '{spec}' is not a target ({HINT})")

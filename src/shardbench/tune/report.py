@@ -272,8 +272,9 @@ def cost_table(t: Tuning) -> tuple[list[list[str]], str]:
 
 
 def priced_on(target: Target, per: str) -> str:
-    """What a price row counts on the target: its hosts (a row priced per host, the CPU's) or its devices."""
-    return f"{target.nodes} host(s)" if per == "host" else f"{target.devices} device(s)"
+    """What a price row counts on the target: its hosts (a row priced per host, the CPU's) or its devices (and
+    chips, where a chip is two devices)."""
+    return f"{target.nodes} host(s)" if per == "host" else target.counted()
 
 
 def _usd(value: float | None) -> str:

@@ -96,9 +96,10 @@ OBJECTIVES: dict[str, Objective] = {
 
 def _cost(prices: PriceTable) -> Objective:
     """On-demand dollars per example on the layout's target, from `prices` (`--prices`, else the packaged table):
-    the step's seconds x the hourly price x the target's devices (a row priced per host, the CPU's: x its hosts)
-    / 3600, over the batch. Every layout of one tune runs on all of its target's devices, so within a tune this is
-    the time objective times one constant: it ranks as `time` does and differs in what it reports (dollars)."""
+    the step's seconds x the hourly price x the target's devices (its chips on TPU v2 and v3, two devices a chip; a
+    row priced per host, the CPU's: x its hosts) / 3600, over the batch. Every layout of one tune runs on all of
+    its target's devices, so within a tune this is the time objective times one constant: it ranks as `time` does
+    and differs in what it reports (dollars)."""
 
     def per_example(p: Planned, step_s: float | None) -> float | None:
         if step_s is None or p.target is None:
