@@ -23,6 +23,9 @@ import pytest
 
 from shardbench.cli import main
 from shardbench.errors import EXIT_CODES
+from shardbench.parsing import override
+from shardbench.preflight import check_fits, check_runnable, param_bytes_per_device
+from shardbench.presets import get_preset
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TINY = ["--preset", "vit-tiny", "--data.synthetic-train", "64", "--data.synthetic-test", "32", "--batch-size", "16",
@@ -167,6 +170,11 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: generated examples past 2^31", lambda t: ["train", *TINY, "--data.synthetic-train", "9" * 30, "--out",
                                                        str(t / "o")], "--data.synthetic-train must be in (0, 2^31)",
      CONF),
+    ("train: parameters no device holds", lambda t: ["train", "--preset", "mlp-small", "--model.mlp-dim",
+                                                     "2147483647", "--steps", "1", "--devices", "1",
+                                                     "--out", str(t / "o")],
+     "--model.mlp-dim 2147483647: the parameters alone are 368 EiB on each device (dp on mesh 1x1), and a cpu device "
+     "has", CONF),
     ("train: a profile window of no steps", lambda t: ["train", *TINY, "--profile", "--train.profile-steps", "0",
                                                        "--out", str(t / "o")], "--train.profile-steps 0", CONF),
     ("train: an unknown XLA preset", lambda t: ["train", *TINY, "--train.xla-presets", "turbo", "--out", str(t / "o")],
@@ -281,6 +289,25 @@ def test_the_tables_hold_enough_cases(tmp_path: Path) -> None:
         commands.add(case.argv(tmp_path / str(i))[0])
     assert commands == {"train", "sweep", "report", "plan", "inspect", "bench", "launch"}
     assert {c.exit for c in CASES} == {"configuration", "data", "files"}
+
+
+@pytest.mark.parametrize("strategy, dtype, per_device", [
+    # An MLP of 32 inputs, width 64, 3 layers (2 of them stacked) and 10 outputs: in 32*64 + 64, hidden 2*64*64 +
+    # 2*64, out 64*10 + 10 = 11,082 parameters, of 4 bytes each in float32, whole on every device under dp.
+    ("dp", "float32", (32 * 64 + 64 + 2 * 64 * 64 + 2 * 64 + 64 * 10 + 10) * 4),
+    ("dp", "bfloat16", (32 * 64 + 64 + 2 * 64 * 64 + 2 * 64 + 64 * 10 + 10) * 2),
+    # fsdp over 8 devices splits every parameter by 8 but the 10 output biases, which 8 does not divide (whole).
+    ("fsdp", "float32", ((32 * 64 + 64 + 2 * 64 * 64 + 2 * 64 + 64 * 10) // 8 + 10) * 4),
+])
+def test_the_parameters_one_device_holds_are_counted_from_its_shards(strategy: str, dtype: str,
+                                                                    per_device: int) -> None:
+    cfg = override(get_preset("mlp-small"), {
+        "model.input_dim": 32, "model.mlp_dim": 64, "model.num_layers": 3, "model.num_classes": 10,
+        "parallel.strategy": strategy, "parallel.devices": 8, "precision.param_dtype": dtype})
+    _, layout, spec = check_runnable(cfg)
+    assert layout.shape.data == 8
+    assert param_bytes_per_device(spec, layout) == per_device
+    check_fits(cfg, spec, layout)  # a model that fits is not refused
 
 
 @pytest.mark.slow
