@@ -21,10 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardbench.capacity import check_fits, param_bytes_per_device
 from shardbench.cli import main
 from shardbench.errors import EXIT_CODES
 from shardbench.parsing import override
-from shardbench.preflight import check_fits, check_runnable, param_bytes_per_device
+from shardbench.preflight import check_runnable
 from shardbench.presets import get_preset
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -7,16 +7,14 @@ checks in child processes) and the planner ask of every configuration before any
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import jax
-from flax import nnx
-from flax import traverse_util
 
 from shardbench import config as config_lib
-from shardbench.config import Config, flag_name
+from shardbench.capacity import check_fits
+from shardbench.config import Config
 from shardbench.data.arrays import Dataset, ImageDataset
 from shardbench.data.pipeline import steps_per_epoch
 from shardbench.data.sources import check_model_kind, load_for, validate_spec
@@ -29,7 +27,6 @@ from shardbench.parallel.checks import (
 from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
 from shardbench.rundir import check_resume, resolve_out
-from shardbench.sweep.memory import host_memory_bytes
 from shardbench.tasks import Task, for_data, get_task, validate
 from shardbench.validation import check_profile_window
 
@@ -85,89 +82,6 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
     if cfg.train.steps > 0:
         check_profile_window(cfg.train, cfg.train.steps)
     return task, layout, spec
-
-
-def format_bytes(n: float) -> str:
-    """Bytes in binary units, one decimal from KiB up: '512 B', '23.4 GiB', '395 EiB'."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
-    i = 0
-    while n >= 1024 and i < len(units) - 1:
-        n, i = n / 1024, i + 1
-    return f"{n:,.0f} {units[i]}" if i == 0 or n >= 100 else f"{n:.1f} {units[i]}"
-
-
-def param_bytes_per_device(spec: ModelSpec, layout: Layout) -> int:
-    """Bytes of parameters the fullest device holds as the layout places them: each parameter's shard shape (its
-    dims split as `Layout.param_spec` says, rounded up) in its own dtype, the run's --param-dtype for the built-in
-    models. Python ints throughout, so a model of any size is counted, never overflowed."""
-    axes = traverse_util.flatten_dict(spec.axes)
-    total = 0
-    for path, var in nnx.to_flat_state(spec.abstract):
-        value = var.get_value()
-        shape = tuple(int(d) for d in value.shape)
-        placed = layout.param_spec(axes[tuple(path)], shape)
-        shard = []
-        for dim, size in enumerate(shape):
-            split = placed[dim] if dim < len(placed) else None
-            names = () if split is None else (split,) if isinstance(split, str) else tuple(split)
-            ways = math.prod(layout.shape[name] for name in names)
-            shard.append(-(-size // ways))
-        total += math.prod(shard) * value.dtype.itemsize
-    return total
-
-
-def device_memory(layout: Layout) -> tuple[int, str] | None:
-    """(bytes, how said) of one of the run's devices: the runtime's limit where it gives one (GPU, TPU); on a CPU,
-    the host's memory split over the run's devices (simulated devices share it); None where neither is known."""
-    device = layout.device
-    try:
-        stats = device.memory_stats()
-    except Exception:  # a backend without the call
-        stats = None
-    if stats and stats.get("bytes_limit"):
-        limit = int(stats["bytes_limit"])
-        return limit, f"a {device.platform} device has {format_bytes(limit)}"
-    if device.platform != "cpu":
-        return None
-    host = host_memory_bytes()
-    if not host:
-        return None
-    mesh = layout.mesh
-    n = 1 if mesh is None else sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
-    if n <= 1:
-        return host, f"a cpu device has {format_bytes(host)}"
-    return host // n, f"a cpu device has {format_bytes(host // n)} (this host's {format_bytes(host)} over {n} devices)"
-
-
-def size_flags(cfg: Config, spec: ModelSpec) -> str:
-    """The flags (with their values) of the largest parameter's dims but those of size 1, e.g. '--model.mlp-dim
-    4096'; 'the model' where they come from no flag (a model of your own)."""
-    flat = traverse_util.flatten_dict(spec.shapes)
-    axes = traverse_util.flatten_dict(spec.axes)
-    path = max(flat, key=lambda p: math.prod(flat[p]))
-    keys = dict.fromkeys(spec.axis_fields[a] for a, size in zip(axes[path], flat[path])
-                         if a in spec.axis_fields and size > 1)
-    if not keys:
-        return "the model"
-    return " ".join(f"{flag_name(k)} {getattr(getattr(cfg, k.split('.')[0]), k.split('.')[1])}" for k in keys)
-
-
-def check_fits(cfg: Config, spec: ModelSpec, layout: Layout) -> None:
-    """Refuse a run whose parameters alone, as the layout places them, exceed one device's memory: a lower bound
-    on what the run needs (gradients, optimizer state and activations come on top), so nothing that fits is
-    refused. Skipped where the device's memory is not known."""
-    memory = device_memory(layout)
-    if memory is None:
-        return
-    limit, said = memory
-    held = param_bytes_per_device(spec, layout)
-    if held <= limit:
-        return
-    advice = ("more devices" if layout.strategy.params else
-              "a strategy that splits the parameters (fsdp, tp)")
-    raise ConfigError(f"{size_flags(cfg, spec)}: the parameters alone are {format_bytes(held)} on each device "
-                      f"({layout.strategy.name} on mesh {layout.shape}), and {said}; use a smaller model or "
-                      f"{advice}")
 
 
 def check_run(cfg: Config) -> CheckedRun:
