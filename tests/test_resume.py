@@ -23,7 +23,9 @@ MICRO = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train"
 
 
 def _train(out: Path, cache: Path, *extra: str, kill_at: int | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"JAX_PLATFORMS": "cpu"}
+    # Its own devices, and LLVM at -O0 as in this process (tests/conftest.py): every run here compiles alike.
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
+        "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
     if kill_at is not None:
         env["SHARDBENCH_FAULT_KILL_AT_STEP"] = str(kill_at)
     cmd = [sys.executable, "-m", "shardbench", "train", *MICRO, "--out", str(out),
