@@ -27,21 +27,15 @@ def format_bytes(n: float) -> str:
 
 
 def param_bytes_per_device(spec: ModelSpec, layout: Layout) -> int:
-    """Bytes of parameters the fullest device holds as the layout places them: each parameter's shard shape (its
-    dims split as `Layout.param_spec` says, rounded up) in its own dtype, the run's --param-dtype for the built-in
-    models. Python ints throughout, so a model of any size is counted, never overflowed."""
+    """Bytes of parameters one device holds as the layout places them: each parameter's shard shape (as
+    `measure.params.param_table` takes it, after `check_layout` has found every split dim divisible) in its own
+    dtype, the run's --param-dtype for the built-in models. Python ints, so a model of any size is counted."""
     axes = traverse_util.flatten_dict(spec.axes)
     total = 0
     for path, var in nnx.to_flat_state(spec.abstract):
         value = var.get_value()
         shape = tuple(int(d) for d in value.shape)
-        placed = layout.param_spec(axes[tuple(path)], shape)
-        shard = []
-        for dim, size in enumerate(shape):
-            split = placed[dim] if dim < len(placed) else None
-            names = () if split is None else (split,) if isinstance(split, str) else tuple(split)
-            ways = math.prod(layout.shape[name] for name in names)
-            shard.append(-(-size // ways))
+        shard = layout.sharding(layout.param_spec(axes[tuple(path)], shape)).shard_shape(shape)
         total += math.prod(shard) * value.dtype.itemsize
     return total
 
@@ -94,7 +88,7 @@ def check_fits(cfg: Config, spec: ModelSpec, layout: Layout) -> None:
     held = param_bytes_per_device(spec, layout)
     if held <= limit:
         return
-    advice = ("more devices" if layout.strategy.params else
+    advice = ("more devices, with sizes they divide (a dim the mesh does not divide stays whole)" if layout.strategy.params else
               "a strategy that splits the parameters (fsdp, tp)")
     raise ConfigError(f"{size_flags(cfg, spec)}: the parameters alone are {format_bytes(held)} on each device "
                       f"({layout.strategy.name} on mesh {layout.shape}), and {said}; use a smaller model or "
