@@ -88,8 +88,8 @@ def check_fits(cfg: Config, spec: ModelSpec, layout: Layout) -> None:
     held = param_bytes_per_device(spec, layout)
     if held <= limit:
         return
-    advice = ("more devices, with sizes they divide (a dim the mesh does not divide stays whole)" if layout.strategy.params else
-              "a strategy that splits the parameters (fsdp, tp)")
+    advice = ("more devices, with sizes they divide (a dim the mesh does not divide stays whole)"
+              if layout.strategy.params else "a strategy that splits the parameters (fsdp, tp)")
     raise ConfigError(f"{size_flags(cfg, spec)}: the parameters alone are {format_bytes(held)} on each device "
                       f"({layout.strategy.name} on mesh {layout.shape}), and {said}; use a smaller model or "
                       f"{advice}")
