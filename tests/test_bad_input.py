@@ -19,14 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from jax import tree_util
 import pytest
 
-from shardbench.capacity import check_fits, param_bytes_per_device
+from shardbench.capacity import check_fits, check_state_fits, param_bytes_per_device, shard_bytes
 from shardbench.cli import main
+from shardbench.optim import build_optimizer
 from shardbench.errors import EXIT_CODES
 from shardbench.parsing import override
 from shardbench.preflight import check_runnable
 from shardbench.presets import get_preset
+from shardbench.train.state import abstract_train_state
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TINY = ["--preset", "vit-tiny", "--data.synthetic-train", "64", "--data.synthetic-test", "32", "--batch-size", "16",
@@ -309,6 +312,60 @@ def test_the_parameters_one_device_holds_are_counted_from_its_shards(strategy: s
     assert layout.shape.data == 8
     assert param_bytes_per_device(spec, layout) == per_device
     check_fits(cfg, spec, layout)  # a model that fits is not refused
+
+
+MLP_PARAMS = 32 * 64 + 64 + 2 * 64 * 64 + 2 * 64 + 64 * 10 + 10  # the MLP above: 11,082
+SPLIT_BY_8 = (MLP_PARAMS - 10) // 8 + 10  # a parameter split 8 ways but the 10 output biases, which 8 does not divide
+
+
+@pytest.mark.parametrize("strategy, mu_dtype, per_device", [
+    # AdamW: the parameters and its two moments, all float32, whole on every device under dp.
+    ("dp", "", 3 * MLP_PARAMS * 4),
+    ("dp", "bfloat16", 2 * MLP_PARAMS * 4 + MLP_PARAMS * 2),  # the first moment in bfloat16
+    # ZeRO-1 splits the moments over the 8 data devices and keeps the parameters whole; fsdp splits all three.
+    ("zero1", "", MLP_PARAMS * 4 + 2 * SPLIT_BY_8 * 4),
+    ("fsdp", "", 3 * SPLIT_BY_8 * 4),
+])
+def test_the_train_state_one_device_holds_is_counted_from_its_shards(strategy: str, mu_dtype: str,
+                                                                     per_device: int) -> None:
+    """The whole train state as the layout places it: parameters and optimizer moments by hand; what else the
+    state holds (the step and the optimizer's counters) are 4-byte scalars, counted from the tree."""
+    cfg = override(get_preset("mlp-small"), {
+        "model.input_dim": 32, "model.mlp_dim": 64, "model.num_layers": 3, "model.num_classes": 10,
+        "parallel.strategy": strategy, "parallel.devices": 8, "optim.mu_dtype": mu_dtype})
+    _, layout, spec = check_runnable(cfg)
+    state = abstract_train_state(spec, layout, build_optimizer(cfg.optim, 10))
+    scalars = [leaf for leaf in tree_util.tree_leaves(state) if leaf.shape == ()]
+    assert all(leaf.dtype.itemsize == 4 for leaf in scalars)
+    assert shard_bytes(state) == per_device + 4 * len(scalars)
+    assert shard_bytes(state.params) == param_bytes_per_device(spec, layout)
+    check_state_fits(cfg, spec, layout, state.params, state)  # a state that fits is not refused
+
+
+@pytest.mark.slow
+def test_a_train_state_no_device_holds_is_refused_before_the_run_folder(tmp_path: Path) -> None:
+    """Parameters that fit one CPU device (a one-device run may have all of the host's memory) but whose train state,
+    with AdamW's two float32 moments, does not: one line, exit 2, no run folder. A 2-layer MLP is mostly its one
+    hidden mlp-dim x mlp-dim kernel: at this width its parameters are 0.4 of the host's memory and the state 1.2. The
+    process may map 0.6 of it (and 4 GiB for JAX itself), so without the check it fails to allocate the moments
+    rather than waking the kernel's out-of-memory killer."""
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    width = int((0.4 * host / 4) ** 0.5)
+    out = tmp_path / "o"
+    cap = int(0.6 * host) + 4 * 2**30
+    capped = (f"import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap})); "
+              f"sys.argv[0] = 'shardbench'; runpy.run_module('shardbench', run_name='__main__')")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "SHARDBENCH_CACHE": str(tmp_path / "cache")}
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", capped, "train", "--preset", "mlp-small", "--model.num-layers", "2",
+         "--model.mlp-dim", str(width), "--steps", "1", "--devices", "1", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == EXIT_CODES["configuration"], done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"shardbench: error: --model.mlp-dim {width}: the train state alone is "), last
+    assert "AdamW" not in last and "optimizer state" in last and "--optim.mu-dtype bfloat16" in last, last
+    assert not out.exists()
 
 
 @pytest.mark.slow

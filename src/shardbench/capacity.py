@@ -1,12 +1,16 @@
-"""Whether a run's parameters fit its devices, checked before anything is compiled or written: the bytes of
-parameters the fullest device holds as the layout places them, against one device's memory (the runtime's limit
-on a GPU or TPU; on a CPU the host's memory split over the run's devices). Parameters alone are a lower bound on
-what a run needs, so a run this refuses could never have fitted."""
+"""Whether a run's train state fits its devices, checked before anything is compiled or written: the bytes the
+fullest device holds as the layout places them, against one device's memory (the runtime's limit on a GPU or TPU;
+on a CPU the host's memory split over the run's devices). Twice: the parameters alone, as soon as the layout is
+known (`check_fits`), then the whole train state once the optimizer is (`check_state_fits`): parameters, optimizer
+state (Adam's two moments, an EMA) and the model's other variables, which every device holds through the whole step.
+Each is a lower bound on what a run needs (gradients and activations come on top), so a run this refuses could
+never have fitted."""
 
 from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import jax
 from flax import nnx, traverse_util
@@ -38,6 +42,13 @@ def param_bytes_per_device(spec: ModelSpec, layout: Layout) -> int:
         shard = layout.sharding(layout.param_spec(axes[tuple(path)], shape)).shard_shape(shape)
         total += math.prod(shard) * value.dtype.itemsize
     return total
+
+
+def shard_bytes(tree: Any) -> int:
+    """Bytes one device holds of a tree of `jax.ShapeDtypeStruct`s with shardings (an abstract train state): each
+    leaf's shard shape in its dtype. Python ints, so a state of any size is counted."""
+    return sum(math.prod(int(d) for d in leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+               for leaf in jax.tree.leaves(tree))
 
 
 def device_memory(layout: Layout) -> tuple[int, str] | None:
@@ -77,6 +88,13 @@ def size_flags(cfg: Config, spec: ModelSpec) -> str:
     return " ".join(f"{flag_name(k)} {getattr(getattr(cfg, k.split('.')[0]), k.split('.')[1])}" for k in keys)
 
 
+def _advice(tactics: tuple[object, ...], splitting: str) -> str:
+    """What would make room: more devices where `tactics` split the part already, else a strategy that does."""
+    if tactics:
+        return "more devices, with sizes they divide (a dim the mesh does not divide stays whole)"
+    return f"a strategy that splits {splitting}"
+
+
 def check_fits(cfg: Config, spec: ModelSpec, layout: Layout) -> None:
     """Refuse a run whose parameters alone, as the layout places them, exceed one device's memory: a lower bound
     on what the run needs (gradients, optimizer state and activations come on top), so nothing that fits is
@@ -88,8 +106,28 @@ def check_fits(cfg: Config, spec: ModelSpec, layout: Layout) -> None:
     held = param_bytes_per_device(spec, layout)
     if held <= limit:
         return
-    advice = ("more devices, with sizes they divide (a dim the mesh does not divide stays whole)"
-              if layout.strategy.params else "a strategy that splits the parameters (fsdp, tp)")
     raise ConfigError(f"{size_flags(cfg, spec)}: the parameters alone are {format_bytes(held)} on each device "
                       f"({layout.strategy.name} on mesh {layout.shape}), and {said}; use a smaller model or "
-                      f"{advice}")
+                      f"{_advice(layout.strategy.params, 'the parameters (fsdp, tp)')}")
+
+
+def check_state_fits(cfg: Config, spec: ModelSpec, layout: Layout, params: Any, state: Any) -> None:
+    """Refuse a run whose train state (`state`, abstract, with its shardings; `params` its parameters), as the
+    layout places it, exceeds one device's memory: every device holds it through the whole step, so it is a lower
+    bound too. Skipped where the device's memory is not known."""
+    memory = device_memory(layout)
+    if memory is None:
+        return
+    limit, said = memory
+    held = shard_bytes(state)
+    if held <= limit:
+        return
+    of_params = shard_bytes(params)
+    lighter = (", --optim.mu-dtype bfloat16 (Adam's first moment in half the bytes)"
+               if cfg.optim.optimizer in ("adam", "adamw") and not cfg.optim.mu_dtype
+               and cfg.precision.param_dtype == "float32" else "")
+    raise ConfigError(f"{size_flags(cfg, spec)}: the train state alone is {format_bytes(held)} on each device "
+                      f"(parameters {format_bytes(of_params)}, optimizer state and other variables "
+                      f"{format_bytes(held - of_params)}; {layout.strategy.name} on mesh {layout.shape}), and {said}; "
+                      f"use a smaller model{lighter} or "
+                      f"{_advice(layout.strategy.optimizer_tactics, 'the optimizer state (zero1, zero2, fsdp, tp)')}")

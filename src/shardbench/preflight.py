@@ -1,6 +1,7 @@
 """Pre-flight checks of a training run: every check that needs no compilation (configuration, mesh,
 divisibility, SPMD style, whether the parameters alone fit one device, profile window, dataset, resume directory,
-precision), made before the run directory is written to. `check_run` returns the `CheckedRun` the loop trains;
+precision), made before the run directory is made (`shardbench.train.build` makes it once the whole train state is
+known to fit). `check_run` returns the `CheckedRun` the loop trains;
 `check_runnable` is the part that needs no data either, which a sweep (`shardbench.sweep.preflight`, the same
 checks in child processes) and the planner ask of every configuration before anything runs.
 """
@@ -102,5 +103,5 @@ def check_run(cfg: Config) -> CheckedRun:
         )
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
-    writable_dir(out, "--out")  # last: a run refused above leaves no folder behind
+    writable_dir(out, "--out", create=False)  # made once the train state is known to fit (`train.build`)
     return CheckedRun(cfg, task, out, layout, spec, dataset, per_epoch, total, cache)

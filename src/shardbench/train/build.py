@@ -3,7 +3,8 @@ the sharded state (new or restored from the last checkpoint) and the train step 
 as one `BuiltRun` that `shardbench.train.loop` trains.
 
 Order matters for the user: every check (configuration, mesh, divisibility, precision, dataset, resume
-directory) happens before the run directory is written to, so a refused run leaves nothing half-written.
+directory, whether the train state fits a device) happens before the run directory is made, so a refused run
+leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import optax
 
 from shardbench import cluster, compile_cache
+from shardbench.capacity import check_state_fits
 from shardbench.config import Config
 from shardbench.data.pipeline import make_batches
 from shardbench.jsonfile import write_json_atomic
@@ -29,7 +32,7 @@ from shardbench.runtime import CacheUse, start_process
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import header_line
 from shardbench.train.spmd import make_steps
-from shardbench.train.state import abstract_train_state, init_state
+from shardbench.train.state import TrainState, abstract_train_state, init_state
 from shardbench.train.step import Batch, Steps
 from shardbench.validation import check_profile_window, inert_notes
 
@@ -58,7 +61,7 @@ class FinishedRun:
 
 def build_run(cfg: Config) -> BuiltRun | FinishedRun:
     """Check `cfg`, then create (or restore) the run's state and compile its train step."""
-    checked, cache = _check(cfg)
+    checked, cache, tx, abstract = _check(cfg)
     cfg, out, total = checked.cfg, checked.out, checked.total_steps
     prices = prices_from_flag(cfg.train.prices)  # a bad table is one line here, not after the last step
     before = compile_cache.counts()
@@ -74,9 +77,8 @@ def build_run(cfg: Config) -> BuiltRun | FinishedRun:
         if isinstance(start, FinishedRun):
             checkpoints.close()  # nothing left to train: keep the finished run's record as it is
             return start
-        tx = build_optimizer(cfg.optim, total)
         if start:
-            state, start = checkpoints.restore_good(abstract_train_state(checked.spec, checked.layout, tx), start)
+            state, start = checkpoints.restore_good(abstract, start)
         else:
             state = init_state(cfg, checked.spec, checked.layout, tx)
         steps = make_steps(cfg, checked.task, checked.spec, checked.layout, tx,
@@ -113,18 +115,29 @@ def _start_step(checked: CheckedRun, checkpoints: Checkpoints) -> int | Finished
     return start or 0
 
 
-def _check(cfg: Config) -> tuple[CheckedRun, CacheUse]:
+def _check(cfg: Config) -> tuple[CheckedRun, CacheUse, optax.GradientTransformation, TrainState]:
     """Start the process (XLA's flags and the compilation cache come before the first compilation), then every
     process plans (and checks) before any of them writes; one process's error stops them all. The run is
-    announced (its header, and the options it leaves without effect) once checked."""
+    announced (its header, and the options it leaves without effect) once checked. Also returns the optimizer and
+    the abstract train state (the target a checkpoint is restored into)."""
     cache = start_process(cfg)
     cfg = shared_out(cfg)
-    checked = cluster.agree("checking", lambda: check_run(cfg), timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
+    checked, tx, abstract = cluster.agree("checking", lambda: _check_state(cfg),
+                                          timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     if jax.process_index() == 0:
         print(header_line(checked), flush=True)
         for note in inert_notes(checked.cfg):
             print(f"shardbench: note: {note}", flush=True)
-    return checked, cache
+    return checked, cache, tx, abstract
+
+
+def _check_state(cfg: Config) -> tuple[CheckedRun, optax.GradientTransformation, TrainState]:
+    """`check_run`, then whether the whole train state (parameters and optimizer state) fits a device."""
+    checked = check_run(cfg)
+    tx = build_optimizer(checked.cfg.optim, checked.total_steps)
+    abstract = abstract_train_state(checked.spec, checked.layout, tx)
+    check_state_fits(checked.cfg, checked.spec, checked.layout, abstract.params, abstract)
+    return checked, tx, abstract
 
 
 def shared_host_peak(checked: CheckedRun) -> HostPeak | None:
