@@ -13,7 +13,9 @@ from shardbench.measure.flops import table_peak
     ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H200", "h200"),
     ("NVIDIA B200", "b200"), ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA L4", "l4"), ("Tesla V100-SXM2-32GB", "v100"),
     ("TPU v4", "tpu-v4"), ("TPU v5 lite", "tpu-v5e"), ("TPU v5", "tpu-v5p"), ("TPU v6 lite", "tpu-v6e"),
-    ("TPU v3", "tpu-v3"), ("TPU v2", "tpu-v2"),
+    ("TPU v3", "tpu-v3"), ("TPU v2", "tpu-v2"), ("NVIDIA H200 NVL", "h200"), ("NVIDIA H100 NVL", "h100"),
+    ("NVIDIA A100 80GB PCIe", "a100"), ("Tesla V100S-PCIE-32GB", "v100"), ("TPU v5e", "tpu-v5e"),
+    ("TPU v5p", "tpu-v5p"), ("TPU v6e", "tpu-v6e"),
 ])
 def test_device_kinds_find_their_chip(kind: str, name: str) -> None:
     chip = chip_for_kind(kind)
@@ -22,6 +24,15 @@ def test_device_kinds_find_their_chip(kind: str, name: str) -> None:
 
 def test_unknown_kinds_find_none() -> None:
     assert chip_for_kind("cpu") is None and chip_for_kind("NVIDIA L40S") is None  # not taken for an L4
+
+
+@pytest.mark.parametrize("kind", ["NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e", "NVIDIA GB200", "NVIDIA GH100",
+                                  "Quadro GV100", "NVIDIA RTX A1000", "TPU v4 lite"])
+def test_a_longer_name_holding_a_chips_is_not_that_chip(kind: str) -> None:
+    """A Grace Hopper (GH200), a Grace Blackwell (GB200), a Quadro GV100, an RTX A1000 and the TPU v4i ("TPU v4
+    lite") are other chips with other figures: none of them is taken for the h200, b200, v100, a100 or tpu-v4 row
+    whose name it holds."""
+    assert chip_for_kind(kind) is None
 
 
 GB, GiB, TB = 1e9, 2**30, 1e12

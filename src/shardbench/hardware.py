@@ -27,7 +27,9 @@ class Chip:
     """One accelerator as its data sheet gives it."""
 
     name: str  # what `--target` calls it, e.g. "h100"
-    kind_match: str  # a regular expression for JAX's device_kind (lower case) that identifies it
+    # A regular expression for JAX's device_kind (lower case) that identifies it, bounded (\b) so that a longer
+    # name holding it (a GH200's "gh200", a GB200's "gb200", an RTX A1000's "a1000") is not taken for this chip.
+    kind_match: str
     peaks: dict[str, float]  # compute class -> dense FLOP/s per chip
     memory_bytes: float  # HBM (or GDDR) capacity per chip
     memory_bandwidth: float | None  # bytes/s per chip
@@ -65,54 +67,62 @@ class Chip:
 CHIPS: tuple[Chip, ...] = (
     # NVIDIA H200 SXM data sheet: 989 TF BF16, 494 TF TF32, 67 TF FP32 (dense), 141 GB HBM3e at 4.8 TB/s, NVLink
     # 900 GB/s (bidirectional); HGX H200: 8 GPUs, one 400 Gb/s ConnectX-7 NIC per GPU.
-    Chip("h200", "h200", {"bf16": 989e12, "tf32": 494e12, "f32": 67e12}, 141 * GB, 4.8e12, 450 * GB, 50 * GB, 8,
+    Chip("h200", r"\bh200\b", {"bf16": 989e12, "tf32": 494e12, "f32": 67e12}, 141 * GB, 4.8e12, 450 * GB, 50 * GB, 8,
          "NVIDIA H200 Tensor Core GPU data sheet (SXM); HGX H200"),
     # NVIDIA H100 PCIe: 756 TF BF16, 378 TF TF32, 51 TF FP32, 80 GB HBM2e at 2.0 TB/s; NVLink bridge 600 GB/s.
-    Chip("h100-pcie", "h100 pcie", {"bf16": 756e12, "tf32": 378e12, "f32": 51e12}, 80 * GB, 2.0e12, 300 * GB,
+    Chip("h100-pcie", r"\bh100 pcie\b", {"bf16": 756e12, "tf32": 378e12, "f32": 51e12}, 80 * GB, 2.0e12, 300 * GB,
          50 * GB, 8, "NVIDIA H100 Tensor Core GPU data sheet (PCIe)"),
     # NVIDIA H100 SXM: 989 TF BF16, 494 TF TF32, 67 TF FP32, 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s
     # (bidirectional); DGX/HGX H100: 8 GPUs, 8x 400 Gb/s ConnectX-7 (one per GPU).
-    Chip("h100", "h100", {"bf16": 989e12, "tf32": 494e12, "f32": 67e12}, 80 * GB, 3.35e12, 450 * GB, 50 * GB, 8,
+    Chip("h100", r"\bh100\b", {"bf16": 989e12, "tf32": 494e12, "f32": 67e12}, 80 * GB, 3.35e12, 450 * GB, 50 * GB, 8,
          "NVIDIA H100 Tensor Core GPU data sheet (SXM); DGX H100"),
     # NVIDIA HGX B200 (8 GPUs): 36 PF FP16/BF16 and 18 PF TF32 (sparse) -> 2.25 PF BF16 and 1.125 PF TF32 dense
     # per GPU, 600 TF FP32 -> 75 TF; DGX B200: 1,440 GB HBM3e in all (180 GB per GPU) at 64 TB/s (8 TB/s per GPU);
     # NVLink 5 1.8 TB/s (bidirectional); 8x 400 Gb/s ConnectX-7.
-    Chip("b200", "b200", {"bf16": 2250e12, "tf32": 1125e12, "f32": 75e12}, 180 * GB, 8e12, 900 * GB, 50 * GB, 8,
+    Chip("b200", r"\bb200\b", {"bf16": 2250e12, "tf32": 1125e12, "f32": 75e12}, 180 * GB, 8e12, 900 * GB, 50 * GB, 8,
          "NVIDIA HGX B200 specifications; DGX B200 data sheet"),
     # NVIDIA A100 80GB SXM: 312 TF BF16, 156 TF TF32, 19.5 TF FP32, 2,039 GB/s HBM2e, NVLink 600 GB/s
     # (bidirectional); DGX A100: 8 GPUs, 8x 200 Gb/s HDR InfiniBand.
-    Chip("a100", "a100", {"bf16": 312e12, "tf32": 156e12, "f32": 19.5e12}, 80 * GB, 2.039e12, 300 * GB, 25 * GB, 8,
-         "NVIDIA A100 Tensor Core GPU data sheet (80GB SXM); DGX A100"),
+    Chip("a100", r"\ba100\b", {"bf16": 312e12, "tf32": 156e12, "f32": 19.5e12}, 80 * GB, 2.039e12, 300 * GB,
+         25 * GB, 8, "NVIDIA A100 Tensor Core GPU data sheet (80GB SXM); DGX A100"),
     # NVIDIA L4: 121 TF BF16 and 60 TF TF32 dense (242 / 120 with sparsity), 30.3 TF FP32, 24 GB GDDR6 at
     # 300 GB/s; PCIe Gen4 x16 (32 GB/s per direction), no NVLink.
     Chip("l4", r"\bl4\b", {"bf16": 121e12, "tf32": 60e12, "f32": 30.3e12}, 24 * GB, 300 * GB, 32 * GB, None, 8,
          "NVIDIA L4 Tensor Core GPU data sheet"),
     # NVIDIA V100 SXM2: 125 TF (FP16 tensor), 15.7 TF FP32 (no TF32); 32 GB HBM2 at 900 GB/s, NVLink 300 GB/s.
-    Chip("v100", "v100", {"bf16": 125e12, "tf32": 15.7e12, "f32": 15.7e12}, 32 * GB, 900 * GB, 150 * GB, None, 8,
-         "NVIDIA V100 Tensor Core GPU data sheet (SXM2)"),
+    # The V100S ("Tesla V100S-PCIE-32GB") is taken for it too, as it always was; a Quadro GV100 is not.
+    Chip("v100", r"\bv100s?\b", {"bf16": 125e12, "tf32": 15.7e12, "f32": 15.7e12}, 32 * GB, 900 * GB, 150 * GB,
+         None, 8, "NVIDIA V100 Tensor Core GPU data sheet (SXM2)"),
     # Cloud TPU v6e (Trillium) system architecture: 918 TF bf16, 32 GB HBM at 1,638 GB/s, ICI 800 GB/s
     # bidirectional per chip, 8 chips per host, 256-chip pod (2D torus). float32 matmuls run as bf16 passes:
     # "f32" at highest precision takes six passes (XLA's default), hence / 6.
-    Chip("tpu-v6e", "tpu v6 lite", {"bf16": 918e12, "tf32": 918e12, "bf16x3": 918e12 / 3, "f32": 918e12 / 6}, 32 * GB, 1638 * GB,
+    # JAX names it "TPU v6 lite" (or "TPU v6e").
+    Chip("tpu-v6e", r"\btpu v6( lite|e)\b",
+         {"bf16": 918e12, "tf32": 918e12, "bf16x3": 918e12 / 3, "f32": 918e12 / 6}, 32 * GB, 1638 * GB,
          400 * GB, None, 8, "Cloud TPU v6e system architecture"),
     # Cloud TPU v5e: 197 TF bf16, 16 GB HBM2 at 819 GB/s, ICI 400 GB/s bidirectional per chip, 8 chips per host,
-    # 2 x 100 Gb/s NICs per host (DCN), 256-chip pod (2D torus).
-    Chip("tpu-v5e", "tpu v5 lite", {"bf16": 197e12, "tf32": 197e12, "bf16x3": 197e12 / 3, "f32": 197e12 / 6}, 16 * GB, 819 * GB,
+    # 2 x 100 Gb/s NICs per host (DCN), 256-chip pod (2D torus). JAX names it "TPU v5 lite" (or "TPU v5e").
+    Chip("tpu-v5e", r"\btpu v5( lite|e)\b",
+         {"bf16": 197e12, "tf32": 197e12, "bf16x3": 197e12 / 3, "f32": 197e12 / 6}, 16 * GB, 819 * GB,
          200 * GB, 2 * 12.5 * GB / 8, 8, "Cloud TPU v5e system architecture"),
     # Cloud TPU v5p: 459 TF bf16, 95 GB HBM2e at 2,765 GB/s, bidirectional ICI 1,200 GB/s per chip (older versions
     # of the page: "4,800 Gbps", which is the same 600 GB/s each way), 3D torus; 4 chips per host.
-    # JAX names it "TPU v5" (v5e is "TPU v5 lite", listed first).
-    Chip("tpu-v5p", "tpu v5", {"bf16": 459e12, "tf32": 459e12, "bf16x3": 459e12 / 3, "f32": 459e12 / 6}, 95 * GB, 2765 * GB,
+    # JAX names it "TPU v5" (or "TPU v5p"); "TPU v5 lite" is the v5e.
+    Chip("tpu-v5p", r"\btpu v5p?\b(?! lite)",
+         {"bf16": 459e12, "tf32": 459e12, "bf16x3": 459e12 / 3, "f32": 459e12 / 6}, 95 * GB, 2765 * GB,
          1200 * GB / 2, None, 4, "Cloud TPU v5p system architecture"),
     # Cloud TPU v4: 275 TF bf16, 32 GiB HBM2 at 1,200 GB/s, 3D mesh/torus; 4 chips per host. The data sheet
-    # gives no per-chip ICI bandwidth.
-    Chip("tpu-v4", "tpu v4", {"bf16": 275e12, "tf32": 275e12, "bf16x3": 275e12 / 3, "f32": 275e12 / 6}, 32 * 2**30, 1200 * GB, None,
+    # gives no per-chip ICI bandwidth. "TPU v4 lite" (the v4i, another chip) is not a v4.
+    Chip("tpu-v4", r"\btpu v4\b(?! lite)",
+         {"bf16": 275e12, "tf32": 275e12, "bf16x3": 275e12 / 3, "f32": 275e12 / 6}, 32 * 2**30, 1200 * GB, None,
          None, 4, "Cloud TPU v4 system architecture"),
     # Cloud TPU v3: 123 TF bf16 per chip, 32 GiB HBM2 at 900 GB/s; Cloud TPU v2: 45 TF, 16 GiB (the TPU v2/v3
     # documentation). Each chip has two TensorCores, each its own JAX device with half the HBM (16 GiB on v3).
-    Chip("tpu-v3", "tpu v3", {"bf16": 123e12, "tf32": 123e12, "bf16x3": 123e12 / 3, "f32": 123e12 / 6}, 32 * 2**30, 900 * GB, None,
+    Chip("tpu-v3", r"\btpu v3\b",
+         {"bf16": 123e12, "tf32": 123e12, "bf16x3": 123e12 / 3, "f32": 123e12 / 6}, 32 * 2**30, 900 * GB, None,
          None, 4, "Cloud TPU v3 documentation", devices_per_chip=2),
-    Chip("tpu-v2", "tpu v2", {"bf16": 45e12, "tf32": 45e12, "bf16x3": 45e12 / 3, "f32": 45e12 / 6}, 16 * 2**30, None, None,
+    Chip("tpu-v2", r"\btpu v2\b",
+         {"bf16": 45e12, "tf32": 45e12, "bf16x3": 45e12 / 3, "f32": 45e12 / 6}, 16 * 2**30, None, None,
          None, 4, "Cloud TPU v2 documentation", devices_per_chip=2),
 )
 BY_NAME: dict[str, Chip] = {c.name: c for c in CHIPS}
