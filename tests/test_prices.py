@@ -178,6 +178,21 @@ def test_an_estimate_unsaid_in_its_own_part_of_the_source_is_found() -> None:
     assert row.estimated == ("watts", "spot") and _unsaid_estimates(row) == ["watts"]
 
 
+def test_a_date_written_as_a_toml_date_reads_as_its_iso_string(tmp_path: Path) -> None:
+    """TOML's own date (unquoted) is a date as good as a quoted one: the row keeps it as "2025-06-01"; a date and
+    time keeps both; a time of day alone is no date, refused in one line."""
+    table = tmp_path / "dated.toml"
+    table.write_text(KNOWN.replace('date = "2026-11-25"', "date = 2025-06-01", 1))
+    loaded = load_prices(table)
+    assert loaded.devices["h100"].date == "2025-06-01" and loaded.devices["cpu"].date == "2026-11-25"
+    assert "(2025-06-01" in loaded.devices["h100"].describe()
+    stamped = parse_prices(KNOWN.replace('date = "2026-11-25"', "date = 2025-06-01T12:30:00", 1))
+    assert stamped.devices["h100"].date == "2025-06-01T12:30:00"
+    with pytest.raises(ConfigError, match=r"\[devices.h100\]: date = 12:30:00 is a time of day: give a date") as err:
+        parse_prices(KNOWN.replace('date = "2026-11-25"', "date = 12:30:00", 1))
+    assert "\n" not in str(err.value)
+
+
 def test_packaged_table_prices_every_chip_with_a_source_and_date() -> None:
     table = load_prices()
     assert table.origin == "packaged" and set(table.devices) == {*BY_NAME, "cpu"}
@@ -196,6 +211,7 @@ BAD = [
     ("[devices.h100]\n" + ROW.replace('source = "s"\n', ""), "missing 'source': give the URL"),
     ("[devices.h100]\n" + ROW.replace('date = "d"\n', ""), "missing 'date'"),
     ("[devices.h100]\n" + ROW.replace('source = "s"', 'source = " "'), "source is empty"),
+    ("[devices.h100]\n" + ROW.replace('date = "d"', "date = 2025"), "date = 2025 is not text: give a date"),
     ("[devices.h1000]\n" + ROW, "unknown device 'h1000': name a --target chip or cpu"),
     ("[devices.h100]\n" + ROW.replace("spot = 1.0", 'spot = "cheap"'), "spot = 'cheap' is not a number"),
     ("[devices.h100]\n" + ROW + 'estimated = ["price"]\n', "estimated = ['price']: give a list of some of"),

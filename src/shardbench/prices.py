@@ -8,6 +8,7 @@ energy measured (NVML, `shardbench.measure.energy`) or estimated from the table'
 
 from __future__ import annotations
 
+import datetime
 import math
 import tomllib
 from dataclasses import dataclass
@@ -95,9 +96,13 @@ def _row(where: str, name: str, row: Any) -> DevicePrice:
                             f"{'watts' if key == 'watts' else 'dollars per device-hour'}")
         if value < 0 or (key == "watts" and value == 0):
             raise _fail(at, f"{key} = {value}: give {'more than 0 watts' if key == 'watts' else '0 dollars or more'}")
-    for key in ("source", "date"):
-        if not isinstance(row[key], str) or not row[key].strip():
-            raise _fail(at, f"{key} is empty: give {'the URL the figures come from' if key == 'source' else 'a date'}")
+    if isinstance(row["date"], (datetime.date, datetime.time)):  # unquoted in TOML (date = 2025-06-01)
+        row = {**row, "date": _iso_date(at, row["date"])}
+    for key, give in (("source", "the URL the figures come from"), ("date", 'a date, e.g. 2025-06-01 or "2025-06"')):
+        if not isinstance(row[key], str):
+            raise _fail(at, f"{key} = {row[key]!r} is not text: give {give}")
+        if not row[key].strip():
+            raise _fail(at, f"{key} is empty: give {give}")
     estimated = row.get("estimated", [])
     if not isinstance(estimated, list) or any(e not in FIGURES for e in estimated):
         raise _fail(at, f"estimated = {estimated!r}: give a list of some of {', '.join(FIGURES)}")
@@ -106,6 +111,13 @@ def _row(where: str, name: str, row: Any) -> DevicePrice:
         raise _fail(at, f"per = {per!r}: give \"device\" or \"host\"")
     return DevicePrice(name, float(row["on_demand"]), float(row["spot"]), float(row["watts"]), row["source"].strip(),
                        row["date"].strip(), tuple(estimated), per)
+
+
+def _iso_date(at: str, value: datetime.date | datetime.time) -> str:
+    """A TOML date (or date and time) as its ISO string, "2025-06-01"; a time of day alone is no date."""
+    if isinstance(value, datetime.time):
+        raise _fail(at, f"date = {value.isoformat()} is a time of day: give a date, e.g. 2025-06-01 or \"2025-06\"")
+    return value.isoformat()
 
 
 def parse_prices(text: str, where: str = "the packaged price table") -> PriceTable:
