@@ -241,6 +241,32 @@ def test_validation_gives_the_worst_error_beside_the_mean_and_the_held_out_apart
     assert "b (held out)" in text and "worst -50.0% (c)" in text
 
 
+def _gpu_run(devices: int, kind: str = "NVIDIA H100 80GB HBM3") -> Any:
+    """A measured run as `plan.measured` reads where it ran: its platform, device count and kind."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(m=SimpleNamespace(platform="gpu", devices=devices, device_kind=kind, mfu=None))
+
+
+def test_a_measured_run_on_more_gpus_than_a_node_holds_spans_nodes(tmp_path: Path) -> None:
+    """An H100 node holds 8: a run measured on 16 H100s ran on 2 nodes of 8 (a collective among devices 0-15
+    crosses nodes, one among 0-7 does not), a run on 4 on one node; as the planner's 2x8xh100 and 4xh100 are."""
+    from shardbench.measure.links import INTER, INTRA, link_of
+    from shardbench.plan.measured import link_span, ran_on, where_it_ran
+    from shardbench.plan.target import parse_target
+    from shardbench.presets import get_preset
+
+    sixteen, four = ran_on(_gpu_run(16)), ran_on(_gpu_run(4))
+    planned = parse_target("2x8xh100")
+    assert (sixteen.devices, sixteen.per_node, sixteen.nodes) == (planned.devices, planned.per_node, 2)
+    assert (four.devices, four.nodes) == (4, 1)
+    span = link_span(_gpu_run(16))
+    assert span == 8 and link_of(((tuple(range(16)),)), 16, span) == INTER
+    assert link_of(((tuple(range(8)),)), 16, span) == INTRA
+    hw = where_it_ran(_gpu_run(16), get_preset("mlp-small"), tmp_path)
+    assert hw.name == "16 h100 on 2 node(s) x 8"
+
+
 def test_a_tpu_v3_target_is_planned_per_jax_device(tmp_path: Path) -> None:
     """The plan's hardware is per JAX device: a TPU v3 device is one of its chip's two TensorCores, with half the
     data sheet's 123 TF bf16, 32 GiB and 900 GB/s (61.5 TF, 16 GiB, 450 GB/s), and the name counts both devices

@@ -41,6 +41,22 @@ def test_bad_targets_are_named_in_one_line(spec: str, message: str) -> None:
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(("spec", "right"), [
+    ("16xh100", "one h100 node holds 8; write 2x8xh100"), ("2x16xh100", "one h100 node holds 8; write 4x8xh100"),
+    ("12xa100", "one a100 node holds 8; write 2x6xa100"), ("9xb200", "one b200 node holds 8; write 3x3xb200"),
+])
+def test_more_gpus_than_a_node_holds_are_refused_with_the_nodes_spelled_out(spec: str, right: str) -> None:
+    """An H100 node (DGX/HGX) holds 8: 16 H100s are two nodes with InfiniBand between them, never one node of 16
+    all on NVLink. The hint spreads the same GPUs evenly over the fewest nodes: 16 -> 2 of 8, 32 -> 4 of 8,
+    12 -> 2 of 6, 9 -> 3 of 3."""
+    with pytest.raises(ConfigError) as err:
+        parse_target(spec)
+    assert str(err.value) == f"--target {spec}: {right}"
+    full = parse_target("2x8xh100")
+    assert (full.devices, full.per_node, full.nodes) == (16, 8, 2)
+    assert (parse_target("8xh100").nodes, parse_target("3x3xb200").nodes) == (1, 3)
+
+
 def test_candidates_cover_every_usable_mesh() -> None:
     assert factorisations(8) == [(1, 8), (2, 4), (4, 2), (8, 1)]
     found = {(c.strategy, c.mesh) for c in candidates(8, 4096, ["dp", "fsdp", "tp", "dp+tp", "fsdp+tp"],

@@ -420,7 +420,7 @@ def test_the_cost_objective_prices_the_step_on_the_targets_devices() -> None:
     p = dataclasses.replace(planned("dp", 0.5), target=h100)
     assert cost.predicted(p) == pytest.approx(0.5 * 8 * hourly / 3600 / 64)
     assert cost.measured(p, Measured(0.25, None)) == pytest.approx(0.25 * 8 * hourly / 3600 / 64)
-    wider = dataclasses.replace(planned("dp", 0.5), target=parse_target("16xh100"))
+    wider = dataclasses.replace(planned("dp", 0.5), target=parse_target("2x8xh100"))
     assert cost.predicted(wider) == pytest.approx(2 * cost.predicted(p))
     assert rank([wider, p], cost)[0] is p  # time ranks them level; cost puts the half-price one first
     # Within one tune every layout runs on all the target's devices: cost is time x a constant, the same order.

@@ -82,27 +82,42 @@ class Measured:
         return float(mem.peak_bytes_in_use - compiled_total(mem.compiled))
 
 
-def where_it_ran(run: ReportedRun, cfg: config_lib.Config, cache_dir: Path) -> Hardware | str:
-    """The hardware a run ran on, or why it cannot be predicted."""
-    from shardbench.plan.machine import hardware
-
+def ran_on(run: ReportedRun) -> Target | str:
+    """The target a run ran on, or why it cannot be predicted: a CPU run on this host's CPU; a GPU run on its
+    chip's devices (JAX's, as a Target counts them), a node holding as many as the data sheet's node does, so a
+    run on more spans ceil(devices / per node) nodes, device i on node i // per node, as a plan places them."""
     m = run.m
     devices = int(m.devices or 1)
     if m.platform == "cpu":
-        # The peak the run measured at its start (it varied from 207 to 314 GFLOP/s between sweeps on one host):
-        # it carries the machine's state at the time. The host's one cached figure instead ranked both
-        # validation sweeps worse (Kendall's tau 0.87 against 1.00).
-        mfu = m.mfu
-        peak = (mfu.peak_flops_per_s_per_device * devices, mfu.peak_source or "the run's recorded peak") \
-            if mfu and mfu.peak_flops_per_s_per_device else None
-        return hardware(Target("cpu", None, devices, devices), cfg.precision.dtype, cfg.precision.matmul_precision,
-                        cache_dir, peak)
+        return Target("cpu", None, devices, devices)
     chip = chip_for_kind(m.device_kind or "")
     if m.platform != "gpu" or chip is None:
         return f"runs on {m.platform} ({m.device_kind}) are not predicted yet"
-    # The run's devices are JAX's (two a chip on TPU v2/v3), as a Target counts them.
-    return hardware(Target(chip.name, chip, devices, max(devices, chip.devices_per_node)), cfg.precision.dtype,
-                    cfg.precision.matmul_precision, cache_dir)
+    return Target(chip.name, chip, devices, chip.devices_per_node)
+
+
+def where_it_ran(run: ReportedRun, cfg: config_lib.Config, cache_dir: Path) -> Hardware | str:
+    """The hardware a run ran on (`ran_on`), or why it cannot be predicted."""
+    from shardbench.plan.machine import hardware
+
+    target = ran_on(run)
+    if isinstance(target, str):
+        return target
+    peak = None
+    if target.chip is None:
+        # The peak the run measured at its start (it varied from 207 to 314 GFLOP/s between sweeps on one host):
+        # it carries the machine's state at the time. The host's one cached figure instead ranked both
+        # validation sweeps worse (Kendall's tau 0.87 against 1.00).
+        mfu = run.m.mfu
+        peak = (mfu.peak_flops_per_s_per_device * target.devices, mfu.peak_source or "the run's recorded peak") \
+            if mfu and mfu.peak_flops_per_s_per_device else None
+    return hardware(target, cfg.precision.dtype, cfg.precision.matmul_precision, cache_dir, peak)
+
+
+def link_span(run: ReportedRun) -> int:
+    """The devices of `run` that share one node's links (`ran_on`): a collective among them crosses no node."""
+    target = ran_on(run)
+    return target.per_node if isinstance(target, Target) else int(run.m.devices or 1)
 
 
 def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.stderr,
@@ -124,7 +139,7 @@ def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.s
         chosen.append((run, cfg, where_it_ran(run, cfg, cache_root(cfg))))
     # A GPU run names its chip: on a host with enough of those GPUs the worker compiles with the GPU compiler.
     jobs = [{"name": run.name, "config": {**config_lib.flatten(cfg), "parallel.devices": int(run.m.devices or 1)},
-             "link_span": int(run.m.devices or 1),
+             "link_span": link_span(run),
              "gpu_kind": chip.name if hw.platform == "gpu" and (chip := chip_for_kind(run.m.device_kind or ""))
              else None} for run, cfg, hw in chosen if not isinstance(hw, str)]
     if progress is not None and jobs:

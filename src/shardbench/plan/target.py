@@ -1,7 +1,8 @@
 """`--target`: the hardware a plan is for, by count and chip.
 
     8xh100        one node of 8 H100s (NVLink inside the node)
-    2x8xh100      2 nodes x 8 H100s (NVLink inside a node, InfiniBand across)
+    2x8xh100      2 nodes x 8 H100s (NVLink inside a node, InfiniBand across); a node holds at most the chip's
+                  per-node count (8 H100s), so 16 H100s are 2x8xh100, never 16xh100
     tpu-v5e:16x16 a TPU v5e slice of 16x16 chips (ICI inside the slice; 8 chips per host)
     tpu-v4:4x4x4  a TPU v4 slice of 4x4x4 chips
     tpu-v3:4x4    a TPU v3 slice of 4x4 chips: 32 JAX devices (each v2 or v3 chip is two, one per TensorCore)
@@ -85,4 +86,13 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
         raise ConfigError(f"--target {spec}: nodes and chips per node must be at least 1")
     if name.startswith("tpu-"):
         raise ConfigError(f"--target {spec}: give a TPU slice by its topology, e.g. {name}:4x4")
+    if per_node > chip.devices_per_node:
+        raise ConfigError(f"--target {spec}: one {name} node holds {chip.devices_per_node}; write "
+                          f"{_in_nodes(nodes * per_node, chip.devices_per_node)}x{name}")
     return Target(spec, chip, nodes * per_node, per_node)
+
+
+def _in_nodes(devices: int, most: int) -> str:
+    """`devices` as NODESxPER_NODE on the fewest nodes of at most `most` that hold them evenly: 16 of 8 -> 2x8."""
+    nodes = next(n for n in range(-(-devices // most), devices + 1) if devices % n == 0)
+    return f"{nodes}x{devices // nodes}"
