@@ -267,6 +267,26 @@ def test_a_measured_run_on_more_gpus_than_a_node_holds_spans_nodes(tmp_path: Pat
     assert hw.name == "16 h100 on 2 node(s) x 8"
 
 
+def test_one_node_of_a_chip_with_no_bandwidth_between_nodes_gets_only_its_nvlink(tmp_path: Path) -> None:
+    """8xv100: the V100 SXM2 sheet's NVLink, 300 GB/s both ways, is 150 GB/s per direction inside the node; the
+    sheet gives none between nodes, so none is claimed (and one node's traffic crosses none). An H100 node keeps
+    both of its figures: NVLink 900 GB/s both ways (450 each), 400 Gb/s (50 GB/s) per GPU between nodes. A
+    measured run on 16 V100s would span 2 nodes: not predicted, with why."""
+    from shardbench.plan.machine import hardware
+    from shardbench.plan.measured import ran_on
+    from shardbench.plan.target import parse_target
+
+    v100 = hardware(parse_target("8xv100"), "bfloat16", "default", tmp_path)
+    assert v100.bandwidth["intra"] == 300e9 / 2 and v100.bandwidth_source == (
+        "data sheet: 150 GB/s per direction inside a node")
+    h100 = hardware(parse_target("2x8xh100"), "bfloat16", "default", tmp_path)
+    assert (h100.bandwidth["intra"], h100.bandwidth["inter"]) == (900e9 / 2, 400e9 / 8)
+    assert h100.bandwidth_source == "data sheet: 450 GB/s per direction inside a node, 50 GB/s across nodes"
+    assert ran_on(_gpu_run(16, "Tesla V100-SXM2-32GB")) == ("runs on 16 v100 span 2 nodes, and the v100's data sheet "
+                                                            "gives no bandwidth between nodes: not predicted")
+    assert ran_on(_gpu_run(8, "Tesla V100-SXM2-32GB")).nodes == 1
+
+
 def test_a_tpu_v3_target_is_planned_per_jax_device(tmp_path: Path) -> None:
     """The plan's hardware is per JAX device: a TPU v3 device is one of its chip's two TensorCores, with half the
     data sheet's 123 TF bf16, 32 GiB and 900 GB/s (61.5 TF, 16 GiB, 450 GB/s), and the name counts both devices

@@ -57,6 +57,18 @@ def test_more_gpus_than_a_node_holds_are_refused_with_the_nodes_spelled_out(spec
     assert (parse_target("8xh100").nodes, parse_target("3x3xb200").nodes) == (1, 3)
 
 
+@pytest.mark.parametrize(("spec", "one_node"), [("2x8xv100", "8xv100"), ("4x2xl4", "2xl4")])
+def test_a_chip_with_no_bandwidth_between_nodes_is_planned_on_one_node_only(spec: str, one_node: str) -> None:
+    """The v100's and the l4's data sheets give no bandwidth between nodes: their traffic across nodes cannot be
+    timed from the data sheet, so a target across nodes is refused; one node of them is planned."""
+    with pytest.raises(ConfigError) as err:
+        parse_target(spec)
+    chip = one_node.split("x")[-1]
+    assert str(err.value) == (f"--target {spec}: the {chip}'s data sheet gives no bandwidth between nodes; plan one "
+                              f"node ({one_node})")
+    assert parse_target(one_node).nodes == 1
+
+
 def test_candidates_cover_every_usable_mesh() -> None:
     assert factorisations(8) == [(1, 8), (2, 4), (4, 2), (8, 1)]
     found = {(c.strategy, c.mesh) for c in candidates(8, 4096, ["dp", "fsdp", "tp", "dp+tp", "fsdp+tp"],

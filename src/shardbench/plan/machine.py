@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from shardbench.errors import ConfigError
 from shardbench.hardware import Chip
 from shardbench.measure.flops import compute_class
 from shardbench.plan.predict import Hardware
-from shardbench.plan.target import Target
+from shardbench.plan.target import Target, unlinked
 
 # JAX preallocates 75% of a GPU's memory and allocates from that pool (XLA_PYTHON_CLIENT_MEM_FRACTION).
 GPU_MEMORY_FRACTION = 0.75
@@ -60,6 +61,9 @@ def hardware(target: Target, dtype: str, matmul_precision: str, cache_dir: Path,
             memory_source=f"this host's available memory, split over {devices} device(s)",
             bandwidth={"intra": bandwidth, "inter": bandwidth}, bandwidth_source=bw_source,
             memory_bandwidth=bandwidth, memory_bandwidth_source=bw_source, shared_host=True)
+    if unlinked(target):  # `parse_target` refuses these: never time traffic across nodes at another link's rate
+        raise ConfigError(f"{target.spec}: the {chip.name}'s data sheet gives no bandwidth between nodes, and it "
+                          f"spans {target.nodes} nodes: plan one node")
     tpu = chip.name.startswith("tpu-")
     cls = compute_class(dtype, matmul_precision, tpu=tpu)
     fraction, fraction_source = (1.0, "the whole HBM") if tpu else gpu_memory_fraction()
@@ -68,7 +72,9 @@ def hardware(target: Target, dtype: str, matmul_precision: str, cache_dir: Path,
     name = (f"{target.devices} {chip.name} on {placement}" if chip.devices_per_chip == 1 else
             f"{target.counted()} on {placement}")
     intra = chip.intra_bandwidth or 0.0
-    inter = chip.inter_bandwidth or intra
+    # One node's traffic crosses no node (`unlinked` targets are refused): where the data sheet gives no bandwidth
+    # between nodes, none is timed or claimed.
+    inter = chip.inter_bandwidth or (intra if tpu else 0.0)
     hbm = chip.memory_bandwidth_per_device
     return Hardware(
         name=name, platform="tpu" if tpu else "gpu",
@@ -77,7 +83,7 @@ def hardware(target: Target, dtype: str, matmul_precision: str, cache_dir: Path,
         memory_source=f"{_memory_source(chip)}, {fraction_source}",
         bandwidth={"intra": intra or float("inf"), "inter": inter or float("inf")},
         bandwidth_source=(f"data sheet: {intra / 1e9:.0f} GB/s per direction inside a node"
-                          + (f", {inter / 1e9:.0f} GB/s across nodes" if not tpu else "")
+                          + (f", {inter / 1e9:.0f} GB/s across nodes" if not tpu and inter else "")
                           if intra else "no link bandwidth on the data sheet: transfers not timed"),
         memory_bandwidth=hbm or float("inf"),
         memory_bandwidth_source=(_per_device(chip, f"data sheet: {(chip.memory_bandwidth or 0) / 1e12:.2f} TB/s",

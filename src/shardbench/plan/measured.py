@@ -24,7 +24,7 @@ from shardbench.parsing import override
 from shardbench.plan.calibration import DEFAULTS, HELD_OUT, Calibration, fit, fit_activations, held_out
 from shardbench.plan.predict import Hardware, memory, step_features
 from shardbench.plan.steptime import StepFeatures
-from shardbench.plan.target import Target
+from shardbench.plan.target import Target, unlinked
 from shardbench.plan.workers import compile_all, default_workers
 from shardbench.report.content import ReportedRun
 
@@ -93,7 +93,11 @@ def ran_on(run: ReportedRun) -> Target | str:
     chip = chip_for_kind(m.device_kind or "")
     if m.platform != "gpu" or chip is None:
         return f"runs on {m.platform} ({m.device_kind}) are not predicted yet"
-    return Target(chip.name, chip, devices, chip.devices_per_node)
+    target = Target(chip.name, chip, devices, chip.devices_per_node)
+    if unlinked(target):
+        return (f"runs on {devices} {chip.name} span {target.nodes} nodes, and the {chip.name}'s data sheet gives no "
+                f"bandwidth between nodes: not predicted")
+    return target
 
 
 def where_it_ran(run: ReportedRun, cfg: config_lib.Config, cache_dir: Path) -> Hardware | str:

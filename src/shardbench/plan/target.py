@@ -2,7 +2,8 @@
 
     8xh100        one node of 8 H100s (NVLink inside the node)
     2x8xh100      2 nodes x 8 H100s (NVLink inside a node, InfiniBand across); a node holds at most the chip's
-                  per-node count (8 H100s), so 16 H100s are 2x8xh100, never 16xh100
+                  per-node count (8 H100s), so 16 H100s are 2x8xh100, never 16xh100; a chip whose data sheet
+                  gives no bandwidth between nodes (v100, l4) is planned on one node only
     tpu-v5e:16x16 a TPU v5e slice of 16x16 chips (ICI inside the slice; 8 chips per host)
     tpu-v4:4x4x4  a TPU v4 slice of 4x4x4 chips
     tpu-v3:4x4    a TPU v3 slice of 4x4 chips: 32 JAX devices (each v2 or v3 chip is two, one per TensorCore)
@@ -89,7 +90,18 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
     if per_node > chip.devices_per_node:
         raise ConfigError(f"--target {spec}: one {name} node holds {chip.devices_per_node}; write "
                           f"{_in_nodes(nodes * per_node, chip.devices_per_node)}x{name}")
-    return Target(spec, chip, nodes * per_node, per_node)
+    target = Target(spec, chip, nodes * per_node, per_node)
+    if unlinked(target):
+        raise ConfigError(f"--target {spec}: the {name}'s data sheet gives no bandwidth between nodes; plan one node "
+                          f"({per_node}x{name})")
+    return target
+
+
+def unlinked(target: Target) -> bool:
+    """A GPU target across nodes whose chip's data sheet gives no bandwidth between nodes (the v100's, the l4's):
+    its traffic across nodes could not be timed (a TPU slice is ICI throughout, whatever its hosts)."""
+    chip = target.chip
+    return chip is not None and not target.topology and target.nodes > 1 and chip.inter_bandwidth is None
 
 
 def _in_nodes(devices: int, most: int) -> str:
