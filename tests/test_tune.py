@@ -124,6 +124,32 @@ def test_a_batch_larger_than_the_epoch_is_dropped_before_planning() -> None:
     assert kept == []  # where the epoch's size is not known, no batch is dropped for it
 
 
+def test_a_batch_smaller_than_its_repeats_is_dropped_not_divided_by() -> None:
+    """--data.repeat-augment 3: a batch of 2 holds 2 // 3 = 0 distinct examples, no step of them; the space drops
+    it with that reason (never dividing the epoch by 0 examples a step) and keeps batch 6 (2 distinct, 45 steps
+    of the 90): dp on 2 devices, 3 examples a shard."""
+    space = Space(strategies=("dp",), remats=("none",), batches=(2, 6), examples=90, repeats=3)
+    points, dropped = enumerate_space(2, space)
+    assert [p.name for p in points] == ["dp 2x1 remat=none float32 batch=6"]
+    assert [(d.what, d.reason) for d in dropped] == [
+        ("batch=2", "--batch-size 2 holds no whole example repeated --data.repeat-augment 3 times")]
+
+
+@pytest.mark.parametrize(("batches", "bad"), [("384,2", 2), ("384,128", 128)])
+def test_every_batch_size_of_the_space_is_checked_before_planning(batches: str, bad: int, tmp_path: Path) -> None:
+    """vit-cifar-spt repeats each image 3 times in a batch (--data.repeat-augment 3): its batch 384 holds 128
+    distinct images, but 2 holds none (2 // 3 = 0) and 128 is no multiple of 3 (42 x 3 + 2); `shardbench train`
+    refuses both, so tune refuses either in the list before planning anything, in one line naming it."""
+    out = tmp_path / "t"
+    done = shardbench("tune", "--preset", "vit-cifar-spt", "--devices", "4", "--batch-size", batches, "--candidates",
+                      "dp", "--remat", "none", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("shardbench: error: "), done.stderr[-2000:]
+    assert f"--batch-size {bad} must be a multiple of 3" in lines[0]
+    assert not out.exists()
+
+
 def test_what_does_not_fit_is_dropped_with_its_reason() -> None:
     fast_but_big = planned("dp", 0.010, total=3e9)  # 3 GB of 1 GB usable
     refused = planned("ep", None, problem="refused: --strategy ep splits a mixture's experts ...")

@@ -102,7 +102,12 @@ def _epoch_drop(batch: int, space: Space) -> Dropped | None:
     `shardbench train` refuses it (`preflight.check_run`), so it is dropped here, before planning."""
     from shardbench.data.pipeline import steps_per_epoch
 
-    if space.examples is None or steps_per_epoch(space.examples, batch, space.repeats):
+    if space.examples is None:
+        return None
+    if batch < space.repeats:  # not one distinct example in the batch (`shardbench train` refuses it too)
+        return Dropped(f"batch={batch}", f"--batch-size {batch} holds no whole example repeated "
+                                         f"--data.repeat-augment {space.repeats} times")
+    if steps_per_epoch(space.examples, batch, space.repeats):
         return None
     return Dropped(f"batch={batch}", f"--batch-size {batch} is larger than the {space.examples} training examples")
 

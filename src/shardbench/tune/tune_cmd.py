@@ -313,6 +313,23 @@ def measured_runs(out: Path, names: dict[str, str]) -> dict[str, Measured]:
     return found
 
 
+def validate_batches(cfg: config_lib.Config, batches: tuple[int, ...]) -> None:
+    """The configuration as `shardbench train` would check it at each batch size of the space (`cfg` holds the
+    first): one line naming the batch size it refuses, before anything is planned."""
+    import re
+
+    from shardbench.tasks import validate
+
+    for batch in batches:
+        try:
+            validate(override(cfg, {"train.batch_size": batch}))
+        except ConfigError as err:
+            said = str(err)
+            if re.search(rf"--batch-size {batch}\b", said):
+                raise
+            raise ConfigError(f"--batch-size {batch}: {said}") from None
+
+
 def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space, list[Point], list[Dropped]]:
     """Every check tune makes before compiling (each a one-line ConfigError), the budget's floor first: the
     configuration, the target, the executor, and the space with what it drops before planning."""
@@ -323,6 +340,8 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space,
     lists = comma_lists(args, LIST_FLAGS)
     cfg = config_from_args(args)
     validate(cfg)
+    if "train.batch_size" in lists:  # each batch size of the space as train would check it, not the first alone
+        validate_batches(cfg, parse_ints("--batch-size", ",".join(lists["train.batch_size"])))
     target = parse_target(default_target(args.target), cpu_devices=cfg.parallel.devices or 8)
     executor, _, _ = slurm_options.resolve(args, None)
     if executor == "slurm":
