@@ -21,7 +21,7 @@ from shardbench.plan.predict import Prediction
 from shardbench.report.kendall import kendall_tau
 from shardbench.tune.select import (OBJECTIVES, START_S, Measured, Planned, check_budget_floor, outcome, rank, regret,
                                     select)
-from shardbench.tune.space import Point, Space, enumerate_space
+from shardbench.tune.space import Dropped, Point, Space, enumerate_space
 from shardbench.tune.tune_cmd import nothing_fits
 
 # The small MLP of tests/test_plan.py: 3 layers of width 64, batch 64.
@@ -150,6 +150,20 @@ def test_every_batch_size_of_the_space_is_checked_before_planning(batches: str, 
     assert not out.exists()
 
 
+def test_when_nothing_is_left_to_plan_the_refusal_gives_the_reason(tmp_path: Path) -> None:
+    """mlp-small generates 16,384 examples and holds 10% (1,638) out: 14,746 to train on. A batch of 32,768 makes
+    no step of them, so the one layout asked for is dropped before planning, and the refusal says why, as
+    docs/tune.md promises (the commonest reason), not only that it was dropped."""
+    done = shardbench("tune", "--preset", "mlp-small", "--devices", "4", "--batch-size", "32768", "--candidates", "dp",
+                      "--remat", "none", "--out", str(tmp_path / "t"), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("shardbench: error: nothing fits: of 1 layouts, 1 were dropped before planning (the "
+                           "commonest reason, 1 of them: --batch-size 32768 is larger than the 14746 training "
+                           "examples)"), last
+    assert "compiled:" not in done.stderr
+
+
 def test_what_does_not_fit_is_dropped_with_its_reason() -> None:
     fast_but_big = planned("dp", 0.010, total=3e9)  # 3 GB of 1 GB usable
     refused = planned("ep", None, problem="refused: --strategy ep splits a mixture's experts ...")
@@ -160,9 +174,17 @@ def test_what_does_not_fit_is_dropped_with_its_reason() -> None:
     assert refused.dropped.startswith("refused: --strategy ep") and ok[0].dropped == ""
     by_memory = rank([planned("dp", 0.01, total=5e5), planned("fsdp", 0.03, total=2e5)], OBJECTIVES["memory"])
     assert [p.point.candidate.strategy for p in by_memory] == ["fsdp", "dp"]
-    line = str(nothing_fits([fast_but_big, refused, refused], 2, Path("out")))
+    split = [Dropped(f"dp 8x1 batch={b}", f"--batch-size {b} does not split over its 8 data shards") for b in (4, 12)]
+    line = str(nothing_fits([fast_but_big, refused, refused], split, Path("out")))
     assert line.startswith("nothing fits: of 5 layouts, 2 were refused, 2 were dropped before planning, 1 do not fit")
+    assert "(the commonest reason, 2 of them: refused: --strategy ep" in line
     assert "out/tune.json" in line and "\n" not in line
+    # Three layouts dropped before planning for one reason outnumber the two refused: theirs is the commonest.
+    big = [Dropped(f"{s} batch=256", "--batch-size 256 is larger than the 90 training examples")
+           for s in ("dp", "fsdp", "tp")]
+    line = str(nothing_fits([refused, refused], big, Path("out")))
+    assert line.startswith("nothing fits: of 5 layouts, 3 were dropped before planning, 2 were refused (the "
+                           "commonest reason, 3 of them: --batch-size 256 is larger than the 90 training examples)")
 
 
 def test_the_budget_takes_the_plans_top_k_that_fit_together() -> None:

@@ -212,8 +212,9 @@ def default_out(cfg: config_lib.Config, target: Target) -> Path:
     return Path("runs") / f"tune-{model}-{target.spec.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def nothing_fits(planned: list[Planned], dropped_before: int, out: Path) -> ConfigError:
-    """One line: no layout fits, with the reasons counted (the commonest of each kind)."""
+def nothing_fits(planned: list[Planned], dropped: list[Dropped], out: Path) -> ConfigError:
+    """One line: no layout fits, with the layouts counted by why and the commonest reason of all, those dropped
+    before planning (`dropped`) among them."""
     kinds: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
     for p in planned:
@@ -221,8 +222,9 @@ def nothing_fits(planned: list[Planned], dropped_before: int, out: Path) -> Conf
                 "were refused" if p.problem.startswith("refused") else "failed to compile")
         kinds[kind] += 1
         reasons[p.dropped] += 1
-    if dropped_before:
-        kinds["were dropped before planning"] += dropped_before
+    if dropped:
+        kinds["were dropped before planning"] += len(dropped)
+        reasons.update(d.reason for d in dropped)
     counted = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
     common = (f" (the commonest reason, {reasons.most_common(1)[0][1]} of them: {reasons.most_common(1)[0][0]})"
               if reasons else "")
@@ -372,14 +374,14 @@ def run(args: argparse.Namespace) -> int:
     writable_dir(out, "--out")
     if not points:
         report.write_json(tuning)
-        raise nothing_fits([], len(dropped), out)
+        raise nothing_fits([], dropped, out)
     print(f"tune: planning {len(points)} layout(s) on {target.spec} ({len(dropped)} dropped before planning)",
           file=sys.stderr, flush=True)
     tuning.planned, compile_s = plan_space(cfg, target, points, args.workers, args.calibrate, out)
     ranked = rank(tuning.planned, objective)
     if not ranked:
         report.write_json(tuning)
-        raise nothing_fits(tuning.planned, len(dropped), out)
+        raise nothing_fits(tuning.planned, dropped, out)
     tuning.estimate = {p.point.name: estimate_run_s(p, args.measure_steps, compile_s) for p in ranked}
     try:
         tuning.chosen = select(ranked, args.top_k, args.budget_min * 60, lambda p: tuning.estimate[p.point.name])
