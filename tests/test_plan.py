@@ -233,6 +233,9 @@ def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "pass"
     (["--target", "8xh100", "--candidates", "dp,zero"], "unknown strategy 'zero'"),
     (["--target", "8xh100", "--dtype", "float32,float8"], "--dtype float8: choose from"),
     (["--target", "8xh100", "--workers", "-1"], "--workers -1: give a number of processes"),
+    (["--target", "16xh100"], "--target 16xh100: one h100 node holds 8; write 2x8xh100"),
+    (["--target", "2x8xv100"], "--target 2x8xv100: the v100's data sheet gives no bandwidth between nodes; plan one "
+                               "node (8xv100)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str, tmp_path: Path) -> None:
     done = shardbench("plan", "--preset", "mlp-small", "--out", str(tmp_path / "p"), *args)
