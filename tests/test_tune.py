@@ -150,6 +150,23 @@ def test_every_batch_size_of_the_space_is_checked_before_planning(batches: str, 
     assert not out.exists()
 
 
+def test_a_refusal_at_a_later_batch_size_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where train's check at a batch size of the list does not name it, tune's line does: the user gave several."""
+    from shardbench import tasks
+    from shardbench.presets import get_preset
+    from shardbench.tune.tune_cmd import validate_batches
+
+    def refuse_128(cfg: object) -> None:
+        if cfg.train.batch_size == 128:  # type: ignore[attr-defined]
+            raise ConfigError("--model.something 3 needs an even number of examples per device")
+
+    monkeypatch.setattr(tasks, "validate", refuse_128)
+    validate_batches(get_preset("mlp-small"), (64, 256))
+    with pytest.raises(ConfigError) as err:
+        validate_batches(get_preset("mlp-small"), (64, 128, 256))
+    assert str(err.value) == "--batch-size 128: --model.something 3 needs an even number of examples per device"
+
+
 def test_when_nothing_is_left_to_plan_the_refusal_gives_the_reason(tmp_path: Path) -> None:
     """mlp-small generates 16,384 examples and holds 10% (1,638) out: 14,746 to train on. A batch of 32,768 makes
     no step of them, so the one layout asked for is dropped before planning, and the refusal says why, as
