@@ -161,6 +161,13 @@ def _empty_sweep_file(tmp: Path) -> list[str]:
     return ["sweep", "--sweep-file", str(tmp / "s.toml"), "--out", str(tmp / "o")]
 
 
+def _victim(tmp: Path) -> Path:
+    """A folder with a file in it, outside the run: what a run name that is a path must leave alone."""
+    (tmp / "victim" / "keep").mkdir(parents=True)
+    (tmp / "victim" / "keep" / "data.txt").write_text("x")
+    return tmp / "victim"
+
+
 CONF, DATA = "configuration", "data"
 # (name, command line, what the one line names, exit class): a missing dataset is data, a value no field takes
 # or a folder with nothing to report is configuration.
@@ -181,6 +188,20 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
      "has", CONF),
     ("train: a profile window of no steps", lambda t: ["train", *TINY, "--profile", "--train.profile-steps", "0",
                                                        "--out", str(t / "o")], "--train.profile-steps 0", CONF),
+    ("train: a run name that is an absolute path", lambda t: [
+        "train", *TINY, "--profile", "--train.profile-skip", "0", "--train.profile-steps", "1", "--train.run-name",
+        str(_victim(t)), "--out", str(t / "o")], "is an absolute path", CONF),
+    ("train: a run name of ..", lambda t: ["train", *TINY, "--profile", "--train.profile-skip", "0",
+                                          "--train.profile-steps", "1", "--train.run-name", "..",
+                                          "--out", str(t / "o")], "--train.run-name .. names a folder", CONF),
+    ("train: a run name of .", lambda t: ["train", *TINY, "--train.run-name", ".", "--out", str(t / "o")],
+     "--train.run-name . names a folder", CONF),
+    ("train: a run name with a /", lambda t: ["train", *TINY, "--train.run-name", "../victim", "--out", str(t / "o")],
+     "--train.run-name ../victim holds a path separator", CONF),
+    ("train: a run name with a \\", lambda t: ["train", *TINY, "--train.run-name", "runs\\a", "--out", str(t / "o")],
+     "holds a path separator (/ or \\)", CONF),
+    ("train: a blank run name", lambda t: ["train", *TINY, "--train.run-name", "  ", "--out", str(t / "o")],
+     "--train.run-name '  ' is blank", CONF),
     ("train: an unknown XLA preset", lambda t: ["train", *TINY, "--train.xla-presets", "turbo", "--out", str(t / "o")],
      "turbo", CONF),
     ("train: a batch the data cannot fill", lambda t: ["train", *TINY, "--batch-size", "4096", "--out", str(t / "o")],

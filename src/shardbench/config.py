@@ -317,7 +317,8 @@ class TrainConfig:
     eval: bool = setting(True, "validate each epoch and test at the end")
     progress: bool = setting(True, "show a progress bar")
     run_name: str = setting(
-        "", "name of the run in reports and profiles ('' = from the configuration, e.g. mesh_4_2_batch_1024)")
+        "", "name of the run in reports and profiles: one folder name, no path separator, not . or .. ('' = from the "
+        "configuration, e.g. mesh_4_2_batch_1024)")
     timing_warmup: int = setting(
         2, "first step intervals left out of the step-time statistics (lowered, with a line saying so, when a run "
         "has too few steps)", range=count(0))

@@ -4,6 +4,8 @@ model's (`models.vit.check_options`, `models.transformer.check_cudnn_config`). A
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from shardbench import config as config_lib
 from shardbench.config import SPECS, TASK_KINDS, Config, TrainConfig, check_choice, flatten
 from shardbench.errors import ConfigError
@@ -68,6 +70,7 @@ def validate(cfg: Config) -> None:
                           f"their weight from), e.g. --data.mixup 1.0")
     check_recipe(cfg)
     check_model_options(cfg)
+    check_run_name(t.run_name)
     if t.profile and t.profile_steps == 0:
         raise ConfigError("--profile with --train.profile-steps 0 traces nothing: give the window a positive number of "
                           "steps (default 3), or drop --profile")
@@ -79,6 +82,28 @@ def validate(cfg: Config) -> None:
     lo, hi = cfg.data.crop_ratio
     if not 0.0 < lo <= hi:
         raise ConfigError(f"--data.crop-ratio {lo},{hi} is invalid: it needs 0 < low <= high")
+
+
+def check_run_name(name: str) -> None:
+    """--train.run-name names one folder, `<profile root>/plugins/profile/<run-name>/` (which a trace replaces), and
+    the run in reports: a path (absolute, or with a separator), '.', '..' or a blank name would file the trace, and
+    remove an earlier one, somewhere else. '' is the configuration's own name (`naming.config_run_name`)."""
+    if not name:
+        return
+    if not name.strip():
+        why = "is blank"
+    elif Path(name).is_absolute():
+        why = "is an absolute path"
+    elif "/" in name or "\\" in name:
+        why = "holds a path separator (/ or \\)"
+    elif name in (".", ".."):
+        why = "names a folder, not a run"
+    else:
+        return
+    shown = repr(name) if name != name.strip() else name
+    raise ConfigError(f"--train.run-name {shown} {why}: it names one folder under <profile root>/plugins/profile/ "
+                      f"and the run in reports; give a plain name such as mesh_4_2_batch_1024, or '' for the "
+                      f"configuration's own")
 
 
 def check_recipe(cfg: Config) -> None:
@@ -190,6 +215,6 @@ def check_profile_window(t: TrainConfig, steps_left: int) -> None:
 
 
 __all__ = [
-    "check_choices", "check_model_options", "check_profile_window", "check_ranges", "check_recipe", "inert_notes",
-    "validate",
+    "check_choices", "check_model_options", "check_profile_window", "check_ranges", "check_recipe", "check_run_name",
+    "inert_notes", "validate",
 ]
