@@ -202,6 +202,9 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
      "holds a path separator (/ or \\)", CONF),
     ("train: a blank run name", lambda t: ["train", *TINY, "--train.run-name", "  ", "--out", str(t / "o")],
      "--train.run-name '  ' is blank", CONF),
+    ("train: --rules for a built-in model", lambda t: ["train", *TINY, "--rules", "conv_out=mlp", "--out",
+                                                      str(t / "o")],
+     "--rules conv_out=mlp is for a model of your own", CONF),
     ("train: an unknown XLA preset", lambda t: ["train", *TINY, "--train.xla-presets", "turbo", "--out", str(t / "o")],
      "turbo", CONF),
     ("train: a batch the data cannot fill", lambda t: ["train", *TINY, "--batch-size", "4096", "--out", str(t / "o")],
@@ -456,9 +459,11 @@ def test_a_damaged_checkpoint_is_named_and_the_last_good_one_used(tmp_path: Path
 
 @pytest.mark.slow
 def test_settings_that_do_nothing_are_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", *TINY, "--optim.momentum", "0.5", "--train.profile-steps", "5", "--out",
-                 str(tmp_path / "o"), "--data.cache-dir", str(tmp_path / "cache")]) == 0
+    assert main(["train", *TINY, "--optim.momentum", "0.5", "--train.profile-steps", "5", "--epochs", "3",
+                 "--out", str(tmp_path / "o"), "--data.cache-dir", str(tmp_path / "cache")]) == 0
     out = capsys.readouterr().out
     assert "note: --optim.momentum 0.5 does nothing here: it applies to --optim.optimizer sgd" in out
     assert "note: --train.profile-steps 5 does nothing here" in out
+    # vit-tiny's own 3 epochs, given: --steps 2 decides the length, and the note says so
+    assert "note: --train.epochs 3 does nothing here: --steps 2 decides the length" in out
 
