@@ -205,6 +205,9 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: --rules for a built-in model", lambda t: ["train", *TINY, "--rules", "conv_out=mlp", "--out",
                                                       str(t / "o")],
      "--rules conv_out=mlp is for a model of your own", CONF),
+    ("train: a data cache no folder can be made in", lambda t: [
+        "train", *TINY, "--data.cache-dir", "/proc/shardbench-nope/cache", "--out", str(t / "o")],
+     "--data.cache-dir /proc/shardbench-nope/cache: /proc/shardbench-nope does not exist", "files"),
     ("train: an unknown XLA preset", lambda t: ["train", *TINY, "--train.xla-presets", "turbo", "--out", str(t / "o")],
      "turbo", CONF),
     ("train: a batch the data cannot fill", lambda t: ["train", *TINY, "--batch-size", "4096", "--out", str(t / "o")],
@@ -418,6 +421,25 @@ def test_bad_input_is_one_line(case: Case, tmp_path: Path, capsys: pytest.Captur
     # No partial output: no run folder, even an empty one, no config.json, checkpoint, temporary or finished file.
     left = sorted(str(p.relative_to(tmp_path)) for p in _everything(tmp_path, cache) - before)
     assert not left, left
+
+
+@pytest.mark.parametrize("given, says", [
+    ({}, "$SHARDBENCH_CACHE /proc/shardbench-nope/env: "),
+    ({"data.cache_dir": "/proc/shardbench-nope/flag"}, "--data.cache-dir /proc/shardbench-nope/flag: "),
+    ({"train.compile_cache": "/proc/shardbench-nope/xla"}, "--train.compile-cache /proc/shardbench-nope/xla: "),
+])
+def test_an_unusable_cache_is_named_by_where_its_path_came_from(given: dict[str, str], says: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compilation cache is <cache root>/xla unless --train.compile-cache names one: a root that cannot be
+    made is blamed on --data.cache-dir, or on $SHARDBENCH_CACHE where the environment chose it, never on a
+    --train.compile-cache the user did not give."""
+    from shardbench.errors import FileFault
+    from shardbench.runtime import start_process
+
+    monkeypatch.setenv("SHARDBENCH_CACHE", "/proc/shardbench-nope/env")
+    with pytest.raises(FileFault) as err:
+        start_process(override(get_preset("mlp-small"), given))
+    assert str(err.value).startswith(says), str(err.value)
 
 
 @pytest.mark.slow

@@ -415,3 +415,9 @@ def cache_root(cfg: Config) -> Path:
     if cfg.data.cache_dir:
         return Path(cfg.data.cache_dir).expanduser()
     return Path(os.environ.get("SHARDBENCH_CACHE", Path.home() / ".cache" / "shardbench")).expanduser()
+
+
+def cache_root_flag(cfg: Config) -> str:
+    """What a message names for `cache_root`'s folder: --data.cache-dir where it was given (or is the default to
+    change), $SHARDBENCH_CACHE where the environment chose it."""
+    return "$SHARDBENCH_CACHE" if not cfg.data.cache_dir and "SHARDBENCH_CACHE" in os.environ else "--data.cache-dir"
