@@ -161,6 +161,13 @@ def _empty_sweep_file(tmp: Path) -> list[str]:
     return ["sweep", "--sweep-file", str(tmp / "s.toml"), "--out", str(tmp / "o")]
 
 
+def _victim(tmp: Path) -> Path:
+    """A folder with a file in it, outside the run: what a run name that is a path must leave alone."""
+    (tmp / "victim" / "keep").mkdir(parents=True)
+    (tmp / "victim" / "keep" / "data.txt").write_text("x")
+    return tmp / "victim"
+
+
 CONF, DATA = "configuration", "data"
 # (name, command line, what the one line names, exit class): a missing dataset is data, a value no field takes
 # or a folder with nothing to report is configuration.
@@ -181,6 +188,26 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
      "has", CONF),
     ("train: a profile window of no steps", lambda t: ["train", *TINY, "--profile", "--train.profile-steps", "0",
                                                        "--out", str(t / "o")], "--train.profile-steps 0", CONF),
+    ("train: a run name that is an absolute path", lambda t: [
+        "train", *TINY, "--profile", "--train.profile-skip", "0", "--train.profile-steps", "1", "--train.run-name",
+        str(_victim(t)), "--out", str(t / "o")], "is an absolute path", CONF),
+    ("train: a run name of ..", lambda t: ["train", *TINY, "--profile", "--train.profile-skip", "0",
+                                          "--train.profile-steps", "1", "--train.run-name", "..",
+                                          "--out", str(t / "o")], "--train.run-name .. names a folder", CONF),
+    ("train: a run name of .", lambda t: ["train", *TINY, "--train.run-name", ".", "--out", str(t / "o")],
+     "--train.run-name . names a folder", CONF),
+    ("train: a run name with a /", lambda t: ["train", *TINY, "--train.run-name", "../victim", "--out", str(t / "o")],
+     "--train.run-name ../victim holds a path separator", CONF),
+    ("train: a run name with a \\", lambda t: ["train", *TINY, "--train.run-name", "runs\\a", "--out", str(t / "o")],
+     "holds a path separator (/ or \\)", CONF),
+    ("train: a blank run name", lambda t: ["train", *TINY, "--train.run-name", "  ", "--out", str(t / "o")],
+     "--train.run-name '  ' is blank", CONF),
+    ("train: --rules for a built-in model", lambda t: ["train", *TINY, "--rules", "conv_out=mlp", "--out",
+                                                      str(t / "o")],
+     "--rules conv_out=mlp is for a model of your own", CONF),
+    ("train: a data cache no folder can be made in", lambda t: [
+        "train", *TINY, "--data.cache-dir", "/proc/shardbench-nope/cache", "--out", str(t / "o")],
+     "--data.cache-dir /proc/shardbench-nope/cache: /proc/shardbench-nope does not exist", "files"),
     ("train: an unknown XLA preset", lambda t: ["train", *TINY, "--train.xla-presets", "turbo", "--out", str(t / "o")],
      "turbo", CONF),
     ("train: a batch the data cannot fill", lambda t: ["train", *TINY, "--batch-size", "4096", "--out", str(t / "o")],
@@ -396,6 +423,25 @@ def test_bad_input_is_one_line(case: Case, tmp_path: Path, capsys: pytest.Captur
     assert not left, left
 
 
+@pytest.mark.parametrize("given, says", [
+    ({}, "$SHARDBENCH_CACHE /proc/shardbench-nope/env: "),
+    ({"data.cache_dir": "/proc/shardbench-nope/flag"}, "--data.cache-dir /proc/shardbench-nope/flag: "),
+    ({"train.compile_cache": "/proc/shardbench-nope/xla"}, "--train.compile-cache /proc/shardbench-nope/xla: "),
+])
+def test_an_unusable_cache_is_named_by_where_its_path_came_from(given: dict[str, str], says: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compilation cache is <cache root>/xla unless --train.compile-cache names one: a root that cannot be
+    made is blamed on --data.cache-dir, or on $SHARDBENCH_CACHE where the environment chose it, never on a
+    --train.compile-cache the user did not give."""
+    from shardbench.errors import FileFault
+    from shardbench.runtime import start_process
+
+    monkeypatch.setenv("SHARDBENCH_CACHE", "/proc/shardbench-nope/env")
+    with pytest.raises(FileFault) as err:
+        start_process(override(get_preset("mlp-small"), given))
+    assert str(err.value).startswith(says), str(err.value)
+
+
 @pytest.mark.slow
 def test_a_process_shows_no_traceback_unless_asked(tmp_path: Path) -> None:
     """The real command line: the same one line, and the whole traceback with --debug for a bug report."""
@@ -435,9 +481,11 @@ def test_a_damaged_checkpoint_is_named_and_the_last_good_one_used(tmp_path: Path
 
 @pytest.mark.slow
 def test_settings_that_do_nothing_are_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["train", *TINY, "--optim.momentum", "0.5", "--train.profile-steps", "5", "--out",
-                 str(tmp_path / "o"), "--data.cache-dir", str(tmp_path / "cache")]) == 0
+    assert main(["train", *TINY, "--optim.momentum", "0.5", "--train.profile-steps", "5", "--epochs", "3",
+                 "--out", str(tmp_path / "o"), "--data.cache-dir", str(tmp_path / "cache")]) == 0
     out = capsys.readouterr().out
     assert "note: --optim.momentum 0.5 does nothing here: it applies to --optim.optimizer sgd" in out
     assert "note: --train.profile-steps 5 does nothing here" in out
+    # vit-tiny's own 3 epochs, given: --steps 2 decides the length, and the note says so
+    assert "note: --train.epochs 3 does nothing here: --steps 2 decides the length" in out
 

@@ -9,6 +9,7 @@ import pytest
 
 from shardbench import config as config_lib
 from shardbench.cli import build_parser, config_from_args
+from shardbench.flags import given_fields
 from shardbench.errors import ConfigError
 from shardbench.parsing import from_dict, override
 from shardbench.presets import get_preset
@@ -175,6 +176,66 @@ def test_settings_the_mlp_or_no_augmentation_never_read_are_noted() -> None:
     assert inert_notes(vit) == ["--data.crop-scale (0.5, 1.0) does nothing here: augmentation is off "
                                 "(--no-data.augment)"]
     assert inert_notes(override(get_preset("vit-tiny"), {"data.crop_scale": (0.5, 1.0)})) == []
+
+
+def _said(notes: list[str], flag: str) -> list[str]:
+    return [note for note in notes if note.startswith(f"{flag} ")]
+
+
+def test_the_optimizers_settings_it_never_reads_are_noted() -> None:
+    """optax.adamw alone takes the weight decay (adam and sgd are built without it); b1 and b2 are Adam's and
+    AdamW's, never SGD's (`optim.build_optimizer`)."""
+    adam = override(get_preset("mlp-small"), {"optim.weight_decay": 0.1, "optim.b1": 0.8, "optim.b2": 0.99})
+    assert _said(inert_notes(adam), "--optim.weight-decay") == [
+        "--optim.weight-decay 0.1 does nothing here: only adamw decays the weights, not adam"]
+    assert not _said(inert_notes(adam), "--optim.b1") and not _said(inert_notes(adam), "--optim.b2")
+    sgd = override(adam, {"optim.optimizer": "sgd"})
+    assert _said(inert_notes(sgd), "--optim.weight-decay") == [
+        "--optim.weight-decay 0.1 does nothing here: only adamw decays the weights, not sgd"]
+    assert _said(inert_notes(sgd), "--optim.b1") == [
+        "--optim.b1 0.8 does nothing here: it is Adam's beta1, and --optim.optimizer is sgd"]
+    assert _said(inert_notes(sgd), "--optim.b2") == [
+        "--optim.b2 0.99 does nothing here: it is Adam's beta2, and --optim.optimizer is sgd"]
+    adamw = override(adam, {"optim.optimizer": "adamw"})
+    assert not [note for note in inert_notes(adamw) if note.startswith(("--optim.weight-decay", "--optim.b"))]
+
+
+def test_image_settings_on_the_language_model_are_noted() -> None:
+    """The lm reads token sequences: no image to size, crop, flip or augment, and its outputs are the vocabulary's
+    logits, not --model.num-classes (a model of your own of task next-token may read that field)."""
+    lm = override(get_preset("lm-tiny"), {"data.image_size": 64, "model.num_classes": 100, "data.augment": False,
+                                          "data.flip": False, "data.crop_scale": (0.5, 1.0)})
+    notes = inert_notes(lm)
+    for flag in ("--data.image-size 64", "--data.augment False", "--data.flip False", "--data.crop-scale (0.5, 1.0)"):
+        assert sum(note.startswith(f"{flag} does nothing here: the lm model's inputs are token sequences")
+                   for note in notes) == 1, (flag, notes)
+    assert _said(notes, "--model.num-classes") == [
+        "--model.num-classes 100 does nothing here: the lm model's outputs are --model.vocab-size logits, not classes"]
+    own = override(lm, {"model.factory": "examples/linen_mlp.py:build", "model.task": "next-token"})
+    assert not _said(inert_notes(own), "--model.num-classes") and _said(inert_notes(own), "--data.image-size")
+    vit = override(get_preset("vit-tiny"), {"data.image_size": 64, "model.num_classes": 100})
+    assert inert_notes(vit) == []
+
+
+def test_epochs_given_to_a_run_by_steps_is_noted_even_at_the_presets_value() -> None:
+    """lm-seed trains 50 steps and its epochs are 1: `--epochs 1` does nothing there, and a note says so because
+    the command line gave it, not because it differs; where --steps is 0 the epochs decide the length."""
+    given = given_fields(build_parser().parse_args(["train", "--preset", "lm-seed", "--epochs", "1"]))
+    assert "train.epochs" in given
+    lm = get_preset("lm-seed")
+    assert inert_notes(lm, given) == ["--train.epochs 1 does nothing here: --steps 50 decides the length"]
+    assert inert_notes(lm) == []  # not given, at the preset's value: nothing was asked of it
+    vit = get_preset("vit-tiny")
+    assert vit.train.steps == 0 and inert_notes(vit, {"train.epochs"}) == []
+
+
+def test_rules_are_refused_for_a_built_in_model() -> None:
+    """--rules maps the axes of a model of your own; the built-in models name shardbench's axes themselves, so it
+    is refused there as --model.mode-argument is."""
+    with pytest.raises(ConfigError, match=r"^--rules conv_out=mlp is for a model of your own .*give --model "):
+        validate(override(get_preset("vit-tiny"), {"parallel.rules": "conv_out=mlp"}))
+    validate(override(get_preset("vit-tiny"), {"parallel.rules": "conv_out=mlp",
+                                                "model.factory": "examples/convnet.py:build", "model.task": "classify"}))
 
 
 @pytest.mark.parametrize("command", ["train", "inspect"])

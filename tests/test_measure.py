@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 from shardbench.measure.comms import count_collectives
 from shardbench.measure.memory import per_device_bytes
+from shardbench.measure.profile import ProfileWindow
 from shardbench.models.vit import flops_per_example
 from shardbench.presets import get_preset
 from shardbench.tasks import get_task
@@ -29,6 +31,46 @@ def test_vit_seed_flops_match_a_hand_count() -> None:
     assert forward == 1_421_492_736
     got = flops_per_example(get_preset("vit-seed").model, 32)
     assert got == {"forward": forward, "train": 3 * forward}
+
+
+def _stopped_window(root: Path, run_name: str, monkeypatch: pytest.MonkeyPatch) -> ProfileWindow:
+    """A profile window stopped as after a trace: jax's folder of the trace is made by hand (no profiler runs)."""
+    monkeypatch.setattr(jax.profiler, "stop_trace", lambda: None)
+    window = ProfileWindow(root, run_name, 0, 1, enabled=True)
+    window._tmp = root.parent / "trace-tmp"
+    (window._tmp / "plugins" / "profile" / "2026_01_01_00_00_00").mkdir(parents=True)
+    (window._tmp / "plugins" / "profile" / "2026_01_01_00_00_00" / "host.xplane.pb").write_text("trace")
+    window.stop()
+    return window
+
+
+@pytest.mark.parametrize("run_name", ["VICTIM", "../../victim", "..", ".", "", "a/../../../victim", "link"])
+def test_a_profile_never_removes_a_folder_outside_its_own(run_name: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trace replaces the folder of an earlier one of the same name under <root>/plugins/profile, and only
+    that: a run name that leads elsewhere (an absolute path, '..', a link out) leaves every other folder as it
+    was, and the trace is kept under jax's own name."""
+    victim = tmp_path / "victim"
+    (victim / "keep").mkdir(parents=True)
+    (victim / "keep" / "data.txt").write_text("x")
+    root = tmp_path / "out" / "tensorboard"
+    profiles = root / "plugins" / "profile"
+    profiles.mkdir(parents=True)
+    (profiles / "link").symlink_to(victim, target_is_directory=True)
+    window = _stopped_window(root, str(victim) if run_name == "VICTIM" else run_name, monkeypatch)
+    assert (victim / "keep" / "data.txt").read_text() == "x"
+    assert window.path == profiles / "2026_01_01_00_00_00"
+    assert (window.path / "host.xplane.pb").read_text() == "trace"
+    assert (profiles / "link").is_symlink() and (profiles / "link").resolve() == victim
+
+
+def test_a_profile_replaces_the_earlier_trace_of_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "tensorboard"
+    earlier = root / "plugins" / "profile" / "mesh_8_1_batch_32"
+    earlier.mkdir(parents=True)
+    (earlier / "old.xplane.pb").write_text("old")
+    window = _stopped_window(root, "mesh_8_1_batch_32", monkeypatch)
+    assert window.path == earlier and sorted(p.name for p in earlier.iterdir()) == ["host.xplane.pb"]
 
 
 def _compiled_step(micro, strategy: str, mesh: str):

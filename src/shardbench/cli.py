@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from shardbench import config as config_lib
 from shardbench import malloc
 from shardbench.errors import ShardbenchError, run_reported
-from shardbench.flags import add_config_arguments, config_from_args, setup_devices
+from shardbench.flags import add_config_arguments, config_from_args, given_fields, setup_devices
 from shardbench.parsing import override
 from shardbench.presets import PRESETS
 from shardbench.prices import prices_from_flag
@@ -119,7 +119,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from shardbench.train.console import summary_line
     from shardbench.train.loop import run
 
-    summary = run(cfg)
+    summary = run(cfg, given_fields(args))
     if jax.process_index() == 0:
         print(summary_line(summary))
     return 0

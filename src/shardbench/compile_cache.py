@@ -53,14 +53,28 @@ def resolve(setting: str, cache_root: Path) -> Path | None:
     return Path(setting).expanduser() if setting else cache_root / "xla"
 
 
-def enable(path: Path | None) -> None:
-    """Use `path` as the persistent cache (every program, however fast it compiled); None turns it off."""
+def use(setting: str, cache_root: Path, root_flag: str) -> Path | None:
+    """Resolve a `train.compile_cache` setting and `enable` it. A folder that cannot be used is named by the flag it
+    came from: --train.compile-cache where that was given, else the cache root's (`root_flag`: --data.cache-dir or
+    $SHARDBENCH_CACHE, `config.cache_root_flag`), which the default <cache root>/xla is made in."""
+    path = resolve(setting, cache_root)
+    if path is None or setting:
+        enable(path)
+    else:
+        writable_dir(cache_root, root_flag)
+        enable(path, f"{root_flag} {cache_root}: its compilation cache")
+    return path
+
+
+def enable(path: Path | None, flag: str = "--train.compile-cache") -> None:
+    """Use `path` as the persistent cache (every program, however fast it compiled); None turns it off. `flag`
+    names the folder in the one line that says it cannot be used."""
     if path is None:
         if jax.config.jax_compilation_cache_dir is not None:
             _reset()
         jax.config.update("jax_enable_compilation_cache", False)
         return
-    writable_dir(path, "--train.compile-cache")
+    writable_dir(path, flag)
     if jax.config.jax_compilation_cache_dir not in (None, str(path)):
         _reset()  # this process already opened another cache directory (several runs in one process)
     jax.config.update("jax_enable_compilation_cache", True)

@@ -317,7 +317,8 @@ class TrainConfig:
     eval: bool = setting(True, "validate each epoch and test at the end")
     progress: bool = setting(True, "show a progress bar")
     run_name: str = setting(
-        "", "name of the run in reports and profiles ('' = from the configuration, e.g. mesh_4_2_batch_1024)")
+        "", "name of the run in reports and profiles: one folder name, no path separator, not . or .. ('' = from the "
+        "configuration, e.g. mesh_4_2_batch_1024)")
     timing_warmup: int = setting(
         2, "first step intervals left out of the step-time statistics (lowered, with a line saying so, when a run "
         "has too few steps)", range=count(0))
@@ -414,3 +415,9 @@ def cache_root(cfg: Config) -> Path:
     if cfg.data.cache_dir:
         return Path(cfg.data.cache_dir).expanduser()
     return Path(os.environ.get("SHARDBENCH_CACHE", Path.home() / ".cache" / "shardbench")).expanduser()
+
+
+def cache_root_flag(cfg: Config) -> str:
+    """What a message names for `cache_root`'s folder: --data.cache-dir where it was given (or is the default to
+    change), $SHARDBENCH_CACHE where the environment chose it."""
+    return "$SHARDBENCH_CACHE" if not cfg.data.cache_dir and "SHARDBENCH_CACHE" in os.environ else "--data.cache-dir"

@@ -65,6 +65,12 @@ def config_from_args(args: argparse.Namespace) -> config_lib.Config:
     return override(cfg, values)
 
 
+def given_fields(args: argparse.Namespace) -> frozenset[str]:
+    """The configuration fields the command line named ('train.epochs' for --epochs), whatever their values: only
+    those are in `args` (every field's default is left out)."""
+    return frozenset(k for k in vars(args) if "." in k)
+
+
 def comma_lists(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, list[str]]:
     """The comma lists given to the configuration fields `flags` names (key -> its flag), for commands that take
     several values where a run takes one (plan, tune); `args` is left holding the first value of each."""

@@ -93,7 +93,7 @@ def check_run(cfg: Config) -> CheckedRun:
     out = resolve_out(cfg)
     check_resume(cfg, out, spec)
     cache = config_lib.cache_root(cfg)
-    writable_dir(cache, "--data.cache-dir")  # decoded datasets and the host's peak go there
+    writable_dir(cache, config_lib.cache_root_flag(cfg))  # decoded datasets and the host's peak go there
     dataset = load_for(cfg, cache)
     task = for_data(task, dataset)
     per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size, cfg.data.repeat_augment)

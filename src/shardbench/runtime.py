@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardbench import compile_cache, xla_presets
-from shardbench.config import Config, cache_root
+from shardbench.config import Config, cache_root, cache_root_flag
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,5 @@ def start_process(cfg: Config) -> CacheUse:
     decides whether the cache is on, once per process."""
     root = cache_root(cfg)
     xla_presets.apply(cfg.train.xla_presets)  # refused where JAX's backends already run without those flags
-    cache = compile_cache.resolve(cfg.train.compile_cache, root)
-    compile_cache.enable(cache)
+    cache = compile_cache.use(cfg.train.compile_cache, root, cache_root_flag(cfg))
     return CacheUse(cache, compile_cache.counts())

@@ -4,6 +4,9 @@ model's (`models.vit.check_options`, `models.transformer.check_cudnn_config`). A
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from pathlib import Path
+
 from shardbench import config as config_lib
 from shardbench.config import SPECS, TASK_KINDS, Config, TrainConfig, check_choice, flatten
 from shardbench.errors import ConfigError
@@ -48,6 +51,9 @@ def validate(cfg: Config) -> None:
     if m.mode_argument and not m.factory:
         raise ConfigError(f"--model.mode-argument {m.mode_argument} is for a model of your own: give --model "
                           f"FILE.py:FUNCTION too")
+    if cfg.parallel.rules and not m.factory:
+        raise ConfigError(f"--rules {cfg.parallel.rules} is for a model of your own (the built-in models name "
+                          f"shardbench's axes themselves): give --model FILE.py:FUNCTION too, or drop it")
     image_only = {"--data.mixup": cfg.data.mixup > 0, "--data.trivial-augment": cfg.data.trivial_augment,
                   "--data.crop pad": cfg.data.crop != "resized", "--train.label-smoothing": cfg.train.label_smoothing > 0,
                   "--data.randaugment": cfg.data.randaugment > 0, "--data.autoaugment": cfg.data.autoaugment,
@@ -68,6 +74,7 @@ def validate(cfg: Config) -> None:
                           f"their weight from), e.g. --data.mixup 1.0")
     check_recipe(cfg)
     check_model_options(cfg)
+    check_run_name(t.run_name)
     if t.profile and t.profile_steps == 0:
         raise ConfigError("--profile with --train.profile-steps 0 traces nothing: give the window a positive number of "
                           "steps (default 3), or drop --profile")
@@ -79,6 +86,28 @@ def validate(cfg: Config) -> None:
     lo, hi = cfg.data.crop_ratio
     if not 0.0 < lo <= hi:
         raise ConfigError(f"--data.crop-ratio {lo},{hi} is invalid: it needs 0 < low <= high")
+
+
+def check_run_name(name: str) -> None:
+    """--train.run-name names one folder, `<profile root>/plugins/profile/<run-name>/` (which a trace replaces), and
+    the run in reports: a path (absolute, or with a separator), '.', '..' or a blank name would file the trace, and
+    remove an earlier one, somewhere else. '' is the configuration's own name (`naming.config_run_name`)."""
+    if not name:
+        return
+    if not name.strip():
+        why = "is blank"
+    elif Path(name).is_absolute():
+        why = "is an absolute path"
+    elif "/" in name or "\\" in name:
+        why = "holds a path separator (/ or \\)"
+    elif name in (".", ".."):
+        why = "names a folder, not a run"
+    else:
+        return
+    shown = repr(name) if name != name.strip() else name
+    raise ConfigError(f"--train.run-name {shown} {why}: it names one folder under <profile root>/plugins/profile/ "
+                      f"and the run in reports; give a plain name such as mesh_4_2_batch_1024, or '' for the "
+                      f"configuration's own")
 
 
 def check_recipe(cfg: Config) -> None:
@@ -116,9 +145,11 @@ def check_model_options(cfg: Config) -> None:
         vit.check_options(m)
 
 
-def inert_notes(cfg: Config) -> list[str]:
-    """One line for each field set away from its preset's value that this configuration never reads, so that a
-    setting that does nothing is said rather than silently accepted (nothing is said for a preset of unknown name)."""
+def inert_notes(cfg: Config, given: Collection[str] = ()) -> list[str]:
+    """One line for each field that this configuration never reads and that was set away from its preset's value,
+    or given at all (`given`: the fields the command line named, 'train.epochs', even at the preset's value), so
+    that a setting that does nothing is said rather than silently accepted (nothing is said for a preset of unknown
+    name)."""
     if cfg.preset not in PRESETS:
         return []
     base = flatten(PRESETS[cfg.preset]())
@@ -151,18 +182,23 @@ def inert_notes(cfg: Config) -> list[str]:
         "model.capacity_factor": (m.num_experts == 0, "it sizes the experts, and --model.num-experts is 0"),
         "model.aux_loss_coef": (m.num_experts == 0, "it weighs the experts' balance, and --model.num-experts is 0"),
         "optim.mu_dtype": (o.optimizer == "sgd", "it applies to adam and adamw, not sgd"),
+        "optim.weight_decay": (o.optimizer != "adamw", f"only adamw decays the weights, not {o.optimizer}"),
+        "optim.b1": (o.optimizer == "sgd", "it is Adam's beta1, and --optim.optimizer is sgd"),
+        "optim.b2": (o.optimizer == "sgd", "it is Adam's beta2, and --optim.optimizer is sgd"),
     }
     unused["data.randaugment_magnitude"] = (d.randaugment == 0, "it is RandAugment's, and --data.randaugment is 0")
     unused["data.erasing_fill"] = (d.random_erasing == 0, "it fills erased boxes, and --data.random-erasing is 0")
     if m.kind == "mlp":
         unused.update(_mlp_inert(m.factory))
+    elif m.kind == "lm":
+        unused.update(_lm_inert(m.factory))
     if not d.augment:
         for name in ("data.flip", "data.crop", "data.crop_scale", "data.crop_ratio", "data.crop_pad",
                      "data.trivial_augment", "data.randaugment", "data.autoaugment", "data.random_erasing"):
             if not unused.get(name, (False, ""))[0]:
                 unused[name] = (True, "augmentation is off (--no-data.augment)")
     return [f"--{key.replace('_', '-')} {now[key]} does nothing here: {why}"
-            for key, (inert, why) in unused.items() if inert and now[key] != base.get(key)]
+            for key, (inert, why) in unused.items() if inert and (now[key] != base.get(key) or key in given)]
 
 
 def _mlp_inert(factory: str) -> dict[str, tuple[bool, str]]:
@@ -179,6 +215,18 @@ def _mlp_inert(factory: str) -> dict[str, tuple[bool, str]]:
     return found
 
 
+def _lm_inert(factory: str) -> dict[str, tuple[bool, str]]:
+    """What the lm kind never reads: its inputs are token sequences (no images to size, crop, flip or augment:
+    only `tasks.vision` does that), and the built-in lm's outputs are --model.vocab-size logits, not classes (a
+    model of your own may read any --model.* field, so that is said only for the built-in one)."""
+    why = "the lm model's inputs are token sequences, not images"
+    found = {name: (True, why) for name in ("data.image_size", "data.augment", "data.flip", "data.crop",
+                                              "data.crop_scale", "data.crop_ratio", "data.crop_pad")}
+    if not factory:
+        found["model.num_classes"] = (True, "the lm model's outputs are --model.vocab-size logits, not classes")
+    return found
+
+
 def check_profile_window(t: TrainConfig, steps_left: int) -> None:
     """--profile traces steps skip+1 .. skip+steps of this invocation: a run with fewer steps, or a window of no
     steps, would trace nothing."""
@@ -190,6 +238,6 @@ def check_profile_window(t: TrainConfig, steps_left: int) -> None:
 
 
 __all__ = [
-    "check_choices", "check_model_options", "check_profile_window", "check_ranges", "check_recipe", "inert_notes",
-    "validate",
+    "check_choices", "check_model_options", "check_profile_window", "check_ranges", "check_recipe", "check_run_name",
+    "inert_notes", "validate",
 ]

@@ -110,7 +110,8 @@ def step_times(timer: StepTimer) -> StepTimes:
 
 def _throughput(setup: RunSetup, steps: StepTimes, clocks: Clocks) -> Throughput:
     # Throughput is the steady state, from the same median step MFU divides by, so every speed figure of a run
-    # ranks it alike; the wall-clock rate (first step's compilation, data and checkpoints included) is kept apart.
+    # ranks it alike; the wall-clock rate (data and checkpoints included, evaluation not, and the train step's
+    # compilation not either: `train.build` compiles it before the loop's clock starts) is kept apart.
     devices, batch = setup.layout.shape.size, setup.cfg.train.batch_size
     train_time = sum(clocks.epoch_times)
     rate = batch / steps.median if steps.median else None

@@ -43,12 +43,28 @@ class ProfileWindow:
             return
         jax.profiler.stop_trace()
         produced = sorted((self._tmp / "plugins" / "profile").glob("*"))
-        target = self.root / "plugins" / "profile" / self.run_name
         if produced:
-            if target.exists():
-                shutil.rmtree(target)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(produced[-1]), target)
-            self.path = target
+            profiles = self.root / "plugins" / "profile"
+            target = run_folder(profiles, self.run_name)
+            if target is not None and target.is_dir():
+                shutil.rmtree(target)  # the same run's earlier trace
+            if target is None or target.exists():  # no folder of its own there: the trace keeps jax's name
+                target = profiles / produced[-1].name
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(produced[-1]), target)
+                self.path = target
         shutil.rmtree(self._tmp, ignore_errors=True)
         self._tmp = None
+
+
+def run_folder(profiles: Path, run_name: str) -> Path | None:
+    """The folder a run's trace takes under `profiles` (`<root>/plugins/profile`): the one folder named
+    `run_name` directly in it, or None where the name would lead anywhere else (absolute, '', '.', '..', a path,
+    a link), so that the earlier trace a new one replaces is never a folder outside."""
+    if not run_name or run_name in (".", "..") or Path(run_name).name != run_name or "\\" in run_name:
+        return None
+    target = profiles / run_name
+    if target.is_symlink() or target.resolve().parent != profiles.resolve():
+        return None
+    return target

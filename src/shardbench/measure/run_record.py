@@ -85,7 +85,9 @@ class Throughput:
     units_per_s: float | None = _f("unit/s", "throughput in that unit")
     units_per_s_per_device: float | None = _f("unit/s", "the same per device")
     wall_examples_per_s: float | None = _f("examples/s", "wall-clock: examples trained / the epochs' wall time, "
-                                                         "the first step's compilation and data loading included")
+                                                         "data loading and checkpoints included; not evaluation, "
+                                                         "nor the train step's compilation (before the clock "
+                                                         "starts: `compile`)")
 
 
 @dataclass(frozen=True)

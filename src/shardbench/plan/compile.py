@@ -144,7 +144,7 @@ def local_gpus(kind: str | None, count: int) -> list[jax.Device] | None:
 def run_jobs(jobs: list[dict[str, Any]], out: Any) -> None:
     """Each job {name, config (flattened), link_span}: one JSON line {name, result | refused | error} on `out`
     as soon as it is done."""
-    from shardbench.config import cache_root
+    from shardbench.config import cache_root, cache_root_flag
     from shardbench.errors import ShardbenchError
     from shardbench.flags import setup_devices
     from shardbench.parsing import override
@@ -156,7 +156,7 @@ def run_jobs(jobs: list[dict[str, Any]], out: Any) -> None:
         return
     first = cfgs[0][1]
     setup_devices(first)
-    compile_cache.enable(compile_cache.resolve(first.train.compile_cache, cache_root(first)))
+    compile_cache.use(first.train.compile_cache, cache_root(first), cache_root_flag(first))
     topology = jobs[0].get("topology")
     devices = (topology_devices(topology["chip"], topology["shape"]) if topology else
                local_gpus(jobs[0].get("gpu_kind"), first.parallel.devices))

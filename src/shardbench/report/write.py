@@ -151,10 +151,11 @@ class ReportPaths:
 
 
 TABLE_NOTE = ("Throughput is the global batch over the median step, the same steady state as step time and MFU "
-              "(the wall-clock rate, compilation and data included, is the record's "
-              "measurements.throughput.wall_examples_per_s). Byte figures are per device; comms are the bytes "
-              "each device sends per training step on a ring, counted from the compiled step (\"payload\": the "
-              "collectives' buffers, from a record written before bytes sent were kept). Memory/device is the "
+              "(the wall-clock rate, data loading and checkpoints included but not the train step's compilation, "
+              "is the record's measurements.throughput.wall_examples_per_s). Byte figures are per device; comms are "
+              "the bytes each device sends per training step on a ring, counted from the compiled step "
+              "(\"payload\": the collectives' buffers, from a record written before bytes sent were kept). "
+              "Memory/device is the "
               "runtime peak where the backend reports one (\"peak\"), else XLA's "
               "compiled total: arguments + outputs − aliased + temporaries (\"compiled\"). Epoch time is the mean "
               "wall time per whole epoch, data loading included, evaluation excluded ('–' for a run that trained "

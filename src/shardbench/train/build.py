@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,9 +59,10 @@ class FinishedRun:
     summary: dict[str, Any]
 
 
-def build_run(cfg: Config) -> BuiltRun | FinishedRun:
-    """Check `cfg`, then create (or restore) the run's state and compile its train step."""
-    checked, cache, tx, abstract = _check(cfg)
+def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRun:
+    """Check `cfg`, then create (or restore) the run's state and compile its train step. `given`: the fields the
+    command line named, for the notes on those that do nothing here."""
+    checked, cache, tx, abstract = _check(cfg, given)
     cfg, out, total = checked.cfg, checked.out, checked.total_steps
     prices = prices_from_flag(cfg.train.prices)  # a bad table is one line here, not after the last step
     before = compile_cache.counts()
@@ -115,7 +116,7 @@ def _start_step(checked: CheckedRun, checkpoints: Checkpoints) -> int | Finished
     return start or 0
 
 
-def _check(cfg: Config) -> tuple[CheckedRun, CacheUse, optax.GradientTransformation, TrainState]:
+def _check(cfg: Config, given: Collection[str] = ()) -> tuple[CheckedRun, CacheUse, optax.GradientTransformation, TrainState]:
     """Start the process (XLA's flags and the compilation cache come before the first compilation), then every
     process plans (and checks) before any of them writes; one process's error stops them all. The run is
     announced (its header, and the options it leaves without effect) once checked. Also returns the optimizer and
@@ -126,7 +127,7 @@ def _check(cfg: Config) -> tuple[CheckedRun, CacheUse, optax.GradientTransformat
                                           timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     if jax.process_index() == 0:
         print(header_line(checked), flush=True)
-        for note in inert_notes(checked.cfg):
+        for note in inert_notes(checked.cfg, given):
             print(f"shardbench: note: {note}", flush=True)
     return checked, cache, tx, abstract
 

@@ -8,6 +8,7 @@ times every step in which the profiler traced or a hook outside training ran (ch
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,10 @@ from shardbench.train.evaluation import evaluate
 from shardbench.train.events import ScalarWriter
 
 
-def run(cfg: Config) -> dict[str, Any]:
-    """Train as `cfg` says; returns the summary also written to <out>/summary.json."""
-    built = build_run(cfg)
+def run(cfg: Config, given: Collection[str] = ()) -> dict[str, Any]:
+    """Train as `cfg` says; returns the summary also written to <out>/summary.json. `given`: the fields the command
+    line named (a note says each that does nothing here, even at its preset's value)."""
+    built = build_run(cfg, given)
     if isinstance(built, FinishedRun):
         return built.summary
     return train(built)
