@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import shutil
+import sqlite3
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +21,7 @@ import pytest
 from PIL import Image
 
 from shardbench import config as config_lib
-from shardbench.errors import ShardbenchError
+from shardbench.errors import DataError, ShardbenchError
 from shardbench.measure.run_record import from_json
 from shardbench.parsing import override
 from shardbench.presets import get_preset
@@ -334,6 +339,55 @@ def test_report_command_prints_paths_html_last(sweep_dir: Path, tmp_path: Path,
     assert printed[0] == str(tmp_path / "elsewhere" / "report.md")
     assert printed[-1] == str(tmp_path / "elsewhere" / "report.html")
     assert all(Path(p).exists() for p in printed)
+
+
+def _unwritable(folder: Path, argv: list[str]) -> list[str]:
+    """`argv` run where `folder` cannot be written to: its mode for a user, a read-only mount of it in a mount
+    namespace of its own for root (whom modes do not stop)."""
+    if os.geteuid() != 0:
+        for p in (folder, *folder.iterdir()):
+            p.chmod(0o555 if p.is_dir() else 0o444)
+        return argv
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("root without a mount namespace of its own (unshare -m): no folder can be made read-only here")
+    q = shlex.quote(str(folder))
+    return ["unshare", "-m", "sh", "-c", f'mount --bind {q} {q} && mount -o remount,bind,ro {q} && exec "$@"',
+            "sh", *argv]
+
+
+def test_a_sweep_the_reader_cannot_write_to_is_reported_and_left_as_it_was(tmp_path: Path) -> None:
+    """Another user's sweep, or a read-only copy: `report --out` elsewhere reads its sweep.db without writing in
+    its folder (neither WAL's files nor the tables a sweep creates)."""
+    sweep, out = tmp_path / "sweep", tmp_path / "out"
+    with Store(sweep / "sweep.db") as store:
+        store.set_meta("preset", "vit-tiny")
+        for r in sweep_rows():
+            store.add(r)
+    before = {p.name: p.read_bytes() for p in sweep.iterdir()}
+    try:
+        argv = _unwritable(sweep, [sys.executable, "-m", "shardbench", "report", str(sweep), "--out", str(out)])
+        done = subprocess.run(argv, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                              timeout=300, check=False)
+    finally:
+        for p in (sweep, *sweep.iterdir()):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    assert done.returncode == 0, done.stderr
+    assert all(f"| {r.name} " in (out / "report.md").read_text() for r in sweep_rows())
+    assert {p.name: p.read_bytes() for p in sweep.iterdir()} == before
+
+
+def test_an_empty_or_foreign_database_is_read_as_what_it_is(tmp_path: Path) -> None:
+    """Read-only, an empty file is a sweep with no runs, and a database of other tables is no sweep's."""
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with Store(empty, read_only=True) as store:
+        assert store.runs() == [] and store.get_meta("preset") is None
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE songs (title TEXT)")
+    with pytest.raises(DataError, match="is not a sweep database"):
+        Store(foreign, read_only=True)
+    assert empty.read_bytes() == b""
 
 
 # ----------------------------------------------------------------------------------- the page in a browser

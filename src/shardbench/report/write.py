@@ -37,7 +37,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
-    with Store(db) as store:
+    with Store(db, read_only=True) as store:
         rows = store.runs()
         meta = {key: store.get_meta(key) for key in ("preset", "axes", "created")}
     return [reported(r, f"{db}: run {r.name}") for r in rows], meta
