@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from shardbench import config as config_lib
-from shardbench.errors import DataError, ShardbenchError
+from shardbench.errors import EXIT_CODES, DataError, ShardbenchError
 from shardbench.measure.run_record import from_json
 from shardbench.parsing import override
 from shardbench.presets import get_preset
@@ -374,6 +374,23 @@ def test_a_sweep_the_reader_cannot_write_to_is_reported_and_left_as_it_was(tmp_p
     assert done.returncode == 0, done.stderr
     assert all(f"| {r.name} " in (out / "report.md").read_text() for r in sweep_rows())
     assert {p.name: p.read_bytes() for p in sweep.iterdir()} == before
+
+
+def test_a_sweep_resumed_where_it_cannot_write_is_told_so_not_that_its_database_is_damaged(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    with Store(sweep / "sweep.db") as store:
+        store.set_meta("preset", "vit-tiny")
+    try:
+        argv = _unwritable(sweep, [sys.executable, "-m", "shardbench", "sweep", "--resume", "--out", str(sweep)])
+        done = subprocess.run(argv, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                              timeout=300, check=False)
+    finally:
+        for p in (sweep, *sweep.iterdir()):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    assert done.returncode == EXIT_CODES["files"], done.stderr
+    line = done.stderr.strip()  # SQLite's reason varies: root's read-only mount, a user's file mode
+    assert line.startswith(f"shardbench: error: {sweep / 'sweep.db'}: cannot write to it (") and line.endswith(
+        "): give --out a folder you can write to"), line
 
 
 def test_an_empty_or_foreign_database_is_read_as_what_it_is(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardbench.errors import DataError
+from shardbench.errors import DataError, FileFault
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -81,7 +81,8 @@ def _open_to_read(path: Path) -> sqlite3.Connection:
     """A sweep database opened only to read it (a report of a sweep in a folder it cannot write to: a read-only
     copy, another user's runs): no switch to WAL and no tables created, which are writes. SQLite's read-only mode
     first; where even that cannot open the file (a WAL database in a folder where SQLite cannot make its
-    shared-memory file), the file as it stands (`immutable`). An empty database reads as a sweep with no runs."""
+    shared-memory file), the file as it stands (`immutable`: rows a killed sweep left in its -wal file alone are not
+    seen then). An empty database reads as a sweep with no runs."""
     failure: sqlite3.Error | None = None
     for mode in ("mode=ro", "immutable=1"):
         try:
@@ -125,6 +126,9 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(SCHEMA)
             self._db.commit()
+        except sqlite3.OperationalError as err:  # a database it cannot write to (or lock): not a damaged one
+            self._db.close()
+            raise FileFault(f"{self.path}: cannot write to it ({err}): give --out a folder you can write to") from None
         except sqlite3.DatabaseError as err:
             self._db.close()
             raise DataError(f"{self.path} is not a sweep database ({err}): remove it, or give --out a new folder "
