@@ -239,6 +239,9 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
         "train", *TINY, "--parallel.microbatches", "4", "--out", str(t / "o")],
      "--parallel.microbatches 4 splits the batch for pipeline stages", CONF),
     ("sweep: a sweep file with no axes", _empty_sweep_file, "no axes", CONF),
+    ("sweep: a sweep file whose preset is a list", lambda t: (t / "s.toml").write_text(
+        'preset = ["vit-tiny"]\ngrid = {"train.batch_size" = [8, 16]}\n') and [
+        "sweep", "--sweep-file", str(t / "s.toml"), "--dry-run"], "preset '['vit-tiny']' is not a run preset", CONF),
     ("sweep: a sweep file that does not exist", lambda t: ["sweep", "--sweep-file", str(t / "no.toml")], "no.toml",
      CONF),
     ("sweep: --profile with a window of no steps", lambda t: ["sweep", *TINY, "--batch-size", "16,32", "--profile",
