@@ -179,6 +179,9 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
                                                      "--out", str(t / "o")],
      "--model.mlp-dim 2147483647: the parameters alone are 368 EiB on each device (dp on mesh 1x1), and a cpu device "
      "has", CONF),
+    ("train: more devices than XLA simulates in reasonable time", lambda t: [
+        "train", *TINY[:-4], "--devices", "99999", "--out",
+        str(t / "o")], "--devices 99999: at most 4096 CPU devices are simulated", CONF),
     ("train: a profile window of no steps", lambda t: ["train", *TINY, "--profile", "--train.profile-steps", "0",
                                                        "--out", str(t / "o")], "--train.profile-steps 0", CONF),
     ("train: an unknown XLA preset", lambda t: ["train", *TINY, "--train.xla-presets", "turbo", "--out", str(t / "o")],
@@ -397,6 +400,19 @@ def test_bad_input_is_one_line(case: Case, tmp_path: Path, capsys: pytest.Captur
     # No partial output: no run folder, even an empty one, no config.json, checkpoint, temporary or finished file.
     left = sorted(str(p.relative_to(tmp_path)) for p in _everything(tmp_path, cache) - before)
     assert not left, left
+
+
+@pytest.mark.slow
+def test_a_device_count_past_what_xla_simulates_is_refused_without_starting_them(tmp_path: Path) -> None:
+    """In a fresh process, where JAX has not started: XLA is never asked for 99,999 CPU devices (it would take far
+    longer than the timeout here to start them); the count is refused in one line."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, "-m", "shardbench", "train", *TINY[:-4], "--devices", "99999", "--out",
+                           str(tmp_path / "o")], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == EXIT_CODES["configuration"], done.stderr
+    assert "--devices 99999: at most 4096 CPU devices are simulated" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.slow

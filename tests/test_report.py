@@ -273,6 +273,23 @@ def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path:
         write_report(tmp_path / "out")
 
 
+def test_a_hand_written_run_folder_is_read_or_refused_in_one_line(tmp_path: Path) -> None:
+    """A record whose list is null reads as an empty list; one whose list is a number, or a config.json that is
+    not a table of sections, is refused naming the file (never an internal error)."""
+    rec = record("tiny", "dp", "8", 8, breakdown=(10.0, 20.0, 10.0, 30.0), total=70.0, comms={}, epochs=[2.0],
+                 step_ms=10.0, img_s=100.0, mfu=None, acc=0.3)
+    assert from_json({**rec, "measurements": {**rec["measurements"], "partial_epochs": None}}) \
+        .measurements.partial_epochs == []
+    with pytest.raises(ShardbenchError, match=r"summary.json.measurements.partial_epochs should be a list, not int"):
+        from_json({**rec, "measurements": {**rec["measurements"], "partial_epochs": 3}})
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps(rec))
+    (run_dir / "config.json").write_text("[1]")
+    with pytest.raises(DataError, match=r"config.json is not a run's configuration \(a JSON object of sections\)"):
+        write_report(tmp_path / "runs", out_dir=tmp_path / "out")
+
+
 def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> None:
     """A run too short for a step time, and one trained for part of an epoch: the report, the charts and
     the sweep's progress line give the record's own reason. A run folder that never finished is listed."""
