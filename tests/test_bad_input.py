@@ -186,6 +186,9 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
                                                      "--out", str(t / "o")],
      "--model.mlp-dim 2147483647: the parameters alone are 368 EiB on each device (dp on mesh 1x1), and a cpu device "
      "has", CONF),
+    ("train: more devices than XLA simulates in reasonable time", lambda t: [
+        "train", *TINY[:-4], "--devices", "99999", "--out",
+        str(t / "o")], "--devices 99999: at most 4096 CPU devices are simulated", CONF),
     ("train: a profile window of no steps", lambda t: ["train", *TINY, "--profile", "--train.profile-steps", "0",
                                                        "--out", str(t / "o")], "--train.profile-steps 0", CONF),
     ("train: a run name that is an absolute path", lambda t: [
@@ -266,6 +269,9 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
         "train", *TINY, "--parallel.microbatches", "4", "--out", str(t / "o")],
      "--parallel.microbatches 4 splits the batch for pipeline stages", CONF),
     ("sweep: a sweep file with no axes", _empty_sweep_file, "no axes", CONF),
+    ("sweep: a sweep file whose preset is a list", lambda t: (t / "s.toml").write_text(
+        'preset = ["vit-tiny"]\ngrid = {"train.batch_size" = [8, 16]}\n') and [
+        "sweep", "--sweep-file", str(t / "s.toml"), "--dry-run"], "preset '['vit-tiny']' is not a run preset", CONF),
     ("sweep: a sweep file that does not exist", lambda t: ["sweep", "--sweep-file", str(t / "no.toml")], "no.toml",
      CONF),
     ("sweep: --profile with a window of no steps", lambda t: ["sweep", *TINY, "--batch-size", "16,32", "--profile",
@@ -440,6 +446,19 @@ def test_an_unusable_cache_is_named_by_where_its_path_came_from(given: dict[str,
     with pytest.raises(FileFault) as err:
         start_process(override(get_preset("mlp-small"), given))
     assert str(err.value).startswith(says), str(err.value)
+
+
+@pytest.mark.slow
+def test_a_device_count_past_what_xla_simulates_is_refused_without_starting_them(tmp_path: Path) -> None:
+    """In a fresh process, where JAX has not started: XLA is never asked for 99,999 CPU devices (it would take far
+    longer than the timeout here to start them); the count is refused in one line."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, "-m", "shardbench", "train", *TINY[:-4], "--devices", "99999", "--out",
+                           str(tmp_path / "o")], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == EXIT_CODES["configuration"], done.stderr
+    assert "--devices 99999: at most 4096 CPU devices are simulated" in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.slow

@@ -274,7 +274,7 @@ def test_the_report_says_from_which_length_the_ring_overtakes() -> None:
     slower = (both[0], both[2])
     sentence = _ring_findings(runs, {t: ms * (2 if t in slower else 0.5) for t, ms in gathered.items()})
     assert (f"the ring overtakes the all-gather from {both[3]:,} tokens on (its step was not the faster at "
-            f"{both[0]:,}, {both[2]:,} tokens).") in sentence, sentence
+            f"{both[0]:,}, {both[2]:,} tokens, also the faster at {both[1]:,} tokens).") in sentence, sentence
 
 
 @pytest.mark.parametrize("short", [0, 2], ids=["nowhere", "only-the-two-shortest"])

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import shutil
+import sqlite3
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +21,7 @@ import pytest
 from PIL import Image
 
 from shardbench import config as config_lib
-from shardbench.errors import ShardbenchError
+from shardbench.errors import EXIT_CODES, DataError, ShardbenchError
 from shardbench.measure.run_record import from_json
 from shardbench.parsing import override
 from shardbench.presets import get_preset
@@ -268,6 +273,23 @@ def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path:
         write_report(tmp_path / "out")
 
 
+def test_a_hand_written_run_folder_is_read_or_refused_in_one_line(tmp_path: Path) -> None:
+    """A record whose list is null reads as an empty list; one whose list is a number, or a config.json that is
+    not a table of sections, is refused naming the file (never an internal error)."""
+    rec = record("tiny", "dp", "8", 8, breakdown=(10.0, 20.0, 10.0, 30.0), total=70.0, comms={}, epochs=[2.0],
+                 step_ms=10.0, img_s=100.0, mfu=None, acc=0.3)
+    assert from_json({**rec, "measurements": {**rec["measurements"], "partial_epochs": None}}) \
+        .measurements.partial_epochs == []
+    with pytest.raises(ShardbenchError, match=r"summary.json.measurements.partial_epochs should be a list, not int"):
+        from_json({**rec, "measurements": {**rec["measurements"], "partial_epochs": 3}})
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps(rec))
+    (run_dir / "config.json").write_text("[1]")
+    with pytest.raises(DataError, match=r"config.json is not a run's configuration \(a JSON object of sections\)"):
+        write_report(tmp_path / "runs", out_dir=tmp_path / "out")
+
+
 def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> None:
     """A run too short for a step time, and one trained for part of an epoch: the report, the charts and
     the sweep's progress line give the record's own reason. A run folder that never finished is listed."""
@@ -334,6 +356,72 @@ def test_report_command_prints_paths_html_last(sweep_dir: Path, tmp_path: Path,
     assert printed[0] == str(tmp_path / "elsewhere" / "report.md")
     assert printed[-1] == str(tmp_path / "elsewhere" / "report.html")
     assert all(Path(p).exists() for p in printed)
+
+
+def _unwritable(folder: Path, argv: list[str]) -> list[str]:
+    """`argv` run where `folder` cannot be written to: its mode for a user, a read-only mount of it in a mount
+    namespace of its own for root (whom modes do not stop)."""
+    if os.geteuid() != 0:
+        for p in (folder, *folder.iterdir()):
+            p.chmod(0o555 if p.is_dir() else 0o444)
+        return argv
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True, check=False).returncode != 0:
+        pytest.skip("root without a mount namespace of its own (unshare -m): no folder can be made read-only here")
+    q = shlex.quote(str(folder))
+    return ["unshare", "-m", "sh", "-c", f'mount --bind {q} {q} && mount -o remount,bind,ro {q} && exec "$@"',
+            "sh", *argv]
+
+
+def test_a_sweep_the_reader_cannot_write_to_is_reported_and_left_as_it_was(tmp_path: Path) -> None:
+    """Another user's sweep, or a read-only copy: `report --out` elsewhere reads its sweep.db without writing in
+    its folder (neither WAL's files nor the tables a sweep creates)."""
+    sweep, out = tmp_path / "sweep", tmp_path / "out"
+    with Store(sweep / "sweep.db") as store:
+        store.set_meta("preset", "vit-tiny")
+        for r in sweep_rows():
+            store.add(r)
+    before = {p.name: p.read_bytes() for p in sweep.iterdir()}
+    try:
+        argv = _unwritable(sweep, [sys.executable, "-m", "shardbench", "report", str(sweep), "--out", str(out)])
+        done = subprocess.run(argv, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                              timeout=300, check=False)
+    finally:
+        for p in (sweep, *sweep.iterdir()):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    assert done.returncode == 0, done.stderr
+    assert all(f"| {r.name} " in (out / "report.md").read_text() for r in sweep_rows())
+    assert {p.name: p.read_bytes() for p in sweep.iterdir()} == before
+
+
+def test_a_sweep_resumed_where_it_cannot_write_is_told_so_not_that_its_database_is_damaged(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    with Store(sweep / "sweep.db") as store:
+        store.set_meta("preset", "vit-tiny")
+    try:
+        argv = _unwritable(sweep, [sys.executable, "-m", "shardbench", "sweep", "--resume", "--out", str(sweep)])
+        done = subprocess.run(argv, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                              timeout=300, check=False)
+    finally:
+        for p in (sweep, *sweep.iterdir()):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    assert done.returncode == EXIT_CODES["files"], done.stderr
+    line = done.stderr.strip()  # SQLite's reason varies: root's read-only mount, a user's file mode
+    assert line.startswith(f"shardbench: error: {sweep / 'sweep.db'}: cannot write to it (") and line.endswith(
+        "): give --out a folder you can write to"), line
+
+
+def test_an_empty_or_foreign_database_is_read_as_what_it_is(tmp_path: Path) -> None:
+    """Read-only, an empty file is a sweep with no runs, and a database of other tables is no sweep's."""
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with Store(empty, read_only=True) as store:
+        assert store.runs() == [] and store.get_meta("preset") is None
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE songs (title TEXT)")
+    with pytest.raises(DataError, match="is not a sweep database"):
+        Store(foreign, read_only=True)
+    assert empty.read_bytes() == b""
 
 
 # ----------------------------------------------------------------------------------- the page in a browser

@@ -130,6 +130,17 @@ def test_no_crossover_is_declared_from_an_undecided_gap() -> None:
             "steps).") in one
 
 
+def test_an_undecided_length_between_two_wins_does_not_move_the_crossover() -> None:
+    """From 1 timed step: the ring 30% faster at 1,024 tokens, 5% at 2,048 (undecided: within 15%), 40% at 4,096.
+    The undecided length counts neither way, so the ring is the faster from the shortest length on."""
+    figures = {1024: (70.0, 100.0), 2048: (95.0, 100.0), 4096: (60.0, 100.0)}
+    (found,) = context_findings([_context(f"{mode}_{t}", mode, t, ms[i], 1) for t, ms in figures.items()
+                                 for i, mode in enumerate(("ring", "all-gather"))])
+    assert ("the ring's step was the faster from the shortest length measured, 1,024 tokens, on (it was undecided "
+            "at 2,048 tokens, where the two steps are within 15% of each other from fewer than 5 timed steps).") \
+        in found, found
+
+
 # ----------------------------------------------------------------------------- 3: what differs
 def test_every_setting_that_differs_is_named_and_no_mfu_stands_in() -> None:
     """Slower runs that differ from the fastest only in the matmul precision, in gradient accumulation, or in

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from shardbench.cli import main
 from shardbench.errors import ConfigError
 from shardbench.sweep import sweep_cmd
 from shardbench.naming import run_name
@@ -163,6 +164,27 @@ def test_comma_lists_become_axes_and_tuple_fields_take_semicolons() -> None:
         "strategy_dp_tp_crop_scale_0.5_1.0"
     s = make_sweep("vit-tiny", values={"train.batch_size": "32,64", "model.embed_dim": "32"})
     assert [r.name for r in s.runs] == ["batch_32", "batch_64"] and s.base == {"model.embed_dim": 32}
+
+
+@pytest.mark.slow
+def test_a_run_whose_values_make_a_long_name_runs_in_a_folder_of_a_short_one(tmp_path: Path) -> None:
+    """Two runs whose swept values name them with 560 characters (a file name may have 255 bytes): each keeps the
+    start of its name and a hash of the whole, so the two stay apart, and each runs and is reported."""
+    cache = "/" + "/".join(["x" * 60] * 9)
+    runs = [run_name({"data.cache_dir": f"{cache}{end}"}) for end in ("a", "b")]
+    assert [len(n) for n in runs] == [200, 200] and runs[0] != runs[1]
+    assert runs[0][:-13] == runs[1][:-13] and runs[0].startswith(f"cache_dir__{'x' * 60}_{'x' * 60}")
+    assert run_name({"data.cache_dir": "/short"}) == "cache_dir__short"  # a name that fits is as it was
+    out = tmp_path / "long"
+    code = main(["sweep", "--preset", "mlp-small", "--devices", "1", "--steps", "1", "--batch-size", "16",
+                 "--data.synthetic-train", "64", "--data.synthetic-test", "32", "--model.num-layers", "2",
+                 "--model.mlp-dim", "16", "--no-train.eval", "--data.cache-dir",
+                 f"{tmp_path / 'c'}{cache}a;{tmp_path / 'c'}{cache}b", "--out", str(out)])
+    assert code == 0
+    with Store(out / "sweep.db") as store:
+        rows = store.runs()
+    assert [r.status for r in rows] == ["complete", "complete"] and all(len(r.name) == 200 for r in rows)
+    assert all((out / "runs" / r.name / "summary.json").exists() for r in rows)
 
 
 def test_unknown_fields_and_malformed_values_stop_the_sweep(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -4,10 +4,15 @@ run of its own, or from the values a sweep varies for each of its runs.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
 from shardbench.config import Config
+
+# The longest run name: a run's folder is named by it, and a file name may have 255 bytes (its log adds ".log",
+# a second process's ".p1.log"). A longer name keeps its first characters and ends in a hash of the whole.
+MAX_NAME = 200
 
 # How a swept field shows in a run name, as in the seed's run names (mesh_4_2_batch_1024); others use the field.
 NAME_PARTS: dict[str, str] = {
@@ -29,11 +34,16 @@ def _name_value(key: str, value: Any) -> str:
 
 
 def run_name(overrides: dict[str, Any]) -> str:
-    """The seed's style, from the swept values only: mesh_4_2_batch_1024, pdtype_bfloat16, lr_0.001."""
+    """The seed's style, from the swept values only: mesh_4_2_batch_1024, pdtype_bfloat16, lr_0.001; past
+    `MAX_NAME` characters, its start and a hash of the whole name (two runs keep two names)."""
     if not overrides:
         return "base"
     parts = [f"{NAME_PARTS.get(k, k.partition('.')[2])}_{_name_value(k, v)}" for k, v in overrides.items()]
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(parts)).strip("_")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", "_".join(parts)).strip("_")
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"{name[:MAX_NAME - len(digest) - 1]}_{digest}"
 
 
 def config_run_name(cfg: Config, mesh: str, strategy: str, implied: str) -> str:

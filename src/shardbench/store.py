@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shardbench.errors import DataError
+from shardbench.errors import DataError, FileFault
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -77,11 +77,48 @@ def _dump(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-class Store:
-    """Opens (or creates) a sweep database; rows come back in the order they were added."""
+def _open_to_read(path: Path) -> sqlite3.Connection:
+    """A sweep database opened only to read it (a report of a sweep in a folder it cannot write to: a read-only
+    copy, another user's runs): no switch to WAL and no tables created, which are writes. SQLite's read-only mode
+    first; where even that cannot open the file (a WAL database in a folder where SQLite cannot make its
+    shared-memory file), the file as it stands (`immutable`: rows a killed sweep left in its -wal file alone are not
+    seen then). An empty database reads as a sweep with no runs."""
+    failure: sqlite3.Error | None = None
+    for mode in ("mode=ro", "immutable=1"):
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True, timeout=30.0)
+        except sqlite3.Error as err:
+            failure = err
+            continue
+        try:
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        except sqlite3.OperationalError as err:  # cannot open or lock it this way: the next way
+            db.close()
+            failure = err
+            continue
+        except sqlite3.DatabaseError as err:
+            db.close()
+            raise DataError(f"{path} is not a sweep database ({err})") from None
+        if not tables:
+            db.close()
+            db = sqlite3.connect(":memory:")
+            db.executescript(SCHEMA)
+        elif not {"runs", "meta"} <= tables:
+            db.close()
+            raise DataError(f"{path} is not a sweep database (its tables are {', '.join(sorted(tables))})")
+        return db
+    raise DataError(f"{path}: cannot open it to read ({failure})")
 
-    def __init__(self, path: Path) -> None:
+
+class Store:
+    """Opens (or creates) a sweep database; rows come back in the order they were added. `read_only`: only to read
+    an existing one (a report), changing nothing in it or beside it."""
+
+    def __init__(self, path: Path, read_only: bool = False) -> None:
         self.path = Path(path)
+        if read_only:
+            self._db = _open_to_read(self.path)
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # A generous busy timeout: a report reading the file while the sweep writes must wait, not fail.
         self._db = sqlite3.connect(self.path, timeout=30.0)
@@ -89,6 +126,9 @@ class Store:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(SCHEMA)
             self._db.commit()
+        except sqlite3.OperationalError as err:  # a database it cannot write to (or lock): not a damaged one
+            self._db.close()
+            raise FileFault(f"{self.path}: cannot write to it ({err}): give --out a folder you can write to") from None
         except sqlite3.DatabaseError as err:
             self._db.close()
             raise DataError(f"{self.path} is not a sweep database ({err}): remove it, or give --out a new folder "

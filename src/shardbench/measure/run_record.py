@@ -292,9 +292,9 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def _build(kind: Any, value: Any, strict: bool, where: str) -> Any:
     """`value` (JSON) as `kind`; dataclasses recursively."""
-    if value is None:
-        return None
     origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if value is None:  # a list or a table written as null is an empty one; anything else null stays None
+        return [] if origin is list else {} if origin is dict else None
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         return _build(inner[0], value, strict, where) if len(inner) == 1 else value
@@ -307,8 +307,12 @@ def _build(kind: Any, value: Any, strict: bool, where: str) -> Any:
             raise RecordError(f"{where} has unknown field '{unknown[0]}' for record version {SCHEMA_VERSION}")
         return kind(**{k: _build(hints[k], v, strict, f"{where}.{k}") for k, v in value.items() if k in hints})
     if origin is list and args:
+        if not isinstance(value, list):
+            raise RecordError(f"{where} should be a list, not {type(value).__name__}")
         return [_build(args[0], v, strict, f"{where}[{i}]") for i, v in enumerate(value)]
     if origin is dict and len(args) == 2:
+        if not isinstance(value, dict):
+            raise RecordError(f"{where} should be an object, not {type(value).__name__}")
         return {k: _build(args[1], v, strict, f"{where}.{k}") for k, v in value.items()}
     return value
 

@@ -102,18 +102,24 @@ def _undecided_note(lengths: list[int]) -> str:
 
 
 def _crossover(lengths: list[int], faster: list[int], open_: list[int] | None = None) -> str:
-    """Where the ring overtakes the all-gather: the shortest of the `lengths` (ascending, both modes ran) from which
-    the ring's step is decidedly the faster (`faster`) at it and at every longer one; the shortest itself, or
-    none. `open_` are the lengths where the gap is undecided: they count neither way."""
+    """Where the ring overtakes the all-gather: the shortest of the `lengths` (ascending, both modes ran) at which
+    the ring's step is decidedly the faster (`faster`) and, at every longer one, the faster or undecided; the
+    shortest itself, or none. `open_` are the lengths where the gap is undecided: they count neither way, and are
+    said wherever they fall, as are the wins before a crossover."""
     open_ = open_ or []
-    overtakes = next((t for t in lengths if all(u in faster for u in lengths if u >= t)), None)
+    overtakes = next((t for t in lengths if t in faster and all(u in faster or u in open_ for u in lengths if u > t)),
+                     None)
     if overtakes == lengths[0]:
-        return f"the ring's step was the faster at every length measured, from the shortest, {overtakes:,} tokens"
+        if not open_:
+            return f"the ring's step was the faster at every length measured, from the shortest, {overtakes:,} tokens"
+        return (f"the ring's step was the faster from the shortest length measured, {overtakes:,} tokens, on (it was "
+                f"{_undecided_note(open_)})")
     if overtakes is not None:
         slower = [t for t in lengths if t < overtakes and t not in faster and t not in open_]
-        before = [t for t in open_ if t < overtakes]
+        won = [t for t in faster if t < overtakes]
         said = [f"not the faster at {_tokens(slower)} tokens"] if slower else []
-        said += [_undecided_note(before)] if before else []
+        said += [f"also the faster at {_tokens(won)} tokens"] if won else []
+        said += [_undecided_note(open_)] if open_ else []
         return f"the ring overtakes the all-gather from {overtakes:,} tokens on (its step was {', '.join(said)})"
     span = f"{lengths[0]:,} to {lengths[-1]:,} tokens" if len(lengths) > 1 else f"{lengths[0]:,} tokens"
     verdict = f"the ring never overtakes the all-gather within the lengths measured ({span})"

@@ -36,8 +36,17 @@ def _read_json(path: Path) -> Any:
         raise DataError(f"cannot read {path}: {err}") from None
 
 
+def _read_config(path: Path) -> dict[str, Any]:
+    """A run folder's config.json as its flat fields ({"section.field": value})."""
+    nested = _read_json(path)
+    if not isinstance(nested, dict):
+        raise DataError(f"{path} is not a run's configuration (a JSON object of sections), but a "
+                        f"{type(nested).__name__}")
+    return {f"{s}.{k}": v for s, sec in nested.items() if isinstance(sec, dict) for k, v in sec.items()}
+
+
 def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
-    with Store(db) as store:
+    with Store(db, read_only=True) as store:
         rows = store.runs()
         meta = {key: store.get_meta(key) for key in ("preset", "axes", "created")}
     return [reported(r, f"{db}: run {r.name}") for r in rows], meta
@@ -49,8 +58,7 @@ def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
         if skip in summary.parents:
             continue
         record = _read_json(summary)
-        nested = _read_json(summary.with_name("config.json")) if summary.with_name("config.json").exists() else {}
-        config = {f"{s}.{k}": v for s, sec in nested.items() if isinstance(sec, dict) for k, v in sec.items()}
+        config = _read_config(summary.with_name("config.json")) if summary.with_name("config.json").exists() else {}
         relative = summary.parent.relative_to(root).as_posix()
         name = str(record.get("run_name") or relative)
         if name in {r.name for r in runs}:  # two folders with one run name: their paths tell them apart
@@ -62,8 +70,7 @@ def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
     for saved in sorted(root.rglob("config.json")):
         if skip in saved.parents or saved.with_name("summary.json").exists():
             continue
-        nested = _read_json(saved)
-        config = {f"{s}.{k}": v for s, sec in nested.items() if isinstance(sec, dict) for k, v in sec.items()}
+        config = _read_config(saved)
         runs.append(ReportedRun(saved.parent.relative_to(root).as_posix(), "failed", INCOMPLETE,
                         "no summary.json: the run did not finish (stopped, killed, or still running)", {}, config,
                         None))

@@ -49,7 +49,7 @@ def parse_sweep(data: Any, label: str) -> SweepFile:
     if unknown:
         raise ConfigError(f"unknown key '{unknown[0]}': use {', '.join(KEYS)}")
     preset = data.get("preset")
-    if preset is not None and preset not in PRESETS:
+    if preset is not None and (not isinstance(preset, str) or preset not in PRESETS):
         raise ConfigError(f"preset '{preset}' is not a run preset: choose one of {', '.join(PRESETS)}")
     raw_axes = data.get("axes", [])
     if not isinstance(raw_axes, list) or not all(isinstance(a, list) and a for a in raw_axes):
