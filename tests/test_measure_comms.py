@@ -170,3 +170,72 @@ def test_permutes_along_the_stage_axis_alone_are_the_stage_to_stage_transfers() 
     assert along_one_axis(report.ops, (2, 2, 2), 1) == Collective(count=5, bytes=5 * 256, sent_bytes=5 * 256)
     assert along_one_axis(report.ops, (2, 2, 2), 0) == Collective(count=1, bytes=256, sent_bytes=256)
     assert along_one_axis(report.ops, (2, 2, 2), 2) == Collective(count=0, bytes=0, sent_bytes=0)
+
+
+def test_a_collective_permute_is_sent_by_its_source_devices_alone() -> None:
+    """Hand-written HLO on 8 devices. Inside a loop of 3: a shift split in two, as XLA splits a pipeline's
+    backward ring, 2,048 bytes each; devices 1, 2, 3, 5, 6, 7 are sources in the first, 0 and 4 in the second, so
+    each device sends one buffer per iteration: 6,144 bytes. After the loop, once: 14,336 bytes from devices 3 and 7
+    alone, and 1,024 bytes that device 0 sends to two devices (2,048 from it). By device: 0 sends 8,192, 3 and 7
+    20,480, every other 6,144. The record's figure is the fullest device's, 20,480, not the payload of 27,648 (every
+    permute's buffer on every device, the figure before permutes were charged to their sources alone)."""
+    hlo = """HloModule m, entry_computation_layout={()->()}, num_partitions=8
+
+%body (p: (s32[], f32[512])) -> (s32[], f32[512]) {
+  %p = (s32[], f32[512]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[512]{0} get-tuple-element(%p), index=1
+  %most = f32[512]{0} collective-permute(%x), channel_id=1, source_target_pairs={{1,0},{2,1},{3,2},{5,4},{6,5},{7,6}}
+  %wrap = f32[512]{0} collective-permute(%x), channel_id=2, source_target_pairs={{0,3},{4,7}}
+  %y = f32[512]{0} add(%most, %wrap)
+  ROOT %t = (s32[], f32[512]{0}) tuple(%i, %y)
+}
+
+%cond (c: (s32[], f32[512])) -> pred[] {
+  %c = (s32[], f32[512]{0}) parameter(0)
+  %n = s32[] get-tuple-element(%c), index=0
+  %bound = s32[] constant(3)
+  ROOT %lt = pred[] compare(%n, %bound), direction=LT
+}
+
+ENTRY %main () -> f32[256] {
+  %init = (s32[], f32[512]{0}) parameter(0)
+  %w = (s32[], f32[512]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %outs = f32[7,512]{1,0} parameter(1)
+  %last = f32[7,512]{1,0} collective-permute(%outs), channel_id=3, source_target_pairs={{3,0},{7,4}}
+  %g = f32[256]{0} parameter(2)
+  ROOT %twice = f32[256]{0} collective-permute(%g), channel_id=4, source_target_pairs={{0,1},{0,2}}
+}
+"""
+    from shardbench.measure.comms import fullest_sent
+
+    report = count_collectives(hlo)
+    assert report.by_kind == {"collective-permute": Collective(count=8, bytes=27648, sent_bytes=20480)}
+    by_device: dict[int, int] = {}
+    for op in report.ops:
+        for device, sent in (op.sent_by_device() or {}).items():
+            by_device[device] = by_device.get(device, 0) + op.count * sent
+    assert by_device == {0: 8192, 1: 6144, 2: 6144, 3: 20480, 4: 6144, 5: 6144, 6: 6144, 7: 20480}
+    assert fullest_sent(report.ops, 8) == (20480, sum(by_device.values()))
+    assert report.total_sent_bytes == 20480
+
+
+def test_ppermute_to_some_devices_is_charged_to_its_sources() -> None:
+    """8 devices, a (4, 16) float32 block each (256 bytes). A scan of 3 runs two shifts per iteration, one from
+    devices 0 and 4, the other from 1, 2, 5 and 6 (3 and 7 send in neither); then once, device 3 to 0. By hand:
+    devices 0, 1, 2, 4, 5, 6 send 3 x 256 = 768 bytes, device 3 256, device 7 nothing; 7 permutes of 256 bytes in
+    all (a payload of 1,792 per device)."""
+    def body(x):
+        def step(c, _):
+            a = jax.lax.ppermute(c, "d", [(0, 1), (4, 5)])
+            b = jax.lax.ppermute(c * 2, "d", [(1, 2), (2, 3), (5, 6), (6, 7)])
+            return c + a + b, None
+
+        x, _ = jax.lax.scan(step, x, None, length=3)
+        return x + jax.lax.ppermute(x, "d", [(3, 0)])
+
+    f = jax.shard_map(body, mesh=_mesh(), in_specs=P("d"), out_specs=P("d"))
+    report = count_collectives(_hlo(f, jnp.ones((32, 16), jnp.float32)))
+    assert report.by_kind == {"collective-permute": Collective(count=7, bytes=7 * 256, sent_bytes=3 * 256)}
+    sources = sorted((op.count, sorted(op.sent_by_device() or {})) for op in report.ops)
+    assert sources == [(1, [3]), (3, [0, 4]), (3, [1, 2, 5, 6])]

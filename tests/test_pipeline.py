@@ -8,6 +8,7 @@ The model: `mlp` with 16 inputs, width 64, 5 layers (4 stacked, one per stage) a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import jax
@@ -102,6 +103,51 @@ def test_each_iteration_shifts_one_microbatch_between_stages(tmp_path: Path, str
     assert shifts.count == 3 * iterations + len(permutes) - 3
     # Each of them crosses the stage axis alone: the record's stage-to-stage transfers are all of them here.
     assert along_one_axis(comms.ops, parse_mesh(mesh, devices).sizes, MESH_AXES.index("stage")) == shifts
+    # What each device sends (`_sent_by_hand`): the record gives the fullest device's, the last stage's.
+    assert _sent_by_device(comms) == {d: _sent_by_hand(d % STAGES, microbatches, activation)
+                                      for d in range(devices)}
+    assert shifts.sent_bytes == _sent_by_hand(STAGES - 1, microbatches, activation)
+
+
+def _sent_by_device(comms) -> dict[int, int]:  # noqa: ANN001 - a CommsReport
+    sent: dict[int, int] = {}
+    for op in comms.ops:
+        for device, b in (op.sent_by_device() or {}).items():
+            sent[device] = sent.get(device, 0) + op.count * b
+    return sent
+
+
+def _sent_by_hand(stage: int, microbatches: int, activation: int) -> int:
+    """Bytes a device of `stage` sends per step under GPipe (M microbatches of `activation` bytes per device, S =
+    STAGES, M + S - 1 iterations): in each iteration one microbatch's activations one stage on (every device, the
+    wrap from the last stage to stage 0 included) and one microbatch's gradient one stage back (the two permutes XLA
+    splits the backward ring into: each device is a source in one of them); after the loop the last stage sends
+    its stacked outputs of all M + S - 1 iterations to stage 0, and stage 0 sends the M real outputs' gradient back
+    to the last stage."""
+    iterations = microbatches + STAGES - 1
+    once = iterations if stage == STAGES - 1 else microbatches if stage == 0 else 0
+    return (2 * iterations + once) * activation
+
+
+@pytest.mark.slow
+def test_the_record_charges_each_stage_to_stage_transfer_to_the_device_that_sends_it(tmp_path: Path) -> None:
+    """One step of dp+pp on data=2, stage=4 with 4 microbatches of 32 / 4 / 2 = 4 rows per device (4 x 64 x 4 =
+    1,024 bytes), 7 iterations: the last stage sends 3 x 7 microbatches (`_sent_by_hand`), 21,504 bytes, the most
+    of any device (stage 0: 18,432; stages 1 and 2: 14,336). The record's bytes sent, in comms and in
+    pipeline_transfers, are that device's; the payload counts every permute's buffer on every device, 23 permutes
+    of 32 microbatches' bytes (32,768), which the record gave as bytes sent too before a permute was charged to
+    its source devices alone."""
+    from shardbench.train.loop import run
+
+    microbatches, activation = 4, BATCH // 4 // 2 * WIDTH * 4
+    run(override(_cfg(tmp_path, "dp+pp", "data=2,stage=4", 8, microbatches),
+                  {"train.steps": 1, "train.checkpoint_every": 0, "train.compile_cache": "off"}))
+    record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
+    fullest = _sent_by_hand(STAGES - 1, microbatches, activation)
+    assert fullest == 21504 > _sent_by_hand(0, microbatches, activation) > _sent_by_hand(1, microbatches, activation)
+    transfers = {"count": 3 * 7 + 2, "bytes": (3 * 7 + 7 + 4) * activation, "sent_bytes": fullest}
+    assert record["comms"]["collective-permute"] == transfers
+    assert record["pipeline_transfers"] == transfers
 
 
 def test_circular_stages_hold_every_sth_chunk(tmp_path: Path) -> None:

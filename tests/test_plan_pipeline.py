@@ -3,6 +3,7 @@ time, and the stage-to-stage bytes on the link they cross, against hand counts."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,15 +72,36 @@ def test_the_bubble_stretches_a_stages_matmuls() -> None:
     assert step_features(old, _hardware(), "none", "float32").compute_s == pytest.approx(2.75)
 
 
+def test_a_permutes_link_time_is_what_its_fullest_device_sends() -> None:
+    """The pipeline of tests/test_pipeline.py's record test as the planner holds it: 23 permutes with a payload of
+    65,536 bytes per device, of which the fullest device sends 43,008 and the 4 devices 137,216 together. On
+    devices of their own a step waits on the fullest: 43,008 bytes at 1e8 B/s; on simulated devices sharing a
+    host, every device's copies add up: 137,216 bytes. A result written before bytes sent were kept has its
+    payload charged to every device (65,536; x 4 on a shared host)."""
+    permutes = {"kind": "collective-permute", "link": "inter", "group": 2, "count": 23, "bytes": 65536,
+                "sent": 43008, "sent_all": 137216, "stage": True}
+    result = {"devices": 4, "flops": {"analytic_per_step": 0.0, "xla_per_device": None}, "bytes_accessed": 0.0,
+              "kernels": 0, "platform": "gpu", "collectives": [permutes]}
+    own, shared = _hardware(), replace(_hardware(), shared_host=True)
+    assert step_features(result, own, "none", "float32").link_s["inter"] == pytest.approx(43008 / 1e8)
+    assert step_features(result, shared, "none", "float32").link_s["inter"] == pytest.approx(137216 / 1e8)
+    old = {**result, "collectives": [{k: v for k, v in permutes.items() if k not in ("sent", "sent_all")}]}
+    assert step_features(old, own, "none", "float32").link_s["inter"] == pytest.approx(65536 / 1e8)
+    assert step_features(old, shared, "none", "float32").link_s["inter"] == pytest.approx(4 * 65536 / 1e8)
+
+
 @pytest.mark.slow
 def test_stage_to_stage_bytes_are_predicted_on_the_link_they_cross(tmp_path: Path) -> None:
     """mlp of width 64, batch 32, 4 stacked layers on 4 stages, 4 microbatches of 8 rows (8 x 64 x 4 = 2,048
     bytes each), M + S - 1 = 7 iterations: 3 shifts per iteration (one forward, two back: tests/test_pipeline.py)
     = 21 x 2,048; then, once, the last stage's outputs reach stage 0: forward, the scan's stacked output of all 7
     iterations (7 x 2,048; the slice to the 4 real microbatches comes after), and back the 4 microbatches'
-    gradient (4 x 2,048). In all 32 x 2,048 = 65,536 bytes per device per step, every one between stages. Two
-    devices per node: the ring of stages 0-1-2-3-0 crosses nodes, so each shift is on the inter-node link; four
-    per node: inside one."""
+    gradient (4 x 2,048). In all 32 x 2,048 = 65,536 bytes of payload per device per step, every one between
+    stages. A device sends its buffer only where it is a permute's source: one shift on and one back per iteration
+    each, the stacked outputs from the last stage alone, their gradient from stage 0 alone; so the last stage
+    sends the most, 3 x 7 x 2,048 = 43,008, and the 4 devices (36,864, 28,672, 28,672, 43,008) 137,216 together.
+    Two devices per node: the ring of stages 0-1-2-3-0 crosses nodes, so each shift is on the inter-node link;
+    four per node: inside one."""
     from shardbench.plan.compile import compile_candidate
 
     cfg = override(get_preset("mlp-small"), {
@@ -91,5 +113,6 @@ def test_stage_to_stage_bytes_are_predicted_on_the_link_they_cross(tmp_path: Pat
         stage = [c for c in result["collectives"] if c["stage"]]
         assert {c["link"] for c in stage} == {link}
         assert sum(c["bytes"] for c in stage) == (3 * 7 + 7 + 4) * 2048
+        assert [(c["sent"], c["sent_all"]) for c in stage] == [(3 * 7 * 2048, (2 * 7 * 4 + 7 + 4) * 2048)]
         assert result["pipeline"] == {"stages": 4, "microbatches": 4, "schedule": "gpipe", "bubble": 3 / 7,
                                       "work": 7 / 4}

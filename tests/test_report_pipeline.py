@@ -16,19 +16,23 @@ MIB = 2**20
 
 def _run(name: str, strategy: str, devices: int, step_ms: float, breakdown: tuple[float, float, float, float],
          stages: int | None = None, microbatches: int = 0, per_shard: int = 64,
-         transfers: tuple[int, float] = (0, 0.0)) -> Any:
+         transfers: tuple[int, float] = (0, 0.0), sent: float | None = None) -> Any:
     """A run of `mlp` at batch 64 (one data shard where it pipelines): `stages` and `microbatches` as the record
-    of a pipeline writes them, with GPipe's formula."""
+    of a pipeline writes them, with GPipe's formula. `transfers`: the permutes' executions and payload (MiB);
+    `sent`: the MiB the fullest device sends in them (None: a record written before bytes sent were kept)."""
     mesh = f"stage={stages}" if stages else str(devices)
+    staged = bool(stages and stages > 1)
     rec = record(name, strategy, mesh, devices, breakdown=breakdown, total=sum(breakdown) + 1.0,
-                 comms={"collective-permute": (transfers[0], transfers[1])} if stages and stages > 1 else {},
+                 comms={"collective-permute": (transfers[0], transfers[1])} if staged else {},
+                 sent={"collective-permute": sent} if staged and sent is not None else None,
                  epochs=[1.0], step_ms=step_ms, img_s=64 / step_ms * 1e3, mfu=None, acc=0.1)
     m = rec["measurements"]
     m.update(global_batch=64, grad_accum=1, microbatch=64, microbatch_per_shard=per_shard)
     if stages:
         m.update(pipeline_stages=stages, pipeline_microbatches=microbatches,
                  pipeline_bubble=(stages - 1) / (microbatches + stages - 1),
-                 pipeline_transfers={"count": transfers[0], "bytes": int(transfers[1] * MIB)})
+                 pipeline_transfers={"count": transfers[0], "bytes": int(transfers[1] * MIB)}
+                 | ({} if sent is None else {"sent_bytes": int(sent * MIB)}))
     overrides = {"parallel.strategy": strategy, "parallel.devices": devices, "parallel.mesh": mesh,
                  "model.kind": "mlp", "train.batch_size": 64}
     if stages:
@@ -36,13 +40,19 @@ def _run(name: str, strategy: str, devices: int, step_ms: float, breakdown: tupl
     return row(name, overrides, rec)
 
 
-def _write(tmp_path: Path) -> str:
+def _write(tmp_path: Path, sent: float | None = 0.75) -> str:
+    """The sweep's report. Its pipelines' permutes have a payload of 1 MiB per device, of which the fullest device
+    sends `sent` MiB (the others send less: a permute is sent by its source devices alone); None: records written
+    before bytes sent were kept."""
     rows = [
         _run("dp", "dp", 8, 100.0, (8.0, 16.0, 8.0, 10.0)),
         # 4 stages: a quarter of the stacked parameters each (here all of them, for round numbers).
-        _run("pp_m8", "pp", 4, 500.0, (2.0, 4.0, 2.0, 6.0), stages=4, microbatches=8, transfers=(33, 1.0)),
-        _run("pp_m16", "pp", 4, 450.0, (2.0, 4.0, 2.0, 4.0), stages=4, microbatches=16, transfers=(57, 1.0)),
-        _run("pp_m32", "pp", 4, 400.0, (2.0, 4.0, 2.0, 3.0), stages=4, microbatches=32, transfers=(105, 1.0)),
+        _run("pp_m8", "pp", 4, 500.0, (2.0, 4.0, 2.0, 6.0), stages=4, microbatches=8, transfers=(33, 1.0),
+             sent=sent),
+        _run("pp_m16", "pp", 4, 450.0, (2.0, 4.0, 2.0, 4.0), stages=4, microbatches=16, transfers=(57, 1.0),
+             sent=sent),
+        _run("pp_m32", "pp", 4, 400.0, (2.0, 4.0, 2.0, 3.0), stages=4, microbatches=32, transfers=(105, 1.0),
+             sent=sent),
         # The one-stage references: 8 rows per microbatch (64 / 8) and 4 (64 / 16); none for M = 32 (2 rows).
         _run("one_m8", "pp", 1, 1000.0, (8.0, 16.0, 8.0, 12.0), stages=1, microbatches=8),
         _run("one_m16", "pp", 1, 1200.0, (8.0, 16.0, 8.0, 9.0), stages=1, microbatches=16),
@@ -62,7 +72,7 @@ def test_the_measured_bubble_is_one_minus_the_split_one_stage_time_over_the_step
     assert (table["pp_m8"]["bubble % formula"], table["pp_m8"]["bubble % measured"]) == ("27.3", "50.0")
     assert (table["pp_m16"]["bubble % formula"], table["pp_m16"]["bubble % measured"]) == ("15.8", "33.3")
     assert (table["pp_m32"]["bubble % measured"], table["dp"]["bubble % formula"]) == ("–", "–")
-    assert table["one_m8"]["bubble % measured"] == "–" and table["pp_m8"]["stage-to-stage MiB/step"] == "1.00"
+    assert table["one_m8"]["bubble % measured"] == "–"
     assert ("mlp pp on 4 stages, gpipe, M=8: bubble by the schedule's formula 27.3%, measured 50.0% (step 500.0 ms "
             "against the ideal 250.0 ms: the one-stage run's 1,000.0 ms x 8/8 microbatches / 4 stages, one_m8)") in text
     assert "M=16: bubble by the schedule's formula 15.8%, measured 33.3%" in text
@@ -73,9 +83,25 @@ def test_the_measured_bubble_is_one_minus_the_split_one_stage_time_over_the_step
     assert "No one-stage run of the same model at the same microbatch size to measure the bubble of pp_m32" in text
 
 
+def test_the_stage_transfers_are_what_the_fullest_device_sends(tmp_path: Path) -> None:
+    """The stage-to-stage column and sentence give the bytes the fullest device sends (0.75 MiB), as the record's
+    sent_bytes and the comms total do, not the permutes' payload (1 MiB on every device); a record written before
+    bytes sent were kept gives its payload, marked as one."""
+    text = _write(tmp_path / "sent")
+    table = {r["run"]: r for r in markdown_table(text.split("## Runs")[1].split("\n\n")[1])}
+    assert table["pp_m8"]["stage-to-stage MiB/step"] == "0.75" and table["dp"]["stage-to-stage MiB/step"] == "–"
+    assert ("mlp pp on 4 stages, gpipe, M=8: 33 stage-to-stage transfers per step, 0.75 MiB per device, of 0.75 MiB "
+            "in all its collectives.") in text
+    old = _write(tmp_path / "payload", sent=None)
+    table = {r["run"]: r for r in markdown_table(old.split("## Runs")[1].split("\n\n")[1])}
+    assert table["pp_m8"]["stage-to-stage MiB/step"] == "1.00 (payload)"
+    assert ("mlp pp on 4 stages, gpipe, M=8: 33 stage-to-stage transfers per step, 1.00 MiB per device, of 1.00 MiB "
+            "in all its collectives (payloads: the record has no bytes sent).") in old
+
+
 def test_the_stage_transfers_and_each_layouts_memory_are_named(tmp_path: Path) -> None:
     text = _write(tmp_path)
-    assert "mlp pp on 4 stages, gpipe, M=8: 33 stage-to-stage transfers per step, 1.00 MiB per device, of 1.00 MiB" \
+    assert "mlp pp on 4 stages, gpipe, M=8: 33 stage-to-stage transfers per step, 0.75 MiB per device, of 0.75 MiB" \
         in text
     # Parameters + optimizer state against dp's 24 MiB: 6 MiB is 1/4.0; the one-stage references are left out.
     assert ("mlp, MiB per device: parameters + optimizer state dp 24.0; pp gpipe M=8 6.0 (1/4.0 of dp's); pp gpipe "

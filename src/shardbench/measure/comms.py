@@ -3,8 +3,12 @@
 Two byte figures per collective, both per device per step: the payload, the collective's buffer (an
 all-reduce's buffer, an all-gather's gathered output, a reduce-scatter's input, an all-to-all's or a
 collective-permute's buffer), and the bytes one device sends on a ring of the op's group of N devices:
-2(N-1)/N x the payload for an all-reduce, (N-1)/N for an all-gather, reduce-scatter or all-to-all, the whole
-buffer for a collective-permute (`sent_fraction`). Payloads do not compare across kinds: data parallelism's
+2(N-1)/N x the payload for an all-reduce, (N-1)/N for an all-gather, reduce-scatter or all-to-all
+(`sent_fraction`). A collective-permute is sent by the source devices of its source-target pairs alone, its
+whole buffer once per pair (a device in no pair as source sends nothing: XLA may split one shift into
+complementary permutes, each run by some of the devices), so its bytes sent differ between devices; the figure
+is the fullest device's, its permutes' buffers summed over every execution in which it sends them
+(`fullest_sent`), which is what a step waits on. Payloads do not compare across kinds: data parallelism's
 all-reduce of S bytes of gradients has a payload of S, ZeRO's reduce-scatter and all-gather of the same
 gradients 2S, while each device sends 2(N-1)/N x S in both.
 
@@ -16,6 +20,7 @@ is counted once, and `CommsReport.unknown_trip_counts` says how many there were.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from shardbench.measure.run_record import Collective
@@ -38,8 +43,9 @@ _REPLICA_COUNT = re.compile(r"\breplica_count=(\d+)")
 
 def sent_fraction(kind: str, n: int) -> float:
     """Bytes one device sends per byte of payload, for a collective of `kind` over a group of `n` devices on a
-    ring: an all-reduce (a reduce-scatter, then an all-gather) 2(n-1)/n, a collective-permute its whole buffer,
-    an all-gather, reduce-scatter or all-to-all (n-1)/n; nothing in a group of one."""
+    ring: an all-reduce (a reduce-scatter, then an all-gather) 2(n-1)/n, a collective-permute its whole buffer
+    (from a device that is a source of one of its pairs: `CollectiveOp.sent_by_device`), an all-gather,
+    reduce-scatter or all-to-all (n-1)/n; nothing in a group of one."""
     if n <= 1:
         return 0.0
     if kind == "all-reduce":
@@ -63,8 +69,41 @@ class CollectiveOp:
 
     @property
     def sent_each(self) -> float:
-        """Bytes one device sends per run on a ring of its group (`sent_fraction`)."""
+        """Bytes one device sends per run on a ring of its group (`sent_fraction`); for a collective-permute, one
+        that is the source of one of its pairs (`sent_by_device`)."""
         return self.bytes_each * sent_fraction(self.kind, self.group_size)
+
+    def sent_by_device(self) -> dict[int, int] | None:
+        """A collective-permute's bytes sent per run by each device that sends: its buffer once for every
+        source-target pair the device is the source of; a device that is no pair's source sends nothing and is
+        left out. None for every other kind, whose every device sends `sent_each`, and for a permute whose pairs
+        the HLO did not give (then counted as sent by every device, as the other kinds are)."""
+        if self.kind != "collective-permute" or self.groups is None:
+            return None
+        sent: dict[int, int] = {}
+        for pair in self.groups:
+            if pair:
+                sent[pair[0]] = sent.get(pair[0], 0) + self.bytes_each
+        return sent
+
+
+def fullest_sent(ops: Iterable[CollectiveOp], devices: int = 1) -> tuple[int, int]:
+    """Bytes that `ops` send per step: (the fullest device's, every device's together over `devices`). Each op
+    counts its executions x its bytes sent per run: a collective-permute on each source device of its pairs
+    (`CollectiveOp.sent_by_device`), every other op the same on every device (rounded per op, as the record
+    always has). A device's total is summed over the ops before the largest is taken, so two complementary
+    permutes (each device the source in one) count one buffer per device, not two."""
+    everyone = 0
+    by_device: dict[int, int] = {}
+    for op in ops:
+        sent = op.sent_by_device()
+        if sent is None:
+            everyone += round(op.count * op.sent_each)
+            continue
+        for device, b in sent.items():
+            by_device[device] = by_device.get(device, 0) + op.count * b
+    return (everyone + max(by_device.values(), default=0),
+            everyone * devices + sum(by_device.values()))
 
 
 @dataclass
@@ -89,12 +128,13 @@ class CommsReport:
         return sum(c.count or 0 for c in self.by_kind.values())
 
     def add(self, op: CollectiveOp) -> None:
-        """One more instruction: its executions per step, payload and bytes sent per device, added to its kind's."""
+        """One more instruction: its executions per step and payload added to its kind's; the kind's bytes sent
+        are its fullest device's over all its instructions so far (`fullest_sent`)."""
         self.ops.append(op)
         c = self.by_kind.get(op.kind, Collective(count=0, bytes=0, sent_bytes=0))
+        sent, _ = fullest_sent(o for o in self.ops if o.kind == op.kind)
         self.by_kind[op.kind] = replace(c, count=(c.count or 0) + op.count,
-                                        bytes=(c.bytes or 0) + op.count * op.bytes_each,
-                                        sent_bytes=(c.sent_bytes or 0) + round(op.count * op.sent_each))
+                                        bytes=(c.bytes or 0) + op.count * op.bytes_each, sent_bytes=sent)
 
 
 def shape_bytes(shape_text: str) -> list[int]:
@@ -299,10 +339,10 @@ def crosses_only(groups: tuple[tuple[int, ...], ...] | None, sizes: tuple[int, .
 def along_one_axis(ops: list[CollectiveOp], sizes: tuple[int, ...], axis: int) -> Collective:
     """The collective-permutes that move data along mesh axis `axis` alone (pipeline stages: activations one stage
     on, their gradients one stage back; `crosses_only`). Executions and bytes per device per step, as
-    `Collective`s count every kind."""
+    `Collective`s count every kind: the payload their buffers, bytes sent the fullest device's (`fullest_sent`)."""
     moving = [op for op in ops if op.kind == "collective-permute" and crosses_only(op.groups, sizes, axis)]
     return Collective(count=sum(op.count for op in moving), bytes=sum(op.count * op.bytes_each for op in moving),
-                      sent_bytes=round(sum(op.count * op.sent_each for op in moving)))
+                      sent_bytes=fullest_sent(moving)[0])
 
 
 _BODY = re.compile(r"\bbody=%?([\w.\-]+)")

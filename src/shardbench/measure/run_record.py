@@ -140,8 +140,10 @@ class Collective:
                                                 "output; reduce-scatter: its input); not comparable across kinds")
     sent_bytes: int | None = _f("bytes/device/step", "bytes one device sends on a ring of the op's group of N: "
                                                      "all-reduce 2(N-1)/N x the payload, all-gather, reduce-scatter "
-                                                     "and all-to-all (N-1)/N, collective-permute its buffer (None in "
-                                                     "records written before it was kept)")
+                                                     "and all-to-all (N-1)/N, collective-permute its buffer from each "
+                                                     "source of its source-target pairs (others send nothing), the "
+                                                     "fullest device's total (None in records written before it was "
+                                                     "kept)")
 
 
 @dataclass(frozen=True)
@@ -193,8 +195,9 @@ class Measurements:
     memory: Memory | None = _f("", "memory per device")
     comms: dict[str, Collective] = _dict("", "per collective kind (all-reduce, all-gather, ...)")
     comms_total_bytes: int | None = _f("bytes/device/step", "every collective's payload together")
-    comms_total_sent_bytes: int | None = _f("bytes/device/step", "every collective's bytes sent together (None in "
-                                                                 "records written before it was kept)")
+    comms_total_sent_bytes: int | None = _f("bytes/device/step", "every collective's bytes sent together, each "
+                                                                 "kind's sent_bytes (None in records written "
+                                                                 "before it was kept)")
     comms_unknown_trip_counts: int | None = _f("loops", "loops of the step whose trip count XLA did not record "
                                                         "(and no bound was found): collectives inside them are "
                                                         "counted once, so comms undercounts them (None in records "

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from shardbench.config import Config
 from shardbench.measure import flops as flops_lib
-from shardbench.measure.comms import count_collectives, crosses_only, executed
+from shardbench.measure.comms import CollectiveOp, count_collectives, crosses_only, executed, fullest_sent
 from shardbench.measure.memory import compiled_memory, gradient_buffers, per_device_bytes
 from shardbench.parallel.mesh import MESH_AXES, STAGE
 from shardbench.parallel.pipeline import uses_pipeline
@@ -83,15 +83,13 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
     size = layout.shape.size
     staged = uses_pipeline(layout)
     # (kind, link, group size, stage-to-stage): a pipeline's transfers between stages kept apart, with their link.
-    grouped: dict[tuple[str, str, int, bool], list[int]] = {}
+    grouped: dict[tuple[str, str, int, bool], list[CollectiveOp]] = {}
     for op in comms.ops:
         group = len(op.groups[0]) if op.groups else size
         link = "intra" if link_of(op.groups, size, link_span) == INTRA else "inter"
         stage = (staged and op.kind == "collective-permute"
                  and crosses_only(op.groups, layout.shape.sizes, MESH_AXES.index(STAGE)))
-        entry = grouped.setdefault((op.kind, link, group, stage), [0, 0])
-        entry[0] += op.count
-        entry[1] += op.count * op.bytes_each
+        grouped.setdefault((op.kind, link, group, stage), []).append(op)
     per_example = task.train_flops_per_example(cfg)
     xla = flops_lib.xla_flops(compiled)
     accum = cfg.train.grad_accum
@@ -116,8 +114,12 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
                   "xla_per_device": xla},
         "bytes_accessed": traffic,  # per device, every loop iteration counted (measure.comms.executed)
         "kernels": kernels,
-        "collectives": [{"kind": k, "link": link, "group": g, "count": c, "bytes": b, "stage": stage}
-                        for (k, link, g, stage), (c, b) in sorted(grouped.items())],
+        # Per entry: executions and payload per device; bytes sent by its fullest device and by every device
+        # together (a collective-permute's sources alone send: `measure.comms.fullest_sent`).
+        "collectives": [{"kind": k, "link": link, "group": g, "count": sum(op.count for op in ops),
+                         "bytes": sum(op.count * op.bytes_each for op in ops),
+                         **dict(zip(("sent", "sent_all"), fullest_sent(ops, size))), "stage": stage}
+                        for (k, link, g, stage), ops in sorted(grouped.items())],
         "pipeline": pipeline_figures(cfg, task, layout) if staged else None,
         "unknown_trip_counts": comms.unknown_trip_counts,
     }

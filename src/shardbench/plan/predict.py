@@ -21,7 +21,10 @@ from shardbench.measure.memory import breakdown
 from shardbench.plan.steptime import LOW_PRECISION, Coefficients, StepFeatures, step_time
 
 # Bytes each device sends for a collective whose per-device payload is S, over a group of n (ring algorithms):
-# `sent_fraction` (shardbench.measure.comms, which the run record's sent bytes use too).
+# `sent_fraction` (shardbench.measure.comms, which the run record's sent bytes use too). A compiled candidate's
+# collectives carry their bytes sent themselves (`sent`: the fullest device's; `sent_all`: every device's
+# together), since a collective-permute is sent by its source devices alone; `collective_sent` falls back on the
+# fraction for a result written before they were kept.
 
 # FLOPs a remat policy adds to the analytic (matmul) count: full recomputes each block's forward (x 4/3 of
 # forward + backward); block keeps matmul outputs and recomputes element-wise work, which the count leaves out.
@@ -72,7 +75,7 @@ class Prediction:
     overlap: float
     compiler: str  # which compiler compiled the step: "gpu compiler (NVIDIA H100 80GB HBM3)", "cpu compiler"
     bubble: float = 0.0  # a pipeline's idle fraction by its schedule's formula, in step_s; 0 without stages
-    stage_bytes: dict[str, int] = field(default_factory=dict)  # link -> stage-to-stage bytes per device per step
+    stage_bytes: dict[str, int] = field(default_factory=dict)  # link -> stage-to-stage bytes sent per step (fullest)
     sources: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -145,12 +148,23 @@ def step_features(result: dict[str, Any], hw: Hardware, remat: str, dtype: str) 
     links = {"intra": 0.0, "inter": 0.0}
     for c in result["collectives"]:
         collectives += c["count"] * share
-        sent = c["bytes"] * sent_fraction(c["kind"], int(c["group"])) * share
+        sent = collective_sent(c, devices) if hw.shared_host else collective_sent(c)
         links[c["link"]] += sent / hw.bandwidth.get(c["link"], float("inf"))
     return StepFeatures(compute_s=per_device / hw.peak_flops,
                         traffic_s=(result.get("bytes_accessed") or 0.0) * share / hw.memory_bandwidth,
                         kernels=float(result["kernels"] * share), collectives=collectives, link_s=links,
                         low_precision=dtype in LOW_PRECISION and result["platform"] != hw.platform)
+
+
+def collective_sent(c: dict[str, Any], devices: int | None = None) -> float:
+    """Bytes per step one entry of a compiled candidate's collectives sends: its fullest device's, or with
+    `devices` every device's together (simulated devices sharing a host, whose copies add up). A result written
+    before bytes sent were kept: the payload x `sent_fraction` on every device (a collective-permute's whole
+    buffer, which overcounts a permute that only some devices send)."""
+    key = "sent" if devices is None else "sent_all"
+    if key in c:
+        return float(c[key])
+    return c["bytes"] * sent_fraction(c["kind"], int(c["group"])) * (devices or 1)
 
 
 def pipeline_work(result: dict[str, Any]) -> float:
@@ -182,8 +196,8 @@ def predict(result: dict[str, Any], hw: Hardware, coeff: Coefficients, *, batch:
     stage_bytes: dict[str, int] = {}
     for c in result["collectives"]:
         comm_bytes[c["link"]] = comm_bytes.get(c["link"], 0) + int(c["bytes"])
-        if c.get("stage"):
-            stage_bytes[c["link"]] = stage_bytes.get(c["link"], 0) + int(c["bytes"])
+        if c.get("stage"):  # what the fullest device sends between stages, as the record's pipeline_transfers
+            stage_bytes[c["link"]] = stage_bytes.get(c["link"], 0) + round(collective_sent(c))
     staged = result.get("pipeline")
     compiler = compiler_name(result)
     on_paper = ("data sheet, not measured: no multi-GPU run has checked it" if hw.platform == "gpu"

@@ -248,6 +248,16 @@ class ReportedRun:
         return total
 
     @property
+    def stage_mib(self) -> float | None:
+        """A pipeline's stage-to-stage transfers per step, in MiB: what its fullest device sends, or the payload
+        where the record has no more (`comms_sent`, as `comms_mib`); None without stages."""
+        moved = self.m.pipeline_transfers
+        if (self.m.pipeline_stages or 1) < 2:
+            return None
+        moved = moved or Collective()
+        return _mib(moved.sent_bytes if self.comms_sent and moved.sent_bytes is not None else moved.bytes)
+
+    @property
     def collectives(self) -> str:
         if not self.ok or self.record is None or self.record.measurements is None:
             return ""
@@ -303,7 +313,7 @@ class Column:
             return "–"
         if self.key == "mem_mib":  # the figure alone would hide whether it is measured or compiled
             return f"{value:,.{self.digits}f} ({run.memory[1]})"
-        if self.key == "comms_mib" and not run.comms_sent:  # an older record: its payload, not bytes sent
+        if self.key in ("comms_mib", "stage_mib") and not run.comms_sent:  # an older record: its payload
             return f"{value:,.{self.digits}f} (payload)"
         return f"{value:,.{self.digits}f}" if self.numeric else str(value)
 
@@ -350,9 +360,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("gradients_mib", "gradients MiB", True, lambda r: r.part("gradients")),
     Column("activations_mib", "activations MiB", True, lambda r: r.part("activations_temporaries")),
     Column("comms_mib", "comms/step MiB", True, lambda r: r.comms_mib, 2),
-    Column("stage_mib", "stage-to-stage MiB/step", True,
-           lambda r: _mib((r.m.pipeline_transfers or Collective()).bytes) if (r.m.pipeline_stages or 1) > 1
-           else None, 2, optional=True),
+    Column("stage_mib", "stage-to-stage MiB/step", True, lambda r: r.stage_mib, 2, optional=True),
     Column("bubble_formula_pct", "bubble % formula", True,
            lambda r: None if r.m.pipeline_bubble is None else 100.0 * r.m.pipeline_bubble, optional=True),
     Column("bubble_measured_pct", "bubble % measured", True,

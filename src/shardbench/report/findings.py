@@ -370,8 +370,9 @@ def expert_findings(runs: list[ReportedRun]) -> list[str]:
 
 SENT_MEANS = ("Collective figures are the bytes each device sends per step on a ring of the collective's group "
               "of N devices: 2(N-1)/N of an all-reduce's buffer, (N-1)/N of an all-gather's, reduce-scatter's or "
-              "all-to-all's, a collective-permute's whole buffer. They are computed from the compiled step's "
-              "collectives and their groups, not measured on a link.")
+              "all-to-all's, a collective-permute's whole buffer from each device that is a source of its "
+              "pairs (the fullest device's total, where devices differ). They are computed from the compiled "
+              "step's collectives and their groups, not measured on a link.")
 
 
 def comms_findings(runs: list[ReportedRun]) -> list[str]:

@@ -164,9 +164,13 @@ def transfer_findings(runs: list[ReportedRun]) -> list[str]:
         if not run.ok or (stages(run) or 1) < 2 or moved is None:
             continue
         total = run.comms_mib or 0.0
+        # Bytes sent, the fullest device's (a permute is sent by its source devices alone), as the total is; an
+        # older record's payloads for both, saying so.
+        sent = run.comms_sent and moved.sent_bytes is not None
+        shown = (moved.sent_bytes if sent else moved.bytes) or 0
         sentences.append(f"{_label(run)}: {moved.count or 0} stage-to-stage transfers per step, "
-                         f"{(moved.bytes or 0) / MIB:,.2f} MiB per device, of {total:,.2f} MiB in all its "
-                         f"collectives.")
+                         f"{shown / MIB:,.2f} MiB per device, of {total:,.2f} MiB in all its collectives"
+                         + ("." if sent else " (payloads: the record has no bytes sent)."))
     return sentences
 
 
