@@ -5,6 +5,7 @@ page checked in headless Chromium (rows, charts, click-to-sort with missing valu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -26,6 +27,7 @@ from shardbench.measure.run_record import from_json
 from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.report import report_cmd
+from shardbench.report.plots import axis_label
 from shardbench.report.speed import NOT_A_CAUSE
 from shardbench.report.write import ReportPaths, write_report
 from shardbench.store import RunRow, Store
@@ -231,6 +233,25 @@ def test_charts_are_valid_pngs(written: ReportPaths) -> None:
         assert data[:8] == b"\x89PNG\r\n\x1a\n", name
         width, height = struct.unpack(">II", data[16:24])
         assert width >= 600 and height >= 150 and len(data) > 10_000, (name, width, height, len(data))
+
+
+def test_long_run_names_fit_the_charts_and_stay_whole_in_the_table(tmp_path: Path) -> None:
+    """Two runs of 200-character names (a sweep's longest, differing only in their last characters): each chart
+    shows their start and end, so they stay apart and nothing runs past the chart's edge; the table names them
+    whole."""
+    stem = "cache_dir__" + "_".join(["x" * 60] * 3)
+    runs = [r for r in sweep_rows() if r.status == "complete"][:2]
+    names = [f"{stem[:187]}_{digest}" for digest in ("0123456789ab", "ba9876543210")]
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for r, name in zip(runs, names, strict=True):
+            store.add(dataclasses.replace(r, name=name, record={**r.record, "run_name": name}))
+    written = write_report(directory)
+    assert written.clipped == {}
+    labels = [axis_label(n) for n in names]
+    assert labels[0] != labels[1] and all(len(label) == 60 and label.endswith(n[-12:])
+                                          for label, n in zip(labels, names, strict=True))
+    assert all(f"| {n} " in written.markdown.read_text() for n in names)
 
 
 def test_memory_chart_marks_compiled_totals_when_some_runs_report_a_peak(tmp_path: Path) -> None:

@@ -26,6 +26,9 @@ PALETTE = ("#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c", "#d
 BREAKDOWN = (("params", "parameters"), ("optimizer", "optimizer state"), ("gradients", "gradients"),
              ("activations_temporaries", "activations / temporaries"), ("other", "batch and other outputs"))
 NOTE_WIDTH = 110  # characters per line of a chart's note, so that it fits the figure
+# The most characters of a run's name on a chart's axis; a longer name (a sweep's names reach 200) keeps its start
+# and its end (where a long name's hash is) around an ellipsis, and the report's table gives it whole.
+LABEL_CHARS = 60
 BESIDE = (1.01, 1.0)  # legends go beside the axes, where they can never hide a bar
 MEMORY_LABELS = {
     "peak": "runtime peak memory per device, MiB",
@@ -81,8 +84,16 @@ def _run_bars(ax: Axes, runs: list[ReportedRun], values: list[float | None], fmt
     _finish_axes(ax, [r.name for r in runs], range(len(runs)), max((v or 0.0 for v in values), default=0.0))
 
 
+def axis_label(name: str) -> str:
+    """A run's name as a chart's axis shows it: whole up to `LABEL_CHARS`, else its start and end."""
+    if len(name) <= LABEL_CHARS:
+        return name
+    head = (LABEL_CHARS - 1) // 2
+    return f"{name[:head]}\u2026{name[-(LABEL_CHARS - 1 - head):]}"
+
+
 def _finish_axes(ax: Axes, names: list[str], positions: range | list[float], top: float) -> None:
-    ax.set_yticks(list(positions), names, fontsize=8)
+    ax.set_yticks(list(positions), [axis_label(n) for n in names], fontsize=8)
     ax.set_ylim(max(positions, default=0) + 0.6, min(positions, default=0) - 0.6)  # first run on top
     ax.set_xlim(0, top * 1.15 if top > 0 else 1.0)  # room for the value written after the longest bar
     ax.grid(axis="x", alpha=0.3)
