@@ -5,6 +5,7 @@ and report predicted against measured, the winner and the plan's regret (`tune.r
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections import Counter
@@ -318,8 +319,6 @@ def measured_runs(out: Path, names: dict[str, str]) -> dict[str, Measured]:
 def validate_batches(cfg: config_lib.Config, batches: tuple[int, ...]) -> None:
     """The configuration as `shardbench train` would check it at each batch size of the space (`cfg` holds the
     first): one line naming the batch size it refuses, before anything is planned."""
-    import re
-
     from shardbench.tasks import validate
 
     for batch in batches:
