@@ -31,17 +31,12 @@ def format_bytes(n: float) -> str:
 
 
 def param_bytes_per_device(spec: ModelSpec, layout: Layout) -> int:
-    """Bytes of parameters one device holds as the layout places them: each parameter's shard shape (as
-    `measure.params.param_table` takes it, after `check_layout` has found every split dim divisible) in its own
-    dtype, the run's --param-dtype for the built-in models. Python ints, so a model of any size is counted."""
-    axes = traverse_util.flatten_dict(spec.axes)
-    total = 0
-    for path, var in nnx.to_flat_state(spec.abstract):
-        value = var.get_value()
-        shape = tuple(int(d) for d in value.shape)
-        shard = layout.sharding(layout.param_spec(axes[tuple(path)], shape)).shard_shape(shape)
-        total += math.prod(shard) * value.dtype.itemsize
-    return total
+    """Bytes of parameters one device holds as the layout places them (`shard_bytes` of the abstract parameters
+    in the layout's shardings, after `check_layout` has found every split dim divisible), each in its own dtype,
+    the run's --param-dtype for the built-in models."""
+    shardings = layout.param_shardings(spec.axes, spec.shapes)
+    return shard_bytes(jax.tree.map(lambda p, s: jax.ShapeDtypeStruct(p.shape, p.dtype, sharding=s),
+                                    nnx.to_pure_dict(spec.abstract), shardings))
 
 
 def shard_bytes(tree: Any) -> int:
