@@ -129,10 +129,12 @@ class CommsReport:
 
     def add(self, op: CollectiveOp) -> None:
         """One more instruction: its executions per step and payload added to its kind's; the kind's bytes sent
-        are its fullest device's over all its instructions so far (`fullest_sent`)."""
+        are its fullest device's over all its instructions so far (`fullest_sent`: every device sends alike but
+        in a collective-permute, whose instructions alone are counted again together)."""
         self.ops.append(op)
         c = self.by_kind.get(op.kind, Collective(count=0, bytes=0, sent_bytes=0))
-        sent, _ = fullest_sent(o for o in self.ops if o.kind == op.kind)
+        sent = (fullest_sent(o for o in self.ops if o.kind == op.kind)[0] if op.kind == "collective-permute"
+                else (c.sent_bytes or 0) + fullest_sent([op])[0])
         self.by_kind[op.kind] = replace(c, count=(c.count or 0) + op.count,
                                         bytes=(c.bytes or 0) + op.count * op.bytes_each, sent_bytes=sent)
 
