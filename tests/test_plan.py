@@ -236,6 +236,11 @@ def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "pass"
     (["--target", "16xh100"], "--target 16xh100: one h100 node holds 8; write 2x8xh100"),
     (["--target", "2x8xv100"], "--target 2x8xv100: the v100's data sheet gives no bandwidth between nodes; plan one "
                                "node (8xv100)"),
+    # A slice has its pods' sides: v5e and v6e 2-D, v4 and v5p 3-D (refused before libtpu is looked for).
+    (["--target", "tpu-v5e:2x2x2"], "--target tpu-v5e:2x2x2: a v5e slice is 2-D (AxB, e.g. tpu-v5e:2x4)"),
+    (["--target", "tpu-v6e:2x4x1"], "--target tpu-v6e:2x4x1: a v6e slice is 2-D (AxB, e.g. tpu-v6e:2x4)"),
+    (["--target", "tpu-v4:2x2"], "--target tpu-v4:2x2: a v4 slice is 3-D (AxBxC, e.g. tpu-v4:2x2x1)"),
+    (["--target", "tpu-v5p:4x4"], "--target tpu-v5p:4x4: a v5p slice is 3-D (AxBxC, e.g. tpu-v5p:4x4x1)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], expected: str, tmp_path: Path) -> None:
     done = shardbench("plan", "--preset", "mlp-small", "--out", str(tmp_path / "p"), *args)

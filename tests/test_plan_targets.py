@@ -14,6 +14,7 @@ from shardbench import config as config_lib
 from shardbench.cli import build_parser
 from shardbench.errors import ConfigError
 from shardbench.parsing import override
+from shardbench.hardware import CHIPS
 from shardbench.plan.candidates import candidate_config, candidates, factorisations
 from shardbench.plan.plan_cmd import prepare
 from shardbench.plan.target import parse_target
@@ -39,6 +40,29 @@ def test_bad_targets_are_named_in_one_line(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
         parse_target(spec)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("spec", "right"), [
+    ("tpu-v5e:2x2x2", "a v5e slice is 2-D (AxB, e.g. tpu-v5e:2x4)"),
+    ("tpu-v5e:2x4x1", "a v5e slice is 2-D (AxB, e.g. tpu-v5e:2x4)"),  # the same 8 chips, as Google spells them
+    ("tpu-v6e:4x4x4", "a v6e slice is 2-D (AxB, e.g. tpu-v6e:8x8)"),  # 64 chips on the squarest 2-D slice
+    ("tpu-v3:2x2x2", "a v3 slice is 2-D (AxB, e.g. tpu-v3:2x4)"),
+    ("tpu-v2:1x2x2", "a v2 slice is 2-D (AxB, e.g. tpu-v2:2x2)"),
+    ("tpu-v4:2x2", "a v4 slice is 3-D (AxBxC, e.g. tpu-v4:2x2x1)"),
+    ("tpu-v5p:4x8", "a v5p slice is 3-D (AxBxC, e.g. tpu-v5p:4x8x1)"),
+])
+def test_a_slice_has_the_sides_of_its_chips_pods(spec: str, right: str) -> None:
+    """v2, v3, v5e and v6e pods are 2-D tori, v4 and v5p pods 3-D: a slice of another number of sides is no
+    hardware (libtpu describes it all the same), refused in one line with a spelling of the right number of sides.
+    Every TPU in the table says its sides, and every GPU none."""
+    with pytest.raises(ConfigError) as err:
+        parse_target(spec)
+    assert str(err.value) == f"--target {spec}: {right}"
+    assert {c.name: c.slice_dims for c in CHIPS if c.name.startswith("tpu-")} == {
+        "tpu-v6e": 2, "tpu-v5e": 2, "tpu-v5p": 3, "tpu-v4": 3, "tpu-v3": 2, "tpu-v2": 2}
+    assert all(c.slice_dims is None for c in CHIPS if not c.name.startswith("tpu-"))
+    for good in ("tpu-v5e:2x4", "tpu-v6e:16x16", "tpu-v4:2x2x1", "tpu-v5p:4x4x8", "tpu-v3:4x4", "tpu-v2:2x2"):
+        assert parse_target(good).topology == tuple(int(v) for v in good.split(":")[1].split("x"))
 
 
 @pytest.mark.parametrize(("spec", "right"), [

@@ -7,6 +7,9 @@
     tpu-v5e:16x16 a TPU v5e slice of 16x16 chips (ICI inside the slice; 8 chips per host)
     tpu-v4:4x4x4  a TPU v4 slice of 4x4x4 chips
     tpu-v3:4x4    a TPU v3 slice of 4x4 chips: 32 JAX devices (each v2 or v3 chip is two, one per TensorCore)
+
+    A slice has the sides of its chip's pods (`Chip.slice_dims`): v2, v3, v5e and v6e slices are 2-D (AxB), v4
+    and v5p slices 3-D (AxBxC, the smallest 2x2x1); another count is refused in one line with the right spelling.
     cpu           this host (its measured matmul peak and memory)
 
 A target counts JAX devices, as the compiled mesh and the TPU compiler's topology do; `Target.chips` counts the
@@ -76,6 +79,7 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
         dims = tuple(int(v) for v in shape.split("x"))
         if min(dims) < 1:
             raise ConfigError(f"--target {spec}: every side of the slice needs at least one chip")
+        _check_sides(spec, chip, dims)
         chips = math.prod(dims)
         return Target(spec, chip, chips * chip.devices_per_chip, chip.devices_per_node, dims)
     found = re.fullmatch(r"(?:(\d+)x)?(\d+)x([a-z0-9\-]+)", text)
@@ -95,6 +99,27 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
         raise ConfigError(f"--target {spec}: the {name}'s data sheet gives no bandwidth between nodes; plan one node "
                           f"({per_node}x{name})")
     return target
+
+
+def _check_sides(spec: str, chip: Chip, dims: tuple[int, ...]) -> None:
+    """One line where a slice has another number of sides than the chip's pods (`Chip.slice_dims`): a v5e, v6e, v3
+    or v2 slice is 2-D, a v4 or v5p slice 3-D. libtpu describes any shape it is given (a 2x2x2 v5e too, which no
+    pod holds), so this is checked here, before compiling for hardware that does not exist."""
+    sides = chip.slice_dims
+    if sides is None or len(dims) == sides:
+        return
+    if sides == 3:  # AxB: the same chips are AxBx1, as Google spells the smallest slice (2x2x1)
+        right = (*dims, 1)
+    elif dims[-1] == 1:  # AxBx1: the same chips, as AxB
+        right = dims[:-1]
+    else:  # the same number of chips on the squarest AxB
+        chips = math.prod(dims)
+        a = max(d for d in range(1, math.isqrt(chips) + 1) if chips % d == 0)
+        right = (a, chips // a)
+    short = chip.name.removeprefix("tpu-")
+    form = "AxBxC" if sides == 3 else "AxB"
+    raise ConfigError(f"--target {spec}: a {short} slice is {sides}-D ({form}, e.g. {chip.name}:"
+                      f"{'x'.join(map(str, right))})")
 
 
 def unlinked(target: Target) -> bool:
