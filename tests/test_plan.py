@@ -19,7 +19,7 @@ from shardbench.plan.calibration import Coefficients, fit
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.compile import compile_candidate
 from shardbench.plan.predict import Hardware, Prediction, predict, sent_fraction
-from shardbench.plan.recommend import Row, rank, recommendation
+from shardbench.plan.recommend import Row, amounts, rank, recommendation
 from shardbench.plan.steptime import StepFeatures, step_time
 from shardbench.plan.tpu import libtpu_installed
 from shardbench.plan.validate import kendall_tau
@@ -204,8 +204,37 @@ def test_recommendation_on_a_case_with_a_known_answer() -> None:
     assert f"{q.step_s / answer.prediction.step_s:.2f}x faster than dp+tp 4x2" in line
     assert q.main_link == "inter" and q.comm_share > 0.5
     assert f", which spends {q.comm_share:.0%} of its step communicating over InfiniBand" in line
-    assert "dp 8x1 remat=none float32 would be" in line and "faster but needs 2.0 GB of 1.0 GB" in line
+    assert "dp 8x1 remat=none float32 would be" in line and "faster but needs 1.9 GiB of 954 MiB" in line
     assert recommendation(rank([too_big]), "gpu").startswith("nothing fits: the smallest, dp 8x1")
+
+
+def _sized(row: Row, total: float, usable: float) -> Row:
+    """`row` with its prediction needing `total` bytes per device of `usable`."""
+    return Row(row.candidate, replace(row.prediction, total_bytes=total, memory_bytes=usable, fits=total <= usable))
+
+
+# Memory needs just over what a device holds, each pair once printed alike: 0.04 GB of 0.04 GB (two decimals of a
+# GB), 2.0 GB of 2.0 GB (one decimal), 39.1 MiB of 39.1 MiB (`format_bytes`' three figures), and less than a byte
+# apart.
+ALIKE = [(41_200_000, 37_800_000, "39.3 MiB", "36.0 MiB"), (2.04e9, 1.96e9, "1.9 GiB", "1.8 GiB"),
+         (41_000_000, 40_990_000, "41,000,000 B", "40,990,000 B"),
+         (41_000_000.4, 41_000_000.0, "41,000,001 B", "41,000,000 B")]
+
+
+@pytest.mark.parametrize(("need", "usable", "need_shown", "usable_shown"), ALIKE)
+def test_a_memory_need_never_prints_as_the_memory_it_does_not_fit(need: float, usable: float, need_shown: str,
+                                                                   usable_shown: str) -> None:
+    """The recommendation's byte counts go through `capacity.format_bytes`, and where two different amounts would
+    still print alike, in whole bytes rounded apart (the larger up, the smaller down): never "needs X of X"."""
+    assert f"{need / 1e9:.2f}" == f"{usable / 1e9:.2f}" or f"{need / 1e9:.1f}" == f"{usable / 1e9:.1f}"  # once alike
+    assert amounts(need, usable) == (need_shown, usable_shown)
+    assert amounts(usable, need) == (usable_shown, need_shown)  # the smaller rounded down wherever it comes
+    fits = _sized(_row("fsdp 8x1", flops=2e9, temp=1000), 1e6, 1e9)
+    big = _sized(_row("dp 8x1", flops=1e9, temp=1000), need, usable)
+    assert recommendation(rank([big]), "gpu").startswith(
+        f"nothing fits: the smallest, dp 8x1 remat=none float32, needs {need_shown} per device of {usable_shown} "
+        f"usable;")
+    assert f"faster but needs {need_shown} of {usable_shown})" in recommendation(rank([fits, big]), "gpu")
 
 
 def test_kendall_tau() -> None:

@@ -187,7 +187,12 @@ def test_what_does_not_fit_is_dropped_with_its_reason() -> None:
     ok = [planned("fsdp", 0.030), planned("tp", 0.020)]
     ranked = rank([fast_but_big, refused, *ok], OBJECTIVES["time"])
     assert [p.point.candidate.strategy for p in ranked] == ["tp", "fsdp"]
-    assert fast_but_big.dropped == "does not fit: 3.00 GB per device of 1.00 GB usable"
+    assert fast_but_big.dropped == "does not fit: 2.8 GiB per device of 954 MiB usable"
+    # Amounts once printed alike (0.04 GB of 0.04 GB) never do: where `format_bytes` rounds them alike, whole bytes.
+    just_over = [dataclasses.replace(planned("dp", 0.01), prediction=prediction(0.01, need, usable))
+                 for need, usable in ((41.2e6, 37.8e6), (41_000_000.4, 41_000_000.0))]
+    assert [p.dropped for p in just_over] == ["does not fit: 39.3 MiB per device of 36.0 MiB usable",
+                                              "does not fit: 41,000,001 B per device of 41,000,000 B usable"]
     assert refused.dropped.startswith("refused: --strategy ep") and ok[0].dropped == ""
     by_memory = rank([planned("dp", 0.01, total=5e5), planned("fsdp", 0.03, total=2e5)], OBJECTIVES["memory"])
     assert [p.point.candidate.strategy for p in by_memory] == ["fsdp", "dp"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from shardbench.capacity import format_bytes
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.predict import Prediction
 
@@ -33,6 +35,17 @@ def _layout(c: Candidate) -> str:
     return f"{c.strategy} {c.mesh}"
 
 
+def amounts(a: float, b: float) -> tuple[str, str]:
+    """Two byte counts as `format_bytes` writes them (binary units, three figures), told apart: where different
+    amounts would print alike ("39.1 MiB of 39.1 MiB"), both in whole bytes, the larger rounded up and the smaller
+    down, so that a memory need never reads the same as the memory it does not fit in."""
+    shown = format_bytes(a), format_bytes(b)
+    if shown[0] != shown[1] or a == b:
+        return shown
+    first, second = (math.ceil, math.floor) if a > b else (math.floor, math.ceil)
+    return f"{first(a):,} B", f"{second(b):,} B"
+
+
 def _headroom(value: float) -> str:
     return ">99%" if value > 0.99 else f"{value:.0%}"
 
@@ -45,18 +58,18 @@ def recommendation(ranked: list[Row], platform: str) -> str:
         if not predicted:
             return "no candidate could be predicted: see the reasons below"
         small = min(predicted, key=lambda r: r.prediction.total_bytes)
-        p = small.prediction
-        return (f"nothing fits: the smallest, {small.candidate.name}, needs {p.total_bytes / GB:.2f} GB per device "
-                f"of {p.memory_bytes / GB:.2f} GB usable; try --remat full, --param-dtype bfloat16, a smaller "
-                f"--batch-size or more devices")
+        need, usable = amounts(small.prediction.total_bytes, small.prediction.memory_bytes)
+        return (f"nothing fits: the smallest, {small.candidate.name}, needs {need} per device of {usable} usable; "
+                f"try --remat full, --param-dtype bfloat16, a smaller --batch-size or more devices")
     best = fitting[0]
     p = best.prediction
     line = f"use {best.candidate.name}: fits with {_headroom(p.headroom)} headroom"
     faster = [r for r in predicted if not r.prediction.fits and r.prediction.step_s < p.step_s]
     if faster:
         q = min(faster, key=lambda r: r.prediction.step_s)
-        line += (f" ({q.candidate.name} would be {p.step_s / q.prediction.step_s:.2f}x faster but needs "
-                 f"{q.prediction.total_bytes / GB:.1f} GB of {q.prediction.memory_bytes / GB:.1f} GB)")
+        need, usable = amounts(q.prediction.total_bytes, q.prediction.memory_bytes)
+        line += (f" ({q.candidate.name} would be {p.step_s / q.prediction.step_s:.2f}x faster but needs {need} of "
+                 f"{usable})")
     other = next((r for r in fitting[1:] if _layout(r.candidate) != _layout(best.candidate)), None)
     if other is None:
         return line + (", the only layout that fits" if len(predicted) > 1 else "")

@@ -12,11 +12,11 @@ from shardbench.errors import ConfigError
 from shardbench.measure.run_record import Cost
 from shardbench.report.kendall import MIN_TAU_RUNS, describe_tau, kendall_tau
 from shardbench.plan.predict import Prediction
+from shardbench.plan.recommend import amounts
 from shardbench.plan.target import Target
 from shardbench.prices import PriceTable, epoch_cost
 from shardbench.tune.space import Point
 
-GB = 1e9
 MIB = 2**20
 # A measured run's wall time besides its compilation and steps: `shardbench train` starting (Python, JAX, the
 # data), seen on the 2-core CPU host of the benchmarks (a 5-step run of a small MLP: 6.4 s wall, 0.4 s of steps).
@@ -50,8 +50,10 @@ class Planned:
         if self.prediction is None:
             return self.problem
         p = self.prediction
-        return "" if p.fits else (f"does not fit: {p.total_bytes / GB:.2f} GB per device of "
-                                  f"{p.memory_bytes / GB:.2f} GB usable")
+        if p.fits:
+            return ""
+        need, usable = amounts(p.total_bytes, p.memory_bytes)
+        return f"does not fit: {need} per device of {usable} usable"
 
 
 @dataclass(frozen=True)
