@@ -237,6 +237,18 @@ def test_a_memory_need_never_prints_as_the_memory_it_does_not_fit(need: float, u
     assert f"faster but needs {need_shown} of {usable_shown})" in recommendation(rank([fits, big]), "gpu")
 
 
+def test_a_plan_of_one_layout_compares_it_with_no_other() -> None:
+    """Candidates that differ in remat alone are one layout: the recommendation says it is the only one planned
+    and compares it with nothing (not "1.00x faster than" itself)."""
+    none = _row("single none", flops=1e9, temp=100_000_000)
+    block = Row(replace(none.candidate, remat="block"), replace(none.prediction, step_s=none.prediction.step_s * 1.2))
+    line = recommendation(rank([block, none]), "gpu")
+    assert line.startswith("use single none remat=none float32: fits with") and "faster than" not in line
+    assert line.endswith(", the only layout planned")
+    refused = Row(Candidate("tp", "1x8", "none", "float32"), None, "refused: heads")
+    assert recommendation(rank([block, none, refused]), "gpu").endswith(", the only layout that fits")
+
+
 def test_kendall_tau() -> None:
     assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
     assert kendall_tau([1, 2, 3, 4], [40, 30, 20, 10]) == -1.0
@@ -322,6 +334,24 @@ def test_plan_ranks_every_candidate_and_writes_json_and_markdown(tmp_path: Path)
     assert by["fsdp 8x1"]["params_bytes"] == MLP_PARAM_BYTES // 8 and by["dp 8x1"]["params_bytes"] == MLP_PARAM_BYTES
     md = (out / "plan.md").read_text()
     assert plan["recommendation"] in md and "InfiniBand MB" in md and "Assumptions and sources" in md
+
+
+@pytest.mark.slow
+def test_one_device_plans_each_layout_once(tmp_path: Path) -> None:
+    """On 1 device dp, fsdp, tp, zero1 and zero2 are single's layout (every array whole, nothing sent): the plan
+    compiles single alone, at each remat, says once which strategies it stands for, and compares it with nothing."""
+    out = tmp_path / "plan"
+    done = shardbench("plan", "--preset", "mlp-small", *_flags(SMALL_MLP), "--target", "1xh100",
+                      "--remat", "none,block", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert sorted(c["name"] for c in plan["candidates"]) == ["single none remat=block float32",
+                                                             "single none remat=none float32"]
+    assert plan["folded"] == {s: "single" for s in ("dp", "fsdp", "tp", "zero1", "zero2")}
+    said = "on 1 device dp, fsdp, tp, zero1, zero2 lay out as single: every array whole on the one device"
+    assert done.stdout.count(said) == 1 and said in (out / "plan.md").read_text() and said in plan["folded_line"]
+    assert "faster than" not in plan["recommendation"] and plan["recommendation"].endswith("the only layout planned")
+    assert [c["name"] for c in plan["cost"]["candidates"]] == [c["name"] for c in plan["candidates"]]
 
 
 def _flags(overrides: dict[str, Any]) -> list[str]:

@@ -15,7 +15,8 @@ from shardbench.cli import build_parser
 from shardbench.errors import ConfigError
 from shardbench.parsing import override
 from shardbench.hardware import CHIPS
-from shardbench.plan.candidates import candidate_config, candidates, factorisations
+from shardbench.plan.candidates import (DEFAULT, candidate_config, candidates, factorisations, folded_line,
+                                        one_per_layout)
 from shardbench.plan.plan_cmd import prepare
 from shardbench.plan.target import parse_target
 from shardbench.plan.tpu import libtpu_installed
@@ -109,6 +110,37 @@ def test_candidates_cover_every_usable_mesh() -> None:
         candidates(8, 8, ["single"], ["none"], ["float32"])
 
 
+def test_one_device_keeps_one_candidate_per_layout() -> None:
+    """On 1 device every strategy of one axis is a 1x1 mesh: dp, fsdp, tp, zero1, zero2 (and ep, cp) hold every
+    array whole and send nothing, as single does, so single is kept, at every remat, dtype and K; a pipeline of one
+    stage still runs its microbatches (another step) and stays. Without single the first of the table stands in
+    (dp, not cp, which refuses a model without attention); on 8 devices nothing is folded."""
+    strategies = [*DEFAULT, "ep", "cp", "pp"]
+    every = candidates(1, 32, strategies, ["none", "block"], ["float32", "bfloat16"], [1, 2], per_stage=[1],
+                       schedules=["gpipe"])
+    kept, folded = one_per_layout(every, 1)
+    assert {c.strategy for c in kept} == {"single", "pp"}
+    assert sorted((c.remat, c.dtype, c.grad_accum) for c in kept if c.strategy == "single") == sorted(
+        (r, d, k) for r in ("none", "block") for d in ("float32", "bfloat16") for k in (1, 2))
+    assert folded == {s: "single" for s in ("dp", "fsdp", "tp", "zero1", "zero2", "ep", "cp")}
+    assert folded_line(folded).startswith("on 1 device dp, fsdp, tp, zero1, zero2, ep, cp lay out as single: ")
+    without = candidates(1, 32, ["cp", "tp", "dp"], ["none"], ["float32"])
+    kept, folded = one_per_layout(without, 1)
+    assert [c.name for c in kept] == ["dp 1x1 remat=none float32"] and folded == {"cp": "dp", "tp": "dp"}
+    assert folded_line(folded).startswith("on 1 device cp, tp lay out as dp: ")
+    assert folded_line({"zero1": "single"}).startswith("on 1 device zero1 lays out as single: ")
+    eight = candidates(8, 32, strategies, ["none"], ["float32"])
+    assert one_per_layout(eight, 8) == (eight, {}) and folded_line({}) == ""
+
+
+def test_a_one_device_plan_is_prepared_with_one_candidate_per_layout() -> None:
+    args = build_parser().parse_args(["plan", "--preset", "mlp-small", "--target", "1xh100", "--remat", "none,block"])
+    _, target, found, folded = prepare(args)
+    assert target.devices == 1 and [c.name for c in found] == ["single none remat=none float32",
+                                                                "single none remat=block float32"]
+    assert folded == {s: "single" for s in ("dp", "fsdp", "tp", "zero1", "zero2")}
+
+
 def test_zero_and_accumulation_candidates() -> None:
     """zero1 and zero2 take the data axis from the strategies' table; each K of --grad-accum multiplies the
     layouts whose examples per data shard it divides (batch 32: 4 a shard on 8x1, 32 on tp's 1x8), and the
@@ -136,8 +168,8 @@ def test_zero_and_accumulation_candidates() -> None:
 def test_plan_takes_a_list_of_microbatch_counts(given: str, expected: list[int]) -> None:
     args = build_parser().parse_args(["plan", "--preset", "mlp-small", "--target", "8xh100", "--candidates",
                                       "zero2", "--batch-size", "32", "--remat", "none", "--grad-accum", given])
-    cfg, _, found = prepare(args)
-    assert [c.grad_accum for c in found] == expected and cfg.train.grad_accum == expected[0]
+    cfg, _, found, folded = prepare(args)
+    assert [c.grad_accum for c in found] == expected and cfg.train.grad_accum == expected[0] and folded == {}
 
 
 @pytest.mark.parametrize("given", ["0", "1,two", "-2", "2.5"])

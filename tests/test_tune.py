@@ -53,8 +53,9 @@ def test_the_space_is_the_strategy_table_on_every_mesh() -> None:
     staged = [p.candidate for p in points if "pp" in p.candidate.strategy.split("+")]
     assert staged and all(c.microbatches and c.schedule for c in staged)
     assert {c.schedule for c in staged} == {"gpipe", "1f1b", "circular"}
-    one, _ = enumerate_space(1, Space(strategies=("single", "dp"), remats=("none",), batches=(64,)))
-    assert {p.candidate.strategy for p in one} == {"single", "dp"}
+    one, folded = enumerate_space(1, Space(strategies=("single", "dp"), remats=("none",), batches=(64,)))
+    assert {p.candidate.strategy for p in one} == {"single"}  # dp on one device is single's layout
+    assert [d.what for d in folded] == ["dp 1x1 batch=64"]
     small, dropped = enumerate_space(8, Space(strategies=("dp", "dp+tp"), remats=("none",), batches=(4,)))
     assert {p.candidate.mesh for p in small} == {"2x4", "4x2"}  # dp+tp: 2 or 4 data shards of a batch of 4
     assert [d.what for d in dropped] == ["dp batch=4"]  # 8 data shards for 4 examples
@@ -62,6 +63,27 @@ def test_the_space_is_the_strategy_table_on_every_mesh() -> None:
     _, by_accum = enumerate_space(8, Space(strategies=("dp+tp",), remats=("none",), batches=(8,), accums=(4,)))
     assert [d.what for d in by_accum] == ["dp+tp 4x2 accum=4 batch=8"]  # 2 examples per shard: 4 do not divide
     assert by_accum[0].reason == "--grad-accum 4 does not divide its 2 examples per data shard"
+
+
+def test_one_device_measures_each_layout_once() -> None:
+    """On 1 device dp, fsdp, tp, zero1, zero2, ep and cp are single's layout (every array whole, nothing sent): the
+    space keeps single at each remat, K and batch size (and the one-stage pipelines, whose microbatches make another
+    step), so tune never plans or measures one layout twice; each strategy left out is dropped by name, saying which
+    layout it is."""
+    space = Space(remats=("none", "block"), batches=(32, 64), accums=(1, 2), per_stage=(1,), schedules=("gpipe",))
+    points, dropped = enumerate_space(1, space)
+    single = sorted((p.candidate.remat, p.candidate.grad_accum, p.batch) for p in points
+                    if p.candidate.strategy == "single")
+    assert {p.candidate.strategy for p in points} == {"single", "pp"}
+    assert single == sorted((r, k, b) for r in ("none", "block") for k in (1, 2) for b in (32, 64))
+    layouts = [(p.candidate.remat, p.candidate.grad_accum, p.candidate.microbatches, p.candidate.schedule, p.batch)
+               for p in points]
+    assert len(layouts) == len(set(layouts))  # no layout twice
+    folded = {d.what: d.reason for d in dropped if "lays out as" in d.reason}
+    assert set(folded) == {f"{s} 1x1 batch={b}" for s in ("dp", "fsdp", "tp", "zero1", "zero2", "ep", "cp")
+                           for b in (32, 64)}
+    assert folded["zero2 1x1 batch=64"] == ("on 1 device zero2 lays out as single (every array whole, nothing "
+                                            "sent): planned and measured once, as single")
 
 
 def test_every_microbatch_count_a_layout_cannot_take_is_dropped_with_why() -> None:

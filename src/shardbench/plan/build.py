@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -13,7 +13,7 @@ from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.calibration import Coefficients, to_dict
-from shardbench.plan.candidates import Candidate, candidate_config
+from shardbench.plan.candidates import Candidate, candidate_config, folded_line
 from shardbench.plan.predict import Hardware, predict
 from shardbench.plan.recommend import GB, LINK_NAMES, Row, rank, recommendation
 from shardbench.plan.steptime import FORMULA
@@ -42,6 +42,7 @@ class Plan:
     rows: list[Row]  # ranked
     compile_s: float  # wall time of all the compilation
     line: str
+    folded: dict[str, str] = field(default_factory=dict)  # strategy left out -> the one it lays out as (one device)
 
     def header(self) -> list[str]:
         c = self.cfg
@@ -49,7 +50,7 @@ class Plan:
         hw = next(iter(self.hardware.values()))
         return [f"plan for {model} at global batch {c.train.batch_size} on {self.target.spec}: {hw.name}",
                 f"{len(self.rows)} candidate(s) compiled for {self.target.devices} device(s) in "
-                f"{self.compile_s:.0f} s; nothing was run"]
+                f"{self.compile_s:.0f} s; nothing was run", *([folded_line(self.folded)] if self.folded else [])]
 
     def assumptions(self) -> list[str]:
         hw = next(iter(self.hardware.values()))
@@ -113,7 +114,8 @@ class Plan:
 
     def markdown(self) -> str:
         rows = self.table()
-        lines = [f"# {self.header()[0]}", "", self.header()[1], "", f"**{self.line}**", ""]
+        title, *said = self.header()
+        lines = [f"# {title}", "", *(part for line in said for part in (line, "")), f"**{self.line}**", ""]
         lines += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         for r in rows[1:]:
             cells = r if len(r) == len(rows[0]) else [*r, *[""] * (len(rows[0]) - len(r))]
@@ -128,6 +130,7 @@ class Plan:
             "coefficients": to_dict(self.coefficients), "recommendation": self.line, "compilers": self.compilers,
             "sources": self.assumptions(),
             "compile_s": self.compile_s, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "folded": self.folded, "folded_line": folded_line(self.folded),
             "candidates": [{"name": r.candidate.name, "strategy": r.candidate.strategy, "mesh": r.candidate.mesh,
                             "remat": r.candidate.remat, "dtype": r.candidate.dtype,
                             "grad_accum": r.candidate.grad_accum, "microbatches": r.candidate.microbatches,
@@ -147,8 +150,10 @@ class Plan:
 
 
 def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], workers: int,
-              calibrate: list[Path], progress: TextIO | None = sys.stderr) -> Plan:
-    """Compile every candidate (refusing those `shardbench train` would refuse), predict and rank them.
+              calibrate: list[Path], progress: TextIO | None = sys.stderr,
+              folded: dict[str, str] | None = None) -> Plan:
+    """Compile every candidate (refusing those `shardbench train` would refuse), predict and rank them; `folded`:
+    the strategies left out of `cands` for laying out as another (`one_per_layout`), which the plan names.
     Raises AllRefused (a ConfigError) when every candidate is refused: nothing was compiled."""
     from shardbench.plan.machine import hardware
     from shardbench.plan.measured import calibrate as fit_runs
@@ -199,4 +204,4 @@ def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], wo
         rows.append(Row(c, p))
     ranked = rank(rows)
     return Plan(cfg, target, hw, coefficients, "; ".join(sorted(sources)), ", ".join(sorted(compilers)) or "none",
-                ranked, elapsed, recommendation(ranked, platform))
+                ranked, elapsed, recommendation(ranked, platform), dict(folded or {}))

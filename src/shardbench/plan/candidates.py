@@ -1,6 +1,7 @@
 """The layouts a plan considers: every strategy on every mesh factorisation of the target's devices that the
 strategy can use, at the given global batch, for each remat policy, dtype and number of accumulated
-microbatches asked for."""
+microbatches asked for; on one device, where strategies differ only in name, one candidate per layout
+(`one_per_layout`)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,42 @@ def candidates(devices: int, batch: int, strategies: list[str], remats: list[str
                       for sched in schedules] if "stage" in USES[s] else [(0, "")])
             out += [Candidate(s, m, r, d, k, mb, sched) for mb, sched in piped for r in remats for d in dtypes]
     return out
+
+
+def _beside_layout(c: Candidate) -> tuple[str, str, int, int, str]:
+    """What shapes a candidate's step besides where its arrays live: remat, dtype, K, and a pipeline's M and
+    schedule (a pipeline of one stage still runs its microbatches through its schedule: another step)."""
+    return (c.remat, c.dtype, c.grad_accum, c.microbatches, c.schedule)
+
+
+def one_per_layout(cands: list[Candidate], devices: int) -> tuple[list[Candidate], dict[str, str]]:
+    """`cands` with one candidate per distinct layout, and each strategy left out -> the strategy it lays out as.
+    On one device every mesh axis is 1: dp, fsdp, tp, zero1, zero2, ep and cp keep every array whole and send
+    nothing, so each compiles the step `single` does (the same memory, time and cost), and planning, ranking or
+    measuring it again says nothing new. Of candidates alike but for strategy and mesh the one kept is `single`'s
+    where it is among them, else the one whose strategy comes first in the strategies' table (dp before cp or ep,
+    which refuse models that `single` runs). On more than one device every candidate is its own layout."""
+    if devices != 1:
+        return cands, {}
+    order = list(USES)
+    kept: dict[tuple[str, str, int, int, str], Candidate] = {}
+    for c in sorted(cands, key=lambda c: order.index(c.strategy)):
+        kept.setdefault(_beside_layout(c), c)
+    folded = {c.strategy: kept[_beside_layout(c)].strategy for c in cands if kept[_beside_layout(c)] != c}
+    return [c for c in cands if kept[_beside_layout(c)] == c], folded
+
+
+def folded_line(folded: dict[str, str]) -> str:
+    """One line naming the strategies planned as another (`one_per_layout`) and why; '' when none were."""
+    by_kept: dict[str, list[str]] = {}
+    for strategy, kept in folded.items():
+        by_kept.setdefault(kept, []).append(strategy)
+    parts = [f"{', '.join(names)} {'lays' if len(names) == 1 else 'lay'} out as {kept}"
+             for kept, names in by_kept.items()]
+    if not parts:
+        return ""
+    return (f"on 1 device {'; '.join(parts)}: every array whole on the one device, nothing sent, the same step, "
+            f"so each layout is planned once")
 
 
 def candidate_config(cfg: config_lib.Config, c: Candidate, devices: int) -> dict[str, Any]:

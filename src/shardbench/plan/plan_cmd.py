@@ -16,7 +16,7 @@ from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import add_config_arguments, comma_lists, config_from_args
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.candidates import (DEFAULT, EXPERT_PARALLEL, PER_STAGE, USES, Candidate, candidates,
-                                        default_strategies)
+                                        default_strategies, one_per_layout)
 from shardbench.plan.target import HINT, Target, parse_target
 from shardbench.prices import CPU, PriceTable, epoch_cost, prices_from_flag
 
@@ -94,9 +94,10 @@ def default_out(cfg: config_lib.Config, target: Target) -> Path:
     return Path("runs") / f"plan-{model}-{target.spec.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[Candidate]]:
+def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[Candidate], dict[str, str]]:
     """Everything a plan checks before compiling (one-line ConfigError): the configuration, the target, libtpu
-    for a TPU target, and the candidates."""
+    for a TPU target, and the candidates, one per distinct layout, with each strategy left out for laying out as
+    another (on one device: `one_per_layout`)."""
     lists = _lists(args)
     cfg = config_from_args(args)
     if not args.target:
@@ -119,8 +120,9 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
     per_stage = [v.strip() for v in given.split(",") if v.strip()]
     if not per_stage or not all(v.isdigit() and int(v) >= 1 for v in per_stage):
         raise ConfigError(f"--microbatches-per-stage '{given}': give whole numbers, 1 or more, comma separated")
-    return cfg, target, candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes, accums,
-                                   [int(v) for v in per_stage])
+    found = candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes, accums,
+                       [int(v) for v in per_stage])
+    return cfg, target, *one_per_layout(found, target.devices)
 
 
 # The generated datasets, whose training examples a plan knows without reading them.
@@ -208,13 +210,13 @@ def run(args: argparse.Namespace) -> int:
         from shardbench.plan.validate import validate_dir
 
         return validate_dir(args.validate, args.calibrate, args.workers)
-    cfg, target, cands = prepare(args)
+    cfg, target, cands, folded = prepare(args)
     prices = prices_from_flag(cfg.train.prices)  # a bad table is one line before anything compiles
     out = default_out(cfg, target)
     writable_dir(out, "--out", create=False)  # before the compiling, not after it
     from shardbench.plan.build import make_plan
 
-    plan = make_plan(cfg, target, cands, args.workers, args.calibrate, progress=sys.stderr)
+    plan = make_plan(cfg, target, cands, args.workers, args.calibrate, progress=sys.stderr, folded=folded)
     paths = plan.write(out)
     print(plan.text())
     print("\n".join(write_cost(plan, prices, paths)))

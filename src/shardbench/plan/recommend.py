@@ -72,7 +72,9 @@ def recommendation(ranked: list[Row], platform: str) -> str:
                  f"{usable})")
     other = next((r for r in fitting[1:] if _layout(r.candidate) != _layout(best.candidate)), None)
     if other is None:
-        return line + (", the only layout that fits" if len(predicted) > 1 else "")
+        alone = len(ranked) > 1 and len({_layout(r.candidate) for r in ranked}) == 1  # remat, dtype, K alone vary
+        return line + (", the only layout planned" if alone else
+                       ", the only layout that fits" if len(predicted) > 1 else "")
     q = other.prediction
     names = LINK_NAMES.get(platform, LINK_NAMES["gpu"])
     link = q.main_link

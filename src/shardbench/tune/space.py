@@ -14,7 +14,8 @@ from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.parallel.rules import STRATEGIES, batch_shards
 from shardbench.parsing import override
-from shardbench.plan.candidates import PER_STAGE, USES, Candidate, candidate_config, candidates, meshes
+from shardbench.plan.candidates import (PER_STAGE, USES, Candidate, candidate_config, candidates, meshes,
+                                        one_per_layout)
 
 
 # The fields a layout sets (a planner candidate's, `candidate_config`) and the batch.
@@ -112,8 +113,17 @@ def _epoch_drop(batch: int, space: Space) -> Dropped | None:
     return Dropped(f"batch={batch}", f"--batch-size {batch} is larger than the {space.examples} training examples")
 
 
+def _folded_drops(found: list[Candidate], folded: dict[str, str], batch: int) -> list[Dropped]:
+    """Each strategy of `found` left out for laying out as another on one device (`one_per_layout`), with why."""
+    meshes_of = {c.strategy: c.mesh for c in found}
+    return [Dropped(f"{strategy} {meshes_of[strategy]} batch={batch}",
+                    f"on 1 device {strategy} lays out as {kept} (every array whole, nothing sent): planned and "
+                    f"measured once, as {kept}") for strategy, kept in folded.items()]
+
+
 def enumerate_space(devices: int, space: Space) -> tuple[list[Point], list[Dropped]]:
-    """Every layout of `space` on `devices` devices that the planner can consider, and what was dropped before
+    """Every layout of `space` on `devices` devices that the planner can consider, one per distinct layout (on one
+    device dp, fsdp, tp, ... are `single`'s layout: planned and measured once), and what was dropped before
     planning with its reason. A one-line ConfigError for an unknown strategy."""
     unknown = sorted(set(space.strategies) - set(USES))
     if unknown:
@@ -125,6 +135,7 @@ def enumerate_space(devices: int, space: Space) -> tuple[list[Point], list[Dropp
         if too_large is not None:
             dropped.append(too_large)
             continue
+        at_batch: list[Candidate] = []
         for strategy in space.strategies:
             try:
                 found = candidates(devices, batch, [strategy], list(space.remats), list(space.dtypes),
@@ -134,8 +145,11 @@ def enumerate_space(devices: int, space: Space) -> tuple[list[Point], list[Dropp
                 if not found:
                     dropped.append(Dropped(f"{strategy} batch={batch}", str(err)))
                     continue
-            layouts += [Point(c, batch) for c in found]
+            at_batch += found
             dropped += _layout_drops(devices, strategy, batch, space)
+        kept, folded = one_per_layout(at_batch, devices)
+        layouts += [Point(c, batch) for c in kept]
+        dropped += _folded_drops(at_batch, folded, batch)
     return layouts, dropped
 
 
