@@ -77,6 +77,14 @@ def _plugin(tmp_path: Path, source: str) -> str:
     return f"{path}:build"
 
 
+LINEAR = ("import optax\nfrom flax import nnx\n"
+          "class Linear(nnx.Module):\n"
+          "    def __init__(self, rngs):\n"
+          "        self.dense = nnx.Linear(32 * 32 * 3, 10, rngs=rngs)\n"
+          "    def __call__(self, x):\n"
+          "        return self.dense(x.reshape(x.shape[0], -1))\n"
+          "def build(cfg, rngs):\n    return Linear(rngs)\n")
+
 BAD_PLUGINS = [
     ("def build(cfg, rngs)\n    return None\n", "does not import: SyntaxError"),
     ("import not_a_module_anywhere\n", "does not import: ModuleNotFoundError"),
@@ -108,6 +116,27 @@ BAD_PLUGINS = [
      "        return self.dense(x.reshape(x.shape[0], -1)).astype(jnp.int32)\n"
      "def build(cfg, rngs):\n    return Rounds(rngs)\n",
      "returned int32 outputs, which no gradient flows through: --task classify scores floating-point logits"),
+    # The file's loss and FLOPs, tried before the run folder is made (they used to stop mid-way as internal errors).
+    (LINEAR + "def loss(outputs, batch):\n"
+              "    return optax.softmax_cross_entropy_with_integer_labels(outputs, batch['label']).mean()\n",
+     "loss(outputs, batch) returned shape () for a batch of 2: it must return one float loss per example, shape "
+     "(batch,) = (2,), summed over an example's targets, not averaged over the batch"),
+    (LINEAR + "def loss(outputs, batch):\n"
+              "    return optax.softmax_cross_entropy_with_integer_labels(outputs, batch['labels'])\n",
+     "loss(outputs, batch) failed: KeyError: 'labels' (given outputs (2, 10) and a batch of image (2, 32, 32, 3) "
+     "uint8, label (2,) int32; it must return one float loss per example, shape (batch,))"),
+    (LINEAR + "def loss(outputs, batch):\n    return (outputs.argmax(-1) != batch['label']).astype(int)\n",
+     "loss(outputs, batch) returned int32 losses, which no gradient flows through: it must return one float loss "
+     "per example"),
+    (LINEAR + "def loss(outputs, batch):\n    print(outputs)\n",
+     "loss(outputs, batch) returned a NoneType, not an array; it must return one float loss per example"),
+    (LINEAR + "def flops_per_example(cfg):\n    return 6 * cfg.model.num_params\n",
+     "flops_per_example(cfg) failed: AttributeError: 'ModelConfig' object has no attribute 'num_params' (it must "
+     "return the training FLOPs of one example (forward + backward), a number of at least 1)"),
+    (LINEAR + "def flops_per_example(cfg):\n    return 0\n",
+     "flops_per_example(cfg) returned 0 (int): it must return the training FLOPs of one example"),
+    (LINEAR + "def flops_per_example(cfg):\n    return '6e6'\n",
+     "flops_per_example(cfg) returned '6e6' (str): it must return the training FLOPs of one example"),
 ]
 
 
@@ -119,7 +148,7 @@ def test_a_bad_plugin_stops_with_one_line_before_anything_compiles(tmp_path: Pat
                  "--steps", "2", "--out", str(out), "--data.cache-dir", str(tmp_path / "cache")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and message in err, err
-    assert not out.exists()
+    assert not out.exists()  # nothing that a second run with this --out would take for a run to --resume
 
 
 def test_task_and_model_go_together(micro) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -113,10 +114,55 @@ def test_cached_statistics_follow_every_image_of_the_split(tmp_path: Path) -> No
     ({"x_train": np.zeros((4, 17), np.int32), "y_train": np.zeros(4), "x_test": np.full((2, 17), 600, np.int32),
       "y_test": np.zeros(2)}, {"model.kind": "lm", "model.seq_len": 16, "model.vocab_size": 512},
      "token ids must be in [0, 512) (--model.vocab-size) in every split"),
+    # Arrays that are no rows of numbers: named by key and file, not a TypeError or ValueError inside numpy.
+    ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.array(3, np.int64), "x_test": np.zeros(
+      (2, 32, 32, 3), np.uint8), "y_test": np.zeros(2)}, {},
+     "bad.npz: y_train is a single int64 value (a 0-d array), not one row per example: save an array of shape"),
+    ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.zeros(4), "x_test": np.array(0, np.uint8),
+      "y_test": np.zeros(2)}, {}, "bad.npz: x_test is a single uint8 value (a 0-d array)"),
+    ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.array(["cat", "dog", "cat", "dog"]),
+      "x_test": np.zeros((2, 32, 32, 3), np.uint8), "y_test": np.zeros(2)}, {},
+     "bad.npz: y_train is <U3 (text): every array must hold bool, integer or float numbers"),
+    ({"x_train": np.zeros((4, 256)), "y_train": np.zeros((4, 10)), "x_test": np.zeros((2, 256)),
+      "y_test": np.full((2, 10), "1.5")}, {"model.kind": "mlp", "model.input_dim": 256},
+     "bad.npz: y_test is <U3 (text): every array must hold bool, integer or float numbers"),
+    ({"x_train": np.zeros((4, 256)), "y_train": np.zeros((4, 10), np.complex64), "x_test": np.zeros((2, 256)),
+      "y_test": np.zeros((2, 10))}, {"model.kind": "mlp", "model.input_dim": 256},
+     "bad.npz: y_train is complex64 (complex numbers)"),
+    # Labels: whole numbers only (2.7 is not truncated to class 2), in range before the cast (2**32 is not class 0).
+    ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.array([0.0, 1.0, 2.7, 3.0]),
+      "x_test": np.zeros((2, 32, 32, 3), np.uint8), "y_test": np.zeros(2)}, {},
+     "arrays:bad.npz: y_train[2] is 2.7, not a class id: labels must be whole numbers (integers, or floats such as "
+     "3.0)"),
+    ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.zeros(4), "x_test": np.zeros((2, 32, 32, 3),
+      np.uint8), "y_test": np.array([1.0, np.nan])}, {}, "arrays:bad.npz: y_test[1] is nan, not a class id"),
+    ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.array([0, 1, 2**32, 3]),
+      "x_test": np.zeros((2, 32, 32, 3), np.uint8), "y_test": np.zeros(2)}, {},
+     "arrays:bad.npz: y_train holds 0 to 4294967296: labels must be class ids in [0, 10)"),
+    ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.zeros((4, 1)), "x_test": np.zeros((2, 32, 32, 3),
+      np.uint8), "y_test": np.zeros((2, 1))}, {},
+     "arrays:bad.npz: y_train is (4, 1): labels must be class ids, one per image (N,)"),
+    # Images: every split x_train's dtype exactly (uint16 is not uint8), the split and the file named.
+    ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.zeros(4), "x_test": np.zeros((2, 32, 32, 3),
+      np.uint16), "y_test": np.zeros(2)}, {}, "arrays:bad.npz: x_test is uint16 (2, 32, 32, 3) but x_train is uint8 "
+                                              "(4, 32, 32, 3)"),
+    ({"x_train": np.zeros((4, 32, 32, 3), np.uint16), "y_train": np.zeros(4), "x_test": np.zeros((2, 32, 32, 3),
+      np.uint8), "y_test": np.zeros(2)}, {}, "arrays:bad.npz: images to classify must be uint8 (N, H, W, 3) with "
+                                             "H = W, got x_train uint16 (4, 32, 32, 3)"),
 ])
 def test_every_split_is_checked_against_the_model(micro, tmp_path: Path, arrays: dict, overrides: dict,
                                                   message: str) -> None:
     path = _npz(tmp_path / "bad.npz", **arrays)
     cfg = micro(**{"data.dataset": f"arrays:{path}", **overrides})
-    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(DataError, match=re.escape(message)):
         load_for(cfg, tmp_path / "cache")
+
+
+def test_labels_saved_as_whole_floats_are_class_ids(micro, tmp_path: Path) -> None:
+    """`np.savez(y_train=np.zeros(n))` saves float64 labels: whole values are taken as the class ids they are."""
+    path = _npz(tmp_path / "floats.npz", x_train=np.zeros((4, 32, 32, 3), np.uint8), y_train=np.array([0., 9., 3., 1.]),
+                x_test=np.zeros((2, 32, 32, 3), np.uint8), y_test=np.array([2., 5.]), x_val=np.zeros((1, 32, 32, 3),
+                np.uint8), y_val=np.array([True]))
+    ds = load_for(micro(**{"data.dataset": f"arrays:{path}"}), tmp_path / "cache")
+    assert ds.train.labels.tolist() == [0, 9, 3, 1] and ds.test.labels.tolist() == [2, 5]
+    assert ds.val.labels.tolist() == [1] and ds.train.labels.dtype == np.int32

@@ -28,7 +28,7 @@ from shardbench.parallel.checks import (
 from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
 from shardbench.rundir import check_resume, resolve_out
-from shardbench.tasks import Task, for_data, get_task, validate
+from shardbench.tasks import Task, check_own_functions, for_data, get_task, validate
 from shardbench.validation import check_profile_window
 
 
@@ -56,8 +56,8 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
     validate_spec(cfg.data.dataset)
     check_model_kind(cfg.data.dataset, cfg.model.kind)
     spec = describe_model(cfg)
-    if cfg.model.factory:
-        check_outputs(cfg, spec)
+    if cfg.model.factory:  # the model's outputs, then its file's loss and FLOPs on them: one line, no run folder
+        check_own_functions(cfg, task, check_outputs(cfg, spec))
     if devices is None:
         devices = select_devices(cfg.parallel.devices)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices, cfg.parallel.sequence_parallel)

@@ -18,6 +18,10 @@ from shardbench.data.arrays import Columns, Dataset, ImageArrays, ImageDataset, 
 from shardbench.errors import DataError
 
 REQUIRED = ("x_train", "y_train", "x_test", "y_test")
+KEYS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")  # the arrays read; any others are ignored
+NUMERIC_KINDS = "biuf"  # numpy dtype kinds a step can take: bool, signed and unsigned integers, floats
+KIND_NAMES = {"U": "text", "S": "bytes", "c": "complex numbers", "M": "dates", "m": "time spans",
+              "V": "records", "O": "Python objects"}
 
 
 def _read(path: Path) -> dict[str, np.ndarray]:
@@ -36,11 +40,44 @@ def _read(path: Path) -> dict[str, np.ndarray]:
                         f"(and optionally x_val, y_val); it has {', '.join(sorted(arrays)) or 'nothing'}")
     if ("x_val" in arrays) != ("y_val" in arrays):
         raise DataError(f"arrays:{path} has only one of x_val and y_val: give both, or neither")
+    for key in KEYS:
+        if key in arrays:
+            _check_array(path, key, arrays[key])
     for split in ("train", "val", "test"):
         if f"x_{split}" in arrays and len(arrays[f"x_{split}"]) != len(arrays[f"y_{split}"]):
             raise DataError(f"arrays:{path}: x_{split} has {len(arrays[f'x_{split}'])} rows but y_{split} has "
                             f"{len(arrays[f'y_{split}'])}")
     return arrays
+
+
+def _check_array(path: Path, key: str, value: np.ndarray) -> None:
+    """One array of the file holds numbers, one row per example: a 0-d array (`np.savez(y_train=3)`) or text
+    labels would otherwise fail inside numpy, or be converted without a word (text "1.5" read as 1.5)."""
+    if value.ndim == 0:
+        raise DataError(f"arrays:{path}: {key} is a single {value.dtype} value (a 0-d array), not one row per "
+                        f"example: save an array of shape (N, ...)")
+    if value.dtype.kind not in NUMERIC_KINDS:
+        what = KIND_NAMES.get(value.dtype.kind, value.dtype.kind)
+        raise DataError(f"arrays:{path}: {key} is {value.dtype} ({what}): every array must hold bool, integer or "
+                        f"float numbers (uint8 images, integer labels or token ids, float values)")
+
+
+def _check_labels(name: str, key: str, labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """One split's labels as int32 class ids, or one line naming the key: one label per image, integers (a float
+    array only where every value is whole, so that 2.7 is never truncated to class 2), in [0, num_classes). The
+    range is checked before the cast, so that 2**32 does not wrap around to class 0."""
+    if labels.ndim != 1:
+        raise DataError(f"{name}: {key} is {labels.shape}: labels must be class ids, one per image (N,)")
+    if labels.dtype.kind == "f":
+        whole = np.isfinite(labels) & (labels == np.floor(labels))
+        if not whole.all():
+            at = int(np.argmin(whole))
+            raise DataError(f"{name}: {key}[{at}] is {labels[at].item()!r}, not a class id: labels must be whole numbers "
+                            f"(integers, or floats such as 3.0)")
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise DataError(f"{name}: {key} holds {labels.min()} to {labels.max()}: labels must be class ids in "
+                        f"[0, {num_classes}) (--model.num-classes), one per image")
+    return labels.astype(np.int32)
 
 
 def _column_splits(arrays: dict[str, np.ndarray], x_key: str, y_key: str | None, val_fraction: float,
@@ -58,15 +95,17 @@ def _column_splits(arrays: dict[str, np.ndarray], x_key: str, y_key: str | None,
     return train.take(np.sort(order[n_val:])), train.take(np.sort(order[:n_val])), test
 
 
-def _check_splits_alike(arrays: dict[str, np.ndarray], name: str) -> None:
-    """Every split's inputs (x_*) have x_train's kind of dtype and its shape past the rows, and its targets (y_*)
-    y_train's shape past the rows: a test split of another image size or sequence length is one line here, not an
-    error inside a step."""
+def _check_splits_alike(arrays: dict[str, np.ndarray], name: str, *, exact_dtype: bool) -> None:
+    """Every split's inputs (x_*) have x_train's dtype (`exact_dtype`, as images must: uint16 test images are not
+    uint8 ones) or its kind of dtype (integers, floats) and its shape past the rows, and its targets (y_*)
+    y_train's shape past the rows: a test split of another image size or sequence length is one line here, naming
+    it, not an error inside a step."""
     for prefix in ("x_", "y_"):
         first = arrays[f"{prefix}train"]
-        for key, value in arrays.items():
-            if key.startswith(prefix) and (value.shape[1:] != first.shape[1:] or
-                                           (prefix == "x_" and value.dtype.kind != first.dtype.kind)):
+        for key in (k for k in KEYS if k.startswith(prefix) and k in arrays):
+            value = arrays[key]
+            same_dtype = value.dtype == first.dtype if exact_dtype else value.dtype.kind == first.dtype.kind
+            if value.shape[1:] != first.shape[1:] or (prefix == "x_" and not same_dtype):
                 raise DataError(f"{name}: {key} is {value.dtype} {value.shape} but {prefix}train is {first.dtype} "
                                 f"{first.shape}: every split must have its shape past the rows (and its inputs' "
                                 f"dtype)")
@@ -78,16 +117,13 @@ def load_arrays(path: Path, kind: str, *, num_classes: int, seq_len: int, vocab_
     arrays = _read(path)
     x = arrays["x_train"]
     name = f"arrays:{path.name}"
-    _check_splits_alike(arrays, name)
+    if kind == "vit" and (x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3 or x.shape[1] != x.shape[2]):
+        raise DataError(f"{name}: images to classify must be uint8 (N, H, W, 3) with H = W, got x_train "
+                        f"{x.dtype} {x.shape}")
+    _check_splits_alike(arrays, name, exact_dtype=kind == "vit")
     if kind == "vit":
-        if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3 or x.shape[1] != x.shape[2]:
-            raise DataError(f"{name}: images to classify must be uint8 (N, H, W, 3) with H = W, got "
-                            f"{x.dtype} {x.shape}")
-        labels = {k: v.astype(np.int32) for k, v in arrays.items() if k.startswith("y_")}
-        if any(v.ndim != 1 or (len(v) and (v.min() < 0 or v.max() >= num_classes)) for v in labels.values()):
-            raise DataError(f"{name}: labels must be class ids in [0, {num_classes}) (--model.num-classes), one per "
-                            f"image")
-        arrays.update(labels)
+        arrays.update({k: _check_labels(name, k, arrays[k], num_classes) for k in KEYS
+                       if k.startswith("y_") and k in arrays})
         if "x_val" in arrays:
             train, val = ImageArrays(x, arrays["y_train"]), ImageArrays(arrays["x_val"], arrays["y_val"])
         else:

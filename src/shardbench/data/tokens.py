@@ -41,18 +41,21 @@ def uniform_tokens(num_train: int, num_test: int, *, seq_len: int, vocab_size: i
 def text_tokens(path: Path, *, seq_len: int, val_fraction: float) -> Dataset:
     """The file's bytes as tokens (vocabulary 256), cut into non-overlapping windows of seq_len + 1
     (consecutive windows share one token). The last 10% of the windows are the test split and the
-    val_fraction of the rest before them the validation split: held-out text comes after the training text."""
+    val_fraction of the rest before them the validation split: held-out text comes after the training text.
+    Each split gets at least one window (validation only where val_fraction > 0), so the shortest file the
+    refusal names really gives one window to each."""
     data = np.frombuffer(path.read_bytes(), dtype=np.uint8)
     windows = (len(data) - 1) // seq_len
-    if windows < 3:
-        raise DataError(f"text {path} has {len(data):,} bytes, too few for train, val and test windows of "
-                        f"{seq_len + 1} tokens: give a longer file (at least {3 * seq_len + 1:,} bytes) or a "
+    needed, splits = (3, "train, val and test") if val_fraction > 0 else (2, "train and test")
+    if windows < needed:
+        raise DataError(f"text {path} has {len(data):,} bytes, too few for {splits} windows of "
+                        f"{seq_len + 1} tokens: give a longer file (at least {needed * seq_len + 1:,} bytes) or a "
                         f"smaller --model.seq-len")
     starts = np.arange(windows)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
     tokens = data[starts].astype(np.int32)
     n_test = max(1, int(round(windows * TEST_FRACTION)))
     rest = windows - n_test
-    n_val = min(int(round(rest * val_fraction)), rest - 1)
+    n_val = min(max(1, int(round(rest * val_fraction))), rest - 1) if val_fraction > 0 else 0
     train, val, test = tokens[: rest - n_val], tokens[rest - n_val: rest], tokens[rest:]
     return Dataset(
         name=f"text:{path.name}", train=Columns({"tokens": train}), val=Columns({"tokens": val}),

@@ -168,13 +168,13 @@ def _build_abstract(cfg: Config) -> nnx.Module:
             if isinstance(err, SystemExit):
                 raise
             raise ConfigError(f"the {cfg.model.kind} model cannot be built from this configuration"
-                              f"{_named_in(cfg, err)}: {_first_line(err)}; check its --model.* settings") from None
-        held = NOT_AN_ARRAY.search(_first_line(err))
+                              f"{_named_in(cfg, err)}: {first_line(err)}; check its --model.* settings") from None
+        held = NOT_AN_ARRAY.search(first_line(err))
         if held:  # a Variable holding a Python object, which no traced step can carry
             path = "/".join(re.findall(r"\['([^']+)'\]", held.group(2))) or held.group(2)
             raise ConfigError(f"--model {cfg.model.factory}: the Variable {path} holds a {held.group(1)}, not an "
                               f"array: store jnp.asarray(...), or a plain attribute for a constant") from None
-        raise ConfigError(f"--model {cfg.model.factory}: building the model failed: {_first_line(err)}") from None
+        raise ConfigError(f"--model {cfg.model.factory}: building the model failed: {first_line(err)}") from None
 
 
 def _named_in(cfg: Config, err: BaseException) -> str:
@@ -238,11 +238,13 @@ def example_input(cfg: Config) -> tuple[jax.ShapeDtypeStruct, tuple[int, ...], s
             "logits (batch, --model.num-classes)")
 
 
-def check_outputs(cfg: Config, spec: ModelSpec) -> None:
+def check_outputs(cfg: Config, spec: ModelSpec) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
     """Trace (never compile) the model on one batch of its task's input, as the step calls it and as evaluation
     does: each output must be the floating-point array the task scores, or one line says what came back and
-    what was expected."""
+    what was expected. Returns both outputs (training's, evaluation's), on which the file's `loss` is traced
+    next (`shardbench.tasks.check_own_functions`)."""
     example, expected, what = example_input(cfg)
+    outputs = []
     for train in (True, False):
         out = _traced_call(cfg, spec, example, train)
         shape = getattr(out, "shape", None)
@@ -255,6 +257,8 @@ def check_outputs(cfg: Config, spec: ModelSpec) -> None:
             raise ConfigError(f"--model {cfg.model.factory} returned {dtype.name} outputs"
                               f"{'' if train else ' in evaluation mode'}, which no gradient flows through: "
                               f"--task {cfg.model.task} scores floating-point {what} (e.g. float32)")
+        outputs.append(out)
+    return outputs[0], outputs[1]
 
 
 def _traced_call(cfg: Config, spec: ModelSpec, example: jax.ShapeDtypeStruct, train: bool) -> Any:
@@ -263,10 +267,10 @@ def _traced_call(cfg: Config, spec: ModelSpec, example: jax.ShapeDtypeStruct, tr
         return spec.trace_outputs(nnx.to_pure_dict(spec.abstract), example, train=train)
     except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's code: one line (Ctrl-C stays an interrupt)
         raise ConfigError(f"--model {cfg.model.factory}: calling it{'' if train else ' in evaluation mode'} on "
-                          f"{cfg.model.task} input of shape {example.shape} failed: {_first_line(err)}") from None
+                          f"{cfg.model.task} input of shape {example.shape} failed: {first_line(err)}") from None
 
 
-def _first_line(err: BaseException) -> str:
+def first_line(err: BaseException) -> str:
     """`Type: the message's first line`, as one line of a refusal (SystemExit says its status)."""
     if isinstance(err, SystemExit):
         return f"SystemExit: it called sys.exit({err.code!r})"

@@ -1,0 +1,42 @@
+"""`--data text:PATH`: the shortest file the refusal names gives a window to every split, and one byte less is
+refused in one line saying how long a file must be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardbench.data.tokens import text_tokens
+from shardbench.errors import DataError
+
+SEQ = 16
+
+
+def _text(tmp_path: Path, size: int) -> Path:
+    path = tmp_path / "t.txt"
+    path.write_bytes(bytes(i % 251 for i in range(size)))
+    return path
+
+
+@pytest.mark.parametrize(("val_fraction", "windows", "splits"), [
+    (0.1, 3, "train, val and test"),
+    (0.5, 3, "train, val and test"),
+    (0.0, 2, "train and test"),
+])
+def test_the_shortest_file_the_refusal_names_gives_every_split_a_window(tmp_path: Path, val_fraction: float,
+                                                                        windows: int, splits: str) -> None:
+    """3 * seq_len + 1 bytes are 3 windows: one each for train, val and test (the 10% of 2 windows held out for
+    validation rounds to none, which left no validation at all); without validation 2 windows are enough."""
+    least = windows * SEQ + 1
+    ds = text_tokens(_text(tmp_path, least), seq_len=SEQ, val_fraction=val_fraction)
+    assert (len(ds.train), len(ds.val), len(ds.test)) == (1, 1 if val_fraction else 0, 1)
+    with pytest.raises(DataError, match=rf"has {least - 1} bytes, too few for {splits} windows of {SEQ + 1} "
+                                        rf"tokens: give a longer file \(at least {least} bytes\)"):
+        text_tokens(_text(tmp_path, least - 1), seq_len=SEQ, val_fraction=val_fraction)
+
+
+def test_a_longer_file_keeps_its_proportions(tmp_path: Path) -> None:
+    """100 windows: 10 test, then 9 validation (10% of the 90 before them), 81 train, as before the minimum."""
+    ds = text_tokens(_text(tmp_path, 100 * SEQ + 1), seq_len=SEQ, val_fraction=0.1)
+    assert (len(ds.train), len(ds.val), len(ds.test)) == (81, 9, 10)
