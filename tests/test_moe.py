@@ -1,5 +1,6 @@
 """The mixture of experts (lm-moe) and expert parallelism: routing on tiny arrays against a hand count (which
-token goes to which expert's slot, which drop at a given capacity, the load-balancing loss), the experts' output
+token goes to which expert's slot, which drop at a given capacity, the load-balancing loss), routing and the LM
+causal where capacity binds (later tokens move no earlier token's slot or logits), the experts' output
 against a token-by-token loop, the FLOPs of the active experts, the refusals, the all-to-alls of an ep step
 counted in its HLO, and every ep strategy trained against one device (loss and gradient norm at every step, plain
 SGD), with no drops and with drops (counted the same as on one device).
@@ -61,17 +62,92 @@ def test_top1_routing_by_hand() -> None:
     assert [float(r.combine[0, t, 0, c]) for t, c in ((0, 0), (1, 1), (3, 2))] == pytest.approx([0.8, 0.6, 0.9])
 
 
-def test_top2_routing_fills_first_choices_before_second_ones() -> None:
-    """Two slots per expert. First choices in token order: e0 <- t0 (slot 0), t1 (slot 1), t3 (dropped); e1 <- t2
-    (slot 0). Then second choices: e1 <- t0 (slot 1), t1 and t3 dropped; e0 <- t2 dropped. 4 of 8 dropped."""
+def test_top2_routing_fills_each_tokens_choices_before_later_tokens() -> None:
+    """Two slots per expert, filled in (token, choice) order: t0's e0 (slot 0) and e1 (slot 0), t1's e0 (slot 1)
+    and e1 (slot 1); then t2's first choice e1 and second e0, and t3's e0 and e1, all over capacity. 4 of 8
+    dropped. (GShard's (choice, token) order gave e1's two slots to t2's first choice and t0's second, dropping
+    t1's second: a later token took an earlier token's slot.)"""
     r = route(LOGITS, top_k=2, slots=2)
     want = np.zeros((1, 4, 2, 2), np.float32)
-    want[0, 0, 0, 0], want[0, 1, 0, 1], want[0, 2, 1, 0], want[0, 0, 1, 1] = 0.8, 0.6, 0.7, 0.2
+    want[0, 0, 0, 0], want[0, 0, 1, 0], want[0, 1, 0, 1], want[0, 1, 1, 1] = 0.8, 0.2, 0.6, 0.4
     np.testing.assert_allclose(r.combine, want, rtol=1e-6)
+    np.testing.assert_array_equal(r.dispatch, want > 0)
     assert float(r.dropped[0]) == 4
     # Every assignment counts for f before capacity: e0 and e1 are chosen 4 times each of 8, so 2 x (0.5 x 0.65 +
     # 0.5 x 0.35) = 1.
     np.testing.assert_allclose(r.aux, [1.0], rtol=1e-6)
+    # Three slots: t2 takes e1's slot 2 (its first choice) and e0's slot 2 (its second); t3, last, drops both.
+    r = route(LOGITS, top_k=2, slots=3)
+    want = np.zeros((1, 4, 2, 3), np.float32)
+    for (tok, ex, slot), gate in {(0, 0, 0): 0.8, (0, 1, 0): 0.2, (1, 0, 1): 0.6, (1, 1, 1): 0.4, (2, 1, 2): 0.7,
+                                  (2, 0, 2): 0.3}.items():
+        want[0, tok, ex, slot] = gate
+    np.testing.assert_allclose(r.combine, want, rtol=1e-6)
+    assert float(r.dropped[0]) == 2
+
+
+def test_routing_is_causal() -> None:
+    """Where capacity binds, a token's slots (and drops) depend on it and the tokens before it only: new router
+    logits for the rows after p leave rows 0..p routed as before, in token order and laid out head-tail."""
+    from shardbench.parallel.context import head_tail_order
+
+    tokens, experts, k = 16, 8, 2
+    slots = capacity(tokens, experts, k, 1.0)
+    a, b = jax.random.normal(jax.random.key(1), (2, 8, tokens, experts))
+    order = head_tail_order(tokens, 4)
+    for p in range(tokens - 1):
+        changed = a.at[:, p + 1:].set(b[:, p + 1:])
+        want, got = route(a, k, slots), route(changed, k, slots)
+        assert float(want.dropped.sum()) > 0 and float(got.dropped.sum()) > 0  # capacity binds
+        for name in ("combine", "dispatch"):
+            np.testing.assert_array_equal(getattr(got, name)[:, :p + 1], getattr(want, name)[:, :p + 1],
+                                          err_msg=f"{name}: rows 0..{p}")
+        laid_out = route(changed[:, order], k, slots, order)  # rows at true positions 0..p keep their routing too
+        np.testing.assert_array_equal(laid_out.combine[:, np.argsort(order)][:, :p + 1], want.combine[:, :p + 1],
+                                      err_msg=f"head-tail: rows 0..{p}")
+
+
+def test_the_lm_with_experts_is_causal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tiny LM with experts, 4 slots per expert for its average share of a sequence's 32 assignments (factor
+    1, so some drop): new tokens after position p leave the logits, and every block's routing, at positions 0..p as they
+    were. (Filled first choices first, a later token's first choice took an earlier token's second choice's slot.)
+    The token embeddings are drawn at the scale of the position table: at init (0.02) the positions drown them,
+    so every sequence routes alike whatever its tokens, and no change of tokens moves a slot."""
+    import shardbench.models.moe as moe
+
+    cfg = override(get_preset("lm-moe"), {**TINY, "model.capacity_factor": 1.0})
+    model = build_model(cfg, nnx.Rngs(0))
+    model.token_embed.value = jax.random.normal(jax.random.key(2), model.token_embed.value.shape)
+    routed: list[np.ndarray] = []  # each block's dispatch [B, T, E, C], in the order the blocks run
+
+    def recording(*args, **kwargs):
+        r = route(*args, **kwargs)
+        jax.debug.callback(lambda d: routed.append(np.asarray(d)), r.dispatch, ordered=True)
+        return r
+
+    monkeypatch.setattr(moe, "route", recording)
+    seq, vocab, layers = TINY["model.seq_len"], 512, TINY["model.num_layers"]
+    tokens = np.random.default_rng(0).integers(0, vocab, (8, seq))
+
+    def forward(x: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], float]:
+        routed.clear()
+        out = model(jnp.asarray(x))
+        assert isinstance(out, MoEOutputs)
+        logits, dropped = np.asarray(out.logits), float(out.dropped.sum())
+        jax.effects_barrier()
+        assert len(routed) == layers, len(routed)
+        return logits, list(routed), dropped
+
+    want_logits, want_routing, dropped = forward(tokens)
+    assert dropped > 0, "capacity must bind for the test to mean anything"
+    for p in (3, 7, 11):
+        changed = tokens.copy()
+        changed[:, p + 1:] = (tokens[:, p + 1:] + 1 + np.arange(seq - p - 1)) % vocab
+        logits, routing, _ = forward(changed)
+        assert not np.array_equal(logits[:, p + 1:], want_logits[:, p + 1:])  # the change reaches the model
+        for layer, (got, want) in enumerate(zip(routing, want_routing)):
+            np.testing.assert_array_equal(got[:, :p + 1], want[:, :p + 1], err_msg=f"block {layer}'s routing, 0..{p}")
+        np.testing.assert_array_equal(logits[:, :p + 1], want_logits[:, :p + 1], err_msg=f"logits at 0..{p}")
 
 
 def test_a_sequence_laid_out_head_tail_routes_as_in_order() -> None:

@@ -3,9 +3,10 @@ as einsums over one-hot dispatch and combine tensors of shape [groups, tokens, e
 Switch's "dropping" formulation, as MaxText's `layers/moe.py` writes it without megablox).
 
 Each sequence is a group: its tokens compete for each expert's C = ceil(capacity_factor x tokens x k / experts)
-slots, first choices before second ones, earlier tokens before later ones; an assignment over capacity is dropped
-(the token's residual passes the block unchanged for that expert) and counted. The experts' parameters carry the
-logical axis 'expert'; the tokens dispatched to them are laid out [experts, groups, capacity, width] and
+slots, earlier tokens before later ones (each token's k choices together), so that which of a token's assignments
+drop depends only on it and the tokens before it, and the language model stays causal; an assignment over capacity
+is dropped (the token's residual passes the block unchanged for that expert) and counted. The experts' parameters
+carry the logical axis 'expert'; the tokens dispatched to them are laid out [experts, groups, capacity, width] and
 constrained to ('expert', 'batch', ...), so where a strategy splits experts over a mesh axis that also splits the
 batch, XLA's partitioner moves them there and back with all-to-alls. The model names no mesh axis.
 """
@@ -54,21 +55,28 @@ def capacity(tokens: int, experts: int, top_k: int, factor: float) -> int:
 def route(logits: jax.Array, top_k: int, slots: int, order: np.ndarray | None = None) -> Routing:
     """Top-k routing of router `logits` [G, T, E] into `slots` slots per expert. `order`: the true position of
     each row where the sequence is laid out in another order (context parallelism's head-tail chunks); slots still
-    go to earlier tokens first, so a layout routes and drops as the sequence in order does.
+    go by true position, so a layout routes and drops as the sequence in order does.
 
     Probabilities are the softmax over experts (float32); a token's k gates are its k largest probabilities (not
-    renormalised: Switch's gate for k = 1). Slots are filled in the order GShard gives them: every token's first
-    choice, in token order, then every second choice. The load-balancing loss is Switch's E x sum_e f_e P_e per
-    group, f_e the fraction of the group's T x k assignments that chose e (before capacity), P_e the mean
-    probability of e: 1 where routing is uniform."""
+    renormalised: Switch's gate for k = 1). Slots are filled in (token, choice) order: token 0's first and second
+    choices, then token 1's, and so on, an expert's slot for an assignment being the count of the assignments to it
+    before (a cumulative sum over the T x k assignments, each token's k consecutive), as MaxText's dropping path
+    does (`RoutedMoE.generate_masks` in its `layers/moe.py`: the expert mask reshaped to (batch, seq_len x k,
+    experts) and summed cumulatively over axis 1). A token's slots, and so which of its assignments drop, depend
+    only on it and the tokens before it: the language model, the only model with experts (validation refuses them
+    elsewhere), stays causal. GShard's (choice, token) order, every token's first choice before any second one,
+    would let a later token's first choice take an earlier token's slot, so that a token's output depends on the
+    tokens after it. The load-balancing loss is Switch's E x sum_e f_e P_e per group, f_e the fraction of the
+    group's T x k assignments that chose e (before capacity), P_e the mean probability of e: 1 where routing is
+    uniform."""
     g, t, e = logits.shape
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     gates, index = jax.lax.top_k(probs, top_k)  # [G, T, k]
     chosen = jax.nn.one_hot(index, e, dtype=jnp.int32)  # [G, T, k, E]
-    # Priority order (choice, token): the running count of earlier assignments to the same expert is the slot.
+    # Priority order (token, choice): the running count of earlier assignments to the same expert is the slot.
     in_order = chosen if order is None else chosen[:, np.argsort(order)]  # rows back to token order
-    by_choice = in_order.transpose(0, 2, 1, 3).reshape(g, top_k * t, e)
-    slot = (jnp.cumsum(by_choice, axis=1) - 1).reshape(g, top_k, t, e).transpose(0, 2, 1, 3)  # [G, T, k, E]
+    by_token = in_order.reshape(g, t * top_k, e)  # each token's k choices consecutive
+    slot = (jnp.cumsum(by_token, axis=1) - 1).reshape(g, t, top_k, e)  # [G, T, k, E]
     if order is not None:
         slot = slot[:, order]  # each row's slots, in the layout's order again
     kept = chosen * (slot < slots)
