@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orbax.checkpoint as ocp
 from jax import tree_util
 import pytest
 
@@ -475,21 +476,39 @@ def test_a_process_shows_no_traceback_unless_asked(tmp_path: Path) -> None:
     assert loud.returncode != 0 and "Traceback" in loud.stderr
 
 
+def _checkpoint_leaves(out: Path, step: int) -> dict[str, np.ndarray]:
+    """Every array of the checkpoint of `step`, by its path (restoring it fails where it is damaged)."""
+    restored = ocp.StandardCheckpointer().restore((out / "checkpoints" / str(step) / "default").absolute())
+    return {tree_util.keystr(path): np.asarray(leaf) for path, leaf in tree_util.tree_flatten_with_path(restored)[0]}
+
+
 @pytest.mark.slow
 def test_a_damaged_checkpoint_is_named_and_the_last_good_one_used(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The damaged checkpoints newer than the one resumed from are removed and written again as the resumed run
+    passes their steps: it ends with checkpoints that restore to the uninterrupted run's (not the damaged files
+    under a record that says complete), and keeps as many as --train.keep-checkpoints says."""
     out = tmp_path / "run"
-    args = ["train", *TINY, "--steps", "4", "--train.checkpoint-every", "2", "--out", str(out),
-            "--data.cache-dir", str(tmp_path / "cache")]
+    args = ["train", *TINY, "--steps", "6", "--train.checkpoint-every", "2", "--train.keep-checkpoints", "3",
+            "--out", str(out), "--data.cache-dir", str(tmp_path / "cache")]
     assert main(args) == 0
+    whole = {step: _checkpoint_leaves(out, step) for step in (4, 6)}
     (out / "summary.json").unlink()  # as if it had been stopped after its last checkpoint
-    for chunk in (out / "checkpoints" / "4").rglob("d/*"):
-        chunk.write_bytes(b"")
+    for step in (4, 6):
+        for chunk in (out / "checkpoints" / str(step)).rglob("d/*"):
+            chunk.write_bytes(b"")
     capsys.readouterr()
     assert main([*args, "--resume"]) == 0
     err = capsys.readouterr().err
-    assert "the checkpoint of step 4" in err and "is damaged" in err and "resuming from step 2" in err
+    assert "the checkpoint of step 6" in err and "the checkpoint of step 4" in err and "is damaged" in err
+    assert "resuming from step 2" in err and "the damaged checkpoints of steps 6 and 4 are removed" in err
     assert json.loads((out / "summary.json").read_text())["resumed_from"] == 2
+    assert sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == [2, 4, 6]
+    for step, leaves in whole.items():
+        again = _checkpoint_leaves(out, step)
+        assert again.keys() == leaves.keys() and int(again["['step']"]) == step
+        for key, value in leaves.items():
+            np.testing.assert_array_equal(again[key], value, err_msg=f"step {step}: {key}")
     (out / "summary.json").unlink()
     for chunk in (out / "checkpoints").rglob("d/*"):
         chunk.write_bytes(b"")

@@ -68,8 +68,13 @@ class Checkpoints:
 
     def restore_good(self, target: TrainState, newest: int) -> tuple[TrainState, int]:
         """The newest checkpoint at or before step `newest` that restores, and its step. A damaged one is named in
-        a line and the one before it is used; where none restores, one line says what to do."""
-        damaged: list[str] = []
+        a line and the one before it is used; where none restores, one line says what to do.
+
+        The damaged ones newer than the step used are removed (the line says so): `save` keeps a step it already
+        holds, so the resumed run would otherwise train past them and leave them damaged, its final checkpoint
+        among them, in a run its record calls complete. Removing them also keeps `--train.keep-checkpoints`
+        counting only checkpoints that restore. Where none restores, nothing is removed."""
+        damaged: list[int] = []
         for step in sorted((s for s in self.all_steps() if s <= newest), reverse=True):
             mismatch = self.mismatch(target, step)
             if mismatch:  # the model changed, not the file: no checkpoint of this run will fit
@@ -81,16 +86,25 @@ class Checkpoints:
                 state = self._manager.restore(step, args=ocp.args.StandardRestore(target))
             except Exception as err:  # noqa: BLE001 - orbax raises many kinds on a damaged file
                 detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-                damaged.append(f"step {step}")
+                damaged.append(step)
                 print(f"shardbench: --resume: the checkpoint of step {step} in {self._directory} is damaged "
                       f"({type(err).__name__}: {detail}); trying the one before it", file=sys.stderr, flush=True)
                 continue
             if damaged:
-                print(f"shardbench: --resume: resuming from step {step}, the last checkpoint that restores",
+                self._remove(damaged)
+                print(f"shardbench: --resume: resuming from step {step}, the last checkpoint that restores; the damaged "
+                      f"{_steps(damaged)} removed and written again as training reaches {_it(damaged)}",
                       file=sys.stderr, flush=True)
             return state, step
-        raise DataError(f"--resume: no checkpoint in {self._directory} restores (damaged: {', '.join(damaged)}): "
-                        f"remove that folder to train again from step 0, or put back a copy of it")
+        raise DataError(f"--resume: no checkpoint in {self._directory} restores (damaged: "
+                        f"{', '.join(f'step {s}' for s in damaged)}): remove that folder to train again from step 0, "
+                        f"or put back a copy of it")
+
+    def _remove(self, steps: list[int]) -> None:
+        """Delete the checkpoints of `steps` through the manager, so its list of steps (what `save` skips and what
+        `max_to_keep` counts) forgets them too; every process calls it, as orbax's delete waits for them all."""
+        for step in steps:
+            self._manager.delete(step)
 
     def mismatch(self, target: TrainState, step: int) -> str:
         """What of `target` the checkpoint of `step` stores otherwise, as its metadata says: the first parameter
@@ -126,6 +140,17 @@ class Checkpoints:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _steps(steps: list[int]) -> str:
+    """'checkpoint of step 4 is', or 'checkpoints of steps 6 and 4 are'."""
+    if len(steps) == 1:
+        return f"checkpoint of step {steps[0]} is"
+    return f"checkpoints of steps {', '.join(map(str, steps[:-1]))} and {steps[-1]} are"
+
+
+def _it(steps: list[int]) -> str:
+    return "it" if len(steps) == 1 else "them"
 
 
 def _shapes(tree: Any) -> dict[str, tuple[int, ...]]:
