@@ -149,3 +149,29 @@ def test_a_lone_run_uses_the_hosts_cached_peak_until_asked_to_recalibrate(micro,
     assert second["peak_flops_per_s_per_device"] == first["peak_flops_per_s_per_device"]
     assert second["peak_measured_at"] == first["peak_measured_at"]
     assert third["peak_origin"] == "measured now"
+
+
+@pytest.mark.parametrize(("strategy", "mesh", "devices", "name"), [
+    ("cp", "seq=4", 4, "mesh_seq4_batch_32"),
+    ("cp", "seq=8", 8, "mesh_seq8_batch_32"),
+    ("dp+cp", "data=2,seq=4", 8, "mesh_data2_seq4_batch_32"),
+    ("cp+tp", "model=2,seq=4", 8, "mesh_model2_seq4_batch_32"),
+    ("dp+pp", "data=2,stage=4", 8, "mesh_data2_stage4_batch_32"),
+    ("dp+ep", "data=2,expert=4", 8, "mesh_data2_expert4_batch_32"),
+    # Meshes of data and model keep the seed's data_model names, as the published records have them.
+    ("dp", "2", 2, "mesh_2_1_batch_32"),
+    ("fsdp", "8", 8, "mesh_8_1_batch_32_fsdp"),
+    ("dp+tp", "4x2", 8, "mesh_4_2_batch_32"),
+    ("tp", "1x8", 8, "mesh_1_8_batch_32"),
+    ("single", "none", 1, "mesh_none_batch_32"),
+])
+def test_a_runs_default_name_names_every_axis_its_mesh_splits(strategy: str, mesh: str, devices: int,
+                                                               name: str) -> None:
+    """The name is the run's record's run_name and its profile trace's folder: context parallelism on seq=4 and
+    on seq=8, and dp+cp on data=2,seq=4, were all named as one device or as dp on two ('mesh_1_1', 'mesh_2_1')."""
+    from shardbench.measure.collect import default_run_name
+    from shardbench.parallel.rules import make_layout
+    from shardbench.parsing import override
+
+    cfg = override(get_preset("vit-tiny"), {"train.batch_size": 32})
+    assert default_run_name(cfg, make_layout(strategy, mesh, jax.devices()[:devices])) == name

@@ -22,7 +22,7 @@ from shardbench.measure.run_record import (
 from shardbench.measure.timing import StepTimer
 from shardbench.naming import config_run_name
 from shardbench.parallel.context import uses_context
-from shardbench.parallel.mesh import MESH_AXES, SEQUENCE, STAGE
+from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL, SEQUENCE, STAGE, MeshShape
 from shardbench.parallel.pipeline import bubble_fraction, microbatch_count, schedule_repeats, uses_pipeline
 from shardbench.parallel.rules import Layout, resolve_strategy
 from shardbench.tasks import Task
@@ -30,11 +30,18 @@ from shardbench.tasks import Task
 
 def default_run_name(cfg: Config, layout: Layout) -> str:
     """A run's name from its configuration and the layout that ran (see `shardbench.naming`)."""
-    mesh = "none" if layout.mesh is None else f"{layout.shape.data}_{layout.shape.model}"
-    if layout.shape.stage > 1 or layout.shape.expert > 1:  # 'data2_stage4': data_model would drop the axis
-        mesh = "_".join(f"{axis}{size}" for axis, size in layout.shape.items() if size > 1)
+    mesh = "none" if layout.mesh is None else mesh_name(layout.shape)
     implied = resolve_strategy("auto", "none" if layout.mesh is None else str(layout.shape), layout.shape.size)
     return config_run_name(cfg, mesh, layout.strategy.name, implied)
+
+
+def mesh_name(shape: MeshShape) -> str:
+    """The mesh in a run's name: data_model ('4_2', the seed's names) while only those two axes are split, else
+    each split axis by name ('data2_seq4'), whichever axes the shape has: data_model would drop the others, and
+    name a run on seq=4 as one on a single device, or data=2,seq=4 as plain data parallelism on two."""
+    if any(size > 1 for axis, size in shape.items() if axis not in (DATA, MODEL)):
+        return "_".join(f"{axis}{size}" for axis, size in shape.items() if size > 1)
+    return f"{shape.data}_{shape.model}"
 
 
 def layout_devices(layout: Layout) -> list[jax.Device]:
