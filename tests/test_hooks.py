@@ -50,3 +50,29 @@ def test_an_epoch_end_without_evaluation_leaves_its_steps_timed(micro) -> None:
     assert [e["step"] for e in summary["epochs"]] == [1, 2, 3, 4, 5, 6]
     times = summary["measurements"]["step_time_s"]
     assert times["excluded_steps"] == 2 and times["measured_steps"] == 5 - 2
+
+
+def test_an_epoch_a_resume_cut_into_says_its_train_metrics_cover_only_the_steps_trained_since() -> None:
+    """Resumed from step 6 of 7 per epoch: epoch 1's train means are over step 7 alone (the killed process took the
+    sums of steps 1-6 with it), and its record and line say so, not pass it off as the epoch's; epoch 2, trained
+    whole here, is unmarked, and so is an epoch --steps cuts short at its end (trained from its first step)."""
+    from shardbench.train.events import ScalarWriter
+
+    lines: list[str] = []
+    bar = type("Bar", (), {"write": staticmethod(lines.append)})()
+    end = hooks.EpochEnd(None, ScalarWriter(Path("."), enabled=False), bar, show=True)
+    run = hooks.LoopState(total=16, per_epoch=7, metrics=hooks.Metrics(lambda step: None, lambda: ""), state=None,
+                          start=6)
+    schedule = [hooks.Every(end, hooks.Phase.EPOCH_END, epoch_end=True)]
+    for step in range(7, 17):
+        run.done = step
+        run.metrics.push(step, {"loss": float(step), "grad_norm": 1.0})
+        hooks.run_due(schedule, run)
+    first, second, cut = end.history
+    assert (first["step"], first["train_loss"], first["from_step"], first["train_steps"]) == (7, 7.0, 7, 1)
+    assert lines[0].endswith("| train metrics over step 7 only (resumed from step 6)"), lines[0]
+    assert second["step"] == 14 and second["train_loss"] == sum(range(8, 15)) / 7
+    assert cut["step"] == 16 and cut["train_loss"] == 15.5
+    assert not {"from_step", "train_steps"} & (second.keys() | cut.keys())
+    assert "train metrics over" not in lines[1] + lines[2]
+    assert hooks.part_note({"from_step": 4, "step": 7}) == " | train metrics over steps 4-7 only (resumed from step 3)"

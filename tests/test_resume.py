@@ -60,6 +60,7 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
     # Saves are asynchronous and one waits for the previous: step 4's is final by the time step 8's starts;
     # step 8's may have been cut short by the kill at step 10, in which case orbax never finalised it.
     assert summary["resumed_from"] in (4, 8)
+    _check_the_resumed_epoch(tmp_path / "whole", summary)
 
     # Resuming a run that has finished trains nothing and keeps its record.
     before = (tmp_path / "killed" / "summary.json").read_text()
@@ -74,6 +75,24 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
     assert flat_a.keys() == flat_b.keys()
     for key in flat_a:
         np.testing.assert_array_equal(np.asarray(flat_a[key]), np.asarray(flat_b[key]), err_msg=key)
+
+
+def _check_the_resumed_epoch(whole: Path, resumed: dict) -> None:
+    """The one epoch (12 steps of 14) began before the resume: its record says its train metrics are over the steps
+    after it only, and they are the means of the uninterrupted run's metrics over exactly those steps (each step
+    logged, --train.log-every 1), where the uninterrupted run's record covers every step and says nothing."""
+    start = resumed["resumed_from"]
+    [epoch] = resumed["epochs"]
+    assert (epoch["step"], epoch["from_step"], epoch["train_steps"]) == (12, start + 1, 12 - start)
+    [uncut] = json.loads((whole / "summary.json").read_text())["epochs"]
+    assert "from_step" not in uncut and "train_steps" not in uncut
+    logged = [json.loads(line) for line in (whole / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
+    by_step = {r["step"]: r for r in logged if "train/loss" in r}
+    for name in ("loss", "accuracy", "grad_norm"):
+        after = [by_step[step][f"train/{name}"] for step in range(start + 1, 13)]
+        everything = [by_step[step][f"train/{name}"] for step in range(1, 13)]
+        assert epoch[f"train_{name}"] == pytest.approx(sum(after) / len(after), rel=1e-12), name
+        assert uncut[f"train_{name}"] == pytest.approx(sum(everything) / 12, rel=1e-12), name
 
 
 def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, object]]:

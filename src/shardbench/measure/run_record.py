@@ -17,6 +17,10 @@ step) are read with `cost` None. Version 1 records
 "version 0") are still read: missing fields become None, and readers derive the steady-state throughput from the
 step time (`shardbench.report.content.ReportedRun.rate`). A record newer than this shardbench is refused with one line
 saying which version it is.
+
+An epoch's entry in `epochs` is a free table (its metrics are the task's); one whose train metrics cover only the
+steps after a resume says so with `from_step` and `train_steps`, keys added within version 4: records written
+before them leave such an epoch unmarked, and readers of any version take them as they take the metrics.
 """
 
 from __future__ import annotations
@@ -263,7 +267,9 @@ class RunRecord:
     run_name: str | None = _f("", "the run's name (the seed's style: mesh_4_2_batch_1024)")
     steps: int | None = _f("steps", "steps trained in all")
     resumed_from: int | None = _f("steps", "the step this invocation started from")
-    epochs: list[dict[str, Any]] = _list("", "per epoch: train and validation metrics, time")
+    epochs: list[dict[str, Any]] = _list("", "per epoch: train and validation metrics, time; an epoch a resume "
+                                             "cut into adds from_step and train_steps: its train metrics are "
+                                             "means over those steps only")
     train_loss: float | None = _f("", "the last step's loss")
     time_s: float | None = _f("s", "this invocation's training wall time, evaluation included")
     model: str | None = _f("", "the model's kind: vit, lm or mlp (the task's kind for a model of your own)")

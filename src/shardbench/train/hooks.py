@@ -222,7 +222,8 @@ def fault_injection() -> Every | None:
 @dataclass
 class EpochEnd:
     """At each epoch's end: its wall time (data and steps, no evaluation: the seed's epoch time), the
-    validation metrics, the epoch's record and line."""
+    validation metrics, the epoch's record and line. An epoch a resume cut into has train metrics over this
+    invocation's steps only, and its record and line say which (`resumed_part`)."""
 
     evaluate: Callable[[Any], dict[str, float]] | None  # validation on the state, or None without evaluation
     writer: ScalarWriter
@@ -238,7 +239,7 @@ class EpochEnd:
         self.times.append(time.perf_counter() - start)
         self.steps.append(run.done - first)
         record = {"epoch": (run.done - 1) // run.per_epoch + 1, "step": run.done,
-                  **{f"train_{k}": v for k, v in run.metrics.meter.means().items()}}
+                  **{f"train_{k}": v for k, v in run.metrics.meter.means().items()}, **resumed_part(run)}
         paused = time.perf_counter()
         if self.evaluate is not None:
             val = self.evaluate(run.state)
@@ -249,9 +250,32 @@ class EpochEnd:
         run.metrics.meter = EpochMeter()
         self.writer.flush()
         if self.show:
-            self.bar.write(epoch_line(record))
+            self.bar.write(epoch_line(record) + part_note(record))
         run.paused_s += time.perf_counter() - paused
         self._clock = (time.perf_counter(), run.done)
+
+
+def resumed_part(run: LoopState) -> dict[str, int]:
+    """Where the epoch ending now began before this invocation's first step (a resume from a checkpoint inside
+    it): `from_step`, the first step its train metrics average, and `train_steps`, how many they average. The
+    steps before the resume were trained by the process that stopped, and their metrics went with it (with
+    --train.log-every above 1 not every one was logged either), so the means cover only this invocation's part
+    and the record says so rather than pass it off as the epoch's. {} for an epoch trained here from its first
+    step, one that --steps cut short at its end included."""
+    first = (run.done - 1) // run.per_epoch * run.per_epoch + 1  # the epoch's first step
+    steps = run.metrics.meter.count
+    if run.done - steps + 1 <= first:
+        return {}
+    return {"from_step": run.done - steps + 1, "train_steps": steps}
+
+
+def part_note(record: dict[str, Any]) -> str:
+    """The epoch's line's note where its train metrics cover part of it (`resumed_part`), else ''."""
+    if "from_step" not in record:
+        return ""
+    first, last = record["from_step"], record["step"]
+    steps = f"step {last}" if first == last else f"steps {first}-{last}"
+    return f" | train metrics over {steps} only (resumed from step {first - 1})"
 
 
 def last_good_checkpoint(checkpoints: Checkpoints, out: Path) -> Callable[[], str]:
