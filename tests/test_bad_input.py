@@ -10,6 +10,7 @@ settings that would do nothing, for each command. Add a row when a new mistake i
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -460,6 +461,36 @@ def test_a_device_count_past_what_xla_simulates_is_refused_without_starting_them
     assert done.returncode == EXIT_CODES["configuration"], done.stderr
     assert "--devices 99999: at most 4096 CPU devices are simulated" in done.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("mesh", ["data=4294967296,model=4294967296", "data=3037000500,model=3037000500"])
+@pytest.mark.parametrize("command", ["train", "inspect"])
+def test_a_mesh_whose_size_overflowed_is_named_in_one_line(command: str, mesh: str, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """2**32 x 2**32 devices were '0 devices ... or pass --devices 0', and 3037000500**2 a negative count (numpy's
+    int64 product wrapped); inspect, which simulates the mesh's devices, named --parallel.devices."""
+    out = tmp_path / "o"
+    code, _, err = _invoke([command, *TINY[:-4], "--mesh", mesh, "--out", str(out)], capsys)
+    size = math.prod(int(part.split("=")[1]) for part in mesh.split(","))
+    assert code == EXIT_CODES["configuration"]
+    assert err.strip().count("\n") == 0 and f"names {size:,} devices, more than any machine holds" in err
+    assert not out.exists()
+
+
+def test_single_on_more_devices_than_one_is_said() -> None:
+    """`--strategy single --devices 4` trained on one device of the four, silently. It is said rather than refused:
+    a sweep sets --devices for every run, single's among them (`--preset mlp-spmd-styles --devices 8`)."""
+    from shardbench.validation import inert_notes
+
+    said = ("--parallel.devices 4 does nothing here: strategy single trains on one device and leaves the others "
+            "idle: use --devices 1, or a strategy that splits, such as --strategy dp --mesh 4")
+    for layout in ({"parallel.strategy": "single"}, {"parallel.strategy": "auto", "parallel.mesh": "none"}):
+        assert said in inert_notes(override(get_preset("vit-tiny"), {**layout, "parallel.devices": 4}))
+        assert not [n for n in inert_notes(override(get_preset("vit-tiny"), {**layout, "parallel.devices": 1}))
+                    if n.startswith("--parallel.devices")]
+    assert not [n for n in inert_notes(override(get_preset("vit-tiny"), {"parallel.strategy": "dp",
+                                                                         "parallel.devices": 4}))
+                if n.startswith("--parallel.devices")]
 
 
 @pytest.mark.slow

@@ -150,6 +150,10 @@ REFUSED = [
       "parallel.context_order": "contiguous"}, "does not split into 8 blocks"),
     ({"preset": "mlp-small", "parallel.strategy": "cp", "parallel.mesh": "seq=8"}, "has no attention"),
     ({"parallel.strategy": "dp", "parallel.mesh": "8", "parallel.context": "ring"}, "does not split"),
+    # The chunks' order means as little as the ring without a seq axis (it was accepted, silently).
+    ({"parallel.strategy": "dp+tp", "parallel.mesh": "4x2", "parallel.context_order": "contiguous"},
+     "--parallel.context-order contiguous orders the sequence's chunks over a seq axis, which --strategy dp+tp does "
+     "not split: use cp, dp+cp, fsdp+cp or cp+tp with --mesh seq=N, or leave --parallel.context-order at head-tail"),
     ({"preset": "vit-tiny", "parallel.strategy": "cp", "parallel.mesh": "seq=8", "model.lsa": True,
       "model.pool": "mean", "model.patch_size": 8}, "--model.lsa"),
     ({"parallel.strategy": "cp", "parallel.mesh": "seq=8", "parallel.spmd": "shard_map"}, "only jit builds"),

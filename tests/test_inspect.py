@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from shardbench.cli import main
 
 
@@ -33,3 +37,34 @@ def test_inspect_shows_where_zero2_puts_optimizer_state_and_gradients(capsys) ->
     sliced = (6_177_802 - 10) // 8 + 10  # per device: 1/8 of each array but out_bias
     assert (f"optimizer state (adam): {2 * sliced * 4 + 2 * 4:,} bytes per device; parameters: "
             f"{6_177_802 * 4:,} bytes per device; gradients: {sliced * 4:,} bytes per device") in out
+
+
+# Layouts `shardbench train` refuses that inspect used to accept (or fail on with an internal error): it made a
+# subset of train's checks, and now makes the same ones (`preflight.check_parallel`).
+MODEL = ["--preset", "vit-tiny", "--model.embed-dim", "32", "--model.num-layers", "2", "--model.mlp-dim", "64",
+         "--model.num-heads", "4"]
+TRAIN = ["--data", "synthetic", "--data.synthetic-train", "512", "--data.synthetic-test", "128", "--steps", "4",
+         "--no-train.progress"]
+REFUSED_BY_TRAIN = [
+    (["--strategy", "dp", "--mesh", "8", "--batch-size", "30"],
+     "--batch-size 30 is not divisible by the data-parallel size 8"),  # was IndivisibleError, exit 70
+    (["--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--batch-size", "32", "--train.grad-accum", "3"],
+     "--train.grad-accum 3 does not divide the 32 examples per data shard"),  # was 2 microbatches of 5 examples
+    (["--strategy", "fsdp", "--mesh", "8", "--spmd", "pmap", "--batch-size", "32"],
+     "--spmd pmap replicates parameters on every device"),
+    (["--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--batch-size", "32", "--model.dropout", "0.1"],
+     "--model.dropout would draw the same masks for every microbatch"),
+]
+
+
+@pytest.mark.parametrize(("flags", "says"), REFUSED_BY_TRAIN, ids=[s for _, s in REFUSED_BY_TRAIN])
+def test_inspect_refuses_what_train_refuses_in_the_same_line(flags: list[str], says: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    train = main(["train", *MODEL, *TRAIN, *flags, "--out", str(out), "--data.cache-dir", str(tmp_path / "cache")])
+    said_by_train = capsys.readouterr().err.strip()
+    inspected = main(["inspect", *MODEL, *flags])
+    said_by_inspect = capsys.readouterr().err.strip()
+    assert train == inspected == 2, (said_by_train, said_by_inspect)
+    assert said_by_inspect == said_by_train and says in said_by_inspect
+    assert "\n" not in said_by_inspect and not out.exists()

@@ -245,6 +245,20 @@ def test_one_process_failing_with_any_exception_ends_the_run_at_once(tmp_path: P
     assert not (out / "summary.json").exists()
 
 
+def test_pmap_across_processes_is_refused_before_the_run_folder(tmp_path: Path) -> None:
+    """pmap's program mapped over both processes' devices and its metrics were fetched as one process's arrays:
+    the launch failed after the first step (internal error, exit 70) and left a run folder with config.json. It
+    is refused by every process's checks, before anything compiles or is written."""
+    out = tmp_path / "run"
+    done = _launch(out, tmp_path / "cache", "--strategy", "dp", "--spmd", "pmap", timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("shardbench:")]
+    assert len(lines) == 1 and ("--spmd pmap runs in one process, but this run has 2 processes: across processes "
+                                "use --spmd jit or shard_map") in lines[0], done.stderr[-3000:]
+    assert "internal error" not in done.stderr
+    assert not (out / "config.json").exists() and not out.exists()
+
+
 def test_unreachable_coordinator_fails_in_bounded_time_with_one_line(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     cmd = [sys.executable, "-m", "shardbench", "train", *MICRO, "--out", str(tmp_path / "run"),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from shardbench.errors import ConfigError
-from shardbench.parallel.mesh import MESH_AXES, parse_mesh
+from shardbench.parallel.mesh import MESH_AXES, MeshShape, parse_mesh
 from shardbench.parallel.rules import make_layout
 from shardbench.parsing import override
 from shardbench.presets import get_preset
@@ -171,6 +173,75 @@ def test_indivisible_dimensions_are_named(overrides: dict, mesh: str, message: s
 def test_parse_mesh_rejects_unknown_axis() -> None:
     with pytest.raises(ConfigError, match="unknown axis 'pipe'"):
         parse_mesh("pipe=8", 8)
+
+
+@pytest.mark.parametrize("mesh", ["data=4294967296,model=4294967296", "data=3037000500,model=3037000500",
+                                  "data=65536,model=65536,expert=65536"])
+def test_a_mesh_too_large_for_any_machine_is_said_without_wrapping(mesh: str) -> None:
+    """Its size is the exact product (numpy's int64 made 2**64 devices 0 and 3037000500**2 negative), and a size
+    past any machine's is one line naming it, whether the devices are counted (train) or not (inspect)."""
+    sizes = dict(part.split("=") for part in mesh.split(","))
+    exact = math.prod(int(v) for v in sizes.values())
+    assert MeshShape.of(**{axis: int(v) for axis, v in sizes.items()}).size == exact
+    for devices in (8, None):
+        with pytest.raises(ConfigError, match=r"names [\d,]+ devices, more than any machine holds") as err:
+            parse_mesh(mesh, devices)
+        assert f"names {exact:,} devices" in str(err.value)
+        assert "--devices" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_mesh_beyond_the_simulated_devices_is_said_in_the_meshs_words() -> None:
+    """`inspect` simulates the devices a mesh names: past MAX_SIMULATED the mesh is refused by its own flag (it
+    was refused as --devices, which was never given), and a mismatched count offers --devices only where that
+    many can be simulated."""
+    from shardbench.devices import MAX_SIMULATED
+    from shardbench.parallel.mesh import mesh_size
+
+    assert mesh_size(f"data={MAX_SIMULATED // 2},model=2") == MAX_SIMULATED
+    with pytest.raises(ConfigError, match=f"--mesh {MAX_SIMULATED + 1} names {MAX_SIMULATED + 1:,} devices, more "
+                                          f"than the {MAX_SIMULATED} CPU devices"):
+        mesh_size(str(MAX_SIMULATED + 1))
+    with pytest.raises(ConfigError, match="or pass --devices 16$"):
+        parse_mesh("16", 8)
+    with pytest.raises(ConfigError, match="equal the device count$"):
+        parse_mesh(str(MAX_SIMULATED * 2), 8)
+
+
+@pytest.mark.parametrize(("mesh", "says"), [
+    ("stage=2,model=2,expert=2", "--strategy auto: no strategy splits stage, model and expert together (--mesh "
+                                 "stage=2,model=2,expert=2); the nearest are pp+tp over stage and model, ep+tp over "
+                                 "model and expert: "),
+    ("data=2,stage=2,seq=2", "no strategy splits data, stage and seq together (--mesh data=2,stage=2,seq=2); the "
+                             "nearest are dp+pp or fsdp+pp over data and stage, dp+cp or fsdp+cp over data and seq"),
+    ("model=2,expert=4", "--mesh model=2,expert=4 splits model and expert, which auto picks no strategy for: name "
+                         "one, --strategy ep+tp"),
+])
+def test_auto_on_a_mesh_it_has_no_strategy_for_says_so(mesh: str, says: str) -> None:
+    """It used to fall back to dp, whose refusal named one axis and a strategy that the next axis refused."""
+    with pytest.raises(ConfigError) as err:
+        make_layout("auto", mesh, jax.devices())
+    assert says in str(err.value) and "\n" not in str(err.value)
+    assert "strategy dp does not use" not in str(err.value)
+
+
+@pytest.mark.parametrize(("strategy", "mesh", "says"), [
+    ("dp", "stage=2,model=2,expert=2", "strategy dp does not use the stage axis but --mesh stage=2,model=2,expert=2 "
+                                       "gives it 2 devices, and no strategy splits stage, model and expert together: "
+                                       "put every device on data"),
+    ("tp", "data=2,stage=2,model=2", "use --strategy dp+pp+tp, or put every device on model"),
+    ("fsdp", "data=2,stage=2,model=2", "use --strategy fsdp+pp+tp, or put every device on data"),
+    ("pp", "data=2,stage=2,seq=2", "and no strategy splits data, stage and seq together: put every device on stage"),
+])
+def test_a_strategy_refusing_an_axis_names_one_that_uses_every_split_axis(strategy: str, mesh: str,
+                                                                          says: str) -> None:
+    """The advice is a strategy that takes the whole mesh (dp on data,stage,model was told dp+pp, which then
+    refused model), or, where none does, says that none does."""
+    with pytest.raises(ConfigError) as err:
+        make_layout(strategy, mesh, jax.devices())
+    assert says in str(err.value)
+    advised = str(err.value).split("use --strategy ")[1].split(",")[0] if "use --strategy" in str(err.value) else ""
+    if advised:
+        make_layout(advised, mesh, jax.devices())  # the advice runs
 
 
 @pytest.mark.parametrize(("mesh", "devices", "strategy"),

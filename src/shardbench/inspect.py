@@ -16,16 +16,16 @@ from flax import nnx
 
 from shardbench.tasks import validate
 from shardbench.config import Config
-from shardbench.devices import select_devices
 from shardbench.errors import ConfigError
 from shardbench.measure.memory import gradient_buffers, per_device_bytes
 from shardbench.measure.params import ParamRow, format_placements, format_table, param_table, picture
 from shardbench.models.axes import EXPERT, LAYERS
 from shardbench.parallel.mesh import MESH_AXES, SEQUENCE, STAGE
-from shardbench.parallel.rules import Layout, flat_by_path, make_layout
+from shardbench.parallel.rules import Layout, flat_by_path
 from shardbench.optim import build_optimizer
+from shardbench.preflight import check_parallel
 from shardbench.models.spec import ModelSpec, describe_model
-from shardbench.parallel.checks import check_context, check_experts, check_layout, check_pipeline, sequence_length
+from shardbench.parallel.checks import sequence_length
 from shardbench.parallel.context import positions, uses_context
 from shardbench.parallel.pipeline import (
     bubble_fraction, microbatch_count, schedule_repeats, stage_layers, uses_pipeline,
@@ -147,14 +147,8 @@ def _spans(layers: list[int]) -> str:
 def inspect(cfg: Config, array: str = "") -> str:
     """The parameter table, one array's picture (`array`, '' = the model's default) and the batch's."""
     validate(cfg)
-    layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, select_devices(cfg.parallel.devices),
-                         cfg.parallel.sequence_parallel)
     spec = describe_model(cfg)
-    check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
-                   schedule=cfg.parallel.schedule, repeats=cfg.parallel.repeats)
-    check_experts(spec, layout, cfg.parallel.spmd)
-    check_context(cfg, layout)
-    check_layout(spec, layout)
+    layout = check_parallel(cfg, spec)  # train's checks of the layout and the batch: what it refuses, refused here
     rows = param_table(spec.axes, spec.shapes, cfg.precision.param_dtype, layout)
     tx: optax.GradientTransformation = build_optimizer(cfg.optim, 100)
     target = abstract_train_state(spec, layout, tx)

@@ -58,6 +58,17 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
     spec = describe_model(cfg)
     if cfg.model.factory:  # the model's outputs, then its file's loss and FLOPs on them: one line, no run folder
         check_own_functions(cfg, task, check_outputs(cfg, spec))
+    layout = check_parallel(cfg, spec, devices)
+    if cfg.train.steps > 0:
+        check_profile_window(cfg.train, cfg.train.steps)
+    return task, layout, spec
+
+
+def check_parallel(cfg: Config, spec: ModelSpec, devices: list[jax.Device] | None = None) -> Layout:
+    """The layout's checks: the mesh against the strategy and the devices, the SPMD style, pipeline, experts and
+    context against the model, every split dim's divisibility, and the batch (and its accumulated and mixed parts)
+    against the data axis. `shardbench inspect` makes these too, so that it refuses what train refuses, in the
+    same words, without the task's or the dataset's checks. `devices`: as `check_runnable`'s."""
     if devices is None:
         devices = select_devices(cfg.parallel.devices)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices, cfg.parallel.sequence_parallel)
@@ -80,9 +91,7 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
         raise ConfigError(f"--data.mixup mixes the images of pairs, which must sit on one device: --batch-size "
                           f"{cfg.train.batch_size} gives {per} per data slice ({layout.strategy.name} on mesh "
                           f"{layout.shape}); use a batch of {2 * layout.data_size * max(1, per // 2)}")
-    if cfg.train.steps > 0:
-        check_profile_window(cfg.train, cfg.train.steps)
-    return task, layout, spec
+    return layout
 
 
 def check_run(cfg: Config) -> CheckedRun:

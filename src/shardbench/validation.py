@@ -186,6 +186,12 @@ def inert_notes(cfg: Config, given: Collection[str] = ()) -> list[str]:
         "optim.b1": (o.optimizer == "sgd", "it is Adam's beta1, and --optim.optimizer is sgd"),
         "optim.b2": (o.optimizer == "sgd", "it is Adam's beta2, and --optim.optimizer is sgd"),
     }
+    # One device, whatever --devices counts (the sweeps that set it for every run, single's among them, stay runnable).
+    single = cfg.parallel.strategy == "single" or (
+        cfg.parallel.strategy == "auto" and cfg.parallel.mesh.strip().lower() in ("none", "single"))
+    unused["parallel.devices"] = (single and cfg.parallel.devices > 1,
+                                  "strategy single trains on one device and leaves the others idle: use --devices 1, "
+                                  f"or a strategy that splits, such as --strategy dp --mesh {cfg.parallel.devices}")
     unused["data.randaugment_magnitude"] = (d.randaugment == 0, "it is RandAugment's, and --data.randaugment is 0")
     unused["data.erasing_fill"] = (d.random_erasing == 0, "it fills erased boxes, and --data.random-erasing is 0")
     if m.kind == "mlp":

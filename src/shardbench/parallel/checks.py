@@ -33,6 +33,11 @@ def check_style(style: str, layout: Layout) -> None:
         if not hasattr(jax, "pmap"):
             raise ConfigError(f"--spmd pmap: this JAX ({jax.__version__}) no longer provides jax.pmap; use "
                               f"--spmd shard_map for explicit per-device programs")
+        if jax.process_count() > 1:
+            # Its program maps over every process's devices, but the step's outputs are fetched as one process's
+            # arrays: the first step's metrics would span devices this process cannot read.
+            raise ConfigError(f"--spmd pmap runs in one process, but this run has {jax.process_count()} "
+                              f"processes: across processes use --spmd jit or shard_map")
         if layout.shape.model > 1:
             raise ConfigError(f"--spmd pmap maps over one axis of devices but --mesh {layout.shape} has a model axis "
                               f"of {layout.shape.model}: use a 1-D mesh (--mesh {layout.shape.size}) with --strategy "
@@ -63,8 +68,8 @@ def sequence_length(cfg: Config) -> int:
 def check_context(cfg: Config, layout: Layout) -> None:
     """Context parallelism (cp) needs a model whose attention goes through shardbench's (the lm and the vit), a
     sequence that splits into the seq axis's blocks (head-tail: 2 x seq chunks), and attention that its own
-    replaces (einsum's, without LSA); --parallel.context ring means nothing without it. Sequence parallelism needs
-    tp's model axis, and a sequence the model axis divides."""
+    replaces (einsum's, without LSA); --parallel.context ring and --parallel.context-order contiguous mean nothing
+    without it. Sequence parallelism needs tp's model axis, and a sequence the model axis divides."""
     kind, custom, sequence = cfg.model.kind, bool(cfg.model.factory), sequence_length(cfg)
     context, order, attention, lsa = (cfg.parallel.context, cfg.parallel.context_order, cfg.model.attention,
                                       cfg.model.lsa)
@@ -74,6 +79,10 @@ def check_context(cfg: Config, layout: Layout) -> None:
             raise ConfigError(f"--parallel.context {context} passes keys and values around a seq axis, which "
                               f"--strategy {name} does not split: use cp, dp+cp, fsdp+cp or cp+tp with --mesh "
                               f"seq=N, or leave --parallel.context at all-gather")
+        if order != "head-tail":
+            raise ConfigError(f"--parallel.context-order {order} orders the sequence's chunks over a seq axis, which "
+                              f"--strategy {name} does not split: use cp, dp+cp, fsdp+cp or cp+tp with --mesh seq=N, "
+                              f"or leave --parallel.context-order at head-tail")
     else:
         if custom or kind == "mlp":
             what = ("a model of your own does not run shardbench's attention" if custom

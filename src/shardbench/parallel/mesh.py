@@ -8,6 +8,7 @@ name here and a strategy that uses it (shardbench.parallel.rules).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+from shardbench.devices import MAX_SIMULATED
 from shardbench.errors import ConfigError
 
 DATA, STAGE, MODEL, EXPERT = "data", "stage", "model", "expert"
@@ -26,6 +28,9 @@ SEQUENCE = "seq"  # context parallelism: the sequence split over devices (shardb
 # batch outside them) and the seq axis (context parallelism) come last: appended, so that adding them moved no
 # other axis.
 MESH_AXES: tuple[str, ...] = (DATA, STAGE, MODEL, EXPERT, SEQUENCE)
+# More devices than any machine holds (the largest clusters hold some hundreds of thousands): a mesh beyond it is a
+# mistyped size, said as one, rather than compared with the devices in use.
+MAX_MESH = 2**24
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,8 @@ class MeshShape:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.sizes))
+        """The device count: Python's exact product (numpy's int64 wraps past 2**63, to 0 or below)."""
+        return math.prod(self.sizes)
 
     def __str__(self) -> str:
         """'4x2' (data x model) while only those two axes are split; 'data=2,stage=4' once another is."""
@@ -92,7 +98,11 @@ def mesh_size(spec: str) -> int | None:
     text = spec.strip().lower()
     if text in ("", "auto", "none"):
         return None
-    return parse_mesh(spec, None).size
+    size = parse_mesh(spec, None).size
+    if size > MAX_SIMULATED:  # `inspect` simulates the devices a mesh names: XLA starts at most this many
+        raise ConfigError(f"--mesh {spec} names {size:,} devices, more than the {MAX_SIMULATED} CPU devices "
+                          f"shardbench simulates: use a mesh of at most {MAX_SIMULATED}")
+    return size
 
 
 def parse_mesh(spec: str, num_devices: int | None, primary: str = DATA) -> MeshShape:
@@ -122,11 +132,16 @@ def parse_mesh(spec: str, num_devices: int | None, primary: str = DATA) -> MeshS
     shape = MeshShape.of(**sizes)
     if min(shape.sizes) < 1:
         raise ConfigError(f"--mesh '{spec}': every axis needs at least one device")
+    if shape.size > MAX_MESH:
+        raise ConfigError(f"--mesh {shape} names {shape.size:,} devices, more than any machine holds (at most "
+                          f"{MAX_MESH:,} here): check the axis sizes")
     if num_devices is not None and shape.size != num_devices:
         are = "device is" if num_devices == 1 else "devices are"
+        # --devices simulates CPU devices up to MAX_SIMULATED; past it only a mesh over the devices there is right.
+        more = f", or pass --devices {shape.size}" if shape.size <= MAX_SIMULATED else ""
         raise ConfigError(
             f"--mesh {shape} has {shape.size} devices but {num_devices} {are} in use: make the mesh's product "
-            f"equal the device count, or pass --devices {shape.size}"
+            f"equal the device count{more}"
         )
     return shape
 

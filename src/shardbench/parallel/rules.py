@@ -31,7 +31,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.models.axes import BATCH, EMBED, EXPERT, HEADS, LAYERS, MLP, NORM_SEQ, SEQ, Axes
-from shardbench.parallel.mesh import DATA, MODEL, SEQUENCE, STAGE, MeshShape, build_mesh, parse_mesh
+from shardbench.parallel.mesh import (
+    DATA, MESH_AXES, MODEL, SEQUENCE, STAGE, MeshShape, build_mesh, parse_mesh,
+)
 from shardbench.parallel.mesh import EXPERT as EXPERT_AXIS
 
 # A logical name -> a mesh axis, or several (outermost first): expert parallelism splits the batch outside the
@@ -366,23 +368,73 @@ def resolve_strategy(strategy_name: str, mesh_spec: str, num_devices: int) -> st
     """'auto' picks the strategy the mesh implies, as the seed's experiments use meshes:
     no mesh -> single, data axis only -> dp, model axis only -> tp, both -> dp+tp; stage axis only -> pp, data and
     stage -> dp+pp, stage and model -> pp+tp, all three -> dp+pp+tp; expert only -> ep, data and expert -> dp+ep;
-    seq only -> cp, data and seq -> dp+cp, model and seq -> cp+tp (the plainest strategy over the axes split)."""
+    seq only -> cp, data and seq -> dp+cp, model and seq -> cp+tp (the plainest strategy over the axes split).
+    'dp' where auto has no strategy for the axes split (a run's name compares it with the strategy that ran);
+    `make_layout` refuses such a mesh under auto."""
     if strategy_name != "auto":
         return strategy_name
     spec = mesh_spec.strip().lower()
     if spec in NO_MESH:
         return "single"
-    shape = parse_mesh(spec, num_devices, DATA)
-    split = tuple(axis for axis, size in shape.items() if size > 1)
-    by_axes = {s.axes: name for name, s in STRATEGIES.items() if name in AUTO}
-    return by_axes.get(split, "dp")
+    return auto_strategy(parse_mesh(spec, num_devices, DATA)) or "dp"
+
+
+def split_axes(shape: MeshShape) -> tuple[str, ...]:
+    """The mesh axes `shape` gives more than one device, outermost first."""
+    return tuple(axis for axis, size in shape.items() if size > 1)
+
+
+def auto_strategy(shape: MeshShape) -> str | None:
+    """The strategy of `AUTO` over exactly the axes `shape` splits (dp where it splits none), or None."""
+    split = frozenset(split_axes(shape))
+    if not split:
+        return "dp"
+    return next((name for name in AUTO if frozenset(STRATEGIES[name].axes) == split), None)
+
+
+def _axes_words(axes: tuple[str, ...] | frozenset[str]) -> str:
+    """('stage', 'model', 'expert') -> 'stage, model and expert', in the mesh's order."""
+    ordered = [a for a in MESH_AXES if a in axes]
+    return ordered[0] if len(ordered) == 1 else f"{', '.join(ordered[:-1])} and {ordered[-1]}"
+
+
+def nearest_strategies(split: tuple[str, ...]) -> list[tuple[frozenset[str], list[str]]]:
+    """The table's axis sets that share the most axes with `split` (those with the fewest axes beyond it first),
+    each with the strategies over exactly it: what a mesh that no strategy splits is nearest to."""
+    by_axes: dict[frozenset[str], list[str]] = {}
+    for name, s in STRATEGIES.items():
+        if s.axes:
+            by_axes.setdefault(frozenset(s.axes), []).append(name)
+    wanted = set(split)
+    most = max(len(wanted & axes) for axes in by_axes)
+    near = [axes for axes in by_axes if len(wanted & axes) == most]
+    fewest = min(len(axes - wanted) for axes in near)
+    return [(axes, by_axes[axes]) for axes in near if len(axes - wanted) == fewest]
+
+
+def check_auto(shape: MeshShape) -> None:
+    """Under --strategy auto, a mesh whose split axes no strategy of `AUTO` covers is said in one line, naming the
+    axes and the strategies over the nearest sets of them (rather than falling back to dp, whose refusal would
+    name one axis at a time)."""
+    split = split_axes(shape)
+    if auto_strategy(shape) is not None:
+        return
+    fits = [s.name for s in STRATEGIES.values() if frozenset(s.axes) == frozenset(split)]
+    if fits:  # a strategy splits them, though not the plainest auto picks (ep+tp over model and expert)
+        raise ConfigError(f"--strategy auto: --mesh {shape} splits {_axes_words(split)}, which auto picks no "
+                          f"strategy for: name one, --strategy {' or '.join(fits)}")
+    near = ", ".join(f"{' or '.join(names)} over {_axes_words(axes)}" for axes, names in nearest_strategies(split))
+    raise ConfigError(f"--strategy auto: no strategy splits {_axes_words(split)} together (--mesh {shape}); the "
+                      f"nearest are {near}: give a mesh over one of those sets of axes, and name its strategy")
 
 
 def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device],
                 sequence_parallel: bool = False) -> Layout:
     """Check the mesh against the strategy and devices, then build it (no compilation happens here)."""
-    strategy = get_strategy(resolve_strategy(strategy_name, mesh_spec, len(devices)))
     spec = mesh_spec.strip().lower()
+    if strategy_name == "auto" and spec not in NO_MESH:
+        check_auto(parse_mesh(spec, len(devices), DATA))
+    strategy = get_strategy(resolve_strategy(strategy_name, mesh_spec, len(devices)))
     if strategy.name == "single":
         if jax.process_count() > 1:
             raise ConfigError(f"strategy single runs on one device, but this run has {jax.process_count()} "
@@ -398,20 +450,24 @@ def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device],
     shape = parse_mesh(mesh_spec, len(devices), strategy.primary)
     for axis, size in shape.items():
         if size > 1 and axis not in strategy.axes:
+            wider = wider_strategy(strategy, split_axes(shape))
+            instead = (f": use --strategy {wider}, or" if wider else
+                       f", and no strategy splits {_axes_words(split_axes(shape))} together:")
             raise ConfigError(
                 f"strategy {strategy.name} does not use the {axis} axis but --mesh {shape} gives it {size} "
-                f"devices: use --strategy {wider_strategy(strategy, axis)}, or put every device on "
-                f"{'/'.join(strategy.axes)}"
+                f"devices{instead} put every device on {'/'.join(strategy.axes)}"
             )
     return Layout(strategy, shape, build_mesh(shape, devices), devices[0], sequence_parallel)
 
 
-def wider_strategy(strategy: Strategy, axis: str) -> str:
-    """The strategy that places parameters as `strategy` does and also uses `axis` (dp -> dp+tp for 'model'),
-    or the plainest one that uses every axis wanted; 'a strategy over A/B' if none does."""
-    wanted = set(strategy.axes) | {axis}
-    fits = [s for s in STRATEGIES.values() if set(s.axes) == wanted]
+def wider_strategy(strategy: Strategy, split: tuple[str, ...]) -> str | None:
+    """A strategy that uses every axis in `split` and places parameters as `strategy` does (dp -> dp+tp for
+    data and model): the one over exactly `strategy`'s axes and `split`, else the plainest over more; None if no
+    strategy uses all of `split`."""
+    wanted = set(strategy.axes) | set(split)
+    over = sorted((s for s in STRATEGIES.values() if set(split) <= set(s.axes)),
+                  key=lambda s: (set(s.axes) != wanted, len(s.axes)))
     # The same kinds of tactic (fsdp's Largest) and more: fsdp+pp on a model axis is fsdp+pp+tp, not dp+pp+tp.
-    same = [s for s in fits if {type(t) for t in strategy.params} <= {type(t) for t in s.params}]
-    pick = (same or fits)[:1]
-    return pick[0].name if pick else f"a strategy over {'/'.join(sorted(wanted))}"
+    same = [s for s in over if {type(t) for t in strategy.params} <= {type(t) for t in s.params}]
+    pick = (same or over)[:1]
+    return pick[0].name if pick else None
