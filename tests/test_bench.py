@@ -263,3 +263,90 @@ def test_reduce_overhead_is_a_torch_compile_contender_that_names_its_mode(monkey
     assert "compile_mode" not in torch_entries["pytorch compile"]  # torch.compile's default mode
     args = _args()
     assert args.baselines == "seed-style,pytorch-eager,pytorch-compile"  # opt-in
+
+
+def _failed_part_way_record() -> dict:
+    """A step group where the matmul peak and one baseline timed out after 2 of 5 windows and shardbench measured,
+    with a batch group beside it."""
+    timed_out = "timed out: no answer within 600 s, stopped (see --timeout)"
+    fast = [1e6, 1e6]  # the partial windows: far above any real rate, so a table that used them would show it
+    return {
+        "machine": {}, "preset": "vit-seed", "dtype": "float32", "batch_size": 128, "matmul_precision": "default",
+        "settings": ["float32 b128"], "timing": {"warmup": 3, "windows": 5},
+        "cases": [
+            _case("float32 b128", "matmul peak", "matmul-peak", rates=[1.0, 1.0], size=4096, error=timed_out),
+            _case("float32 b128", "shardbench", "shardbench", rates=[10.0] * 5, train_flops_per_image=1e9),
+            _case("float32 b128", "seed-style nnx", "seed-style", rates=[5.0] * 5, train_flops_per_image=1e9),
+            _case("float32 b128", "pytorch compile", "torch", rates=fast, train_flops_per_image=1e9,
+                  error=timed_out),
+            {"group": "batch", "label": "batch 256", "case": "shardbench", "kwargs": {}, "setting": None,
+             "result": {"rates": [20.0] * 3, "train_flops_per_image": 1e9}},
+        ],
+    }
+
+
+def test_a_contender_that_failed_part_way_gives_no_rate_anywhere() -> None:
+    """Its partial windows make no ratio, headline or MFU: the headline is over the baselines that measured, and
+    with the matmul peak failed, no MFU against it is given, saying why."""
+    text = render(_failed_part_way_record())
+    assert "| pytorch compile | - | timed out: no answer within 600 s" in text
+    shardbench_row = next(line for line in text.splitlines() if line.startswith("| shardbench |"))
+    # MFU (measured), MFU (data sheet), x seed-style, x pytorch compile: the failed baseline gives no ratio.
+    assert "| 10.0 | 10.0 - 10.0 | - | - | 2.00x | - |" in shardbench_row, shardbench_row
+    assert "shardbench / best baseline (of those that measured; not pytorch compile): 2.00x" in text
+    assert "MFU against the measured peak: not given (the matmul peak timed out: no answer within 600 s" in text
+    assert "Matmul peak (float32, 4096^2 through JAX" in text and "GFLOP/s" not in text
+    assert "(no MFU: the matmul peak timed out" in text  # the batch table
+    assert "| 256 | 20.0 | - |" in text
+
+
+def test_run_pool_keeps_a_failed_contenders_windows_apart(monkeypatch) -> None:
+    """A contender that times out in its third window ends with the error and no `rates`: its two windows are
+    kept apart as `partial_rates`. A fake worker stands in for the process."""
+
+    class FakeWorker:
+        def __init__(self, entry: dict, log: object, timeout: float) -> None:
+            self.windows = 0
+
+        def read(self) -> dict:
+            return {"ready": {"work_per_step": 8, "first_step_s": 1.0}}
+
+        def ask(self, command: str) -> dict:
+            if command == "memory":
+                return {"peak_bytes": None}
+            self.windows += 1
+            return {"error": "timed out"} if self.windows == 3 else {"seconds": 1.0}
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(bench_cmd, "Worker", FakeWorker)
+    args = argparse.Namespace(timeout=600.0, steps_per_window=2, min_window_s=0.0)
+    entry = {"label": "flaky", "case": "shardbench", "alloc": "train", "kwargs": {}}
+    [got] = bench_cmd.run_pool([entry], args, None, lambda line: None, warmup=0, windows=5)  # type: ignore[arg-type]
+    assert got["error"] == "timed out" and "rates" not in got and got["partial_rates"] == [16.0, 16.0]
+
+
+@pytest.mark.parametrize("flag", ["--timeout", "--min-window-s", "--pipeline-seconds"])
+@pytest.mark.parametrize("value", ["inf", "nan", "-1"])
+def test_seconds_flags_must_be_finite(monkeypatch, flag: str, value: str) -> None:
+    """inf and nan passed a `< 0` test and crashed as internal errors, --min-window-s inf after every compile."""
+    from shardbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^{flag} {value}: give a finite number of seconds") as err:
+        _planned(monkeypatch, "cpu", "--groups", "step", flag, value)
+    assert "\n" not in str(err.value)
+    if flag == "--timeout":
+        assert "0: the default, 600 s" in str(err.value)
+
+
+@pytest.mark.parametrize("key, flag", [("precision.dtype=bfloat16", "--dtype"),
+                                       ("train.batch_size=64", "--batch-size")])
+def test_set_refuses_what_the_step_group_sets_per_setting(monkeypatch, key: str, flag: str) -> None:
+    """Applied to the batch and remat groups but overridden in the step group, such a --set made bench.md's title
+    name one dtype and batch while other rows ran another: it is refused, pointing to the flag."""
+    from shardbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^--set {key}: .* use {flag}") as err:
+        _planned(monkeypatch, "cpu", "--groups", "batch,remat", "--set", key)
+    assert "\n" not in str(err.value)

@@ -120,7 +120,8 @@ def add_parser(subparsers: Any) -> None:
                         "is stopped and becomes a 'timed out' row (default 0: 600 s, and 120 s for the "
                         "compile-only cases of the layers group on an accelerator)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="extra configuration for shardbench's step, e.g. --set model.unroll=1 (repeatable)")
+                   help="extra configuration for shardbench's step, e.g. --set model.unroll=1 (repeatable); not "
+                        "precision.dtype or train.batch_size, which --dtype and --batch-size set")
     p.add_argument("--out", default="", help="output directory (default: runs/bench-<time>)")
     p.set_defaults(handler=run)
 
@@ -159,6 +160,30 @@ def _extra(pairs: list[str]) -> dict[str, str]:
             raise ConfigError(f"--set '{pair}' is not SECTION.FIELD=VALUE, e.g. model.unroll=1")
         extra[key.strip().replace("-", "_")] = value
     return extra
+
+
+def _seconds(args: argparse.Namespace) -> None:
+    """Refuse a negative or non-finite --timeout, --min-window-s or --pipeline-seconds in one line: inf or nan
+    would pass a plain `< 0` test and crash later (a selector timeout, a window of infinite steps), after the
+    contenders were compiled. There is no "no limit": --timeout 0 is the default limit (600 s)."""
+    for flag, value, zero_ok, allowed in (
+            ("--timeout", args.timeout, True, "a finite number of seconds >= 0 (0: the default, 600 s; 120 s "
+                                              "for compile-only cases on an accelerator; there is no unlimited)"),
+            ("--min-window-s", args.min_window_s, True, "a finite number of seconds >= 0 (0: one step a window)"),
+            ("--pipeline-seconds", args.pipeline_seconds, False, "a finite number of seconds > 0")):
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+            raise ConfigError(f"{flag} {value:g}: give {allowed}")
+
+
+# --set keys a group sets itself per setting, so a --set of them reaches some groups and not others (the step
+# group's title would name one dtype and batch while the batch and remat groups ran another): each has a flag.
+OWNED_KEYS = {"precision.dtype": "--dtype", "train.batch_size": "--batch-size (and --batches for the batch group)"}
+
+
+def _refuse_owned(extra: dict[str, str]) -> None:
+    for key, flag in OWNED_KEYS.items():
+        if key in extra:
+            raise ConfigError(f"--set {key}={extra[key]}: the step group sets {key} per setting; use {flag}")
 
 
 Entry = dict[str, Any]
@@ -202,9 +227,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
         raise ConfigError(f"--peak-size must be positive (or 0 for the default), got {args.peak_size}")
     if args.warmup < 0 or args.windows < 1 or args.steps_per_window < 0:
         raise ConfigError("--warmup must be >= 0, --windows >= 1 and --steps-per-window >= 0 (0 = auto)")
-    if args.timeout < 0 or args.min_window_s < 0 or args.pipeline_seconds <= 0:
-        raise ConfigError(f"--timeout {args.timeout:g}, --pipeline-seconds {args.pipeline_seconds:g}, --min-window-s "
-                          f"{args.min_window_s:g}: --pipeline-seconds must be positive, the others >= 0")
+    _seconds(args)
     from shardbench.tasks import validate  # imports JAX: not at the top, which the CLI's parser loads
 
     if get_preset(args.preset).model.kind != "vit":
@@ -215,6 +238,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     where = malloc.target_platform(os.environ)
     pairs = settings(args.dtype, args.batch_size, where)
     extra = _extra(args.set)
+    _refuse_owned(extra)
     own = unlike_the_baselines(override(get_preset(args.preset), extra).model)
     if own and "step" in groups:
         raise ConfigError(f"--preset {args.preset}: the step group's baselines build the seed's ViT (patch stem, "
@@ -394,7 +418,7 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: 
         for i, worker in list(workers.items()):
             answer = worker.ask(f"steps {warmup}") if warmup else {"seconds": None}
             if "error" in answer:
-                results[i] = {**results[i], **answer}
+                results[i] = _failed(results[i], answer)
                 worker.close()
                 del workers[i]
                 continue
@@ -406,7 +430,7 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: 
             for i in order:
                 answer = workers[i].ask(f"steps {spw[i]}")
                 if "error" in answer:
-                    results[i] = {**results[i], **answer}
+                    results[i] = _failed(results[i], answer)
                     workers.pop(i).close()
                     continue
                 results[i]["rates"].append(results[i]["work_per_step"] * spw[i] / answer["seconds"])
@@ -419,6 +443,13 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: 
         for worker in workers.values():
             worker.close()
     return results
+
+
+def _failed(result: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """A contender that failed part-way: its error, and the windows it did time kept apart as `partial_rates`,
+    so that no table takes them for a measurement (a median of 2 of 5 windows, a ratio, an MFU)."""
+    kept = {k: v for k, v in result.items() if k != "rates"}
+    return {**kept, **({"partial_rates": result["rates"]} if result.get("rates") else {}), **answer}
 
 
 def _note(result: dict[str, Any]) -> str:

@@ -12,8 +12,9 @@ MiB = 2**20
 
 
 def median_rate(result: dict[str, Any]) -> float | None:
-    """Median over the timed windows (images/s, or FLOP/s for the matmul peak)."""
-    rates = result.get("rates")
+    """Median over the timed windows (images/s, or FLOP/s for the matmul peak); None for a result with an error,
+    whose windows (if any) stopped part-way: a rate of 2 of 5 windows is no measurement to compare or divide by."""
+    rates = None if "error" in result else result.get("rates")
     return float(statistics.median(rates)) if rates else None
 
 
@@ -33,6 +34,12 @@ def _find(record: dict[str, Any], group: str, label: str, setting: str | None = 
 
 def peak(record: dict[str, Any], setting: str | None = None) -> float | None:
     return median_rate(_find(record, "step", "matmul peak", setting))
+
+
+def peak_missing(record: dict[str, Any], setting: str | None = None) -> str:
+    """Why there is no measured peak to give MFU against: the matmul peak's failure, or its absence."""
+    status = _status(_find(record, "step", "matmul peak", setting))
+    return f"the matmul peak {status}" if status else "the step group's matmul peak did not run"
 
 
 def sheet_peak(result: dict[str, Any], dtype: str, matmul_precision: str = "default") -> float | None:
@@ -87,7 +94,8 @@ def step_table(record: dict[str, Any], setting: str | None = None) -> list[str]:
     pk = peak(record, setting)
     p = _find(record, "step", "matmul peak", setting)
     lines = [f"Matmul peak ({dtype}, {p.get('size', '?')}^2 through JAX, median of the windows, "
-             f"timed in the same rounds as the steps): {_fmt(pk and pk / 1e9, ',.1f', ' GFLOP/s')}", ""]
+             f"timed in the same rounds as the steps): {_status(p) or _fmt(pk and pk / 1e9, ',.1f', ' GFLOP/s')}"
+             + ("" if pk else "; no MFU against the measured peak"), ""]
     if dtype == "float32":
         lines += [f"Matmul precision {precision}: float32 matmuls computed in {setting_matmul(record, setting) or '?'} "
                   f"(JAX's precision '{precision}'; PyTorch given the closest: TF32 allowed for default and high "
@@ -116,14 +124,26 @@ def step_table(record: dict[str, Any], setting: str | None = None) -> list[str]:
                      f"{_fmt(_pct(mfu(r, sheet_peak(r, dtype, precision))), '.1f', '%')} | "
                      + " | ".join(ratios) + f" | {_fmt(first, '.1f')} | "
                      f"{_fmt(r.get('peak_bytes') and r['peak_bytes'] / MiB, ',.0f')} |")
-    best = max((median_rate(b["result"]) or 0.0 for b in baselines), default=0.0)
-    ours = _find(record, "step", "shardbench", setting)
-    if best and median_rate(ours):
-        lines += ["", f"shardbench / best baseline: {median_rate(ours) / best:.2f}x; shardbench MFU against the "
-                      f"measured peak: {_fmt(_pct(mfu(ours, pk)), '.1f', '%')}"]
+    lines += headline(record, setting, baselines, pk)
     lines += ["", "Peak MiB: the device allocator's peak (JAX's memory_stats, torch.cuda.max_memory_allocated); "
                   "'-' where the backend keeps none (the CPU)."]
     return lines
+
+
+def headline(record: dict[str, Any], setting: str | None, baselines: list[dict[str, Any]],
+             pk: float | None) -> list[str]:
+    """"shardbench / best baseline" over the baselines that measured (a failed one is named, not counted), and
+    shardbench's MFU against the measured peak, or why it is not given. Nothing where shardbench has no rate."""
+    ours = median_rate(_find(record, "step", "shardbench", setting))
+    best = max((median_rate(b["result"]) or 0.0 for b in baselines), default=0.0)
+    if not ours or not best:
+        return []
+    failed = [b["label"] for b in baselines if median_rate(b["result"]) is None]
+    among = f" (of those that measured; not {', '.join(failed)})" if failed else ""
+    ours_mfu = mfu(_find(record, "step", "shardbench", setting), pk)
+    against = (_fmt(_pct(ours_mfu), '.1f', '%') if pk else f"not given ({peak_missing(record, setting)})")
+    return ["", f"shardbench / best baseline{among}: {ours / best:.2f}x; shardbench MFU against the measured peak: "
+                f"{against}"]
 
 
 def _pct(x: float | None) -> float | None:
@@ -139,7 +159,7 @@ def batch_table(record: dict[str, Any]) -> list[str]:
     found.sort(key=lambda x: int(x[1].split()[-1]))
     lines = ["| batch | images/s per device | MFU | compiled temporaries MiB |", "|---:|---:|---:|---:|"]
     if pk is None:
-        lines[0] += "  (MFU needs the step group's matmul peak)"
+        lines[0] += f"  (no MFU: {peak_missing(record)})"
     for _, label, r in found:
         status = _status(r)
         batch = label.split()[-1]
@@ -201,9 +221,10 @@ def pipeline_lines(record: dict[str, Any]) -> list[str]:
 
 def alloc_lines(record: dict[str, Any]) -> list[str]:
     tuned, default = _find(record, "alloc", "tuned allocator"), _find(record, "alloc", "glibc default allocator")
-    status = _status(default)
-    if status:
-        return [f"default allocator: {status}"]
+    failed = [f"{name}: {_status(r)}" for name, r in (("tuned allocator", tuned), ("default allocator", default))
+              if _status(r)]
+    if failed:  # one side alone is no comparison
+        return failed
     a, b = median_rate(tuned), median_rate(default)
     ca, cb = tuned.get("compile_s"), default.get("compile_s")
     return [f"shardbench step with the tuned glibc allocator: {_fmt(a, ',.1f')} images/s; with glibc's default: "
