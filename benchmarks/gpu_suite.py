@@ -29,6 +29,8 @@ Exit status: 1 when any case of a part failed or timed out (each is named on std
 written), or when JAX has no GPU; 0 otherwise. A refusal (exit 2 with a message the case lists as its refusal: the
 device cannot run that configuration) and a case not run for the budget are not failures; an exit 2 with any other
 message (a wrong flag, a missing path) is.
+Exit 2, in one line and before anything is written: --cases naming a case the part does not have (or with --part
+all), and --collect of a folder holding no part's file.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ GRACE_S = 40.0
 LOSS_RTOL = {"float32": 4e-3, "bfloat16": 3e-2}
 LOSSES_COMPARED = 5
 FAILED = ("failed", "timed out")  # how a case's status starts when it makes the suite exit 1
+# How `shardbench bench`'s last line (stderr) starts and says that a contender failed, when it exits 1 after
+# writing all its files (bench_cmd.run); an exit 1 without it is a crash.
+BENCH_SAYS, BENCH_CONTENDERS_FAILED = "shardbench bench: ", "errored or timed out"
 CIFAR_CANDIDATES = ("../shared/data/cifar10-jpeg.tar.gz", "shared/data/cifar10-jpeg.tar.gz",
                     "data/cifar10-jpeg.tar.gz")
 
@@ -80,6 +85,9 @@ class Case:
     # What an exit status 2 of this case may say to count as a refusal (the device cannot run this configuration);
     # an exit 2 with any other message (a wrong flag, a missing path) is a failure.
     refusals: tuple[str, ...] = ()
+    # The case whose run fills the cache this one reads: run without it, this case would compile cold and measure
+    # nothing of a warm cache, so --cases and a "not run: budget" command bring it along (see `selected`).
+    needs: str = ""
 
 
 @dataclass
@@ -112,7 +120,7 @@ SMOKE_VIT = ("--model.embed-dim", "32", "--model.mlp-dim", "64", "--model.num-la
 
 def train_case(sizes: Sizes, name: str, preset: str, dtype: str, batch: int, *extra: str, steps: int = 40,
                est_s: float = 30.0, note: str = "", same_model: bool = True, cache: str = "off",
-               refusals: tuple[str, ...] = ()) -> Case:
+               refusals: tuple[str, ...] = (), needs: str = "") -> Case:
     argv = ["train", "--preset", sizes.preset(preset), "--dtype", dtype, "--batch-size", str(sizes.batch(batch)),
             "--steps", str(sizes.steps(steps)), "--no-train.eval", "--no-train.progress", "--train.log-every", "1",
             "--train.checkpoint-every", "0", "--train.compile-cache", cache, *sizes.data(), *sizes.model(preset),
@@ -121,7 +129,7 @@ def train_case(sizes: Sizes, name: str, preset: str, dtype: str, batch: int, *ex
         argv += ["--data", "synthetic" if sizes.preset(preset).startswith("vit") else "tokens-uniform"]
     if sizes.smoke:
         argv += ["--devices", "1", "--mesh", "none"]
-    return Case(name, argv, est_s, note, same_model, refusals=refusals)
+    return Case(name, argv, est_s, note, same_model, refusals=refusals, needs=needs)
 
 
 # Every speed switch the variants parts compare: (name, flags, same model as the baseline?, note).
@@ -180,10 +188,11 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
         cache = str(work / "compile-cache")
         cold = [t(f"vit-seed {d} b{b} cold", "vit-seed", d, b, est_s=45.0 if d == "float32" else 32.0)
                 for d in ("float32", "bfloat16") for b in (128, 1024, 4096)]
-        warm = [t("vit-seed bfloat16 b1024 filling a cache", "vit-seed", "bfloat16", 1024, cache=cache, est_s=32.0),
-                t("the same program again", "vit-seed", "bfloat16", 1024, cache=cache, est_s=12.0),
+        filling = "vit-seed bfloat16 b1024 filling a cache"
+        warm = [t(filling, "vit-seed", "bfloat16", 1024, cache=cache, est_s=32.0),
+                t("the same program again", "vit-seed", "bfloat16", 1024, cache=cache, est_s=12.0, needs=filling),
                 t("bfloat16 b512 with that cache (a second batch size)", "vit-seed", "bfloat16", 512, cache=cache,
-                  est_s=30.0),
+                  est_s=30.0, needs=filling),
                 t("lm-seed float32 cold", "lm-seed", "float32", 32, est_s=35.0),
                 t("mlp-small float32 cold", "mlp-small", "float32", 1024, est_s=15.0),
                 t("vit-seed bfloat16 b1024 shard_map cold", "vit-seed", "bfloat16", 1024, "--spmd", "shard_map",
@@ -201,7 +210,8 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
             rows += [t(f"autotune {level}: b1024 filling a cache", "vit-seed", "bfloat16", 1024, *preset,
                        cache=f"{cache}-{level}", est_s=32.0, refusals=XLA_REFUSALS),
                      t(f"autotune {level}: b512 from that cache", "vit-seed", "bfloat16", 512, *preset,
-                       cache=f"{cache}-{level}", est_s=30.0, refusals=XLA_REFUSALS)]
+                       cache=f"{cache}-{level}", est_s=30.0, refusals=XLA_REFUSALS,
+                       needs=f"autotune {level}: b1024 filling a cache")]
         # --smoke: one autotune preset, cold (the default level's cold compile is the compile part's)
         return rows[1:2] if sizes.smoke else rows
     if part in ("variants-bf16", "variants-f32"):
@@ -442,7 +452,8 @@ def _batch_of(argv: list[str]) -> int | None:
 
 class Part:
     """A part's results, rewritten to PART.json and PART.md after every case. A run with --cases keeps the rows of
-    the cases it does not name from the folder's earlier PART.json and replaces those it runs."""
+    the cases it does not name from the folder's earlier PART.json and replaces those it runs; so too the sections
+    (bench's tables, a profile's kernels, plan's output), which are keyed by the case that wrote them."""
 
     def __init__(self, name: str, out: Path, env: dict[str, Any], smoke: bool, keep_earlier: bool) -> None:
         self.name, self.out, self.smoke = name, out, smoke
@@ -450,7 +461,10 @@ class Part:
         earlier = out / f"{name}.json"
         if keep_earlier and earlier.exists():
             old = json.loads(earlier.read_text())
-            self.record["cases"], self.record["sections"] = old.get("cases", []), old.get("sections", [])
+            self.record["cases"] = old.get("cases", [])
+            # sections keyed by case; an earlier file's list of sections names no case, so it cannot be replaced
+            sections = old.get("sections")
+            self.record["sections"] = dict(sections) if isinstance(sections, dict) else {}
             if self.record["cases"]:
                 self.record["notes"].append(f"rows of the cases this run did not name (--cases) are from the run of "
                                             f"{old.get('date')}, commit {old.get('commit')}")
@@ -463,6 +477,14 @@ class Part:
         else:
             cases.append(row)
         self.write()
+
+    def section(self, case: str, text: str) -> None:
+        """`text` as case `case`'s section, replacing the one it had (an earlier run's, kept with --cases)."""
+        self.record.setdefault("sections", {})[case] = text
+
+    def drop_section(self, case: str) -> None:
+        """Forget case `case`'s section: it is running again, and what it writes this time is its section."""
+        self.record.get("sections", {}).pop(case, None)
 
     def note(self, text: str) -> None:
         self.record["notes"].append(text)
@@ -514,7 +536,7 @@ def render_part(record: dict[str, Any]) -> str:
         if c.get("accuracy_line"):
             lines += ["", c["accuracy_line"]]
     lines += [""] + [f"- {n}" for n in r["notes"]]
-    for section in r.get("sections", []):
+    for section in r.get("sections", {}).values():
         lines += ["", section]
     return "\n".join(lines)
 
@@ -543,8 +565,9 @@ class NoGPU(Exception):
 def run_part(part: str, args: argparse.Namespace, out: Path, env: dict[str, Any]) -> Part:
     sizes = Sizes(args.smoke)
     run = PartRun(part, args, out, args.work, sizes, Part(part, out, env, args.smoke, keep_earlier=bool(args.cases)))
-    cases = selected(cases_for(part, sizes, args, out, args.work), args.cases)
-    budget = float("inf") if args.smoke else args.budget_s
+    every = cases_for(part, sizes, args, out, args.work)
+    cases = selected(every, args.cases)
+    budget = budget_s(args)
     started = time.perf_counter()
     run.logs.mkdir(parents=True, exist_ok=True)
     for cache in args.work.glob(f"{part}-cache*"):  # a cache this part fills must start empty
@@ -555,7 +578,7 @@ def run_part(part: str, args: argparse.Namespace, out: Path, env: dict[str, Any]
         row: dict[str, Any] = {"name": case.name, "note": case.note, "same_model": case.same_model,
                                "command": shown("shardbench " + " ".join(case.argv), args.work)}
         if case.est_s > left:
-            row["status"] = not_run_status(part, case, left)
+            row["status"] = not_run_status(part, case, left, every)
             not_run.append(case.name)
             run.record.add(row)
             continue
@@ -565,14 +588,44 @@ def run_part(part: str, args: argparse.Namespace, out: Path, env: dict[str, Any]
         run.record.add(row)
     if not_run:
         run.record.note(f"not run for the budget: {', '.join(not_run)}; run them with "
-                        f"{rerun_command(part, not_run)} and the same --out (the rows it runs replace these)")
+                        f"{rerun_command(part, not_run, every)} and the same --out (the rows it runs replace these)")
     run.record.note(f"part took {time.perf_counter() - started:.0f} s; every command is in {part}.json")
     return run.record
 
 
+class UnknownCases(Exception):
+    """--cases names a case the part does not have: the suite refuses in one line (exit 2) before running any."""
+
+
 def selected(cases: list[Case], names: str) -> list[Case]:
+    """The cases --cases names (all where it names none), in the part's order, each with the case that fills the
+    cache it reads (`Case.needs`): alone it would compile cold and report a cold compile as a warm one."""
     wanted = {c.strip() for c in names.split(",") if c.strip()}
-    return [c for c in cases if c.name in wanted] if wanted else cases
+    unknown = sorted(wanted - {c.name for c in cases})
+    if unknown:
+        raise UnknownCases(f"--cases: {', '.join(repr(n) for n in unknown)} is not a case of this part; its cases: "
+                           + ", ".join(repr(c.name) for c in cases))
+    return [c for c in cases if c.name in with_needed(wanted, cases)] if wanted else cases
+
+
+def with_needed(names: set[str] | list[str], cases: list[Case] | tuple[Case, ...]) -> set[str]:
+    """`names` and every case they need (`Case.needs`), transitively."""
+    needs = {c.name: c.needs for c in cases}
+    out, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name not in out:
+            out.add(name)
+            todo += [needs[name]] if needs.get(name) else []
+    return out
+
+
+def budget_s(args: argparse.Namespace) -> float:
+    """The part's budget: --budget-s where given; else BUDGET_S on a GPU and none under --smoke (whose CPU cases
+    take what they take, and the budget is a GPU's)."""
+    if args.budget_s is not None:
+        return args.budget_s
+    return float("inf") if args.smoke else BUDGET_S
 
 
 def case_timeout_s(left: float, args: argparse.Namespace) -> float:
@@ -582,19 +635,22 @@ def case_timeout_s(left: float, args: argparse.Namespace) -> float:
     return args.case_timeout_s if args.smoke else min(args.case_timeout_s, max(left, 0.0) + GRACE_S)
 
 
-def rerun_command(part: str, names: list[str]) -> str:
-    """The suite's command that runs `names` of `part` (with the baseline, where a variant's losses need it)."""
+def rerun_command(part: str, names: list[str], cases: list[Case] | tuple[Case, ...] = ()) -> str:
+    """The suite's command that runs `names` of `part` (with the baseline, where a variant's losses need it, and,
+    from the part's `cases`, the case that fills a cache one of them reads)."""
     if part == "accuracy":
         return f"--part accuracy --recipe {names[0].removeprefix('recipe ')}" if len(names) == 1 else (
             "; ".join(f"--part accuracy --recipe {n.removeprefix('recipe ')}" for n in names))
     needs_baseline = part.startswith("variants") and "baseline" not in names
+    needed = with_needed(names, cases)
+    names = [c.name for c in cases if c.name in needed and c.name not in names] + list(names)
     quoted = ",".join((["baseline"] if needs_baseline else []) + names)
     return f"--part {part} --cases '{quoted}'"
 
 
-def not_run_status(part: str, case: Case, left: float) -> str:
+def not_run_status(part: str, case: Case, left: float, cases: list[Case] | tuple[Case, ...] = ()) -> str:
     return (f"not run: budget: {case.est_s:.0f} s expected, {max(left, 0):.0f} s left; run it with "
-            f"{rerun_command(part, [case.name])}")
+            f"{rerun_command(part, [case.name], cases)}")
 
 
 def check_gpu(args: argparse.Namespace) -> None:
@@ -620,6 +676,8 @@ def run_case(run: PartRun, case: Case, row: dict[str, Any], timeout: float) -> t
     run_dir = run.work / f"{run.part}-runs" / slug(case.name)
     if run_dir.exists():
         shutil.rmtree(run_dir)
+    if case.kind == "bench":  # bench writes into a fixed folder: nothing of an earlier run may pass for this one's
+        shutil.rmtree(bench_raw(case), ignore_errors=True)
     argv = [*case.argv, "--out", str(run_dir)] if case.kind == "train" else case.argv
     row["command"] = shown("shardbench " + " ".join(argv), run.work)  # as run
     print(f"[{run.part}] {case.name} ...", flush=True)
@@ -659,10 +717,11 @@ def finish_safely(run: PartRun, case: Case, row: dict[str, Any], run_dir: Path, 
 
 
 def finish(run: PartRun, case: Case, row: dict[str, Any], run_dir: Path, code: int | None) -> None:
+    run.record.drop_section(case.name)  # an earlier run's (kept with --cases): this run's replaces it, or none
     if case.kind == "train" and code == 0:
         finish_train(run, case, row, run_dir)
     elif case.kind == "bench":
-        finish_bench(run, row)
+        finish_bench(run, case, row, code)
     elif case.kind == "sweep" and code == 0:
         problems = [device_problem(r.get("platform"), r.get("device_kind")) for r in sweep_runs(case.argv)]
         if not run.args.smoke and any(problems):
@@ -685,7 +744,7 @@ def finish_train(run: PartRun, case: Case, row: dict[str, Any], run_dir: Path) -
         row["losses_agree"] = row["loss_rel_diff"] <= LOSS_RTOL[dtype]
     if run.part == "profile":
         row["kernels"] = kernel_section(run_dir, case.name, run.sizes)
-        run.record.record.setdefault("sections", []).append(row["kernels"])
+        run.record.section(case.name, row["kernels"])
     if run.part == "accuracy":
         row["accuracy_line"] = accuracy_section(run_dir, case.name, run.out)
 
@@ -708,12 +767,30 @@ def sweep_runs(argv: list[str]) -> list[dict[str, Any]]:
     return [(json.loads(p.read_text()).get("measurements") or {}) for p in sorted(folder.rglob("summary.json"))]
 
 
-def finish_bench(run: PartRun, row: dict[str, Any]) -> None:
-    """bench.md as the part's section, bench.json as DIR/bench-raw.json; the case fails where any contender
-    errored or timed out (or, on a GPU, ran elsewhere)."""
-    raw = run.work / "bench-raw"
+def bench_raw(case: Case) -> Path:
+    """The folder a bench case writes bench.json and bench.md to: its --out."""
+    return Path(case.argv[case.argv.index("--out") + 1])
+
+
+def bench_finished(code: int | None, last: str) -> bool:
+    """Whether `shardbench bench` ended as a finished run, its files complete: exit 0, or exit 1 with its own
+    line saying some contender errored or timed out (see bench_cmd.run). Any other end (a timeout, a crash, a
+    refused flag) leaves files that are partial or not this run's."""
+    return code == 0 or (code == 1 and last.startswith(BENCH_SAYS) and BENCH_CONTENDERS_FAILED in last)
+
+
+def finish_bench(run: PartRun, case: Case, row: dict[str, Any], code: int | None) -> None:
+    """bench.md as the part's section, bench.json as DIR/bench-raw.json, only from a bench that finished (see
+    `bench_finished`: any other run publishes nothing, and an earlier run's DIR/bench-raw.json is removed, so no
+    figures pass for this run's); the case fails where any contender errored or timed out (or, on a GPU, ran
+    elsewhere)."""
+    raw = bench_raw(case)
+    last = next((line for line in reversed(row.get("log_tail") or []) if line.strip()), "")
+    if not bench_finished(code, last):
+        (run.out / "bench-raw.json").unlink(missing_ok=True)
+        return
     if (raw / "bench.md").exists():
-        run.record.record.setdefault("sections", []).append(shown((raw / "bench.md").read_text(), run.work))
+        run.record.section(case.name, shown((raw / "bench.md").read_text(), run.work))
     if not (raw / "bench.json").exists():
         raise FileNotFoundError(f"{shown(str(raw / 'bench.json'), run.work)}: shardbench bench wrote no results")
     text = (raw / "bench.json").read_text()
@@ -739,7 +816,7 @@ def finish_plan(run: PartRun, case: Case) -> None:
     if validation.exists():
         (run.out / "plan-validation.json").write_text(shown(validation.read_text(), run.work))
     tail = (run.logs / f"{slug(case.name)}.log").read_text(errors="replace").splitlines()[-25:]
-    run.record.record.setdefault("sections", []).append("```\n" + shown("\n".join(tail), run.work) + "\n```")
+    run.record.section(case.name, "```\n" + shown("\n".join(tail), run.work) + "\n```")
 
 
 def shown(text: str, work: Path) -> str:
@@ -790,8 +867,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "shardbench-gpu-suite",
                         help="where the runs, their logs and the compilation caches go (default: %(default)s)")
     parser.add_argument("--smoke", action="store_true", help="every part on a CPU at tiny sizes (default: all)")
-    parser.add_argument("--cases", default="", help="comma list of case names to run (default: all of the part)")
-    parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="seconds a part may start cases in")
+    parser.add_argument("--cases", default="", help="comma list of case names of one --part to run, with the case "
+                                                    "that fills a cache one of them reads (default: all of the part)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help=f"seconds a part may start cases in (default: {BUDGET_S:.0f}; under --smoke none, "
+                             f"unless given)")
     parser.add_argument("--case-timeout-s", type=float, default=420.0, help="seconds one case may take")
     parser.add_argument("--recipe", default="vit-cifar", help="accuracy part: a recipe preset, or all")
     parser.add_argument("--data-path", default="", help="accuracy part: the CIFAR-10 image tar")
@@ -801,6 +881,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--to", type=Path, default=None, help="with --collect: write the page here")
     args = parser.parse_args(argv)
     if args.collect:
+        if not any((args.collect / f"{p}.md").exists() for p in PARTS):
+            # a page of no parts would replace --to's results page with an empty one
+            print(f"gpu_suite: --collect {args.collect}: no part's file there (PART.md for one of {', '.join(PARTS)})"
+                  f"{'' if args.collect.is_dir() else ': no such folder'}; nothing written", file=sys.stderr)
+            return 2
         text = collect(args.collect)
         if args.to:
             args.to.write_text(text)
@@ -812,6 +897,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"give --part (one of {', '.join(PARTS)}, or all) and --out DIR")
     if args.variant and args.variant not in ("baseline", *(s[0] for s in SWITCHES)):
         parser.error(f"--variant '{args.variant}': choose from baseline, {', '.join(s[0] for s in SWITCHES)}")
+    if args.cases and part == "all":
+        print("gpu_suite: --cases names cases of one part: give --part PART", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     args.work = args.work.resolve()  # the cases run in the repository's root
     env = environment()
@@ -822,6 +910,9 @@ def main(argv: list[str] | None = None) -> int:
         except NoGPU as err:
             print(f"gpu_suite: {err}", file=sys.stderr, flush=True)
             return 1
+        except UnknownCases as err:  # before any of the part's cases ran or its files were written
+            print(f"gpu_suite: --part {name} {err}", file=sys.stderr, flush=True)
+            return 2
         print(f"wrote {args.out / (name + '.md')}", flush=True)
     if failures:  # the figures of the other cases are written; the exit status says the run is not complete
         print(f"gpu_suite: {len(failures)} case(s) failed or timed out:", *failures, sep="\n  ", file=sys.stderr,

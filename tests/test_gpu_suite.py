@@ -249,3 +249,102 @@ def test_a_case_that_times_out_makes_the_suite_exit_1(tmp_path: Path, capsys: py
 
 def _cases_any(path: Path) -> list[dict]:
     return json.loads(path.read_text())["cases"]
+
+
+ENV = {"date": "d", "commit": "c", "device": "cpu"}
+
+
+def _bench_run(tmp_path: Path, keep_earlier: bool) -> tuple[gpu_suite.PartRun, gpu_suite.Case]:
+    out, work = tmp_path / "r", tmp_path / "w"
+    out.mkdir(exist_ok=True)
+    case = gpu_suite.cases_for("bench", gpu_suite.Sizes(True), argparse.Namespace(variant=""), out, work)[0]
+    record = gpu_suite.Part("bench", out, ENV, True, keep_earlier)
+    run = gpu_suite.PartRun("bench", argparse.Namespace(smoke=True, cases=""), out, work, gpu_suite.Sizes(True), record)
+    return run, case
+
+
+def _finish_bench(tmp_path: Path, code: int | None, status: str, last: str = "", keep: bool = True) -> str:
+    """The bench case's row and section as a run (with --cases: `keep`) ending in `code` leaves them; bench.md."""
+    run, case = _bench_run(tmp_path, keep)
+    row = {"name": case.name, "status": status, **({"log_tail": ["...", last]} if code != 0 else {})}
+    gpu_suite.finish_safely(run, case, row, tmp_path / "run", code)
+    run.record.add(row)
+    return (tmp_path / "r" / "bench.md").read_text()
+
+
+def test_a_rerun_replaces_sections_and_an_unfinished_bench_publishes_nothing(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench's tables are the bench case's section: a --cases rerun replaces them (not a second copy), and a
+    bench that timed out or crashed publishes nothing, not an earlier run's tables and bench-raw.json."""
+    raw = tmp_path / "w" / "bench-raw"
+    raw.mkdir(parents=True)
+    (raw / "bench.md").write_text("## TABLE A")
+    (raw / "bench.json").write_text(json.dumps({"cases": []}))
+    assert _finish_bench(tmp_path, 0, "ok", keep=False).count("TABLE A") == 1
+    assert _finish_bench(tmp_path, 0, "ok").count("TABLE A") == 1  # --cases: replaced, not appended
+    said = "shardbench bench: 1 of 6 case(s) errored or timed out: shardbench (float32 b16): timed out"
+    assert _finish_bench(tmp_path, 1, f"failed (1): {said}", said).count("TABLE A") == 1  # finished: published
+    assert (tmp_path / "r" / "bench-raw.json").exists()
+    for code, last in ((None, ""), (1, "ZeroDivisionError: division by zero"), (2, "shardbench: error: --x")):
+        page = _finish_bench(tmp_path, code, "timed out after 5 s" if code is None else f"failed ({code}): {last}",
+                             last)
+        assert "TABLE A" not in page and not (tmp_path / "r" / "bench-raw.json").exists(), (code, last)
+    # and the bench case starts from an empty folder: an earlier run's files are gone before it runs
+
+    def fake_run_process(argv: list[str], log: Path, timeout: float, smoke: bool) -> tuple[None, float, str]:
+        log.write_text("killed\n")
+        return None, 1.0, "killed"
+
+    monkeypatch.setattr(gpu_suite, "run_process", fake_run_process)
+    run, case = _bench_run(tmp_path, True)
+    run.logs.mkdir(parents=True)
+    gpu_suite.run_case(run, case, {"name": case.name}, 10.0)
+    assert not raw.exists()
+
+
+def test_collect_refuses_a_folder_without_parts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A typo in --collect must not replace the results page with an empty one."""
+    page = tmp_path / "results.md"
+    page.write_text("the committed results")
+    (tmp_path / "empty").mkdir()
+    for folder in (tmp_path / "typo", tmp_path / "empty"):
+        assert gpu_suite.main(["--collect", str(folder), "--to", str(page)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"gpu_suite: --collect {folder}: no part's file there")
+        assert page.read_text() == "the committed results"
+    (tmp_path / "empty" / "compile.md").write_text("## compile")
+    assert gpu_suite.main(["--collect", str(tmp_path / "empty"), "--to", str(page)]) == 0
+    assert "## compile" in page.read_text()
+
+
+def test_cases_refuses_a_name_the_part_does_not_have(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--out", str(tmp_path / "r"), "--work", str(tmp_path / "w")]
+    assert gpu_suite.main(["--smoke", "--part", "compile", "--cases", "mlp-small float32 cold", *common]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # mlp-small is not among --smoke's compile cases
+    assert len(err) == 1 and err[0].startswith("gpu_suite: --part compile --cases: 'mlp-small float32 cold' is not")
+    assert "'vit-seed float32 b128 cold'" in err[0] and not (tmp_path / "r" / "compile.json").exists()
+    assert gpu_suite.main(["--smoke", "--cases", "baseline", *common]) == 2  # --part all: whose cases?
+    assert capsys.readouterr().err.strip() == "gpu_suite: --cases names cases of one part: give --part PART"
+
+
+def test_a_case_reading_a_cache_brings_the_case_that_fills_it(tmp_path: Path) -> None:
+    """Run alone, "the same program again" would compile cold and report 0 hits as its warm figure."""
+    common = ["--out", str(tmp_path / "r"), "--work", str(tmp_path / "w"), "--budget-s", "0"]
+    assert gpu_suite.main(["--part", "compile", "--cases", "the same program again", *common]) == 0
+    cases = _cases_any(tmp_path / "r" / "compile.json")
+    assert [c["name"] for c in cases] == ["vit-seed bfloat16 b1024 filling a cache", "the same program again"]
+    assert cases[1]["status"].endswith(
+        "--part compile --cases 'vit-seed bfloat16 b1024 filling a cache,the same program again'")
+    assert gpu_suite.main(["--part", "autotune", "--cases", "autotune 0: b512 from that cache", *common]) == 0
+    cases = _cases_any(tmp_path / "r" / "autotune.json")
+    assert [c["name"] for c in cases] == ["autotune 0: b1024 filling a cache", "autotune 0: b512 from that cache"]
+    assert cases[1]["status"].endswith(
+        "--part autotune --cases 'autotune 0: b1024 filling a cache,autotune 0: b512 from that cache'")
+
+
+def test_smoke_honours_a_given_budget(tmp_path: Path) -> None:
+    """--smoke has no budget unless --budget-s is given: then it starts no case that does not fit."""
+    assert gpu_suite.main(["--smoke", "--part", "compile", "--out", str(tmp_path / "r"), "--work",
+                           str(tmp_path / "w"), "--budget-s", "0", "--case-timeout-s", "0.5"]) == 0
+    cases = _cases_any(tmp_path / "r" / "compile.json")
+    assert len(cases) == 4 and all(c["status"].startswith("not run: budget:") for c in cases)
