@@ -72,7 +72,7 @@ torch: $(VENV)/.installed-test
 	fi
 
 test: $(VENV)/.installed-test chromium slurm torch
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
