@@ -76,3 +76,31 @@ def test_an_epoch_a_resume_cut_into_says_its_train_metrics_cover_only_the_steps_
     assert not {"from_step", "train_steps"} & (second.keys() | cut.keys())
     assert "train metrics over" not in lines[1] + lines[2]
     assert hooks.part_note({"from_step": 4, "step": 7}) == " | train metrics over steps 4-7 only (resumed from step 3)"
+
+
+def test_a_checkpoints_epoch_sums_make_a_resumed_epochs_means_whole() -> None:
+    """Steps 1-6 of 7 trained by a process that stopped, its checkpoint of step 6 carrying the epoch's sums: the
+    resumed epoch's train loss is the mean over steps 1-7, unmarked. Sums that are not exactly steps 1-6 of the
+    checkpoint's epoch (another count, a checkpoint at an epoch's end, none saved) are not taken."""
+    from shardbench.train.events import ScalarWriter
+
+    before = hooks.EpochMeter()
+    for step in range(1, 7):
+        before.add({"loss": float(step), "grad_norm": 1.0})
+    saved = before.saved()
+    lines: list[str] = []
+    bar = type("Bar", (), {"write": staticmethod(lines.append)})()
+    end = hooks.EpochEnd(None, ScalarWriter(Path("."), enabled=False), bar, show=True)
+    meter = hooks.EpochMeter.resumed(saved, 6, per_epoch=7)
+    run = hooks.LoopState(total=7, per_epoch=7, metrics=hooks.Metrics(lambda step: None, lambda: "", meter),
+                          state=None, start=6)
+    run.done = 7
+    run.metrics.push(7, {"loss": 7.0, "grad_norm": 1.0})
+    hooks.run_due([hooks.Every(end, hooks.Phase.EPOCH_END, epoch_end=True)], run)
+    [epoch] = end.history
+    assert epoch["train_loss"] == sum(range(1, 8)) / 7 and epoch["train_grad_norm"] == 1.0
+    assert "from_step" not in epoch and "train metrics over" not in lines[0]
+    for wrong in ({"sums": saved["sums"], "count": 5}, None):
+        assert hooks.EpochMeter.resumed(wrong, 6, per_epoch=7).count == 0
+    assert hooks.EpochMeter.resumed({"sums": {"loss": 28.0}, "count": 7}, 7, per_epoch=7).count == 0
+    assert hooks.EpochMeter.resumed({"sums": {"loss": 8.0}, "count": 1}, 8, per_epoch=7).sums == {"loss": 8.0}

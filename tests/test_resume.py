@@ -78,21 +78,19 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
 
 
 def _check_the_resumed_epoch(whole: Path, resumed: dict) -> None:
-    """The one epoch (12 steps of 14) began before the resume: its record says its train metrics are over the steps
-    after it only, and they are the means of the uninterrupted run's metrics over exactly those steps (each step
-    logged, --train.log-every 1), where the uninterrupted run's record covers every step and says nothing."""
-    start = resumed["resumed_from"]
+    """The one epoch (12 steps of 14) began before the resume, and the checkpoint carried its running sums: its
+    train metrics are the means over all 12 steps, as the uninterrupted run's are, counted from that run's log of
+    every step (--train.log-every 1), and neither record marks the epoch as covering part of it."""
     [epoch] = resumed["epochs"]
-    assert (epoch["step"], epoch["from_step"], epoch["train_steps"]) == (12, start + 1, 12 - start)
     [uncut] = json.loads((whole / "summary.json").read_text())["epochs"]
-    assert "from_step" not in uncut and "train_steps" not in uncut
+    assert epoch["step"] == uncut["step"] == 12
+    assert not {"from_step", "train_steps"} & (epoch.keys() | uncut.keys())
     logged = [json.loads(line) for line in (whole / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
     by_step = {r["step"]: r for r in logged if "train/loss" in r}
     for name in ("loss", "accuracy", "grad_norm"):
-        after = [by_step[step][f"train/{name}"] for step in range(start + 1, 13)]
         everything = [by_step[step][f"train/{name}"] for step in range(1, 13)]
-        assert epoch[f"train_{name}"] == pytest.approx(sum(after) / len(after), rel=1e-12), name
         assert uncut[f"train_{name}"] == pytest.approx(sum(everything) / 12, rel=1e-12), name
+        assert epoch[f"train_{name}"] == pytest.approx(sum(everything) / 12, rel=1e-12), name
 
 
 def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
@@ -182,3 +180,27 @@ def test_a_checkpoint_of_other_shapes_is_a_changed_model_not_damage(tmp_path: Pa
     assert len(resumed.stderr.strip().splitlines()) == 1 and "Traceback" not in resumed.stderr, resumed.stderr
     assert len(errors) == 1 and "of shape (48,), the model now (64,)" in errors[0], errors
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == ["1", "2"]
+
+
+def test_a_checkpoint_carries_its_epoch_sums_and_older_ones_restore_without(tmp_path: Path) -> None:
+    """`save` with sums restores them beside the state; a checkpoint written as shardbench wrote them before the
+    sums (one unnamed orbax item) restores its state with no sums, so its resumed epoch is marked as part."""
+    import jax.numpy as jnp
+
+    from shardbench.train.checkpoint import Checkpoints
+    from shardbench.train.state import TrainState
+
+    state = TrainState(jnp.array(3), {"w": jnp.arange(4.0)}, {})
+    old = ocp.CheckpointManager((tmp_path / "c").absolute(), options=ocp.CheckpointManagerOptions(create=True))
+    old.save(2, args=ocp.args.StandardSave(TrainState(jnp.array(2), state.params, {})))
+    old.wait_until_finished()
+    old.close()
+    checkpoints = Checkpoints(tmp_path / "c", keep=3)
+    checkpoints.save(state, {"sums": {"loss": 4.5}, "count": 3})
+    checkpoints.wait()
+    restored = checkpoints.restore_good(state, 3)
+    assert restored.step == 3 and restored.meter == {"sums": {"loss": 4.5}, "count": 3}
+    np.testing.assert_array_equal(restored.state.params["w"], np.arange(4.0))
+    older = checkpoints.restore(state, 2)
+    assert older.meter is None and int(older.state.step) == 2
+    checkpoints.close()

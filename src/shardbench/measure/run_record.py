@@ -19,7 +19,8 @@ step time (`shardbench.report.content.ReportedRun.rate`). A record newer than th
 saying which version it is.
 
 An epoch's entry in `epochs` is a free table (its metrics are the task's); one whose train metrics cover only the
-steps after a resume says so with `from_step` and `train_steps`, keys added within version 4: records written
+steps after a resume (its checkpoint held no sums of the epoch's earlier steps) says so with `from_step` and
+`train_steps`, keys added within version 4: records written
 before them leave such an epoch unmarked, and readers of any version take them as they take the metrics.
 """
 
@@ -268,8 +269,8 @@ class RunRecord:
     steps: int | None = _f("steps", "steps trained in all")
     resumed_from: int | None = _f("steps", "the step this invocation started from")
     epochs: list[dict[str, Any]] = _list("", "per epoch: train and validation metrics, time; an epoch a resume "
-                                             "cut into adds from_step and train_steps: its train metrics are "
-                                             "means over those steps only")
+                                             "cut into without its sums in the checkpoint adds from_step and "
+                                             "train_steps: its train metrics are means over those steps only")
     train_loss: float | None = _f("", "the last step's loss")
     time_s: float | None = _f("s", "this invocation's training wall time, evaluation included")
     model: str | None = _f("", "the model's kind: vit, lm or mlp (the task's kind for a model of your own)")

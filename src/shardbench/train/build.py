@@ -50,6 +50,7 @@ class BuiltRun:
     host: HostPeak | None  # on a CPU, the host's matmul peak for MFU
     cache: CacheUse
     prices: PriceTable  # --prices (or the packaged table), read before anything is written: the record's cost
+    meter: dict[str, Any] | None = None  # a resumed run's checkpoint's running sums of its epoch, where it holds them
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,9 @@ def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRu
         if isinstance(start, FinishedRun):
             checkpoints.close()  # nothing left to train: keep the finished run's record as it is
             return start
+        meter = None
         if start:
-            state, start = checkpoints.restore_good(abstract, start)
+            state, start, meter = checkpoints.restore_good(abstract, start)
         else:
             state = init_state(cfg, checked.spec, checked.layout, tx)
         steps = make_steps(cfg, checked.task, checked.spec, checked.layout, tx,
@@ -93,7 +95,7 @@ def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRu
     except BaseException:
         checkpoints.close()  # orbax's background threads end here, not in an interpreter shutting down
         raise
-    return BuiltRun(checked, steps, state, start, batches, checkpoints, host, cache, prices)
+    return BuiltRun(checked, steps, state, start, batches, checkpoints, host, cache, prices, meter)
 
 
 def _start_step(checked: CheckedRun, checkpoints: Checkpoints) -> int | FinishedRun:

@@ -1,7 +1,9 @@
 """orbax checkpoints of the train state, saved every N steps and at the end, restored into shardings.
 
 The data position is the step itself: the input pipeline is a pure function of (seed, step), so
-restoring the step restores where the data stream stands.
+restoring the step restores where the data stream stands. Beside the state (orbax item `default`) a checkpoint
+holds the running sums of the epoch it falls in (item `meter`, JSON), so a resumed epoch's train means are the
+whole epoch's; checkpoints written before that item existed restore without it.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
@@ -39,6 +41,15 @@ def _write_whole_shards_on_cpu() -> None:
     _whole_shards = True
 
 
+STATE, METER = "default", "meter"  # the items of a checkpoint: the train state, the epoch's running sums
+
+
+class Restored(NamedTuple):
+    state: TrainState
+    step: int
+    meter: dict[str, Any] | None  # what `save` was given beside the state; None where the checkpoint holds none
+
+
 class Checkpoints:
     """A thin wrapper over `ocp.CheckpointManager` that speaks TrainState."""
 
@@ -47,7 +58,7 @@ class Checkpoints:
         options = ocp.CheckpointManagerOptions(max_to_keep=max(keep, 1), create=True,
                                                enable_async_checkpointing=True)
         self._directory = directory.absolute()
-        self._manager = ocp.CheckpointManager(self._directory, options=options)
+        self._manager = ocp.CheckpointManager(self._directory, options=options, item_names=(STATE, METER))
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -55,18 +66,24 @@ class Checkpoints:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
-    def save(self, state: TrainState) -> None:
-        """Save now (the loop decides when); the write finishes in the background."""
+    def save(self, state: TrainState, meter: dict[str, Any] | None = None) -> None:
+        """Save now (the loop decides when), with `meter` (JSON) beside the state where given; the write finishes
+        in the background."""
         step = int(jax.device_get(state.step))
         if step in self._manager.all_steps():
             return
-        self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+        items = {STATE: ocp.args.StandardSave(state)} | ({METER: ocp.args.JsonSave(meter)} if meter is not None else {})
+        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
-    def restore(self, target: TrainState, step: int | None = None) -> TrainState:
-        step = self.latest_step() if step is None else step
-        return self._manager.restore(step, args=ocp.args.StandardRestore(target))
+    def restore(self, target: TrainState, step: int) -> Restored:
+        """The checkpoint of `step` restored into `target`'s shardings, with its meter where it holds one."""
+        items = {STATE: ocp.args.StandardRestore(target)}
+        if (self._directory / str(step) / METER).exists():
+            items[METER] = ocp.args.JsonRestore()
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        return Restored(restored[STATE], step, restored[METER] if METER in items else None)
 
-    def restore_good(self, target: TrainState, newest: int) -> tuple[TrainState, int]:
+    def restore_good(self, target: TrainState, newest: int) -> Restored:
         """The newest checkpoint at or before step `newest` that restores, and its step. A damaged one is named in
         a line and the one before it is used; where none restores, one line says what to do.
 
@@ -83,7 +100,7 @@ class Checkpoints:
                                   f"the model changed since it was trained; resume with the model it was trained "
                                   f"with, or start a new run with another --out (the checkpoints are kept)")
             try:
-                state = self._manager.restore(step, args=ocp.args.StandardRestore(target))
+                restored = self.restore(target, step)
             except Exception as err:  # noqa: BLE001 - orbax raises many kinds on a damaged file
                 detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
                 damaged.append(step)
@@ -95,7 +112,7 @@ class Checkpoints:
                 print(f"shardbench: --resume: resuming from step {step}, the last checkpoint that restores; the damaged "
                       f"{_steps(damaged)} removed and written again as training reaches {_it(damaged)}",
                       file=sys.stderr, flush=True)
-            return state, step
+            return restored
         raise DataError(f"--resume: no checkpoint in {self._directory} restores (damaged: "
                         f"{', '.join(f'step {s}' for s in damaged)}): remove that folder to train again from step 0, "
                         f"or put back a copy of it")
@@ -114,7 +131,7 @@ class Checkpoints:
         level = absl.level
         absl.setLevel(logging.ERROR)
         try:
-            stored = _shapes(ocp.StandardCheckpointer().metadata(self._directory / str(step) / "default").item_metadata)
+            stored = _shapes(ocp.StandardCheckpointer().metadata(self._directory / str(step) / STATE).item_metadata)
         except Exception:  # noqa: BLE001 - an unreadable checkpoint is damage, which restore_good reports
             return ""
         finally:

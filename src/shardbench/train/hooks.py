@@ -39,11 +39,24 @@ def scalar(value: Any) -> float:
 
 
 class EpochMeter:
-    """Running means of the train metrics over the current epoch."""
+    """Running means of the train metrics over the current epoch; a checkpoint carries its sums (`saved`), so
+    an epoch a resume cuts into still averages every one of its steps."""
 
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.count = 0
+    def __init__(self, sums: dict[str, float] | None = None, count: int = 0) -> None:
+        self.sums: dict[str, float] = dict(sums or {})
+        self.count = count
+
+    def saved(self) -> dict[str, Any]:
+        return {"sums": self.sums, "count": self.count}
+
+    @classmethod
+    def resumed(cls, saved: dict[str, Any] | None, step: int, per_epoch: int) -> EpochMeter:
+        """The meter a checkpoint of `step` carried, where it holds exactly the steps of `step`'s epoch up to
+        `step`; else an empty one (a checkpoint from before meters were saved, one at an epoch's end, or one
+        whose epoch --train.steps cut short), and the epoch's record says its means cover only what follows."""
+        if saved is None or step % per_epoch == 0 or saved.get("count") != step % per_epoch:
+            return cls()
+        return cls({str(k): float(v) for k, v in saved["sums"].items()}, int(saved["count"]))
 
     def add(self, metrics: dict[str, float]) -> None:
         for k, v in metrics.items():
@@ -200,7 +213,7 @@ class Checkpoint:
 
     def __call__(self, run: LoopState) -> None:
         if run.done != run.total:
-            self.checkpoints.save(self.release(run.state))
+            self.checkpoints.save(self.release(run.state), run.metrics.meter.saved())
 
 
 def fault_injection() -> Every | None:
@@ -222,8 +235,9 @@ def fault_injection() -> Every | None:
 @dataclass
 class EpochEnd:
     """At each epoch's end: its wall time (data and steps, no evaluation: the seed's epoch time), the
-    validation metrics, the epoch's record and line. An epoch a resume cut into has train metrics over this
-    invocation's steps only, and its record and line say which (`resumed_part`)."""
+    validation metrics, the epoch's record and line. An epoch a resume cut into has train metrics over every
+    step of it where the checkpoint carried the epoch's sums; where it did not, over this invocation's steps
+    only, and its record and line say which (`resumed_part`)."""
 
     evaluate: Callable[[Any], dict[str, float]] | None  # validation on the state, or None without evaluation
     writer: ScalarWriter
@@ -256,12 +270,11 @@ class EpochEnd:
 
 
 def resumed_part(run: LoopState) -> dict[str, int]:
-    """Where the epoch ending now began before this invocation's first step (a resume from a checkpoint inside
-    it): `from_step`, the first step its train metrics average, and `train_steps`, how many they average. The
-    steps before the resume were trained by the process that stopped, and their metrics went with it (with
-    --train.log-every above 1 not every one was logged either), so the means cover only this invocation's part
-    and the record says so rather than pass it off as the epoch's. {} for an epoch trained here from its first
-    step, one that --steps cut short at its end included."""
+    """Where the epoch ending now has train means over part of its steps (a resume from a checkpoint inside it
+    that carried no sums of the epoch's earlier steps: see `EpochMeter.resumed`): `from_step`, the first step its
+    train metrics average, and `train_steps`, how many they average, so the record says so rather than pass them
+    off as the epoch's. {} for an epoch whose means cover every step: trained here from its first step (one that
+    --steps cut short at its end included), or resumed with its sums."""
     first = (run.done - 1) // run.per_epoch * run.per_epoch + 1  # the epoch's first step
     steps = run.metrics.meter.count
     if run.done - steps + 1 <= first:

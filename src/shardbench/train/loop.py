@@ -82,7 +82,8 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     energy = EnergyMeter.for_this_host(warmup, layout_devices(layout))  # NVML: only the GPUs this run uses here
     run = hooks.LoopState(total, checked.steps_per_epoch,
                           hooks.Metrics(energy.after(timer.completed),
-                                        hooks.last_good_checkpoint(built.checkpoints, checked.out)),
+                                        hooks.last_good_checkpoint(built.checkpoints, checked.out),
+                                        hooks.EpochMeter.resumed(built.meter, start, checked.steps_per_epoch)),
                           built.state, start=start)
     for step in range(start, total):
         run.done = step + 1
@@ -99,7 +100,7 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     energy.stop()
     window.stop()
     bar.close()
-    built.checkpoints.save(steps.release(run.state))
+    built.checkpoints.save(steps.release(run.state), run.metrics.meter.saved())
     measured = build_measurements(
         RunSetup(cfg, checked.task, layout), steps.compiled,
         Clocks(timer, epochs.times, epochs.steps, checked.steps_per_epoch, total - start), run.state, built.host)
