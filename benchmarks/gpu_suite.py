@@ -250,7 +250,7 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
     raise ValueError(part)
 
 
-# One vit-seed process of 40 steps on one H100 (2026-11-24, /work/shared/gpu records, `runs/vit-seed/sweep.db`
+# One vit-seed process of 40 steps on one H100 (2026-11-24, the reference machine's GPU records, `runs/vit-seed/sweep.db`
 # wall_s): bfloat16 28.3-29.1 s (compile 16.5-20.4 s); float32 43.6-44.9 s (compile 25.7 s with the cache off,
 # 30.8-36.0 s in sweeps), so 48 s covers the slowest float32 compile measured. cuDNN attention at float32 is
 # refused before compiling: the process start and JAX's import only.
@@ -573,18 +573,26 @@ def run_part(part: str, args: argparse.Namespace, out: Path, env: dict[str, Any]
     for cache in args.work.glob(f"{part}-cache*"):  # a cache this part fills must start empty
         shutil.rmtree(cache)
     not_run: list[str] = []
+    status: dict[str, str] = {}  # each case's, as it ended here: what a case reading another's cache checks
     for case in cases:
         left = budget - (time.perf_counter() - started)
         row: dict[str, Any] = {"name": case.name, "note": case.note, "same_model": case.same_model,
                                "command": shown("shardbench " + " ".join(case.argv), args.work)}
+        filler = status.get(case.needs, "") if case.needs else "ok"  # alone it would compile cold: see Case.needs
         if case.est_s > left:
             row["status"] = not_run_status(part, case, left, every)
             not_run.append(case.name)
-            run.record.add(row)
-            continue
-        check_gpu(args)
-        run_dir, code = run_case(run, case, row, case_timeout_s(left, args))
-        finish_safely(run, case, row, run_dir, code)
+        elif filler.startswith("not run"):
+            row["status"] = (f"not run: budget: {case.needs!r}, which fills the cache it reads, was not run; run "
+                             f"them with {rerun_command(part, [case.name], every)}")
+            not_run.append(case.name)
+        elif not filler.startswith("ok"):  # failed, timed out or refused: the cache is not this case's to read
+            row["status"] = f"not run: {case.needs!r}, which fills the cache it reads, ended {filler[:200]}"
+        else:
+            check_gpu(args)
+            run_dir, code = run_case(run, case, row, case_timeout_s(left, args))
+            finish_safely(run, case, row, run_dir, code)
+        status[case.name] = row["status"]
         run.record.add(row)
     if not_run:
         run.record.note(f"not run for the budget: {', '.join(not_run)}; run them with "

@@ -348,3 +348,32 @@ def test_smoke_honours_a_given_budget(tmp_path: Path) -> None:
                            str(tmp_path / "w"), "--budget-s", "0", "--case-timeout-s", "0.5"]) == 0
     cases = _cases_any(tmp_path / "r" / "compile.json")
     assert len(cases) == 4 and all(c["status"].startswith("not run: budget:") for c in cases)
+
+
+def test_a_case_whose_cache_filler_failed_is_not_run_cold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The case that fills the cache exits 1: "the same program again" would compile cold and report that as its
+    warm figure, so it is not run, and its row says which case it waited on and how that ended."""
+    ran: list[str] = []
+
+    def fake_run_process(argv: list[str], log: Path, timeout: float, smoke: bool) -> tuple[int, float, str]:
+        ran.append(argv[argv.index("--out") + 1])
+        log.write_text("RuntimeError: boom\n")
+        return 1, 1.0, "RuntimeError: boom"
+
+    monkeypatch.setattr(gpu_suite, "run_process", fake_run_process)
+    common = ["--out", str(tmp_path / "r"), "--work", str(tmp_path / "w")]
+    assert gpu_suite.main(["--smoke", "--part", "compile", "--cases", "the same program again", *common]) == 1
+    filling, again = _cases_any(tmp_path / "r" / "compile.json")
+    assert len(ran) == 1 and ran[0].endswith(gpu_suite.slug(filling["name"]))
+    assert filling["status"] == "failed (1): RuntimeError: boom"
+    assert again["status"] == ("not run: 'vit-seed bfloat16 b1024 filling a cache', which fills the cache it reads, "
+                               "ended failed (1): RuntimeError: boom")
+    # Its filler over the budget and itself within it: it waits for the filler, and the rerun command brings both.
+    ran.clear()
+    assert gpu_suite.main(["--smoke", "--part", "compile", "--cases", "the same program again", *common,
+                           "--budget-s", "20"]) == 0
+    filling, again = _cases_any(tmp_path / "r" / "compile.json")
+    assert not ran and filling["status"].startswith("not run: budget: 32 s expected, 20 s left")
+    assert again["status"] == ("not run: budget: 'vit-seed bfloat16 b1024 filling a cache', which fills the cache it "
+                               "reads, was not run; run them with --part compile --cases "
+                               "'vit-seed bfloat16 b1024 filling a cache,the same program again'")
