@@ -10,7 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from test_report import record, row
+import pytest
+
+from test_report import markdown_table, record, row
 
 from shardbench.plan.validate import Check, render, summary
 from shardbench.report import plots
@@ -20,7 +22,7 @@ from shardbench.report.findings import dtype_role_finding, spmd_findings
 from shardbench.report.plan_chart import plan_findings
 from shardbench.report.speed import speed_findings
 from shardbench.report.write import write_report
-from shardbench.store import Store
+from shardbench.store import RunRow, Store
 
 
 def rec(name: str, step_ms: float, *, steps: int = 37, p90: float = 1.0,
@@ -321,3 +323,106 @@ def test_dp_and_zero2_compare_by_the_bytes_each_device_sends_and_older_records_b
     table = {column.key: column for column in COLUMNS}
     assert (table["comms_mib"].text(dp), table["comms_mib"].text(old)) == ("14.00", "16.00 (payload)")
     assert [comms_measure(runs) for runs in ([dp, zero2], [old], [dp, old])] == ["sent", "payload", "mixed"]
+
+
+# ----------------------------------------------------------------------------- audit: the report's own faults
+def _kept_run(folder: Path, name: str, written_to: Path, losses: tuple[float, float]) -> None:
+    """A run folder as benchmarks/data keeps them (config.json, summary.json and metrics.jsonl side by side),
+    whose record and config name `written_to` as where it was first written."""
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+
+    folder.mkdir(parents=True)
+    mesh = {"a": "8x1", "b": "4x2"}[name]
+    cfg = override(get_preset("vit-tiny"), {"parallel.mesh": mesh, "train.out": str(written_to)})
+    (folder / "config.json").write_text(cfg.to_json())
+    (folder / "summary.json").write_text(json.dumps(rec(name, 10.0, mesh=mesh) | {"out": str(written_to)}))
+    (folder / "metrics.jsonl").write_text("".join(f'{{"step": {step}, "train/loss": {loss}}}\n'
+                                                  for step, loss in zip((1, 2), losses, strict=True)))
+
+
+def test_the_losses_compared_are_those_beside_each_summary_whichever_parent_is_reported(tmp_path: Path) -> None:
+    """Runs a and b kept in kept/sweep/{a,b}, first written to first/{a,b}, which still hold identical losses
+    (2.0, 1.9). The kept b logged 2.6 at step 1: its own losses are (2.6 - 2.0) / 2.6 = 2.3e-01 apart from a's
+    there, whether kept/sweep or kept is reported (reading first/ when the run's name is not a folder beside the
+    reported one made kept pass where kept/sweep failed)."""
+    for name, kept_losses in (("a", (2.0, 1.9)), ("b", (2.6, 1.9))):
+        first = tmp_path / "first" / name
+        first.mkdir(parents=True)
+        (first / "metrics.jsonl").write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.9}\n')
+        _kept_run(tmp_path / "kept" / "sweep" / name, name, first, kept_losses)
+    for reported_dir in (tmp_path / "kept" / "sweep", tmp_path / "kept"):
+        paths = write_report(reported_dir, out_dir=tmp_path / "out")
+        assert paths.differing == ("a, b differ by 2.3e-01 at step 1 (tolerance 2e-03): see the report",), reported_dir
+        assert ("a, b should be the same computation but differ: their losses are 2.3e-01 apart (relative) at step 1"
+                in paths.markdown.read_text())
+
+
+def test_a_summary_that_is_not_a_json_object_is_refused_in_one_line(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """summary.json holding [1] (valid JSON, not a record): a data error naming the file (exit 4, as a config.json
+    that is not a table of sections), not an internal error (exit 70)."""
+    import argparse
+
+    from shardbench.errors import EXIT_CODES, run_reported
+    from shardbench.report import report_cmd
+
+    folder = tmp_path / "runs" / "r1"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text("[1]")
+    parser = argparse.ArgumentParser()
+    report_cmd.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    assert run_reported(lambda: report_cmd.run(args)) == EXIT_CODES["data"] == 4
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"shardbench: error: {folder / 'summary.json'} is not a run's record (a JSON object), but a list"]
+
+
+def test_runs_past_the_compared_steps_without_logged_losses_are_said_not_compared(tmp_path: Path) -> None:
+    """Two layouts of one computation trained 1,000 steps, test losses 2.0 and 3.0: a test loss after step 200 is
+    not compared, and neither run logged a loss, so the report says the group was not compared and why (it said
+    nothing). With train losses logged at steps 10 and 20 (2.0 and 1.8 each), they are compared on those 2."""
+    def long_run(name: str, mesh: str, test_loss: float) -> RunRow:
+        made = rec(name, 10.0, mesh=mesh) | {"steps": 1000, "test_loss": test_loss}
+        return row(name, {"parallel.mesh": mesh, "train.steps": 1000}, made)
+
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        store.add(long_run("a", "8x1", 2.0))
+        store.add(long_run("b", "4x2", 3.0))
+    paths = write_report(directory)
+    assert paths.differing == ()
+    assert ("- a, b differ only in layout but their losses were not compared: they trained 1,000 steps, and a test "
+            "or last loss after step 200 is not compared, as the losses of layouts may drift apart chaotically by "
+            "then; they logged no train loss within the first 200 steps that the report found (in the metrics.jsonl "
+            "of a run's folder).") in paths.markdown.read_text()
+    for name in ("a", "b"):
+        (directory / "runs" / name).mkdir(parents=True)
+        (directory / "runs" / name / "metrics.jsonl").write_text(
+            '{"step": 10, "train/loss": 2.0}\n{"step": 20, "train/loss": 1.8}\n{"step": 900, "train/loss": 1.0}\n')
+    assert ("a, b are the same computation in different layouts: their losses differ by at most 0.0e+00 (relative, "
+            "over 2 compared losses)") in write_report(directory).markdown.read_text()
+
+
+def test_run_folders_without_config_are_ranked_by_their_records_and_never_called_one_computation(
+        tmp_path: Path) -> None:
+    """Two folders with summary.json alone: dp at 10 ms and fsdp at 25 ms per step, global batch 1,024 in their
+    records. The strategies are what was swept, the speed ranking has fsdp 2.50x slower, the batch column reads
+    1,024, and the two are not called the same computation: without config.json nothing says they train one model
+    (the report had no Speed section, said the runs shared one configuration and compared their losses)."""
+    for name, step in (("dp", 10.0), ("fsdp", 25.0)):
+        made = rec(name, step, strategy=name)
+        made["measurements"]["global_batch"] = 1024
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(made))
+    paths = write_report(tmp_path / "runs", out_dir=tmp_path / "out")
+    text = paths.markdown.read_text()
+    assert "- `parallel.strategy`: dp, fsdp\n" in text and "share one configuration" not in text
+    speed = text.split("### Speed", 1)[1].split("###", 1)[0]
+    assert "- Fastest: dp, 10.0 ms per step (ranked by median step time).\n" in speed
+    assert "- fsdp is 2.50x slower (25.0 ms against 10.0 ms); it differs in: parallel.strategy fsdp against dp." in speed
+    assert [r["batch"] for r in markdown_table(text)] == ["1,024", "1,024"]
+    assert "are the same computation" not in text
+    assert ("- dp, fsdp were not compared with any run: their folders have no config.json, so the report knows only "
+            "the strategy, mesh, devices, SPMD style, model kind and global batch their records give, not whether "
+            "they compute what another run does (a model's shape, the data, seed, steps and precision).") in text

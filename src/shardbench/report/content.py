@@ -52,6 +52,10 @@ class ReportedRun:
     predicted: dict[str, Any] | None = None  # the planner's prediction of this run (`shardbench plan --validate`)
     losses: tuple[tuple[int, float], ...] | None = None  # (step, train loss) as logged, where the run folder has them
     bubble: float | None = None  # pipeline stages: the bubble measured against a one-stage run (report.pipeline)
+    folder: Path | None = None  # the folder its summary.json lies in, for a run read from a folder of runs
+    # False for a run folder without config.json: its settings are the few its record gives (strategy, mesh,
+    # devices, spmd, model kind, global batch), too few to say that two runs compute the same thing.
+    configured: bool = True
 
     @property
     def ok(self) -> bool:
@@ -147,7 +151,10 @@ class ReportedRun:
 
     @property
     def batch(self) -> int | None:
+        """The global batch: as configured, else as the record measured it (a run folder without config.json)."""
         value = number(self.config.get("train.batch_size"))
+        if value is None:
+            value = number(self.m.global_batch)
         return None if value is None else int(value)
 
     @property
