@@ -426,3 +426,34 @@ def test_run_folders_without_config_are_ranked_by_their_records_and_never_called
     assert ("- dp, fsdp were not compared with any run: their folders have no config.json, so the report knows only "
             "the strategy, mesh, devices, SPMD style, model kind and global batch their records give, not whether "
             "they compute what another run does (a model's shape, the data, seed, steps and precision).") in text
+
+
+def test_the_context_and_plan_sections_call_a_gap_within_the_spread_a_tie_as_the_speed_section_does() -> None:
+    """Ring 100 ms and all-gather 101 ms at 1,024 tokens, 300 and 301 ms at 2,048, every p90 1.25x its median (37
+    timed steps): gaps of 1.0% and 0.3%, within the 25% spread, which Speed calls ties; the context sentence called
+    the ring the faster at every length. Plan: a predicted fastest at 100.5 ms against b's measured 100.0 ms
+    (+0.5%, within 25%) is a tie too, not a miss."""
+    def ctx(name: str, mode: str, tokens: int, ms: float) -> ReportedRun:
+        return run(name, {"model.kind": "lm", "parallel.strategy": "cp", "parallel.context": mode,
+                          "model.seq_len": tokens, "train.batch_size": 4}, ms, p90=1.25)
+
+    runs = [ctx("ring_1k", "ring", 1024, 100.0), ctx("ag_1k", "all-gather", 1024, 101.0),
+            ctx("ring_2k", "ring", 2048, 300.0), ctx("ag_2k", "all-gather", 2048, 301.0)]
+    speed = speed_findings(runs)
+    assert speed[1].startswith("ag_1k ties with ring_1k (101.0 ms against 100.0 ms): the 1.0% difference")
+    assert speed[3].startswith("ag_2k ties with ring_2k (301.0 ms against 300.0 ms): the 0.3% difference")
+    (said,) = context_findings(runs)
+    assert said.endswith(
+        ": on this machine neither step was decidedly the faster at any length measured (tied at 1,024, 2,048 "
+        "tokens, where the two steps differ by less than the spread of their own step times, median to p90).")
+    # A tie at the shortest length and a 2x win at the longer one: the ring is the faster from 2,048 on.
+    runs[3] = ctx("ag_2k", "all-gather", 2048, 600.0)
+    assert context_findings(runs)[0].endswith(
+        "the ring overtakes the all-gather from 2,048 tokens on (its step was tied at 1,024 tokens, where the two "
+        "steps differ by less than the spread of their own step times, median to p90).")
+    planned = [run("a", {"parallel.mesh": "8x1"}, 100.5, 1.0, p90=1.25),
+               run("b", {"parallel.mesh": "4x2"}, 100.0, 2.0, p90=1.25)]
+    assert speed_findings(planned)[1].startswith("a ties with b (100.5 ms against 100.0 ms)")
+    assert plan_findings(planned)[0].endswith(
+        "the plan's fastest, a, ties with the fastest measured, b (100.5 against 100.0 ms, +0.5%, within the spread "
+        "of their step times, median to p90, up to 25.0%).")

@@ -81,6 +81,24 @@ def undecided(a: ReportedRun, b: ReportedRun, gap: float) -> bool:
     return (few_steps(a) or few_steps(b)) and abs(gap) <= FEW_STEPS_MARGIN
 
 
+def noise(a: ReportedRun, b: ReportedRun) -> float:
+    """The larger of two runs' own spreads (p90 over median, minus one): a gap within it is a tie."""
+    return max(_spread(a), _spread(b))
+
+
+UNDECIDED, TIE, APART = "undecided", "tie", "apart"
+
+
+def verdict(a: ReportedRun, b: ReportedRun, gap: float) -> str:
+    """How a relative gap between two runs (the slower's figure over the faster's, minus one) ranks them, by the one
+    rule every section of the report uses, so that none calls faster what another calls a tie: UNDECIDED where
+    either timed fewer than MIN_MEASURED_STEPS steps and the gap is within FEW_STEPS_MARGIN, TIE where it is
+    within the spread of their step times (median to p90), else APART."""
+    if undecided(a, b, gap):
+        return UNDECIDED
+    return TIE if abs(gap) <= noise(a, b) else APART
+
+
 def _ms(seconds: float | None) -> str:
     return "–" if seconds is None else f"{1e3 * seconds:,.1f} ms"
 
@@ -208,18 +226,18 @@ def _against(run: ReportedRun, fastest: ReportedRun, same_batch: bool) -> tuple[
     timed fewer than MIN_MEASURED_STEPS steps, or the slowdown with what differs (and whether anything was
     listed)."""
     ratio = (_throughput(fastest) or 0.0) / (_throughput(run) or 1.0)
-    noise = max(_spread(run), _spread(fastest))
     figures = (f"{_ms(run.step_median)} against {_ms(fastest.step_median)}" if same_batch else
                f"{_throughput(run):,.0f} against {_throughput(fastest):,.0f} examples/s")
     few = steps_note([run, fastest])
-    if undecided(run, fastest, ratio - 1.0):
+    ranked = verdict(run, fastest, ratio - 1.0)
+    if ranked == UNDECIDED:
         return (f"{run.name} against {fastest.name} is undecided ({figures}, {few}): the {100 * (ratio - 1):.1f}% "
                 f"difference is within the {100 * FEW_STEPS_MARGIN:.0f}% margin the report requires of figures "
                 f"from fewer than {MIN_MEASURED_STEPS} timed steps, so this ranking cannot tell them apart."), False
-    if ratio - 1.0 <= noise:
+    if ranked == TIE:
         return (f"{run.name} ties with {fastest.name} ({figures}): the {100 * (ratio - 1):.1f}% "
                 f"difference is within the spread of their step times (median to p90, up to "
-                f"{100 * noise:.1f}%), so this ranking cannot tell them apart."), False
+                f"{100 * noise(run, fastest):.1f}%), so this ranking cannot tell them apart."), False
     differs = _differences(run, fastest)
     return (f"{run.name} is {ratio:.2f}x slower ({figures}{f', {few}' if few else ''})"
             + (f"; it differs in: {'; '.join(differs)}." if differs else
