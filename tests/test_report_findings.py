@@ -16,7 +16,7 @@ from test_report import markdown_table, record, row
 
 from shardbench.plan.validate import Check, render, summary
 from shardbench.report import plots
-from shardbench.report.content import COLUMNS, ReportedRun, comms_measure, reported
+from shardbench.report.content import COLUMNS, ReportedRun, comms_measure, reported, shown
 from shardbench.report.context import context_findings
 from shardbench.report.findings import dtype_role_finding, spmd_findings
 from shardbench.report.plan_chart import plan_findings
@@ -457,3 +457,31 @@ def test_the_context_and_plan_sections_call_a_gap_within_the_spread_a_tie_as_the
     assert plan_findings(planned)[0].endswith(
         "the plan's fastest, a, ties with the fastest measured, b (100.5 against 100.0 ms, +0.5%, within the spread "
         "of their step times, median to p90, up to 25.0%).")
+
+
+def test_the_memory_breakdown_holds_the_model_state_so_its_total_is_memory_per_device(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model of your own with 50 MiB of BatchNorm statistics and RNG state beside parameters 1, optimizer 2,
+    gradients 1, activations 1 and 3 MiB of other outputs: compiled total 58 MiB. The stacked bar ends at 58.0
+    (it ended at 8.0, the model state left out) and the table gives model state 50.0 MiB; a built-in model's 0
+    draws and shows none."""
+    made = rec("own", 10.0)
+    made["measurements"]["memory"]["breakdown"] |= {"model_state_bytes": 50 * 2**20, "other_bytes": 3 * 2**20}
+    made["measurements"]["memory"]["total_bytes"] = 58 * 2**20
+    own = reported(row("own", {}, made))
+    drawn: dict[str, Any] = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, out, name, title, note="": drawn.setdefault(name, fig))
+    plots.memory_breakdown([own], tmp_path)
+    ax = drawn["memory_breakdown"].axes[0]
+    assert own.memory == (58.0, "compiled") and [t.get_text() for t in ax.texts] == [" 58.0", "dp"]
+    assert "model state (BatchNorm statistics, RNG)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    column = next(c for c in COLUMNS if c.key == "model_state_mib")
+    assert column.text(own) == "50.0" and column in shown(COLUMNS, [own])
+    plain = rec("vit", 10.0)
+    plain["measurements"]["memory"]["breakdown"]["model_state_bytes"] = 0
+    builtin = reported(row("vit", {}, plain))
+    drawn.clear()
+    plots.memory_breakdown([builtin], tmp_path)
+    assert "model state (BatchNorm statistics, RNG)" not in [
+        t.get_text() for t in drawn["memory_breakdown"].axes[0].get_legend().get_texts()]
+    assert column not in shown(COLUMNS, [builtin])

@@ -217,7 +217,8 @@ class ReportedRun:
         return (peak, "peak") if peak is not None else (_mib(memory.total_bytes), "compiled")
 
     def part(self, name: str) -> float | None:
-        """One entry of the memory breakdown in MiB: params, optimizer, gradients, activations_temporaries, other."""
+        """One entry of the memory breakdown in MiB: params, optimizer, model_state, gradients,
+        activations_temporaries, other."""
         return _mib(getattr((self.m.memory or Memory()).breakdown or Breakdown(), f"{name}_bytes"))
 
     @property
@@ -364,6 +365,7 @@ COLUMNS: tuple[Column, ...] = (
            lambda r: _mib((r.predicted or {}).get("total_bytes")), optional=True),
     Column("params_mib", "params MiB", True, lambda r: r.part("params")),
     Column("optimizer_mib", "optimizer MiB", True, lambda r: r.part("optimizer")),
+    Column("model_state_mib", "model state MiB", True, lambda r: r.part("model_state"), optional=True, usual=0.0),
     Column("gradients_mib", "gradients MiB", True, lambda r: r.part("gradients")),
     Column("activations_mib", "activations MiB", True, lambda r: r.part("activations_temporaries")),
     Column("comms_mib", "comms/step MiB", True, lambda r: r.comms_mib, 2),

@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 
 PALETTE = ("#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c", "#dc7ec0", "#797979", "#d5bb67",
            "#82c6e2")
-BREAKDOWN = (("params", "parameters"), ("optimizer", "optimizer state"), ("gradients", "gradients"),
+# Every part of the compiled total (run_record.Breakdown), so that a bar's total is the run's memory/device: a model
+# of your own's BatchNorm statistics and RNG streams too. Parts no run has (0 for the built-in models) are not drawn.
+BREAKDOWN = (("params", "parameters"), ("optimizer", "optimizer state"),
+             ("model_state", "model state (BatchNorm statistics, RNG)"), ("gradients", "gradients"),
              ("activations_temporaries", "activations / temporaries"), ("other", "batch and other outputs"))
+OPTIONAL_PARTS = ("model_state", "other")
 NOTE_WIDTH = 110  # characters per line of a chart's note, so that it fits the figure
 # The most characters of a run's name on a chart's axis; a longer name (a sweep's names reach 200) keeps its start
 # and its end (where a long name's hash is) around an ellipsis, and the report's table gives it whole.
@@ -357,10 +361,12 @@ def memory_breakdown(runs: list[ReportedRun], out: Path) -> Chart | str:
             positions.append(y)
             y += 1.0
     fig, (ax,) = _figure(len(runs) + len(strategies))
-    parts = [(label, [r.part(key) or 0.0 for r in ordered]) for key, label in BREAKDOWN]
-    parts = [(label, values) for label, values in parts if any(values) or label != BREAKDOWN[-1][1]]
-    _stacked(ax, ordered, positions, parts, ["#4878d0", "#82c6e2", "#956cb4", "#ee854a", "#bbbbbb"],
-             lambda r: r.label if not r.ok else "no breakdown measured")
+    colors = dict(zip((key for key, _ in BREAKDOWN),
+                      ("#4878d0", "#82c6e2", "#6acc64", "#956cb4", "#ee854a", "#bbbbbb"), strict=True))
+    drawn = [(key, label, [r.part(key) or 0.0 for r in ordered]) for key, label in BREAKDOWN]
+    drawn = [(key, label, values) for key, label, values in drawn if any(values) or key not in OPTIONAL_PARTS]
+    _stacked(ax, ordered, positions, [(label, values) for _, label, values in drawn],
+             [colors[key] for key, _, _ in drawn], lambda r: r.label if not r.ok else "no breakdown measured")
     ax.set_ylim(y - 0.3, -0.6)
     at_left = blended_transform_factory(ax.transAxes, ax.transData)
     for y_header, strategy in headers:
