@@ -485,3 +485,38 @@ def test_the_memory_breakdown_holds_the_model_state_so_its_total_is_memory_per_d
     assert "model state (BatchNorm statistics, RNG)" not in [
         t.get_text() for t in drawn["memory_breakdown"].axes[0].get_legend().get_texts()]
     assert column not in shown(COLUMNS, [builtin])
+
+
+def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Meshes 8x1 and 4x2 x batches 64 and 256, the 4x2 run at batch 256 out of memory, and a run at batch 1,024
+    (no bar has that batch) out of memory too: the first keeps its cell (mesh 1, second batch of two: x = 1 - 0.4
+    + 0.4 x 1.5 = 1.2) as a gap labelled 'failed (oom)', the second is named in the caption (both were dropped
+    without a word)."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for mesh in ("8x1", "4x2"):
+            for batch in (64, 256):
+                name = f"mesh_{mesh}_batch_{batch}"
+                over = {"parallel.mesh": mesh, "train.batch_size": batch}
+                failed = ("oom", "RESOURCE_EXHAUSTED") if (mesh, batch) == ("4x2", 256) else None
+                store.add(row(name, over, None if failed else rec(name, batch / 8, mesh=mesh), failed))
+        store.add(row("mesh_8x1_batch_1024", {"parallel.mesh": "8x1", "train.batch_size": 1024}, None,
+                      ("oom", "RESOURCE_EXHAUSTED")))
+    drawn: dict[str, Any] = {}
+    save = plots._save
+
+    def spy(fig: Any, out: Path, name: str, title: str, note: str = "") -> Any:
+        drawn[name] = fig
+        return save(fig, out, name, title, note)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    paths = write_report(directory)
+    caption = ("No bar, a labelled gap: mesh_4x2_batch_256, failed (oom). Not drawn, at a mesh or batch size no bar "
+               "has: mesh_8x1_batch_1024, failed (oom) (mesh 8x1, batch 1024).")
+    for name in ("mesh_batch_epoch_time", "mesh_batch_memory"):
+        ax = drawn[name].axes[0]
+        assert [(t.get_text(), round(t.get_position()[0], 6)) for t in ax.texts if "failed" in t.get_text()] == [
+            (" failed (oom)", 1.2)]
+        assert len(ax.patches) == 3
+    text = paths.markdown.read_text()
+    assert text.count(caption) == 2 and paths.clipped == {}

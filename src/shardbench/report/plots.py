@@ -188,27 +188,41 @@ def _mesh(run: ReportedRun) -> str:
 
 def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: str,
              value: Callable[[ReportedRun], float | None], hatched: Callable[[ReportedRun], bool], note: str) -> Chart | str:
-    """The seeds' layout: one group of bars per mesh, one bar per batch size (vertical, as drawn by hand)."""
+    """The seeds' layout: one group of bars per mesh, one bar per batch size (vertical, as drawn by hand). A run
+    with no bar (failed, such as out of memory, or without the figure) keeps its cell as a labelled gap, and the
+    caption names it, as it does a failed run at a mesh or batch size no bar has."""
     meshes = list(dict.fromkeys(_mesh(r) for r in runs if r.ok))
     batches = sorted({r.batch for r in runs if r.ok and r.batch})
     cells, left_out = _cells(runs, value)
     if len(meshes) < 2 or len(batches) < 2 or not cells:
         return ""
+    gaps = _gaps(runs, cells, value)  # a failed run has its cell by its configured mesh and batch
+    inside = {cell: run for cell, run in gaps.items() if cell[0] in meshes and cell[1] in batches}
+    outside = [run for cell, run in gaps.items() if cell not in inside]
     # Said under the chart (the figure is too narrow for a list of names).
-    caption = " ".join(filter(None, [note, f"One bar per mesh and batch size: left out, as another run has its "
-                                           f"mesh and batch (the first is drawn): {', '.join(left_out)}."
-                                     if left_out else ""]))
+    caption = " ".join(filter(None, [
+        note, f"One bar per mesh and batch size: left out, as another run has its mesh and batch (the first is "
+              f"drawn): {', '.join(left_out)}." if left_out else "",
+        "No bar, a labelled gap: " + "; ".join(f"{r.name}, {_gap_text(r)}" for r in inside.values()) + "."
+        if inside else "",
+        "Not drawn, at a mesh or batch size no bar has: " + "; ".join(
+            f"{r.name}, {_gap_text(r)} (mesh {_mesh(r)}, batch {r.batch or '?'})" for r in outside) + "."
+        if outside else ""]))
     fig = Figure(figsize=(2.0 + 1.3 * len(meshes) * max(1, len(batches) / 2), 4.2), dpi=100, layout="constrained")
     ax = fig.subplots()
     width = 0.8 / len(batches)
     for i, batch in enumerate(batches):
         xs, heights, hatches = [], [], []
         for j, mesh in enumerate(meshes):
+            x = j - 0.4 + width * (i + 0.5)
             run = cells.get((mesh, batch))
             if run is not None:
-                xs.append(j - 0.4 + width * (i + 0.5))
+                xs.append(x)
                 heights.append(value(run) or 0.0)
                 hatches.append(hatched(run))
+            elif (mesh, batch) in inside:
+                ax.text(x, 0, f" {_gap_text(inside[mesh, batch])}", rotation=90, ha="center", va="bottom", fontsize=7,
+                        color="#666666", style="italic")
         bars = ax.bar(xs, heights, width=width * 0.95, color=PALETTE[i % len(PALETTE)], label=f"batch {batch}")
         for bar, hatch in zip(bars, hatches, strict=True):
             if hatch:
@@ -235,6 +249,21 @@ def _cells(runs: list[ReportedRun], value: Callable[[ReportedRun], float | None]
         if cells.setdefault((_mesh(run), run.batch), run) is not run:
             left_out.append(run.name)
     return cells, left_out
+
+
+def _gap_text(run: ReportedRun) -> str:
+    """What a gap in the mesh x batch charts says: the failure ('failed (oom)'), or that the figure is missing."""
+    return run.label if not run.ok else "not measured"
+
+
+def _gaps(runs: list[ReportedRun], cells: dict[tuple[str, int | None], ReportedRun],
+          value: Callable[[ReportedRun], float | None]) -> dict[tuple[str, int | None], ReportedRun]:
+    """The first run of each (mesh, batch) cell that no bar fills: a failed run, or one without the figure."""
+    gaps: dict[tuple[str, int | None], ReportedRun] = {}
+    for run in runs:
+        if (not run.ok or value(run) is None) and (_mesh(run), run.batch) not in cells:
+            gaps.setdefault((_mesh(run), run.batch), run)
+    return gaps
 
 
 def mesh_batch_epoch(runs: list[ReportedRun], out: Path) -> Chart | str:
