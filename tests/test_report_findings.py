@@ -520,3 +520,19 @@ def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypa
         assert len(ax.patches) == 3
     text = paths.markdown.read_text()
     assert text.count(caption) == 2 and paths.clipped == {}
+
+
+def test_columns_no_run_has_are_left_out(tmp_path: Path) -> None:
+    """Two runs of part of an epoch each (no epoch time), no MFU and no test accuracy: the table has no "epoch
+    time s", "MFU %" or "test acc %" column (each was a column of dashes), and every column it has holds a value
+    in some row."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for name, mesh in (("a", "8x1"), ("b", "4x2")):
+            made = rec(name, 10.0, mesh=mesh) | {"test_accuracy": None}
+            made["measurements"]["mfu"] = {"mfu": None, "not_measured": "no peak FLOP/s is known for cpu"}
+            store.add(row(name, {"parallel.mesh": mesh}, made))
+    table = markdown_table(write_report(directory).markdown.read_text())
+    assert not {"epoch time s", "MFU %", "test acc %"} & set(table[0])
+    assert {"step ms median", "memory/device MiB", "test loss"} <= set(table[0])
+    assert all(any(r[label] != "–" for r in table) for label in table[0])

@@ -312,7 +312,7 @@ class Column:
     numeric: bool
     value: Callable[[ReportedRun], Any]
     digits: int = 1
-    optional: bool = False  # shown only when some run has a value (e.g. tokens/s only for language models)
+    optional: bool = False  # hidden also where every value is `usual` (every column is hidden where none has one)
     usual: Any = None  # an optional column whose every value is this one is not shown either (e.g. spmd jit)
 
     def text(self, run: ReportedRun) -> str:
@@ -387,8 +387,10 @@ COLUMNS: tuple[Column, ...] = (
 
 
 def shown(columns: tuple[Column, ...], runs: list[ReportedRun]) -> tuple[Column, ...]:
-    """The columns to show for `runs`: optional ones only where some run has a value."""
-    return tuple(c for c in columns if not c.optional or any(c.value(r) not in (None, "", c.usual) for r in runs))
+    """The columns to show for `runs`: those in which some run has a value (a column of dashes says nothing the
+    table note does not), an optional one only where some value is not its usual one."""
+    return tuple(c for c in columns
+                 if any(c.value(r) not in (None, "", c.usual if c.optional else None) for r in runs))
 
 
 @dataclass(frozen=True)
