@@ -536,3 +536,25 @@ def test_columns_no_run_has_are_left_out(tmp_path: Path) -> None:
     assert not {"epoch time s", "MFU %", "test acc %"} & set(table[0])
     assert {"step ms median", "memory/device MiB", "test loss"} <= set(table[0])
     assert all(any(r[label] != "–" for r in table) for label in table[0])
+
+
+def test_memory_charts_are_titled_by_what_their_bars_are(tmp_path: Path) -> None:
+    """Runs on CPU report no runtime peak: their bars are XLA's compiled totals, and the charts say so (both were
+    titled "Peak memory"); a run with a peak of 12.5 MiB is a runtime peak; the two together are said both."""
+    def one(name: str, peak: float | None, mesh: str = "8", batch: int = 128) -> ReportedRun:
+        made = rec(name, 10.0, mesh=mesh)
+        made["measurements"]["memory"]["peak_bytes_in_use"] = None if peak is None else int(peak * 2**20)
+        return reported(row(name, {"parallel.mesh": mesh, "train.batch_size": batch}, made))
+
+    def title(runs: list[ReportedRun]) -> str:
+        chart = plots.peak_memory(runs, tmp_path)
+        assert not isinstance(chart, str)
+        return chart.title
+
+    assert title([one("cpu", None)]) == "Compiled memory total per device per run"
+    assert title([one("gpu", 12.5)]) == "Runtime peak memory per device per run"
+    assert title([one("gpu", 12.5), one("cpu", None)]) == \
+        "Memory per device per run (runtime peak; hatched: compiled total)"
+    grid = [one(f"m{mesh}_b{batch}", None, mesh, batch) for mesh in ("8x1", "4x2") for batch in (64, 256)]
+    chart = plots.mesh_batch_memory(grid, tmp_path)
+    assert not isinstance(chart, str) and chart.title == "Compiled memory total per device per mesh and batch size"

@@ -273,21 +273,32 @@ def mesh_batch_epoch(runs: list[ReportedRun], out: Path) -> Chart | str:
                     lambda r: r.epoch_projected_s is not None, PROJECTED_NOTE if projected else "")
 
 
+def memory_title(sources: set[str], per: str) -> str:
+    """A memory chart's title by what its bars are: the runtime peak, XLA's compiled total, or both (the compiled
+    ones hatched), so that no chart of compiled totals is called a peak."""
+    if sources == {"peak"}:
+        return f"Runtime peak memory per device {per}"
+    if sources == {"compiled"}:
+        return f"Compiled memory total per device {per}"
+    return f"Memory per device {per} (runtime peak; hatched: compiled total)"
+
+
 def mesh_batch_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
     sources = {r.memory[1] for r in runs if r.ok and r.memory[0] is not None}
     label = "MiB per device: " + ("runtime peak" if sources == {"peak"} else "compiled total" if sources ==
                                   {"compiled"} else "runtime peak; hatched: compiled total")
-    return _grouped(runs, out, "mesh_batch_memory", "Peak memory per device per mesh and batch size", label,
+    return _grouped(runs, out, "mesh_batch_memory", memory_title(sources, "per mesh and batch size"), label,
                     lambda r: r.memory[0], lambda r: r.memory[1] == "compiled" and len(sources) > 1, "")
 
 
 def peak_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
     if not any(r.memory[0] is not None for r in runs):
-        return "Peak memory per run: left out, as no run reports its memory."
+        return "Memory per device per run: left out, as no run reports its memory."
     colors = _strategy_colors(runs)
     fig, (ax,) = _figure(len(runs))
     _run_bars(ax, runs, [r.memory[0] for r in runs], "{:.1f}", [colors[r.strategy] for r in runs])
     sources = {r.memory[1] for r in runs if r.memory[0] is not None}
+    title = memory_title(sources, "per run")
     if len(sources) <= 1:
         note = "" if sources else "No run reports its memory."
         ax.set_xlabel(MEMORY_LABELS[sources.pop() if sources else "compiled"])
@@ -298,7 +309,7 @@ def peak_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
         ax.set_xlabel("memory per device, MiB: runtime peak; hatched bars: compiled total (no peak reported)")
         note = "Hatched bars are XLA's compiled totals, for runs whose backend reports no runtime peak."
     _strategy_legend(ax, colors)
-    return _save(fig, out, "peak_memory", "Peak memory per device per run", note)
+    return _save(fig, out, "peak_memory", title, note)
 
 
 def throughput_figure(runs: list[ReportedRun]) -> Figure | str:
