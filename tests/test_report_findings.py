@@ -420,7 +420,8 @@ def test_run_folders_without_config_are_ranked_by_their_records_and_never_called
     assert "- `parallel.strategy`: dp, fsdp\n" in text and "share one configuration" not in text
     speed = text.split("### Speed", 1)[1].split("###", 1)[0]
     assert "- Fastest: dp, 10.0 ms per step (ranked by median step time).\n" in speed
-    assert "- fsdp is 2.50x slower (25.0 ms against 10.0 ms); it differs in: parallel.strategy fsdp against dp." in speed
+    assert ("- fsdp is 2.50x slower (25.0 ms against 10.0 ms); it differs in: parallel.strategy fsdp against dp."
+            in speed)
     assert [r["batch"] for r in markdown_table(text)] == ["1,024", "1,024"]
     assert "are the same computation" not in text
     assert ("- dp, fsdp were not compared with any run: their folders have no config.json, so the report knows only "
@@ -558,3 +559,59 @@ def test_memory_charts_are_titled_by_what_their_bars_are(tmp_path: Path) -> None
     grid = [one(f"m{mesh}_b{batch}", None, mesh, batch) for mesh in ("8x1", "4x2") for batch in (64, 256)]
     chart = plots.mesh_batch_memory(grid, tmp_path)
     assert not isinstance(chart, str) and chart.title == "Compiled memory total per device per mesh and batch size"
+    assert chart.clipped == ()  # the title wraps to the narrow figure's width
+
+
+def test_the_cost_note_says_what_each_rows_price_is_for() -> None:
+    """The packaged cpu row is priced per host, tpu-v3's per chip (two JAX devices each), h100's per device: the
+    note named none of it ("x devices x the hourly price"), though a CPU run's 8 simulated devices cost one host."""
+    from shardbench.report.cost import cost_note
+
+    def priced(name: str, row_name: str, count: int) -> ReportedRun:
+        made = rec(name, 10.0) | {"cost": {"device": row_name, "devices": count, "on_demand_usd": 1.0,
+                                           "prices": "packaged"}}
+        return reported(row(name, {}, made))
+
+    note = cost_note([priced("a", "cpu", 1), priced("b", "tpu-v3", 4), priced("c", "h100", 8)])
+    assert note == (" Cost per epoch is steps per epoch x median step x the row's hourly price x the hosts, chips or "
+                    "devices it is for (row cpu: per host; row h100: per device; row tpu-v3: per chip of 2 JAX "
+                    "devices; packaged price table: sources and dates in each record's cost.price_source and "
+                    "docs/cost.md); kWh is measured power (NVML) where the energy column says measured, else the "
+                    "table's watts.")
+
+
+def test_an_old_records_wall_clock_rate_is_marked_and_not_drawn_as_batch_over_step(tmp_path: Path) -> None:
+    """Two schema-0 records: "timed" with a 10 ms median step at batch 128 (12,800 images/s, batch over step) and
+    "untimed" without a step time, whose only figure is its wall-clock 900 images/s. The table gives 12,800 and
+    "900 (wall clock)" (900 read as batch over step before), the note says why, and the chart, whose bars are
+    batch over step, leaves a gap saying so."""
+    untimed = rec("untimed", 10.0) | {"images_per_s": 900.0}
+    untimed["measurements"]["step_time_s"] = {"median": None, "p90": None, "not_measured": "1 step"}
+    untimed["measurements"]["throughput"] = {"examples_per_s": 900.0, "examples_per_s_per_device": 112.5}
+    runs = [reported(row("timed", {}, rec("timed", 10.0))), reported(row("untimed", {}, untimed))]
+    column = next(c for c in COLUMNS if c.key == "img_s")
+    assert [column.text(r) for r in runs] == ["12,800", "900 (wall clock)"]
+    fig = plots.throughput_figure(runs)
+    assert not isinstance(fig, str)
+    assert [round(p.get_width(), 6) for p in fig.axes[0].patches] == [12_800.0, 0.0]
+    assert "wall-clock rate only (a record before schema 2 with no step time)" in [
+        t.get_text().strip() for t in fig.axes[0].texts]
+    from shardbench.report.write import wall_note
+    assert wall_note(runs) == (' Throughput marked "wall clock" (untimed) is not the batch over the median step: the '
+                               "record, written before schema 2 and without a step time, has only the epochs' "
+                               "examples over their wall time, data loading included.")
+
+
+def test_markdown_cells_and_error_messages_are_shown_literally(tmp_path: Path) -> None:
+    """A run named "_lr*2_" and a failed run whose message ends 'in <module>' and holds a `*`: report.md escapes
+    what Markdown would read as markup (the message's "<module>" rendered as an unknown HTML tag, dropped, and
+    "*2_" as emphasis), and leaves a name's inner underscores as they are."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        store.add(row("_lr*2_", {"parallel.mesh": "8x1"}, rec("_lr*2_", 10.0, mesh="8x1")))
+        store.add(row("mesh_4x2", {"parallel.mesh": "4x2"}, None,
+                      ("crash", 'File "train.py", line 3, in <module>: x * y | z')))
+    text = write_report(directory).markdown.read_text()
+    assert "| \\_lr\\*2\\_ | complete |" in text
+    assert "- `mesh_4x2`: crash: File \"train.py\", line 3, in \\<module\\>: x \\* y \\| z\n" in text
+    assert markdown_table(text)[1]["run"] == "mesh_4x2"

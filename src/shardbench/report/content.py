@@ -158,6 +158,13 @@ class ReportedRun:
         return None if value is None else int(value)
 
     @property
+    def wall_rate(self) -> bool:
+        """Its throughput figures are its record's wall-clock rate (examples over the epochs' wall time, data
+        loading included), not the global batch over the median step: a record from before schema 2 with no step
+        time (or no batch) to derive them from."""
+        return self.ok and self.rec.schema_version < 2 and not (self.step_median and self.batch)
+
+    @property
     def unit(self) -> str:
         """What throughput counts: images (vit, and records from before other models), tokens or examples."""
         return str((self.m.throughput or Throughput()).unit or "images")
@@ -323,7 +330,12 @@ class Column:
             return f"{value:,.{self.digits}f} ({run.memory[1]})"
         if self.key in ("comms_mib", "stage_mib") and not run.comms_sent:  # an older record: its payload
             return f"{value:,.{self.digits}f} (payload)"
+        if self.key in RATE_KEYS and run.wall_rate:  # an old record's wall-clock rate, not batch / median step
+            return f"{value:,.{self.digits}f} (wall clock)"
         return f"{value:,.{self.digits}f}" if self.numeric else str(value)
+
+
+RATE_KEYS = ("img_s", "img_s_device", "tokens_s", "examples_s")  # the throughput columns
 
 
 def _scaled(get: Callable[[ReportedRun], float | None], factor: float) -> Callable[[ReportedRun], float | None]:

@@ -110,7 +110,8 @@ def _strategy_legend(ax: Axes, colors: dict[str, str]) -> None:
 
 
 def _save(fig: Figure, out: Path, name: str, title: str, note: str = "") -> Chart:
-    fig.suptitle(title, fontsize=12)
+    # Wrapped to the figure's width (about 9 characters of 12 pt an inch): a narrow chart's title stays inside it.
+    fig.suptitle(textwrap.fill(title, max(30, int(9 * fig.get_figwidth()))), fontsize=12)
     path = out / f"{name}.png"
     fig.savefig(path, dpi=100)
     return Chart(name, title, path, note, clipped_texts(fig))
@@ -314,15 +315,22 @@ def peak_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
 
 def throughput_figure(runs: list[ReportedRun]) -> Figure | str:
     """The throughput chart drawn (its bars hold the figures), or why it is left out."""
-    if not any(r.rate("examples_per_s") is not None for r in runs):
+    if not any(r.rate("examples_per_s") is not None and not r.wall_rate for r in runs):
         return "Training throughput per run: left out, as no run has a step time to derive it from."
     colors = [_strategy_colors(runs)[r.strategy] for r in runs]
     fig, (total, per_device) = _figure(len(runs), columns=2)
     units = {r.unit for r in runs if r.ok}
     unit = units.pop() if len(units) == 1 else "examples"
     key = "units_per_s" if unit != "examples" else "examples_per_s"  # images: the examples (ReportedRun.rate)
-    _run_bars(total, runs, [r.rate(key) for r in runs], "{:,.0f}", colors)
-    _run_bars(per_device, runs, [r.rate(f"{key}_per_device") for r in runs], "{:,.0f}", colors)
+    # An old record's wall-clock rate is not the batch over the median step that the bars are: a gap, said why.
+    def rate(run: ReportedRun, figure: str) -> float | None:
+        return None if run.wall_rate else run.rate(figure)
+
+    def why(run: ReportedRun) -> str:
+        return "wall-clock rate only (a record before schema 2 with no step time)" if run.wall_rate else "not measured"
+
+    _run_bars(total, runs, [rate(r, key) for r in runs], "{:,.0f}", colors, why)
+    _run_bars(per_device, runs, [rate(r, f"{key}_per_device") for r in runs], "{:,.0f}", colors, why)
     total.set_xlabel(f"{unit} per second (global batch / median step)")
     per_device.set_xlabel(f"{unit} per second per device")
     _strategy_legend(per_device, _strategy_colors(runs))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
@@ -206,8 +207,33 @@ TABLE_NOTE = ("Throughput is the global batch over the median step, the same ste
               "chose them by).")
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def wall_note(runs: list[ReportedRun]) -> str:
+    """The table note's sentence on throughput figures marked "wall clock" ('' where none is)."""
+    old = [r.name for r in runs if r.wall_rate and (r.images_per_s is not None or r.rate("units_per_s") is not None)]
+    if not old:
+        return ""
+    return (f" Throughput marked \"wall clock\" ({', '.join(old)}) is not the batch over the median step: the "
+            f"record, written before schema 2 and without a step time, has only the epochs' examples over their wall "
+            f"time, data loading included.")
+
+
+# Characters that Markdown reads as markup in running text: a backslash, code spans, emphasis, links, HTML tags and
+# entities, strikethrough, and the table's own bars. Underscores are markup only at a word's edge (a_b__c is plain
+# text), so a run name's inner underscores stay as they are.
+MARKUP = re.compile(r"[\\`*\[\]<>&~|]|_+")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    text, start, end = found.string, found.start(), found.end()
+    inner = found.group(0).startswith("_") and 0 < start and end < len(text) and text[start - 1].isalnum() \
+        and text[end].isalnum()
+    return found.group(0) if inner else "".join("\\" + c for c in found.group(0))
+
+
+def md_text(text: str) -> str:
+    """`text` as Markdown shows it literally on one line: an error message's "in <module>" is not read as an HTML
+    tag (and dropped), nor "*args" as emphasis."""
+    return MARKUP.sub(_escaped, text.replace("\n", " "))
 
 
 def render_markdown(content: ReportContent) -> str:
@@ -224,11 +250,12 @@ def render_markdown(content: ReportContent) -> str:
     cols = content.columns
     lines += ["", "## Runs", "", "| " + " | ".join(c.label for c in cols) + " |",
               "|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|"]
-    lines += ["| " + " | ".join(_md_cell(c.text(run)) for c in cols) + " |" for run in content.runs]
+    lines += ["| " + " | ".join(md_text(c.text(run)) for c in cols) + " |" for run in content.runs]
     lines += ["", content.table_note]
     if content.failed:
         lines += ["", "## Failed runs", ""]
-        lines += [f"- `{r.name}`: {r.error_kind or r.status}: {r.error or 'no message'}" for r in content.failed]
+        lines += [f"- `{r.name}`: {md_text(r.error_kind or r.status)}: {md_text(r.error or 'no message')}"
+                  for r in content.failed]
     lines += ["", "## Charts"]
     for chart in content.charts:
         lines += ["", f"### {chart.title}", "", f"![{chart.title}]({chart.path.name})"]
@@ -255,7 +282,8 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     charts += plan_chart.write_chart(runs, out)  # where the planner predicted these runs
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
                             columns=shown(COLUMNS, runs), swept=swept, findings=explain(runs, swept),
-                            charts=charts, table_note=TABLE_NOTE + cost_note(runs), omitted=tuple(omitted))
+                            charts=charts, table_note=TABLE_NOTE + wall_note(runs) + cost_note(runs, prices),
+                            omitted=tuple(omitted))
     markdown, page = out / "report.md", out / "report.html"
     markdown.write_text(render_markdown(content), encoding="utf-8")
     page.write_text(html_page.render(content), encoding="utf-8")
