@@ -1,7 +1,11 @@
 """The report's findings on small made-up records whose answers are counted by hand: the plan's order within
 groups of the same work, figures from too few timed steps, what differs between runs, image sizes, SPMD styles
 and context modes compared only with their own kind, the throughput chart of old records, the dtype-role
-sentence, the mesh x batch charts' left-out runs, and an old record's zero step."""
+sentence, the mesh x batch charts' left-out runs, and an old record's zero step. Then faults an audit of the report
+found: which losses a folder's runs are compared on, groups with none to compare, folders without config.json,
+one tie rule for every section, the model state in the breakdown, failed runs in the mesh x batch charts, a
+summary.json that is not an object, empty columns, memory chart titles, the cost note, old wall-clock rates and
+Markdown escaping."""
 
 from __future__ import annotations
 
