@@ -237,14 +237,18 @@ def _context_runs() -> tuple[list[ReportedRun], list[int], dict[int, float]]:
 
 def _ring_findings(runs: list[ReportedRun], ring_ms: dict[int, float]) -> str:
     """The report's sentence on the records with the ring's median step set (ms) at each length given, through the
-    record's own dataclasses."""
+    record's own dataclasses; its p90 scaled alike, so that the record keeps its own spread (a p90 left at the old
+    median would make a spread of the gap, and the report call the two a tie)."""
     from shardbench.report.context import context_findings
 
     def timed(run: ReportedRun) -> ReportedRun:
         tokens = run.config["model.seq_len"]
         if run.config.get("parallel.context") != "ring" or tokens not in ring_ms or run.record is None:
             return run
-        steps = dataclasses.replace(run.m.step_time_s or StepTimes(), median=ring_ms[tokens] / 1e3)
+        recorded = run.m.step_time_s or StepTimes()
+        scale = ring_ms[tokens] / 1e3 / (recorded.median or ring_ms[tokens] / 1e3)
+        steps = dataclasses.replace(recorded, median=ring_ms[tokens] / 1e3,
+                                    p90=None if recorded.p90 is None else recorded.p90 * scale)
         measured = dataclasses.replace(run.m, step_time_s=steps)
         return dataclasses.replace(run, record=dataclasses.replace(run.record, measurements=measured))
 

@@ -1,7 +1,11 @@
 """The report's findings on small made-up records whose answers are counted by hand: the plan's order within
 groups of the same work, figures from too few timed steps, what differs between runs, image sizes, SPMD styles
 and context modes compared only with their own kind, the throughput chart of old records, the dtype-role
-sentence, the mesh x batch charts' left-out runs, and an old record's zero step."""
+sentence, the mesh x batch charts' left-out runs, and an old record's zero step. Then faults an audit of the report
+found: which losses a folder's runs are compared on, groups with none to compare, folders without config.json,
+one tie rule for every section, the model state in the breakdown, failed runs in the mesh x batch charts, a
+summary.json that is not an object, empty columns, memory chart titles, the cost note, old wall-clock rates and
+Markdown escaping."""
 
 from __future__ import annotations
 
@@ -10,17 +14,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from test_report import record, row
+import pytest
+
+from test_report import markdown_table, record, row
 
 from shardbench.plan.validate import Check, render, summary
 from shardbench.report import plots
-from shardbench.report.content import COLUMNS, ReportedRun, comms_measure, reported
+from shardbench.report.content import COLUMNS, ReportedRun, comms_measure, reported, shown
 from shardbench.report.context import context_findings
 from shardbench.report.findings import dtype_role_finding, spmd_findings
 from shardbench.report.plan_chart import plan_findings
 from shardbench.report.speed import speed_findings
 from shardbench.report.write import write_report
-from shardbench.store import Store
+from shardbench.store import RunRow, Store
 
 
 def rec(name: str, step_ms: float, *, steps: int = 37, p90: float = 1.0,
@@ -321,3 +327,295 @@ def test_dp_and_zero2_compare_by_the_bytes_each_device_sends_and_older_records_b
     table = {column.key: column for column in COLUMNS}
     assert (table["comms_mib"].text(dp), table["comms_mib"].text(old)) == ("14.00", "16.00 (payload)")
     assert [comms_measure(runs) for runs in ([dp, zero2], [old], [dp, old])] == ["sent", "payload", "mixed"]
+
+
+# ----------------------------------------------------------------------------- audit: the report's own faults
+def _kept_run(folder: Path, name: str, written_to: Path, losses: tuple[float, float]) -> None:
+    """A run folder as benchmarks/data keeps them (config.json, summary.json and metrics.jsonl side by side),
+    whose record and config name `written_to` as where it was first written."""
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+
+    folder.mkdir(parents=True)
+    mesh = {"a": "8x1", "b": "4x2"}[name]
+    cfg = override(get_preset("vit-tiny"), {"parallel.mesh": mesh, "train.out": str(written_to)})
+    (folder / "config.json").write_text(cfg.to_json())
+    (folder / "summary.json").write_text(json.dumps(rec(name, 10.0, mesh=mesh) | {"out": str(written_to)}))
+    (folder / "metrics.jsonl").write_text("".join(f'{{"step": {step}, "train/loss": {loss}}}\n'
+                                                  for step, loss in zip((1, 2), losses, strict=True)))
+
+
+def test_the_losses_compared_are_those_beside_each_summary_whichever_parent_is_reported(tmp_path: Path) -> None:
+    """Runs a and b kept in kept/sweep/{a,b}, first written to first/{a,b}, which still hold identical losses
+    (2.0, 1.9). The kept b logged 2.6 at step 1: its own losses are (2.6 - 2.0) / 2.6 = 2.3e-01 apart from a's
+    there, whether kept/sweep or kept is reported (reading first/ when the run's name is not a folder beside the
+    reported one made kept pass where kept/sweep failed)."""
+    for name, kept_losses in (("a", (2.0, 1.9)), ("b", (2.6, 1.9))):
+        first = tmp_path / "first" / name
+        first.mkdir(parents=True)
+        (first / "metrics.jsonl").write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.9}\n')
+        _kept_run(tmp_path / "kept" / "sweep" / name, name, first, kept_losses)
+    for reported_dir in (tmp_path / "kept" / "sweep", tmp_path / "kept"):
+        paths = write_report(reported_dir, out_dir=tmp_path / "out")
+        assert paths.differing == ("a, b differ by 2.3e-01 at step 1 (tolerance 2e-03): see the report",), reported_dir
+        assert ("a, b should be the same computation but differ: their losses are 2.3e-01 apart (relative) at step 1"
+                in paths.markdown.read_text())
+
+
+def test_a_summary_that_is_not_a_json_object_is_refused_in_one_line(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """summary.json holding [1] (valid JSON, not a record): a data error naming the file (exit 4, as a config.json
+    that is not a table of sections), not an internal error (exit 70)."""
+    import argparse
+
+    from shardbench.errors import EXIT_CODES, run_reported
+    from shardbench.report import report_cmd
+
+    folder = tmp_path / "runs" / "r1"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text("[1]")
+    parser = argparse.ArgumentParser()
+    report_cmd.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    assert run_reported(lambda: report_cmd.run(args)) == EXIT_CODES["data"] == 4
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"shardbench: error: {folder / 'summary.json'} is not a run's record (a JSON object), but a list"]
+
+
+def test_runs_past_the_compared_steps_without_logged_losses_are_said_not_compared(tmp_path: Path) -> None:
+    """Two layouts of one computation trained 1,000 steps, test losses 2.0 and 3.0: a test loss after step 200 is
+    not compared, and neither run logged a loss, so the report says the group was not compared and why (it said
+    nothing). With train losses logged at steps 10 and 20 (2.0 and 1.8 each), they are compared on those 2."""
+    def long_run(name: str, mesh: str, test_loss: float) -> RunRow:
+        made = rec(name, 10.0, mesh=mesh) | {"steps": 1000, "test_loss": test_loss}
+        return row(name, {"parallel.mesh": mesh, "train.steps": 1000}, made)
+
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        store.add(long_run("a", "8x1", 2.0))
+        store.add(long_run("b", "4x2", 3.0))
+    paths = write_report(directory)
+    assert paths.differing == ()
+    assert ("- a, b differ only in layout but their losses were not compared: they trained 1,000 steps, and a test "
+            "or last loss after step 200 is not compared, as the losses of layouts may drift apart chaotically by "
+            "then; they logged no train loss within the first 200 steps that the report found (in the metrics.jsonl "
+            "of a run's folder).") in paths.markdown.read_text()
+    for name in ("a", "b"):
+        (directory / "runs" / name).mkdir(parents=True)
+        (directory / "runs" / name / "metrics.jsonl").write_text(
+            '{"step": 10, "train/loss": 2.0}\n{"step": 20, "train/loss": 1.8}\n{"step": 900, "train/loss": 1.0}\n')
+    assert ("a, b are the same computation in different layouts: their losses differ by at most 0.0e+00 (relative, "
+            "over 2 compared losses)") in write_report(directory).markdown.read_text()
+
+
+def test_run_folders_without_config_are_ranked_by_their_records_and_never_called_one_computation(
+        tmp_path: Path) -> None:
+    """Two folders with summary.json alone: dp at 10 ms and fsdp at 25 ms per step, global batch 1,024 in their
+    records. The strategies are what was swept, the speed ranking has fsdp 2.50x slower, the batch column reads
+    1,024, and the two are not called the same computation: without config.json nothing says they train one model
+    (the report had no Speed section, said the runs shared one configuration and compared their losses)."""
+    for name, step in (("dp", 10.0), ("fsdp", 25.0)):
+        made = rec(name, step, strategy=name)
+        made["measurements"]["global_batch"] = 1024
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(made))
+    paths = write_report(tmp_path / "runs", out_dir=tmp_path / "out")
+    text = paths.markdown.read_text()
+    assert "- `parallel.strategy`: dp, fsdp\n" in text and "share one configuration" not in text
+    speed = text.split("### Speed", 1)[1].split("###", 1)[0]
+    assert "- Fastest: dp, 10.0 ms per step (ranked by median step time).\n" in speed
+    assert ("- fsdp is 2.50x slower (25.0 ms against 10.0 ms); it differs in: parallel.strategy fsdp against dp."
+            in speed)
+    assert [r["batch"] for r in markdown_table(text)] == ["1,024", "1,024"]
+    assert "are the same computation" not in text
+    assert ("- dp, fsdp were not compared with any run: their folders have no config.json, so the report knows only "
+            "the strategy, mesh, devices, SPMD style, model kind and global batch their records give, not whether "
+            "they compute what another run does (a model's shape, the data, seed, steps and precision).") in text
+
+
+def test_the_context_and_plan_sections_call_a_gap_within_the_spread_a_tie_as_the_speed_section_does() -> None:
+    """Ring 100 ms and all-gather 101 ms at 1,024 tokens, 300 and 301 ms at 2,048, every p90 1.25x its median (37
+    timed steps): gaps of 1.0% and 0.3%, within the 25% spread, which Speed calls ties; the context sentence called
+    the ring the faster at every length. Plan: a predicted fastest at 100.5 ms against b's measured 100.0 ms
+    (+0.5%, within 25%) is a tie too, not a miss."""
+    def ctx(name: str, mode: str, tokens: int, ms: float) -> ReportedRun:
+        return run(name, {"model.kind": "lm", "parallel.strategy": "cp", "parallel.context": mode,
+                          "model.seq_len": tokens, "train.batch_size": 4}, ms, p90=1.25)
+
+    runs = [ctx("ring_1k", "ring", 1024, 100.0), ctx("ag_1k", "all-gather", 1024, 101.0),
+            ctx("ring_2k", "ring", 2048, 300.0), ctx("ag_2k", "all-gather", 2048, 301.0)]
+    speed = speed_findings(runs)
+    assert speed[1].startswith("ag_1k ties with ring_1k (101.0 ms against 100.0 ms): the 1.0% difference")
+    assert speed[3].startswith("ag_2k ties with ring_2k (301.0 ms against 300.0 ms): the 0.3% difference")
+    (said,) = context_findings(runs)
+    assert said.endswith(
+        ": on this machine neither step was decidedly the faster at any length measured (tied at 1,024, 2,048 "
+        "tokens, where the two steps differ by less than the spread of their own step times, median to p90).")
+    # A tie at the shortest length and a 2x win at the longer one: the ring is the faster from 2,048 on.
+    runs[3] = ctx("ag_2k", "all-gather", 2048, 600.0)
+    assert context_findings(runs)[0].endswith(
+        "the ring overtakes the all-gather from 2,048 tokens on (its step was tied at 1,024 tokens, where the two "
+        "steps differ by less than the spread of their own step times, median to p90).")
+    planned = [run("a", {"parallel.mesh": "8x1"}, 100.5, 1.0, p90=1.25),
+               run("b", {"parallel.mesh": "4x2"}, 100.0, 2.0, p90=1.25)]
+    assert speed_findings(planned)[1].startswith("a ties with b (100.5 ms against 100.0 ms)")
+    assert plan_findings(planned)[0].endswith(
+        "the plan's fastest, a, ties with the fastest measured, b (100.5 against 100.0 ms, +0.5%, within the spread "
+        "of their step times, median to p90, up to 25.0%).")
+
+
+def test_the_memory_breakdown_holds_the_model_state_so_its_total_is_memory_per_device(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model of your own with 50 MiB of BatchNorm statistics and RNG state beside parameters 1, optimizer 2,
+    gradients 1, activations 1 and 3 MiB of other outputs: compiled total 58 MiB. The stacked bar ends at 58.0
+    (it ended at 8.0, the model state left out) and the table gives model state 50.0 MiB; a built-in model's 0
+    draws and shows none."""
+    made = rec("own", 10.0)
+    made["measurements"]["memory"]["breakdown"] |= {"model_state_bytes": 50 * 2**20, "other_bytes": 3 * 2**20}
+    made["measurements"]["memory"]["total_bytes"] = 58 * 2**20
+    own = reported(row("own", {}, made))
+    drawn: dict[str, Any] = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, out, name, title, note="": drawn.setdefault(name, fig))
+    plots.memory_breakdown([own], tmp_path)
+    ax = drawn["memory_breakdown"].axes[0]
+    assert own.memory == (58.0, "compiled") and [t.get_text() for t in ax.texts] == [" 58.0", "dp"]
+    assert "model state (BatchNorm statistics, RNG)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    column = next(c for c in COLUMNS if c.key == "model_state_mib")
+    assert column.text(own) == "50.0" and column in shown(COLUMNS, [own])
+    plain = rec("vit", 10.0)
+    plain["measurements"]["memory"]["breakdown"]["model_state_bytes"] = 0
+    builtin = reported(row("vit", {}, plain))
+    drawn.clear()
+    plots.memory_breakdown([builtin], tmp_path)
+    assert "model state (BatchNorm statistics, RNG)" not in [
+        t.get_text() for t in drawn["memory_breakdown"].axes[0].get_legend().get_texts()]
+    assert column not in shown(COLUMNS, [builtin])
+
+
+def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Meshes 8x1 and 4x2 x batches 64 and 256, the 4x2 run at batch 256 out of memory, and a run at batch 1,024
+    (no bar has that batch) out of memory too: the first keeps its cell (mesh 1, second batch of two: x = 1 - 0.4
+    + 0.4 x 1.5 = 1.2) as a gap labelled 'failed (oom)', the second is named in the caption (both were dropped
+    without a word)."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for mesh in ("8x1", "4x2"):
+            for batch in (64, 256):
+                name = f"mesh_{mesh}_batch_{batch}"
+                over = {"parallel.mesh": mesh, "train.batch_size": batch}
+                failed = ("oom", "RESOURCE_EXHAUSTED") if (mesh, batch) == ("4x2", 256) else None
+                store.add(row(name, over, None if failed else rec(name, batch / 8, mesh=mesh), failed))
+        store.add(row("mesh_8x1_batch_1024", {"parallel.mesh": "8x1", "train.batch_size": 1024}, None,
+                      ("oom", "RESOURCE_EXHAUSTED")))
+    drawn: dict[str, Any] = {}
+    save = plots._save
+
+    def spy(fig: Any, out: Path, name: str, title: str, note: str = "") -> Any:
+        drawn[name] = fig
+        return save(fig, out, name, title, note)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    paths = write_report(directory)
+    caption = ("No bar, a labelled gap: mesh_4x2_batch_256, failed (oom). Not drawn, at a mesh or batch size no bar "
+               "has: mesh_8x1_batch_1024, failed (oom) (mesh 8x1, batch 1024).")
+    for name in ("mesh_batch_epoch_time", "mesh_batch_memory"):
+        ax = drawn[name].axes[0]
+        assert [(t.get_text(), round(t.get_position()[0], 6)) for t in ax.texts if "failed" in t.get_text()] == [
+            (" failed (oom)", 1.2)]
+        assert len(ax.patches) == 3
+    text = paths.markdown.read_text()
+    assert text.count(caption) == 2 and paths.clipped == {}
+
+
+def test_columns_no_run_has_are_left_out(tmp_path: Path) -> None:
+    """Two runs of part of an epoch each (no epoch time), no MFU and no test accuracy: the table has no "epoch
+    time s", "MFU %" or "test acc %" column (each was a column of dashes), and every column it has holds a value
+    in some row."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for name, mesh in (("a", "8x1"), ("b", "4x2")):
+            made = rec(name, 10.0, mesh=mesh) | {"test_accuracy": None}
+            made["measurements"]["mfu"] = {"mfu": None, "not_measured": "no peak FLOP/s is known for cpu"}
+            store.add(row(name, {"parallel.mesh": mesh}, made))
+    table = markdown_table(write_report(directory).markdown.read_text())
+    assert not {"epoch time s", "MFU %", "test acc %"} & set(table[0])
+    assert {"step ms median", "memory/device MiB", "test loss"} <= set(table[0])
+    assert all(any(r[label] != "–" for r in table) for label in table[0])
+
+
+def test_memory_charts_are_titled_by_what_their_bars_are(tmp_path: Path) -> None:
+    """Runs on CPU report no runtime peak: their bars are XLA's compiled totals, and the charts say so (both were
+    titled "Peak memory"); a run with a peak of 12.5 MiB is a runtime peak; the two together are said both."""
+    def one(name: str, peak: float | None, mesh: str = "8", batch: int = 128) -> ReportedRun:
+        made = rec(name, 10.0, mesh=mesh)
+        made["measurements"]["memory"]["peak_bytes_in_use"] = None if peak is None else int(peak * 2**20)
+        return reported(row(name, {"parallel.mesh": mesh, "train.batch_size": batch}, made))
+
+    def title(runs: list[ReportedRun]) -> str:
+        chart = plots.peak_memory(runs, tmp_path)
+        assert not isinstance(chart, str)
+        return chart.title
+
+    assert title([one("cpu", None)]) == "Compiled memory total per device per run"
+    assert title([one("gpu", 12.5)]) == "Runtime peak memory per device per run"
+    assert title([one("gpu", 12.5), one("cpu", None)]) == \
+        "Memory per device per run (runtime peak; hatched: compiled total)"
+    grid = [one(f"m{mesh}_b{batch}", None, mesh, batch) for mesh in ("8x1", "4x2") for batch in (64, 256)]
+    chart = plots.mesh_batch_memory(grid, tmp_path)
+    assert not isinstance(chart, str) and chart.title == "Compiled memory total per device per mesh and batch size"
+    assert chart.clipped == ()  # the title wraps to the narrow figure's width
+
+
+def test_the_cost_note_says_what_each_rows_price_is_for() -> None:
+    """The packaged cpu row is priced per host, tpu-v3's per chip (two JAX devices each), h100's per device: the
+    note named none of it ("x devices x the hourly price"), though a CPU run's 8 simulated devices cost one host."""
+    from shardbench.report.cost import cost_note
+
+    def priced(name: str, row_name: str, count: int) -> ReportedRun:
+        made = rec(name, 10.0) | {"cost": {"device": row_name, "devices": count, "on_demand_usd": 1.0,
+                                           "prices": "packaged"}}
+        return reported(row(name, {}, made))
+
+    note = cost_note([priced("a", "cpu", 1), priced("b", "tpu-v3", 4), priced("c", "h100", 8)])
+    assert note == (" Cost per epoch is steps per epoch x median step x the row's hourly price x the hosts, chips or "
+                    "devices it is for (row cpu: per host; row h100: per device; row tpu-v3: per chip of 2 JAX "
+                    "devices; packaged price table: sources and dates in each record's cost.price_source and "
+                    "docs/cost.md); kWh is measured power (NVML) where the energy column says measured, else the "
+                    "table's watts.")
+
+
+def test_an_old_records_wall_clock_rate_is_marked_and_not_drawn_as_batch_over_step(tmp_path: Path) -> None:
+    """Two schema-0 records: "timed" with a 10 ms median step at batch 128 (12,800 images/s, batch over step) and
+    "untimed" without a step time, whose only figure is its wall-clock 900 images/s. The table gives 12,800 and
+    "900 (wall clock)" (900 read as batch over step before), the note says why, and the chart, whose bars are
+    batch over step, leaves a gap saying so."""
+    untimed = rec("untimed", 10.0) | {"images_per_s": 900.0}
+    untimed["measurements"]["step_time_s"] = {"median": None, "p90": None, "not_measured": "1 step"}
+    untimed["measurements"]["throughput"] = {"examples_per_s": 900.0, "examples_per_s_per_device": 112.5}
+    runs = [reported(row("timed", {}, rec("timed", 10.0))), reported(row("untimed", {}, untimed))]
+    column = next(c for c in COLUMNS if c.key == "img_s")
+    assert [column.text(r) for r in runs] == ["12,800", "900 (wall clock)"]
+    fig = plots.throughput_figure(runs)
+    assert not isinstance(fig, str)
+    assert [round(p.get_width(), 6) for p in fig.axes[0].patches] == [12_800.0, 0.0]
+    assert "wall-clock rate only (a record before schema 2 with no step time)" in [
+        t.get_text().strip() for t in fig.axes[0].texts]
+    from shardbench.report.write import wall_note
+    assert wall_note(runs) == (' Throughput marked "wall clock" (untimed) is not the batch over the median step: the '
+                               "record, written before schema 2 and without a step time, has only the epochs' "
+                               "examples over their wall time, data loading included.")
+
+
+def test_markdown_cells_and_error_messages_are_shown_literally(tmp_path: Path) -> None:
+    """A run named "_lr*2_" and a failed run whose message ends 'in <module>' and holds a `*`: report.md escapes
+    what Markdown would read as markup (the message's "<module>" rendered as an unknown HTML tag, dropped, and
+    "*2_" as emphasis), and leaves a name's inner underscores as they are."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        store.add(row("_lr*2_", {"parallel.mesh": "8x1"}, rec("_lr*2_", 10.0, mesh="8x1")))
+        store.add(row("mesh_4x2", {"parallel.mesh": "4x2"}, None,
+                      ("crash", 'File "train.py", line 3, in <module>: x * y | z')))
+    text = write_report(directory).markdown.read_text()
+    assert "| \\_lr\\*2\\_ | complete |" in text
+    assert "- `mesh_4x2`: crash: File \"train.py\", line 3, in \\<module\\>: x \\* y \\| z\n" in text
+    assert markdown_table(text)[1]["run"] == "mesh_4x2"

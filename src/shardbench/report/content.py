@@ -52,6 +52,10 @@ class ReportedRun:
     predicted: dict[str, Any] | None = None  # the planner's prediction of this run (`shardbench plan --validate`)
     losses: tuple[tuple[int, float], ...] | None = None  # (step, train loss) as logged, where the run folder has them
     bubble: float | None = None  # pipeline stages: the bubble measured against a one-stage run (report.pipeline)
+    folder: Path | None = None  # the folder its summary.json lies in, for a run read from a folder of runs
+    # False for a run folder without config.json: its settings are the few its record gives (strategy, mesh,
+    # devices, spmd, model kind, global batch), too few to say that two runs compute the same thing.
+    configured: bool = True
 
     @property
     def ok(self) -> bool:
@@ -147,8 +151,18 @@ class ReportedRun:
 
     @property
     def batch(self) -> int | None:
+        """The global batch: as configured, else as the record measured it (a run folder without config.json)."""
         value = number(self.config.get("train.batch_size"))
+        if value is None:
+            value = number(self.m.global_batch)
         return None if value is None else int(value)
+
+    @property
+    def wall_rate(self) -> bool:
+        """Its throughput figures are its record's wall-clock rate (examples over the epochs' wall time, data
+        loading included), not the global batch over the median step: a record from before schema 2 with no step
+        time (or no batch) to derive them from."""
+        return self.ok and self.rec.schema_version < 2 and not (self.step_median and self.batch)
 
     @property
     def unit(self) -> str:
@@ -210,7 +224,8 @@ class ReportedRun:
         return (peak, "peak") if peak is not None else (_mib(memory.total_bytes), "compiled")
 
     def part(self, name: str) -> float | None:
-        """One entry of the memory breakdown in MiB: params, optimizer, gradients, activations_temporaries, other."""
+        """One entry of the memory breakdown in MiB: params, optimizer, model_state, gradients,
+        activations_temporaries, other."""
         return _mib(getattr((self.m.memory or Memory()).breakdown or Breakdown(), f"{name}_bytes"))
 
     @property
@@ -304,7 +319,7 @@ class Column:
     numeric: bool
     value: Callable[[ReportedRun], Any]
     digits: int = 1
-    optional: bool = False  # shown only when some run has a value (e.g. tokens/s only for language models)
+    optional: bool = False  # hidden also where every value is `usual` (every column is hidden where none has one)
     usual: Any = None  # an optional column whose every value is this one is not shown either (e.g. spmd jit)
 
     def text(self, run: ReportedRun) -> str:
@@ -315,7 +330,12 @@ class Column:
             return f"{value:,.{self.digits}f} ({run.memory[1]})"
         if self.key in ("comms_mib", "stage_mib") and not run.comms_sent:  # an older record: its payload
             return f"{value:,.{self.digits}f} (payload)"
+        if self.key in RATE_KEYS and run.wall_rate:  # an old record's wall-clock rate, not batch / median step
+            return f"{value:,.{self.digits}f} (wall clock)"
         return f"{value:,.{self.digits}f}" if self.numeric else str(value)
+
+
+RATE_KEYS = ("img_s", "img_s_device", "tokens_s", "examples_s")  # the throughput columns
 
 
 def _scaled(get: Callable[[ReportedRun], float | None], factor: float) -> Callable[[ReportedRun], float | None]:
@@ -357,6 +377,7 @@ COLUMNS: tuple[Column, ...] = (
            lambda r: _mib((r.predicted or {}).get("total_bytes")), optional=True),
     Column("params_mib", "params MiB", True, lambda r: r.part("params")),
     Column("optimizer_mib", "optimizer MiB", True, lambda r: r.part("optimizer")),
+    Column("model_state_mib", "model state MiB", True, lambda r: r.part("model_state"), optional=True, usual=0.0),
     Column("gradients_mib", "gradients MiB", True, lambda r: r.part("gradients")),
     Column("activations_mib", "activations MiB", True, lambda r: r.part("activations_temporaries")),
     Column("comms_mib", "comms/step MiB", True, lambda r: r.comms_mib, 2),
@@ -378,8 +399,10 @@ COLUMNS: tuple[Column, ...] = (
 
 
 def shown(columns: tuple[Column, ...], runs: list[ReportedRun]) -> tuple[Column, ...]:
-    """The columns to show for `runs`: optional ones only where some run has a value."""
-    return tuple(c for c in columns if not c.optional or any(c.value(r) not in (None, "", c.usual) for r in runs))
+    """The columns to show for `runs`: those in which some run has a value (a column of dashes says nothing the
+    table note does not), an optional one only where some value is not its usual one."""
+    return tuple(c for c in columns
+                 if any(c.value(r) not in (None, "", c.usual if c.optional else None) for r in runs))
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,19 @@
 memory against the all-gather's, and the shortest length from which the ring is the faster of the two on the
 machine the runs ran on (the `long-context` preset). A ring run is paired with the all-gather run whose settings
 are its own but for `parallel.context`; runs that differ in anything else but the sequence length (a batch size,
-a mesh) are another series, said apart. A gap within `speed.FEW_STEPS_MARGIN` between figures from fewer than
-`speed.MIN_MEASURED_STEPS` timed steps is undecided: it makes the ring neither the faster nor the slower."""
+a mesh) are another series, said apart. The two are ranked by the Speed section's rule (`speed.verdict`), so that
+the sections never contradict each other: a gap within the spread of their step times (median to p90) is a tie,
+and a gap within `speed.FEW_STEPS_MARGIN` between figures from fewer than `speed.MIN_MEASURED_STEPS` timed steps is
+undecided; either makes the ring neither the faster nor the slower."""
 
 from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING
 
-from shardbench.report.speed import FEW_STEPS_MARGIN, MIN_MEASURED_STEPS, steps_note, undecided
+from shardbench.report.speed import (
+    APART, FEW_STEPS_MARGIN, MIN_MEASURED_STEPS, TIE, UNDECIDED, steps_note, verdict,
+)
 
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
@@ -69,10 +73,14 @@ def context_findings(runs: list[ReportedRun]) -> list[str]:
     return sentences
 
 
-def _gap(ring: ReportedRun, gathered: ReportedRun) -> float:
-    """How much slower the all-gather's step is than the ring's, relative to the ring's (negative: faster)."""
+def _ranked(ring: ReportedRun, gathered: ReportedRun) -> str:
+    """'faster' or 'slower' (the ring's step against the all-gather's), or speed.verdict's TIE or UNDECIDED, judged
+    on the slower step over the faster, as the Speed section judges them."""
     r, g = ring.step_median or 0.0, gathered.step_median or 0.0
-    return g / r - 1.0 if r else 0.0
+    if not r or not g:
+        return UNDECIDED
+    ranked = verdict(ring, gathered, max(r, g) / min(r, g) - 1.0)
+    return ranked if ranked != APART else "faster" if r < g else "slower"
 
 
 def _sentence(pairs: list[Pair], by_length: dict[int, dict[str, ReportedRun]], name: str) -> str:
@@ -82,14 +90,14 @@ def _sentence(pairs: list[Pair], by_length: dict[int, dict[str, ReportedRun]], n
         parts.append(f"{t:,} tokens: ring {r * 1e3:,.1f} ms, all-gather {g * 1e3:,.1f} ms "
                      f"({_mib(ring.m.memory.total_bytes if ring.m.memory else None)} against "
                      f"{_mib(gathered.m.memory.total_bytes if gathered.m.memory else None)} per device)")
-    open_ = [t for t, ring, gathered in pairs if undecided(ring, gathered, _gap(ring, gathered))]
-    faster = [t for t, ring, gathered in pairs if t not in open_ and _gap(ring, gathered) > 0]
-    verdict = _crossover([t for t, _, _ in pairs], faster, open_)
+    ranked = {t: _ranked(ring, gathered) for t, ring, gathered in pairs}
+    faster, open_, tied = ([t for t, said in ranked.items() if said == kind] for kind in ("faster", UNDECIDED, TIE))
+    verdict_ = _crossover([t for t, _, _ in pairs], faster, open_, tied)
     steps = steps_note([r for _, ring, gathered in pairs for r in (ring, gathered)])
     timed = f" (figures {steps})" if steps else ""
     where = f" ({name})" if name else ""
     return (f"Context parallelism{where}, step time (median) and compiled memory per device by sequence length"
-            f"{timed}: {'; '.join(parts)}: on this machine {verdict}.{_alone(by_length)}")
+            f"{timed}: {'; '.join(parts)}: on this machine {verdict_}.{_alone(by_length)}")
 
 
 def _tokens(lengths: list[int]) -> str:
@@ -101,33 +109,48 @@ def _undecided_note(lengths: list[int]) -> str:
             f"of each other from fewer than {MIN_MEASURED_STEPS} timed steps")
 
 
-def _crossover(lengths: list[int], faster: list[int], open_: list[int] | None = None) -> str:
+def _tie_note(lengths: list[int]) -> str:
+    return (f"tied at {_tokens(lengths)} tokens, where the two steps differ by less than the spread of their own "
+            f"step times, median to p90")
+
+
+def _notes(open_: list[int], tied: list[int]) -> list[str]:
+    return ([_tie_note(tied)] if tied else []) + ([_undecided_note(open_)] if open_ else [])
+
+
+def _crossover(lengths: list[int], faster: list[int], open_: list[int] | None = None,
+               tied: list[int] | None = None) -> str:
     """Where the ring overtakes the all-gather: the shortest of the `lengths` (ascending, both modes ran) at which
-    the ring's step is decidedly the faster (`faster`) and, at every longer one, the faster or undecided; the
-    shortest itself, or none. `open_` are the lengths where the gap is undecided: they count neither way, and are
-    said wherever they fall, as are the wins before a crossover."""
-    open_ = open_ or []
-    overtakes = next((t for t in lengths if t in faster and all(u in faster or u in open_ for u in lengths if u > t)),
+    the ring's step is decidedly the faster (`faster`) and, at every longer one, the faster, tied or undecided; the
+    shortest itself, or none. `open_` are the lengths where the gap is undecided and `tied` those where it is
+    within the runs' spread (`speed.verdict`): they count neither way, and are said wherever they fall, as are the
+    wins before a crossover."""
+    open_, tied = open_ or [], tied or []
+    neither = open_ + tied
+    notes = _notes(open_, tied)
+    if not faster and all(t in neither for t in lengths):
+        return f"neither step was decidedly the faster at any length measured ({'; '.join(notes)})"
+    overtakes = next((t for t in lengths if t in faster and all(u in faster or u in neither for u in lengths if u > t)),
                      None)
     if overtakes == lengths[0]:
-        if not open_:
+        if not notes:
             return f"the ring's step was the faster at every length measured, from the shortest, {overtakes:,} tokens"
         return (f"the ring's step was the faster from the shortest length measured, {overtakes:,} tokens, on (it was "
-                f"{_undecided_note(open_)})")
+                f"{'; '.join(notes)})")
     if overtakes is not None:
-        slower = [t for t in lengths if t < overtakes and t not in faster and t not in open_]
+        slower = [t for t in lengths if t < overtakes and t not in faster and t not in neither]
         won = [t for t in faster if t < overtakes]
         said = [f"not the faster at {_tokens(slower)} tokens"] if slower else []
         said += [f"also the faster at {_tokens(won)} tokens"] if won else []
-        said += [_undecided_note(open_)] if open_ else []
+        said += notes
         return f"the ring overtakes the all-gather from {overtakes:,} tokens on (its step was {', '.join(said)})"
     span = f"{lengths[0]:,} to {lengths[-1]:,} tokens" if len(lengths) > 1 else f"{lengths[0]:,} tokens"
-    verdict = f"the ring never overtakes the all-gather within the lengths measured ({span})"
+    verdict_ = f"the ring never overtakes the all-gather within the lengths measured ({span})"
     if faster:  # faster somewhere, but not at the longest: no crossover to speak of
-        verdict += f": its step was the faster at {_tokens(faster)} tokens, not at {lengths[-1]:,}"
-    if open_:
-        verdict += f" ({_undecided_note(open_)})"
-    return verdict
+        verdict_ += f": its step was the faster at {_tokens(faster)} tokens, not at {lengths[-1]:,}"
+    if notes:
+        verdict_ += f" ({'; '.join(notes)})"
+    return verdict_
 
 
 def _alone(by_length: dict[int, dict[str, ReportedRun]]) -> str:

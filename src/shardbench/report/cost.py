@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from shardbench.hardware import BY_NAME
 from shardbench.measure.energy import Window
 from shardbench.measure.run_record import Cost, RunRecord
 from shardbench.prices import PriceTable, load_prices, run_cost
@@ -107,18 +108,33 @@ COST_COLUMNS: tuple[tuple[str, str, bool, int, Callable[[ReportedRun], object]],
 )
 
 
-def cost_note(runs: list[ReportedRun]) -> str:
-    """The table note's sentence on cost: which price table and rows, and how energy was had."""
+def priced_by(row: str, table: PriceTable) -> str:
+    """What a price row's hourly price is for, as the pricing counts it (`prices.priced_count`): a host for a row
+    priced per host (the packaged cpu row), a chip where a chip is several JAX devices (TPU v2 and v3), else a
+    device."""
+    price = table.devices.get(row)
+    if price is not None and price.per == "host":
+        return "per host"
+    chip = BY_NAME.get(row)
+    if chip is not None and chip.devices_per_chip > 1:
+        return f"per chip of {chip.devices_per_chip} JAX devices"
+    return "per device"
+
+
+def cost_note(runs: list[ReportedRun], table: PriceTable | None = None) -> str:
+    """The table note's sentence on cost: which price table and rows, what each row's price is for (`table`, the
+    --prices table, else the packaged one, says which rows are priced per host), and how energy was had."""
     costs = [cost(r) for r in runs if r.ok and cost(r).on_demand_usd is not None]
     if not costs:
         return ""
     tables = sorted({c.prices or "packaged" for c in costs})
-    rows = sorted({c.device or "?" for c in costs})
+    table = table or load_prices()
+    rows = "; ".join(f"row {row}: {priced_by(row, table)}" for row in sorted({c.device or "?" for c in costs}))
     # The page stays offline (no links): the rows' sources and dates are in each record's cost.price_source.
-    return (f" Cost per epoch is steps per epoch x median step x devices x the hourly price ({', '.join(tables)} "
-            f"price table, row{'s' if len(rows) > 1 else ''} {', '.join(rows)}: sources and dates in each record's "
+    return (f" Cost per epoch is steps per epoch x median step x the row's hourly price x the hosts, chips or "
+            f"devices it is for ({rows}; {', '.join(tables)} price table: sources and dates in each record's "
             f"cost.price_source and docs/cost.md); kWh is measured power (NVML) where the energy column says "
             f"measured, else the table's watts.")
 
 
-__all__ = ["COST_COLUMNS", "cost_note", "priced", "with_costs"]
+__all__ = ["COST_COLUMNS", "cost_note", "priced", "priced_by", "with_costs"]

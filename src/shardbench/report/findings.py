@@ -94,7 +94,7 @@ def precision_findings(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> 
     """One sentence per pair of complete runs that differ only in parameter and/or compute dtype."""
     groups: dict[str, list[ReportedRun]] = {}
     for run in runs:
-        if run.ok and run.settings:
+        if run.ok and run.configured and run.settings:  # a record's few settings would group other models
             rest = {k: v for k, v in run.settings.items() if k not in PRECISION_KEYS}
             groups.setdefault(json.dumps(rest, sort_keys=True, default=str), []).append(run)
     sentences = []
@@ -234,7 +234,7 @@ def spmd_findings(runs: list[ReportedRun]) -> list[str]:
     step time, memory and collectives against jit's. Runs that differ in anything else (a batch, a mesh) are
     another group, said apart."""
     groups: dict[str, list[ReportedRun]] = {}
-    for run in (r for r in runs if r.ok):
+    for run in (r for r in runs if r.ok and r.configured):  # not a run whose settings are its record's few
         rest = {k: v for k, v in run.settings.items() if k != "parallel.spmd"}
         groups.setdefault(json.dumps(rest, sort_keys=True, default=str), []).append(run)
     groups = {k: g for k, g in groups.items() if len({_style(r) for r in g}) > 1}

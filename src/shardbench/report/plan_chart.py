@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from shardbench.report.kendall import describe_tau, kendall_tau
 from shardbench.report.content import Chart, number
 from shardbench.report.plots import BESIDE, NOTE_WIDTH, _save, _strategy_colors
-from shardbench.report.speed import Model, comparable, label, steps_note, undecided
+from shardbench.report.speed import TIE, UNDECIDED, Model, comparable, label, noise, steps_note, verdict
 
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
@@ -127,12 +127,18 @@ def _group_sentence(pairs: list[Pair], name: str) -> str:
     top = min(pairs, key=lambda pair: pair[1])
     best = min(pairs, key=lambda pair: pair[2])
     gap = (top[2] - best[2]) / best[2]
-    if top[0] is not best[0] and undecided(top[0], best[0], gap):
+    # Ranked by the Speed section's rule (speed.verdict): a gap it calls a tie or undecided is one here too.
+    ranked = verdict(top[0], best[0], gap) if top[0] is not best[0] else None
+    if ranked == UNDECIDED:
         return (f"{head}; the plan's fastest, {top[0].name}, against the fastest measured, {best[0].name}, is "
                 f"undecided ({1e3 * top[2]:,.1f} against {1e3 * best[2]:,.1f} ms, {gap:+.1%}, "
                 f"{steps_note([top[0], best[0]])}).")
+    if ranked == TIE:
+        return (f"{head}; the plan's fastest, {top[0].name}, ties with the fastest measured, {best[0].name} "
+                f"({1e3 * top[2]:,.1f} against {1e3 * best[2]:,.1f} ms, {gap:+.1%}, within the spread of their step "
+                f"times, median to p90, up to {noise(top[0], best[0]):.1%}).")
     fastest = (f"the plan's fastest, {top[0].name}, was also the fastest measured ({1e3 * best[2]:,.1f} ms)"
                if top[0] is best[0] else
                f"the plan's fastest, {top[0].name}, measured {1e3 * top[2]:,.1f} ms against the fastest measured, "
-               f"{best[0].name}, {1e3 * best[2]:,.1f} ms ({(top[2] - best[2]) / best[2]:+.1%})")
+               f"{best[0].name}, {1e3 * best[2]:,.1f} ms ({gap:+.1%})")
     return f"{head}; {fastest}."

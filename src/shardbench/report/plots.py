@@ -23,8 +23,12 @@ if TYPE_CHECKING:
 
 PALETTE = ("#4878d0", "#ee854a", "#6acc64", "#d65f5f", "#956cb4", "#8c613c", "#dc7ec0", "#797979", "#d5bb67",
            "#82c6e2")
-BREAKDOWN = (("params", "parameters"), ("optimizer", "optimizer state"), ("gradients", "gradients"),
+# Every part of the compiled total (run_record.Breakdown), so that a bar's total is the run's memory/device: a model
+# of your own's BatchNorm statistics and RNG streams too. Parts no run has (0 for the built-in models) are not drawn.
+BREAKDOWN = (("params", "parameters"), ("optimizer", "optimizer state"),
+             ("model_state", "model state (BatchNorm statistics, RNG)"), ("gradients", "gradients"),
              ("activations_temporaries", "activations / temporaries"), ("other", "batch and other outputs"))
+OPTIONAL_PARTS = ("model_state", "other")
 NOTE_WIDTH = 110  # characters per line of a chart's note, so that it fits the figure
 # The most characters of a run's name on a chart's axis; a longer name (a sweep's names reach 200) keeps its start
 # and its end (where a long name's hash is) around an ellipsis, and the report's table gives it whole.
@@ -106,7 +110,8 @@ def _strategy_legend(ax: Axes, colors: dict[str, str]) -> None:
 
 
 def _save(fig: Figure, out: Path, name: str, title: str, note: str = "") -> Chart:
-    fig.suptitle(title, fontsize=12)
+    # Wrapped to the figure's width (about 9 characters of 12 pt an inch): a narrow chart's title stays inside it.
+    fig.suptitle(textwrap.fill(title, max(30, int(9 * fig.get_figwidth()))), fontsize=12)
     path = out / f"{name}.png"
     fig.savefig(path, dpi=100)
     return Chart(name, title, path, note, clipped_texts(fig))
@@ -184,27 +189,41 @@ def _mesh(run: ReportedRun) -> str:
 
 def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: str,
              value: Callable[[ReportedRun], float | None], hatched: Callable[[ReportedRun], bool], note: str) -> Chart | str:
-    """The seeds' layout: one group of bars per mesh, one bar per batch size (vertical, as drawn by hand)."""
+    """The seeds' layout: one group of bars per mesh, one bar per batch size (vertical, as drawn by hand). A run
+    with no bar (failed, such as out of memory, or without the figure) keeps its cell as a labelled gap, and the
+    caption names it, as it does a failed run at a mesh or batch size no bar has."""
     meshes = list(dict.fromkeys(_mesh(r) for r in runs if r.ok))
     batches = sorted({r.batch for r in runs if r.ok and r.batch})
     cells, left_out = _cells(runs, value)
     if len(meshes) < 2 or len(batches) < 2 or not cells:
         return ""
+    gaps = _gaps(runs, cells, value)  # a failed run has its cell by its configured mesh and batch
+    inside = {cell: run for cell, run in gaps.items() if cell[0] in meshes and cell[1] in batches}
+    outside = [run for cell, run in gaps.items() if cell not in inside]
     # Said under the chart (the figure is too narrow for a list of names).
-    caption = " ".join(filter(None, [note, f"One bar per mesh and batch size: left out, as another run has its "
-                                           f"mesh and batch (the first is drawn): {', '.join(left_out)}."
-                                     if left_out else ""]))
+    caption = " ".join(filter(None, [
+        note, f"One bar per mesh and batch size: left out, as another run has its mesh and batch (the first is "
+              f"drawn): {', '.join(left_out)}." if left_out else "",
+        "No bar, a labelled gap: " + "; ".join(f"{r.name}, {_gap_text(r)}" for r in inside.values()) + "."
+        if inside else "",
+        "Not drawn, at a mesh or batch size no bar has: " + "; ".join(
+            f"{r.name}, {_gap_text(r)} (mesh {_mesh(r)}, batch {r.batch or '?'})" for r in outside) + "."
+        if outside else ""]))
     fig = Figure(figsize=(2.0 + 1.3 * len(meshes) * max(1, len(batches) / 2), 4.2), dpi=100, layout="constrained")
     ax = fig.subplots()
     width = 0.8 / len(batches)
     for i, batch in enumerate(batches):
         xs, heights, hatches = [], [], []
         for j, mesh in enumerate(meshes):
+            x = j - 0.4 + width * (i + 0.5)
             run = cells.get((mesh, batch))
             if run is not None:
-                xs.append(j - 0.4 + width * (i + 0.5))
+                xs.append(x)
                 heights.append(value(run) or 0.0)
                 hatches.append(hatched(run))
+            elif (mesh, batch) in inside:
+                ax.text(x, 0, f" {_gap_text(inside[mesh, batch])}", rotation=90, ha="center", va="bottom", fontsize=7,
+                        color="#666666", style="italic")
         bars = ax.bar(xs, heights, width=width * 0.95, color=PALETTE[i % len(PALETTE)], label=f"batch {batch}")
         for bar, hatch in zip(bars, hatches, strict=True):
             if hatch:
@@ -233,6 +252,21 @@ def _cells(runs: list[ReportedRun], value: Callable[[ReportedRun], float | None]
     return cells, left_out
 
 
+def _gap_text(run: ReportedRun) -> str:
+    """What a gap in the mesh x batch charts says: the failure ('failed (oom)'), or that the figure is missing."""
+    return run.label if not run.ok else "not measured"
+
+
+def _gaps(runs: list[ReportedRun], cells: dict[tuple[str, int | None], ReportedRun],
+          value: Callable[[ReportedRun], float | None]) -> dict[tuple[str, int | None], ReportedRun]:
+    """The first run of each (mesh, batch) cell that no bar fills: a failed run, or one without the figure."""
+    gaps: dict[tuple[str, int | None], ReportedRun] = {}
+    for run in runs:
+        if (not run.ok or value(run) is None) and (_mesh(run), run.batch) not in cells:
+            gaps.setdefault((_mesh(run), run.batch), run)
+    return gaps
+
+
 def mesh_batch_epoch(runs: list[ReportedRun], out: Path) -> Chart | str:
     projected = any(r.epoch_projected_s is not None for r in runs if r.ok)
     return _grouped(runs, out, "mesh_batch_epoch_time", "Epoch time per mesh and batch size",
@@ -240,21 +274,32 @@ def mesh_batch_epoch(runs: list[ReportedRun], out: Path) -> Chart | str:
                     lambda r: r.epoch_projected_s is not None, PROJECTED_NOTE if projected else "")
 
 
+def memory_title(sources: set[str], per: str) -> str:
+    """A memory chart's title by what its bars are: the runtime peak, XLA's compiled total, or both (the compiled
+    ones hatched), so that no chart of compiled totals is called a peak."""
+    if sources == {"peak"}:
+        return f"Runtime peak memory per device {per}"
+    if sources == {"compiled"}:
+        return f"Compiled memory total per device {per}"
+    return f"Memory per device {per} (runtime peak; hatched: compiled total)"
+
+
 def mesh_batch_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
     sources = {r.memory[1] for r in runs if r.ok and r.memory[0] is not None}
     label = "MiB per device: " + ("runtime peak" if sources == {"peak"} else "compiled total" if sources ==
                                   {"compiled"} else "runtime peak; hatched: compiled total")
-    return _grouped(runs, out, "mesh_batch_memory", "Peak memory per device per mesh and batch size", label,
+    return _grouped(runs, out, "mesh_batch_memory", memory_title(sources, "per mesh and batch size"), label,
                     lambda r: r.memory[0], lambda r: r.memory[1] == "compiled" and len(sources) > 1, "")
 
 
 def peak_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
     if not any(r.memory[0] is not None for r in runs):
-        return "Peak memory per run: left out, as no run reports its memory."
+        return "Memory per device per run: left out, as no run reports its memory."
     colors = _strategy_colors(runs)
     fig, (ax,) = _figure(len(runs))
     _run_bars(ax, runs, [r.memory[0] for r in runs], "{:.1f}", [colors[r.strategy] for r in runs])
     sources = {r.memory[1] for r in runs if r.memory[0] is not None}
+    title = memory_title(sources, "per run")
     if len(sources) <= 1:
         note = "" if sources else "No run reports its memory."
         ax.set_xlabel(MEMORY_LABELS[sources.pop() if sources else "compiled"])
@@ -265,20 +310,27 @@ def peak_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
         ax.set_xlabel("memory per device, MiB: runtime peak; hatched bars: compiled total (no peak reported)")
         note = "Hatched bars are XLA's compiled totals, for runs whose backend reports no runtime peak."
     _strategy_legend(ax, colors)
-    return _save(fig, out, "peak_memory", "Peak memory per device per run", note)
+    return _save(fig, out, "peak_memory", title, note)
 
 
 def throughput_figure(runs: list[ReportedRun]) -> Figure | str:
     """The throughput chart drawn (its bars hold the figures), or why it is left out."""
-    if not any(r.rate("examples_per_s") is not None for r in runs):
+    if not any(r.rate("examples_per_s") is not None and not r.wall_rate for r in runs):
         return "Training throughput per run: left out, as no run has a step time to derive it from."
     colors = [_strategy_colors(runs)[r.strategy] for r in runs]
     fig, (total, per_device) = _figure(len(runs), columns=2)
     units = {r.unit for r in runs if r.ok}
     unit = units.pop() if len(units) == 1 else "examples"
     key = "units_per_s" if unit != "examples" else "examples_per_s"  # images: the examples (ReportedRun.rate)
-    _run_bars(total, runs, [r.rate(key) for r in runs], "{:,.0f}", colors)
-    _run_bars(per_device, runs, [r.rate(f"{key}_per_device") for r in runs], "{:,.0f}", colors)
+    # An old record's wall-clock rate is not the batch over the median step that the bars are: a gap, said why.
+    def rate(run: ReportedRun, figure: str) -> float | None:
+        return None if run.wall_rate else run.rate(figure)
+
+    def why(run: ReportedRun) -> str:
+        return "wall-clock rate only (a record before schema 2 with no step time)" if run.wall_rate else "not measured"
+
+    _run_bars(total, runs, [rate(r, key) for r in runs], "{:,.0f}", colors, why)
+    _run_bars(per_device, runs, [rate(r, f"{key}_per_device") for r in runs], "{:,.0f}", colors, why)
     total.set_xlabel(f"{unit} per second (global batch / median step)")
     per_device.set_xlabel(f"{unit} per second per device")
     _strategy_legend(per_device, _strategy_colors(runs))
@@ -357,10 +409,12 @@ def memory_breakdown(runs: list[ReportedRun], out: Path) -> Chart | str:
             positions.append(y)
             y += 1.0
     fig, (ax,) = _figure(len(runs) + len(strategies))
-    parts = [(label, [r.part(key) or 0.0 for r in ordered]) for key, label in BREAKDOWN]
-    parts = [(label, values) for label, values in parts if any(values) or label != BREAKDOWN[-1][1]]
-    _stacked(ax, ordered, positions, parts, ["#4878d0", "#82c6e2", "#956cb4", "#ee854a", "#bbbbbb"],
-             lambda r: r.label if not r.ok else "no breakdown measured")
+    colors = dict(zip((key for key, _ in BREAKDOWN),
+                      ("#4878d0", "#82c6e2", "#6acc64", "#956cb4", "#ee854a", "#bbbbbb"), strict=True))
+    drawn = [(key, label, [r.part(key) or 0.0 for r in ordered]) for key, label in BREAKDOWN]
+    drawn = [(key, label, values) for key, label, values in drawn if any(values) or key not in OPTIONAL_PARTS]
+    _stacked(ax, ordered, positions, [(label, values) for _, label, values in drawn],
+             [colors[key] for key, _, _ in drawn], lambda r: r.label if not r.ok else "no breakdown measured")
     ax.set_ylim(y - 0.3, -0.6)
     at_left = blended_transform_factory(ax.transAxes, ax.transData)
     for y_header, strategy in headers:

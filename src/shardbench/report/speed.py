@@ -81,6 +81,24 @@ def undecided(a: ReportedRun, b: ReportedRun, gap: float) -> bool:
     return (few_steps(a) or few_steps(b)) and abs(gap) <= FEW_STEPS_MARGIN
 
 
+def noise(a: ReportedRun, b: ReportedRun) -> float:
+    """The larger of two runs' own spreads (p90 over median, minus one): a gap within it is a tie."""
+    return max(_spread(a), _spread(b))
+
+
+UNDECIDED, TIE, APART = "undecided", "tie", "apart"
+
+
+def verdict(a: ReportedRun, b: ReportedRun, gap: float) -> str:
+    """How a relative gap between two runs (the slower's figure over the faster's, minus one) ranks them, by the one
+    rule every section of the report uses, so that none calls faster what another calls a tie: UNDECIDED where
+    either timed fewer than MIN_MEASURED_STEPS steps and the gap is within FEW_STEPS_MARGIN, TIE where it is
+    within the spread of their step times (median to p90), else APART."""
+    if undecided(a, b, gap):
+        return UNDECIDED
+    return TIE if abs(gap) <= noise(a, b) else APART
+
+
 def _ms(seconds: float | None) -> str:
     return "–" if seconds is None else f"{1e3 * seconds:,.1f} ms"
 
@@ -208,18 +226,18 @@ def _against(run: ReportedRun, fastest: ReportedRun, same_batch: bool) -> tuple[
     timed fewer than MIN_MEASURED_STEPS steps, or the slowdown with what differs (and whether anything was
     listed)."""
     ratio = (_throughput(fastest) or 0.0) / (_throughput(run) or 1.0)
-    noise = max(_spread(run), _spread(fastest))
     figures = (f"{_ms(run.step_median)} against {_ms(fastest.step_median)}" if same_batch else
                f"{_throughput(run):,.0f} against {_throughput(fastest):,.0f} examples/s")
     few = steps_note([run, fastest])
-    if undecided(run, fastest, ratio - 1.0):
+    ranked = verdict(run, fastest, ratio - 1.0)
+    if ranked == UNDECIDED:
         return (f"{run.name} against {fastest.name} is undecided ({figures}, {few}): the {100 * (ratio - 1):.1f}% "
                 f"difference is within the {100 * FEW_STEPS_MARGIN:.0f}% margin the report requires of figures "
                 f"from fewer than {MIN_MEASURED_STEPS} timed steps, so this ranking cannot tell them apart."), False
-    if ratio - 1.0 <= noise:
+    if ranked == TIE:
         return (f"{run.name} ties with {fastest.name} ({figures}): the {100 * (ratio - 1):.1f}% "
                 f"difference is within the spread of their step times (median to p90, up to "
-                f"{100 * noise:.1f}%), so this ranking cannot tell them apart."), False
+                f"{100 * noise(run, fastest):.1f}%), so this ranking cannot tell them apart."), False
     differs = _differences(run, fastest)
     return (f"{run.name} is {ratio:.2f}x slower ({figures}{f', {few}' if few else ''})"
             + (f"; it differs in: {'; '.join(differs)}." if differs else
@@ -228,14 +246,15 @@ def _against(run: ReportedRun, fastest: ReportedRun, same_batch: bool) -> tuple[
 
 @dataclass(frozen=True)
 class Equivalence:
-    """Runs that differ only in layout, and how far apart their losses are."""
+    """Runs that differ only in layout, and how far apart their losses are (or why they could not be compared)."""
 
     runs: tuple[str, ...]
     largest: float  # relative difference of their losses, the largest over the compared steps
     where: str  # the step (or "test loss") where it is largest
     tolerance: float
     dtype: str
-    compared: int  # losses compared per run
+    compared: int  # losses compared per run; 0: none in common (`why_not` says why)
+    why_not: str = ""
 
     @property
     def same(self) -> bool:
@@ -257,12 +276,37 @@ def _series(run: ReportedRun) -> dict[str, float]:
     return losses
 
 
+def _names(runs: list[ReportedRun]) -> str:
+    return ", ".join(r.name for r in runs)
+
+
+def _not_compared(group: list[ReportedRun]) -> str:
+    """Why a group of runs has no loss in common to compare: a test or last loss after COMPARED_STEPS is not
+    compared, and a run without logged train losses within them has nothing else."""
+    def who(runs: list[ReportedRun]) -> str:
+        return "they" if len(runs) == len(group) else _names(runs)
+
+    reasons = []
+    past = [r for r in group if (r.rec.steps or 0) > COMPARED_STEPS]
+    if past:
+        steps = ", ".join(f"{s:,}" for s in sorted({r.rec.steps or 0 for r in past}))
+        reasons.append(f"{who(past)} trained {steps} steps, and a test or last loss after step {COMPARED_STEPS} is "
+                       f"not compared, as the losses of layouts may drift apart chaotically by then")
+    unlogged = [r for r in group if not any(step <= COMPARED_STEPS for step, _ in (r.losses or ()))]
+    if unlogged:
+        reasons.append(f"{who(unlogged)} logged no train loss within the first {COMPARED_STEPS} steps that the "
+                       f"report found (in the metrics.jsonl of a run's folder)")
+    return "; ".join(reasons) or "their losses were logged at different steps"
+
+
 def equivalences(runs: list[ReportedRun]) -> list[Equivalence]:
     """Every group of two or more complete runs with the same model, data, seed, steps and precision that differ
-    only in layout (LAYOUT_ONLY), with the largest relative difference of their common losses."""
+    only in layout (LAYOUT_ONLY), with the largest relative difference of their common losses, or why they have
+    none in common. A run without its configuration (`ReportedRun.configured`) is in no group: its record's few
+    settings cannot tell whether it computes what another run does."""
     groups: dict[str, list[ReportedRun]] = {}
     for run in runs:
-        if run.ok:
+        if run.ok and run.configured:
             groups.setdefault(_computation(run), []).append(run)
     found = []
     for group in groups.values():
@@ -270,7 +314,10 @@ def equivalences(runs: list[ReportedRun]) -> list[Equivalence]:
             continue
         series = [_series(r) for r in group]
         common = sorted(set.intersection(*(set(s) for s in series)))
+        dtype = str(group[0].config.get("precision.dtype", "float32"))
+        names, tolerance = tuple(r.name for r in group), LOSS_RTOL.get(dtype, 5e-2)
         if not common:
+            found.append(Equivalence(names, 0.0, "", tolerance, dtype, 0, _not_compared(group)))
             continue
         largest, where = 0.0, common[0]
         for key in common:
@@ -279,9 +326,7 @@ def equivalences(runs: list[ReportedRun]) -> list[Equivalence]:
             gap = (max(values) - min(values)) / scale
             if gap > largest or not math.isfinite(gap):
                 largest, where = gap, key
-        dtype = str(group[0].config.get("precision.dtype", "float32"))
-        found.append(Equivalence(tuple(r.name for r in group), largest, where, LOSS_RTOL.get(dtype, 5e-2), dtype,
-                                 len(common)))
+        found.append(Equivalence(names, largest, where, tolerance, dtype, len(common)))
     return found
 
 
@@ -289,7 +334,9 @@ def equivalence_findings(runs: list[ReportedRun]) -> list[str]:
     sentences = []
     for eq in equivalences(runs):
         names = ", ".join(eq.runs)
-        if eq.same:
+        if not eq.compared:
+            sentences.append(f"{names} differ only in layout but their losses were not compared: {eq.why_not}.")
+        elif eq.same:
             sentences.append(f"{names} are the same computation in different layouts: their losses differ by at "
                              f"most {eq.largest:.1e} (relative, over {eq.compared} compared losses), within the "
                              f"{eq.dtype} tolerance of {eq.tolerance:.0e}.")
@@ -297,9 +344,22 @@ def equivalence_findings(runs: list[ReportedRun]) -> list[str]:
             sentences.append(f"{names} should be the same computation but differ: their losses are {eq.largest:.1e} "
                              f"apart (relative) at {eq.where}, beyond the {eq.dtype} tolerance of "
                              f"{eq.tolerance:.0e}. Check the layouts' results before comparing their speed.")
+    unknown = [r for r in runs if r.ok and not r.configured]
+    if unknown and sum(r.ok for r in runs) > 1:
+        sentences.append(_unconfigured(unknown))
     return sentences
 
 
+def _unconfigured(runs: list[ReportedRun]) -> str:
+    """Why runs read without their config.json were compared with no run."""
+    one = len(runs) == 1
+    folder, record, verb = (("its folder has", "its record gives", "it computes") if one else
+                            ("their folders have", "their records give", "they compute"))
+    return (f"{_names(runs)} {'was' if one else 'were'} not compared with any run: {folder} no config.json, so the "
+            f"report knows only the strategy, mesh, devices, SPMD style, model kind and global batch {record}, not "
+            f"whether {verb} what another run does (a model's shape, the data, seed, steps and precision).")
+
+
 def differing(runs: list[ReportedRun]) -> list[Equivalence]:
-    """The groups whose losses differ beyond their tolerance (for the sweep's closing warning)."""
-    return [eq for eq in equivalences(runs) if not eq.same]
+    """The groups compared whose losses differ beyond their tolerance (for the sweep's closing warning)."""
+    return [eq for eq in equivalences(runs) if eq.compared and not eq.same]

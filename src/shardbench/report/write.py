@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
 from shardbench.errors import DataError, ShardbenchError, writable_dir
-from shardbench.measure.run_record import from_json
+from shardbench.measure.run_record import Measurements, RunRecord, from_json
 from shardbench.prices import PriceTable
 from shardbench.report import html as html_page
 from shardbench.report import plan_chart, plots
@@ -52,19 +53,38 @@ def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
     return [reported(r, f"{db}: run {r.name}") for r in rows], meta
 
 
+def _read_record(path: Path) -> RunRecord:
+    """A run folder's summary.json through the one schema; anything but a JSON object is refused in one line
+    (data, exit 4), as a config.json that is not one is."""
+    data = _read_json(path)
+    if not isinstance(data, dict):
+        raise DataError(f"{path} is not a run's record (a JSON object), but a {type(data).__name__}")
+    return from_json(data, str(path))
+
+
+def _record_settings(record: RunRecord) -> dict[str, Any]:
+    """The settings a record gives of itself, for a run folder without config.json: what ran (strategy, mesh,
+    devices, SPMD style, model kind) and the global batch it measured."""
+    given = {"model.kind": record.model, "parallel.strategy": record.strategy, "parallel.mesh": record.mesh,
+             "parallel.devices": record.devices, "parallel.spmd": record.spmd,
+             "train.batch_size": (record.measurements or Measurements()).global_batch}
+    return {k: v for k, v in given.items() if v not in (None, "")}
+
+
 def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
     runs: list[ReportedRun] = []
     for summary in sorted(root.rglob("summary.json")):
         if skip in summary.parents:
             continue
-        record = _read_json(summary)
-        config = _read_config(summary.with_name("config.json")) if summary.with_name("config.json").exists() else {}
+        record = _read_record(summary)
+        saved = summary.with_name("config.json")
+        config = _read_config(saved) if saved.exists() else _record_settings(record)
         relative = summary.parent.relative_to(root).as_posix()
-        name = str(record.get("run_name") or relative)
+        name = str(record.run_name or relative)
         if name in {r.name for r in runs}:  # two folders with one run name: their paths tell them apart
             name = relative
-        runs.append(ReportedRun(name, str(record.get("status", "complete")), None, None, {}, config,
-                        from_json(record, str(summary))))
+        runs.append(ReportedRun(name, str(record.status or "complete"), None, None, {}, config, record,
+                                folder=summary.parent, configured=saved.exists()))
     # A run folder (it has the config.json a run writes first) without summary.json did not finish: it is
     # listed among the failed runs, never silently left out.
     for saved in sorted(root.rglob("config.json")):
@@ -73,32 +93,48 @@ def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
         config = _read_config(saved)
         runs.append(ReportedRun(saved.parent.relative_to(root).as_posix(), "failed", INCOMPLETE,
                         "no summary.json: the run did not finish (stopped, killed, or still running)", {}, config,
-                        None))
-    # A folder keeps no list of swept fields: they are the fields whose values differ between the runs.
+                        None, folder=saved.parent))
+    # A folder keeps no list of swept fields: they are the fields whose values differ between the runs. A run
+    # without config.json has only its record's few settings: a field it lacks is unknown there, not different.
     keys = sorted({k for r in runs for k in r.settings})
-    swept = [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs}) > 1]
-    return [ReportedRun(r.name, r.status, r.error_kind, r.error, {k: r.config.get(k) for k in swept}, r.config, r.record)
+    swept = [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs
+                                     if r.configured or k in r.config}) > 1]
+    return [dataclasses.replace(r, overrides={k: r.config.get(k) for k in swept if r.configured or k in r.config})
             for r in runs]
 
 
+def _metrics(folder: Path) -> Path | None:
+    """A run folder's metrics.jsonl: in its tensorboard/, or beside its summary.json as the runs kept under
+    benchmarks/data have it; None where it has none."""
+    return next((m for m in (folder / "tensorboard" / "metrics.jsonl", folder / "metrics.jsonl") if m.is_file()),
+                None)
+
+
+def _read_losses(metrics: Path) -> tuple[tuple[int, float], ...] | None:
+    """(step, train loss) as logged in `metrics`; None where it cannot be read."""
+    losses = []
+    try:
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line)
+            if isinstance(row.get("train/loss"), (int, float)) and isinstance(row.get("step"), int):
+                losses.append((row["step"], float(row["train/loss"])))
+    except (OSError, ValueError):
+        return None  # unreadable scalars: compared on the record's own losses only
+    return tuple(losses)
+
+
 def _logged_losses(run: ReportedRun, sweep_dir: Path) -> tuple[tuple[int, float], ...] | None:
-    """(step, train loss) from the run folder's metrics.jsonl (in its tensorboard/, or beside its summary.json as
-    the runs kept under benchmarks/data have it): under the sweep's runs/, at the folder's own path, or where the
-    record says it wrote (resolved from the working directory)."""
-    places = [sweep_dir / "runs" / run.name, sweep_dir / run.name]
-    places += [Path(p) for p in (run.rec.out, run.config.get("train.out")) if p]
-    for metrics in (m for place in places for m in (place / "tensorboard" / "metrics.jsonl", place / "metrics.jsonl")):
-        if metrics.is_file():
-            losses = []
-            try:
-                for line in metrics.read_text().splitlines():
-                    row = json.loads(line)
-                    if isinstance(row.get("train/loss"), (int, float)) and isinstance(row.get("step"), int):
-                        losses.append((row["step"], float(row["train/loss"])))
-            except (OSError, ValueError):
-                return None  # unreadable scalars: compared on the record's own losses only
-            return tuple(losses)
-    return None
+    """The run's logged train losses. A run read from a folder of runs has them in the folder its summary.json
+    lies in and nowhere else: the record's `out` and the config's `train.out` name where it was first written,
+    which may hold another run's (an earlier run of the same name), and so may a folder of its name beside it;
+    which of those was found would depend on which parent folder is reported. A run of a sweep.db has them under
+    the sweep's runs/, at the folder's own path, or where the record says it wrote (resolved from the working
+    directory)."""
+    places = [run.folder] if run.folder is not None else [
+        sweep_dir / "runs" / run.name, sweep_dir / run.name,
+        *(Path(p) for p in (run.rec.out, run.config.get("train.out")) if p)]
+    metrics = next((m for m in map(_metrics, places) if m is not None), None)
+    return None if metrics is None else _read_losses(metrics)
 
 
 def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[ReportedRun], dict[str, Any]]:
@@ -171,8 +207,33 @@ TABLE_NOTE = ("Throughput is the global batch over the median step, the same ste
               "chose them by).")
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def wall_note(runs: list[ReportedRun]) -> str:
+    """The table note's sentence on throughput figures marked "wall clock" ('' where none is)."""
+    old = [r.name for r in runs if r.wall_rate and (r.images_per_s is not None or r.rate("units_per_s") is not None)]
+    if not old:
+        return ""
+    return (f" Throughput marked \"wall clock\" ({', '.join(old)}) is not the batch over the median step: the "
+            f"record, written before schema 2 and without a step time, has only the epochs' examples over their wall "
+            f"time, data loading included.")
+
+
+# Characters that Markdown reads as markup in running text: a backslash, code spans, emphasis, links, HTML tags and
+# entities, strikethrough, and the table's own bars. Underscores are markup only at a word's edge (a_b__c is plain
+# text), so a run name's inner underscores stay as they are.
+MARKUP = re.compile(r"[\\`*\[\]<>&~|]|_+")
+
+
+def _escaped(found: re.Match[str]) -> str:
+    text, start, end = found.string, found.start(), found.end()
+    inner = found.group(0).startswith("_") and 0 < start and end < len(text) and text[start - 1].isalnum() \
+        and text[end].isalnum()
+    return found.group(0) if inner else "".join("\\" + c for c in found.group(0))
+
+
+def md_text(text: str) -> str:
+    """`text` as Markdown shows it literally on one line: an error message's "in <module>" is not read as an HTML
+    tag (and dropped), nor "*args" as emphasis."""
+    return MARKUP.sub(_escaped, text.replace("\n", " "))
 
 
 def render_markdown(content: ReportContent) -> str:
@@ -189,11 +250,12 @@ def render_markdown(content: ReportContent) -> str:
     cols = content.columns
     lines += ["", "## Runs", "", "| " + " | ".join(c.label for c in cols) + " |",
               "|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|"]
-    lines += ["| " + " | ".join(_md_cell(c.text(run)) for c in cols) + " |" for run in content.runs]
+    lines += ["| " + " | ".join(md_text(c.text(run)) for c in cols) + " |" for run in content.runs]
     lines += ["", content.table_note]
     if content.failed:
         lines += ["", "## Failed runs", ""]
-        lines += [f"- `{r.name}`: {r.error_kind or r.status}: {r.error or 'no message'}" for r in content.failed]
+        lines += [f"- `{r.name}`: {md_text(r.error_kind or r.status)}: {md_text(r.error or 'no message')}"
+                  for r in content.failed]
     lines += ["", "## Charts"]
     for chart in content.charts:
         lines += ["", f"### {chart.title}", "", f"![{chart.title}]({chart.path.name})"]
@@ -220,7 +282,8 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     charts += plan_chart.write_chart(runs, out)  # where the planner predicted these runs
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
                             columns=shown(COLUMNS, runs), swept=swept, findings=explain(runs, swept),
-                            charts=charts, table_note=TABLE_NOTE + cost_note(runs), omitted=tuple(omitted))
+                            charts=charts, table_note=TABLE_NOTE + wall_note(runs) + cost_note(runs, prices),
+                            omitted=tuple(omitted))
     markdown, page = out / "report.md", out / "report.html"
     markdown.write_text(render_markdown(content), encoding="utf-8")
     page.write_text(html_page.render(content), encoding="utf-8")
