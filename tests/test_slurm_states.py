@@ -150,3 +150,119 @@ def test_status_while_squeue_fails_shows_the_recorded_states(tmp_path: Path, mon
     assert lines[0] == (f"2 run(s): 2 RUNNING; states of jobs not yet ended from the store, as last recorded: "
                         f"squeue failed ({UNREACHABLE})")
     assert [line.split()[1:3] for line in lines[1:]] == [["41_0", "RUNNING"], ["41_1", "RUNNING"]]
+
+
+# ------------------------------------------------------------------------------------ preemption and requeue
+# What squeue and sacct say at each read of a job SLURM preempts (or whose node fails) and requeues under the same
+# id: squeue's line (None: not listed) and sacct's state. The last read: the second attempt has ended, leaving its
+# outcome and its run's summary.
+REQUEUES = {
+    "preempted": [("COMPLETING", "PREEMPTED"), ("PENDING", "PREEMPTED"), ("RUNNING", "RUNNING"),
+                  (None, "COMPLETED")],
+    "node failed, one read out of the queue": [(None, "NODE_FAIL"), ("PENDING", "PENDING"), ("RUNNING", "RUNNING"),
+                                              (None, "COMPLETED")],
+}
+
+
+def fake_requeue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: Path, run: str,
+                 reads: list[tuple[str | None, str]]) -> None:
+    """squeue and sacct answer `reads` in turn (the last one from then on); sbatch notes that it was called."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "squeue-calls"
+    calls.write_text("0")
+    outcome = json.dumps({"job_id": "41_0", "returncode": 0, "stderr": [], "started": 1.0, "wall_s": 2.0})
+    last = len(reads) - 1
+    squeue = "".join(f"  {i}) echo '41_0|{word}|None' ;;\n" for i, (word, _) in enumerate(reads) if word)
+    _script(bin_dir / "squeue", f"""n=$(cat {calls}); echo $((n + 1)) > {calls}
+if [ "$n" -ge {last} ]; then n={last}; fi
+if [ "$n" -eq {last} ]; then
+  mkdir -p {out / 'slurm'} {out / 'runs' / run}
+  echo '{outcome}' > {slurm_lib.outcome_path(out, '41_0')}
+  echo '{{"steps": 4}}' > {out / 'runs' / run / 'summary.json'}
+fi
+case $n in
+{squeue}esac
+""")
+    sacct = "".join(f"  {i}) state={word} ;;\n" for i, (_, word) in enumerate(reads))
+    _script(bin_dir / "sacct", f"""n=$(($(cat {calls}) - 1)); if [ "$n" -gt {last} ]; then n={last}; fi
+case $n in
+{sacct}esac
+echo "41_0|$state|None|0:0|2024-01-01T00:00:00|2024-01-01T00:05:00"
+""")
+    _script(bin_dir / "sbatch", f"touch {tmp_path / 'sbatch-called'}; echo 'sbatch: error: not in this test' >&2; exit 1\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("case", list(REQUEUES))
+def test_a_requeued_job_is_followed_to_its_end_not_recorded_as_killed_and_submitted_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """A resume whose first read falls while SLURM ends the preempted job (or, its node failed, no longer lists
+    it for a moment) follows the job, requeued, to its second attempt's end: one complete row, nothing submitted."""
+    out = tmp_path / "s"
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8"})
+    (run,) = sweep.runs
+    fake_requeue(tmp_path, monkeypatch, out, run.name, REQUEUES[case])
+    said: list[str] = []
+    with Store(out / "sweep.db") as store:
+        for key, value in plan_meta(sweep, {}).items():
+            store.set_meta(key, value)
+        store.set_job(run.name, "41_0", "RUNNING")  # as the first driver last saw it
+        code = slurm_lib.run_slurm_sweep(sweep, store, Options(out), SlurmOptions(poll_s=0.05), out=said.append)
+        rows = [(r.name, r.status) for r in store.runs()]
+        job = store.jobs()[run.name]
+    assert code == 0 and rows == [(run.name, "complete")], said
+    assert (job.job_id, job.state) == ("41_0", "COMPLETED")
+    assert not (tmp_path / "sbatch-called").exists(), said
+    assert [line for line in said if "[job 41_0]" in line] == [line for line in said if line.startswith("[1/1]")]
+    assert len([line for line in said if line.startswith("[1/1]")]) == 1, said
+
+
+@pytest.mark.parametrize("squeue, sacct, state", [
+    ("COMPLETING", "PREEMPTED", "COMPLETING"), ("COMPLETING", "NODE_FAIL", "COMPLETING"),
+    ("COMPLETING", "CANCELLED by 0", "CANCELLED by 0"), ("SPECIAL_EXIT", "SPECIAL_EXIT", "SPECIAL_EXIT")])
+def test_a_job_squeue_lists_stays_live_while_slurm_may_requeue_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, squeue: str, sacct: str, state: str) -> None:
+    """COMPLETING after a preemption or a node failure is not the end where SLURM requeues; after scancel it is."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "squeue", f"echo '41_0|{squeue}|None'\n")
+    _script(bin_dir / "sacct", f"echo '41_0|{sacct}|None|0:0|2024-01-01T00:00:00|2024-01-01T00:01:00'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    found = slurm_jobs.job_states(["41_0"])[0]["41_0"]
+    assert (found.state, found.live) == (state, state != "CANCELLED by 0")
+
+
+def test_a_requeued_jobs_task_starts_without_its_first_attempts_outcome(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first attempt, preempted, left 'killed by SIGTERM' (-15); the second's run must not be read as that
+    (while it runs, or if it dies without writing its own). The run checks that the file is gone as it starts."""
+    monkeypatch.setenv("SLURM_JOB_ID", "88")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    path = slurm_lib.outcome_path(tmp_path, "88")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"job_id": "88", "returncode": -15, "stderr": [], "started": 1.0, "wall_s": 2.0}))
+    result = slurm_lib.run_task(slurm_lib.TaskSpec("base", ["sh", "-c", f"test ! -e {path}"], str(tmp_path), 60.0))
+    assert result["returncode"] == 0
+    assert json.loads(path.read_text())["returncode"] == 0
+
+
+def test_a_preempted_job_slurm_does_not_requeue_is_recorded_as_killed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PreemptMode=CANCEL: squeue lists the job COMPLETING, then no more; at the second read without it, killed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "squeue-calls"
+    calls.write_text("0")
+    _script(bin_dir / "squeue", f"n=$(cat {calls}); echo $((n + 1)) > {calls}; "
+                                f"if [ \"$n\" -eq 0 ]; then echo '41_0|COMPLETING|None'; fi\n")
+    _script(bin_dir / "sacct", "echo '41_0|PREEMPTED|None|0:15|2024-01-01T00:00:00|2024-01-01T00:05:00'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "s"
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8"})
+    (run,) = sweep.runs
+    with Store(out / "sweep.db") as store:
+        slurm_lib._follow(sweep, store, Options(out), SlurmOptions(poll_s=0.05), {run.name: "41_0"}, lambda _: None)
+        rows = [(r.status, r.error_kind, r.error) for r in store.runs()]
+    assert rows == [("failed", "killed", "SLURM job 41_0 PREEMPTED")]
+    assert calls.read_text().strip() == "3"  # COMPLETING, out of the queue, out of the queue again: recorded

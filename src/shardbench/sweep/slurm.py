@@ -32,7 +32,8 @@ from shardbench.store import JobRow, RunRow, Store
 from shardbench.sweep.grid import PlannedRun, Sweep, run_config, stored_sweep
 from shardbench.sweep.runner import (Options, Outcome, _one_line, _read_json, classify, refused_row, run_process,
                                      train_command)
-from shardbench.sweep.slurm_jobs import KILLED_KINDS, LIVE_STATES, JobState, ReadFailed, job_states, run_command
+from shardbench.sweep.slurm_jobs import (KILLED_KINDS, LIVE_STATES, REQUEUED_AFTER, JobState, ReadFailed, job_states,
+                                         run_command)
 from shardbench.sweep.slurm_options import Shape, SlurmOptions, check_shapes, parse_sbatch, time_limit_min
 
 OUTCOME_GRACE_S = 60.0  # a job SLURM calls finished whose outcome file has not appeared (a slow shared filesystem)
@@ -81,8 +82,11 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     sweep_dir = Path(spec.sweep_dir)
     run_dir = sweep_dir / "runs" / spec.name
-    if rank == 0 and run_dir.exists() and not (run_dir / "summary.json").exists():
-        shutil.rmtree(run_dir, ignore_errors=True)  # a requeued job (preemption) starts its run afresh
+    if rank == 0:  # a requeued job (preemption, a failed node) starts its run afresh, and without the outcome
+        # its first attempt left (killed by SIGTERM), which the driver would otherwise read as this attempt's
+        outcome_path(sweep_dir, _job_id(os.environ)).unlink(missing_ok=True)
+        if run_dir.exists() and not (run_dir / "summary.json").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
     log = sweep_dir / "runs" / (f"{spec.name}.log" if rank == 0 else f"{spec.name}.p{rank}.log")
     outcome = run_process(spec.cmd, log, spec.timeout_s, task_environ(spec, os.environ))
     result = {"job_id": _job_id(os.environ), "rank": rank, "returncode": outcome.returncode,
@@ -259,10 +263,13 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
     """Read job states until every job in `pending` ({run name: job id}) has ended and its run is recorded
     (`once`: only until none is ending, recording those that have ended, so that a resume knows which runs to
     submit again: a job SLURM is cleaning up after scancel, or one out of the queue whose final word has not yet
-    come, is waited for up to OUTCOME_GRACE_S). Recorded runs leave `pending`."""
+    come, is waited for up to OUTCOME_GRACE_S). A job preempted or on a failed node is recorded once squeue has
+    not listed it at two reads in a row: SLURM may requeue it, and a requeued job is listed again (PENDING), to
+    be followed, not recorded as killed and submitted a second time. Recorded runs leave `pending`."""
     total = len(sweep.runs)
     by_name = {r.name: r for r in sweep.runs}
     unsettled: dict[str, float] = {}  # since when a job has been ending without a final word
+    out_of_queue: set[str] = set()  # runs whose job squeue did not list at the last read, ended as REQUEUED_AFTER
     started = time.time()
     failing = False  # squeue could not be read at the last poll
     while pending:
@@ -288,7 +295,12 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
                     unsettled.pop(name, None)
                 else:
                     ending = True
+                out_of_queue.discard(name)
                 store.set_job(name, job_id, state.word, state.reason or None)
+                continue
+            if state is not None and state.word in REQUEUED_AFTER and name not in out_of_queue:
+                out_of_queue.add(name)  # a requeue shows at the next read, PENDING again
+                ending = True
                 continue
             has_outcome = outcome_path(opts.sweep_dir, job_id).exists()
             # Out of the queue, but not yet in the accounting (or, done, its outcome not yet through the shared
