@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import signal
 import stat
+import threading
 from pathlib import Path
 
 import pytest
 
 from shardbench.store import Store
 from shardbench.sweep import slurm as slurm_lib
-from shardbench.sweep import slurm_jobs
+from shardbench.sweep import slurm_jobs, slurm_options
 from shardbench.sweep.grid import Sweep, make_sweep
 from shardbench.sweep.runner import Options
 from shardbench.sweep.slurm_options import SlurmOptions
@@ -233,6 +236,7 @@ def test_a_job_squeue_lists_stays_live_while_slurm_may_requeue_it(
     assert (found.state, found.live) == (state, state != "CANCELLED by 0")
 
 
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the run is `sh` or `sleep`, not JAX
 def test_a_requeued_jobs_task_starts_without_its_first_attempts_outcome(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first attempt, preempted, left 'killed by SIGTERM' (-15); the second's run must not be read as that
@@ -266,3 +270,67 @@ def test_a_preempted_job_slurm_does_not_requeue_is_recorded_as_killed(
         rows = [(r.status, r.error_kind, r.error) for r in store.runs()]
     assert rows == [("failed", "killed", "SLURM job 41_0 PREEMPTED")]
     assert calls.read_text().strip() == "3"  # COMPLETING, out of the queue, out of the queue again: recorded
+
+
+# ------------------------------------------------------------------------------------------ the time limit
+def test_the_runs_own_time_limit_ends_before_the_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--slurm-time 30 with --timeout 1800: the run stops itself 180 s before the job's limit, ahead of the
+    signal submitit has SLURM send 90 s before it (up to 60 s sooner). The submitted task carries that limit."""
+    pytest.importorskip("submitit")
+    opts = Options(tmp_path / "s", timeout_s=1800.0)
+    assert slurm_options.run_timeout_s(SlurmOptions(time_min=30), opts) == 30 * 60 - 180
+    assert slurm_options.run_timeout_s(SlurmOptions(time_min=60), opts) == 1800  # --timeout comes first
+    assert slurm_options.run_timeout_s(SlurmOptions(), opts) == 1800  # the job's limit is --timeout + 10 min
+    assert slurm_options.run_timeout_s(SlurmOptions(time_min=2), opts) == 1800  # too short: run_task's catch
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "sbatch", "echo 'Submitted batch job 43'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8"})
+    slurm = SlurmOptions(time_min=30)
+    with Store(opts.sweep_dir / "sweep.db") as store:
+        assert slurm_lib.submit(sweep, sweep.runs, opts, slurm, slurm_options.check_shapes(sweep, opts, slurm),
+                                store) == {sweep.runs[0].name: "43"}
+    with open(opts.sweep_dir / "slurm" / "43_submitted.pkl", "rb") as f:
+        (spec,) = pickle.load(f).args
+    assert (spec.timeout_s, spec.time_limit_min) == (1620, 30)
+    slurm_lib.outcome_path(opts.sweep_dir, "43").write_text(json.dumps(
+        {"job_id": "43", "returncode": None, "stderr": [], "started": 1.0, "wall_s": 1620.0, "timeout_s": 1620.0}))
+    row = slurm_lib.row_for(sweep, sweep.runs[0], opts, "43", slurm_jobs.JobState("COMPLETED", "", "0:0"))
+    assert (row.error_kind, row.error) == ("timeout", "no result within the 1620 s time limit: stopped (the job's "
+                                                      "time limit less 180 s, which comes before --timeout 1800)")
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the run is `sh` or `sleep`, not JAX
+def test_a_run_submitit_stops_at_slurms_signal_is_a_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """submitit's own handler of USR2 (SLURM's signal 90 s before the job's limit) raises in run_task's wait: the
+    run is stopped, its outcome says timeout, and the exception goes on to submitit, which ends the job FAILED."""
+    pytest.importorskip("submitit")
+    from submitit.core import job_environment, utils
+
+    class Env:  # rank 0 of the job, as SlurmJobEnvironment would say
+        global_rank = 0
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8"})
+    (run,) = sweep.runs
+    spec = slurm_lib.TaskSpec(run.name, ["sleep", "30"], str(tmp_path), 1800.0, time_limit_min=5)
+    delayed = utils.DelayedSubmission(slurm_lib.run_task, spec)
+    delayed.set_timeout(5, 0)  # --time=5, max_num_timeout=0, as _executor submits it
+    handler = job_environment.SignalHandler(Env(), None, delayed)  # type: ignore[arg-type]
+    before = signal.signal(signal.SIGUSR2, handler.checkpoint_and_try_requeue)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR2))
+    try:
+        timer.start()
+        with pytest.raises(utils.UncompletedJobError):
+            slurm_lib.run_task(spec)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR2, before)
+    saved = json.loads(slurm_lib.outcome_path(tmp_path, "77").read_text())
+    assert saved["returncode"] is None and saved["wall_s"] < 10
+    row = slurm_lib.row_for(sweep, run, Options(tmp_path), "77", slurm_jobs.JobState("FAILED", "", "1:0"))
+    assert (row.status, row.error_kind, row.error) == (
+        "failed", "timeout", "no result within the job's 5-minute SLURM time limit: stopped at SLURM's signal, 90 s "
+                             "before it")

@@ -235,3 +235,17 @@ def check_submittable(shapes: dict[str, Shape], opts: Options, slurm: SlurmOptio
 def time_limit_min(slurm: SlurmOptions, opts: Options) -> int:
     """The job's time limit: as given, else the run's own time limit and 10 minutes to start up and write."""
     return slurm.time_min or math.ceil(opts.timeout_s / 60) + 10
+
+
+# submitit has SLURM signal the job 90 s before its time limit (#SBATCH --signal=USR2@90; SLURM may send it up to
+# 60 s sooner), and then ends the job; the run's own limit ends this much before the job's, 30 s left to start it.
+SIGNAL_MARGIN_S = 180
+
+
+def run_timeout_s(slurm: SlurmOptions, opts: Options) -> float:
+    """The run's own time limit inside its job: --timeout, or, where --slurm-time leaves less, the job's limit
+    less SIGNAL_MARGIN_S, so that a run that reaches the job's limit is stopped by its own and recorded as a
+    timeout, before submitit's signal ends the job (a job too short for the margin keeps --timeout: run_task
+    records that signal as a timeout too)."""
+    before_signal = time_limit_min(slurm, opts) * 60 - SIGNAL_MARGIN_S
+    return min(opts.timeout_s, before_signal) if before_signal > 0 else opts.timeout_s
