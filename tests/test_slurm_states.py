@@ -8,6 +8,7 @@ original jobs still write to). A squeue that hangs is a failed read, not a crash
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pickle
@@ -20,7 +21,7 @@ import pytest
 
 from shardbench.store import Store
 from shardbench.sweep import slurm as slurm_lib
-from shardbench.sweep import slurm_jobs, slurm_options
+from shardbench.sweep import slurm_jobs, slurm_options, sweep_cmd
 from shardbench.sweep.grid import Sweep, make_sweep
 from shardbench.sweep.runner import Options
 from shardbench.sweep.slurm_options import SlurmOptions
@@ -334,3 +335,40 @@ def test_a_run_submitit_stops_at_slurms_signal_is_a_timeout(tmp_path: Path, monk
     assert (row.status, row.error_kind, row.error) == (
         "failed", "timeout", "no result within the job's 5-minute SLURM time limit: stopped at SLURM's signal, 90 s "
                              "before it")
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+def _sweep_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="shardbench")
+    sweep_cmd.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["sweep", "--preset", "mlp-small", "--batch-size", "8,16", *argv])
+
+
+def fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """sbatch that takes every job (--test-only too), noting each call in the file returned; squeue lists none."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "sbatch-calls"
+    _script(bin_dir / "sbatch", f"""echo "$@" >> {calls}
+case "$*" in *--test-only*) echo 'sbatch: Job 50 to start at 2024-01-01T00:00:00' >&2 ;; *) echo 'Submitted batch job 50' ;; esac
+""")
+    _script(bin_dir / "squeue", "true\n")
+    _script(bin_dir / "scancel", "true\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+@pytest.mark.parametrize("flag, value", [("--slurm-poll", "nan"), ("--slurm-poll", "inf"), ("--slurm-poll", "1e10"),
+                                         ("--timeout", "nan"), ("--timeout", "inf")])
+def test_a_poll_or_timeout_that_is_no_number_of_seconds_is_refused_before_anything_is_submitted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str,
+        value: str) -> None:
+    """Accepted, they crashed the driver after its jobs were submitted (time.sleep(nan)) or in the job's time
+    limit (ceil(inf / 60)), the bad value stored in the sweep's meta."""
+    pytest.importorskip("submitit")
+    calls = fake_sbatch(tmp_path, monkeypatch)
+    out = tmp_path / "s"
+    code = sweep_cmd.run(_sweep_args("--executor", "slurm", flag, value, "--no-report", "--out", str(out)))
+    err = capsys.readouterr().err
+    assert code == 2 and f"{flag} must be" in err and len(err.strip().splitlines()) == 1, err
+    assert not calls.exists() and not out.exists()

@@ -23,6 +23,7 @@ from shardbench.sweep.runner import Options, _one_line, run_processes
 from shardbench.sweep.slurm_jobs import run_command
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+MAX_POLL_S = 86400.0  # --slurm-poll: a day between reads at most (time.sleep refuses about 1e10 s)
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,9 @@ def check_options(slurm: SlurmOptions) -> None:
     if slurm.nodes < 1 or slurm.gpus_per_node < 0 or slurm.max_running < 0:
         raise ConfigError(f"--slurm-nodes must be at least 1 and --slurm-gpus-per-node and --slurm-max-running 0 or "
                           f"more, got {slurm.nodes}, {slurm.gpus_per_node} and {slurm.max_running}")
-    if slurm.poll_s <= 0:
-        raise ConfigError(f"--slurm-poll must be a positive number of seconds, got {slurm.poll_s:g}")
+    if not 0 < slurm.poll_s <= MAX_POLL_S:  # nan too: the driver sleeps this long between reads
+        raise ConfigError(f"--slurm-poll must be a number of seconds above 0 and at most {MAX_POLL_S:g} (a day), got "
+                          f"{slurm.poll_s:g}")
     parse_sbatch(slurm.sbatch)
 
 
