@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import pickle
+import re
 import signal
 import stat
 import threading
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from shardbench.errors import ConfigError
 from shardbench.store import Store
 from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_jobs, slurm_options, sweep_cmd
@@ -345,7 +347,8 @@ def _sweep_args(*argv: str) -> argparse.Namespace:
 
 
 def fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """sbatch that takes every job (--test-only too), noting each call in the file returned; squeue lists none."""
+    """sbatch that takes every job (--test-only too), noting each call in the file returned; squeue lists none,
+    sacct and scontrol know none (a sweep that submits is over in a second: its jobs are recorded as crashed)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "sbatch-calls"
@@ -354,7 +357,10 @@ case "$*" in *--test-only*) echo 'sbatch: Job 50 to start at 2024-01-01T00:00:00
 """)
     _script(bin_dir / "squeue", "true\n")
     _script(bin_dir / "scancel", "true\n")
+    _script(bin_dir / "sacct", "exit 1\n")
+    _script(bin_dir / "scontrol", "exit 1\n")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_lib, "OUTCOME_GRACE_S", 0.5)
     return calls
 
 
@@ -372,3 +378,38 @@ def test_a_poll_or_timeout_that_is_no_number_of_seconds_is_refused_before_anythi
     err = capsys.readouterr().err
     assert code == 2 and f"{flag} must be" in err and len(err.strip().splitlines()) == 1, err
     assert not calls.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("item, own, flag", [
+    ("nodes=3", "nodes", "--slurm-nodes"), ("--ntasks-per-node=4", "ntasks-per-node", "from the plan"),
+    ("ntasks_per_node=4", "ntasks-per-node", "from the plan"), ("ntasks=8", "ntasks", "from the plan"),
+    ("tasks-per-node=2", "tasks-per-node", "from the plan"), ("gpus-per-node=4", "gpus-per-node",
+                                                              "--slurm-gpus-per-node"),
+    ("gpus=8", "gpus", "--slurm-gpus-per-node"), ("time=10", "time", "--slurm-time"),
+    ("part=gpu", "partition", "--slurm-partition"), ("account=a", "account", "--slurm-account"),
+    ("qos=high", "qos", "--slurm-qos"), ("array=0-9", "array", "--slurm-max-running"),
+    ("job-name=x", "job-name", "names each job"), ("output=/tmp/x", "output", "<out>/slurm/"),
+    ("error=/tmp/x", "error", "<out>/slurm/"), ("open-mode=truncate", "open-mode", "<out>/slurm/"),
+    ("signal=USR1@60", "signal", "submitit sets it")])
+def test_an_sbatch_option_the_executor_sets_itself_is_refused(item: str, own: str, flag: str) -> None:
+    """submitit writes --slurm-option's after its own settings: 'nodes=3' made every job 3 nodes, whatever the
+    plan, and sbatch --test-only checked the overridden job."""
+    with pytest.raises(ConfigError, match=rf"^--slurm-option '{item}' would replace sbatch --{own} of the job "
+                                          rf"shardbench plans: .*{re.escape(flag)}"):
+        slurm_options.check_options(SlurmOptions(sbatch=("mem=64G", item)))
+    assert slurm_options.parse_sbatch(["mem=64G", "exclusive", "constraint=a100", "wckey=proj", "time-min=30",
+                                       "gres=gpu:1", "hold"]) == {
+        "mem": "64G", "exclusive": True, "constraint": "a100", "wckey": "proj", "time_min": "30", "gres": "gpu:1",
+        "hold": True}
+
+
+def test_a_sweep_with_an_sbatch_option_the_executor_sets_is_refused_before_anything_is_submitted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("submitit")
+    calls = fake_sbatch(tmp_path, monkeypatch)
+    out = tmp_path / "s"
+    code = sweep_cmd.run(_sweep_args("--executor", "slurm", "--slurm-option", "ntasks-per-node=4", "--no-report",
+                                     "--out", str(out)))
+    err = capsys.readouterr().err
+    assert code == 2 and "--slurm-option 'ntasks-per-node=4' would replace" in err, err
+    assert len(err.strip().splitlines()) == 1 and not calls.exists() and not out.exists()

@@ -63,14 +63,39 @@ def parse_time(text: str) -> int:
     return math.ceil(seconds / 60)
 
 
+# The sbatch options the executor sets itself, from the plan or from a flag of its own: submitit writes
+# --slurm-option's after its own, so one of these would silently replace the job planned.
+_TASKS = "shardbench sets the job's tasks from the plan (one per process of the run: --processes, or one per GPU)"
+_LOGS = "shardbench (submitit) sends each job's output to <out>/slurm/, where the driver and --status read it"
+OWN_SBATCH = {
+    "nodes": "use --slurm-nodes (on GPUs a run's --devices decides its nodes)",
+    "ntasks": _TASKS, "ntasks-per-node": _TASKS, "tasks-per-node": _TASKS,
+    "gpus-per-node": "use --slurm-gpus-per-node", "gpus": "use --slurm-gpus-per-node",
+    "gpus-per-task": "use --slurm-gpus-per-node (each task takes the GPU of its local rank; see docs/clusters.md)",
+    "time": "use --slurm-time", "partition": "use --slurm-partition", "account": "use --slurm-account",
+    "qos": "use --slurm-qos",
+    "array": "use --slurm-max-running (shardbench puts the runs of one job shape in one job array)",
+    "job-name": "shardbench names each job after its run or the sweep",
+    "output": _LOGS, "error": _LOGS, "open-mode": _LOGS,
+    "signal": "submitit sets it: SLURM's signal 90 s before the time limit, at which the job ends",
+}
+
+
 def parse_sbatch(items: Iterable[str]) -> dict[str, Any]:
-    """--slurm-option values ('mem=64G', '--constraint=a100', 'exclusive') as submitit's extra sbatch parameters."""
+    """--slurm-option values ('mem=64G', '--constraint=a100', 'exclusive') as submitit's extra sbatch parameters.
+    One of the options shardbench sets itself (OWN_SBATCH), or what sbatch would read as one (it takes any
+    unambiguous beginning of an option's name: 'part' for 'partition'), is refused, naming the flag to use."""
     out: dict[str, Any] = {}
     for item in items:
         key, eq, value = item.strip().lstrip("-").partition("=")
         if not re.fullmatch(r"[A-Za-z][\w-]*", key) or (eq and not value):
             raise ConfigError(f"--slurm-option {item!r} is not an sbatch option: write it as KEY=VALUE (mem=64G) "
                               f"or a lone flag (exclusive)")
+        name = key.replace("_", "-")
+        own = name if name in OWN_SBATCH else next((o for o in OWN_SBATCH if o.startswith(name)), None)
+        if own is not None:
+            raise ConfigError(f"--slurm-option {item!r} would replace sbatch --{own} of the job shardbench plans: "
+                              f"{OWN_SBATCH[own]}")
         out[key.replace("-", "_")] = value if eq else True
     return out
 
