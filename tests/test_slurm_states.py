@@ -3,7 +3,10 @@
 
 A controller that cannot be reached makes squeue fail for minutes; its silence must not be taken for jobs that
 left the queue (they would be recorded as crashed and, on --resume, submitted again over the folders the
-original jobs still write to). A squeue that hangs is a failed read, not a crash of the driver.
+original jobs still write to). A squeue that hangs is a failed read, not a crash of the driver. A job SLURM
+preempts and requeues is followed to its second attempt's end. Inside a job, a run that reaches the job's time
+limit is a timeout. Flags that would crash the driver or replace the job planned are refused before anything is
+submitted.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import re
 import signal
 import stat
 import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -40,9 +45,10 @@ def _script(path: Path, body: str) -> None:
 
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: Path, fails: int) -> Path:
     """squeue fails (the controller unreachable) for its first `fails` calls, then lists no job: both jobs have
-    ended, each leaving the outcome file of a run whose processes could not join (exit 5). sacct says RUNNING
-    while squeue fails (the accounting holds the jobs as running), FAILED once they ended. sbatch notes that it
-    was called (`sbatch-called`) and refuses. Returns the folder."""
+    ended, each leaving the outcome file of a run whose processes could not join (exit 5). sacct fails while
+    squeue does (the database unreachable too: nothing says the jobs still run, so only the driver's refusal to
+    take squeue's failure for an empty queue keeps them followed), and says FAILED once they ended; scontrol
+    always fails. sbatch notes that it was called (`sbatch-called`) and refuses. Returns the folder."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "squeue-calls"
@@ -59,11 +65,13 @@ if [ "$n" -eq {fails} ]; then
 """)
     lines = "\n".join(f"{job}|$state|None|$code|2024-01-01T00:00:00|$end" for job in JOBS)
     _script(bin_dir / "sacct", f"""n=$(cat {calls})
-if [ "$n" -le {fails} ]; then state=RUNNING; code=0:0; end=Unknown; else state=FAILED; code=5:0; end=2024-01-01T00:01:00; fi
+if [ "$n" -le {fails} ]; then echo 'sacct: error: Problem talking to the database: Connection refused' >&2; exit 1; fi
+state=FAILED; code=5:0; end=2024-01-01T00:01:00
 cat <<EOF
 {lines}
 EOF
 """)
+    _script(bin_dir / "scontrol", f"echo '{UNREACHABLE}' >&2; exit 1\n")
     _script(bin_dir / "sbatch", f"touch {tmp_path / 'sbatch-called'}; echo 'sbatch: error: not in this test' >&2; exit 1\n")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return bin_dir
@@ -105,23 +113,32 @@ def test_a_failing_squeue_leaves_running_jobs_unrecorded_until_it_answers(
 def test_a_resume_while_squeue_fails_submits_nothing_again_and_keeps_the_run_folders(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The jobs of an earlier driver are followed, not recorded as crashed and submitted again: the folders they
-    write to stay. The sbatch on PATH only notes that it was called, and refuses."""
+    write to stay. squeue never answers; the user stops the driver (Ctrl-C) after twice the grace a job out of
+    the queue gets. The sbatch on PATH only notes that it was called, and refuses."""
     out = tmp_path / "s"
-    monkeypatch.setattr(slurm_lib, "OUTCOME_GRACE_S", 1.0)
-    fake_slurm(tmp_path, monkeypatch, out, fails=30)
+    monkeypatch.setattr(slurm_lib, "OUTCOME_GRACE_S", 0.5)  # 60 s in use
+    fake_slurm(tmp_path, monkeypatch, out, fails=1000)
     sweep, store = _sweep_store(out)
     for run in sweep.runs:
         (out / "runs" / run.name).mkdir(parents=True)
         (out / "runs" / run.name / "config.json").write_text("{}")  # what the running job wrote so far
+    began = time.monotonic()
+
+    def sleep(seconds: float) -> None:  # the driver's waits between reads; Ctrl-C after 1 s
+        if time.monotonic() - began > 1.0:
+            raise KeyboardInterrupt
+        time.sleep(seconds)
+
+    monkeypatch.setattr(slurm_lib, "time", SimpleNamespace(time=time.time, sleep=sleep))
     said: list[str] = []
     with store:
         code = slurm_lib.run_slurm_sweep(sweep, store, Options(out), SlurmOptions(poll_s=0.1), out=said.append)
-        kinds = [r.error_kind for r in store.runs()]
-    assert code == 0 and kinds == ["processes", "processes"]
-    assert not any(line.startswith("sweep: submitted") for line in said), said
-    assert "resuming: 0 of 2 runs complete, 2 SLURM job(s) still queued or running are followed" in said[1], said
+        rows = store.runs()
+        jobs = store.jobs()
+    assert code == 130 and rows == [], said
+    assert {(j.job_id, j.state) for j in jobs.values()} == {(JOBS[0], "RUNNING"), (JOBS[1], "RUNNING")}
     assert all((out / "runs" / r.name / "config.json").exists() for r in sweep.runs)
-    assert not (tmp_path / "sbatch-called").exists()
+    assert not (tmp_path / "sbatch-called").exists(), said
 
 
 def test_a_squeue_that_does_not_answer_is_a_failed_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
