@@ -3,21 +3,32 @@
 
 A controller that cannot be reached makes squeue fail for minutes; its silence must not be taken for jobs that
 left the queue (they would be recorded as crashed and, on --resume, submitted again over the folders the
-original jobs still write to). A squeue that hangs is a failed read, not a crash of the driver.
+original jobs still write to). A squeue that hangs is a failed read, not a crash of the driver. A job SLURM
+preempts and requeues is followed to its second attempt's end. Inside a job, a run that reaches the job's time
+limit is a timeout. Flags that would crash the driver or replace the job planned are refused before anything is
+submitted.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import pickle
+import re
+import signal
 import stat
+import threading
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from shardbench.errors import ConfigError
 from shardbench.store import Store
 from shardbench.sweep import slurm as slurm_lib
-from shardbench.sweep import slurm_jobs
+from shardbench.sweep import slurm_jobs, slurm_options, sweep_cmd
 from shardbench.sweep.grid import Sweep, make_sweep
 from shardbench.sweep.runner import Options
 from shardbench.sweep.slurm_options import SlurmOptions
@@ -34,9 +45,10 @@ def _script(path: Path, body: str) -> None:
 
 def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: Path, fails: int) -> Path:
     """squeue fails (the controller unreachable) for its first `fails` calls, then lists no job: both jobs have
-    ended, each leaving the outcome file of a run whose processes could not join (exit 5). sacct says RUNNING
-    while squeue fails (the accounting holds the jobs as running), FAILED once they ended. sbatch notes that it
-    was called (`sbatch-called`) and refuses. Returns the folder."""
+    ended, each leaving the outcome file of a run whose processes could not join (exit 5). sacct fails while
+    squeue does (the database unreachable too: nothing says the jobs still run, so only the driver's refusal to
+    take squeue's failure for an empty queue keeps them followed), and says FAILED once they ended; scontrol
+    always fails. sbatch notes that it was called (`sbatch-called`) and refuses. Returns the folder."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "squeue-calls"
@@ -53,11 +65,13 @@ if [ "$n" -eq {fails} ]; then
 """)
     lines = "\n".join(f"{job}|$state|None|$code|2024-01-01T00:00:00|$end" for job in JOBS)
     _script(bin_dir / "sacct", f"""n=$(cat {calls})
-if [ "$n" -le {fails} ]; then state=RUNNING; code=0:0; end=Unknown; else state=FAILED; code=5:0; end=2024-01-01T00:01:00; fi
+if [ "$n" -le {fails} ]; then echo 'sacct: error: Problem talking to the database: Connection refused' >&2; exit 1; fi
+state=FAILED; code=5:0; end=2024-01-01T00:01:00
 cat <<EOF
 {lines}
 EOF
 """)
+    _script(bin_dir / "scontrol", f"echo '{UNREACHABLE}' >&2; exit 1\n")
     _script(bin_dir / "sbatch", f"touch {tmp_path / 'sbatch-called'}; echo 'sbatch: error: not in this test' >&2; exit 1\n")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return bin_dir
@@ -99,23 +113,32 @@ def test_a_failing_squeue_leaves_running_jobs_unrecorded_until_it_answers(
 def test_a_resume_while_squeue_fails_submits_nothing_again_and_keeps_the_run_folders(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The jobs of an earlier driver are followed, not recorded as crashed and submitted again: the folders they
-    write to stay. The sbatch on PATH only notes that it was called, and refuses."""
+    write to stay. squeue never answers; the user stops the driver (Ctrl-C) after twice the grace a job out of
+    the queue gets. The sbatch on PATH only notes that it was called, and refuses."""
     out = tmp_path / "s"
-    monkeypatch.setattr(slurm_lib, "OUTCOME_GRACE_S", 1.0)
-    fake_slurm(tmp_path, monkeypatch, out, fails=30)
+    monkeypatch.setattr(slurm_lib, "OUTCOME_GRACE_S", 0.5)  # 60 s in use
+    fake_slurm(tmp_path, monkeypatch, out, fails=1000)
     sweep, store = _sweep_store(out)
     for run in sweep.runs:
         (out / "runs" / run.name).mkdir(parents=True)
         (out / "runs" / run.name / "config.json").write_text("{}")  # what the running job wrote so far
+    began = time.monotonic()
+
+    def sleep(seconds: float) -> None:  # the driver's waits between reads; Ctrl-C after 1 s
+        if time.monotonic() - began > 1.0:
+            raise KeyboardInterrupt
+        time.sleep(seconds)
+
+    monkeypatch.setattr(slurm_lib, "time", SimpleNamespace(time=time.time, sleep=sleep))
     said: list[str] = []
     with store:
         code = slurm_lib.run_slurm_sweep(sweep, store, Options(out), SlurmOptions(poll_s=0.1), out=said.append)
-        kinds = [r.error_kind for r in store.runs()]
-    assert code == 0 and kinds == ["processes", "processes"]
-    assert not any(line.startswith("sweep: submitted") for line in said), said
-    assert "resuming: 0 of 2 runs complete, 2 SLURM job(s) still queued or running are followed" in said[1], said
+        rows = store.runs()
+        jobs = store.jobs()
+    assert code == 130 and rows == [], said
+    assert {(j.job_id, j.state) for j in jobs.values()} == {(JOBS[0], "RUNNING"), (JOBS[1], "RUNNING")}
     assert all((out / "runs" / r.name / "config.json").exists() for r in sweep.runs)
-    assert not (tmp_path / "sbatch-called").exists()
+    assert not (tmp_path / "sbatch-called").exists(), said
 
 
 def test_a_squeue_that_does_not_answer_is_a_failed_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,3 +173,260 @@ def test_status_while_squeue_fails_shows_the_recorded_states(tmp_path: Path, mon
     assert lines[0] == (f"2 run(s): 2 RUNNING; states of jobs not yet ended from the store, as last recorded: "
                         f"squeue failed ({UNREACHABLE})")
     assert [line.split()[1:3] for line in lines[1:]] == [["41_0", "RUNNING"], ["41_1", "RUNNING"]]
+
+
+# ------------------------------------------------------------------------------------ preemption and requeue
+# What squeue and sacct say at each read of a job SLURM preempts (or whose node fails) and requeues under the same
+# id: squeue's line (None: not listed) and sacct's state. The last read: the second attempt has ended, leaving its
+# outcome and its run's summary.
+REQUEUES = {
+    "preempted": [("COMPLETING", "PREEMPTED"), ("PENDING", "PREEMPTED"), ("RUNNING", "RUNNING"),
+                  (None, "COMPLETED")],
+    "node failed, one read out of the queue": [(None, "NODE_FAIL"), ("PENDING", "PENDING"), ("RUNNING", "RUNNING"),
+                                              (None, "COMPLETED")],
+}
+
+
+def fake_requeue(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: Path, run: str,
+                 reads: list[tuple[str | None, str]]) -> None:
+    """squeue and sacct answer `reads` in turn (the last one from then on); sbatch notes that it was called."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "squeue-calls"
+    calls.write_text("0")
+    outcome = json.dumps({"job_id": "41_0", "returncode": 0, "stderr": [], "started": 1.0, "wall_s": 2.0})
+    last = len(reads) - 1
+    squeue = "".join(f"  {i}) echo '41_0|{word}|None' ;;\n" for i, (word, _) in enumerate(reads) if word)
+    _script(bin_dir / "squeue", f"""n=$(cat {calls}); echo $((n + 1)) > {calls}
+if [ "$n" -ge {last} ]; then n={last}; fi
+if [ "$n" -eq {last} ]; then
+  mkdir -p {out / 'slurm'} {out / 'runs' / run}
+  echo '{outcome}' > {slurm_lib.outcome_path(out, '41_0')}
+  echo '{{"steps": 4}}' > {out / 'runs' / run / 'summary.json'}
+fi
+case $n in
+{squeue}esac
+""")
+    sacct = "".join(f"  {i}) state={word} ;;\n" for i, (_, word) in enumerate(reads))
+    _script(bin_dir / "sacct", f"""n=$(($(cat {calls}) - 1)); if [ "$n" -gt {last} ]; then n={last}; fi
+case $n in
+{sacct}esac
+echo "41_0|$state|None|0:0|2024-01-01T00:00:00|2024-01-01T00:05:00"
+""")
+    _script(bin_dir / "sbatch", f"touch {tmp_path / 'sbatch-called'}; echo 'sbatch: error: not in this test' >&2; exit 1\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("case", list(REQUEUES))
+def test_a_requeued_job_is_followed_to_its_end_not_recorded_as_killed_and_submitted_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """A resume whose first read falls while SLURM ends the preempted job (or, its node failed, no longer lists
+    it for a moment) follows the job, requeued, to its second attempt's end: one complete row, nothing submitted."""
+    out = tmp_path / "s"
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8"})
+    (run,) = sweep.runs
+    fake_requeue(tmp_path, monkeypatch, out, run.name, REQUEUES[case])
+    said: list[str] = []
+    with Store(out / "sweep.db") as store:
+        for key, value in plan_meta(sweep, {}).items():
+            store.set_meta(key, value)
+        store.set_job(run.name, "41_0", "RUNNING")  # as the first driver last saw it
+        code = slurm_lib.run_slurm_sweep(sweep, store, Options(out), SlurmOptions(poll_s=0.05), out=said.append)
+        rows = [(r.name, r.status) for r in store.runs()]
+        job = store.jobs()[run.name]
+    assert code == 0 and rows == [(run.name, "complete")], said
+    assert (job.job_id, job.state) == ("41_0", "COMPLETED")
+    assert not (tmp_path / "sbatch-called").exists(), said
+    assert [line for line in said if "[job 41_0]" in line] == [line for line in said if line.startswith("[1/1]")]
+    assert len([line for line in said if line.startswith("[1/1]")]) == 1, said
+
+
+@pytest.mark.parametrize("squeue, sacct, state", [
+    ("COMPLETING", "PREEMPTED", "COMPLETING"), ("COMPLETING", "NODE_FAIL", "COMPLETING"),
+    ("COMPLETING", "CANCELLED by 0", "CANCELLED by 0"), ("SPECIAL_EXIT", "SPECIAL_EXIT", "SPECIAL_EXIT")])
+def test_a_job_squeue_lists_stays_live_while_slurm_may_requeue_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, squeue: str, sacct: str, state: str) -> None:
+    """COMPLETING after a preemption or a node failure is not the end where SLURM requeues; after scancel it is."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "squeue", f"echo '41_0|{squeue}|None'\n")
+    _script(bin_dir / "sacct", f"echo '41_0|{sacct}|None|0:0|2024-01-01T00:00:00|2024-01-01T00:01:00'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    found = slurm_jobs.job_states(["41_0"])[0]["41_0"]
+    assert (found.state, found.live) == (state, state != "CANCELLED by 0")
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the run is `sh` or `sleep`, not JAX
+def test_a_requeued_jobs_task_starts_without_its_first_attempts_outcome(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first attempt, preempted, left 'killed by SIGTERM' (-15); the second's run must not be read as that
+    (while it runs, or if it dies without writing its own). The run checks that the file is gone as it starts."""
+    monkeypatch.setenv("SLURM_JOB_ID", "88")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    path = slurm_lib.outcome_path(tmp_path, "88")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"job_id": "88", "returncode": -15, "stderr": [], "started": 1.0, "wall_s": 2.0}))
+    result = slurm_lib.run_task(slurm_lib.TaskSpec("base", ["sh", "-c", f"test ! -e {path}"], str(tmp_path), 60.0))
+    assert result["returncode"] == 0
+    assert json.loads(path.read_text())["returncode"] == 0
+
+
+def test_a_preempted_job_slurm_does_not_requeue_is_recorded_as_killed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PreemptMode=CANCEL: squeue lists the job COMPLETING, then no more; at the second read without it, killed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "squeue-calls"
+    calls.write_text("0")
+    _script(bin_dir / "squeue", f"n=$(cat {calls}); echo $((n + 1)) > {calls}; "
+                                f"if [ \"$n\" -eq 0 ]; then echo '41_0|COMPLETING|None'; fi\n")
+    _script(bin_dir / "sacct", "echo '41_0|PREEMPTED|None|0:15|2024-01-01T00:00:00|2024-01-01T00:05:00'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "s"
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8"})
+    (run,) = sweep.runs
+    with Store(out / "sweep.db") as store:
+        slurm_lib._follow(sweep, store, Options(out), SlurmOptions(poll_s=0.05), {run.name: "41_0"}, lambda _: None)
+        rows = [(r.status, r.error_kind, r.error) for r in store.runs()]
+    assert rows == [("failed", "killed", "SLURM job 41_0 PREEMPTED")]
+    assert calls.read_text().strip() == "3"  # COMPLETING, out of the queue, out of the queue again: recorded
+
+
+# ------------------------------------------------------------------------------------------ the time limit
+def test_the_runs_own_time_limit_ends_before_the_jobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--slurm-time 30 with --timeout 1800: the run stops itself 180 s before the job's limit, ahead of the
+    signal submitit has SLURM send 90 s before it (up to 60 s sooner). The submitted task carries that limit."""
+    pytest.importorskip("submitit")
+    opts = Options(tmp_path / "s", timeout_s=1800.0)
+    assert slurm_options.run_timeout_s(SlurmOptions(time_min=30), opts) == 30 * 60 - 180
+    assert slurm_options.run_timeout_s(SlurmOptions(time_min=60), opts) == 1800  # --timeout comes first
+    assert slurm_options.run_timeout_s(SlurmOptions(), opts) == 1800  # the job's limit is --timeout + 10 min
+    assert slurm_options.run_timeout_s(SlurmOptions(time_min=2), opts) == 1800  # too short: run_task's catch
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "sbatch", "echo 'Submitted batch job 43'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8"})
+    slurm = SlurmOptions(time_min=30)
+    with Store(opts.sweep_dir / "sweep.db") as store:
+        assert slurm_lib.submit(sweep, sweep.runs, opts, slurm, slurm_options.check_shapes(sweep, opts, slurm),
+                                store) == {sweep.runs[0].name: "43"}
+    with open(opts.sweep_dir / "slurm" / "43_submitted.pkl", "rb") as f:
+        (spec,) = pickle.load(f).args
+    assert (spec.timeout_s, spec.time_limit_min) == (1620, 30)
+    slurm_lib.outcome_path(opts.sweep_dir, "43").write_text(json.dumps(
+        {"job_id": "43", "returncode": None, "stderr": [], "started": 1.0, "wall_s": 1620.0, "timeout_s": 1620.0}))
+    row = slurm_lib.row_for(sweep, sweep.runs[0], opts, "43", slurm_jobs.JobState("COMPLETED", "", "0:0"))
+    assert (row.error_kind, row.error) == ("timeout", "no result within the 1620 s time limit: stopped (the job's "
+                                                      "time limit less 180 s, which comes before --timeout 1800)")
+
+
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")  # the run is `sh` or `sleep`, not JAX
+def test_a_run_submitit_stops_at_slurms_signal_is_a_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """submitit's own handler of USR2 (SLURM's signal 90 s before the job's limit) raises in run_task's wait: the
+    run is stopped, its outcome says timeout, and the exception goes on to submitit, which ends the job FAILED."""
+    pytest.importorskip("submitit")
+    from submitit.core import job_environment, utils
+
+    class Env:  # rank 0 of the job, as SlurmJobEnvironment would say
+        global_rank = 0
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8"})
+    (run,) = sweep.runs
+    spec = slurm_lib.TaskSpec(run.name, ["sleep", "30"], str(tmp_path), 1800.0, time_limit_min=5)
+    delayed = utils.DelayedSubmission(slurm_lib.run_task, spec)
+    delayed.set_timeout(5, 0)  # --time=5, max_num_timeout=0, as _executor submits it
+    handler = job_environment.SignalHandler(Env(), None, delayed)  # type: ignore[arg-type]
+    before = signal.signal(signal.SIGUSR2, handler.checkpoint_and_try_requeue)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR2))
+    try:
+        timer.start()
+        with pytest.raises(utils.UncompletedJobError):
+            slurm_lib.run_task(spec)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR2, before)
+    saved = json.loads(slurm_lib.outcome_path(tmp_path, "77").read_text())
+    assert saved["returncode"] is None and saved["wall_s"] < 10
+    row = slurm_lib.row_for(sweep, run, Options(tmp_path), "77", slurm_jobs.JobState("FAILED", "", "1:0"))
+    assert (row.status, row.error_kind, row.error) == (
+        "failed", "timeout", "no result within the job's 5-minute SLURM time limit: stopped at SLURM's signal, 90 s "
+                             "before it")
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+def _sweep_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="shardbench")
+    sweep_cmd.add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["sweep", "--preset", "mlp-small", "--batch-size", "8,16", *argv])
+
+
+def fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """sbatch that takes every job (--test-only too), noting each call in the file returned; squeue lists none,
+    sacct and scontrol know none (a sweep that submits is over in a second: its jobs are recorded as crashed)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "sbatch-calls"
+    _script(bin_dir / "sbatch", f"""echo "$@" >> {calls}
+case "$*" in *--test-only*) echo 'sbatch: Job 50 to start at 2024-01-01T00:00:00' >&2 ;; *) echo 'Submitted batch job 50' ;; esac
+""")
+    _script(bin_dir / "squeue", "true\n")
+    _script(bin_dir / "scancel", "true\n")
+    _script(bin_dir / "sacct", "exit 1\n")
+    _script(bin_dir / "scontrol", "exit 1\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_lib, "OUTCOME_GRACE_S", 0.5)
+    return calls
+
+
+@pytest.mark.parametrize("flag, value", [("--slurm-poll", "nan"), ("--slurm-poll", "inf"), ("--slurm-poll", "1e10"),
+                                         ("--timeout", "nan"), ("--timeout", "inf")])
+def test_a_poll_or_timeout_that_is_no_number_of_seconds_is_refused_before_anything_is_submitted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str,
+        value: str) -> None:
+    """Accepted, they crashed the driver after its jobs were submitted (time.sleep(nan)) or in the job's time
+    limit (ceil(inf / 60)), the bad value stored in the sweep's meta."""
+    pytest.importorskip("submitit")
+    calls = fake_sbatch(tmp_path, monkeypatch)
+    out = tmp_path / "s"
+    code = sweep_cmd.run(_sweep_args("--executor", "slurm", flag, value, "--no-report", "--out", str(out)))
+    err = capsys.readouterr().err
+    assert code == 2 and f"{flag} must be" in err and len(err.strip().splitlines()) == 1, err
+    assert not calls.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("item, own, flag", [
+    ("nodes=3", "nodes", "--slurm-nodes"), ("--ntasks-per-node=4", "ntasks-per-node", "from the plan"),
+    ("ntasks_per_node=4", "ntasks-per-node", "from the plan"), ("ntasks=8", "ntasks", "from the plan"),
+    ("tasks-per-node=2", "tasks-per-node", "from the plan"), ("gpus-per-node=4", "gpus-per-node",
+                                                              "--slurm-gpus-per-node"),
+    ("gpus=8", "gpus", "--slurm-gpus-per-node"), ("time=10", "time", "--slurm-time"),
+    ("part=gpu", "partition", "--slurm-partition"), ("account=a", "account", "--slurm-account"),
+    ("qos=high", "qos", "--slurm-qos"), ("array=0-9", "array", "--slurm-max-running"),
+    ("job-name=x", "job-name", "names each job"), ("output=/tmp/x", "output", "<out>/slurm/"),
+    ("error=/tmp/x", "error", "<out>/slurm/"), ("open-mode=truncate", "open-mode", "<out>/slurm/"),
+    ("signal=USR1@60", "signal", "submitit sets it")])
+def test_an_sbatch_option_the_executor_sets_itself_is_refused(item: str, own: str, flag: str) -> None:
+    """submitit writes --slurm-option's after its own settings: 'nodes=3' made every job 3 nodes, whatever the
+    plan, and sbatch --test-only checked the overridden job."""
+    with pytest.raises(ConfigError, match=rf"^--slurm-option '{item}' would replace sbatch --{own} of the job "
+                                          rf"shardbench plans: .*{re.escape(flag)}"):
+        slurm_options.check_options(SlurmOptions(sbatch=("mem=64G", item)))
+    assert slurm_options.parse_sbatch(["mem=64G", "exclusive", "constraint=a100", "wckey=proj", "time-min=30",
+                                       "gres=gpu:1", "hold"]) == {
+        "mem": "64G", "exclusive": True, "constraint": "a100", "wckey": "proj", "time_min": "30", "gres": "gpu:1",
+        "hold": True}
+
+
+def test_a_sweep_with_an_sbatch_option_the_executor_sets_is_refused_before_anything_is_submitted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("submitit")
+    calls = fake_sbatch(tmp_path, monkeypatch)
+    out = tmp_path / "s"
+    code = sweep_cmd.run(_sweep_args("--executor", "slurm", "--slurm-option", "ntasks-per-node=4", "--no-report",
+                                     "--out", str(out)))
+    err = capsys.readouterr().err
+    assert code == 2 and "--slurm-option 'ntasks-per-node=4' would replace" in err, err
+    assert len(err.strip().splitlines()) == 1 and not calls.exists() and not out.exists()

@@ -32,8 +32,10 @@ from shardbench.store import JobRow, RunRow, Store
 from shardbench.sweep.grid import PlannedRun, Sweep, run_config, stored_sweep
 from shardbench.sweep.runner import (Options, Outcome, _one_line, _read_json, classify, refused_row, run_process,
                                      train_command)
-from shardbench.sweep.slurm_jobs import KILLED_KINDS, LIVE_STATES, JobState, ReadFailed, job_states, run_command
-from shardbench.sweep.slurm_options import Shape, SlurmOptions, check_shapes, parse_sbatch, time_limit_min
+from shardbench.sweep.slurm_jobs import (KILLED_KINDS, LIVE_STATES, REQUEUED_AFTER, JobState, ReadFailed, job_states,
+                                         run_command)
+from shardbench.sweep.slurm_options import (SIGNAL_MARGIN_S, Shape, SlurmOptions, check_shapes, parse_sbatch,
+                                            run_timeout_s, time_limit_min)
 
 OUTCOME_GRACE_S = 60.0  # a job SLURM calls finished whose outcome file has not appeared (a slow shared filesystem)
 _SIM_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
@@ -47,9 +49,10 @@ class TaskSpec:
     name: str
     cmd: list[str]
     sweep_dir: str
-    timeout_s: float
+    timeout_s: float  # the run's own: --timeout, or less to end before the job's (run_timeout_s)
     env: dict[str, str] = field(default_factory=dict)
     local_devices: int = 0
+    time_limit_min: int = 0  # the job's, SLURM's
 
 
 def outcome_path(sweep_dir: Path, job_id: str) -> Path:
@@ -75,26 +78,58 @@ def task_environ(spec: TaskSpec, environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def _signal_stops() -> tuple[type[BaseException], ...]:
+    """What submitit raises in the job's main thread at SLURM's signal before the time limit (USR2, 90 s ahead;
+    with max_num_timeout=0 it requeues no job on it): none outside submitit."""
+    try:
+        from submitit.core.utils import UncompletedJobError
+    except ImportError:
+        return ()
+    return (UncompletedJobError,)
+
+
 def run_task(spec: TaskSpec) -> dict[str, Any]:
     """One SLURM task of a run's job: start `shardbench train` and wait for it. Task 0 logs to the run's log as a
-    local sweep does (other tasks beside it, .p<rank>.log) and writes the outcome the driver records."""
+    local sweep does (other tasks beside it, .p<rank>.log) and writes the outcome the driver records; a run that
+    submitit stops at SLURM's signal before the job's time limit is a timeout (its outcome says so), and the
+    exception goes on to submitit, which ends the job."""
     rank = int(os.environ.get("SLURM_PROCID", "0"))
     sweep_dir = Path(spec.sweep_dir)
     run_dir = sweep_dir / "runs" / spec.name
-    if rank == 0 and run_dir.exists() and not (run_dir / "summary.json").exists():
-        shutil.rmtree(run_dir, ignore_errors=True)  # a requeued job (preemption) starts its run afresh
+    if rank == 0:  # a requeued job (preemption, a failed node) starts its run afresh, and without the outcome
+        # its first attempt left (killed by SIGTERM), which the driver would otherwise read as this attempt's
+        outcome_path(sweep_dir, _job_id(os.environ)).unlink(missing_ok=True)
+        if run_dir.exists() and not (run_dir / "summary.json").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
     log = sweep_dir / "runs" / (f"{spec.name}.log" if rank == 0 else f"{spec.name}.p{rank}.log")
-    outcome = run_process(spec.cmd, log, spec.timeout_s, task_environ(spec, os.environ))
-    result = {"job_id": _job_id(os.environ), "rank": rank, "returncode": outcome.returncode,
-              "stderr": outcome.stderr[-60:], "started": outcome.started, "wall_s": outcome.wall_s,
-              "peak_rss_bytes": outcome.peak_rss_bytes, "oom_kills": outcome.oom_kills}
+    stops, started = _signal_stops(), time.time()
+    try:
+        outcome = run_process(spec.cmd, log, spec.timeout_s, task_environ(spec, os.environ))
+    except stops:  # run_process has stopped the run
+        limit = f"{spec.time_limit_min}-minute " if spec.time_limit_min else ""
+        stopped = f"no result within the job's {limit}SLURM time limit: stopped at SLURM's signal, 90 s before it"
+        _write_outcome(sweep_dir, rank, {**_result(Outcome(None, [], started, time.time() - started), rank, spec),
+                                         "stopped": stopped})
+        raise
+    result = _result(outcome, rank, spec)
+    _write_outcome(sweep_dir, rank, result)
+    return result
+
+
+def _result(outcome: Outcome, rank: int, spec: TaskSpec) -> dict[str, Any]:
+    return {"job_id": _job_id(os.environ), "rank": rank, "returncode": outcome.returncode,
+            "stderr": outcome.stderr[-60:], "started": outcome.started, "wall_s": outcome.wall_s,
+            "peak_rss_bytes": outcome.peak_rss_bytes, "oom_kills": outcome.oom_kills, "timeout_s": spec.timeout_s}
+
+
+def _write_outcome(sweep_dir: Path, rank: int, result: dict[str, Any]) -> None:
+    """Task 0's outcome, for the driver (written whole: the driver may read it at any moment)."""
     if rank == 0:
         path = outcome_path(sweep_dir, result["job_id"])
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(result))
         tmp.replace(path)
-    return result
 
 
 # --------------------------------------------------------------------------------------------- recording
@@ -133,11 +168,25 @@ def row_for(sweep: Sweep, run: PlannedRun, opts: Options, job_id: str, state: Jo
             own = ": " + classify(outcome, log_path, opts.timeout_s)[1]
         return _failed(sweep, run, KILLED_KINDS[state.word], said + own, started, ended)
     if outcome is not None:
-        kind, message = classify(outcome, log_path, opts.timeout_s)
+        kind, message = _own_ending(outcome, saved or {}, log_path, opts)
         return _failed(sweep, run, kind, message, started, ended)
     code = f", exit {state.exit_code}" if state.exit_code else ""
     return _failed(sweep, run, "crash", f"{said}{code} without a result from its run; see {log_path} and "
                                         f"{opts.sweep_dir / 'slurm'}", started, ended)
+
+
+def _own_ending(outcome: Outcome, saved: dict[str, Any], log_path: Path, opts: Options) -> tuple[str, str]:
+    """(error kind, message) of a run that ended inside its job without a result. A run stopped at a time limit
+    ran under its task's own (--timeout, or less to end before the job's: the message says which), or was
+    stopped at SLURM's signal before the job's limit: a timeout either way."""
+    if outcome.returncode is None and saved.get("stopped"):
+        return "timeout", _one_line(str(saved["stopped"]))
+    limit = float(saved.get("timeout_s") or opts.timeout_s)
+    kind, message = classify(outcome, log_path, limit)
+    if outcome.returncode is None and limit < opts.timeout_s:
+        message += (f" (the job's time limit less {SIGNAL_MARGIN_S} s, which comes before --timeout "
+                    f"{opts.timeout_s:g})")
+    return kind, message
 
 
 # ------------------------------------------------------------------------------------------------ submitting
@@ -178,7 +227,8 @@ def submit(sweep: Sweep, runs: list[PlannedRun], opts: Options, slurm: SlurmOpti
             if leftover.exists():  # a run of an earlier job that did not finish: its directory would refuse `train`
                 shutil.rmtree(leftover)
             specs.append(TaskSpec(run.name, train_command(sweep.base_preset, run, opts, launch=False),
-                                  str(opts.sweep_dir.resolve()), opts.timeout_s, dict(opts.env), shape.local_devices))
+                                  str(opts.sweep_dir.resolve()), run_timeout_s(slurm, opts), dict(opts.env),
+                                  shape.local_devices, time_limit_min(slurm, opts)))
         name = f"sb-{group[0].name}" if len(group) == 1 else f"sb-{sweep.label}"
         executor = _executor(opts.sweep_dir, slurm, opts, shape, name, len(group))
         try:
@@ -259,10 +309,13 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
     """Read job states until every job in `pending` ({run name: job id}) has ended and its run is recorded
     (`once`: only until none is ending, recording those that have ended, so that a resume knows which runs to
     submit again: a job SLURM is cleaning up after scancel, or one out of the queue whose final word has not yet
-    come, is waited for up to OUTCOME_GRACE_S). Recorded runs leave `pending`."""
+    come, is waited for up to OUTCOME_GRACE_S). A job preempted or on a failed node is recorded once squeue has
+    not listed it at two reads in a row: SLURM may requeue it, and a requeued job is listed again (PENDING), to
+    be followed, not recorded as killed and submitted a second time. Recorded runs leave `pending`."""
     total = len(sweep.runs)
     by_name = {r.name: r for r in sweep.runs}
     unsettled: dict[str, float] = {}  # since when a job has been ending without a final word
+    out_of_queue: set[str] = set()  # runs whose job squeue did not list at the last read, ended as REQUEUED_AFTER
     started = time.time()
     failing = False  # squeue could not be read at the last poll
     while pending:
@@ -288,7 +341,12 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
                     unsettled.pop(name, None)
                 else:
                     ending = True
+                out_of_queue.discard(name)
                 store.set_job(name, job_id, state.word, state.reason or None)
+                continue
+            if state is not None and state.word in REQUEUED_AFTER and name not in out_of_queue:
+                out_of_queue.add(name)  # a requeue shows at the next read, PENDING again
+                ending = True
                 continue
             has_outcome = outcome_path(opts.sweep_dir, job_id).exists()
             # Out of the queue, but not yet in the accounting (or, done, its outcome not yet through the shared

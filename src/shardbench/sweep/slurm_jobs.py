@@ -14,10 +14,13 @@ import time
 from dataclasses import dataclass
 
 # SLURM's job states: those it may still leave, and how the final ones that are not a finished process map onto
-# the sweep's error kinds.
+# the sweep's error kinds. SPECIAL_EXIT is a job requeued and held (a release runs it again).
 LIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED",
                          "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD",
-                         "SUBMITTED"})
+                         "SPECIAL_EXIT", "SUBMITTED"})
+# Endings SLURM may follow with a requeue of the same job id (PreemptMode=REQUEUE, a failed node or boot): final
+# only once squeue no longer lists the job, since a requeued job stays in the queue, PENDING again.
+REQUEUED_AFTER = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
 KILLED_KINDS = {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "oom", "CANCELLED": "killed",
                 "PREEMPTED": "killed", "NODE_FAIL": "killed", "BOOT_FAIL": "killed", "REVOKED": "killed"}
 
@@ -136,9 +139,18 @@ def scontrol_states(job_ids: list[str]) -> dict[str, JobState]:
 
 
 def _merge(found: dict[str, JobState], later: dict[str, JobState], rest: list[str]) -> None:
-    """Add what sacct or scontrol say of the jobs in `rest`: a final state always (it replaces squeue's
-    COMPLETING), a live one only for a job squeue did not list (squeue's own word is the more current)."""
-    found.update({j: st for j, st in later.items() if j in rest and (not st.live or j not in found)})
+    """Add what sacct or scontrol say of the jobs in `rest`: for a job squeue did not list, any state; for one it
+    calls COMPLETING, a final state replaces that, except an ending SLURM may requeue (REQUEUED_AFTER): the job
+    stays COMPLETING, with that word as its reason, until squeue lists it again (requeued) or no more (ended)."""
+    for j, st in later.items():
+        if j not in rest:
+            continue
+        if j not in found:
+            found[j] = st
+        elif not st.live and st.word not in REQUEUED_AFTER:
+            found[j] = st
+        elif not st.live and not found[j].reason:
+            found[j] = JobState(found[j].state, st.word)
 
 
 def job_states(job_ids: list[str]) -> tuple[dict[str, JobState], str]:
@@ -147,7 +159,8 @@ def job_states(job_ids: list[str]) -> tuple[dict[str, JobState], str]:
     job ended; without accounting, scontrol, which remembers ended jobs for a few minutes. A job absent from
     all is left out (just submitted, or just ended and not yet accounted for). A job squeue calls COMPLETING
     has ended and is being cleaned up (after scancel, for seconds): its final state, where the accounting or the
-    controller already has it, is the one given. Raises ReadFailed when squeue cannot be read."""
+    controller already has it, is the one given, unless SLURM may requeue the job after it (a preemption, a
+    failed node): then it stays COMPLETING. Raises ReadFailed when squeue cannot be read."""
     if not job_ids:
         return {}, "squeue and sacct"
     found = squeue_states(job_ids)

@@ -23,6 +23,7 @@ from shardbench.sweep.runner import Options, _one_line, run_processes
 from shardbench.sweep.slurm_jobs import run_command
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+MAX_POLL_S = 86400.0  # --slurm-poll: a day between reads at most (time.sleep refuses about 1e10 s)
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,39 @@ def parse_time(text: str) -> int:
     return math.ceil(seconds / 60)
 
 
+# The sbatch options the executor sets itself, from the plan or from a flag of its own: submitit writes
+# --slurm-option's after its own, so one of these would silently replace the job planned.
+_TASKS = "shardbench sets the job's tasks from the plan (one per process of the run: --processes, or one per GPU)"
+_LOGS = "shardbench (submitit) sends each job's output to <out>/slurm/, where the driver and --status read it"
+OWN_SBATCH = {
+    "nodes": "use --slurm-nodes (on GPUs a run's --devices decides its nodes)",
+    "ntasks": _TASKS, "ntasks-per-node": _TASKS, "tasks-per-node": _TASKS,
+    "gpus-per-node": "use --slurm-gpus-per-node", "gpus": "use --slurm-gpus-per-node",
+    "gpus-per-task": "use --slurm-gpus-per-node (each task takes the GPU of its local rank; see docs/clusters.md)",
+    "time": "use --slurm-time", "partition": "use --slurm-partition", "account": "use --slurm-account",
+    "qos": "use --slurm-qos",
+    "array": "use --slurm-max-running (shardbench puts the runs of one job shape in one job array)",
+    "job-name": "shardbench names each job after its run or the sweep",
+    "output": _LOGS, "error": _LOGS, "open-mode": _LOGS,
+    "signal": "submitit sets it: SLURM's signal 90 s before the time limit, at which the job ends",
+}
+
+
 def parse_sbatch(items: Iterable[str]) -> dict[str, Any]:
-    """--slurm-option values ('mem=64G', '--constraint=a100', 'exclusive') as submitit's extra sbatch parameters."""
+    """--slurm-option values ('mem=64G', '--constraint=a100', 'exclusive') as submitit's extra sbatch parameters.
+    One of the options shardbench sets itself (OWN_SBATCH), or what sbatch would read as one (it takes any
+    unambiguous beginning of an option's name: 'part' for 'partition'), is refused, naming the flag to use."""
     out: dict[str, Any] = {}
     for item in items:
         key, eq, value = item.strip().lstrip("-").partition("=")
         if not re.fullmatch(r"[A-Za-z][\w-]*", key) or (eq and not value):
             raise ConfigError(f"--slurm-option {item!r} is not an sbatch option: write it as KEY=VALUE (mem=64G) "
                               f"or a lone flag (exclusive)")
+        name = key.replace("_", "-")
+        own = name if name in OWN_SBATCH else next((o for o in OWN_SBATCH if o.startswith(name)), None)
+        if own is not None:
+            raise ConfigError(f"--slurm-option {item!r} would replace sbatch --{own} of the job shardbench plans: "
+                              f"{OWN_SBATCH[own]}")
         out[key.replace("-", "_")] = value if eq else True
     return out
 
@@ -79,8 +105,9 @@ def check_options(slurm: SlurmOptions) -> None:
     if slurm.nodes < 1 or slurm.gpus_per_node < 0 or slurm.max_running < 0:
         raise ConfigError(f"--slurm-nodes must be at least 1 and --slurm-gpus-per-node and --slurm-max-running 0 or "
                           f"more, got {slurm.nodes}, {slurm.gpus_per_node} and {slurm.max_running}")
-    if slurm.poll_s <= 0:
-        raise ConfigError(f"--slurm-poll must be a positive number of seconds, got {slurm.poll_s:g}")
+    if not 0 < slurm.poll_s <= MAX_POLL_S:  # nan too: the driver sleeps this long between reads
+        raise ConfigError(f"--slurm-poll must be a number of seconds above 0 and at most {MAX_POLL_S:g} (a day), got "
+                          f"{slurm.poll_s:g}")
     parse_sbatch(slurm.sbatch)
 
 
@@ -235,3 +262,17 @@ def check_submittable(shapes: dict[str, Shape], opts: Options, slurm: SlurmOptio
 def time_limit_min(slurm: SlurmOptions, opts: Options) -> int:
     """The job's time limit: as given, else the run's own time limit and 10 minutes to start up and write."""
     return slurm.time_min or math.ceil(opts.timeout_s / 60) + 10
+
+
+# submitit has SLURM signal the job 90 s before its time limit (#SBATCH --signal=USR2@90; SLURM may send it up to
+# 60 s sooner), and then ends the job; the run's own limit ends this much before the job's, 30 s left to start it.
+SIGNAL_MARGIN_S = 180
+
+
+def run_timeout_s(slurm: SlurmOptions, opts: Options) -> float:
+    """The run's own time limit inside its job: --timeout, or, where --slurm-time leaves less, the job's limit
+    less SIGNAL_MARGIN_S, so that a run that reaches the job's limit is stopped by its own and recorded as a
+    timeout, before submitit's signal ends the job (a job too short for the margin keeps --timeout: run_task
+    records that signal as a timeout too)."""
+    before_signal = time_limit_min(slurm, opts) * 60 - SIGNAL_MARGIN_S
+    return min(opts.timeout_s, before_signal) if before_signal > 0 else opts.timeout_s

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import math
 import os
 import sys
 import time
@@ -347,8 +348,8 @@ def run(args: argparse.Namespace) -> int:
             slurm_lib.check_no_live_jobs(Path(args.out))
         if options["profile"] and not has_field("train.profile_root"):
             raise ConfigError("--profile: this shardbench's train has no train.profile_root field")
-        if options["timeout"] <= 0:
-            raise ConfigError(f"--timeout must be positive, got {options['timeout']:g}")
+        if not math.isfinite(options["timeout"]) or options["timeout"] <= 0:
+            raise ConfigError(f"--timeout must be a positive, finite number of seconds, got {options['timeout']:g}")
         if options["processes"] < 1 or options["devices_per_process"] < 0:
             raise ConfigError(f"--processes must be at least 1 and --devices-per-process 0 or more, got "
                               f"{options['processes']} and {options['devices_per_process']}")
