@@ -1,6 +1,6 @@
 """A small ConvNet for 32x32 images, written the way flax's own nnx examples write models.
 
-Train it under any strategy with:
+Train it under dp, fsdp, tp, zero1/zero2 or a 2-D mix of them with:
 
     shardbench train --model examples/convnet.py:build --task classify --data synthetic --devices 8 --strategy tp
 

@@ -1,6 +1,6 @@
 """A small decoder-only Transformer language model, written the way flax's own nnx examples write models.
 
-Train it on next-token prediction under any strategy with:
+Train it on next-token prediction under dp, fsdp, tp, zero1/zero2 or a 2-D mix of them with:
 
     shardbench train --model examples/transformer.py:build --task next-token --data tokens-uniform \
         --model.vocab-size 256 --model.seq-len 64 --devices 8 --strategy fsdp

@@ -24,3 +24,18 @@ def test_the_table_has_every_field_with_its_choices_and_range() -> None:
             assert f"`{choice or chr(39) * 2}`" in row, (key, choice)
         if spec.range is not None:
             assert spec.range.text() in row, key
+
+
+def test_plan_and_tune_help_give_the_defaults_of_their_comma_lists() -> None:
+    """plan and tune read --remat as a list whose default is none and block, not the preset's single 'none'."""
+    import argparse
+
+    from shardbench.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name in ("plan", "tune"):
+        remat = next(a for a in commands[name]._actions if a.dest == "model.remat")
+        assert "here a comma list; default: 'none,block'" in remat.help and "vit-seed: 'none'" not in remat.help
+    train = next(a for a in commands["train"]._actions if a.dest == "model.remat")
+    assert "vit-seed: 'none'" in train.help

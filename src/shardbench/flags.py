@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shardbench import config as config_lib
@@ -29,9 +29,10 @@ def metavar(kind: Any) -> str:
     return "A,B" if typing.get_origin(kind) is tuple else getattr(kind, "__name__", "X").upper()
 
 
-def described(spec: Spec, default: Any) -> str:
-    """A field's help with what its declaration adds: the vit-seed default, the choices and the range."""
-    extras = [f"vit-seed: {default!r}"]
+def described(spec: Spec, default: Any, default_text: str | None = None) -> str:
+    """A field's help with what its declaration adds: the vit-seed default (or `default_text`, a command's own
+    reading of the field, in which '{default}' stands for vit-seed's), the choices and the range."""
+    extras = [default_text.format(default=repr(default)) if default_text else f"vit-seed: {default!r}"]
     if spec.choices:
         extras.append(("each one of: " if spec.comma_list else "choices: ") + spec.choices_text())
     if spec.range is not None:
@@ -39,8 +40,10 @@ def described(spec: Spec, default: Any) -> str:
     return f"{spec.help} ({'; '.join(extras)})"
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """One argument per Config field; a short flag is an alternative spelling of the same argument."""
+def add_config_arguments(parser: argparse.ArgumentParser, lists: Mapping[str, str] | None = None) -> None:
+    """One argument per Config field; a short flag is an alternative spelling of the same argument. `lists`: the
+    fields a command takes comma lists of (plan, tune), each with what its help says of that list (`described`)."""
+    lists = lists or {}
     parser.add_argument("--preset", default=argparse.SUPPRESS, choices=sorted(PRESETS), help=PRESET_HELP)
     group = None
     for key, (kind, default, spec) in config_lib.declarations().items():
@@ -50,7 +53,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         flags = [long_flag(key)] + ([f"--{key}"] if "_" in name else [])
         if spec.short:
             flags.insert(0, spec.short)
-        help_text = described(spec, default).replace("%", "%%")  # argparse formats help with %
+        help_text = described(spec, default, lists.get(key)).replace("%", "%%")  # argparse formats help with %
         if kind is bool:
             group.add_argument(*flags, dest=key, action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)

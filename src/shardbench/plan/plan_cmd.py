@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.grad_accum": "--grad-accum"}
 
 
+# What --help says of those lists' defaults (each field's help says the rest).
+LIST_HELP = {"precision.dtype": "here a comma list; default: the preset's (vit-seed: {default})",
+             "model.remat": "here a comma list; default: 'none,block' (a model of your own: its own)"}
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plan", help="predict memory, communication and step time on hardware you don't have, and recommend "
@@ -38,7 +43,7 @@ def add_parser(subparsers: Any) -> None:
                     "crosses, and the step time (compute + exposed communication). Writes plan.json and plan.md "
                     "into --out. With --validate DIR: predict every run measured below DIR on the hardware it "
                     "ran on, and print the errors.")
-    add_config_arguments(parser)
+    add_config_arguments(parser, LIST_HELP)
     group = parser.add_argument_group("plan options")
     group.add_argument("--target", default="", help=f"the hardware: {HINT}")
     group.add_argument("--candidates", default="", metavar="S,S",

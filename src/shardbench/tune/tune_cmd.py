@@ -37,6 +37,12 @@ MEASURE = {"train.eval": False, "train.checkpoint_every": 0}
 INTERRUPTED = 130  # a sweep stopped by Ctrl-C (`sweep.runner.run_sweep`)
 
 
+# What --help says of those lists' defaults (each field's help says the rest).
+LIST_HELP = {"precision.dtype": "here a comma list; default: the preset's (vit-seed: {default})",
+             "model.remat": "here a comma list; default: 'none,block' (a model of your own: its own)",
+             "train.batch_size": "here a comma list of global batch sizes; default: the preset's (vit-seed: {default})"}
+
+
 def add_parser(subparsers: Any) -> None:
     from shardbench.sweep import slurm_options
 
@@ -49,7 +55,7 @@ def add_parser(subparsers: Any) -> None:
                     "regret of the plan's top choice and a ready command (and winner.toml) for the winner. "
                     "--dtype, --remat, --grad-accum and --batch-size take comma lists. The same command with "
                     "--resume finishes an interrupted tune in its --out. See docs/tune.md.")
-    add_config_arguments(parser)
+    add_config_arguments(parser, LIST_HELP)
     group = parser.add_argument_group("tune options")
     group.add_argument("--target", default="", help=f"the hardware to plan for: {HINT} (default on a CPU host: cpu, "
                                                       f"this host with --devices simulated devices, 8 unless given)")
