@@ -239,3 +239,59 @@ def test_ppermute_to_some_devices_is_charged_to_its_sources() -> None:
     assert report.by_kind == {"collective-permute": Collective(count=7, bytes=7 * 256, sent_bytes=3 * 256)}
     sources = sorted((op.count, sorted(op.sent_by_device() or {})) for op in report.ops)
     assert sources == [(1, [3]), (3, [0, 4]), (3, [1, 2, 5, 6])]
+
+
+def test_all_to_all_sends_all_but_its_own_share_of_the_local_block() -> None:
+    """`jax.lax.all_to_all` on 8 devices of a (64, 128) float32 array split by rows: each device holds an (8, 128)
+    block, 8 x 128 x 4 = 4,096 bytes, cuts it into 8 column slices of 512 bytes and keeps one, sending the other 7:
+    payload 4,096 bytes, sent 7/8 x 4,096 = 3,584 bytes per device (not the all-reduce's 2 x 7/8, 7,168)."""
+    f = jax.shard_map(lambda x: jax.lax.all_to_all(x, "d", 1, 0, tiled=True), mesh=_mesh(), in_specs=P("d"),
+                      out_specs=P("d"))
+    report = count_collectives(_hlo(f, jnp.ones((64, 128), jnp.float32)))
+    block = (64 // 8) * 128 * 4
+    assert block == 4096
+    assert report.by_kind == {"all-to-all": Collective(count=1, bytes=block, sent_bytes=block * 7 // 8)}
+    assert report.total_sent_bytes == 3584
+
+
+def test_a_loop_without_a_recorded_trip_count_runs_as_often_as_its_condition_bound() -> None:
+    """Hand-written HLO as the TPU compiler leaves it: a `while` with no backend_config (no known_trip_count) whose
+    condition is `compare(%n, constant(5)), direction=LT`, the counter starting at 0, so the body runs 5 times.
+    The psum inside, of 1,024 float32 (4,096 bytes) over 8 devices, counts 5 times: payload 5 x 4,096 = 20,480
+    bytes, sent 5 x 2 x 7/8 x 4,096 = 35,840; and no loop is reported as of unknown length."""
+    hlo = """HloModule m, entry_computation_layout={()->()}, num_partitions=8
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body (p: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %p = (s32[], f32[1024]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[1024]{0} get-tuple-element(%p), index=1
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %sum = f32[1024]{0} all-reduce(%x), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  ROOT %t = (s32[], f32[1024]{0}) tuple(%next, %sum)
+}
+
+%cond (c: (s32[], f32[1024])) -> pred[] {
+  %c = (s32[], f32[1024]{0}) parameter(0)
+  %n = s32[] get-tuple-element(%c), index=0
+  %bound = s32[] constant(5)
+  ROOT %lt = pred[] compare(%n, %bound), direction=LT
+}
+
+ENTRY %main (x: f32[1024]) -> f32[1024] {
+  %x = f32[1024]{0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[1024]{0}) tuple(%zero, %x)
+  %w = (s32[], f32[1024]{0}) while(%init), condition=%cond, body=%body
+  ROOT %out = f32[1024]{0} get-tuple-element(%w), index=1
+}
+"""
+    report = count_collectives(hlo)
+    assert report.unknown_trip_counts == 0
+    assert report.by_kind == {"all-reduce": Collective(count=5, bytes=5 * 4096, sent_bytes=5 * 2 * 7 * 4096 // 8)}
