@@ -347,6 +347,9 @@ def test_a_trained_run_records_its_cost(micro, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_plan_prints_and_writes_the_cost_of_each_candidate(tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Per candidate, from KNOWN's h100 row ($2.00 on demand, $1.00 spot, 500 W) on 8 devices and the
+    candidate's predicted step: an epoch of 115 steps, and per billion tokens, lm-tiny's step being 32 sequences
+    of 64 tokens, 2,048 tokens: $2 x 8 x step / 3600 x 1e9 / 2,048 on demand (the tokens, not the 32 sequences)."""
     table = tmp_path / "mine.toml"
     table.write_text(KNOWN)
     out = tmp_path / "plan"
@@ -362,6 +365,12 @@ def test_plan_prints_and_writes_the_cost_of_each_candidate(tmp_path: Path,
         assert c["steps_per_epoch"] == 115 and c["devices"] == 8 and c["energy"] == "estimated"
         assert c["on_demand_usd"] == pytest.approx(2.0 * 8 * step[c["name"]] * 115 / 3600)
         assert c["kwh"] == pytest.approx(500 * 8 * step[c["name"]] * 115 / 3.6e6)
+        assert c["per"] == "billion tokens"
+        assert c["on_demand_usd_per"] == pytest.approx(2.0 * 8 * step[c["name"]] / 3600 * 1e9 / (32 * 64))
+        assert c["spot_usd_per"] == pytest.approx(1.0 * 8 * step[c["name"]] / 3600 * 1e9 / (32 * 64))
+        assert c["kwh_per"] == pytest.approx(500 * 8 * step[c["name"]] / 3.6e6 * 1e9 / (32 * 64))
+    lm_tiny = get_preset("lm-tiny")  # the 32 x 64 tokens per step above
+    assert (lm_tiny.train.batch_size, lm_tiny.model.seq_len) == (32, 64)
     assert "## Cost" in (out / "plan.md").read_text()
 
 
@@ -369,14 +378,23 @@ def test_plan_prints_and_writes_the_cost_of_each_candidate(tmp_path: Path,
 def test_plan_of_a_batch_larger_than_the_epoch_prices_per_token_only(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """36 training examples cannot fill one step of 64: no per-epoch figures (they were a crash after compiling),
-    the per-token ones as for any plan, and the line says why."""
+    the per-token ones as for any plan, and the line says why. Per billion tokens, from KNOWN's h100 row ($2.00
+    on demand, $1.00 spot) on 8 devices: a step of 64 sequences of lm-tiny's 64 tokens, 4,096 tokens, costs
+    $2 x 8 x step / 3600, so $2 x 8 x step / 3600 x 1e9 / 4,096 per billion."""
+    table = tmp_path / "mine.toml"
+    table.write_text(KNOWN)
     assert cli.main(["plan", "--preset", "lm-tiny", "--data.synthetic-train", "40", "--batch-size", "64",
                      "--candidates", "dp", "--remat", "none", "--workers", "1", "--target", "8xh100",
-                     "--out", str(tmp_path / "plan")]) == 0
+                     "--prices", str(table), "--out", str(tmp_path / "plan")]) == 0
     printed = capsys.readouterr().out
     assert "no whole step in an epoch: --batch-size 64 is more than its 36 examples" in printed
-    costs = json.loads((tmp_path / "plan" / "plan.json").read_text())["cost"]["candidates"]
-    assert "on_demand_usd" not in costs[0] and costs[0]["on_demand_usd_per"] > 0
+    plan = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    costs = plan["cost"]["candidates"]
+    step = plan["candidates"][0]["prediction"]["step_s"]
+    assert get_preset("lm-tiny").model.seq_len == 64 and len(costs) == 1 and step > 0
+    assert "on_demand_usd" not in costs[0] and costs[0]["per"] == "billion tokens"
+    assert costs[0]["on_demand_usd_per"] == pytest.approx(2.0 * 8 * step / 3600 * 1e9 / (64 * 64))
+    assert costs[0]["spot_usd_per"] == pytest.approx(1.0 * 8 * step / 3600 * 1e9 / (64 * 64))
 
 
 def test_a_row_priced_per_host_counts_machines_not_processes() -> None:
