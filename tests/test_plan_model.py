@@ -17,7 +17,7 @@ import pytest
 from shardbench import malloc
 from shardbench.measure.memory import memory_report
 from shardbench.plan.calibration import DEFAULTS, H100_RECORDS, HELD_OUT, Calibration, held_out
-from shardbench.plan.predict import Hardware, memory, predict
+from shardbench.plan.predict import Hardware, memory, predict, step_features
 from shardbench.plan.steptime import Coefficients, StepFeatures, step_time
 from shardbench.plan.workers import _environ, compiler_platform
 
@@ -62,6 +62,23 @@ def _result(platform: str, *, collectives: list[dict[str, Any]] | None = None) -
                          "generated_code_bytes": 0},
             "flops": {"analytic_per_step": 8e9, "xla_per_device": None}, "bytes_accessed": 1e8, "kernels": 100,
             "collectives": collectives or [], "unknown_trip_counts": 0}
+
+
+def test_full_remat_predicts_a_third_more_matmuls_and_block_none() -> None:
+    """The same compiled candidate, 8e9 analytic FLOPs per step on 8 devices, 1e9 per device: at a 1e12 FLOP/s
+    peak that is 1 ms of matmuls with remat none; full recomputes each block's forward (forward + backward is 3
+    forward passes, 4 with it: x 4/3), 4/3 ms; block recomputes element-wise work alone, which the matmul count
+    leaves out: 1 ms. With no memory traffic the prediction's compute is that at the 50% efficiency: 2 ms,
+    8/3 ms, 2 ms. Nothing is compiled. (< 1 s)"""
+    hw = Hardware(name="test", platform="gpu", peak_flops=1e12, peak_source="t", memory_bytes=1e9,
+                  memory_source="t", bandwidth={"intra": 1e9, "inter": 1e8}, bandwidth_source="t",
+                  memory_bandwidth=1e11, memory_bandwidth_source="t")
+    result = {**_result("gpu"), "bytes_accessed": 0}
+    compute = {r: step_features(result, hw, r, "float32").compute_s for r in ("none", "block", "full")}
+    assert compute == pytest.approx({"none": 1e-3, "block": 1e-3, "full": 4e-3 / 3}, rel=1e-12)
+    predicted = {r: predict(result, hw, COEFF, batch=8, remat=r, dtype="float32", activation_scale=1.0,
+                            activation_source="t").compute_s for r in ("none", "block", "full")}
+    assert predicted == pytest.approx({"none": 2e-3, "block": 2e-3, "full": 8e-3 / 3}, rel=1e-12)
 
 
 class _Analysis:
