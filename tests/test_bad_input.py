@@ -27,7 +27,7 @@ import pytest
 from shardbench.capacity import check_fits, check_state_fits, param_bytes_per_device, shard_bytes
 from shardbench.cli import main
 from shardbench.optim import build_optimizer
-from shardbench.errors import EXIT_CODES
+from shardbench.errors import EXIT_CODES, ConfigError
 from shardbench.parsing import override
 from shardbench.preflight import check_runnable
 from shardbench.presets import get_preset
@@ -351,6 +351,29 @@ def test_the_parameters_one_device_holds_are_counted_from_its_shards(strategy: s
 
 MLP_PARAMS = 32 * 64 + 64 + 2 * 64 * 64 + 2 * 64 + 64 * 10 + 10  # the MLP above: 11,082
 SPLIT_BY_8 = (MLP_PARAMS - 10) // 8 + 10  # a parameter split 8 ways but the 10 output biases, which 8 does not divide
+
+
+@pytest.mark.parametrize("devices", [8, 1])
+def test_a_cpu_host_s_memory_is_split_over_its_simulated_devices(devices: int,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The MLP above under dp holds all its 11,082 float32 parameters on every device: 44,328 bytes (43.3 KiB).
+    A host of 64 pages of 4 KiB, 256 KiB, holds them whole; split over 8 simulated devices, which share it, each
+    has 32 KiB: refused on 8 devices, with the split named, and accepted on one. (< 1 s)"""
+    cfg = override(get_preset("mlp-small"), {
+        "model.input_dim": 32, "model.mlp_dim": 64, "model.num_layers": 3, "model.num_classes": 10,
+        "parallel.strategy": "dp", "parallel.devices": devices})
+    _, layout, spec = check_runnable(cfg)
+    assert param_bytes_per_device(spec, layout) == MLP_PARAMS * 4 == 44_328
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 64}
+    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
+    if devices == 1:
+        check_fits(cfg, spec, layout)  # 43.3 KiB of the whole 256 KiB
+        return
+    with pytest.raises(ConfigError) as refused:
+        check_fits(cfg, spec, layout)
+    said = str(refused.value)
+    assert said.startswith("--model.mlp-dim 64: the parameters alone are 43.3 KiB on each device (dp on mesh "), said
+    assert "and a cpu device has 32.0 KiB (this host's 256 KiB over 8 devices); use a smaller model" in said, said
 
 
 @pytest.mark.parametrize("strategy, mu_dtype, per_device", [
