@@ -134,8 +134,10 @@ def step_features(result: dict[str, Any], hw: Hardware, remat: str, dtype: str) 
     link at its bandwidth; 16-bit compute is flagged where another platform's compiler counted the traffic."""
     devices = result["devices"]
     flops = result["flops"]["analytic_per_step"]
-    per_device = (flops / devices if flops is not None else (result["flops"]["xla_per_device"] or 0.0))
-    per_device *= REMAT_FLOPS.get(remat, 1.0)
+    if flops is not None:  # the matmuls by formula, which leave out what the remat policy recomputes
+        per_device = flops / devices * REMAT_FLOPS.get(remat, 1.0)
+    else:  # XLA's count of the compiled program (a model of your own): its recomputation is in it already
+        per_device = result["flops"]["xla_per_device"] or 0.0
     # A pipeline's stage computes its useful matmuls times the schedule's program work: GPipe's 1/(1 - b) (b the
     # bubble by the schedule's formula; its idle stages compute on placeholders in one SPMD program), circular's
     # and 1F1B's recomputation and 1F1B's both passes per tick besides (`parallel.pipeline.stack_work`). The
