@@ -1,5 +1,6 @@
 """`shardbench bench` without running its cases: the float32 matmul arithmetic both sides get, the trimmed
-defaults on an accelerator, how the tables name both, and a case past its timeout becoming a row."""
+defaults on an accelerator, how the tables name both (and the median rate and the remat table's ratios),
+and a case past its timeout becoming a row."""
 
 from __future__ import annotations
 
@@ -153,7 +154,10 @@ def _case(setting: str, label: str, case: str, **result: object) -> dict:
 
 
 def test_tables_name_the_matmul_arithmetic_and_what_was_trimmed() -> None:
-    ok = {"rates": [10.0, 12.0, 11.0], "train_flops_per_image": 1e9}
+    """The step tables name each setting's matmul arithmetic, the trimmed defaults and a timed-out case. Rates of
+    30, 10 and 11 images/s over three windows: the median is 11.0 (the mean would be 17.0, the middle window 10.0);
+    at 1 GFLOP per image against a 1 TFLOP/s peak that is 1.1% MFU."""
+    ok = {"rates": [30.0, 10.0, 11.0], "train_flops_per_image": 1e9}
     record = {
         "machine": {}, "preset": "vit-seed", "dtype": "float32", "batch_size": 128, "matmul_precision": "default",
         "settings": ["float32 b128", "bfloat16 b1024"],
@@ -173,10 +177,31 @@ def test_tables_name_the_matmul_arithmetic_and_what_was_trimmed() -> None:
     text = render(record)
     assert "## Train step, one device, float32 b128 (TF32 both)" in text
     assert "## Train step, one device, bfloat16 b1024 (bfloat16 matmuls both)" in text
-    assert "| shardbench | TF32 | 11.0 |" in text and "| step | matmul |" in text
+    assert "| shardbench | TF32 | 11.0 | 10.0 - 30.0 | 1.1% |" in text and "| step | matmul |" in text
     assert "Trimmed on an accelerator: layers 6,12,24 -> 6,12" in text
     assert "| 12 | - | timed out: no answer within 120 s" in text
     assert "| pytorch compile | - | timed out:" in text
+
+
+def test_the_remat_table_gives_each_policys_time_and_memory_against_none() -> None:
+    """A remat group as `bench` records it: --remat none at 10 images/s with 100 MiB of compiled temporaries,
+    block at 8 images/s with 70 MiB, full at 5 images/s with 40 MiB. Against none, full's step takes
+    10 / 5 = 2.00x the time (time per step is the inverse of the rate) in 40 / 100 = 0.40x the memory; block's
+    10 / 8 = 1.25x and 0.70x; none's own row 1.00x both."""
+    def remat(policy: str, rate: float, temp_mib: int) -> dict:
+        return {"group": "remat", "label": f"remat {policy}", "case": "shardbench", "kwargs": {}, "setting": None,
+                "result": {"rates": [rate] * 3, "temp_bytes": temp_mib * 2**20, "train_flops_per_image": 1e9}}
+
+    record = {"machine": {}, "preset": "vit-seed", "dtype": "float32", "batch_size": 128,
+              "matmul_precision": "default", "settings": ["float32 b128"], "timing": {"warmup": 3, "windows": 5},
+              "cases": [remat("none", 10.0, 100), remat("block", 8.0, 70), remat("full", 5.0, 40)]}
+    table = render(record).split("## Activation checkpointing", 1)[1].strip().splitlines()
+    assert table == [
+        "| --remat | compiled temporaries MiB | memory vs none | images/s | time per step vs none |",
+        "|---|---:|---:|---:|---:|",
+        "| none | 100 | 1.00x | 10.0 | 1.00x |",
+        "| block | 70 | 0.70x | 8.0 | 1.25x |",
+        "| full | 40 | 0.40x | 5.0 | 2.00x |"]
 
 
 def test_a_case_past_its_timeout_becomes_a_row_and_the_rest_run(tmp_path) -> None:

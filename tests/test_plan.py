@@ -256,6 +256,26 @@ def test_kendall_tau() -> None:
     assert kendall_tau([5, 5, 5], [1, 2, 3]) is None  # a plan predicting every run alike ranks nothing
 
 
+def test_kendall_tau_b_counts_tied_pairs_in_its_denominator() -> None:
+    """Tau-b is (C - D) / sqrt((n0 - n1)(n0 - n2)): n0 pairs, n1 of them tied in a, n2 tied in b. A tied pair is
+    neither concordant nor discordant but stays in the other list's factor; tau-a, (C - D) / n0, and a tau that
+    drops every tied pair give other values. Counted by hand, pairs as (i, j) of positions:
+
+    a = [1, 1, 2, 3], b = [1, 2, 3, 4]: (0,1) tied in a only; (0,2) (0,3) (1,2) (1,3) (2,3) concordant. C 5, D 0,
+    n0 6, n1 1, n2 0: 5 / sqrt(5 x 6) = 5 / sqrt(30) = 0.913 (tau-a 5/6; dropping the tie, 5/5 = 1).
+
+    a = [1, 1, 2, 3, 3], b = [1, 2, 2, 3, 1], ties on both sides: (0,1) (3,4) tied in a only; (0,4) (1,2) tied in b
+    only; (0,2) (0,3) (1,3) (2,3) concordant; (1,4) (2,4) discordant. C 4, D 2, n0 10, n1 2, n2 2:
+    2 / sqrt(8 x 8) = 0.25 (dropping the ties, 2 / 6).
+
+    a = [1, 1, 2, 3], b = [1, 1, 2, 2], a pair tied in both: (0,1) tied in both, out of both factors; (2,3) tied
+    in b only; (0,2) (0,3) (1,2) (1,3) concordant. C 4, D 0, n0 6, n1 1, n2 2: 4 / sqrt(5 x 4) = 2 / sqrt(5)."""
+    assert kendall_tau([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(5 / 30 ** 0.5)
+    assert kendall_tau([1, 2, 3, 4], [1, 1, 2, 3]) == pytest.approx(5 / 30 ** 0.5)  # the ties on the other side
+    assert kendall_tau([1, 1, 2, 3, 3], [1, 2, 2, 3, 1]) == pytest.approx(0.25)
+    assert kendall_tau([1, 1, 2, 3], [1, 1, 2, 2]) == pytest.approx(2 / 5 ** 0.5)
+
+
 def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "pass") -> subprocess.CompletedProcess[str]:
     """The CLI in a fresh process (its own devices), optionally after `code` runs."""
     # Its own devices, and LLVM at -O0 as in this process (tests/conftest.py): the programs compile in less time,

@@ -9,7 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -202,6 +204,66 @@ def test_calibrate_and_validate_read_h100_records_on_a_cpu_host(tmp_path: Path) 
     assert "compiled with: cpu compiler" in done.stdout and "(runtime peak)" in done.stdout
     # One run per dtype: its fitted ratio reproduces its own peak, so 0 here is by construction (in sample).
     assert saved["summary"]["memory_mape"] == pytest.approx(0.0, abs=1e-9)
+
+
+MIB = 2**20
+
+
+def test_the_activation_ratio_is_the_weighted_median_of_the_runs_own_ratios() -> None:
+    """`fit_activations` by its definition: each run's own ratio is (measured peak - other bytes) / CPU
+    activations, and the predicted peak other + r x CPU activations is off by (CPU / measured) x |r - own| of the
+    peak, so the r of least mean relative error is the median of the own ratios weighted by CPU / measured.
+    float32, three runs (listed out of order): own ratios 0.5 (weight 200/100 = 2), 0.6 and 0.9 (weights
+    100/200 = 0.5): half the total weight is 1.5, reached by 0.5 alone, so 0.5, not the max (0.9), the mean
+    (0.667) or the unweighted median (0.6). With three runs the weighted median is the smallest, largest or middle
+    one, so bfloat16 has five: own ratios 0.2, 0.3, 0.4, 0.9 (weight 0.5 each) and 0.6 (weight 300/200 = 1.5),
+    half of 3.5 is 1.75, reached at 0.6 (0.5 + 0.5 + 0.5 + 1.5): not the min, max, mean 0.48 or median 0.4."""
+    from shardbench.plan.calibration import fit_activations
+
+    float32 = [("float32", 110.0, 100.0, 200.0), ("float32", 0.0, 200.0, 100.0), ("float32", 140.0, 100.0, 200.0)]
+    bfloat16 = [("bfloat16", 200.0 - 100 * r, 100.0, 200.0) for r in (0.9, 0.2, 0.4, 0.3)]
+    bfloat16.append(("bfloat16", 20.0, 300.0, 200.0))  # (200 - 20) / 300 = 0.6
+    found = fit_activations(float32 + bfloat16)
+    assert found == {"float32": pytest.approx(0.5), "bfloat16": pytest.approx(0.6)}
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """What `calibrate` reads of a recompiled GPU run (`plan.measured.Measured`), without compiling one."""
+
+    runtime: float  # bytes the runtime held beyond the compiled program
+    peak: float
+    activations: float = 100 * MIB  # the CPU compiler's
+    dtype: str = "float32"
+    result: dict[str, Any] = field(default_factory=lambda: {"compiled": True, "platform": "cpu"})
+    hardware: Any = field(default_factory=lambda: SimpleNamespace(platform="gpu"))
+    step_s: float | None = None  # no step time: only the memory model is fitted
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.peak
+
+    def memory_parts(self) -> tuple[float, float]:
+        return 0.0, self.activations
+
+    def runtime_extra(self) -> float:
+        return self.runtime
+
+
+def test_the_runtime_bytes_are_the_median_of_the_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three GPU runs whose runtime held 10, 20 and 90 MiB beyond their compiled programs: the runtime bytes are
+    the median, 20 MiB (the mean would be 40). Each peak is its runtime bytes + 50 MiB and no other bytes, so
+    with 20 MiB held every run's own activation ratio is (peak - 20 MiB) / 100 MiB: 0.4, 0.5, 1.2, weights
+    100/60, 100/70, 100/140; half the total weight (1.90) is passed at 0.5 (1.67 + 1.43). (< 1 s: nothing
+    is compiled)"""
+    from shardbench.plan import measured
+
+    runs = [_Measured(runtime=r * MIB, peak=(r + 50) * MIB) for r in (90, 10, 20)]
+    monkeypatch.setattr(measured, "measured_runs", lambda *args, **kw: runs)
+    found = measured.calibrate([tmp_path], workers=1, progress=None)
+    assert found.runtime_bytes["gpu"] == 20 * MIB
+    assert found.activation_ratios["gpu"]["float32"] == pytest.approx(0.5)
+    assert found.activation_sources["gpu"] == f"fitted to 3 gpu run(s) in {tmp_path}"
 
 
 def test_the_held_out_runs_are_the_stated_rules_draw() -> None:

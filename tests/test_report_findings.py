@@ -464,6 +464,25 @@ def test_the_context_and_plan_sections_call_a_gap_within_the_spread_a_tie_as_the
         "of their step times, median to p90, up to 25.0%).")
 
 
+def test_a_gap_is_a_tie_within_the_larger_of_the_two_runs_spreads() -> None:
+    """Two runs with different spreads: a's p90 is 1.02x its median (2%), b's 1.10x (10%), 37 timed steps each.
+    b at 105 ms is 5% slower than a at 100 ms: beyond a's 2% spread but within b's 10%, so by the rule "a gap
+    within the larger of the two spreads is a tie" they tie, up to 10.0%. The same 5% with the wide spread on the
+    faster run ties too (the rule is symmetric). c at 111 ms (p90 1.10x) is 11% slower than a: beyond the larger
+    spread, 10%, so apart (the sum of the spreads, 12%, would have called it a tie). Every other fixture gives its runs one p90/median ratio, where the larger spread and the smaller are equal."""
+    narrow, wide = {"p90": 1.02}, {"p90": 1.10}
+    found = speed_findings([run("a", {"parallel.mesh": "8x1"}, 100.0, **narrow),
+                            run("b", {"parallel.mesh": "4x2"}, 105.0, **wide),
+                            run("c", {"parallel.mesh": "2x4"}, 111.0, **wide)])
+    assert found[1] == ("b ties with a (105.0 ms against 100.0 ms): the 5.0% difference is within the spread of "
+                        "their step times (median to p90, up to 10.0%), so this ranking cannot tell them apart.")
+    assert found[2].startswith("c is 1.11x slower (111.0 ms against 100.0 ms); it differs in: parallel.mesh 2x4")
+    swapped = speed_findings([run("a", {"parallel.mesh": "8x1"}, 100.0, **wide),
+                              run("b", {"parallel.mesh": "4x2"}, 105.0, **narrow)])
+    assert swapped[1].startswith("b ties with a (105.0 ms against 100.0 ms): the 5.0% difference")
+    assert swapped[1].endswith("(median to p90, up to 10.0%), so this ranking cannot tell them apart.")
+
+
 def test_the_memory_breakdown_holds_the_model_state_so_its_total_is_memory_per_device(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A model of your own with 50 MiB of BatchNorm statistics and RNG state beside parameters 1, optimizer 2,

@@ -1,6 +1,7 @@
 """The model and optimizer speed switches: cuDNN attention on a padded sequence, mean pooling, the q/k/v
 projection layout and Adam's first moment in bfloat16. Those that compute the same model must give today's
-numbers; those that make another model must be counted and trained right; where one cannot run, one line says so.
+numbers (and a q/k/v layout must be the one the model lowers, as the losses cannot tell); those that make another
+model must be counted and trained right; where one cannot run, one line says so.
 
 cuDNN itself needs an NVIDIA GPU, so on the CPU its padding and sequence lengths run through XLA's implementation
 of the same call (the 'padded-xla' attention kind) and are compared with the unpadded einsum attention.
@@ -25,7 +26,7 @@ from shardbench.errors import ConfigError
 from shardbench.measure.memory import per_device_bytes
 from shardbench.models import attention_kind, build_model, count_params
 from shardbench.models.lm import TransformerLM
-from shardbench.models.transformer import attention, padded_attention, padded_length
+from shardbench.models.transformer import attention, padded_attention, padded_length, project_qkv
 from shardbench.models.vit import VisionTransformer, flops_per_example
 from shardbench.parsing import override
 from shardbench.presets import get_preset
@@ -194,6 +195,45 @@ def test_qkv_layouts_give_todays_losses(micro, reference, layout: str) -> None:
                   "parallel.devices": 4})
     tp = override(tp, {"train.out": str(Path(tp.train.out).parent / "tp")})
     assert _train(tp) == pytest.approx(reference, rel=2e-5, abs=2e-6)  # the sharded reduction order differs
+
+
+@pytest.mark.parametrize("layout", ["fused", "split", "seq-major"])
+def test_project_qkv_gives_the_numpy_projection_in_every_layout(layout: str) -> None:
+    """`project_qkv` against numpy in float64 on the same weights: q, k and v are h times the kernel's slices 0, 1
+    and 2 along its third axis, plus the bias's slices (batch 2, 5 tokens, embed 6, 2 heads of 3). A layout that
+    mixed up the slices, or their axes, would give another q, k or v."""
+    keys = jax.random.split(jax.random.key(0), 3)
+    h = jax.random.normal(keys[0], (2, 5, 6), jnp.float32)
+    kernel = jax.random.normal(keys[1], (6, 3, 2, 3), jnp.float32)
+    bias = jax.random.normal(keys[2], (3, 2, 3), jnp.float32)
+    got = project_qkv(h, kernel, bias, layout, jax.lax.Precision.HIGHEST)
+    h64, kernel64, bias64 = (np.asarray(x, np.float64) for x in (h, kernel, bias))
+    want = [np.einsum("bse,ehd->bshd", h64, kernel64[:, i]) + bias64[i] for i in range(3)]
+    assert [x.shape for x in got] == [(2, 5, 2, 3)] * 3
+    for g, w in zip(got, want):
+        close(g, w)
+
+
+@pytest.mark.parametrize("layout, want_arrays, want_split_dots",
+                         [("fused", {"fused"}, 0), ("split", set(), 3), ("seq-major", {"seq-major"}, 0)])
+def test_each_qkv_layout_is_the_one_the_model_lowers(layout: str, want_arrays: set[str],
+                                                     want_split_dots: int) -> None:
+    """The model takes its --model.qkv-layout: a one-block ViT (batch 2, 17 tokens, embed 32, 4 heads of 8) lowered
+    per layout, its program searched for the q/k/v projection the layout documents. fused projects into one
+    (3, batch, seq, heads, dim) array, 3x2x17x4x8; seq-major into one (batch, seq, 3, heads, dim), 2x17x3x4x8;
+    split makes neither, but three dots from the 2x17x32 activations to 2x17x4x8, one per q, k and v. The
+    losses cannot tell (every layout computes the same sums), so a model that ignored the setting passed them.
+    (Lowered only, nothing compiled: under a second each.)"""
+    inputs = jnp.zeros((2, 32, 32, 3), jnp.float32)
+    arrays = {"fused": "tensor<3x2x17x4x8xf32>", "seq-major": "tensor<2x17x3x4x8xf32>"}
+    projection = "(tensor<2x17x32xf32>, tensor<32x4x8xf32>) -> tensor<2x17x4x8xf32>"
+    base = config_lib.ModelConfig(patch_size=8, embed_dim=32, num_layers=1, num_heads=4, mlp_dim=64, dropout=0.0,
+                                  qkv_layout=layout)
+    graphdef, params = nnx.split(VisionTransformer(base, image_size=32, attention="einsum", rngs=nnx.Rngs(0)))
+    text = jax.jit(lambda p, x: nnx.merge(graphdef, p)(x)).lower(params, inputs).as_text()
+    assert {name for name, shape in arrays.items() if shape in text} == want_arrays
+    dots = [line for line in text.splitlines() if "dot_general" in line]
+    assert sum(projection in line for line in dots) == want_split_dots
 
 
 def test_unknown_qkv_layout_is_one_line() -> None:
