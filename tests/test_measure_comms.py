@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from shardbench.measure.comms import count_collectives, shape_bytes
@@ -254,12 +255,7 @@ def test_all_to_all_sends_all_but_its_own_share_of_the_local_block() -> None:
     assert report.total_sent_bytes == 3584
 
 
-def test_a_loop_without_a_recorded_trip_count_runs_as_often_as_its_condition_bound() -> None:
-    """Hand-written HLO as the TPU compiler leaves it: a `while` with no backend_config (no known_trip_count) whose
-    condition is `compare(%n, constant(5)), direction=LT`, the counter starting at 0, so the body runs 5 times.
-    The psum inside, of 1,024 float32 (4,096 bytes) over 8 devices, counts 5 times: payload 5 x 4,096 = 20,480
-    bytes, sent 5 x 2 x 7/8 x 4,096 = 35,840; and no loop is reported as of unknown length."""
-    hlo = """HloModule m, entry_computation_layout={()->()}, num_partitions=8
+UNCOUNTED_LOOP = """HloModule m, entry_computation_layout={()->()}, num_partitions=8
 
 %add (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)
@@ -292,6 +288,25 @@ ENTRY %main (x: f32[1024]) -> f32[1024] {
   ROOT %out = f32[1024]{0} get-tuple-element(%w), index=1
 }
 """
+
+
+def test_a_loop_without_a_recorded_trip_count_runs_as_often_as_its_condition_bound() -> None:
+    """Hand-written HLO as the TPU compiler leaves it: a `while` with no backend_config (no known_trip_count) whose
+    condition is `compare(%n, constant(5)), direction=LT`, the counter starting at 0, so the body runs 5 times.
+    The psum inside, of 1,024 float32 (4,096 bytes) over 8 devices, counts 5 times: payload 5 x 4,096 = 20,480
+    bytes, sent 5 x 2 x 7/8 x 4,096 = 35,840; and no loop is reported as of unknown length."""
+    hlo = UNCOUNTED_LOOP
     report = count_collectives(hlo)
     assert report.unknown_trip_counts == 0
     assert report.by_kind == {"all-reduce": Collective(count=5, bytes=5 * 4096, sent_bytes=5 * 2 * 7 * 4096 // 8)}
+
+
+@pytest.mark.parametrize("condition", ["compare(%n, %bound), direction=LE", "compare(%bound, %n), direction=GT",
+                                       "compare(%bound, %n), direction=LT"])
+def test_a_loop_of_another_form_is_of_unknown_length_not_guessed(condition: str) -> None:
+    """`n <= 5` runs 6 times from 0, `5 > n` is `n < 5` written the other way, and `5 < n` may not run at all:
+    only JAX's own form, `counter < bound`, is read as `bound` iterations; any other is counted once and reported
+    as a loop of unknown length."""
+    report = count_collectives(UNCOUNTED_LOOP.replace("compare(%n, %bound), direction=LT", condition))
+    assert report.unknown_trip_counts == 1
+    assert report.by_kind["all-reduce"].count == 1

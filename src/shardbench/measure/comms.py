@@ -259,17 +259,23 @@ _BOUND = re.compile(r"^[su](?:32|64)\[\]")
 
 def trip_count(inst: _Instruction, comps: dict[str, list[_Instruction]]) -> int | None:
     """How often a `while` runs: XLA's known_trip_count where it recorded one (the CPU and GPU compilers do),
-    else the integer bound its condition compares the counter with (the TPU compiler records none), else
-    None."""
+    else the integer bound of a condition in the form JAX's loops (scan, fori_loop) lower to, `counter < bound`
+    with the counter from 0 (the TPU compiler records no count), else None: a loop of another form (`<=`, a
+    bound first, a count down) is of unknown length rather than guessed."""
     known = _TRIP.search(inst.rest)
     if known:
         return int(known.group(1))
     condition = _CONDITION.search(inst.rest)
     body = comps.get(condition.group(1), []) if condition else []
-    bounds = [int(m.group(1)) for i in body if i.opcode == "constant" and _BOUND.match(i.shape.strip())
-              for m in [re.match(r"\s*(-?\d+)\)", i.rest)] if m]
+    bounds = {i.name: int(m.group(1)) for i in body if i.opcode == "constant" and _BOUND.match(i.shape.strip())
+              for m in [re.match(r"\s*(-?\d+)\)", i.rest)] if m}
     compares = [i for i in body if i.opcode == "compare"]
-    return bounds[0] if len(bounds) == 1 and len(compares) == 1 and bounds[0] > 0 else None
+    if len(bounds) != 1 or len(compares) != 1 or "direction=LT" not in compares[0].rest:
+        return None
+    [(name, bound)] = bounds.items()
+    operands = re.match(r"\s*([^)]*)\)", compares[0].rest)
+    second = operands.group(1).split(",")[-1].split()[-1].lstrip("%") if operands else ""
+    return bound if second == name.lstrip("%") and bound > 0 else None
 
 
 def module_devices(hlo: str) -> int:
