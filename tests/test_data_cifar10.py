@@ -147,6 +147,7 @@ def test_download_checks_md5_and_lands_atomically(server: str, tarball: tuple[Pa
     dest = download(f"{server}/{path.name}", dest_dir / path.name, md5)
     assert dest.read_bytes() == path.read_bytes()
     assert os.listdir(dest_dir) == [path.name]
+    assert _mode(dest) == _created_mode(tmp_path)  # readable by those who share the cache, as any file made here
 
     bad = dest_dir / "bad.tar.gz"
     with pytest.raises(DataError, match=r"md5 .* expected f{32}; it was discarded"):
@@ -230,3 +231,29 @@ def test_python2_pickles_and_old_numpy_names() -> None:
     blob = pickle.dumps({"data": arr}, protocol=2).replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
     assert b"numpy.core.multiarray" in blob
     np.testing.assert_array_equal(cifar10._unpickle(io.BytesIO(blob), "x")[b"data"], arr)
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def _created_mode(folder: Path) -> int:
+    """The mode a file this process creates gets (0666 less the umask), from a file made the ordinary way."""
+    probe = folder / "probe"
+    probe.write_bytes(b"")
+    return _mode(probe)
+
+
+def test_a_cache_file_is_readable_by_whoever_may_read_a_file_made_here(tmp_path: Path) -> None:
+    """mkstemp makes its file 0600: renamed into place as it is, the decoded dataset would be unreadable to the
+    other users of a shared cache, and each of them would decode it again on every run."""
+    from shardbench.data.cache import load_arrays, save_arrays
+
+    old = os.umask(0o022)
+    try:
+        save_arrays(tmp_path / "x.npz", {"a": np.arange(3)})
+        assert _mode(tmp_path / "x.npz") == _created_mode(tmp_path) == 0o644
+    finally:
+        os.umask(old)
+    np.testing.assert_array_equal(load_arrays(tmp_path / "x.npz")["a"], np.arange(3))
+

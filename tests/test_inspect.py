@@ -68,3 +68,12 @@ def test_inspect_refuses_what_train_refuses_in_the_same_line(flags: list[str], s
     assert train == inspected == 2, (said_by_train, said_by_inspect)
     assert said_by_inspect == said_by_train and says in said_by_inspect
     assert "\n" not in said_by_inspect and not out.exists()
+
+
+def test_inspect_names_the_axes_a_mesh_splits(capsys) -> None:
+    """'4x2' is data x model; a mesh over expert (whose name has an x in it) is named by its own axes."""
+    assert main(["inspect", "--preset", "lm-moe", "--mesh", "data=2,expert=4", "--strategy", "dp+ep"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "mesh data=2,expert=4 (data x expert);" in first, first
+    assert main(["inspect", "--preset", "vit-tiny", "--mesh", "4x2", "--strategy", "dp+tp"]) == 0
+    assert "mesh 4x2 (data x model);" in capsys.readouterr().out.splitlines()[0]

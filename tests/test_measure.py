@@ -73,6 +73,33 @@ def test_a_profile_replaces_the_earlier_trace_of_its_run(tmp_path: Path, monkeyp
     assert window.path == earlier and sorted(p.name for p in earlier.iterdir()) == ["host.xplane.pb"]
 
 
+def test_a_trace_that_cannot_be_filed_leaves_no_temporary_folder(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file where the profile root's folder must go: filing the trace fails, and jax's temporary folder of it
+    is removed all the same (a run that crashes on it must not leave megabytes in /tmp)."""
+    root = tmp_path / "afile"
+    root.write_text("")
+    with pytest.raises(OSError):
+        _stopped_window(root, "mesh_8_1_batch_32", monkeypatch)
+    assert not (tmp_path / "trace-tmp").exists()
+
+
+def test_a_profile_root_that_cannot_hold_the_trace_is_refused_before_training(micro, tmp_path: Path) -> None:
+    """The trace is filed after its window, mid-run: a --train.profile-root that cannot hold it is refused by
+    the pre-flight check, in one line naming the flag, before a step trains or --out is made."""
+    from shardbench.errors import FileFault
+    from shardbench.preflight import check_run
+
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    cfg = micro(**{"train.profile": True, "train.profile_root": str(blocker), "train.out": str(tmp_path / "run"),
+                   "train.profile_skip": 0, "train.profile_steps": 1})
+    with pytest.raises(FileFault, match=f"--train.profile-root {blocker}/plugins/profile: {blocker} is a file"):
+        check_run(cfg)
+    assert not (tmp_path / "run").exists()
+    check_run(micro(**{"train.profile": False, "train.profile_root": str(blocker)}))  # no trace: nothing to hold
+
+
 def _compiled_step(micro, strategy: str, mesh: str):
     cfg = micro(**{"parallel.strategy": strategy, "parallel.mesh": mesh})
     plan = check_run(cfg)

@@ -638,3 +638,15 @@ def test_markdown_cells_and_error_messages_are_shown_literally(tmp_path: Path) -
     assert "| \\_lr\\*2\\_ | complete |" in text
     assert "- `mesh_4x2`: crash: File \"train.py\", line 3, in \\<module\\>: x \\* y \\| z\n" in text
     assert markdown_table(text)[1]["run"] == "mesh_4x2"
+
+
+def test_a_half_written_line_in_a_metrics_log_loses_that_line_only(tmp_path: Path) -> None:
+    """A run killed while writing a line, then resumed, leaves a broken line among whole ones: the losses of
+    every whole line are read (steps 1, 2 and the resumed 3), not none of the file's."""
+    from shardbench.report.write import _read_losses
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1, "train/loss": 2.0}\n{"step": 2, "train/loss": 1.5}\n{"step": 3, "tra'
+                   '\n{"step": 3, "train/loss": 1.25}\n[4]\n')
+    assert _read_losses(log) == ((1, 2.0), (2, 1.5), (3, 1.25))
+    assert _read_losses(tmp_path / "missing.jsonl") is None

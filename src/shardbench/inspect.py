@@ -20,7 +20,7 @@ from shardbench.errors import ConfigError
 from shardbench.measure.memory import gradient_buffers, per_device_bytes
 from shardbench.measure.params import ParamRow, format_placements, format_table, param_table, picture
 from shardbench.models.axes import EXPERT, LAYERS
-from shardbench.parallel.mesh import MESH_AXES, SEQUENCE, STAGE
+from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL, SEQUENCE, STAGE
 from shardbench.parallel.rules import Layout, flat_by_path
 from shardbench.optim import build_optimizer
 from shardbench.preflight import check_parallel
@@ -154,7 +154,7 @@ def inspect(cfg: Config, array: str = "") -> str:
     target = abstract_train_state(spec, layout, tx)
     gradients = gradient_buffers(target.params, gradient_shardings(spec, layout))
     split = " x ".join(axis for axis, size in layout.shape.items() if size > 1)
-    two_axes = str(layout.shape).count('x') == 1  # '4x2' is data x model
+    two_axes = all(size == 1 for axis, size in layout.shape.items() if axis not in (DATA, MODEL))  # '4x2'
     mesh = "none" if layout.mesh is None else (f"{layout.shape} (data x model)" if two_axes
                                                else f"{layout.shape} ({split})")
     lines = [

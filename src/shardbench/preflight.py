@@ -113,4 +113,6 @@ def check_run(cfg: Config) -> CheckedRun:
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
     writable_dir(out, "--out", create=False)  # made once the train state is known to fit (`train.build`)
+    if cfg.train.profile and cfg.train.profile_root:  # the trace is filed there after its window, mid-run
+        writable_dir(Path(cfg.train.profile_root) / "plugins" / "profile", "--train.profile-root", create=False)
     return CheckedRun(cfg, task, out, layout, spec, dataset, per_epoch, total, cache)

@@ -67,6 +67,15 @@ def load_arrays(path: Path) -> dict[str, np.ndarray] | None:
         return None
 
 
+def publish(tmp: str | Path, path: Path) -> None:
+    """Move a finished temporary file (mkstemp's, which only its owner may read) into place with the mode any file
+    this process creates would have (0666 less the umask), so that others sharing the cache can read it too."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)
+    os.replace(tmp, path)
+
+
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     """Writes `arrays` as an uncompressed .npz via a temp file and os.replace (atomic).
 
@@ -79,7 +88,7 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
         fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
-        os.replace(tmp_name, path)
+        publish(tmp_name, path)
         tmp_name = None
     except OSError as e:
         log.warning("could not write the cache file %s (%s); continuing without it", path, e)

@@ -100,7 +100,7 @@ def download(url: str, dest: Path, md5: str) -> Path:
                 f"{url}: downloaded file has md5 {got}, expected {md5}; it was discarded, "
                 "try again or pass a verified local copy with --data cifar10:PATH"
             )
-        os.replace(tmp, dest)
+        cache.publish(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
     return dest

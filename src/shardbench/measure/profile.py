@@ -42,20 +42,26 @@ class ProfileWindow:
         if self._tmp is None:
             return
         jax.profiler.stop_trace()
-        produced = sorted((self._tmp / "plugins" / "profile").glob("*"))
-        if produced:
-            profiles = self.root / "plugins" / "profile"
-            target = run_folder(profiles, self.run_name)
-            if target is not None and target.is_dir():
-                shutil.rmtree(target)  # the same run's earlier trace
-            if target is None or target.exists():  # no folder of its own there: the trace keeps jax's name
-                target = profiles / produced[-1].name
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(produced[-1]), target)
-                self.path = target
-        shutil.rmtree(self._tmp, ignore_errors=True)
-        self._tmp = None
+        try:
+            self._file(sorted((self._tmp / "plugins" / "profile").glob("*")))
+        finally:  # a trace that could not be filed (a full disk) leaves no temporary folder behind either
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def _file(self, produced: list[Path]) -> None:
+        """Move the newest trace jax wrote into the run's folder under the profile root."""
+        if not produced:
+            return
+        profiles = self.root / "plugins" / "profile"
+        target = run_folder(profiles, self.run_name)
+        if target is not None and target.is_dir():
+            shutil.rmtree(target)  # the same run's earlier trace
+        if target is None or target.exists():  # no folder of its own there: the trace keeps jax's name
+            target = profiles / produced[-1].name
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(produced[-1]), target)
+            self.path = target
 
 
 def run_folder(profiles: Path, run_name: str) -> Path | None:

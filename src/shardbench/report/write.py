@@ -111,15 +111,21 @@ def _metrics(folder: Path) -> Path | None:
 
 
 def _read_losses(metrics: Path) -> tuple[tuple[int, float], ...] | None:
-    """(step, train loss) as logged in `metrics`; None where it cannot be read."""
-    losses = []
+    """(step, train loss) as logged in `metrics`; None where it cannot be read. A line that is not a JSON object
+    (the last one a crashed run was writing, followed by its resumed run's) is passed over, not the whole log."""
     try:
-        for line in metrics.read_text().splitlines():
-            row = json.loads(line)
-            if isinstance(row.get("train/loss"), (int, float)) and isinstance(row.get("step"), int):
-                losses.append((row["step"], float(row["train/loss"])))
+        text = metrics.read_text()
     except (OSError, ValueError):
         return None  # unreadable scalars: compared on the record's own losses only
+    losses = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if (isinstance(row, dict) and isinstance(row.get("train/loss"), (int, float))
+                and isinstance(row.get("step"), int)):
+            losses.append((row["step"], float(row["train/loss"])))
     return tuple(losses)
 
 
