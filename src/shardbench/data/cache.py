@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
+import secrets
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -67,13 +67,16 @@ def load_arrays(path: Path) -> dict[str, np.ndarray] | None:
         return None
 
 
-def publish(tmp: str | Path, path: Path) -> None:
-    """Move a finished temporary file (mkstemp's, which only its owner may read) into place with the mode any file
-    this process creates would have (0666 less the umask), so that others sharing the cache can read it too."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o666 & ~mask)
-    os.replace(tmp, path)
+def temp_beside(path: Path, suffix: str) -> tuple[int, Path]:
+    """An open new file (its descriptor and path) in `path`'s folder, to be renamed onto `path` once complete. It
+    is created as any file of this process is (0666 less the umask, applied by the system), not 0600 as mkstemp
+    makes it, so that the others sharing a cache can read what it becomes."""
+    while True:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
@@ -82,19 +85,19 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     A failure to write (read-only or full disk) only costs the next run its speed-up, so it
     is logged rather than raised.
     """
-    tmp_name: str | None = None
+    tmp_name: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        fd, tmp_name = temp_beside(path, ".tmp")
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
-        publish(tmp_name, path)
+        os.replace(tmp_name, path)
         tmp_name = None
     except OSError as e:
         log.warning("could not write the cache file %s (%s); continuing without it", path, e)
     finally:
         if tmp_name is not None:
-            Path(tmp_name).unlink(missing_ok=True)
+            tmp_name.unlink(missing_ok=True)
 
 
 def cached_arrays(

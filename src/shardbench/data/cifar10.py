@@ -14,7 +14,6 @@ import logging
 import os
 import pickle
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -89,8 +88,7 @@ def download(url: str, dest: Path, md5: str) -> Path:
     """Downloads `url` to `dest`, checking its md5; `dest` only ever appears complete and verified."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     # Same directory as dest, so the final os.replace is an atomic rename on one filesystem.
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
-    tmp = Path(tmp_name)
+    fd, tmp = cache.temp_beside(dest, ".part")
     try:
         log.info("downloading %s to %s", url, dest)
         with os.fdopen(fd, "wb") as out:
@@ -100,7 +98,7 @@ def download(url: str, dest: Path, md5: str) -> Path:
                 f"{url}: downloaded file has md5 {got}, expected {md5}; it was discarded, "
                 "try again or pass a verified local copy with --data cifar10:PATH"
             )
-        cache.publish(tmp, dest)
+        os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
     return dest
