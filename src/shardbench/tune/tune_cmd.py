@@ -17,6 +17,7 @@ from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import add_config_arguments, comma_lists, config_from_args
 from shardbench.parsing import override
+from shardbench.plan import plan_cmd
 from shardbench.plan.candidates import PER_STAGE, USES
 from shardbench.plan.target import HINT, Target, parse_target
 from shardbench.prices import prices_from_flag
@@ -37,10 +38,9 @@ MEASURE = {"train.eval": False, "train.checkpoint_every": 0}
 INTERRUPTED = 130  # a sweep stopped by Ctrl-C (`sweep.runner.run_sweep`)
 
 
-# What --help says of those lists' defaults (each field's help says the rest).
-LIST_HELP = {"precision.dtype": "here a comma list; default: the preset's (vit-seed: {default})",
-             "model.remat": "here a comma list; default: 'none,block' (a model of your own: its own)",
-             "train.batch_size": "here a comma list of global batch sizes; default: the preset's (vit-seed: {default})"}
+# What --help says of those lists' defaults (each field's help says the rest): plan's, and the batch sizes.
+LIST_HELP = plan_cmd.LIST_HELP | {
+    "train.batch_size": "here a comma list of global batch sizes; default: the preset's (vit-seed: {default})"}
 
 
 def add_parser(subparsers: Any) -> None:
