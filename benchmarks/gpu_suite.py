@@ -365,10 +365,14 @@ def best_variant(path: Path) -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ running
-def environment() -> dict[str, Any]:
-    """Date, commit and device of this run of the suite (the device from nvidia-smi, else the CPU's name)."""
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or None
+def environment(commit: str = "") -> dict[str, Any]:
+    """Date, commit and device of this run of the suite (the device from nvidia-smi, else the CPU's name). The
+    commit is git's, else `commit` (--commit): a copy of the tree without git history, or a machine without git."""
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip() or commit
+    except OSError:  # no git on this machine
+        pass
     device = ""
     if shutil.which("nvidia-smi"):
         done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -386,7 +390,7 @@ def environment() -> dict[str, Any]:
         except md.PackageNotFoundError:
             pass
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": commit, "device": device, "versions": versions}
+            "commit": commit or None, "device": device, "versions": versions}
 
 
 def child_env(smoke: bool) -> dict[str, str]:
@@ -885,6 +889,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-path", default="", help="accuracy part: the CIFAR-10 image tar")
     parser.add_argument("--variant", default="", help="profile part: the variant to profile (default: the "
                                                       "fastest of variants-bf16.json whose losses agree)")
+    parser.add_argument("--commit", default="", help="the commit to record where git cannot say (a copy of the "
+                                                     "tree without its .git folder, or no git on the machine)")
     parser.add_argument("--collect", type=Path, default=None, help="render a results folder's parts as one page")
     parser.add_argument("--to", type=Path, default=None, help="with --collect: write the page here")
     args = parser.parse_args(argv)
@@ -910,7 +916,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     args.work = args.work.resolve()  # the cases run in the repository's root
-    env = environment()
+    env = environment(args.commit)
     failures: list[str] = []
     for name in PARTS if part == "all" else (part,):
         try:

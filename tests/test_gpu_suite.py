@@ -377,3 +377,12 @@ def test_a_case_whose_cache_filler_failed_is_not_run_cold(tmp_path: Path, monkey
     assert again["status"] == ("not run: budget: 'vit-seed bfloat16 b1024 filling a cache', which fills the cache it "
                                "reads, was not run; run them with --part compile --cases "
                                "'vit-seed bfloat16 b1024 filling a cache,the same program again'")
+
+
+def test_the_commit_comes_from_commit_where_git_cannot_say(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device machine gets a copy of the tree without .git, and may have no git at all: --commit is recorded."""
+    monkeypatch.setattr(gpu_suite, "ROOT", tmp_path)  # a tree without git history
+    assert gpu_suite.environment("abc1234")["commit"] == "abc1234"
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git on the machine
+    assert gpu_suite.environment("abc1234")["commit"] == "abc1234"
+    assert gpu_suite.environment()["commit"] is None
