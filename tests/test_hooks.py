@@ -104,3 +104,35 @@ def test_a_checkpoints_epoch_sums_make_a_resumed_epochs_means_whole() -> None:
         assert hooks.EpochMeter.resumed(wrong, 6, per_epoch=7).count == 0
     assert hooks.EpochMeter.resumed({"sums": {"loss": 28.0}, "count": 7}, 7, per_epoch=7).count == 0
     assert hooks.EpochMeter.resumed({"sums": {"loss": 8.0}, "count": 1}, 8, per_epoch=7).sums == {"loss": 8.0}
+
+
+def test_logging_a_step_does_not_wait_for_it(tmp_path: Path) -> None:
+    """Log due after every step: the step it logs stays in flight (nothing waits for its results) and its scalars
+    are written when they arrive, at the next step's dispatch, with that step's number and loss, not the next's.
+    A hook of a later phase (a checkpoint) still runs on a settled step, after that step's log line."""
+    from shardbench.train.events import ScalarWriter
+
+    arrived: list[int] = []
+    bar = type("Bar", (), {"set_postfix": staticmethod(lambda *a, **k: None)})()
+    writer = ScalarWriter(tmp_path)
+    run = hooks.LoopState(total=4, per_epoch=4, metrics=hooks.Metrics(arrived.append, lambda: ""), state=None)
+
+    def lines() -> list[dict[str, float]]:
+        return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+    seen_by_checkpoint: list[list[int]] = []
+    schedule = [hooks.Every(hooks.Log(writer, bar, 8, "images"), hooks.Phase.LOG, steps=1),
+                hooks.Every(lambda r: seen_by_checkpoint.append([line["step"] for line in lines()]),
+                            hooks.Phase.CHECKPOINT, steps=3)]
+    for step in (1, 2):
+        run.done = step
+        run.metrics.push(step, {"loss": 10.0 * step, "grad_norm": 1.0})
+        hooks.run_due(schedule, run)
+        assert arrived == list(range(1, step)), "logging waited for the step it logs"
+        assert [line["step"] for line in lines()] == list(range(1, step))
+    run.done = 3
+    run.metrics.push(3, {"loss": 30.0, "grad_norm": 1.0})
+    hooks.run_due(schedule, run)  # the checkpoint settles step 3: its log line comes first
+    assert arrived == [1, 2, 3] and seen_by_checkpoint == [[1, 2, 3]]
+    assert [(line["step"], line["train/loss"]) for line in lines()] == [(1, 10.0), (2, 20.0), (3, 30.0)]
+    writer.close()

@@ -5,8 +5,10 @@ The loop (`shardbench.train.loop`) steps and calls each hook when its `Every` sa
 epoch's end, or both), Levanter-style, in the order of their `Phase`; no hook knows another, and none knows the
 step timer: the loop leaves the steps it ran them in out of the step times itself. What they share is the
 `LoopState`: the step just dispatched, the state, the metrics (brought to the host one step late, so the device
-never waits; the loop settles a step's before any hook runs after it) and the time spent outside training steps
-(evaluation), which the logged rate leaves out.
+never waits) and the time spent outside training steps (evaluation), which the logged rate leaves out. A hook after
+the LOG phase runs on a settled step (a checkpoint must know its loss is finite); logging does not wait for the step
+it logs: it writes that step's scalars when they reach the host (`Metrics.then`), while the next step runs, so a run
+that logs every step keeps the device busy.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ class Metrics:
     meter: EpochMeter = field(default_factory=EpochMeter)
     pending: tuple[int, dict[str, jax.Array]] | None = None
     last: dict[str, float] = field(default_factory=dict)
+    last_step: int | None = None  # the step `last` belongs to
+    waiting: list[Callable[[dict[str, float]], None]] = field(default_factory=list)  # for the pending step
     # Metrics the run record sums over every step of this invocation (a mixture's dropped assignments), and the
     # steps they cover.
     totals: dict[str, float] = field(default_factory=dict)
@@ -107,12 +111,26 @@ class Metrics:
             raise TrainingDiverged(f"{what} became {values[bad[0]]} at step {step} (loss {values['loss']:.4g}): "
                                    f"training stopped; {self.last_good()}")
         self.meter.add(values)
-        self.last = values
+        self.last, self.last_step = values, step
         for name in SUMMED_METRICS:
             if name in values:
                 self.totals[name] = self.totals.get(name, 0.0) + values[name]
         self.settled += 1
+        waiting, self.waiting = self.waiting, []
+        for then in waiting:
+            then(values)
         return values
+
+    def then(self, step: int, then: Callable[[dict[str, float]], None]) -> None:
+        """Call `then` with step `step`'s metrics once they are on the host: now, where it is settled already,
+        else when it settles (at the next step's dispatch, before a hook that settles it, or after the loop),
+        without waiting for it here."""
+        if self.pending is not None and self.pending[0] == step:
+            self.waiting.append(then)
+        elif self.last_step == step:
+            then(self.last)
+        else:
+            raise ValueError(f"step {step}'s metrics are neither pending nor the last settled ({self.last_step})")
 
 
 @dataclass
@@ -138,8 +156,9 @@ Hook = Callable[[LoopState], None]  # called after a step the loop finds it due 
 
 class Phase(IntEnum):
     """Where a hook runs among those due after the same step: in this order. Logging is part of training as
-    the user asked for it (a run that logs every step pays for it in its throughput too), so its steps stay
-    timed; every later phase is work outside training, and the loop leaves its steps out of the step times."""
+    the user asked for it (a run that logs every step pays for its host time where the host falls behind the
+    device), so its steps stay timed, and it does not wait for the step it logs; every later phase runs on a
+    settled step, and, unless `Every.light`, is work outside training that the loop leaves out of the step times."""
 
     LOG = 1
     CHECKPOINT = 2
@@ -148,6 +167,12 @@ class Phase(IntEnum):
 
     @property
     def outside_training(self) -> bool:
+        return self > Phase.LOG
+
+    @property
+    def settles(self) -> bool:
+        """Whether a hook of this phase needs the step it runs after settled (its loss known finite, its metrics in
+        the epoch's means) before it runs; logging takes the step's metrics when they arrive (`Metrics.then`)."""
         return self > Phase.LOG
 
 
@@ -172,12 +197,13 @@ class Every:
 
 
 def run_due(schedule: Iterable[Every], run: LoopState) -> list[Every]:
-    """Call the hooks due after the step just dispatched, by phase, once its metrics are on the host (a
-    checkpoint must know its loss is finite); returns those that ran, in that order."""
+    """Call the hooks due after the step just dispatched, by phase; the step is settled (waited for) before the
+    first whose phase `settles` (a checkpoint must know its loss is finite), never for logging alone. Returns
+    those that ran, in that order."""
     due = sorted((every for every in schedule if every.due(run)), key=lambda every: every.phase)
-    if due:
-        run.metrics.settle()
     for every in due:
+        if every.phase.settles:
+            run.metrics.settle()
         every.hook(run)
     return due
 
@@ -193,14 +219,18 @@ class Log:
     _since: tuple[float, int, float] | None = None  # (clock, steps done, paused seconds) at the last call
 
     def __call__(self, run: LoopState) -> None:
+        step = run.done
+        run.metrics.then(step, lambda last: self._write(run, step, last))
+
+    def _write(self, run: LoopState, step: int, last: dict[str, float]) -> None:
+        """Step `step`'s scalars, as they reach the host; the rate is over the steps since the last write."""
         now = time.perf_counter()
         clock, done, paused = self._since or (run.started, run.start, 0.0)
-        last = run.metrics.settle()
         seconds = max(now - clock - (run.paused_s - paused), 1e-9)
-        rate = (run.done - done) * self.examples_per_step / seconds
-        self._since = (now, run.done, run.paused_s)
-        self.writer.write(run.done, {f"train/{k}": v for k, v in last.items()} | {f"train/{self.unit}_per_s": rate})
-        self.bar.set_postfix({"epoch": (run.done - 1) // run.per_epoch + 1, "loss": f"{last['loss']:.4f}",
+        rate = (step - done) * self.examples_per_step / seconds
+        self._since = (now, step, run.paused_s)
+        self.writer.write(step, {f"train/{k}": v for k, v in last.items()} | {f"train/{self.unit}_per_s": rate})
+        self.bar.set_postfix({"epoch": (step - 1) // run.per_epoch + 1, "loss": f"{last['loss']:.4f}",
                               f"{self.unit}/s": f"{rate:.0f}"})
 
 
