@@ -866,7 +866,8 @@ def collect(folder: Path) -> str:
     parts = [folder / f"{p}.md" for p in PARTS if (folder / f"{p}.md").exists()]
     head = ("# shardbench on a GPU: the latest GPU suite results\n\nMade by `python benchmarks/gpu_suite.py "
             "--collect DIR --to benchmarks/results-h100.md` from the parts' files; each part names its date, "
-            "commit and device.\n")
+            "commit and device. What was measured by hand on an H100 before the suite existed is in "
+            "`benchmarks/results-h100-2026-11-24.md`.\n")
     return head + "\n" + "\n\n".join(p.read_text() for p in parts)
 
 
