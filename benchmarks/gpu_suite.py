@@ -135,8 +135,11 @@ def train_case(sizes: Sizes, name: str, preset: str, dtype: str, batch: int, *ex
 # Every speed switch the variants parts compare: (name, flags, same model as the baseline?, note).
 SWITCHES: list[tuple[str, tuple[str, ...], bool, str]] = [
     ("attention einsum", ("--model.attention", "einsum"), True, "two einsums, float32 scores"),
-    ("attention fused", ("--model.attention", "fused"), True, "jax.nn.dot_product_attention, XLA's composition"),
-    ("attention cudnn", ("--model.attention", "cudnn"), True, "cuDNN's fused kernel on a padded sequence"),
+    ("attention fused", ("--model.attention", "fused"), True,
+     "jax.nn.dot_product_attention, XLA's composition (auto's choice on GPUs until 2026-11-26)"),
+    ("attention cudnn", ("--model.attention", "cudnn"), True,
+     "cuDNN's fused kernel on a padded sequence: what auto runs for the vit on an NVIDIA GPU in 16 bits, so at "
+     "bfloat16 the baseline's twin"),
     ("attention cudnn pad 64", ("--model.attention", "cudnn", "--model.attention-pad-multiple", "64"), True,
      "cuDNN on a sequence padded to a multiple of 64"),
     ("qkv split", ("--model.qkv-layout", "split"), True, "three projections: no [3,heads,dim,batch,seq] transpose"),
@@ -216,7 +219,7 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
         return rows[1:2] if sizes.smoke else rows
     if part in ("variants-bf16", "variants-f32"):
         dtype, batch = ("bfloat16", 1024) if part == "variants-bf16" else ("float32", 128)
-        rows = [t("baseline", "vit-seed", dtype, batch, est_s=variant_estimate_s(dtype, ()), note="as shipped")]
+        rows = [t("baseline", "vit-seed", dtype, batch, est_s=variant_estimate_s(dtype, ()), note="as shipped (--model.attention auto)")]
         for name, flags, same, note in SWITCHES:
             if sizes.smoke and name not in SMOKE_SWITCHES[part]:
                 continue
@@ -447,7 +450,7 @@ def read_run(run_dir: Path, batch: int | None) -> dict[str, Any]:
             "cache_hits": f"{cache.get('hits')}/{cache.get('requests')}" if cache.get("dir") else "off",
             "losses": losses[:LOSSES_COMPARED], "test_accuracy": summary.get("test_accuracy"),
             "train_time_s": summary.get("time_s"), "device_kind": m.get("device_kind"), "platform": m.get("platform"),
-            "xla_flags": m.get("xla_flags"), "steps": summary.get("steps")}
+            "xla_flags": m.get("xla_flags"), "attention": m.get("attention"), "steps": summary.get("steps")}
 
 
 def _batch_of(argv: list[str]) -> int | None:
@@ -521,7 +524,7 @@ def render_part(record: dict[str, Any]) -> str:
     cases = r["cases"]
     if any("step_ms" in c for c in cases):
         lines += ["| case | status | compile s | step ms (p90) | examples/s | peak MiB | compiled MiB | cache | "
-                  "first losses agree | note |", "|---|---|---:|---:|---:|---:|---:|---|---|---|"]
+                  "attention | first losses agree | note |", "|---|---|---:|---:|---:|---:|---:|---|---|---|---|"]
         for c in cases:
             agree = {True: "yes", False: "**no**", None: "–"}[c.get("losses_agree")]
             if not c.get("same_model", True):
@@ -530,7 +533,8 @@ def render_part(record: dict[str, Any]) -> str:
                 f"| {c['name']} | {c['status']} | {_fmt(c.get('compile_s'), '.1f')} | "
                 f"{_fmt(c.get('step_ms'), '.2f')} ({_fmt(c.get('step_p90_ms'), '.2f')}) | "
                 f"{_fmt(c.get('examples_per_s'), ',.0f')} | {_fmt(c.get('peak_mib'), ',.0f')} | "
-                f"{_fmt(c.get('compiled_mib'), ',.0f')} | {c.get('cache_hits', '–')} | {agree} | "
+                f"{_fmt(c.get('compiled_mib'), ',.0f')} | {c.get('cache_hits', '–')} | {c.get('attention') or '–'} | "
+                f"{agree} | "
                 f"{c.get('note', '')} |")
     else:
         lines += ["| case | status | seconds | note |", "|---|---|---:|---|"]

@@ -34,6 +34,7 @@ def test_context_and_sequence_parallel_train_as_one_device(
     # N - 1 key/value blocks per layer forward, each one device's keys and values in float32: 2 x its rows x its
     # tokens x its share of the width (heads over model); as many back, each a block with its gradient (2 blocks).
     record = json.loads((tmp_path / "run" / "summary.json").read_text())["measurements"]
+    assert record["attention"] == "context"  # the ring replaces the model's own attention
     axes, shape = parse_mesh(mesh, devices), SHAPES["lm-seed"]
     batch, tokens, width, layers = (int(shape[k]) for k in (  # type: ignore[call-overload]
         "train.batch_size", "model.seq_len", "model.embed_dim", "model.num_layers"))

@@ -78,6 +78,7 @@ def test_variants_compare_with_the_baseline(smoke: Path) -> None:
     for part in ("variants-bf16", "variants-f32"):
         cases = _cases(smoke, part)
         assert cases["baseline"]["status"] == "ok" and len(cases["baseline"]["losses"]) >= 3
+        assert cases["baseline"]["attention"] == "einsum"  # what auto ran on the CPU, from the run's record
         if part == "variants-bf16":  # variants-f32's smoke run repeats only the refusal, which differs
             assert cases["qkv split"]["losses_agree"] is True  # the same arithmetic, another layout
             assert cases["cudnn layernorm"]["status"] == "ok"

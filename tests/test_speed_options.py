@@ -19,7 +19,6 @@ from shardbench.bench.bench_cmd import settings
 from shardbench.bench.cases import compile_only
 from shardbench.errors import ConfigError
 from shardbench.config import ModelConfig
-from shardbench.models import fused_attention
 from shardbench.models.transformer import keep_mask, layers_per_iteration
 from shardbench.train.loop import run
 from conftest import logged_losses as _losses
@@ -38,11 +37,6 @@ def dropout_reference(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     cfg = micro_config(tmp_path_factory.mktemp("reference"), **{"model.dropout": 0.1})
     run(cfg)
     return _losses(Path(cfg.train.out))
-
-
-def test_fused_attention_only_by_default_on_gpus() -> None:
-    assert fused_attention("auto", "gpu") and not fused_attention("auto", "cpu")
-    assert fused_attention("fused", "cpu") and not fused_attention("einsum", "gpu")
 
 
 def test_auto_unroll_rule() -> None:

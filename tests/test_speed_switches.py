@@ -24,7 +24,7 @@ from flax import nnx
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.measure.memory import per_device_bytes
-from shardbench.models import attention_kind, build_model, count_params
+from shardbench.models import attention_kind, auto_cudnn_problem, build_model, count_params
 from shardbench.models.lm import TransformerLM
 from shardbench.models.transformer import attention, padded_attention, padded_length, project_qkv
 from shardbench.models.vit import VisionTransformer, flops_per_example
@@ -141,9 +141,42 @@ def test_cudnn_refusals_are_one_line() -> None:
         nnx.eval_shape(lambda: build_model(lm, nnx.Rngs(0)))
 
 
-def test_auto_never_picks_cudnn() -> None:
-    assert attention_kind("auto", "gpu") == "fused" and attention_kind("auto", "cpu") == "einsum"
+class Device:
+    """A device's properties as JAX reports them (the inputs auto's choice reads), for GPUs this machine lacks."""
+
+    def __init__(self, platform: str, kind: str, capability: str, version: str = "cuda 13000") -> None:
+        self.platform, self.device_kind, self.compute_capability = platform, kind, capability
+        self.client = type("Client", (), {"platform_version": version})()
+
+
+H100, A100, V100 = (Device("gpu", "NVIDIA H100 80GB HBM3", "9.0"), Device("gpu", "NVIDIA A100-SXM4-80GB", "8.0"),
+                    Device("gpu", "Tesla V100-SXM2-16GB", "7.0"))
+
+
+def test_auto_runs_cudnn_for_the_vit_where_the_gpu_suite_measured_it_and_cudnn_takes_it() -> None:
+    """auto = cudnn for the vit in 16 bits on an NVIDIA GPU of compute capability 8.0 or later with a head dim
+    cuDNN takes (measured 0.91x the step on an H100); fused for the LM (not measured), in float32, with a head dim
+    cuDNN refuses or on an older GPU; einsum off GPUs; the other settings are what they say."""
+    vit = override(get_preset("vit-seed"), {"precision.dtype": "bfloat16"})
+    assert auto_cudnn_problem(vit, [H100]) is None and auto_cudnn_problem(vit, [A100]) is None
+    assert attention_kind("auto", "gpu", auto_cudnn_problem(vit, [H100]) is None) == "cudnn"
+    refused = {
+        "the lm": (override(get_preset("lm-seed"), {"precision.dtype": "bfloat16"}), H100, "not measured"),
+        "float32": (get_preset("vit-seed"), H100, "16-bit compute dtype"),
+        "head dim 36": (override(vit, {"model.embed_dim": 360, "model.num_heads": 10}), H100, "multiple of 8"),
+        "lsa": (override(vit, {"model.lsa": True}), H100, "einsum"),
+        "a V100": (vit, V100, "compute capability 8.0"),
+        "a head dim of 192 on an A100": (override(vit, {"model.num_heads": 2}), A100, "at most 128 before Hopper"),
+        "the cpu": (vit, Device("cpu", "cpu", "", version=""), "NVIDIA GPU"),
+        "a ROCm gpu": (vit, Device("gpu", "AMD Instinct MI300X", "9.4", version="rocm 6.3"), "NVIDIA GPU"),
+    }
+    for name, (cfg, device, why) in refused.items():
+        said = auto_cudnn_problem(cfg, [device])
+        assert said and why in said, (name, said)
+        assert attention_kind("auto", "gpu", said is None) == "fused", name
+    assert attention_kind("auto", "cpu") == "einsum" and attention_kind("auto", "tpu") == "einsum"
     assert attention_kind("cudnn", "gpu") == "cudnn" and attention_kind("einsum", "gpu") == "einsum"
+    assert attention_kind("fused", "cpu") == "fused"
 
 
 # ------------------------------------------------------------------------------------------------ mean pool

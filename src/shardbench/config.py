@@ -150,13 +150,16 @@ class ModelConfig:
     attention: str = setting(
         "auto", "attention kernel: einsum (two einsums, float32 scores), fused (jax.nn.dot_product_attention with "
         "no implementation: XLA's composition), cudnn (cuDNN's fused kernel on a sequence padded to "
-        "--model.attention-pad-multiple; NVIDIA GPUs, bfloat16 or float16) or auto (fused on GPUs, einsum "
-        "elsewhere, and einsum with --model.lsa)", choices=ATTENTION)
+        "--model.attention-pad-multiple; NVIDIA GPUs, bfloat16 or float16) or auto (on an NVIDIA GPU: cudnn for the "
+        "vit where cuDNN takes its dtype and head dim, else fused; einsum elsewhere, and einsum with --model.lsa)",
+        choices=ATTENTION)
     # 8: jax's check (check_is_flash_attention) asks training for even lengths, and 8 leaves a margin (the why is
-    # at models.transformer.padded_attention); 64 (cuDNN's tile) is the other length the GPU suite measures.
+    # at models.transformer.padded_attention); 64 (cuDNN's tile) is the other length the GPU suite measured: on an
+    # H100, vit-seed bfloat16 b1024 ran 31.41 ms a step at 8 (72 tokens), 33.28 at 64 (128 tokens), 2026-11-26.
     attention_pad_multiple: int = setting(
-        8, "--model.attention cudnn: pad the sequence to a multiple of this (65 tokens: 72 for 8, 128 for 64); the "
-        "padding is masked by sequence lengths and sliced off", range=POSITIVE_COUNT)
+        8, "cuDNN's attention (--model.attention cudnn, or auto where it runs cudnn): pad the sequence to a multiple "
+        "of this (65 tokens: 72 for 8, 128 for 64); the padding is masked by sequence lengths and sliced off",
+        range=POSITIVE_COUNT)
     qkv_layout: str = setting(
         "fused", "q/k/v projection, from the same parameter: fused (one einsum to [3, batch, seq, heads, dim]), "
         "split (three einsums) or seq-major (one einsum to [batch, seq, 3, heads, dim]); the last two avoid the "

@@ -176,7 +176,8 @@ def inert_notes(cfg: Config, given: Collection[str] = ()) -> list[str]:
                              if m.kind != "vit" else "--model.stem conv makes its tokens by convolution, not patches"),
         "model.stem_layers": (m.stem != "conv", f"it counts the conv stem's layers, and --model.stem is {m.stem}"),
         "model.input_dim": (m.kind != "mlp", f"the {m.kind} model's input is not a feature vector"),
-        "model.attention_pad_multiple": (m.attention != "cudnn", "it pads the sequence for --model.attention cudnn"),
+        "model.attention_pad_multiple": (m.attention not in ("cudnn", "auto"), "it pads the sequence for cuDNN's "
+                                         "attention (--model.attention cudnn, or auto on an NVIDIA GPU)"),
         "model.qkv_layout": (m.kind == "mlp", "the mlp model has no attention"),
         "model.top_k": (m.num_experts == 0, "it routes tokens to experts, and --model.num-experts is 0"),
         "model.capacity_factor": (m.num_experts == 0, "it sizes the experts, and --model.num-experts is 0"),

@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 
-from shardbench import cluster, malloc
+from shardbench import cluster, malloc, models
 from shardbench.config import Config
 from shardbench.measure import flops as flops_lib
 from shardbench.measure.comms import along_one_axis, count_collectives
@@ -205,6 +205,7 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
         processes=jax.process_count(),
         allocator=malloc.describe(os.environ),
         xla_flags=os.environ.get("XLA_FLAGS") or None,
+        attention="context" if uses_context(layout) else models.attention_ran(setup.cfg),
         per_process=[g["process"] for g in gathered],
         **batch_sizes(setup),
         compile=None if step is None else step.times,

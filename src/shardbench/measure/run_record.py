@@ -167,6 +167,10 @@ class Measurements:
     processes: int | None = _f("processes", "processes in the run")
     allocator: str | None = _f("", "the glibc allocator the process ran with, and why")
     xla_flags: str | None = _f("", "the XLA_FLAGS the process ran with: --train.xla-presets' flags and hand-set ones")
+    attention: str | None = _f("", "the attention the model's blocks ran: cudnn, fused or einsum (--model.attention "
+                                   "auto as this platform resolved it), or context (the sequence split over seq brings "
+                                   "its own); none for a model without shardbench's attention, and in records "
+                                   "written before it was kept")
     per_process: list[dict[str, Any]] = _list("", "each process: host, devices, its median step time")
     global_batch: int | None = _f("examples", "examples per update: the batch the optimizer steps on, which "
                                               "throughput and MFU count (--batch-size)")

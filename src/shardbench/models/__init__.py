@@ -14,7 +14,7 @@ from flax import nnx
 
 from shardbench.config import Config, check_choice
 from shardbench.errors import ConfigError
-from shardbench.models import custom, lm, mlp, vit
+from shardbench.models import custom, lm, mlp, transformer, vit
 from shardbench.models.transformer import CUDNN, CUDNN_MAX_HEAD_DIM, EINSUM, FUSED, count_params
 
 PRECISIONS = {
@@ -24,26 +24,30 @@ PRECISIONS = {
 }
 
 
-def fused_attention(setting: str, platform: str) -> bool:
-    """`model.attention`: 'fused' or 'einsum', or 'auto' = fused on GPUs, einsum elsewhere. 'fused' is
-    jax.nn.dot_product_attention with no implementation, which is XLA's composition: it never calls cuDNN."""
-    # auto is unchanged (it never picks cudnn) until the GPU suite measures cudnn: what it has measured is auto
-    # (fused) 30.6 ms against einsum 31.27 ms per step, vit-seed bfloat16 batch 1024 on an H100, 2026-11-24.
-    return setting == "fused" or (setting == "auto" and platform == "gpu")
+# The models `--model.attention auto` runs cuDNN's fused attention for on an NVIDIA GPU, where cuDNN takes the
+# configuration: those the GPU suite measured it faster on. vit-seed, bfloat16, batch 1024, one H100 (2026-11-26,
+# benchmarks/data/h100-2026-11-26/): 31.41, 32.17 and 32.04 ms a step against XLA's composition's 34.61, 34.94 and
+# 34.99 in three pairs of processes (0.91x; GPU kernels 28.30 against 30.98 ms a step), the same first losses, 10%
+# less memory. The LM's causal attention has not been measured under cuDNN: auto stays fused for it.
+AUTO_CUDNN_MODELS = ("vit",)
 
 
-def attention_kind(setting: str, platform: str) -> str:
-    """The attention kind a block runs for `model.attention` on `platform` (jax.default_backend()): cudnn,
-    fused or einsum (see `fused_attention` for auto)."""
+def attention_kind(setting: str, platform: str, cudnn_fits: bool = False) -> str:
+    """The attention kind a block runs for `model.attention` on `platform` (jax.default_backend()): cudnn, fused
+    or einsum. auto = cudnn on a GPU where `cudnn_fits` (see `auto_cudnn_problem`), else fused on GPUs, einsum
+    elsewhere. fused is jax.nn.dot_product_attention with no implementation, which is XLA's composition: it never
+    calls cuDNN."""
     if setting == CUDNN:
         return CUDNN
-    return FUSED if fused_attention(setting, platform) else EINSUM
+    if setting == "auto" and platform == "gpu":
+        return CUDNN if cudnn_fits else FUSED
+    return FUSED if setting == FUSED else EINSUM
 
 
-def check_cudnn_devices(cfg: Config, devices: list[jax.Device]) -> None:
-    """Refuse --model.attention cudnn in one line where cuDNN cannot run it: off NVIDIA GPUs (cuDNN's fused
-    attention needs compute capability 8.0 or later) or, before Hopper (9.0), with a head dim over 128. The
-    dtype and the head dim's other limits need no devices: `transformer.check_cudnn_config`."""
+def cudnn_device_problem(cfg: Config, devices: list[jax.Device]) -> str | None:
+    """Why cuDNN's fused attention cannot run on these devices, or None: off NVIDIA GPUs (it needs compute
+    capability 8.0 or later) or, before Hopper (9.0), with a head dim over 128. The dtype and the head dim's other
+    limits need no devices: `transformer.cudnn_config_problem`."""
     device = devices[0] if devices else None
     platform = "none" if device is None else device.platform
     version = "" if device is None else str(getattr(device.client, "platform_version", "")).lower()
@@ -51,26 +55,56 @@ def check_cudnn_devices(cfg: Config, devices: list[jax.Device]) -> None:
     # An NVIDIA GPU says so in its runtime's version ("cuda 12080") or its kind ("NVIDIA H100 80GB HBM3").
     if platform != "gpu" or not ("cuda" in version or "nvidia" in kind):
         where = platform if platform != "gpu" else f"gpu ({version or 'not CUDA'})"
-        raise ConfigError(f"--model.attention cudnn needs an NVIDIA GPU (cuDNN), and this platform is {where}: use "
-                          f"--model.attention fused or einsum here")
+        return (f"--model.attention cudnn needs an NVIDIA GPU (cuDNN), and this platform is {where}: use "
+                f"--model.attention fused or einsum here")
     capability = str(getattr(device, "compute_capability", "0.0"))
     major_minor = tuple(int(part) for part in capability.split(".")[:2] if part.isdigit())
     head_dim = cfg.model.embed_dim // max(cfg.model.num_heads, 1)
     if major_minor < (8, 0):
-        raise ConfigError(f"--model.attention cudnn needs compute capability 8.0 (Ampere) or later; this GPU "
-                          f"({device.device_kind}) has {capability}: use --model.attention fused")
+        return (f"--model.attention cudnn needs compute capability 8.0 (Ampere) or later; this GPU "
+                f"({device.device_kind}) has {capability}: use --model.attention fused")
     if major_minor < (9, 0) and head_dim > 128:
-        raise ConfigError(f"--model.attention cudnn takes a head dim of at most 128 before Hopper (at most "
-                          f"{CUDNN_MAX_HEAD_DIM} from 9.0); this GPU ({device.device_kind}, {capability}) has "
-                          f"{head_dim}: change --model.num-heads, or use --model.attention fused")
+        return (f"--model.attention cudnn takes a head dim of at most 128 before Hopper (at most "
+                f"{CUDNN_MAX_HEAD_DIM} from 9.0); this GPU ({device.device_kind}, {capability}) has "
+                f"{head_dim}: change --model.num-heads, or use --model.attention fused")
+    return None
+
+
+def check_cudnn_devices(cfg: Config, devices: list[jax.Device]) -> None:
+    """Refuse --model.attention cudnn in one line where these devices cannot run it (`cudnn_device_problem`)."""
+    problem = cudnn_device_problem(cfg, devices)
+    if problem:
+        raise ConfigError(problem)
+
+
+def auto_cudnn_problem(cfg: Config, devices: list[jax.Device]) -> str | None:
+    """Why --model.attention auto does not run cuDNN's attention for `cfg` on these devices, or None where it
+    does: a model the GPU suite has not measured it on (`AUTO_CUDNN_MODELS`), Locality Self-Attention (einsum
+    only), or a configuration or device cuDNN does not take."""
+    if cfg.model.kind not in AUTO_CUDNN_MODELS or cfg.model.factory:
+        return f"not measured faster for the {cfg.model.kind}"
+    if cfg.model.lsa:
+        return "--model.lsa runs the einsum attention"
+    return (transformer.cudnn_config_problem(cfg.model, cfg.precision.dtype)
+            or cudnn_device_problem(cfg, devices))
 
 
 def resolve_attention(cfg: Config) -> str:
-    """The attention kind this process's devices run for `cfg`; cudnn is checked against them first (one line)."""
-    kind = attention_kind(cfg.model.attention, jax.default_backend())
-    if kind == CUDNN:
+    """The attention kind this process's devices run for `cfg`; an explicit cudnn is checked against them first
+    (one line), and auto runs cudnn only where `auto_cudnn_problem` finds nothing against it."""
+    platform = jax.default_backend()
+    if cfg.model.attention == CUDNN:
         check_cudnn_devices(cfg, jax.devices())
-    return kind
+    fits = cfg.model.attention == "auto" and platform == "gpu" and auto_cudnn_problem(cfg, jax.devices()) is None
+    return attention_kind(cfg.model.attention, platform, fits)
+
+
+def attention_ran(cfg: Config) -> str | None:
+    """The attention the model's blocks run, for the run record: cudnn, fused or einsum (einsum with
+    Locality Self-Attention); None for a model without shardbench's attention (the mlp, a model of your own)."""
+    if cfg.model.kind not in ("vit", "lm") or cfg.model.factory:
+        return None
+    return EINSUM if cfg.model.lsa else resolve_attention(cfg)
 
 
 def _vit(cfg: Config, **common: Any) -> nnx.Module:
@@ -119,5 +153,6 @@ def build_model(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
     )
 
 
-__all__ = ["MODELS", "PRECISIONS", "attention_kind", "axis_fields", "build_model", "check_cudnn_devices",
-           "count_params", "fused_attention", "resolve_attention"]
+__all__ = ["AUTO_CUDNN_MODELS", "MODELS", "PRECISIONS", "attention_kind", "attention_ran", "auto_cudnn_problem",
+           "axis_fields", "build_model", "check_cudnn_devices", "count_params", "cudnn_device_problem",
+           "resolve_attention"]

@@ -141,19 +141,28 @@ CUDNN_DTYPES = ("bfloat16", "float16")
 CUDNN_MAX_HEAD_DIM = 256
 
 
-def check_cudnn_config(cfg: ModelConfig, dtype: str) -> None:
-    """Refuse --model.attention cudnn in one line where the configuration alone shows cuDNN cannot run it: a compute
-    dtype that is not 16 bits, or a head dim cuDNN does not take. The devices are checked where the model is built
-    (`shardbench.models.check_cudnn_devices`)."""
+def cudnn_config_problem(cfg: ModelConfig, dtype: str) -> str | None:
+    """Why the configuration alone shows cuDNN cannot run its fused attention, or None: a compute dtype that is
+    not 16 bits, or a head dim cuDNN does not take. The devices are checked where the model is built
+    (`shardbench.models.cudnn_device_problem`)."""
     if dtype not in CUDNN_DTYPES:
-        raise ConfigError(f"--model.attention cudnn needs a 16-bit compute dtype, not --dtype {dtype}: add "
-                          f"--dtype bfloat16 (or float16), or use --model.attention fused")
+        return (f"--model.attention cudnn needs a 16-bit compute dtype, not --dtype {dtype}: add "
+                f"--dtype bfloat16 (or float16), or use --model.attention fused")
     if cfg.num_heads > 0 and cfg.embed_dim % cfg.num_heads == 0:  # an uneven split is the task's shape check
         head_dim = cfg.embed_dim // cfg.num_heads
         if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
-            raise ConfigError(f"--model.attention cudnn needs a head dim (embed dim / heads) that is a multiple "
-                              f"of 8 and at most {CUDNN_MAX_HEAD_DIM}, not {cfg.embed_dim}/{cfg.num_heads} = "
-                              f"{head_dim}: change --model.num-heads, or use --model.attention fused")
+            return (f"--model.attention cudnn needs a head dim (embed dim / heads) that is a multiple "
+                    f"of 8 and at most {CUDNN_MAX_HEAD_DIM}, not {cfg.embed_dim}/{cfg.num_heads} = "
+                    f"{head_dim}: change --model.num-heads, or use --model.attention fused")
+    return None
+
+
+def check_cudnn_config(cfg: ModelConfig, dtype: str) -> None:
+    """Refuse --model.attention cudnn in one line where the configuration alone shows cuDNN cannot run it
+    (`cudnn_config_problem`)."""
+    problem = cudnn_config_problem(cfg, dtype)
+    if problem:
+        raise ConfigError(problem)
 
 
 def padded_length(length: int, multiple: int) -> int:
