@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ class Case:
     argv: list[str]
     est_s: float  # on one H100, from the 2026-11-24 measurements: compile + steps + process start
     note: str = ""
-    same_model: bool = True  # whether its losses must agree with the baseline's
+    same_model: bool = True  # whether its losses must agree with those of `compare_to`
     kind: str = "train"  # train | bench | sweep | command
     # What an exit status 2 of this case may say to count as a refusal (the device cannot run this configuration);
     # an exit 2 with any other message (a wrong flag, a missing path) is a failure.
@@ -88,6 +88,9 @@ class Case:
     # The case whose run fills the cache this one reads: run without it, this case would compile cold and measure
     # nothing of a warm cache, so --cases and a "not run: budget" command bring it along (see `selected`).
     needs: str = ""
+    # The case whose first losses this one's must match (where `same_model`); None for a reference itself. Like
+    # `needs`, --cases and a "not run: budget" command bring it along.
+    compare_to: str | None = "baseline"
 
 
 @dataclass
@@ -105,6 +108,9 @@ class Sizes:
     def steps(self, steps: int) -> int:
         return 6 if self.smoke else steps
 
+    def seq_len(self, tokens: int) -> int:
+        return 64 if self.smoke else tokens
+
     def data(self) -> list[str]:
         return ["--data.synthetic-train", "512", "--data.synthetic-test", "64"] if self.smoke else []
 
@@ -120,7 +126,7 @@ SMOKE_VIT = ("--model.embed-dim", "32", "--model.mlp-dim", "64", "--model.num-la
 
 def train_case(sizes: Sizes, name: str, preset: str, dtype: str, batch: int, *extra: str, steps: int = 40,
                est_s: float = 30.0, note: str = "", same_model: bool = True, cache: str = "off",
-               refusals: tuple[str, ...] = (), needs: str = "") -> Case:
+               refusals: tuple[str, ...] = (), needs: str = "", compare_to: str | None = "baseline") -> Case:
     argv = ["train", "--preset", sizes.preset(preset), "--dtype", dtype, "--batch-size", str(sizes.batch(batch)),
             "--steps", str(sizes.steps(steps)), "--no-train.eval", "--no-train.progress", "--train.log-every", "1",
             "--train.checkpoint-every", "0", "--train.compile-cache", cache, *sizes.data(), *sizes.model(preset),
@@ -129,7 +135,8 @@ def train_case(sizes: Sizes, name: str, preset: str, dtype: str, batch: int, *ex
         argv += ["--data", "synthetic" if sizes.preset(preset).startswith("vit") else "tokens-uniform"]
     if sizes.smoke:
         argv += ["--devices", "1", "--mesh", "none"]
-    return Case(name, argv, est_s, note, same_model, refusals=refusals, needs=needs)
+    return Case(name, argv, est_s, note, same_model, refusals=refusals, needs=needs,
+                compare_to=None if name == "baseline" else compare_to)
 
 
 # Every speed switch the variants parts compare: (name, flags, same model as the baseline?, note).
@@ -225,6 +232,14 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
                 continue
             rows.append(t(name, "vit-seed", dtype, batch, *flags, est_s=variant_estimate_s(dtype, flags), note=note,
                           same_model=same, refusals=refusals_of(flags)))
+        if part == "variants-bf16":  # cuDNN's attention for the LM, which auto leaves on fused until measured
+            lm = ("--model.seq-len", str(sizes.seq_len(LM_SEQ)))
+            rows += [t(LM_FUSED, "lm-seed", dtype, LM_BATCH, *lm, "--model.attention", "fused", est_s=LM_EST_S,
+                       compare_to=None, note=f"lm-seed at sequence {LM_SEQ}: XLA's composition, auto's choice for "
+                                             f"the LM; the reference of the case below"),
+                     t(LM_CUDNN, "lm-seed", dtype, LM_BATCH, *lm, "--model.attention", "cudnn", est_s=LM_EST_S,
+                       compare_to=LM_FUSED, refusals=CUDNN_REFUSALS,
+                       note="the same LM with cuDNN's causal attention: whether auto should run it for the LM")]
         return rows
     if part == "profile":
         best = args.variant or best_variant(out / "variants-bf16.json")
@@ -251,6 +266,14 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
     if part == "accuracy":
         return accuracy_cases(sizes, args)
     raise ValueError(part)
+
+
+# The LM cases of variants-bf16: lm-seed (4 layers of width 256, 8 heads of 32) at a sequence long enough for its
+# attention to weigh (lm-seed's own 64 tokens leave a 2 ms step). The estimate: lm-seed's compile on one H100 took
+# 13.7 s in bfloat16 and 23.5 s in float32 (batch 32, sequence 64: benchmarks/data/h100-2026-11-24/runs/), and a
+# vit-seed bfloat16 case took 19-30 s in all (2026-11-26); 40 s leaves a margin for the longer sequence's steps.
+LM_SEQ, LM_BATCH, LM_EST_S = 1024, 32, 40.0
+LM_FUSED, LM_CUDNN = "lm seq 1024 fused", "lm seq 1024 cudnn"
 
 
 # One vit-seed process of 40 steps on one H100 (2026-11-24, the reference machine's GPU records, `runs/vit-seed/sweep.db`
@@ -559,7 +582,7 @@ class PartRun:
     work: Path
     sizes: Sizes
     record: Part
-    baseline: list[float] | None = None
+    losses: dict[str, list[float]] = field(default_factory=dict)  # each case's first losses, as it finished
 
     @property
     def logs(self) -> Path:
@@ -625,14 +648,16 @@ def selected(cases: list[Case], names: str) -> list[Case]:
 
 
 def with_needed(names: set[str] | list[str], cases: list[Case] | tuple[Case, ...]) -> set[str]:
-    """`names` and every case they need (`Case.needs`), transitively."""
-    needs = {c.name: c.needs for c in cases}
+    """`names` and every case they need (`Case.needs`) or compare their losses with (`Case.compare_to`), of
+    `cases`, transitively."""
+    known = {c.name for c in cases}
+    needs = {c.name: [n for n in (c.needs, c.compare_to) if n and n in known] for c in cases}
     out, todo = set(), list(names)
     while todo:
         name = todo.pop()
         if name not in out:
             out.add(name)
-            todo += [needs[name]] if needs.get(name) else []
+            todo += needs.get(name, [])
     return out
 
 
@@ -652,12 +677,13 @@ def case_timeout_s(left: float, args: argparse.Namespace) -> float:
 
 
 def rerun_command(part: str, names: list[str], cases: list[Case] | tuple[Case, ...] = ()) -> str:
-    """The suite's command that runs `names` of `part` (with the baseline, where a variant's losses need it, and,
-    from the part's `cases`, the case that fills a cache one of them reads)."""
+    """The suite's command that runs `names` of `part` with, from the part's `cases`, the cases whose losses
+    theirs are compared with and those that fill a cache one of them reads (without `cases`: a variant's with the
+    baseline)."""
     if part == "accuracy":
         return f"--part accuracy --recipe {names[0].removeprefix('recipe ')}" if len(names) == 1 else (
             "; ".join(f"--part accuracy --recipe {n.removeprefix('recipe ')}" for n in names))
-    needs_baseline = part.startswith("variants") and "baseline" not in names
+    needs_baseline = not cases and part.startswith("variants") and "baseline" not in names
     needed = with_needed(names, cases)
     names = [c.name for c in cases if c.name in needed and c.name not in names] + list(names)
     quoted = ",".join((["baseline"] if needs_baseline else []) + names)
@@ -752,11 +778,11 @@ def finish_train(run: PartRun, case: Case, row: dict[str, Any], run_dir: Path) -
     if problem:
         row["status"] = problem
         return
-    if case.name == "baseline":
-        run.baseline = row["losses"]
-    elif run.baseline and case.same_model and row["losses"]:
+    run.losses[case.name] = row["losses"]
+    reference = run.losses.get(case.compare_to) if case.compare_to else None
+    if reference and case.same_model and row["losses"]:
         dtype = case.argv[case.argv.index("--dtype") + 1]
-        row["loss_rel_diff"] = max_rel_diff(row["losses"], run.baseline)
+        row["loss_rel_diff"] = max_rel_diff(row["losses"], reference)
         row["losses_agree"] = row["loss_rel_diff"] <= LOSS_RTOL[dtype]
     if run.part == "profile":
         row["kernels"] = kernel_section(run_dir, case.name, run.sizes)

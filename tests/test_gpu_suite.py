@@ -59,7 +59,8 @@ def test_every_part_writes_its_files(smoke_run: tuple[Path, subprocess.Completed
         # Every case ran: only cuDNN's attention, which a CPU cannot run, is refused; nothing failed, timed out
         # or was left out for the budget.
         for name, c in cases.items():
-            ran = c["status"].startswith("refused: ") if name == "attention cudnn" else c["status"] == "ok"
+            cudnn = name in ("attention cudnn", gpu_suite.LM_CUDNN)
+            ran = c["status"].startswith("refused: ") if cudnn else c["status"] == "ok"
             assert ran, (part, name, c["status"])
     # The bench part's every contender gave figures: none errored or timed out (PyTorch eager where torch is here).
     rows = json.loads((smoke / "bench-raw.json").read_text())["cases"]
@@ -83,6 +84,13 @@ def test_variants_compare_with_the_baseline(smoke: Path) -> None:
             assert cases["qkv split"]["losses_agree"] is True  # the same arithmetic, another layout
             assert cases["cudnn layernorm"]["status"] == "ok"
             assert "--xla_gpu_enable_cudnn_layer_norm=true" in cases["cudnn layernorm"]["xla_flags"]
+            # the LM's pair: its cudnn case is compared with the LM's fused one (refused here), never the ViT's
+            lm = cases[gpu_suite.LM_FUSED]
+            assert lm["status"] == "ok" and lm["attention"] == "fused" and "losses_agree" not in lm
+            assert cases[gpu_suite.LM_CUDNN]["status"].startswith("refused: ")
+            assert gpu_suite.rerun_command("variants-bf16", [gpu_suite.LM_CUDNN], gpu_suite.cases_for(
+                part, gpu_suite.Sizes(False), argparse.Namespace(), smoke, smoke)) == (
+                f"--part variants-bf16 --cases '{gpu_suite.LM_FUSED},{gpu_suite.LM_CUDNN}'")
         else:
             assert set(cases) == {"baseline", "attention cudnn"}
         # cuDNN's attention cannot run on a CPU: refused in one line, before compiling
@@ -387,3 +395,26 @@ def test_the_commit_comes_from_commit_where_git_cannot_say(tmp_path: Path, monke
     monkeypatch.setenv("PATH", str(tmp_path))  # no git on the machine
     assert gpu_suite.environment("abc1234")["commit"] == "abc1234"
     assert gpu_suite.environment()["commit"] is None
+
+
+def test_a_variant_is_compared_with_its_own_reference(tmp_path: Path) -> None:
+    """The LM's cudnn case is compared with the LM's fused run, not with the ViT's baseline that ran first: its
+    losses agree with the one and are far from the other."""
+    args = argparse.Namespace(smoke=True, cases="")
+    record = gpu_suite.Part("variants-bf16", tmp_path, ENV, True, False)
+    run = gpu_suite.PartRun("variants-bf16", args, tmp_path, tmp_path / "w", gpu_suite.Sizes(True), record)
+    cases = {c.name: c for c in gpu_suite.cases_for("variants-bf16", gpu_suite.Sizes(True), args, tmp_path,
+                                                     tmp_path / "w")}
+    rows = {}
+    for name, losses in (("baseline", [2.3, 2.2]), (gpu_suite.LM_FUSED, [6.2, 6.1]),
+                         (gpu_suite.LM_CUDNN, [6.2, 6.1 * (1 + 1e-3)])):
+        folder = tmp_path / name.replace(" ", "_")
+        (folder / "tensorboard").mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"measurements": {"platform": "cpu"}}))
+        (folder / "tensorboard" / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": i + 1, "train/loss": v}) + "\n" for i, v in enumerate(losses)))
+        rows[name] = {"name": name, "status": "ok"}
+        gpu_suite.finish(run, cases[name], rows[name], folder, 0)
+    assert "losses_agree" not in rows["baseline"] and "losses_agree" not in rows[gpu_suite.LM_FUSED]
+    assert rows[gpu_suite.LM_CUDNN]["losses_agree"] is True
+    assert rows[gpu_suite.LM_CUDNN]["loss_rel_diff"] == pytest.approx(1e-3)

@@ -28,7 +28,8 @@ PRECISIONS = {
 # configuration: those the GPU suite measured it faster on. vit-seed, bfloat16, batch 1024, one H100 (2026-11-26,
 # benchmarks/data/h100-2026-11-26/): 31.41, 32.17 and 32.04 ms a step against XLA's composition's 34.61, 34.94 and
 # 34.99 in three pairs of processes (0.91x; GPU kernels 28.30 against 30.98 ms a step), the same first losses, 10%
-# less memory. The LM's causal attention has not been measured under cuDNN: auto stays fused for it.
+# less memory. The LM's causal attention has not been measured under cuDNN (the suite's variants-bf16 part runs
+# the pair, lm-seed at sequence 1024): auto stays fused for it.
 AUTO_CUDNN_MODELS = ("vit",)
 
 
