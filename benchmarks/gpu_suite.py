@@ -232,14 +232,17 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
                 continue
             rows.append(t(name, "vit-seed", dtype, batch, *flags, est_s=variant_estimate_s(dtype, flags), note=note,
                           same_model=same, refusals=refusals_of(flags)))
-        if part == "variants-bf16":  # cuDNN's attention for the LM, which auto leaves on fused until measured
+        if part == "variants-bf16":  # cuDNN's attention for the LM, which auto leaves on fused until measured;
+            # after the ViT's attention switches, before the layouts and XLA presets
             lm = ("--model.seq-len", str(sizes.seq_len(LM_SEQ)))
-            rows += [t(LM_FUSED, "lm-seed", dtype, LM_BATCH, *lm, "--model.attention", "fused", est_s=LM_EST_S,
-                       compare_to=None, note=f"lm-seed at sequence {LM_SEQ}: XLA's composition, auto's choice for "
-                                             f"the LM; the reference of the case below"),
-                     t(LM_CUDNN, "lm-seed", dtype, LM_BATCH, *lm, "--model.attention", "cudnn", est_s=LM_EST_S,
-                       compare_to=LM_FUSED, refusals=CUDNN_REFUSALS,
-                       note="the same LM with cuDNN's causal attention: whether auto should run it for the LM")]
+            at = 1 + max(i for i, row in enumerate(rows) if row.name.startswith("attention"))
+            rows[at:at] = [
+                t(LM_FUSED, "lm-seed", dtype, LM_BATCH, *lm, "--model.attention", "fused", est_s=LM_EST_S,
+                  compare_to=None, note=f"lm-seed at sequence {LM_SEQ}: XLA's composition, auto's choice for the LM; "
+                                        f"the reference of the case below"),
+                t(LM_CUDNN, "lm-seed", dtype, LM_BATCH, *lm, "--model.attention", "cudnn", est_s=LM_EST_S,
+                  compare_to=LM_FUSED, refusals=CUDNN_REFUSALS,
+                  note="the same LM with cuDNN's causal attention: whether auto should run it for the LM")]
         return rows
     if part == "profile":
         best = args.variant or best_variant(out / "variants-bf16.json")
@@ -382,21 +385,25 @@ def recipe_estimate_s(name: str) -> float:
 
 
 def best_variant(path: Path) -> str | None:
-    """The fastest variant (by median step) whose losses agree with the baseline's, from a variants part."""
+    """The fastest variant of the baseline's model (by median step) whose losses agree with the baseline's, from a
+    variants part: a switch of `SWITCHES` or the baseline itself, never the LM's pair (another model, faster by
+    its size)."""
     if not path.exists():
         return None
+    ours = {"baseline", *(name for name, *_ in SWITCHES)}
     rows = [r for r in json.loads(path.read_text())["cases"] if r.get("step_ms") and r.get("same_model")
-            and r.get("losses_agree") is not False]
+            and r.get("losses_agree") is not False and r["name"] in ours]
     return min(rows, key=lambda r: r["step_ms"])["name"] if rows else None
 
 
 # ------------------------------------------------------------------------------------------------ running
 def environment(commit: str = "") -> dict[str, Any]:
     """Date, commit and device of this run of the suite (the device from nvidia-smi, else the CPU's name). The
-    commit is git's, else `commit` (--commit): a copy of the tree without git history, or a machine without git."""
+    commit is `commit` (--commit) where given: a copy of the tree without its git history, or one inside another
+    repository, whose git would name that one's commit; else git's, where git can say."""
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip() or commit
+        commit = commit or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                          capture_output=True, text=True).stdout.strip()
     except OSError:  # no git on this machine
         pass
     device = ""
@@ -920,8 +927,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-path", default="", help="accuracy part: the CIFAR-10 image tar")
     parser.add_argument("--variant", default="", help="profile part: the variant to profile (default: the "
                                                       "fastest of variants-bf16.json whose losses agree)")
-    parser.add_argument("--commit", default="", help="the commit to record where git cannot say (a copy of the "
-                                                     "tree without its .git folder, or no git on the machine)")
+    parser.add_argument("--commit", default="", help="the commit to record, instead of git's (a copy of the tree "
+                                                     "without its .git folder, or no git on the machine)")
     parser.add_argument("--collect", type=Path, default=None, help="render a results folder's parts as one page")
     parser.add_argument("--to", type=Path, default=None, help="with --collect: write the page here")
     args = parser.parse_args(argv)

@@ -251,3 +251,19 @@ def test_a_flag_the_command_does_not_take_points_to_that_commands_help(command: 
     assert capsys.readouterr().err.splitlines() == [
         f"shardbench {command}: error: unrecognized arguments: --checkpoint-every 0",
         f"see 'shardbench {command} --help'"]
+
+
+def test_the_attention_pad_multiple_is_noted_where_no_cudnn_attention_can_run() -> None:
+    """--model.attention-pad-multiple pads cuDNN's attention: read with --model.attention cudnn, and with auto
+    where auto may pick cuDNN (the vit in 16 bits, on an NVIDIA GPU); noted as doing nothing for the LM, for LSA,
+    in float32 and with an explicit einsum or fused."""
+    vit = override(get_preset("vit-seed"), {"precision.dtype": "bfloat16", "model.attention_pad_multiple": 64})
+
+    def noted(cfg: config_lib.Config) -> bool:
+        return any(note.startswith("--model.attention-pad-multiple 64 does nothing here") for note in inert_notes(cfg))
+
+    assert not noted(vit) and not noted(override(vit, {"model.attention": "cudnn"}))
+    for other in ({"precision.dtype": "float32"}, {"model.lsa": True}, {"model.attention": "fused"}):
+        assert noted(override(vit, other)), other
+    lm = override(get_preset("lm-seed"), {"precision.dtype": "bfloat16", "model.attention_pad_multiple": 64})
+    assert noted(lm) and not noted(override(lm, {"model.attention": "cudnn"}))

@@ -389,7 +389,10 @@ def test_a_case_whose_cache_filler_failed_is_not_run_cold(tmp_path: Path, monkey
 
 
 def test_the_commit_comes_from_commit_where_git_cannot_say(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The device machine gets a copy of the tree without .git, and may have no git at all: --commit is recorded."""
+    """The device machine gets a copy of the tree without .git, and may have no git at all: --commit is recorded,
+    and wins over git's answer where it is given (a copy inside another repository names that one's commit)."""
+    assert gpu_suite.environment("abc1234")["commit"] == "abc1234"  # this checkout has git
+    assert gpu_suite.environment()["commit"]
     monkeypatch.setattr(gpu_suite, "ROOT", tmp_path)  # a tree without git history
     assert gpu_suite.environment("abc1234")["commit"] == "abc1234"
     monkeypatch.setenv("PATH", str(tmp_path))  # no git on the machine
@@ -418,3 +421,19 @@ def test_a_variant_is_compared_with_its_own_reference(tmp_path: Path) -> None:
     assert "losses_agree" not in rows["baseline"] and "losses_agree" not in rows[gpu_suite.LM_FUSED]
     assert rows[gpu_suite.LM_CUDNN]["losses_agree"] is True
     assert rows[gpu_suite.LM_CUDNN]["loss_rel_diff"] == pytest.approx(1e-3)
+
+
+def test_the_profile_part_takes_the_fastest_switch_of_the_baselines_model(tmp_path: Path) -> None:
+    """The LM's pair steps faster than the ViT by its size: the profile part must not take it for the fastest
+    variant (it would profile the baseline under the LM's name)."""
+    rows = [{"name": "baseline", "step_ms": 31.4, "same_model": True},
+            {"name": "attention fused", "step_ms": 34.3, "same_model": True, "losses_agree": True},
+            {"name": "qkv split", "step_ms": 30.9, "same_model": True, "losses_agree": False},
+            {"name": "pool mean", "step_ms": 30.0, "same_model": False},
+            {"name": gpu_suite.LM_FUSED, "step_ms": 5.0, "same_model": True},
+            {"name": gpu_suite.LM_CUDNN, "step_ms": 4.0, "same_model": True, "losses_agree": True}]
+    (tmp_path / "variants-bf16.json").write_text(json.dumps({"cases": rows}))
+    assert gpu_suite.best_variant(tmp_path / "variants-bf16.json") == "baseline"
+    rows[1]["step_ms"] = 30.5
+    (tmp_path / "variants-bf16.json").write_text(json.dumps({"cases": rows}))
+    assert gpu_suite.best_variant(tmp_path / "variants-bf16.json") == "attention fused"

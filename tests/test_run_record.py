@@ -61,6 +61,11 @@ def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> Non
     m = payload_only.measurements
     assert m.comms["all-reduce"] == Collective(count=1, bytes=4096, sent_bytes=None)
     assert m.comms_total_sent_bytes is None and m.comms_unknown_trip_counts is None
+    # Version 4, written before the attention was kept: read as None, and its own fields strictly.
+    v4 = from_json({"schema_version": 4, "measurements": {"comms_unknown_trip_counts": 0}})
+    assert v4.measurements.attention is None and v4.measurements.comms_unknown_trip_counts == 0
+    assert SCHEMA_VERSION == 5 and from_json({"schema_version": 5, "measurements": {
+        "attention": "cudnn"}}).measurements.attention == "cudnn"
 
 
 def test_every_field_is_documented_with_its_unit_in_one_place() -> None:

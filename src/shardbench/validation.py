@@ -10,6 +10,7 @@ from pathlib import Path
 from shardbench import config as config_lib
 from shardbench.config import SPECS, TASK_KINDS, Config, TrainConfig, check_choice, flatten
 from shardbench.errors import ConfigError
+from shardbench import models
 from shardbench.models import transformer, vit
 from shardbench.presets import PRESETS
 
@@ -176,8 +177,10 @@ def inert_notes(cfg: Config, given: Collection[str] = ()) -> list[str]:
                              if m.kind != "vit" else "--model.stem conv makes its tokens by convolution, not patches"),
         "model.stem_layers": (m.stem != "conv", f"it counts the conv stem's layers, and --model.stem is {m.stem}"),
         "model.input_dim": (m.kind != "mlp", f"the {m.kind} model's input is not a feature vector"),
-        "model.attention_pad_multiple": (m.attention not in ("cudnn", "auto"), "it pads the sequence for cuDNN's "
-                                         "attention (--model.attention cudnn, or auto on an NVIDIA GPU)"),
+        "model.attention_pad_multiple": (m.attention != "cudnn" and (m.attention != "auto" or bool(
+            models.auto_cudnn_config_problem(cfg))), "it pads the sequence for cuDNN's attention, which this run "
+                                                     "never runs (--model.attention cudnn, or auto for the vit in "
+                                                     "16 bits on an NVIDIA GPU)"),
         "model.qkv_layout": (m.kind == "mlp", "the mlp model has no attention"),
         "model.top_k": (m.num_experts == 0, "it routes tokens to experts, and --model.num-experts is 0"),
         "model.capacity_factor": (m.num_experts == 0, "it sizes the experts, and --model.num-experts is 0"),

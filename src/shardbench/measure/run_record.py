@@ -6,7 +6,9 @@ modules return these types (`measure.timing.compile_timed` a `CompileTimes`, `me
 every reader (the store's rows, the report, its findings and charts, the planner's measured runs) reads them
 back through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
 
-Versions: 4 is this layout: version 3's, with the bytes each device sends (`Collective.sent_bytes`,
+Versions: 5 is this layout: version 4's, with the attention a run's blocks ran (`Measurements.attention`: cudnn,
+fused, einsum or context, once `--model.attention auto` could pick cuDNN's); version 4 records read with it None.
+Version 4 is version 3's, with the bytes each device sends (`Collective.sent_bytes`,
 `Measurements.comms_total_sent_bytes`) beside each collective's payload (`Collective.bytes`), and the loops of
 unknown trip count (`Measurements.comms_unknown_trip_counts`). Version 3 records (with the `cost` section: dollars
 and kWh per epoch from the price table, energy measured through NVML or estimated; `shardbench.prices`) read with
@@ -39,7 +41,7 @@ from typing import Any
 
 from shardbench.errors import ShardbenchError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class RecordError(ShardbenchError):

@@ -78,16 +78,21 @@ def check_cudnn_devices(cfg: Config, devices: list[jax.Device]) -> None:
         raise ConfigError(problem)
 
 
-def auto_cudnn_problem(cfg: Config, devices: list[jax.Device]) -> str | None:
-    """Why --model.attention auto does not run cuDNN's attention for `cfg` on these devices, or None where it
-    does: a model the GPU suite has not measured it on (`AUTO_CUDNN_MODELS`), Locality Self-Attention (einsum
-    only), or a configuration or device cuDNN does not take."""
+def auto_cudnn_config_problem(cfg: Config) -> str | None:
+    """Why --model.attention auto never runs cuDNN's attention for `cfg`, on any device, or None where it may (on
+    an NVIDIA GPU that takes it): a model the GPU suite has not measured it on (`AUTO_CUDNN_MODELS`), Locality
+    Self-Attention (einsum only), or a dtype or head dim cuDNN does not take."""
     if cfg.model.kind not in AUTO_CUDNN_MODELS or cfg.model.factory:
         return f"not measured faster for the {cfg.model.kind}"
     if cfg.model.lsa:
         return "--model.lsa runs the einsum attention"
-    return (transformer.cudnn_config_problem(cfg.model, cfg.precision.dtype)
-            or cudnn_device_problem(cfg, devices))
+    return transformer.cudnn_config_problem(cfg.model, cfg.precision.dtype)
+
+
+def auto_cudnn_problem(cfg: Config, devices: list[jax.Device]) -> str | None:
+    """Why --model.attention auto does not run cuDNN's attention for `cfg` on these devices, or None where it
+    does (`auto_cudnn_config_problem`, then the devices: `cudnn_device_problem`)."""
+    return auto_cudnn_config_problem(cfg) or cudnn_device_problem(cfg, devices)
 
 
 def resolve_attention(cfg: Config) -> str:
@@ -154,6 +159,6 @@ def build_model(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
     )
 
 
-__all__ = ["AUTO_CUDNN_MODELS", "MODELS", "PRECISIONS", "attention_kind", "attention_ran", "auto_cudnn_problem",
-           "axis_fields", "build_model", "check_cudnn_devices", "count_params", "cudnn_device_problem",
-           "resolve_attention"]
+__all__ = ["AUTO_CUDNN_MODELS", "MODELS", "PRECISIONS", "attention_kind", "attention_ran",
+           "auto_cudnn_config_problem", "auto_cudnn_problem", "axis_fields", "build_model", "check_cudnn_devices",
+           "count_params", "cudnn_device_problem", "resolve_attention"]
