@@ -136,3 +136,28 @@ def test_logging_a_step_does_not_wait_for_it(tmp_path: Path) -> None:
     assert arrived == [1, 2, 3] and seen_by_checkpoint == [[1, 2, 3]]
     assert [(line["step"], line["train/loss"]) for line in lines()] == [(1, 10.0), (2, 20.0), (3, 30.0)]
     writer.close()
+
+
+def test_a_run_stopped_by_an_error_keeps_the_line_of_the_step_it_logged_last(micro) -> None:
+    """An interrupt while the loop fetches step 4's batch: step 3 was logged and still in flight (logging does not
+    wait for it), and its line is written before the interrupt goes on up, as it was when logging waited."""
+    import dataclasses
+    from collections.abc import Iterator
+
+    import pytest
+
+    from shardbench.train.build import build_run
+    from shardbench.train.loop import train
+
+    cfg = micro(**{"train.steps": 6, "train.log_every": 1})
+    built = build_run(cfg)
+
+    def interrupted(batches: Iterator[object]) -> Iterator[object]:
+        for _ in range(3):
+            yield next(batches)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(dataclasses.replace(built, batches=interrupted(built.batches)))
+    lines = (Path(cfg.train.out) / "tensorboard" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]

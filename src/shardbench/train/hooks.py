@@ -13,11 +13,12 @@ that logs every step keeps the device busy.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -120,6 +121,19 @@ class Metrics:
         for then in waiting:
             then(values)
         return values
+
+    @contextlib.contextmanager
+    def kept_on_error(self) -> Iterator[None]:
+        """Where the loop stops on an error (an interrupt, a data error), the pending step a hook is waiting for
+        (its log line) is settled first, so its line is written, not lost; an error in doing so gives way to the
+        loop's own, which goes on up."""
+        try:
+            yield
+        except BaseException:
+            if self.pending is not None and self.waiting:
+                with contextlib.suppress(Exception):
+                    self.settle()
+            raise
 
     def then(self, step: int, then: Callable[[dict[str, float]], None]) -> None:
         """Call `then` with step `step`'s metrics once they are on the host: now, where it is settled already,

@@ -85,17 +85,18 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
                                         hooks.last_good_checkpoint(built.checkpoints, checked.out),
                                         hooks.EpochMeter.resumed(built.meter, start, checked.steps_per_epoch)),
                           built.state, start=start)
-    for step in range(start, total):
-        run.done = step + 1
-        window.before_step(run.done)
-        if window.active:  # the trace's start lands in the step before (settled after it), its stop in this one
-            timer.leave_out(run.done - 1, run.done)
-        run.state, metrics = steps.train(run.state, next(built.batches))
-        run.metrics.push(run.done, metrics)
-        window.after_step(run.done, block=metrics)
-        bar.update(1)
-        if any(every.outside_training for every in hooks.run_due(schedule, run)):
-            timer.leave_out(run.done + 1)  # the step was settled before the hooks: their time is in the next
+    with run.metrics.kept_on_error():
+        for step in range(start, total):
+            run.done = step + 1
+            window.before_step(run.done)
+            if window.active:  # the trace's start lands in the step before (settled after it), its stop in this one
+                timer.leave_out(run.done - 1, run.done)
+            run.state, metrics = steps.train(run.state, next(built.batches))
+            run.metrics.push(run.done, metrics)
+            window.after_step(run.done, block=metrics)
+            bar.update(1)
+            if any(every.outside_training for every in hooks.run_due(schedule, run)):
+                timer.leave_out(run.done + 1)  # the step was settled before the hooks: their time is in the next
     last = run.metrics.settle()
     energy.stop()
     window.stop()
