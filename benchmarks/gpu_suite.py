@@ -226,7 +226,8 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
         return rows[1:2] if sizes.smoke else rows
     if part in ("variants-bf16", "variants-f32"):
         dtype, batch = ("bfloat16", 1024) if part == "variants-bf16" else ("float32", 128)
-        rows = [t("baseline", "vit-seed", dtype, batch, est_s=variant_estimate_s(dtype, ()), note="as shipped (--model.attention auto)")]
+        rows = [t("baseline", "vit-seed", dtype, batch, est_s=variant_estimate_s(dtype, ()),
+                  note="as shipped (--model.attention auto)")]
         for name, flags, same, note in SWITCHES:
             if sizes.smoke and name not in SMOKE_SWITCHES[part]:
                 continue
@@ -564,8 +565,7 @@ def render_part(record: dict[str, Any]) -> str:
                 f"{_fmt(c.get('step_ms'), '.2f')} ({_fmt(c.get('step_p90_ms'), '.2f')}) | "
                 f"{_fmt(c.get('examples_per_s'), ',.0f')} | {_fmt(c.get('peak_mib'), ',.0f')} | "
                 f"{_fmt(c.get('compiled_mib'), ',.0f')} | {c.get('cache_hits', '–')} | {c.get('attention') or '–'} | "
-                f"{agree} | "
-                f"{c.get('note', '')} |")
+                f"{agree} | {c.get('note', '')} |")
     else:
         lines += ["| case | status | seconds | note |", "|---|---|---:|---|"]
         lines += [f"| {c['name']} | {c['status']} | {_fmt(c.get('seconds'), '.0f')} | {c.get('note', '')} |"
