@@ -183,12 +183,6 @@ class Phase(IntEnum):
     def outside_training(self) -> bool:
         return self > Phase.LOG
 
-    @property
-    def settles(self) -> bool:
-        """Whether a hook of this phase needs the step it runs after settled (its loss known finite, its metrics in
-        the epoch's means) before it runs; logging takes the step's metrics when they arrive (`Metrics.then`)."""
-        return self > Phase.LOG
-
 
 @dataclass(frozen=True)
 class Every:
@@ -212,11 +206,11 @@ class Every:
 
 def run_due(schedule: Iterable[Every], run: LoopState) -> list[Every]:
     """Call the hooks due after the step just dispatched, by phase; the step is settled (waited for) before the
-    first whose phase `settles` (a checkpoint must know its loss is finite), never for logging alone. Returns
+    first hook after the LOG phase (a checkpoint must know its loss is finite), never for logging alone. Returns
     those that ran, in that order."""
     due = sorted((every for every in schedule if every.due(run)), key=lambda every: every.phase)
     for every in due:
-        if every.phase.settles:
+        if every.phase > Phase.LOG:  # on a settled step: its loss known finite, its metrics in the epoch's means
             run.metrics.settle()
         every.hook(run)
     return due
