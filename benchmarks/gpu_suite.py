@@ -275,7 +275,8 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
 # The LM cases of variants-bf16: lm-seed (4 layers of width 256, 8 heads of 32) at a sequence long enough for its
 # attention to weigh (lm-seed's own 64 tokens leave a 2 ms step). The estimate: lm-seed's compile on one H100 took
 # 13.7 s in bfloat16 and 23.5 s in float32 (batch 32, sequence 64: benchmarks/data/h100-2026-11-24/runs/), and a
-# vit-seed bfloat16 case took 18-30 s in all (2026-11-26, suite.log); 40 s leaves a margin for the longer sequence's steps.
+# vit-seed bfloat16 case took 18-30 s in all (2026-11-26, suite.log); 40 s leaves a margin for the longer
+# sequence's steps.
 LM_SEQ, LM_BATCH, LM_EST_S = 1024, 32, 40.0
 LM_FUSED, LM_CUDNN = "lm seq 1024 fused", "lm seq 1024 cudnn"
 
