@@ -625,19 +625,24 @@ def test_an_old_records_wall_clock_rate_is_marked_and_not_drawn_as_batch_over_st
                                "examples over their wall time, data loading included.")
 
 
-def test_markdown_cells_and_error_messages_are_shown_literally(tmp_path: Path) -> None:
-    """A run named "_lr*2_" and a failed run whose message ends 'in <module>' and holds a `*`: report.md escapes
-    what Markdown would read as markup (the message's "<module>" rendered as an unknown HTML tag, dropped, and
-    "*2_" as emphasis), and leaves a name's inner underscores as they are."""
+def test_markdown_cells_findings_and_error_messages_are_shown_literally(tmp_path: Path) -> None:
+    """A run named "_lr*2_", a slower one named "mesh_<4>", and a failed run whose message ends 'in <module>' and
+    holds a `*`: report.md escapes what Markdown would read as markup (the message's "<module>" rendered as an
+    unknown HTML tag, dropped, and "*2_" as emphasis), in the table, the failed runs and the findings alike, and
+    leaves a name's inner underscores as they are."""
     directory = tmp_path / "sweep"
     with Store(directory / "sweep.db") as store:
         store.add(row("_lr*2_", {"parallel.mesh": "8x1"}, rec("_lr*2_", 10.0, mesh="8x1")))
+        store.add(row("mesh_<4>", {"parallel.mesh": "2x4"}, rec("mesh_<4>", 20.0, mesh="2x4")))
         store.add(row("mesh_4x2", {"parallel.mesh": "4x2"}, None,
                       ("crash", 'File "train.py", line 3, in <module>: x * y | z')))
     text = write_report(directory).markdown.read_text()
     assert "| \\_lr\\*2\\_ | complete |" in text
     assert "- `mesh_4x2`: crash: File \"train.py\", line 3, in \\<module\\>: x \\* y \\| z\n" in text
-    assert markdown_table(text)[1]["run"] == "mesh_4x2"
+    assert markdown_table(text)[2]["run"] == "mesh_4x2"
+    findings = text.split("## What the numbers say")[1].split("## Runs")[0]
+    assert "- Fastest: \\_lr\\*2\\_," in findings and "- mesh\\_\\<4\\> is 2.00x slower" in findings
+    assert "_lr*2_" not in findings and "<4>" not in findings
 
 
 def test_a_half_written_line_in_a_metrics_log_loses_that_line_only(tmp_path: Path) -> None:

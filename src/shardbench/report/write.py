@@ -252,7 +252,7 @@ def render_markdown(content: ReportContent) -> str:
     if content.findings:
         lines += ["", "## What the numbers say"]
         for heading, sentences in content.findings.items():
-            lines += ["", f"### {heading}", "", *(f"- {s}" for s in sentences)]
+            lines += ["", f"### {md_text(heading)}", "", *(f"- {md_text(s)}" for s in sentences)]
     cols = content.columns
     lines += ["", "## Runs", "", "| " + " | ".join(c.label for c in cols) + " |",
               "|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|"]
