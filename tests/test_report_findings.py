@@ -433,6 +433,36 @@ def test_run_folders_without_config_are_ranked_by_their_records_and_never_called
             "they compute what another run does (a model's shape, the data, seed, steps and precision).") in text
 
 
+def test_a_folder_mixing_runs_with_and_without_config_json_names_each_group_by_what_its_runs_give(
+        tmp_path: Path) -> None:
+    """Runs a (embed_dim 64, 10 ms) and b (embed_dim 128, 20 ms) with the config.json a run writes, and c (30 ms)
+    with its summary.json alone. What was swept is embed_dim 64 and 128 (no None for c, whose record does not say
+    its width), the groups are named by embed_dim, and c's by the missing configuration: not by every setting of
+    the model (c gave none of them, which read as a difference in each)."""
+    from shardbench.presets import get_preset
+
+    base = get_preset("vit-tiny")
+    for name, step, dim in (("a", 10.0, 64), ("b", 20.0, 128), ("c", 30.0, None)):
+        made = rec(name, step, mesh="8") | {"model": "vit"}
+        made["measurements"]["global_batch"] = 1024
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(made))
+        if dim is not None:
+            cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, embed_dim=dim),
+                                      parallel=dataclasses.replace(base.parallel, strategy="dp", mesh="8", devices=8),
+                                      train=dataclasses.replace(base.train, batch_size=1024))
+            (tmp_path / "runs" / name / "config.json").write_text(json.dumps(cfg.to_dict()))
+    text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
+    assert text.split("## What was swept\n\n")[1].split("\n\n")[0] == "- `model.embed_dim`: 64, 128"
+    speed = text.split("### Speed\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert speed == ["- Fastest run without config.json: c, 30.0 ms per step.",
+                     "- Fastest run at embed_dim 64: a, 10.0 ms per step.",
+                     "- Fastest run at embed_dim 128: b, 20.0 ms per step."]
+    precision = text.split("### Precision and memory\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [line.split(":")[0] for line in precision] == ["- embed_dim 64", "- embed_dim 128",
+                                                           "- without config.json"]
+
+
 def test_the_context_and_plan_sections_call_a_gap_within_the_spread_a_tie_as_the_speed_section_does() -> None:
     """Ring 100 ms and all-gather 101 ms at 1,024 tokens, 300 and 301 ms at 2,048, every p90 1.25x its median (37
     timed steps): gaps of 1.0% and 0.3%, within the 25% spread, which Speed calls ties; the context sentence called
@@ -638,11 +668,11 @@ def test_markdown_cells_findings_and_error_messages_are_shown_literally(tmp_path
                       ("crash", 'File "train.py", line 3, in <module>: x * y | z')))
     text = write_report(directory).markdown.read_text()
     assert "| \\_lr\\*2\\_ | complete |" in text
-    assert "- `mesh_4x2`: crash: File \"train.py\", line 3, in \\<module\\>: x \\* y \\| z\n" in text
+    assert "- `mesh_4x2`: crash: File \"train.py\", line 3, in \\<module>: x \\* y \\| z\n" in text
     assert markdown_table(text)[2]["run"] == "mesh_4x2"
     findings = text.split("## What the numbers say")[1].split("## Runs")[0]
-    assert "- Fastest: \\_lr\\*2\\_," in findings and "- mesh\\_\\<4\\> is 2.00x slower" in findings
-    assert "_lr*2_" not in findings and "<4>" not in findings
+    assert "- Fastest: \\_lr\\*2\\_," in findings and "- mesh\\_\\<4> is 2.00x slower" in findings
+    assert "_lr*2_" not in findings and "mesh_<4>" not in findings
 
 
 def test_a_half_written_line_in_a_metrics_log_loses_that_line_only(tmp_path: Path) -> None:

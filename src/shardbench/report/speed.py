@@ -157,25 +157,38 @@ def comparable(run: ReportedRun) -> Model:
 
 def _varying(key: Model, keys: list[Model]) -> list[tuple[str, str]]:
     """The settings of `key` that tell it from the others: its kind where the kinds differ, and each other setting
-    that differs among the keys of its own kind (an LM's sequence length does not tell it from an MLP)."""
+    that differs among the keys of its own kind that give it (an LM's sequence length does not tell it from an
+    MLP, and a run folder without config.json, whose key gives no shape, tells no shape apart). Such a key, among
+    kin that give settings it lacks, gets UNKNOWN_SHAPE."""
     kind = dict(key)["model"]
-    kin = [m for m in keys if dict(m)["model"] == kind]
-    return [(k, v) for k, v in key
-            if len({dict(m).get(k) for m in (keys if k == "model" else kin)}) > 1]
+    kin = [dict(m) for m in keys if dict(m)["model"] == kind]
+    varying = [(k, v) for k, v in key
+               if len({m[k] for m in (map(dict, keys) if k == "model" else kin) if k in m}) > 1]
+    lacks = any(k not in dict(key) for m in kin for k in m)
+    return varying + ([UNKNOWN_SHAPE] if lacks else [])
+
+
+UNKNOWN_SHAPE = ("", "without config.json")  # a group whose runs' folders do not say the model's shape
+
+
+def _setting(k: str, v: str) -> str:
+    return v if k in ("model", "") else f"{k.split('.')[-1]} {v}"
 
 
 def label(key: Model, keys: list[Model]) -> str:
     """A group's name among `keys`, from `_varying` ('lm, seq_len 1024, batch_size 4'); '' where there is one."""
-    return ", ".join(v if k == "model" else f"{k.split('.')[-1]} {v}" for k, v in _varying(key, keys))
+    return ", ".join(_setting(k, v) for k, v in _varying(key, keys))
 
 
 def _label(model: Model, models: list[Model]) -> str:
     """How a ranking names its runs where the sweep trains several models: the kind where the kinds differ and
-    the settings in which the models differ ('lm run', 'run at seq_len 1024', 'lm run at seq_len 1024')."""
+    the settings in which the models differ ('lm run', 'run at seq_len 1024', 'lm run at seq_len 1024', 'run
+    without config.json')."""
     varying = _varying(model, models)
     kind = "".join(v + " " for k, v in varying if k == "model")
-    shape = ", ".join(f"{k.split('.')[-1]} {v}" for k, v in varying if k != "model")
-    return f"{kind}run" + (f" at {shape}" if shape else "")
+    unknown = "".join(f" {v}" for k, v in varying if k == "")
+    shape = ", ".join(_setting(k, v) for k, v in varying if k not in ("model", ""))
+    return f"{kind}run{unknown}" + (f" at {shape}" if shape else "")
 
 
 def speed_findings(runs: list[ReportedRun]) -> list[str]:

@@ -175,11 +175,14 @@ def with_predictions(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedR
 
 
 def swept_fields(runs: list[ReportedRun]) -> dict[str, list[Any]]:
-    """Each swept field with its distinct values: numbers ascending, others in the order the runs first use them."""
+    """Each swept field with its distinct values: numbers ascending, others in the order the runs first use them.
+    A run folder without config.json gives only the few settings its record holds: it adds no value (no None) for
+    the others."""
     fields: dict[str, list[Any]] = {}
     for key in dict.fromkeys(k for r in runs for k in r.overrides if k not in NOISE):
         values = list({json.dumps(v, sort_keys=True): v for v in
-                       (r.overrides.get(key, r.config.get(key)) for r in runs)}.values())
+                       (r.overrides.get(key, r.config.get(key)) for r in runs
+                        if key in r.overrides or key in r.config)}.values())
         numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
         fields[key] = sorted(values) if numeric else values
     return fields
@@ -223,10 +226,11 @@ def wall_note(runs: list[ReportedRun]) -> str:
             f"time, data loading included.")
 
 
-# Characters that Markdown reads as markup in running text: a backslash, code spans, emphasis, links, HTML tags and
-# entities, strikethrough, and the table's own bars. Underscores are markup only at a word's edge (a_b__c is plain
-# text), so a run name's inner underscores stay as they are.
-MARKUP = re.compile(r"[\\`*\[\]<>&~|]|_+")
+# Characters that Markdown reads as markup in running text: a backslash, code spans, emphasis, links, HTML tags
+# (opened by "<"; a ">" inside a line, as in "float32 -> bfloat16", is plain text) and entities, strikethrough,
+# and the table's own bars. Underscores are markup only at a word's edge (a_b__c is plain text), so a run name's
+# inner underscores stay as they are.
+MARKUP = re.compile(r"[\\`*\[\]<&~|]|_+")
 
 
 def _escaped(found: re.Match[str]) -> str:
