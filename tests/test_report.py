@@ -167,6 +167,36 @@ def test_markdown_table_has_every_run_with_its_numbers(written: ReportPaths) -> 
         "failed (oom)", "fsdp", "4,096", "–")
 
 
+def test_runs_csv_holds_the_tables_runs_with_their_values_as_measured(written: ReportPaths) -> None:
+    """runs.csv: one row per run in store order, failed included with its reason; the swept settings as columns;
+    numbers unrounded and without separators (128 / 0.095 s, not "1,347"), units in the column names, the memory
+    figure's source in a column of its own, an empty cell where the table shows a dash."""
+    import csv
+
+    assert written.csv == written.directory / "runs.csv"
+    with written.csv.open(newline="") as f:
+        reader = csv.DictReader(f)
+        rows = {r["run"]: r for r in reader}
+        fields = reader.fieldnames or []
+    assert list(rows) == [r.name for r in sweep_rows()]
+    assert fields[:2] == ["run", "status"] and set(fields[2:7]) == {
+        "parallel.strategy", "parallel.devices", "parallel.mesh", "precision.dtype", "train.batch_size"}
+    assert fields[fields.index("mem_mib") + 1] == "memory_source" and fields[-1] == "error"
+    fp32 = rows["single_fp32"]
+    assert (fp32["status"], fp32["parallel.strategy"], fp32["parallel.devices"], fp32["precision.dtype"]) == (
+        "complete", "single", "1", "float32")
+    assert float(fp32["img_s"]) == 128 / 0.095 and float(fp32["step_ms_median"]) == 0.095 * 1e3
+    assert float(fp32["step_ms_p90"]) == 0.095 * 1.25 * 1e3 and float(fp32["mfu_pct"]) == 0.31 * 100
+    assert (float(fp32["mem_mib"]), fp32["memory_source"]) == (int(210.0 * 2**20) / 2**20, "compiled")
+    assert fp32["error"] == "" and fp32["collectives"] == "none"
+    assert float(rows["fsdp_8"]["comms_mib"]) == (int(70.2 * 2**20) + int(35.1 * 2**20)) / 2**20
+    assert rows["fsdp_8"]["mfu_pct"] == ""
+    failed = rows["fsdp_8_batch_4096"]
+    assert (failed["status"], failed["train.batch_size"], failed["step_ms_median"], failed["memory_source"]) == (
+        "failed (oom)", "4096", "", "")
+    assert failed["error"] == "oom: RESOURCE_EXHAUSTED: out of memory allocating 1.20GiB"
+
+
 def test_markdown_explains_precision_and_strategies_from_the_data(written: ReportPaths) -> None:
     text = written.markdown.read_text()
     assert "`precision.dtype`: float32, bfloat16" in text and "`parallel.strategy`: single, dp, fsdp, dp+tp" in text

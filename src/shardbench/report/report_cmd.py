@@ -38,6 +38,6 @@ def run(args: argparse.Namespace) -> int:
     if paths.incomplete:
         print(f"report: {len(paths.incomplete)} run folder(s) without summary.json (did not finish), listed as "
               f"failed: {', '.join(paths.incomplete)}", file=sys.stderr)
-    for path in (paths.markdown, *paths.charts.values(), paths.html):
+    for path in (paths.markdown, paths.csv, *paths.charts.values(), paths.html):
         print(path)
     return 0

@@ -17,7 +17,7 @@ from shardbench.errors import DataError, ShardbenchError, writable_dir
 from shardbench.measure.run_record import Measurements, RunRecord, from_json
 from shardbench.prices import PriceTable
 from shardbench.report import html as html_page
-from shardbench.report import plan_chart, plots
+from shardbench.report import plan_chart, plots, runs_csv
 from shardbench.report.content import (
     COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, reported, shown,
 )
@@ -196,6 +196,7 @@ class ReportPaths:
     directory: Path
     markdown: Path
     html: Path
+    csv: Path  # runs.csv: the table's values as measured, for a spreadsheet or a data frame
     charts: dict[str, Path]
     clipped: dict[str, tuple[str, ...]] = dataclass_field(default_factory=dict)  # per chart: texts its edges cut
     incomplete: tuple[str, ...] = ()  # run folders without summary.json
@@ -297,7 +298,8 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     markdown, page = out / "report.md", out / "report.html"
     markdown.write_text(render_markdown(content), encoding="utf-8")
     page.write_text(html_page.render(content), encoding="utf-8")
-    return ReportPaths(out, markdown, page, {c.name: c.path for c in content.charts},
+    table = runs_csv.write_csv(content.runs, list(swept), out / "runs.csv")
+    return ReportPaths(out, markdown, page, table, {c.name: c.path for c in content.charts},
                        {c.name: c.clipped for c in content.charts if c.clipped},
                        tuple(r.name for r in content.runs if r.error_kind == INCOMPLETE),
                        tuple(f"{', '.join(eq.runs)} differ by {eq.largest:.1e} at {eq.where} (tolerance "

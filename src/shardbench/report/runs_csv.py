@@ -1,0 +1,51 @@
+"""runs.csv: the report's table for a spreadsheet or a data frame. One row per run, failed runs included; the
+values as measured (no thousands separators, no rounding, no units in the cells: each column's name gives its
+unit), the swept settings as columns of their own, and the same columns for every sweep, so that a script reads
+any report's file alike.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from shardbench.report.content import COLUMNS, ReportedRun
+
+# Besides the table's columns: what the table writes inside a cell ("123.4 (peak)") and the failed run's reason.
+EXTRA = ("memory_source", "error")
+
+
+def header(swept: list[str]) -> list[str]:
+    """run, status, the swept settings (dotted, as the flags name them), then every table column by its key."""
+    keys = [c.key for c in COLUMNS]
+    at = keys.index("mem_mib") + 1
+    return ["run", "status", *swept, *keys[2:at], "memory_source", *keys[at:], "error"]
+
+
+def _cell(value: Any) -> Any:
+    """A value as a CSV cell: empty for missing, JSON for a list or a mapping, the number's full precision."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def row(run: ReportedRun, swept: list[str]) -> dict[str, Any]:
+    values: dict[str, Any] = {c.key: c.value(run) for c in COLUMNS}
+    values |= {key: run.overrides.get(key, run.config.get(key)) for key in swept}
+    values["memory_source"] = run.memory[1] if run.memory[0] is not None else None
+    values["error"] = None if run.ok else ": ".join(s for s in (run.error_kind, run.error) if s) or None
+    return {key: _cell(value) for key, value in values.items()}
+
+
+def write_csv(runs: list[ReportedRun], swept: list[str], path: Path) -> Path:
+    """Write `runs` (in the report's order) to `path`."""
+    fields = header(swept)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(row(run, swept) for run in runs)
+    return path
