@@ -174,6 +174,8 @@ def test_runs_csv_holds_the_tables_runs_with_their_values_as_measured(written: R
     import csv
 
     assert written.csv == written.directory / "runs.csv"
+    assert "Every value of this table, unrounded, is in `runs.csv` beside this report" in written.markdown.read_text()
+    assert "is in <code>runs.csv</code> beside this report" in written.html.read_text()
     with written.csv.open(newline="") as f:
         reader = csv.DictReader(f)
         rows = {r["run"]: r for r in reader}

@@ -13,6 +13,9 @@ from typing import Any
 
 from shardbench.report.content import COLUMNS, ReportedRun
 
+FILE = "runs.csv"
+NOTE = f" Every value of this table, unrounded, is in `{FILE}` beside this report, for a spreadsheet or a data frame."
+
 # Besides the table's columns: what the table writes inside a cell ("123.4 (peak)") and the failed run's reason.
 EXTRA = ("memory_source", "error")
 

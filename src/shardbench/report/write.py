@@ -293,12 +293,12 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     charts += plan_chart.write_chart(runs, out)  # where the planner predicted these runs
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
                             columns=shown(COLUMNS, runs), swept=swept, findings=explain(runs, swept),
-                            charts=charts, table_note=TABLE_NOTE + wall_note(runs) + cost_note(runs, prices),
+                            charts=charts, table_note=TABLE_NOTE + wall_note(runs) + cost_note(runs, prices) + runs_csv.NOTE,
                             omitted=tuple(omitted))
     markdown, page = out / "report.md", out / "report.html"
     markdown.write_text(render_markdown(content), encoding="utf-8")
     page.write_text(html_page.render(content), encoding="utf-8")
-    table = runs_csv.write_csv(content.runs, list(swept), out / "runs.csv")
+    table = runs_csv.write_csv(content.runs, list(swept), out / runs_csv.FILE)
     return ReportPaths(out, markdown, page, table, {c.name: c.path for c in content.charts},
                        {c.name: c.clipped for c in content.charts if c.clipped},
                        tuple(r.name for r in content.runs if r.error_kind == INCOMPLETE),
