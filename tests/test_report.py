@@ -184,13 +184,14 @@ def test_runs_csv_holds_the_tables_runs_with_their_values_as_measured(written: R
     assert fields[:2] == ["run", "status"] and set(fields[2:7]) == {
         "parallel.strategy", "parallel.devices", "parallel.mesh", "precision.dtype", "train.batch_size"}
     assert fields[fields.index("mem_mib") + 1] == "memory_source" and fields[-1] == "error"
+    assert fields[fields.index("compile_s") + 1] == "compile_from_cache"
     fp32 = rows["single_fp32"]
     assert (fp32["status"], fp32["parallel.strategy"], fp32["parallel.devices"], fp32["precision.dtype"]) == (
         "complete", "single", "1", "float32")
     assert float(fp32["img_s"]) == 128 / 0.095 and float(fp32["step_ms_median"]) == 0.095 * 1e3
     assert float(fp32["step_ms_p90"]) == 0.095 * 1.25 * 1e3 and float(fp32["mfu_pct"]) == 0.31 * 100
     assert (float(fp32["mem_mib"]), fp32["memory_source"]) == (int(210.0 * 2**20) / 2**20, "compiled")
-    assert fp32["error"] == "" and fp32["collectives"] == "none"
+    assert fp32["error"] == "" and fp32["collectives"] == "none" and fp32["compile_from_cache"] == "False"
     assert float(rows["fsdp_8"]["comms_mib"]) == (int(70.2 * 2**20) + int(35.1 * 2**20)) / 2**20
     assert rows["fsdp_8"]["mfu_pct"] == ""
     failed = rows["fsdp_8_batch_4096"]

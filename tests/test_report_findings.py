@@ -463,6 +463,27 @@ def test_a_folder_mixing_runs_with_and_without_config_json_names_each_group_by_w
                                                            "- without config.json"]
 
 
+def test_a_compile_time_loaded_from_the_compilation_cache_is_marked_and_not_ranked_with_compilations() -> None:
+    """Four runs of one work: a compiled in 4.7 s (a record without cache counts), b in 2.0 s (0 of 8 programs
+    from the cache), c in 0.1 s with all 8 from the cache, d in 0.2 s with 3 of 8. The compile range is d's 0.2 s
+    to a's 4.7 s (c's load is no compilation; it read "0.1 s (c) to 4.7 s (a)"), c is named as loaded from the
+    cache, and its table cell says so."""
+    def timed(name: str, compile_s: float, cache: tuple[int, int] | None) -> ReportedRun:
+        made = rec(name, 10.0)
+        made["measurements"]["compile"]["compile_s"] = compile_s
+        if cache is not None:
+            made["measurements"]["compile_cache"] = {"dir": "/cache", "hits": cache[0], "requests": cache[1]}
+        return reported(row(name, {}, made))
+
+    runs = [timed("a", 4.7, None), timed("b", 2.0, (0, 8)), timed("c", 0.1, (8, 8)), timed("d", 0.2, (3, 8))]
+    found = speed_findings(runs)
+    assert "Compilation, which the step times leave out, took 0.2 s (d) to 4.7 s (a)." in found
+    assert ("c took every compiled program from the persistent compilation cache (--train.compile-cache): its "
+            "compile time is a load from disk, not a compilation, and is compared with no other run's.") in found
+    column = next(c for c in COLUMNS if c.key == "compile_s")
+    assert [column.text(r) for r in runs] == ["4.70", "2.00", "0.10 (cache)", "0.20"]
+
+
 def test_the_context_and_plan_sections_call_a_gap_within_the_spread_a_tie_as_the_speed_section_does() -> None:
     """Ring 100 ms and all-gather 101 ms at 1,024 tokens, 300 and 301 ms at 2,048, every p90 1.25x its median (37
     timed steps): gaps of 1.0% and 0.3%, within the 25% spread, which Speed calls ties; the context sentence called

@@ -99,6 +99,14 @@ class ReportedRun:
         return number((self.m.compile or CompileTimes()).compile_s)
 
     @property
+    def compiled_from_cache(self) -> bool:
+        """Every one of the run's compilations was answered from the persistent compilation cache: its compile
+        time is a load from disk, not a compilation."""
+        cache = self.m.compile_cache
+        hits, requests = (None, None) if cache is None else (number(cache.hits), number(cache.requests))
+        return bool(hits) and hits == requests
+
+    @property
     def mfu(self) -> Mfu:
         return self.m.mfu or Mfu()
 
@@ -330,6 +338,8 @@ class Column:
             return f"{value:,.{self.digits}f} ({run.memory[1]})"
         if self.key in ("comms_mib", "stage_mib") and not run.comms_sent:  # an older record: its payload
             return f"{value:,.{self.digits}f} (payload)"
+        if self.key == "compile_s" and run.compiled_from_cache:  # a load from disk, not a compilation
+            return f"{value:,.{self.digits}f} (cache)"
         if self.key in RATE_KEYS and run.wall_rate:  # an old record's wall-clock rate, not batch / median step
             return f"{value:,.{self.digits}f} (wall clock)"
         return f"{value:,.{self.digits}f}" if self.numeric else str(value)

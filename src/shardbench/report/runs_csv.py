@@ -16,15 +16,17 @@ from shardbench.report.content import COLUMNS, ReportedRun
 FILE = "runs.csv"
 NOTE = f" Every value of this table, unrounded, is in `{FILE}` beside this report, for a spreadsheet or a data frame."
 
-# Besides the table's columns: what the table writes inside a cell ("123.4 (peak)") and the failed run's reason.
-EXTRA = ("memory_source", "error")
+# Besides the table's columns, each after the one it qualifies: what the table writes inside a cell ("123.4
+# (peak)", "0.11 (cache)").
+BESIDE = {"mem_mib": "memory_source", "compile_s": "compile_from_cache"}
 
 
 def header(swept: list[str]) -> list[str]:
-    """run, status, the swept settings (dotted, as the flags name them), then every table column by its key."""
+    """run, status, the swept settings (dotted, as the flags name them), then every table column by its key (and
+    BESIDE's), then the failed run's reason."""
     keys = [c.key for c in COLUMNS]
-    at = keys.index("mem_mib") + 1
-    return ["run", "status", *swept, *keys[2:at], "memory_source", *keys[at:], "error"]
+    rest = [name for key in keys[2:] for name in (key, BESIDE.get(key)) if name]
+    return [*keys[:2], *swept, *rest, "error"]
 
 
 def _cell(value: Any) -> Any:
@@ -40,6 +42,7 @@ def row(run: ReportedRun, swept: list[str]) -> dict[str, Any]:
     values: dict[str, Any] = {c.key: c.value(run) for c in COLUMNS}
     values |= {key: run.overrides.get(key, run.config.get(key)) for key in swept}
     values["memory_source"] = run.memory[1] if run.memory[0] is not None else None
+    values["compile_from_cache"] = run.compiled_from_cache if run.compile_s is not None else None
     values["error"] = None if run.ok else ": ".join(s for s in (run.error_kind, run.error) if s) or None
     return {key: _cell(value) for key, value in values.items()}
 

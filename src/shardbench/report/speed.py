@@ -202,11 +202,24 @@ def speed_findings(runs: list[ReportedRun]) -> list[str]:
              for s in _ranking([r for r in timed if _model(r) == m], _label(m, models) if len(models) > 1 else "")]
     if any(NOT_A_CAUSE == s for s in found):
         found = [s for s in found if s != NOT_A_CAUSE] + [NOT_A_CAUSE]
-    compiles = [(r.compile_s, r.name) for r in timed if r.compile_s is not None]
+    found += _compile_finding([r for r in timed if r.compile_s is not None])
+    return found
+
+
+def _compile_finding(runs: list[ReportedRun]) -> list[str]:
+    """The range of compile times where it is wide, among the runs that compiled; those whose every program came
+    from the persistent compilation cache loaded it from disk, which compares with no compilation."""
+    cached = [r for r in runs if r.compiled_from_cache]
+    compiles = [(r.compile_s, r.name) for r in runs if not r.compiled_from_cache]
+    found = []
     if len(compiles) > 1 and max(compiles)[0] > 1.5 * min(compiles)[0]:
         (slow, slow_name), (quick, quick_name) = max(compiles), min(compiles)
         found.append(f"Compilation, which the step times leave out, took {quick:.1f} s ({quick_name}) to "
                      f"{slow:.1f} s ({slow_name}).")
+    if cached:
+        found.append(f"{_names(cached)} took every compiled program from the persistent compilation cache "
+                     f"(--train.compile-cache): {'its' if len(cached) == 1 else 'their'} compile time is a load "
+                     f"from disk, not a compilation, and is compared with no other run's.")
     return found
 
 
