@@ -78,8 +78,10 @@ def check_parallel(cfg: Config, spec: ModelSpec, devices: list[jax.Device] | Non
     random_layers = () if spec.custom else tuple(
         flag for flag, rate in (("--model.dropout", cfg.model.dropout), ("--model.drop-path", cfg.model.drop_path))
         if rate > 0)
+    stack = ("your model's stack of layers" if spec.custom else
+             "--model.num-layers" + (": the mlp stacks num_layers - 1" if cfg.model.kind == "mlp" else ""))
     check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
-                   random_layers, cfg.parallel.schedule, cfg.parallel.repeats)
+                   random_layers, cfg.parallel.schedule, cfg.parallel.repeats, stack)
     check_experts(spec, layout, cfg.parallel.spmd)
     check_context(cfg, layout)
     check_layout(spec, layout)

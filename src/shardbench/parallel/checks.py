@@ -13,7 +13,7 @@ from shardbench.models.axes import EXPERT, LAYERS
 from shardbench.models.spec import ModelSpec, state_shapes
 from shardbench.models.vit import num_tokens
 from shardbench.parallel.mesh import EXPERT as EXPERT_AXIS
-from shardbench.parallel.mesh import MODEL, SEQUENCE, STAGE
+from shardbench.parallel.mesh import MODEL, SEQUENCE, STAGE, MeshShape
 from shardbench.parallel.rules import STRATEGIES, Layout, flat_by_path
 
 
@@ -148,13 +148,15 @@ def _divisors(n: int) -> list[int]:
 
 
 def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSpec, layout: Layout,
-                   random_layers: tuple[str, ...] = (), schedule: str = "gpipe", repeats: int = 1) -> None:
+                   random_layers: tuple[str, ...] = (), schedule: str = "gpipe", repeats: int = 1,
+                   stack: str = "--model.num-layers") -> None:
     """A pipeline needs a stack of layers that splits into equal stages (S x R chunks under the circular
     schedule), and microbatches that split each data shard's examples (of each accumulated microbatch) evenly;
     --parallel.microbatches, --parallel.schedule and --parallel.repeats mean nothing without one.
     `random_layers` names the settings that are on and draw random masks in every layer (dropout, stochastic
     depth): the pipeline runs every microbatch through a stage with the same draws, which is not one device's
-    training, so they are refused rather than silently correlated."""
+    training, so they are refused rather than silently correlated. `stack`: what sets the stack's depth, as the
+    advice names it (--model.num-layers, with the mlp's num_layers - 1; your model's own stack)."""
     name, shape = layout.strategy.name, layout.shape
     if repeats > 1 and schedule != "circular":
         raise ConfigError(f"--parallel.repeats {repeats} loops microbatches through the stages, which only "
@@ -185,19 +187,16 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
               if LAYERS in axes}
     if not any(depths.values()):
         raise ConfigError(f"--strategy {name}: the model has no stacked layers (no parameter with a 'layers' dim, "
-                          f"or a stack of none: the mlp stacks num_layers - 1) to split into stages: use dp, fsdp or "
-                          f"tp, or more --model.num-layers")
+                          f"or a stack of none) to split into stages: use dp, fsdp or tp, or a deeper stack "
+                          f"({stack})")
     stages = shape.stage
     if schedule == "circular":
-        _check_chunks(depths, stages, repeats, name, shape)
+        _check_chunks(depths, stages, repeats, name, shape, stack)
     for path, depth in depths.items():
         if depth % stages:
-            works = [str(d) for d in _divisors(depth)]
-            instead = f"a mesh with stage={' or '.join(works)}" if works else "a mesh without a stage axis"
             raise ConfigError(f"--strategy {name}: the model's {depth} stacked layers (parameter {path}) do not "
-                              f"split into {stages} equal stages (mesh {shape}): use {instead}, or change "
-                              f"--model.num-layers so that the stack is a multiple of {stages} (the mlp stacks "
-                              f"num_layers - 1)")
+                              f"split into {stages} equal stages (mesh {shape}): use {_stage_meshes(depth, shape)}, "
+                              f"or a stack that is a multiple of {stages} ({stack})")
     m = microbatches or stages
     per = batch // layout.data_size // grad_accum
     # A batch that does not split over the data shards is said by the batch's own checks (check_batch,
@@ -226,7 +225,17 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
                           f"{' '.join(f'{flag} 0' for flag in random_layers)}, or use a strategy without stages")
 
 
-def _check_chunks(depths: dict[str, int], stages: int, repeats: int, name: str, shape: object) -> None:
+def _stage_meshes(depth: int, shape: MeshShape) -> str:
+    """The stage counts that split `depth` layers, each with the devices its mesh needs (the mesh's product is the
+    device count): 'a mesh with stage=2, or stage=3 on 3 devices'."""
+    others = shape.size // shape.stage
+    works = [f"stage={d}" + ("" if d * others == shape.size else f" on {d * others} devices")
+             for d in _divisors(depth)]
+    return f"a mesh with {', or '.join(works)}" if works else "a mesh without a stage axis"
+
+
+def _check_chunks(depths: dict[str, int], stages: int, repeats: int, name: str, shape: object,
+                  stack: str) -> None:
     """The circular schedule splits each stack into stages x repeats equal chunks."""
     for path, depth in depths.items():
         if depth % (stages * repeats):
@@ -235,7 +244,7 @@ def _check_chunks(depths: dict[str, int], stages: int, repeats: int, name: str, 
             raise ConfigError(f"--strategy {name} --parallel.schedule circular: the model's {depth} stacked layers "
                               f"(parameter {path}) do not split into {stages} stages x {repeats} repeats = "
                               f"{stages * repeats} equal chunks (mesh {shape}): use {instead}, or a stack that is a "
-                              f"multiple of {stages * repeats} (the mlp stacks num_layers - 1)")
+                              f"multiple of {stages * repeats} ({stack})")
 
 
 def check_experts(spec: ModelSpec, layout: Layout, style: str) -> None:
