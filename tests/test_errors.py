@@ -142,3 +142,16 @@ def test_diverging_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(t
     assert all(s < step for s in saved)
     if step > 1:
         assert saved and f"last good checkpoint is step {saved[-1]}" in err
+
+
+def test_a_long_error_keeps_its_start_and_its_end_on_one_line() -> None:
+    """A message over the limit keeps its first two thirds and its last quarter (where a line says what would be
+    right) and counts what it left out; a short one, and the first line of several, are kept whole."""
+    from shardbench.errors import ONE_LINE, one_line
+
+    long = "w" * 700 + " use --this instead"
+    line = one_line(long + "\nsecond line")
+    kept = ONE_LINE * 2 // 3 + ONE_LINE // 4
+    assert line == f"{'w' * (ONE_LINE * 2 // 3)} [... {len(long) - kept} characters ...] {long[-(ONE_LINE // 4):]}"
+    assert line.endswith("w use --this instead") and "\n" not in line
+    assert one_line("  short  \nnext") == "short" and one_line("w" * ONE_LINE) == "w" * ONE_LINE

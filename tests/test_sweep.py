@@ -344,9 +344,17 @@ def test_an_impossible_run_stops_the_sweep_before_it_starts_unless_skipped(tmp_p
     out = tmp_path / "s"
     assert sweep(tmp_path, "--strategy", "dp", "--mesh", "8,4x4", "--out", str(out)) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("shardbench: error: 1 of 2 runs would be refused before running: "
-                                               "mesh_4_4: --mesh 4x4 has 16 devices but 8 devices are in use")
-    assert "--skip-refused" in err[0] and not out.exists()
+    assert len(err) == 1 and err[0].startswith(
+        "shardbench: error: 1 of 2 runs would be refused before running (fix the sweep, or pass --skip-refused to "
+        "record them as failed and run the rest; --dry-run lists each and why): mesh_4_4: --mesh 4x4 has 16 devices "
+        "but 8 devices are in use")
+    assert not out.exists()
+    # A long reason (every strategy's name) leaves the line whole: its end, the other refused run, was cut off at
+    # 300 characters, and with it, before, the way out.
+    assert sweep(tmp_path, "--strategy", "dp,zero3,foo", "--out", str(out)) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "strategy_zero3: unknown --strategy 'zero3': choose one of auto, single, dp" in line
+    assert line.endswith("cp+tp; and 1 more: strategy_foo") and not out.exists()
 
     assert sweep(tmp_path, "--strategy", "dp", "--mesh", "8,4x4", "--out", str(out), "--skip-refused") == 1
     found = rows(out)

@@ -54,10 +54,19 @@ EXIT_CODES = {"sweep runs failed": 1, "configuration": 2, "diverged": 3, "data":
 DEBUG_ENV = "SHARDBENCH_DEBUG"
 
 
+ONE_LINE = 600  # characters: our own errors' lines fit (a refused sweep run's reason with the way out), and a
+# foreign message (XLA's, a plugin's) cannot flood the terminal
+
+
 def one_line(text: object) -> str:
-    """The first non-blank line of `text`, stripped, at most 300 characters."""
+    """The first non-blank line of `text`, stripped, at most ONE_LINE characters: a longer one keeps its start
+    and its end (where a line says what would be right), and says how much it left out between them."""
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    return (lines[0] if lines else "")[:300]
+    line = lines[0] if lines else ""
+    if len(line) <= ONE_LINE:
+        return line
+    head, tail = ONE_LINE * 2 // 3, ONE_LINE // 4
+    return f"{line[:head]} [... {len(line) - head - tail} characters ...] {line[-tail:]}"
 
 
 _end_at_once = False  # set by cluster.join: this process is one of a joined multi-process run

@@ -123,12 +123,13 @@ def dry_run(sweep: Sweep, refused: dict[str, str]) -> None:
 
 
 def refused_error(refused: dict[str, str], total: int) -> ConfigError:
-    """One line naming the refused runs and why (the first reason in full), and what would be right."""
+    """One line naming the refused runs and why (the first reason in full), what would be right first: a long
+    reason is what the line's length limit cuts (`errors.one_line`), never the way out."""
     first = next(iter(refused))
-    others = f" (and {len(refused) - 1} more: {', '.join(list(refused)[1:4])}{'...' if len(refused) > 4 else ''})"
-    return ConfigError(f"{len(refused)} of {total} runs would be refused before running: {first}: {refused[first]}"
-                       f"{others if len(refused) > 1 else ''}; fix the sweep, or pass --skip-refused to record "
-                       f"them as failed and run the rest (--dry-run lists them all)")
+    others = f"; and {len(refused) - 1} more: {', '.join(list(refused)[1:4])}{'...' if len(refused) > 4 else ''}"
+    return ConfigError(f"{len(refused)} of {total} runs would be refused before running (fix the sweep, or pass "
+                       f"--skip-refused to record them as failed and run the rest; --dry-run lists each and why): "
+                       f"{first}: {refused[first]}{others if len(refused) > 1 else ''}")
 
 
 def plan_meta(sweep: Sweep, options: dict[str, Any]) -> dict[str, Any]:
