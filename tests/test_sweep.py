@@ -51,6 +51,23 @@ def rows(out: Path) -> dict[str, RunRow]:
 
 
 # ------------------------------------------------------------------------------------------ grids, pure
+def test_settings_given_alone_with_resume_apply_to_the_stored_plan() -> None:
+    """A sweep of lm-tiny over dp and fsdp at 3 steps, resumed with `--steps 5` alone: the plan is the stored one
+    with 5 steps, so the difference named is the steps (a plan from nothing started at vit-seed and named that);
+    with `--steps 3`, or the strategies again, it is the stored plan itself."""
+    from shardbench.sweep.sweep_cmd import plan_difference, plan_meta
+
+    stored = make_sweep("lm-tiny", None, None, {"parallel.strategy": "dp,fsdp", "train.steps": 3})
+    meta = plan_meta(stored, {})
+    changed = make_sweep(None, None, None, {"train.steps": 5}, stored)
+    assert [r.name for r in changed.runs] == [r.name for r in stored.runs] == ["strategy_dp", "strategy_fsdp"]
+    assert plan_difference(meta, plan_meta(changed, {})) == "train.steps=3 in the store, 5 now"
+    for same in ({"train.steps": 3}, {"parallel.strategy": "dp,fsdp"}):
+        assert plan_difference(meta, plan_meta(make_sweep(None, None, None, same, stored), {})) is None
+    assert plan_difference(meta, plan_meta(make_sweep(None, None, None, {"train.steps": 5}), {})) == (
+        "base preset 'lm-tiny' in the store, 'vit-seed' now")  # what it said, from a plan started from nothing
+
+
 def test_mesh_grid_gives_the_seeds_runs() -> None:
     s = make_sweep("mesh-grid")
     assert s.base_preset == "vit-seed" and s.base == {"parallel.strategy": "auto"}
@@ -484,6 +501,10 @@ def test_a_killed_sweep_resumes_and_runs_everything_exactly_once(tmp_path: Path)
     changed = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--steps", "3", "--resume"], env=env,
                              capture_output=True, text=True, timeout=300)
     assert changed.returncode == 2 and "train.steps=2 in the store, 3 now" in changed.stderr, changed.stderr
+    # The same with the setting alone: it applies to the stored plan (it named the run preset, vit-seed, before).
+    alone = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", "--out", str(out), "--steps", "3", "--resume"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 2 and "(train.steps=2 in the store, 3 now)" in alone.stderr, alone.stderr
     resumed = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", "--out", str(out), "--resume"], env=env,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 1, resumed.stdout + resumed.stderr  # the refused run stays failed

@@ -372,11 +372,14 @@ class SweepFile:
 
 
 def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_file: SweepFile | None = None,
-               values: Mapping[str, Any] | None = None) -> Sweep:
+               values: Mapping[str, Any] | None = None, stored: Sweep | None = None) -> Sweep:
     """Combine the sources: a sweep preset or file gives grids; `base_preset` swaps their run preset; command-line
-    values fix fields (replacing them in every axis) or, listing alternatives, add axes to every grid."""
+    values fix fields (replacing them in every axis) or, listing alternatives, add axes to every grid. `stored`:
+    a sweep being resumed with values alone, which apply to its own grids as they would to a preset's."""
     fixed, cli_axes = axes_from_values(values or {})
     label, start, base, grids = "", "vit-seed", {}, [Grid([])]
+    if stored is not None:
+        label, start, base, grids = stored.label, stored.base_preset, dict(stored.base), list(stored.grids)
     if preset in SWEEP_PRESETS:
         if sweep_file is not None:
             raise ConfigError(f"--preset {preset} is a sweep preset and --sweep-file gives another sweep: pick one")

@@ -303,12 +303,25 @@ def _plan(args: argparse.Namespace) -> tuple[Sweep, bool]:
                 raise ConfigError(f"--resume: {path} holds no plan to resume; start the sweep again with another --out")
             return stored_sweep(store), True
     file = load_sweep_file(args.sweep_file) if args.sweep_file is not None else None
-    sweep = make_sweep(args.preset, args.base, file, values)
+    # Resumed with settings alone: they apply to the stored sweep's plan, so that one differing from it is named
+    # (train.steps=3 in the store, 5 now), not the run preset a plan from nothing would start at.
+    stored = (_stored_plan(args) if args.resume and args.preset is None and args.sweep_file is None
+              and args.base is None else None)
+    sweep = make_sweep(args.preset, args.base, file, values, stored)
     if file is not None and not file.axes and len(sweep.runs) == 1:
         raise ConfigError(f"--sweep-file {args.sweep_file} defines no axes or grid, so the sweep would be one run of "
                           f"its base: add axes = [[...]] or grid = {{\"field\" = [values]}} (see shardbench sweep "
                           f"--help), or train that one run with shardbench train")
     return sweep, False
+
+
+def _stored_plan(args: argparse.Namespace) -> Sweep | None:
+    """The plan of the sweep being resumed, where `--out` holds one (None otherwise: check_out says why)."""
+    path = Path(args.out) / "sweep.db" if args.out else None
+    if path is None or not path.exists():
+        return None
+    with Store(path) as store:
+        return stored_sweep(store) if store.get_meta("runs") else None
 
 
 def _stored_meta(args: argparse.Namespace, key: str) -> Any:
