@@ -200,6 +200,22 @@ def test_runs_csv_holds_the_tables_runs_with_their_values_as_measured(written: R
     assert failed["error"] == "oom: RESOURCE_EXHAUSTED: out of memory allocating 1.20GiB"
 
 
+@pytest.mark.parametrize("meta, says", [
+    ({"preset": "vit-tiny"}, "(preset vit-tiny)"),  # a store from before the origin was kept
+    ({"preset": "lm", "origin": "sweep file", "base_preset": "lm-tiny"}, "(sweep file lm on lm-tiny)"),
+    ({"preset": "strategies", "origin": "sweep preset", "base_preset": "vit-tiny"},
+     "(sweep preset strategies on vit-tiny)"),
+    ({"preset": "lm-tiny", "origin": "preset", "base_preset": "lm-tiny"}, "(preset lm-tiny)"),
+])
+def test_the_report_says_what_the_sweeps_name_is(tmp_path: Path, meta: dict[str, str], says: str) -> None:
+    """A sweep file's name is not called a preset ("preset lm" for lm.toml, "preset pp" for pp.toml)."""
+    with Store(tmp_path / "sweep.db") as store:
+        for key, value in meta.items():
+            store.set_meta(key, value)
+        store.add(sweep_rows()[0])
+    assert f"Read from `sweep.db` {says} in " in write_report(tmp_path).markdown.read_text()
+
+
 def test_markdown_explains_precision_and_strategies_from_the_data(written: ReportPaths) -> None:
     text = written.markdown.read_text()
     assert "`precision.dtype`: float32, bfloat16" in text and "`parallel.strategy`: single, dp, fsdp, dp+tp" in text

@@ -68,6 +68,16 @@ def test_settings_given_alone_with_resume_apply_to_the_stored_plan() -> None:
         "base preset 'lm-tiny' in the store, 'vit-seed' now")  # what it said, from a plan started from nothing
 
 
+def test_a_sweep_keeps_what_its_name_names() -> None:
+    from shardbench.sweep.sweep_file import parse_sweep
+
+    file = parse_sweep({"preset": "lm-tiny", "grid": {"parallel.strategy": ["dp", "fsdp"]}}, label="lm")
+    assert [(s.label, s.origin, s.base_preset) for s in (
+        make_sweep("strategies", "vit-tiny"), make_sweep(None, None, file), make_sweep("lm-tiny"), make_sweep())] == [
+        ("strategies", "sweep preset", "vit-tiny"), ("lm", "sweep file", "lm-tiny"), ("lm-tiny", "preset", "lm-tiny"),
+        ("vit-seed", "preset", "vit-seed")]
+
+
 def test_mesh_grid_gives_the_seeds_runs() -> None:
     s = make_sweep("mesh-grid")
     assert s.base_preset == "vit-seed" and s.base == {"parallel.strategy": "auto"}

@@ -49,7 +49,7 @@ def _read_config(path: Path) -> dict[str, Any]:
 def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
     with Store(db, read_only=True) as store:
         rows = store.runs()
-        meta = {key: store.get_meta(key) for key in ("preset", "axes", "created")}
+        meta = {key: store.get_meta(key) for key in ("preset", "origin", "base_preset", "axes", "created")}
     return [reported(r, f"{db}: run {r.name}") for r in rows], meta
 
 
@@ -275,6 +275,14 @@ def render_markdown(content: ReportContent) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _origin(meta: dict[str, Any]) -> str:
+    """What a sweep's label names: 'preset lm-tiny', 'sweep preset strategies on vit-tiny', 'sweep file lm on
+    lm-tiny', 'tune on vit-tiny' (a store from before the origin was kept: 'preset' and its label)."""
+    label, origin, start = meta["preset"], meta.get("origin") or "preset", meta.get("base_preset")
+    named = origin if origin == label else f"{origin} {label}"
+    return named + (f" on {start}" if origin != "preset" and start else "")
+
+
 def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTable | None = None) -> ReportPaths:
     """Write report.md, report.html and the charts into `out_dir` (default `<sweep_dir>/report`); `prices` (--prices)
     prices every run again (without it, each run's record says its cost)."""
@@ -285,7 +293,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     writable_dir(out, "--out")
     swept = swept_fields(runs)
     complete = sum(r.ok for r in runs)
-    preset = f" (preset {meta['preset']})" if meta.get("preset") else ""
+    preset = f" ({_origin(meta)})" if meta.get("preset") else ""
     origin = f"`sweep.db`{preset}" if meta else "the run folders below it"
     count = f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
     source = f"Read from {origin} in `{sweep_dir}`: {count}, {complete} complete, {len(runs) - complete} failed."

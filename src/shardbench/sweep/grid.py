@@ -65,6 +65,7 @@ class Sweep:
     base: Override
     grids: list[Grid]
     runs: list[PlannedRun]
+    origin: str = "preset"  # what the label names: "sweep preset", "sweep file" or (run) "preset"
 
 
 # ------------------------------------------------------------------------------------------------- values
@@ -378,13 +379,16 @@ def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_
     a sweep being resumed with values alone, which apply to its own grids as they would to a preset's."""
     fixed, cli_axes = axes_from_values(values or {})
     label, start, base, grids = "", "vit-seed", {}, [Grid([])]
+    origin = "preset"
     if stored is not None:
         label, start, base, grids = stored.label, stored.base_preset, dict(stored.base), list(stored.grids)
+        origin = stored.origin
     if preset in SWEEP_PRESETS:
         if sweep_file is not None:
             raise ConfigError(f"--preset {preset} is a sweep preset and --sweep-file gives another sweep: pick one")
         made = SWEEP_PRESETS[preset]()
         label, start, base, grids = preset, made.base_preset, dict(made.base), list(made.grids)
+        origin = "sweep preset"
     elif preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"unknown preset '{preset}': choose one of "
@@ -393,7 +397,7 @@ def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_
             raise ConfigError(f"--base {base_preset} and the run preset --preset {preset} disagree: give one")
         label, start = preset, preset
     if sweep_file is not None:
-        label = sweep_file.label
+        label, origin = sweep_file.label, "sweep file"
         start = preset if preset in PRESETS else (sweep_file.preset or start)
         base, grids = dict(sweep_file.base), [Grid(list(sweep_file.axes))]
     if base_preset is not None:
@@ -411,7 +415,7 @@ def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_
     # business: an impossible mesh is a result, recorded as failed, not a reason to stop the sweep.
     for run in runs:
         run_config(start, run)
-    return Sweep(label, start, base, grids, runs)
+    return Sweep(label, start, base, grids, runs, origin)
 
 
 def run_config(base_preset: str, run: PlannedRun) -> dict[str, Any]:
@@ -424,4 +428,5 @@ def stored_sweep(store: Store) -> Sweep:
     runs = [PlannedRun(r["name"], r["overrides"], {k: v for k, v in r["settings"].items() if k not in r["overrides"]})
             for r in store.get_meta("runs", [])]
     grids = [Grid(g["axes"], g["base"]) for g in store.get_meta("grids", [])]
-    return Sweep(store.get_meta("preset"), store.get_meta("base_preset"), store.get_meta("base", {}), grids, runs)
+    return Sweep(store.get_meta("preset"), store.get_meta("base_preset"), store.get_meta("base", {}), grids, runs,
+                 store.get_meta("origin") or "preset")

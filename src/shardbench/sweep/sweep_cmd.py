@@ -137,7 +137,7 @@ def plan_meta(sweep: Sweep, options: dict[str, Any]) -> dict[str, Any]:
     a resumed sweep compares like for like."""
     base_cfg = override(get_preset(sweep.base_preset), sweep.base)
     meta = {
-        "preset": sweep.label, "base_preset": sweep.base_preset, "base": sweep.base,
+        "preset": sweep.label, "origin": sweep.origin, "base_preset": sweep.base_preset, "base": sweep.base,
         "axes": [axis for grid in sweep.grids for axis in grid.axes],
         "grids": [{"base": grid.base, "axes": grid.axes} for grid in sweep.grids],
         "base_config": config_lib.flatten(base_cfg),

@@ -277,7 +277,7 @@ def make_tune_sweep(cfg: config_lib.Config, chosen: list[Planned], devices: int,
             **MEASURE, "train.steps": steps}
     axis = [{k: s[k] for k in varying} for s in settings]
     runs = expand([Grid([axis])], base)
-    sweep = Sweep("tune", cfg.preset, base, [Grid([axis])], runs)
+    sweep = Sweep("tune", cfg.preset, base, [Grid([axis])], runs, origin="tune")
     return sweep, {r.name: p.point.name for r, p in zip(runs, chosen)}
 
 
