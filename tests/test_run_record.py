@@ -64,8 +64,12 @@ def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> Non
     # Version 4, written before the attention was kept: read as None, and its own fields strictly.
     v4 = from_json({"schema_version": 4, "measurements": {"comms_unknown_trip_counts": 0}})
     assert v4.measurements.attention is None and v4.measurements.comms_unknown_trip_counts == 0
-    assert SCHEMA_VERSION == 5 and from_json({"schema_version": 5, "measurements": {
-        "attention": "cudnn"}}).measurements.attention == "cudnn"
+    assert from_json({"schema_version": 5, "measurements": {"attention": "cudnn"}}).measurements.attention == "cudnn"
+    # Version 5, written before a model of your own's one-device count was kept: read as None.
+    v5 = from_json({"schema_version": 5, "measurements": {"flops": {"mfu_uses": "xla"}}})
+    assert v5.measurements.flops.traced_per_step is None and v5.measurements.flops.mfu_uses == "xla"
+    assert SCHEMA_VERSION == 6 and from_json({"schema_version": 6, "measurements": {"flops": {
+        "traced_per_step": 2.0}}}).measurements.flops.traced_per_step == 2.0
 
 
 def test_every_field_is_documented_with_its_unit_in_one_place() -> None:
@@ -79,6 +83,15 @@ def test_every_field_is_documented_with_its_unit_in_one_place() -> None:
     assert units["measurements.step_time_s.median"] == "s" and units["measurements.mfu.peak_flops_per_s_per_device"] \
         == "FLOP/s"
     assert RunRecord().schema_version == 0
+
+
+def test_the_docs_field_table_is_the_schemas_own() -> None:
+    """docs/measurements.md's table of every field is `field_table()`'s output, row for row (it had drifted: the
+    attention field of version 5 was missing)."""
+    lines = (Path(__file__).resolve().parents[1] / "docs" / "measurements.md").read_text().splitlines()
+    start = lines.index("| field | unit | meaning |") + 2
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("| ")), len(lines))
+    assert lines[start:end] == [f"| `{path}` | {unit} | {doc} |" for path, unit, doc in field_table()]
 
 
 def test_the_published_records_of_earlier_versions_still_load_for_the_report() -> None:

@@ -20,6 +20,7 @@ from shardbench.measure.run_record import (
     CompileTimes, Flops, Measurements, Mfu, PartialEpoch, StepTimes, Throughput,
 )
 from shardbench.measure.timing import StepTimer
+from shardbench.models.spec import ModelSpec, example_input
 from shardbench.naming import config_run_name
 from shardbench.parallel.context import uses_context
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL, SEQUENCE, STAGE, MeshShape
@@ -52,11 +53,13 @@ def layout_devices(layout: Layout) -> list[jax.Device]:
 
 @dataclass(frozen=True)
 class RunSetup:
-    """What ran: the configuration, its task and the layout over devices."""
+    """What ran: the configuration, its task and the layout over devices; the model's spec, where MFU needs XLA's
+    count of a model of your own."""
 
     cfg: Config
     task: Task
     layout: Layout
+    spec: ModelSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -137,11 +140,13 @@ def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes, host_peak: 
     analytic = None if per_example is None else float(per_example * cfg.train.batch_size)
     xla = flops_lib.xla_flops(compiled) if compiled is not None else None
     xla_step = None if xla is None else xla * devices
-    counted = analytic if analytic is not None else xla_step  # a model of your own without its own count
+    traced = _traced_per_step(setup) if analytic is None else None  # a model of your own without its own count
+    counted, uses = next(((c, name) for c, name in ((analytic, "analytic"), (traced, "traced"), (xla_step, "xla"))
+                          if c is not None), (None, "xla"))
     peak, source = flops_lib.peak_per_device(layout.device, devices, cfg.precision.dtype,
                                              cfg.precision.matmul_precision, host_peak, hosts)
-    flops = Flops(analytic_per_step=analytic, xla_per_step=xla_step, formula=setup.task.formula,
-                  mfu_uses="analytic" if analytic is not None else "xla",
+    flops = Flops(analytic_per_step=analytic, xla_per_step=xla_step, traced_per_step=traced,
+                  formula=setup.task.formula, mfu_uses=uses,
                   # Measured here: for vit-tiny (4 layers) XLA reports ~0.28x the analytic count.
                   xla_note="XLA's cost analysis counts a while-loop body once, so with the layers under a scan it "
                            "undercounts by roughly the layer count; MFU uses the analytic count where the model "
@@ -154,6 +159,17 @@ def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes, host_peak: 
               peak_origin=host_peak.origin if host_peak and peak else None,
               not_measured=_mfu_missing(peak, steps, layout))
     return flops, mfu
+
+
+def _traced_per_step(setup: RunSetup) -> float | None:
+    """A model of your own without flops_per_example: XLA's count of its forward and backward on one device
+    (`ModelSpec.traced_train_flops`, on one microbatch of its inputs) x the microbatches of a step."""
+    if setup.spec is None or not setup.spec.custom:
+        return None
+    batch, k = setup.cfg.train.batch_size, setup.cfg.train.grad_accum
+    example, _, _ = example_input(setup.cfg, rows=batch // k)
+    traced = setup.spec.traced_train_flops(example)
+    return None if traced is None else traced * k
 
 
 def batch_sizes(setup: RunSetup) -> dict[str, int | float]:

@@ -6,7 +6,11 @@ modules return these types (`measure.timing.compile_timed` a `CompileTimes`, `me
 every reader (the store's rows, the report, its findings and charts, the planner's measured runs) reads them
 back through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
 
-Versions: 5 is this layout: version 4's, with the attention a run's blocks ran (`Measurements.attention`: cudnn,
+Versions: 6 is this layout: version 5's, with the FLOPs of a model of your own without `flops_per_example`
+counted by XLA on its one-device forward and backward (`Flops.traced_per_step`, which MFU divides where
+`mfu_uses` is "traced": the same count for every layout, where the compiled step's count x devices counted the work
+every device repeats once per device); version 5 records read with it None.
+Version 5 is version 4's, with the attention a run's blocks ran (`Measurements.attention`: cudnn,
 fused, einsum or context, once `--model.attention auto` could pick cuDNN's); version 4 records read with it None.
 Version 4 is version 3's, with the bytes each device sends (`Collective.sent_bytes`,
 `Measurements.comms_total_sent_bytes`) beside each collective's payload (`Collective.bytes`), and the loops of
@@ -41,7 +45,7 @@ from typing import Any
 
 from shardbench.errors import ShardbenchError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class RecordError(ShardbenchError):
@@ -102,8 +106,11 @@ class Flops:
     analytic_per_step: float | None = _f("FLOP", "the model's own count of a train step (None for a model of your "
                                                  "own without flops_per_example)")
     xla_per_step: float | None = _f("FLOP", "XLA's cost analysis of the compiled step x devices")
+    traced_per_step: float | None = _f("FLOP", "a model of your own without flops_per_example: XLA's count of its "
+                                               "forward and backward on one device, unsharded, x the examples of a "
+                                               "step (the same for every layout)")
     formula: str | None = _f("", "how the analytic count is made")
-    mfu_uses: str | None = _f("", "which count MFU divides: analytic or xla")
+    mfu_uses: str | None = _f("", "which count MFU divides: analytic, traced or xla")
     xla_note: str | None = _f("", "the cost analysis' caveat")
 
 

@@ -7,6 +7,7 @@ this one door; the train state and the steps read only the spec.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -114,20 +115,47 @@ class ModelSpec:
         merged = {p: (flat_before[p] if p in keys else v.astype(flat_before[p].dtype)) for p, v in flat_after.items()}
         return out, traverse_util.unflatten_dict(merged) if merged else {}
 
-    def trace_outputs(self, params: Params, inputs: Any, *, train: bool = True) -> Any:
-        """The training (or, `train=False`, evaluation) call's outputs as ShapeDtypeStructs (nothing compiles),
-        the model's collective axis names bound (each over one device) as the explicit styles bind them."""
-        def call(p: Params, st: Params, x: jax.Array) -> jax.Array:
+    def _one_device_call(self, train: bool) -> Callable[[Params, Params, jax.Array], Any]:
+        """(params, model state, inputs) -> outputs on one device, the model's collective axis names bound (each
+        over one device) as the explicit styles bind them."""
+        def call(p: Params, st: Params, x: jax.Array) -> Any:
             fn = lambda x1: self.apply(p, st, x1, jax.random.key(0), train=train)[0]  # noqa: E731
             for name in self.axis_names:
                 fn = jax.vmap(fn, axis_name=name)
                 x = x[None]
             out = fn(x)
             for _ in self.axis_names:
-                out = out[0]
+                out = jax.tree.map(lambda leaf: leaf[0], out)
             return out
 
-        return jax.eval_shape(call, params, self.state_stored, inputs)
+        return call
+
+    def trace_outputs(self, params: Params, inputs: Any, *, train: bool = True) -> Any:
+        """The training (or, `train=False`, evaluation) call's outputs as ShapeDtypeStructs (nothing compiles)."""
+        return jax.eval_shape(self._one_device_call(train), params, self.state_stored, inputs)
+
+    def traced_train_flops(self, inputs: jax.ShapeDtypeStruct) -> float | None:
+        """XLA's count of the FLOPs of one training call's forward and backward (the parameters' gradients) on
+        `inputs`, on one device and unsharded: lowered, never compiled, so the same figure whatever the layout
+        (a compiled per-device program counts the work every device repeats once per device). A loop body
+        counts once, as in any XLA cost analysis. None where the backend gives no cost analysis."""
+        call = self._one_device_call(train=True)
+
+        def objective(p: Params, st: Params, x: jax.Array) -> jax.Array:
+            return sum((jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(call(p, st, x))),
+                       jnp.float32(0))
+
+        try:
+            # value_and_grad: a step computes its loss, so the forward stays even where the gradient alone
+            # would not need it (a linear model)
+            cost = jax.jit(jax.value_and_grad(objective)).lower(nnx.to_pure_dict(self.abstract), self.state_stored,
+                                                                inputs).cost_analysis()
+        except Exception:  # noqa: BLE001 - a backend without a cost analysis: no count, not a failed run
+            return None
+        if isinstance(cost, list):
+            cost = cost[0] if cost else {}
+        flops = (cost or {}).get("flops")
+        return float(flops) if flops else None
 
 
 def describe_model(cfg: Config) -> ModelSpec:
@@ -223,9 +251,10 @@ NOT_AN_ARRAY = re.compile(r"returned a value of type <class '(\w+)'> at output c
 UNBOUND = re.compile(r"unbound axis name: ([^\s.]+)")
 
 
-def example_input(cfg: Config) -> tuple[jax.ShapeDtypeStruct, tuple[int, ...], str]:
-    """A model of your own: one batch of its task's input, the output shape its task scores, and what that is."""
-    b, m = 2, cfg.model
+def example_input(cfg: Config, rows: int = 2) -> tuple[jax.ShapeDtypeStruct, tuple[int, ...], str]:
+    """A model of your own: `rows` examples of its task's input, the output shape its task scores, and what that
+    is."""
+    b, m = rows, cfg.model
     dtype = jnp.dtype(cfg.precision.dtype)
     if m.kind == "lm":
         return (jax.ShapeDtypeStruct((b, m.seq_len), jnp.int32), (b, m.seq_len, m.vocab_size),

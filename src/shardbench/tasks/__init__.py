@@ -40,7 +40,8 @@ def for_data(task: Task, dataset: object) -> Task:
 def custom_task(cfg: Config) -> Task:
     """A model of your own: the task of the kind its `--task` shares data with, without that kind's shape
     checks and FLOPs formula, and with the file's `loss(outputs, batch)` and `flops_per_example(cfg)` where
-    it has them (FLOPs otherwise come from XLA's cost analysis: `train_flops_per_example` gives None)."""
+    it has them (FLOPs otherwise come from XLA's count of the model on one device, `ModelSpec.traced_train_flops`:
+    `train_flops_per_example` gives None)."""
     from shardbench.models import custom
 
     plugin = custom.load(cfg.model.factory)
@@ -59,7 +60,8 @@ def custom_task(cfg: Config) -> Task:
         base, check=lambda c: None, terms=terms,
         train_flops_per_example=(lambda c: int(flops(c))) if flops else (lambda c: None),
         formula=f"flops_per_example(cfg) of {plugin.source}" if flops else
-        "XLA's cost analysis of the compiled step (a loop body counts once: scanned layers are undercounted)",
+        "XLA's cost analysis of the model's forward and backward on one device, unsharded (flops.traced_per_step; "
+        "a loop body counts once: scanned layers are undercounted)",
     )
 
 

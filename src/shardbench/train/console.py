@@ -43,8 +43,9 @@ def header_line(checked: "CheckedRun") -> str:
                   f"(running averages are averaged over devices); name one, e.g. axis_name='batch', for "
                   f"global statistics")
     if checked.task.train_flops_per_example(cfg) is None:
-        notes += (" | FLOPs from XLA's cost analysis (no flops_per_example in the model's file): a loop body "
-                  "counts once, so layers under a scan are undercounted")
+        notes += (" | FLOPs from XLA's count of the model's forward and backward on one device (no "
+                  "flops_per_example in the model's file): a loop body counts once, so layers under a scan are "
+                  "undercounted")
     return (
         f"shardbench: {cfg.preset if not cfg.model.factory else 'model'} ({model}, {params:,} params) | "
         f"{checked.layout.strategy.name} on mesh "

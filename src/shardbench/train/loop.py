@@ -103,7 +103,7 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     bar.close()
     built.checkpoints.save(steps.release(run.state), run.metrics.meter.saved())
     measured = build_measurements(
-        RunSetup(cfg, checked.task, layout), steps.compiled,
+        RunSetup(cfg, checked.task, layout, checked.spec), steps.compiled,
         Clocks(timer, epochs.times, epochs.steps, checked.steps_per_epoch, total - start), run.state, built.host)
     cost = run_cost(built.prices, measured, checked.steps_per_epoch, energy.result,
                     energy.why_not)
