@@ -484,6 +484,27 @@ def test_a_compile_time_loaded_from_the_compilation_cache_is_marked_and_not_rank
     assert [column.text(r) for r in runs] == ["4.70", "2.00", "0.10 (cache)", "0.20"]
 
 
+def test_runs_of_one_name_from_two_sweeps_are_each_named_by_their_folder_and_a_default_is_said(
+        tmp_path: Path) -> None:
+    """Folders a/dp and b/dp both hold a run named strategy_dp, and b/fsdp one named strategy_fsdp: the two of one
+    name are each named by their folder (the first kept its record's name, so a/dp's row could not be told from
+    one of b's), the third keeps its own. a/dp ran on the default mesh (''), which what was swept calls
+    "(default)" as the fixed settings do (it was an empty item)."""
+    from shardbench.presets import get_preset
+
+    base = get_preset("vit-tiny")
+    for folder, name, step, mesh in (("a/dp", "strategy_dp", 10.0, ""), ("b/dp", "strategy_dp", 12.0, "8"),
+                                     ("b/fsdp", "strategy_fsdp", 14.0, "8")):
+        made = rec(name, step, mesh="8") | {"model": "vit"}
+        (tmp_path / "runs" / folder).mkdir(parents=True)
+        (tmp_path / "runs" / folder / "summary.json").write_text(json.dumps(made))
+        cfg = dataclasses.replace(base, parallel=dataclasses.replace(base.parallel, mesh=mesh))
+        (tmp_path / "runs" / folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+    text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
+    assert [r["run"] for r in markdown_table(text)] == ["a/dp", "b/dp", "strategy_fsdp"]
+    assert "- `parallel.mesh`: (default), 8\n" in text
+
+
 def test_the_context_and_plan_sections_call_a_gap_within_the_spread_a_tie_as_the_speed_section_does() -> None:
     """Ring 100 ms and all-gather 101 ms at 1,024 tokens, 300 and 301 ms at 2,048, every p90 1.25x its median (37
     timed steps): gaps of 1.0% and 0.3%, within the 25% spread, which Speed calls ties; the context sentence called

@@ -318,6 +318,11 @@ def _mib(value: Any) -> float | None:
 EMPTY = RunRecord()
 
 
+def setting_text(value: Any) -> str:
+    """A setting as both renderings show it: '' (a field left at its default, such as the mesh) as "(default)"."""
+    return "(default)" if value == "" else str(value)
+
+
 @dataclass(frozen=True)
 class Column:
     """One table column: `value` gives the sort key (None = missing), `text` what is shown."""

@@ -9,6 +9,8 @@ import html
 import re
 from typing import TYPE_CHECKING
 
+from shardbench.report.content import setting_text
+
 if TYPE_CHECKING:
     from shardbench.report.content import Chart, Column, ReportContent, ReportedRun
 
@@ -116,13 +118,14 @@ def render(content: ReportContent) -> str:
              '<section id="swept"><h2>What was swept</h2>']
     if content.varied:
         parts.append("<ul>" + "".join(
-            f"<li><code>{html.escape(k)}</code>: {html.escape(', '.join(map(str, v)))}</li>"
+            f"<li><code>{html.escape(k)}</code>: {html.escape(', '.join(map(setting_text, v)))}</li>"
             for k, v in content.varied.items()) + "</ul>")
     else:
         parts.append("<p>Nothing: the runs share one configuration.</p>")
     if content.fixed:
         parts.append("<p>Set the same for every run: " + ", ".join(
-            f"<code>{html.escape(k)}</code> = {html.escape(str(v))}" for k, v in content.fixed.items()) + "</p>")
+            f"<code>{html.escape(k)}</code> = {html.escape(setting_text(v))}" for k, v in content.fixed.items())
+            + "</p>")
     parts.append("</section>")
     if content.findings:
         parts.append('<section id="findings"><h2>What the numbers say</h2>')

@@ -19,7 +19,7 @@ from shardbench.prices import PriceTable
 from shardbench.report import html as html_page
 from shardbench.report import plan_chart, plots, runs_csv
 from shardbench.report.content import (
-    COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, reported, shown,
+    COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, reported, setting_text, shown,
 )
 from shardbench.report.cost import cost_note, with_costs
 from shardbench.report.findings import explain
@@ -71,6 +71,10 @@ def _record_settings(record: RunRecord) -> dict[str, Any]:
     return {k: v for k, v in given.items() if v not in (None, "")}
 
 
+def _relative(folder: Path, root: Path) -> str:
+    return folder.relative_to(root).as_posix()
+
+
 def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
     runs: list[ReportedRun] = []
     for summary in sorted(root.rglob("summary.json")):
@@ -79,12 +83,13 @@ def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
         record = _read_record(summary)
         saved = summary.with_name("config.json")
         config = _read_config(saved) if saved.exists() else _record_settings(record)
-        relative = summary.parent.relative_to(root).as_posix()
-        name = str(record.run_name or relative)
-        if name in {r.name for r in runs}:  # two folders with one run name: their paths tell them apart
-            name = relative
-        runs.append(ReportedRun(name, str(record.status or "complete"), None, None, {}, config, record,
+        runs.append(ReportedRun(str(record.run_name or _relative(summary.parent, root)),
+                                str(record.status or "complete"), None, None, {}, config, record,
                                 folder=summary.parent, configured=saved.exists()))
+    # Two folders with one run name (the same sweep's run copied from two sweeps): each is named by its path.
+    clashing = {r.name for r in runs if sum(o.name == r.name for o in runs) > 1}
+    runs = [dataclasses.replace(r, name=_relative(r.folder, root)) if r.name in clashing and r.folder else r
+            for r in runs]
     # A run folder (it has the config.json a run writes first) without summary.json did not finish: it is
     # listed among the failed runs, never silently left out.
     for saved in sorted(root.rglob("config.json")):
@@ -249,10 +254,10 @@ def md_text(text: str) -> str:
 
 def render_markdown(content: ReportContent) -> str:
     lines = [f"# {content.title}", "", content.source, "", "## What was swept", ""]
-    lines += [f"- `{key}`: {', '.join(map(str, values))}" for key, values in content.varied.items()] or [
+    lines += [f"- `{key}`: {', '.join(map(setting_text, values))}" for key, values in content.varied.items()] or [
         "Nothing: the runs share one configuration."]
     if content.fixed:
-        lines += ["", "Set the same for every run: " + ", ".join(f"`{k}` = {v if v != '' else '(default)'}"
+        lines += ["", "Set the same for every run: " + ", ".join(f"`{k}` = {setting_text(v)}"
                                                                   for k, v in content.fixed.items())]
     if content.findings:
         lines += ["", "## What the numbers say"]
