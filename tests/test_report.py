@@ -216,6 +216,23 @@ def test_the_report_says_what_the_sweeps_name_is(tmp_path: Path, meta: dict[str,
     assert f"Read from `sweep.db` {says} in " in write_report(tmp_path).markdown.read_text()
 
 
+def test_a_stopped_sweeps_report_says_which_planned_runs_are_not_recorded(tmp_path: Path) -> None:
+    """A sweep planned as three runs and stopped after the first: the report says so and names the two left, and
+    how to finish (it read "1 run, 1 complete, 0 failed" as if that were the sweep); a finished one says nothing."""
+    with Store(tmp_path / "sweep.db") as store:
+        store.set_meta("runs", [{"name": n, "overrides": {}, "settings": {}} for n in
+                                ("single_fp32", "single_bf16", "dp_8")])
+        store.add(sweep_rows()[0])
+    paths = write_report(tmp_path)
+    assert paths.pending == ("single_bf16", "dp_8")
+    assert (f"1 run, 1 complete, 0 failed. The sweep is unfinished: 2 planned runs not recorded yet (single_bf16, "
+            f"dp_8); `shardbench sweep --out {tmp_path} --resume` finishes it.") in paths.markdown.read_text()
+    with Store(tmp_path / "sweep.db") as store:
+        for r in sweep_rows()[1:3]:
+            store.add(r)
+    assert write_report(tmp_path).pending == () and "unfinished" not in write_report(tmp_path).markdown.read_text()
+
+
 def test_markdown_explains_precision_and_strategies_from_the_data(written: ReportPaths) -> None:
     text = written.markdown.read_text()
     assert "`precision.dtype`: float32, bfloat16" in text and "`parallel.strategy`: single, dp, fsdp, dp+tp" in text

@@ -50,6 +50,9 @@ def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
     with Store(db, read_only=True) as store:
         rows = store.runs()
         meta = {key: store.get_meta(key) for key in ("preset", "origin", "base_preset", "axes", "created")}
+        planned = [r.get("name") for r in store.get_meta("runs") or [] if isinstance(r, dict)]
+    done = {r.name for r in rows}
+    meta["pending"] = [name for name in planned if name not in done]  # a stopped sweep's runs still to run
     return [reported(r, f"{db}: run {r.name}") for r in rows], meta
 
 
@@ -205,6 +208,7 @@ class ReportPaths:
     charts: dict[str, Path]
     clipped: dict[str, tuple[str, ...]] = dataclass_field(default_factory=dict)  # per chart: texts its edges cut
     incomplete: tuple[str, ...] = ()  # run folders without summary.json
+    pending: tuple[str, ...] = ()  # a stopped sweep's planned runs that have not run
     differing: tuple[str, ...] = ()  # runs that should be the same computation but whose losses differ
 
 
@@ -302,6 +306,12 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     origin = f"`sweep.db`{preset}" if meta else "the run folders below it"
     count = f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
     source = f"Read from {origin} in `{sweep_dir}`: {count}, {complete} complete, {len(runs) - complete} failed."
+    pending = meta.get("pending") or []
+    if pending:
+        source += (f" The sweep is unfinished: {len(pending)} planned run{'' if len(pending) == 1 else 's'} not "
+                   f"recorded yet ({', '.join(pending[:5])}{', ...' if len(pending) > 5 else ''}); "
+                   + ("`shardbench tune` with its flags and --resume" if meta.get("origin") == "tune" else
+                      f"`shardbench sweep --out {sweep_dir} --resume`") + " finishes it.")
     charts, omitted = plots.write_charts(runs, out)
     charts += plan_chart.write_chart(runs, out)  # where the planner predicted these runs
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
@@ -314,6 +324,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     table = runs_csv.write_csv(content.runs, list(swept), out / runs_csv.FILE)
     return ReportPaths(out, markdown, page, table, {c.name: c.path for c in content.charts},
                        {c.name: c.clipped for c in content.charts if c.clipped},
-                       tuple(r.name for r in content.runs if r.error_kind == INCOMPLETE),
-                       tuple(f"{', '.join(eq.runs)} differ by {eq.largest:.1e} at {eq.where} (tolerance "
-                             f"{eq.tolerance:.0e}): see the report" for eq in differing(runs)))
+                       incomplete=tuple(r.name for r in content.runs if r.error_kind == INCOMPLETE),
+                       pending=tuple(pending),
+                       differing=tuple(f"{', '.join(eq.runs)} differ by {eq.largest:.1e} at {eq.where} "
+                                       f"(tolerance {eq.tolerance:.0e}): see the report" for eq in differing(runs)))
