@@ -505,6 +505,25 @@ def test_runs_of_one_name_from_two_sweeps_are_each_named_by_their_folder_and_a_d
     assert "- `parallel.mesh`: (default), 8\n" in text
 
 
+def test_a_speed_sentence_gives_throughput_in_the_tables_unit() -> None:
+    """Two LM runs at batch 16 and 32 (so ranked by throughput), 1,024 tokens an example: 16 / 0.5 s = 32
+    examples/s = 32,768 tokens/s against 32 / 0.8 s = 40 = 40,960 tokens/s, as the table's tokens/s column counts
+    them (the sentence said "32 against 40 examples/s"). A ViT's are images/s."""
+    def lm(name: str, batch: int, step_s: float) -> ReportedRun:
+        made = rec(name, step_s * 1e3) | {"model": "lm"}
+        m = made["measurements"]
+        m["global_batch"] = batch
+        m["throughput"] = {"examples_per_s": batch / step_s, "unit": "tokens", "units_per_s": batch * 1024 / step_s}
+        return reported(row(name, {"model.kind": "lm", "train.batch_size": batch}, made))
+
+    found = speed_findings([lm("small", 16, 0.5), lm("large", 32, 0.8)])
+    assert found[0].startswith("Fastest: large, 800.0 ms per step at batch 32, 40,960 tokens/s")
+    assert found[1].startswith("small is 1.25x slower (32,768 against 40,960 tokens/s)")
+    vit = [run("a", {"train.batch_size": 128}, 10.0), run("b", {"train.batch_size": 64}, 10.0)]
+    vit = [dataclasses.replace(r, config={**r.config, "train.batch_size": b}) for r, b in zip(vit, (128, 64))]
+    assert "images/s" in speed_findings(vit)[0]
+
+
 def test_the_context_and_plan_sections_call_a_gap_within_the_spread_a_tie_as_the_speed_section_does() -> None:
     """Ring 100 ms and all-gather 101 ms at 1,024 tokens, 300 and 301 ms at 2,048, every p90 1.25x its median (37
     timed steps): gaps of 1.0% and 0.3%, within the 25% spread, which Speed calls ties; the context sentence called

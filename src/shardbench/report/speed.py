@@ -39,6 +39,9 @@ COMPARED_STEPS = 200  # losses logged after this many steps may drift apart chao
 MIN_MEASURED_STEPS = 5
 FEW_STEPS_MARGIN = 0.15
 COMMS_NAMED_MIB = 1.0  # collectives below this per step are not named as a difference
+# Bytes are counted from the compiled program, not timed: any gap is a fact, and one over this share of the larger
+# is named (a factor of 2, as accumulating twice sends twice, went unnamed under the 50% it was).
+COMMS_NAMED_REL = 0.1
 # Said once under the slowdowns whenever some are listed with what differs.
 NOT_A_CAUSE = ("What differs beside each slowdown is what the records show, not a measured cause: a run records "
                "how many bytes its collectives move, not how long they take (a profile, --profile, shows that).")
@@ -47,6 +50,16 @@ NOT_A_CAUSE = ("What differs beside each slowdown is what the records show, not 
 def _throughput(run: ReportedRun) -> float | None:
     step, batch = run.step_median, run.batch
     return batch / step if step and batch else None
+
+
+def _rate(run: ReportedRun) -> tuple[float, str]:
+    """The steady-state throughput in the unit the table counts the run in (images, tokens, examples): the
+    ranking's own figure (`_throughput`) x the units of one example."""
+    examples = _throughput(run) or 0.0
+    units, per = run.rate("units_per_s"), run.rate("examples_per_s")
+    if run.unit == "tokens" and units and per:
+        return examples * units / per, "tokens/s"
+    return examples, "images/s" if run.unit == "images" else "examples/s"
 
 
 def _spread(run: ReportedRun) -> float:
@@ -118,7 +131,8 @@ def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     if (run.devices or 1) != (fastest.devices or 1) and "parallel.devices" not in keys:
         out.append(f"{run.devices or 1} device(s) against {fastest.devices or 1}")
     mine_mib, theirs_mib = run.comms_mib or 0.0, fastest.comms_mib or 0.0
-    if max(mine_mib, theirs_mib) >= COMMS_NAMED_MIB and not math.isclose(mine_mib, theirs_mib, rel_tol=0.5):
+    if max(mine_mib, theirs_mib) >= COMMS_NAMED_MIB and not math.isclose(mine_mib, theirs_mib,
+                                                                                  rel_tol=COMMS_NAMED_REL):
         kinds = sorted(run.comms, key=lambda k: -run.comms_bytes(k))
         # A run without collectives reads in the other's terms (nothing sent is no payload); where both have
         # some and one record gives payloads only, each figure says what it is.
@@ -233,7 +247,7 @@ def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
     unit = "step time" if same_batch else "throughput (batch / median step)"
     few = steps_note([fastest])
     head = (f"Fastest{f' {model}' if model else ''}: {fastest.name}, {_ms(fastest.step_median)} per step"
-            + ("" if same_batch else f" at batch {fastest.batch}, {_throughput(fastest):,.0f} examples/s")
+            + ("" if same_batch else f" at batch {fastest.batch}, {_rate(fastest)[0]:,.0f} {_rate(fastest)[1]}")
             + (f" ({few})" if few else "")
             + (f" (ranked by median {unit})" if len(ranked) > 1 else ""))
     sentences = [head + "."]
@@ -253,7 +267,7 @@ def _against(run: ReportedRun, fastest: ReportedRun, same_batch: bool) -> tuple[
     listed)."""
     ratio = (_throughput(fastest) or 0.0) / (_throughput(run) or 1.0)
     figures = (f"{_ms(run.step_median)} against {_ms(fastest.step_median)}" if same_batch else
-               f"{_throughput(run):,.0f} against {_throughput(fastest):,.0f} examples/s")
+               f"{_rate(run)[0]:,.0f} against {_rate(fastest)[0]:,.0f} {_rate(fastest)[1]}")
     few = steps_note([run, fastest])
     ranked = verdict(run, fastest, ratio - 1.0)
     if ranked == UNDECIDED:
