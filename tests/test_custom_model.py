@@ -116,6 +116,17 @@ BAD_PLUGINS = [
      "        return self.dense(x.reshape(x.shape[0], -1))\n"
      "def build(cfg, rngs):\n    return Wrong(rngs)\n",
      "returned shape (2, 7) for input (2, 32, 32, 3); --task classify scores logits (batch, --model.num-classes)"),
+    # Several outputs: said as what came back, not as "shape None".
+    ("from flax import nnx\n"
+     "class Two(nnx.Module):\n"
+     "    def __init__(self, rngs):\n"
+     "        self.dense = nnx.Linear(32 * 32 * 3, 10, rngs=rngs)\n"
+     "    def __call__(self, x):\n"
+     "        y = self.dense(x.reshape(x.shape[0], -1))\n"
+     "        return {'logits': y, 'aux': y.sum()}\n"
+     "def build(cfg, rngs):\n    return Two(rngs)\n",
+     "returned a dict of aux, logits, not one array, for input (2, 32, 32, 3); --task classify scores one array of "
+     "logits (batch, --model.num-classes) = (2, 10)"),
     ("import sys\ndef build(cfg, rngs):\n    sys.exit(3)\n", "building the model failed: SystemExit: it called sys.exit(3)"),
     ("import sys\nfrom flax import nnx\n"
      "class Quits(nnx.Module):\n"

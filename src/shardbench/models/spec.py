@@ -277,6 +277,13 @@ def check_outputs(cfg: Config, spec: ModelSpec) -> tuple[jax.ShapeDtypeStruct, j
     for train in (True, False):
         out = _traced_call(cfg, spec, example, train)
         shape = getattr(out, "shape", None)
+        if shape is None:  # a tuple, a dict, None: not one array
+            held = (f"a {type(out).__name__}" + (f" of {', '.join(map(str, out))}" if isinstance(out, dict) else "")
+                    if out is not None else "None")
+            raise ConfigError(f"--model {cfg.model.factory} returned {held}, not one array, for input "
+                              f"{example.shape}{'' if train else ' in evaluation mode'}; --task {cfg.model.task} "
+                              f"scores one array of {what} = {expected} (a file's loss(outputs, batch) gets that "
+                              f"array too): return it alone")
         if shape != expected:
             raise ConfigError(f"--model {cfg.model.factory} returned shape {shape} for input {example.shape}"
                               f"{'' if train else ' in evaluation mode'}; --task {cfg.model.task} scores {what} "
