@@ -353,7 +353,8 @@ def shardbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accepts(tmp_path: Path) -> None:
     """dp, tp and ep on the small MLP: ep is refused (no experts) and said so in tune.json; the other two are
     measured (k=2). Stopped by Ctrl-C after its first run, the tune says how to finish it; the same command with
-    --resume (another --top-k is refused, naming it) runs the second run alone, each run recorded once. The verdict
+    --resume (another --top-k or other candidates are refused, naming the flag; the candidates in another order are
+    not) runs the second run alone, each run recorded once. The verdict
     covers both runs: the report charts predicted against measured, and the ready command trains a step.
     (One tune, interrupted, serves both: a second uninterrupted tune of the same space would run the same code.)"""
     import signal
@@ -393,8 +394,12 @@ def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accept
     assert not (out / "tune.md").exists() and json.loads((out / "tune.json").read_text())["result"] is None
 
     changed = shardbench(*argv, "--top-k", "3", "--resume", cwd=tmp_path)
-    assert changed.returncode == 2 and "top_k: 2 there, 3 now" in changed.stderr.strip().splitlines()[-1]
-    done = shardbench(*argv, "--resume", cwd=tmp_path)
+    assert changed.returncode == 2 and "(--top-k: 2 there, 3 now)" in changed.stderr.strip().splitlines()[-1]
+    fewer = [a if a != "dp,tp,ep" else "dp,tp" for a in argv]
+    changed = shardbench(*fewer, "--resume", cwd=tmp_path)
+    assert "(--candidates: ['dp', 'ep', 'tp'] there, ['dp', 'tp'] now)" in changed.stderr.strip().splitlines()[-1]
+    # The same candidates in another order are the same tune (it was refused, showing both whole spaces).
+    done = shardbench(*[a if a != "dp,tp,ep" else "ep,dp,tp" for a in argv], "--resume", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "resuming: 1 of 2 runs already recorded" in done.stdout and "[2/2] " in done.stdout
     tuned = json.loads((out / "tune.json").read_text())

@@ -141,11 +141,22 @@ def resumed(t: Tuning) -> Tuning:
     return t
 
 
+# The flag that sets each part of a tune's identity, as a difference on --resume names it.
+IDENTITY_FLAGS = {"target": "--target", "devices": "--devices", "objective": "--objective", "top_k": "--top-k",
+                  "budget_min": "--budget-min", "measure_steps": "--measure-steps", "strategies": "--candidates",
+                  "remats": "--remat", "dtypes": "--dtype", "grad_accum": "--grad-accum",
+                  "batch_sizes": "--batch-size", "microbatches_per_stage": "--microbatches-per-stage",
+                  "schedules": "--schedules", "train_examples": "the training examples"}
+
+
 def _difference(data: dict[str, Any], t: Tuning) -> str | None:
-    """The first field where tune.json's tune and `t` differ ('field: as stored there, as given now'); None when
-    they are alike. The configuration's fields are compared one by one, but for RESUME_MAY_CHANGE."""
+    """The first field where tune.json's tune and `t` differ ('--flag: as stored there, as given now'); None when
+    they are alike. The space's lists are compared as sets (the stored plan is what resumes: the order they were
+    given in changes nothing), the configuration's fields one by one, but for RESUME_MAY_CHANGE."""
     def flat(tune: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-        return {**tune, **{k: v for k, v in config.items() if k not in RESUME_MAY_CHANGE}}
+        parts = {**{k: v for k, v in tune.items() if k != "space"}, **(tune.get("space") or {})}
+        named = {IDENTITY_FLAGS.get(k, k): sorted(v, key=str) if isinstance(v, list) else v for k, v in parts.items()}
+        return {**named, **{k: v for k, v in config.items() if k not in RESUME_MAY_CHANGE}}
 
     now = json.loads(json.dumps(flat(identity(t), config_lib.flatten(t.cfg))))
     stored = flat({k: data.get(k) for k in identity(t)}, data.get("config") or {})
