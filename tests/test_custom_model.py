@@ -61,6 +61,25 @@ def test_examples_train_alike_under_every_strategy(micro, tmp_path: Path, model:
             assert summary["measurements"]["throughput"]["unit"] == "tokens"
 
 
+def test_the_first_line_says_when_tp_splits_nothing_and_a_rule_names_nothing(micro, tmp_path: Path) -> None:
+    """A Linear whose kernel names no axes, under tp on 8 devices: tp splits none of its parameters, which the
+    first line says (it ran as 8 copies, saying only "tp on mesh 1x8"); --rules foo=mlp names an axis no variable
+    of the model names, said too. Under dp, or with its axes named (the convnet), neither is said."""
+    from shardbench.preflight import check_run
+    from shardbench.train.console import header_line
+
+    tp = {"parallel.strategy": "tp", "parallel.mesh": "model=8", "parallel.devices": 8,
+          "train.out": str(tmp_path / "o")}
+    bare = {"model.factory": _plugin(tmp_path, LINEAR), "model.task": "classify"}
+    line = header_line(check_run(_cfg(micro, bare, **tp, **{"parallel.rules": "foo=mlp"})))
+    assert ("| tp splits none of this model's parameters over the model axis: none names an axis its table maps "
+            "(name them with nnx.with_partitioning, or map yours with --rules NAME=AXIS)") in line
+    assert "| --rules names what no variable of this model names, so it does nothing: foo" in line
+    for cfg in (_cfg(micro, bare, **{**tp, "parallel.strategy": "dp", "parallel.mesh": "8"}), _cfg(micro, CONVNET, **tp)):
+        line = header_line(check_run(cfg))
+        assert "splits none" not in line and "--rules names" not in line
+
+
 def test_a_model_of_your_owns_flops_are_counted_on_one_device_as_a_hand_count_says(micro, tmp_path: Path) -> None:
     """One Linear of 3,072 inputs and 10 outputs on 16 examples: its forward (2 x 16 x 3,072 x 10) and its
     weights' gradient (the same again; no input gradient is needed) are 1,966,080 matmul FLOPs. XLA's count of the

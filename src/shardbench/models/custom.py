@@ -264,6 +264,17 @@ def logical_axes(abstract: nnx.State, rules: Mapping[str, str]) -> tuple[dict[st
     return traverse_util.unflatten_dict(flat), tuple(sorted(unmapped))
 
 
+def declared_names(*states: nnx.State) -> set[str]:
+    """Every axis name the variables' metadata give (sharding_names, sharding or names)."""
+    found: set[str] = set()
+    for state in states:
+        for _, var in nnx.to_flat_state(state):
+            meta = var.get_metadata()
+            given = next((meta[k] for k in METADATA_KEYS if meta.get(k)), None) or ()
+            found.update(str(name) for name in tuple(given) if isinstance(name, str))
+    return found
+
+
 def _map(name: Any, rules: Mapping[str, str]) -> str | None:
     if name is None or not isinstance(name, str):
         return None

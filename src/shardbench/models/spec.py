@@ -58,6 +58,7 @@ class ModelSpec:
     # How many stacks of layers its call hands to `models.axes.run_stack` (the built-in models one; a model of
     # your own as many as tracing its call counts): what a pipeline splits into stages.
     stacks: int = 1
+    unused_rules: tuple[str, ...] = ()  # a model of your own: --rules names that none of its variables give
 
     @property
     def has_statistics(self) -> bool:
@@ -165,12 +166,14 @@ def describe_model(cfg: Config) -> ModelSpec:
         graphdef, abstract = nnx.split(model, nnx.Param)
         return ModelSpec(graphdef, abstract, param_axes(abstract), param_shapes(abstract), axis_fields(cfg))
     graphdef, abstract, rest = nnx.split(model, nnx.Param, ...)
-    axes, unmapped = custom.logical_axes(abstract, custom.parse_rules(cfg.parallel.rules))
-    state_axes, state_stored, kinds = _state_layout(cfg, rest, custom.parse_rules(cfg.parallel.rules))
+    rules = custom.parse_rules(cfg.parallel.rules)
+    axes, unmapped = custom.logical_axes(abstract, rules)
+    state_axes, state_stored, kinds = _state_layout(cfg, rest, rules)
     spec = ModelSpec(graphdef, abstract, axes, param_shapes(abstract), axis_fields(cfg), custom.takes_rng(model),
                      unmapped, rest, state_axes, state_stored, kinds, custom=True,
                      takes_rngs=custom.takes_rngs(model), mode=custom.mode_argument(cfg, model),
                      mutable=custom.bridge_collections(cfg, model), axis_names=custom.axis_names(model))
+    spec = replace(spec, unused_rules=tuple(sorted(set(rules) - custom.declared_names(abstract, rest))))
     _check_mode_declared(cfg, spec)
     spec = _with_traced_axis_names(cfg, spec)
     if spec.axis_names and cfg.parallel.spmd == "jit":
