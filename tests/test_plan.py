@@ -359,11 +359,17 @@ def test_plan_ranks_every_candidate_and_writes_json_and_markdown(tmp_path: Path)
 @pytest.mark.slow
 def test_one_device_plans_each_layout_once(tmp_path: Path) -> None:
     """On 1 device dp, fsdp, tp, zero1 and zero2 are single's layout (every array whole, nothing sent): the plan
-    compiles single alone, at each remat, says once which strategies it stands for, and compares it with nothing."""
+    compiles single alone, at each remat, says once which strategies it stands for, and compares it with nothing.
+    The --strategy and --devices it was given do nothing, which it says."""
     out = tmp_path / "plan"
     done = shardbench("plan", "--preset", "mlp-small", *_flags(SMALL_MLP), "--target", "1xh100",
-                      "--remat", "none,block", "--out", str(out))
+                      "--remat", "none,block", "--strategy", "tp", "--devices", "4", "--out", str(out))
     assert done.returncode == 0, done.stderr
+    # Layout flags a plan does not read are said (they were silently ignored).
+    assert ("shardbench: note: --strategy does nothing here: plan lays out every candidate strategy on every mesh "
+            "the target's devices allow (--candidates names the strategies)\n") in done.stdout
+    assert "shardbench: note: --devices does nothing with --target 1xh100: it has 1 device(s)\n" in done.stdout
+    assert "--mesh does nothing" not in done.stdout
     plan = json.loads((out / "plan.json").read_text())
     assert sorted(c["name"] for c in plan["candidates"]) == ["single none remat=block float32",
                                                              "single none remat=none float32"]

@@ -236,3 +236,19 @@ def test_a_tpu_targets_devices_are_its_topologys() -> None:
         assert found[spec][0] == parse_target(spec).devices, spec
     for spec in ("tpu-v3:4x4", "tpu-v2:2x2"):  # 4 chips, 8 devices, to a host
         assert found[spec][1] == parse_target(spec).nodes, spec
+
+
+def test_the_layout_flags_a_plan_or_tune_does_not_read_are_named() -> None:
+    """plan and tune lay out every candidate on every mesh: a --strategy or --mesh given is said to do nothing,
+    and so is --devices beside an accelerator target, which gives its own count (a CPU target takes it)."""
+    from shardbench.plan.target import ignored_layout_notes, parse_target
+
+    gpu, cpu = parse_target("8xh100", cpu_devices=8), parse_target("cpu", cpu_devices=4)
+    given = {"parallel.strategy", "parallel.mesh", "parallel.devices", "model.remat"}
+    assert ignored_layout_notes(given, gpu, "tune") == [
+        "--strategy does nothing here: tune lays out every candidate strategy on every mesh the target's devices "
+        "allow (--candidates names the strategies)",
+        "--mesh does nothing here: tune lays out every candidate strategy on every mesh the target's devices allow "
+        "(--candidates names the strategies)",
+        "--devices does nothing with --target 8xh100: it has 8 device(s)"]
+    assert cpu.devices == 4 and ignored_layout_notes({"parallel.devices", "model.remat"}, cpu, "plan") == []

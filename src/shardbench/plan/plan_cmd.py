@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
-from shardbench.flags import add_config_arguments, comma_lists, config_from_args
+from shardbench.flags import add_config_arguments, comma_lists, config_from_args, given_fields
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.candidates import (DEFAULT, EXPERT_PARALLEL, PER_STAGE, USES, Candidate, candidates,
                                         default_strategies, one_per_layout)
-from shardbench.plan.target import HINT, Target, parse_target
+from shardbench.plan.target import HINT, Target, ignored_layout_notes, parse_target
 from shardbench.prices import CPU, PriceTable, epoch_cost, prices_from_flag
 
 if TYPE_CHECKING:
@@ -216,6 +216,8 @@ def run(args: argparse.Namespace) -> int:
 
         return validate_dir(args.validate, args.calibrate, args.workers)
     cfg, target, cands, folded = prepare(args)
+    for note in ignored_layout_notes(given_fields(args), target, "plan"):
+        print(f"shardbench: note: {note}", flush=True)
     prices = prices_from_flag(cfg.train.prices)  # a bad table is one line before anything compiles
     out = default_out(cfg, target)
     writable_dir(out, "--out", create=False)  # before the compiling, not after it

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from shardbench.errors import ConfigError
@@ -133,3 +134,15 @@ def _in_nodes(devices: int, most: int) -> str:
     """`devices` as NODESxPER_NODE on the fewest nodes of at most `most` that hold them evenly: 16 of 8 -> 2x8."""
     nodes = next(n for n in range(-(-devices // most), devices + 1) if devices % n == 0)
     return f"{nodes}x{devices // nodes}"
+
+
+def ignored_layout_notes(given: Collection[str], target: Target, command: str) -> list[str]:
+    """A line for each layout flag the command line gave that `command` (plan, tune) does not read: it lays out
+    every candidate strategy on every mesh the target's devices allow, and an accelerator target gives its own
+    device count (a CPU target takes --devices)."""
+    notes = [f"{flag} does nothing here: {command} lays out every candidate strategy on every mesh the target's "
+             f"devices allow (--candidates names the strategies)"
+             for key, flag in (("parallel.strategy", "--strategy"), ("parallel.mesh", "--mesh")) if key in given]
+    if "parallel.devices" in given and target.chip is not None:
+        notes.append(f"--devices does nothing with --target {target.spec}: it has {target.devices} device(s)")
+    return notes

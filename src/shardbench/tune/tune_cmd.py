@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
-from shardbench.flags import add_config_arguments, comma_lists, config_from_args
+from shardbench.flags import add_config_arguments, comma_lists, config_from_args, given_fields
 from shardbench.parsing import override
 from shardbench.plan import plan_cmd
 from shardbench.plan.candidates import PER_STAGE, USES
-from shardbench.plan.target import HINT, Target, parse_target
+from shardbench.plan.target import HINT, Target, ignored_layout_notes, parse_target
 from shardbench.prices import prices_from_flag
 from shardbench.tune.select import (OBJECTIVE_NAMES, OBJECTIVES, Measured, Planned, check_budget_floor, compile_each_s,
                                     estimate_run_s, rank, select)
@@ -367,6 +367,8 @@ def run(args: argparse.Namespace) -> int:
     from shardbench.tune import report
 
     cfg, target, space, points, dropped = prepare(args)
+    for note in ignored_layout_notes(given_fields(args), target, "tune"):
+        print(f"shardbench: note: {note}", flush=True)
     objective = select_objective(args.objective, prices_from_flag(cfg.train.prices), target)
     if cfg.train.resume and not cfg.train.out:
         raise ConfigError("--resume needs --out: the folder of the tune to finish")
