@@ -54,6 +54,25 @@ def test_sharded_state_bytes_match_hand_counts() -> None:
     assert all(c["group"] == 8 and c["link"] == "intra" for c in dp["collectives"])
 
 
+def test_a_model_of_your_own_is_planned_with_the_runs_one_device_flop_count(tmp_path: Path) -> None:
+    """examples/mlp_dropout.py has no flops_per_example: dp and tp candidates carry the same one-device count (the
+    run's MFU divides it), where the compiled programs' counts x 8 differ (tp repeats the unsplit work on every
+    device), and the predicted MFU divides it too."""
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    own = {"model.factory": f"{examples / 'mlp_dropout.py'}:build", "model.task": "classify",
+           "data.dataset": "synthetic", "train.batch_size": 64}
+    dp, tp = (compile_candidate(override(get_preset("vit-tiny"), {**own, "parallel.devices": 8,
+                                                                  "parallel.strategy": s, "parallel.mesh": m}), 8)
+              for s, m in (("dp", "8"), ("tp", "model=8")))
+    assert dp["flops"]["analytic_per_step"] is None and dp["flops"]["traced_per_step"] is not None
+    assert dp["flops"]["traced_per_step"] == tp["flops"]["traced_per_step"]
+    assert tp["flops"]["xla_per_device"] * 8 > 1.5 * dp["flops"]["xla_per_device"] * 8
+    for r in (dp, tp):
+        made = predict(r, GPU, UNIT, batch=64, remat="none", dtype="float32", activation_scale=1.0,
+                       activation_source="compiled")
+        assert made.flops_per_step == r["flops"]["traced_per_step"]
+
+
 def test_collectives_are_placed_on_the_link_they_cross() -> None:
     """fsdp+tp on a 2x4 mesh with 4 devices to a node: the model axis (4 neighbours) stays inside a node,
     the data axis (devices i and i + 4) crosses nodes."""

@@ -140,7 +140,7 @@ def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes, host_peak: 
     analytic = None if per_example is None else float(per_example * cfg.train.batch_size)
     xla = flops_lib.xla_flops(compiled) if compiled is not None else None
     xla_step = None if xla is None else xla * devices
-    traced = _traced_per_step(setup) if analytic is None else None  # a model of your own without its own count
+    traced = traced_per_step(setup) if analytic is None else None  # a model of your own without its own count
     counted, uses = next(((c, name) for c, name in ((analytic, "analytic"), (traced, "traced"), (xla_step, "xla"))
                           if c is not None), (None, "xla"))
     peak, source = flops_lib.peak_per_device(layout.device, devices, cfg.precision.dtype,
@@ -161,7 +161,7 @@ def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes, host_peak: 
     return flops, mfu
 
 
-def _traced_per_step(setup: RunSetup) -> float | None:
+def traced_per_step(setup: RunSetup) -> float | None:
     """A model of your own without flops_per_example: XLA's count of its forward and backward on one device
     (`ModelSpec.traced_train_flops`, on one microbatch of its inputs) x the microbatches of a step."""
     if setup.spec is None or not setup.spec.custom:

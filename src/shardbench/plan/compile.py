@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from shardbench.config import Config
 from shardbench.measure import flops as flops_lib
+from shardbench.measure.collect import RunSetup, batch_sizes, traced_per_step
 from shardbench.measure.comms import CollectiveOp, count_collectives, crosses_only, executed, fullest_sent
 from shardbench.measure.memory import compiled_memory, gradient_buffers, per_device_bytes
 from shardbench.parallel.mesh import MESH_AXES, STAGE
@@ -50,8 +51,6 @@ def pipeline_figures(cfg: Config, task: Any, layout: Layout) -> dict[str, Any]:
     """A pipeline's stages, microbatches, schedule and its bubble by the schedule's own formula, as the run
     record gives them (one place computes them: `shardbench.measure.collect.batch_sizes`), and the work its
     program computes over the useful work (`shardbench.parallel.pipeline.stack_work`)."""
-    from shardbench.measure.collect import RunSetup, batch_sizes
-
     from shardbench.parallel.pipeline import schedule_repeats, stack_work
 
     sizes = batch_sizes(RunSetup(cfg, task, layout))
@@ -111,7 +110,10 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
         "batch_bytes": per_device_bytes(batch),
         "compiled": compiled_memory(compiled),
         "flops": {"analytic_per_step": None if per_example is None else float(per_example * cfg.train.batch_size),
-                  "xla_per_device": xla},
+                  "xla_per_device": xla,
+                  # a model of your own without its count: the one-device count the run's MFU divides
+                  "traced_per_step": None if per_example is not None else traced_per_step(
+                      RunSetup(cfg, task, layout, spec))},
         "bytes_accessed": traffic,  # per device, every loop iteration counted (measure.comms.executed)
         "kernels": kernels,
         # Per entry: executions and payload per device; bytes sent by its fullest device and by every device

@@ -193,7 +193,10 @@ def predict(result: dict[str, Any], hw: Hardware, coeff: Coefficients, *, batch:
     f = step_features(result, hw, remat, dtype)
     t = step_time(f, coeff)
     step = t.total_s
-    flops = (result["flops"]["analytic_per_step"] or (result["flops"]["xla_per_device"] or 0.0) * result["devices"])
+    # What the run's MFU divides: the model's count, the one-device count of a model of your own without one (the
+    # same for every layout), else the compiled program's x devices.
+    flops = (result["flops"]["analytic_per_step"] or result["flops"].get("traced_per_step")
+             or (result["flops"]["xla_per_device"] or 0.0) * result["devices"])
     comm_bytes: dict[str, int] = {}
     stage_bytes: dict[str, int] = {}
     for c in result["collectives"]:
