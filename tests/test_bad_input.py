@@ -235,13 +235,13 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: pipeline stages that do not split the layers", lambda t: [
         "train", *TINY, "--strategy", "pp", "--mesh", "stage=4", "--devices", "4", "--out", str(t / "o")],
      "1 stacked layers (parameter encoder/ln1_bias) do not split into 4 equal stages", CONF),
-    # The stage counts that would split the stack, each with the devices its mesh needs (said as "stage=2 or 3 or
-    # 6" before, and stage=3 or 6 cannot be 4 devices' mesh).
+    # The stage counts that would split the stack, each as a mesh of these 8 devices where the data axis can take
+    # the rest, else with the devices it needs (said as "stage=2 or 3 or 6" before: 3 and 6 divide no 8).
     ("train: pipeline stages, and the meshes that would split the stack", lambda t: [
         "train", *TINY, "--strategy", "dp+pp", "--mesh", "data=2,stage=4", "--devices", "8", "--model.num-layers",
         "6", "--out", str(t / "o")],
-     "use a mesh with stage=2 on 4 devices, or stage=3 on 6 devices, or stage=6 on 12 devices, or a stack that is "
-     "a multiple of 4 (--model.num-layers)", CONF),
+     "use a mesh with stage=2 with the other axes over 4 devices, or stage=3 on 6 devices, or stage=6 on 12 "
+     "devices, or a stack that is a multiple of 4 (--model.num-layers)", CONF),
     ("train: pipeline stages of the mlp, whose stack is one layer short", lambda t: [
         "train", "--preset", "mlp-small", "--data.synthetic-train", "64", "--data.synthetic-test", "32",
         "--batch-size", "16", "--steps", "2", "--model.mlp-dim", "32", "--model.num-layers", "4", "--no-train.eval",

@@ -225,8 +225,8 @@ def test_a_stopped_sweeps_report_says_which_planned_runs_are_not_recorded(tmp_pa
         store.add(sweep_rows()[0])
     paths = write_report(tmp_path)
     assert paths.pending == ("single_bf16", "dp_8")
-    assert (f"1 run, 1 complete, 0 failed. The sweep is unfinished: 2 planned runs not recorded yet (single_bf16, "
-            f"dp_8); `shardbench sweep --out {tmp_path} --resume` finishes it.") in paths.markdown.read_text()
+    assert (f"1 run, 1 complete, 0 failed. The sweep is unfinished: 2 planned runs not recorded yet (`single_bf16`, "
+            f"`dp_8`); `shardbench sweep --out {tmp_path} --resume` finishes it.") in paths.markdown.read_text()
     with Store(tmp_path / "sweep.db") as store:
         for r in sweep_rows()[1:3]:
             store.add(r)

@@ -461,6 +461,12 @@ def test_a_folder_mixing_runs_with_and_without_config_json_names_each_group_by_w
     precision = text.split("### Precision and memory\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert [line.split(":")[0] for line in precision] == ["- embed_dim 64", "- embed_dim 128",
                                                            "- without config.json"]
+    # With one configured group, its settings do not tell it apart: it is the one "with config.json" (its name
+    # was empty beside "without config.json").
+    from shardbench.report.speed import label
+
+    a, c = (("model", "vit"), ("model.embed_dim", "64")), (("model", "vit"),)
+    assert (label(a, [a, c]), label(c, [a, c])) == ("with config.json", "without config.json")
 
 
 def test_a_compile_time_loaded_from_the_compilation_cache_is_marked_and_not_ranked_with_compilations() -> None:

@@ -136,27 +136,45 @@ class ModelSpec:
         return jax.eval_shape(self._one_device_call(train), params, self.state_stored, inputs)
 
     def traced_train_flops(self, inputs: jax.ShapeDtypeStruct) -> float | None:
-        """XLA's count of the FLOPs of one training call's forward and backward (the parameters' gradients) on
-        `inputs`, on one device and unsharded: lowered, never compiled, so the same figure whatever the layout
-        (a compiled per-device program counts the work every device repeats once per device). A loop body
-        counts once, as in any XLA cost analysis. None where the backend gives no cost analysis."""
+        """XLA's count of the FLOPs of one training call's forward and backward (the loss value and the
+        parameters' gradients) on `inputs`, on one device and unsharded: the same figure whatever the layout (a
+        compiled per-device program counts the work every device repeats once per device). A loop body counts
+        once, as in any XLA cost analysis.
+
+        Lowered for the host's CPU and never compiled: an accelerator's plugin (CUDA's, TPU's) gives no cost
+        analysis of a program it has not compiled. Where the CPU cannot take it (JAX_PLATFORMS without cpu, an
+        accelerator-only kernel), the one-device program is compiled for the default device instead. None where
+        neither gives a count."""
         call = self._one_device_call(train=True)
 
         def objective(p: Params, st: Params, x: jax.Array) -> jax.Array:
             return sum((jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(call(p, st, x))),
                        jnp.float32(0))
 
+        # value_and_grad: a step computes its loss, so the forward stays even where the gradient alone would not
+        # need it (a linear model)
+        step = jax.jit(jax.value_and_grad(objective))
+        args = (nnx.to_pure_dict(self.abstract), self.state_stored, inputs)
         try:
-            # value_and_grad: a step computes its loss, so the forward stays even where the gradient alone
-            # would not need it (a linear model)
-            cost = jax.jit(jax.value_and_grad(objective)).lower(nnx.to_pure_dict(self.abstract), self.state_stored,
-                                                                inputs).cost_analysis()
-        except Exception:  # noqa: BLE001 - a backend without a cost analysis: no count, not a failed run
-            return None
-        if isinstance(cost, list):
-            cost = cost[0] if cost else {}
-        flops = (cost or {}).get("flops")
-        return float(flops) if flops else None
+            host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+            on_host = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=host), args)
+            flops = _cost_flops(lambda: step.lower(*on_host).cost_analysis())
+        except RuntimeError:  # no CPU backend in this process
+            flops = None
+        return flops if flops is not None else _cost_flops(lambda: step.lower(*args).compile().cost_analysis())
+
+
+def _cost_flops(analysis: Callable[[], Any]) -> float | None:
+    """The "flops" of an XLA cost analysis, or None where it gives none or fails (a program that backend cannot
+    lower or compile: the count is missing, the run is not)."""
+    try:
+        cost = analysis()
+    except Exception:  # noqa: BLE001
+        return None
+    if isinstance(cost, list):
+        cost = cost[0] if cost else {}
+    flops = (cost or {}).get("flops")
+    return float(flops) if flops else None
 
 
 def describe_model(cfg: Config) -> ModelSpec:

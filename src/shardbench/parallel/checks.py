@@ -13,7 +13,7 @@ from shardbench.models.axes import EXPERT, LAYERS
 from shardbench.models.spec import ModelSpec, state_shapes
 from shardbench.models.vit import num_tokens
 from shardbench.parallel.mesh import EXPERT as EXPERT_AXIS
-from shardbench.parallel.mesh import MODEL, SEQUENCE, STAGE, MeshShape
+from shardbench.parallel.mesh import MODEL, SEQUENCE, STAGE
 from shardbench.parallel.rules import STRATEGIES, Layout, flat_by_path
 
 
@@ -195,7 +195,7 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
     for path, depth in depths.items():
         if depth % stages:
             raise ConfigError(f"--strategy {name}: the model's {depth} stacked layers (parameter {path}) do not "
-                              f"split into {stages} equal stages (mesh {shape}): use {_stage_meshes(depth, shape)}, "
+                              f"split into {stages} equal stages (mesh {shape}): use {_stage_meshes(depth, layout)}, "
                               f"or a stack that is a multiple of {stages} ({stack})")
     m = microbatches or stages
     per = batch // layout.data_size // grad_accum
@@ -225,12 +225,14 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
                           f"{' '.join(f'{flag} 0' for flag in random_layers)}, or use a strategy without stages")
 
 
-def _stage_meshes(depth: int, shape: MeshShape) -> str:
-    """The stage counts that split `depth` layers, each with the devices its mesh needs (the mesh's product is the
-    device count): 'a mesh with stage=2, or stage=3 on 3 devices'."""
-    others = shape.size // shape.stage
-    works = [f"stage={d}" + ("" if d * others == shape.size else f" on {d * others} devices")
-             for d in _divisors(depth)]
+def _stage_meshes(depth: int, layout: Layout) -> str:
+    """The stage counts that split `depth` layers, each as the mesh would hold it (its product is the device
+    count): on the same devices, where the strategy has other axes to take the rest ('stage=2 with the other
+    axes over 4 devices'), else with the devices the mesh's other axes then need ('stage=3 on 6 devices')."""
+    shape = layout.shape
+    others, rebalance = shape.size // shape.stage, len(layout.strategy.axes) > 1
+    works = [f"stage={d} with the other axes over {shape.size // d} devices" if rebalance and shape.size % d == 0
+             else f"stage={d} on {d * others} devices" for d in _divisors(depth)]
     return f"a mesh with {', or '.join(works)}" if works else "a mesh without a stage axis"
 
 

@@ -131,7 +131,7 @@ def render(content: ReportContent) -> str:
         parts.append('<section id="findings"><h2>What the numbers say</h2>')
         for heading, sentences in content.findings.items():
             parts.append(f"<h3>{html.escape(heading)}</h3><ul>"
-                         + "".join(f'<li class="finding">{html.escape(s)}</li>' for s in sentences) + "</ul>")
+                         + "".join(f'<li class="finding">{_inline(s)}</li>' for s in sentences) + "</ul>")
         parts.append("</section>")
     parts += ['<section id="runs-section"><h2>Runs</h2>',
               '<p class="hint">Click a column header to sort; click again to reverse. Missing values stay last.</p>',

@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"report: {len(paths.incomplete)} run folder(s) without summary.json (did not finish), listed as "
               f"failed: {', '.join(paths.incomplete)}", file=sys.stderr)
     if paths.pending:
-        print(f"report: the sweep is unfinished: {len(paths.pending)} planned run(s) not recorded yet; shardbench "
-              f"sweep --out {args.dir} --resume finishes it", file=sys.stderr)
+        print(f"report: the sweep is unfinished: {len(paths.pending)} planned run(s) not recorded yet (report.md "
+              f"says how to finish it)", file=sys.stderr)
     for path in (paths.markdown, paths.csv, *paths.charts.values(), paths.html):
         print(path)
     return 0

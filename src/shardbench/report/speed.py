@@ -179,10 +179,15 @@ def _varying(key: Model, keys: list[Model]) -> list[tuple[str, str]]:
     varying = [(k, v) for k, v in key
                if len({m[k] for m in (map(dict, keys) if k == "model" else kin) if k in m}) > 1]
     lacks = any(k not in dict(key) for m in kin for k in m)
-    return varying + ([UNKNOWN_SHAPE] if lacks else [])
+    if lacks:
+        return [*varying, UNKNOWN_SHAPE]
+    # Beside such a group, a group whose settings alone would not tell it apart is the one that gives them.
+    others_lack = any(k not in m for m in kin for k in dict(key))
+    return varying + ([KNOWN_SHAPE] if others_lack and all(k == "model" for k, _ in varying) else [])
 
 
 UNKNOWN_SHAPE = ("", "without config.json")  # a group whose runs' folders do not say the model's shape
+KNOWN_SHAPE = ("", "with config.json")  # its one other group, beside one of UNKNOWN_SHAPE
 
 
 def _setting(k: str, v: str) -> str:

@@ -256,6 +256,12 @@ def md_text(text: str) -> str:
     return MARKUP.sub(_escaped, text.replace("\n", " "))
 
 
+def md_sentence(text: str) -> str:
+    """A finding as Markdown shows it: its `code` spans as code, everything else literally (`md_text`)."""
+    return "".join(part if part.startswith("`") and part.endswith("`") and len(part) > 1 else md_text(part)
+                   for part in re.split(r"(`[^`\n]+`)", text))
+
+
 def render_markdown(content: ReportContent) -> str:
     lines = [f"# {content.title}", "", content.source, "", "## What was swept", ""]
     lines += [f"- `{key}`: {', '.join(map(setting_text, values))}" for key, values in content.varied.items()] or [
@@ -266,7 +272,7 @@ def render_markdown(content: ReportContent) -> str:
     if content.findings:
         lines += ["", "## What the numbers say"]
         for heading, sentences in content.findings.items():
-            lines += ["", f"### {md_text(heading)}", "", *(f"- {md_text(s)}" for s in sentences)]
+            lines += ["", f"### {md_text(heading)}", "", *(f"- {md_sentence(s)}" for s in sentences)]
     cols = content.columns
     lines += ["", "## Runs", "", "| " + " | ".join(c.label for c in cols) + " |",
               "|" + "|".join("---:" if c.numeric else "---" for c in cols) + "|"]
@@ -309,7 +315,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     pending = meta.get("pending") or []
     if pending:
         source += (f" The sweep is unfinished: {len(pending)} planned run{'' if len(pending) == 1 else 's'} not "
-                   f"recorded yet ({', '.join(pending[:5])}{', ...' if len(pending) > 5 else ''}); "
+                   f"recorded yet ({', '.join(f'`{n}`' for n in pending[:5])}{', ...' if len(pending) > 5 else ''}); "
                    + ("`shardbench tune` with its flags and --resume" if meta.get("origin") == "tune" else
                       f"`shardbench sweep --out {sweep_dir} --resume`") + " finishes it.")
     charts, omitted = plots.write_charts(runs, out)
