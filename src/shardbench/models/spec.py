@@ -156,7 +156,7 @@ class ModelSpec:
         step = jax.jit(jax.value_and_grad(objective))
         args = (nnx.to_pure_dict(self.abstract), self.state_stored, inputs)
         try:
-            host = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+            host = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])  # this process's
             on_host = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=host), args)
             flops = _cost_flops(lambda: step.lower(*on_host).cost_analysis())
         except RuntimeError:  # no CPU backend in this process
