@@ -233,6 +233,21 @@ def test_a_stopped_sweeps_report_says_which_planned_runs_are_not_recorded(tmp_pa
     assert write_report(tmp_path).pending == () and "unfinished" not in write_report(tmp_path).markdown.read_text()
 
 
+def test_what_the_sweep_set_for_every_run_is_said_as_held_fixed(tmp_path: Path) -> None:
+    """A sweep's base (the flags given one value: --steps 8, --model.embed-dim 64) is what it held fixed, said in
+    both renderings (only a swept field left with one value was); a base field the runs vary is said as swept."""
+    with Store(tmp_path / "sweep.db") as store:
+        store.set_meta("base", {"train.steps": 8, "model.embed_dim": 64, "parallel.strategy": "dp"})
+        for r in sweep_rows()[:3]:
+            store.add(r)
+    paths = write_report(tmp_path)
+    text = paths.markdown.read_text()
+    fixed = next(line for line in text.splitlines() if line.startswith("Set the same for every run: "))
+    assert "`train.steps` = 8" in fixed and "`model.embed_dim` = 64" in fixed
+    assert "parallel.strategy" not in fixed and "- `parallel.strategy`: single, dp\n" in text
+    assert "<code>train.steps</code> = 8" in paths.html.read_text()
+
+
 def test_markdown_explains_precision_and_strategies_from_the_data(written: ReportPaths) -> None:
     text = written.markdown.read_text()
     assert "`precision.dtype`: float32, bfloat16" in text and "`parallel.strategy`: single, dp, fsdp, dp+tp" in text
@@ -261,7 +276,12 @@ def test_simulated_devices_are_said_to_share_the_host_and_slowdowns_name_no_caus
     simulated = text.split("### Simulated devices", 1)[1].split("###", 1)[0]
     assert "The runs on 8 devices use simulated devices on this host's CPU: they all share its cores" in simulated
     assert "do not carry those speed comparisons to GPUs or TPUs" in simulated
-    assert "the bytes each device sends in collectives" in simulated.split("What does carry:", 1)[1]
+    carries = simulated.split("What does carry:", 1)[1]
+    assert "the bytes of parameters, optimizer state and gradients each device holds" in carries
+    # The bytes sent carry only where the collectives are the same: not a jit zero2/fsdp gradient reduction, an
+    # all-reduce and a slice on a CPU, a reduce-scatter on GPUs and TPUs (docs/parallelism.md).
+    assert ("The bytes each device sends carry where the collectives are the same: under jit the CPU compiler "
+            "reduces gradients that live in slices (zero2, fsdp) with an all-reduce and a slice") in carries
     speed = text.split("### Speed", 1)[1].split("###", 1)[0]
     # Every setting that differs from the fastest's is named (the strategy, the mesh, the devices, the compute
     # dtype), and nothing else: no MFU stands in for a difference.

@@ -9,6 +9,7 @@ import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
@@ -445,6 +446,7 @@ class ReportContent:
     charts: list[Chart]
     table_note: str
     omitted: tuple[str, ...] = ()  # one line per chart left out because it would have nothing to show
+    base: dict[str, Any] = dataclass_field(default_factory=dict)  # what the sweep set for every run (its store's base)
 
     @property
     def failed(self) -> list[ReportedRun]:
@@ -457,5 +459,7 @@ class ReportContent:
 
     @property
     def fixed(self) -> dict[str, Any]:
-        """Overridden fields with one value over these runs (e.g. a sweep stopped before its second value)."""
-        return {k: v[0] for k, v in self.swept.items() if len(v) == 1}
+        """What the sweep set for every run (its base: a preset's own settings, the flags given one value) and the
+        overridden fields with one value over these runs (e.g. a sweep stopped before its second value)."""
+        return {**{k: v for k, v in self.base.items() if k not in self.varied and k not in NOISE},
+                **{k: v[0] for k, v in self.swept.items() if len(v) == 1}}

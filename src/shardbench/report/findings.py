@@ -340,10 +340,11 @@ def simulated_findings(runs: list[ReportedRun]) -> list[str]:
             f"interconnect. Speed across device counts, strategies, "
             f"meshes and SPMD styles therefore compares how XLA splits a step on this CPU, not how real devices "
             f"would run it: do not carry those speed comparisons to GPUs or TPUs. What does carry: the bytes of "
-            f"parameters, optimizer state and gradients each device holds, the bytes each device sends in "
-            f"collectives, the "
-            f"FLOPs, and whether layouts compute the same losses (activations and temporaries are the CPU "
-            f"compiler's, and differ on another)."]
+            f"parameters, optimizer state and gradients each device holds, the FLOPs, and whether layouts compute "
+            f"the same losses (activations and temporaries are the CPU compiler's, and differ on another). The bytes "
+            f"each device sends carry where the collectives are the same: under jit the CPU compiler reduces "
+            f"gradients that live in slices (zero2, fsdp) with an all-reduce and a slice, where GPU and TPU "
+            f"compilers form a reduce-scatter, which sends half of it."]
 
 
 def expert_findings(runs: list[ReportedRun]) -> list[str]:

@@ -355,8 +355,8 @@ def mfu(runs: list[ReportedRun], out: Path) -> Chart | str:
     note = f"Peak FLOP/s from: {'; '.join(sources)}." + (
         f" Omitted, no MFU: {', '.join(omitted)}." if omitted else "")
     # Colours come from every run so that a strategy keeps its colour across the charts.
-    return _simple(measured, out, "mfu", title, "MFU, % of the device's peak FLOP/s", "{:.1f}%",
-                   lambda r: 100.0 * (r.mfu_value or 0.0), _strategy_colors(runs), note)
+    return _simple(measured, out, "mfu", title, "MFU, % of the run's peak FLOP/s (each device's peak x devices)",
+                   "{:.1f}%", lambda r: 100.0 * (r.mfu_value or 0.0), _strategy_colors(runs), note)
 
 
 def _stacked(ax: Axes, runs: list[ReportedRun], positions: list[float], parts: list[tuple[str, list[float]]],

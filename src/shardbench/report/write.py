@@ -49,7 +49,7 @@ def _read_config(path: Path) -> dict[str, Any]:
 def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
     with Store(db, read_only=True) as store:
         rows = store.runs()
-        meta = {key: store.get_meta(key) for key in ("preset", "origin", "base_preset", "axes", "created")}
+        meta = {key: store.get_meta(key) for key in ("preset", "origin", "base_preset", "base", "axes", "created")}
         planned = [r.get("name") for r in store.get_meta("runs") or [] if isinstance(r, dict)]
     done = {r.name for r in rows}
     meta["pending"] = [name for name in planned if name not in done]  # a stopped sweep's runs still to run
@@ -323,7 +323,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
                             columns=shown(COLUMNS, runs), swept=swept, findings=explain(runs, swept),
                             charts=charts, table_note=TABLE_NOTE + wall_note(runs) + cost_note(runs, prices) + runs_csv.NOTE,
-                            omitted=tuple(omitted))
+                            omitted=tuple(omitted), base=meta.get("base") or {})
     markdown, page = out / "report.md", out / "report.html"
     markdown.write_text(render_markdown(content), encoding="utf-8")
     page.write_text(html_page.render(content), encoding="utf-8")
