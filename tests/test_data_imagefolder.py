@@ -132,6 +132,17 @@ def test_cache_notices_a_changed_image_and_rebuilds_a_corrupt_file(tmp_path: Pat
     assert not list((tmp_path / "cache").glob("*.tmp"))
 
 
+def test_a_class_folder_added_empty_after_the_tree_was_cached_is_refused_as_if_never_cached(tmp_path: Path) -> None:
+    """A new empty class folder changed no file, so the cached arrays were read and the run trained on the old
+    classes, where the same tree uncached is refused: it now misses the cache and is refused the same way."""
+    tree = make_tree(tmp_path / "tree")
+    load(tree, tmp_path)
+    (tree / "train" / "fish").mkdir()
+    (tree / "test" / "fish").mkdir()
+    with pytest.raises(DataError, match="class folder train/fish/ is empty"):
+        load(tree, tmp_path)
+
+
 def test_corrupt_image_is_named(tmp_path: Path) -> None:
     tree = make_tree(tmp_path / "tree")
     (tree / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")

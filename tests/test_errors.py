@@ -155,3 +155,23 @@ def test_a_long_error_keeps_its_start_and_its_end_on_one_line() -> None:
     assert line == f"{'w' * (ONE_LINE * 2 // 3)} [... {len(long) - kept} characters ...] {long[-(ONE_LINE // 4):]}"
     assert line.endswith("w use --this instead") and "\n" not in line
     assert one_line("  short  \nnext") == "short" and one_line("w" * ONE_LINE) == "w" * ONE_LINE
+
+
+def test_a_collective_whose_peer_process_stopped_is_said_as_such_in_a_joined_run(monkeypatch) -> None:
+    """A process of a launch killed mid-step leaves the other in a collective that fails with gloo's words; that
+    process said "internal error: JaxRuntimeError ... (a bug in shardbench ...)", exit 70. In a joined run it is
+    the processes' kind of failure (exit 5); outside one, such an error stays what it was."""
+    import jax
+
+    from shardbench import errors
+    from shardbench.errors import ClusterError, describe_fault, report
+
+    err = jax.errors.JaxRuntimeError("UNKNOWN: Gloo all-reduce failed: [../third_party/gloo/transport/tcp/pair.cc"
+                                     ":534] Read error [127.0.0.1]:47187: Connection reset by peer")
+    assert describe_fault(err) is None
+    monkeypatch.setattr(errors, "_end_at_once", True)
+    fault = describe_fault(err)
+    assert isinstance(fault, ClusterError) and report(fault) == 5
+    assert str(fault).startswith("another process of this run stopped while this one was exchanging data with it "
+                                 "(UNKNOWN: Gloo all-reduce failed")
+    assert describe_fault(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory")) is None

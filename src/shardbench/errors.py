@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import sqlite3
 import sys
 import tarfile
@@ -153,7 +154,16 @@ def describe_fault(err: BaseException) -> ShardbenchError | None:
     if isinstance(err, sqlite3.DatabaseError):
         return DataError(f"a SQLite database is corrupt or not a database ({one_line(err)}); remove it or choose "
                          f"another --out")
+    if _end_at_once and type(err).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and _PEER_GONE.search(str(err)):
+        return ClusterError(f"another process of this run stopped while this one was exchanging data with it "
+                            f"({one_line(err)}): its own line says why; finish the run with --resume")
     return None
+
+
+# What a collective says when a process of a joined run has gone (killed, crashed) under it: gloo's (CPU) and
+# the coordination service's words.
+_PEER_GONE = re.compile(r"Gloo \w+ failed|Connection (reset|closed) by peer|Socket closed|peer .*(gone|closed)",
+                        re.IGNORECASE)
 
 
 def writable_dir(path: os.PathLike[str] | str, flag: str, create: bool = True) -> None:

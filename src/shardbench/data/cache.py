@@ -19,14 +19,16 @@ log = logging.getLogger(__name__)
 
 
 def _tree_listing(root: Path) -> list[str]:
-    """(relative path, size, mtime_ns) of every file under `root`, sorted.
+    """(relative path, size, mtime_ns) of every file under `root`, and every folder's relative path, sorted.
 
     A directory's own mtime only changes when its direct entries do, so an edited image deep
-    in the tree would go unnoticed without listing the files themselves.
+    in the tree would go unnoticed without listing the files themselves; a folder is listed itself so that a new
+    empty one (an image folder's class without images, which the reader refuses) changes the listing too.
     """
     rows = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
+        rows.extend(f"{os.path.relpath(os.path.join(dirpath, name), root)}/" for name in dirnames)
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
             st = os.stat(full)
