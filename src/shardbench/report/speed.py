@@ -62,6 +62,12 @@ def _rate(run: ReportedRun) -> tuple[float, str]:
     return examples, "images/s" if run.unit == "images" else "examples/s"
 
 
+def _rates(*runs: ReportedRun) -> str:
+    """The runs' throughputs in their unit, as a sentence gives them: '32,768 against 40,960 tokens/s'."""
+    rates = [_rate(r) for r in runs]
+    return " against ".join(f"{value:,.0f}" for value, _ in rates) + f" {rates[-1][1]}"
+
+
 def _spread(run: ReportedRun) -> float:
     """The run's own noise: its p90 step over its median, minus one."""
     step, p90 = run.step_median, run.step_p90
@@ -252,7 +258,7 @@ def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
     unit = "step time" if same_batch else "throughput (batch / median step)"
     few = steps_note([fastest])
     head = (f"Fastest{f' {model}' if model else ''}: {fastest.name}, {_ms(fastest.step_median)} per step"
-            + ("" if same_batch else f" at batch {fastest.batch}, {_rate(fastest)[0]:,.0f} {_rate(fastest)[1]}")
+            + ("" if same_batch else f" at batch {fastest.batch}, {_rates(fastest)}")
             + (f" ({few})" if few else "")
             + (f" (ranked by median {unit})" if len(ranked) > 1 else ""))
     sentences = [head + "."]
@@ -272,7 +278,7 @@ def _against(run: ReportedRun, fastest: ReportedRun, same_batch: bool) -> tuple[
     listed)."""
     ratio = (_throughput(fastest) or 0.0) / (_throughput(run) or 1.0)
     figures = (f"{_ms(run.step_median)} against {_ms(fastest.step_median)}" if same_batch else
-               f"{_rate(run)[0]:,.0f} against {_rate(fastest)[0]:,.0f} {_rate(fastest)[1]}")
+               _rates(run, fastest))
     few = steps_note([run, fastest])
     ranked = verdict(run, fastest, ratio - 1.0)
     if ranked == UNDECIDED:
