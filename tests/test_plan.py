@@ -61,9 +61,16 @@ def test_a_model_of_your_own_is_planned_with_the_runs_one_device_flop_count(tmp_
     examples = Path(__file__).resolve().parents[1] / "examples"
     own = {"model.factory": f"{examples / 'mlp_dropout.py'}:build", "model.task": "classify",
            "data.dataset": "synthetic", "train.batch_size": 64}
-    dp, tp = (compile_candidate(override(get_preset("vit-tiny"), {**own, "parallel.devices": 8,
-                                                                  "parallel.strategy": s, "parallel.mesh": m}), 8)
-              for s, m in (("dp", "8"), ("tp", "model=8")))
+    from shardbench.plan import compile as plan_compile
+
+    def compiled(strategy: str, mesh: str) -> dict[str, Any]:
+        plan_compile._TRACED.clear()  # each layout counts afresh here (a plan counts once per model)
+        return compile_candidate(override(get_preset("vit-tiny"), {**own, "parallel.devices": 8,
+                                                                   "parallel.strategy": strategy,
+                                                                   "parallel.mesh": mesh}), 8)
+
+    dp, tp = compiled("dp", "8"), compiled("tp", "model=8")
+    assert len(plan_compile._TRACED) == 1  # one model: one count, whatever its layouts
     assert dp["flops"]["analytic_per_step"] is None and dp["flops"]["traced_per_step"] is not None
     assert dp["flops"]["traced_per_step"] == tp["flops"]["traced_per_step"]
     assert tp["flops"]["xla_per_device"] * 8 > 1.5 * dp["flops"]["xla_per_device"] * 8

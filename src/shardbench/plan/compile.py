@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from shardbench.config import Config
+from shardbench.config import Config, flatten
 from shardbench.measure import flops as flops_lib
 from shardbench.measure.collect import RunSetup, batch_sizes, traced_per_step
 from shardbench.measure.comms import CollectiveOp, count_collectives, crosses_only, executed, fullest_sent
@@ -58,6 +58,19 @@ def pipeline_figures(cfg: Config, task: Any, layout: Layout) -> dict[str, Any]:
     work = stack_work(cfg.parallel.schedule, stages, m, schedule_repeats(cfg.parallel)) if stages else None
     return {"stages": stages, "microbatches": m, "schedule": cfg.parallel.schedule, "bubble": sizes["pipeline_bubble"],
             "work": work}
+
+
+_TRACED: dict[str, float | None] = {}  # per model, batch and dtype: the candidates of a plan share it
+
+
+def _traced(cfg: Config, task: Any, layout: Layout, spec: Any) -> float | None:
+    """A model of your own's one-device count (`traced_per_step`), once per process for every layout of one
+    model: it does not depend on the layout, and it is lowered anew otherwise for each candidate."""
+    key = json.dumps({k: v for k, v in flatten(cfg).items() if not k.startswith("parallel.")}, sort_keys=True,
+                     default=str)
+    if key not in _TRACED:
+        _TRACED[key] = traced_per_step(RunSetup(cfg, task, layout, spec))
+    return _TRACED[key]
 
 
 def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | None = None) -> dict[str, Any]:
@@ -112,8 +125,7 @@ def compile_candidate(cfg: Config, link_span: int, devices: list[jax.Device] | N
         "flops": {"analytic_per_step": None if per_example is None else float(per_example * cfg.train.batch_size),
                   "xla_per_device": xla,
                   # a model of your own without its count: the one-device count the run's MFU divides
-                  "traced_per_step": None if per_example is not None else traced_per_step(
-                      RunSetup(cfg, task, layout, spec))},
+                  "traced_per_step": None if per_example is not None else _traced(cfg, task, layout, spec)},
         "bytes_accessed": traffic,  # per device, every loop iteration counted (measure.comms.executed)
         "kernels": kernels,
         # Per entry: executions and payload per device; bytes sent by its fullest device and by every device
