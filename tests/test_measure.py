@@ -202,3 +202,16 @@ def test_a_runs_default_name_names_every_axis_its_mesh_splits(strategy: str, mes
 
     cfg = override(get_preset("vit-tiny"), {"train.batch_size": 32})
     assert default_run_name(cfg, make_layout(strategy, mesh, jax.devices()[:devices])) == name
+
+
+def test_a_runs_default_name_tells_a_bfloat16_first_moment_from_the_plain_run() -> None:
+    """--optim.mu-dtype bfloat16 halves Adam's first moment: the run's record and trace were named as the
+    float32 run's."""
+    from shardbench.measure.collect import default_run_name
+    from shardbench.parallel.rules import make_layout
+    from shardbench.parsing import override
+
+    cfg = override(get_preset("vit-tiny"), {"train.batch_size": 32})
+    layout = make_layout("dp", "2", jax.devices()[:2])
+    plain = default_run_name(cfg, layout)
+    assert default_run_name(override(cfg, {"optim.mu_dtype": "bfloat16"}), layout) == f"{plain}_mu_bfloat16"

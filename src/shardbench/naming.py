@@ -48,7 +48,7 @@ def run_name(overrides: dict[str, Any]) -> str:
 
 def config_run_name(cfg: Config, mesh: str, strategy: str, implied: str) -> str:
     """The seed's naming (mesh_4_2_batch_1024) for a run of its own, plus whatever else differs from the plain
-    float32 run: `mesh` as data_model or 'none', the strategy that ran, and the one its mesh implies."""
+    float32 run (dtypes, Adam's first moment's included): `mesh` as data_model or 'none', the strategy that ran, and the one its mesh implies."""
     parts = [f"mesh_{mesh}", f"batch_{cfg.train.batch_size}"]
     if strategy != implied:
         parts.append(strategy.replace("+", "_"))
@@ -59,6 +59,8 @@ def config_run_name(cfg: Config, mesh: str, strategy: str, implied: str) -> str:
         parts.append(f"dtype_{p.dtype}")
     if p.matmul_precision != "default":
         parts.append(f"matmul_{p.matmul_precision}")
+    if cfg.optim.mu_dtype:  # Adam's first moment in its own dtype: another run's memory, same name otherwise
+        parts.append(f"mu_{cfg.optim.mu_dtype}")
     if cfg.parallel.spmd != "jit":
         parts.append(f"spmd_{cfg.parallel.spmd}")
     if cfg.train.grad_accum > 1:
