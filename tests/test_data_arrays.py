@@ -76,6 +76,9 @@ def test_arrays_feed_a_language_model_and_a_regression(micro, tmp_path: Path) ->
       np.uint8), "y_test": np.zeros(2)}, "labels must be class ids in [0, 10)"),
     ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.zeros(3), "x_test": np.zeros((2, 32, 32, 3),
       np.uint8), "y_test": np.zeros(2)}, "x_train has 4 rows but y_train has 3"),
+    # No training rows: the data is what to mend, not "--batch-size 8 is larger than the 0 training examples".
+    ({"x_train": np.zeros((0, 32, 32, 3), np.uint8), "y_train": np.zeros(0), "x_test": np.zeros((2, 32, 32, 3),
+      np.uint8), "y_test": np.zeros(2)}, "arrays:bad.npz's training split holds no examples"),
 ])
 def test_bad_arrays_are_named_before_training(micro, tmp_path: Path, arrays: dict, message: str) -> None:
     path = _npz(tmp_path / "bad.npz", **arrays)

@@ -20,7 +20,7 @@ from shardbench.data.arrays import Dataset, ImageDataset
 from shardbench.data.pipeline import steps_per_epoch
 from shardbench.data.sources import check_model_kind, load_for, validate_spec
 from shardbench.devices import select_devices
-from shardbench.errors import ConfigError, writable_dir
+from shardbench.errors import ConfigError, DataError, writable_dir
 from shardbench.models.spec import ModelSpec, check_outputs, describe_model
 from shardbench.parallel.checks import (
     check_accumulation, check_batch, check_context, check_experts, check_layout, check_pipeline, check_style,
@@ -107,6 +107,9 @@ def check_run(cfg: Config) -> CheckedRun:
     writable_dir(cache, config_lib.cache_root_flag(cfg))  # decoded datasets and the host's peak go there
     dataset = load_for(cfg, cache)
     task = for_data(task, dataset)
+    if len(dataset.train) == 0:  # not "a batch larger than 0 examples": the data is what to mend
+        raise DataError(f"{dataset.name}'s training split holds no examples (after --data.val-fraction "
+                        f"{cfg.data.val_fraction} is held out where no validation split is given): give it rows")
     per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size, cfg.data.repeat_augment)
     if per_epoch == 0:
         raise ConfigError(
