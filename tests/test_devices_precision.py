@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 import subprocess
@@ -100,3 +101,23 @@ def test_bfloat16_compute_really_computes_in_bfloat16(micro) -> None:
     assert all(e.invars[0].aval.dtype == jnp.float32 for e in mixed)
     assert all(e.invars[0].aval.dtype == e.invars[1].aval.dtype == jnp.bfloat16 for e in backward if e not in mixed)
     assert forward.out_avals[0].dtype == jnp.float32  # logits (and so the loss) in float32
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed (pip install 'shardbench[tpu]'): nothing to leave out")
+def test_a_command_on_a_host_without_a_tpu_leaves_libtpu_alone() -> None:
+    """With the `tpu` extra on a host without a TPU, JAX started libtpu's backend for every command: a page of
+    warnings and an INVALID_ARGUMENT line on stderr, /tmp/libtpu_lockfile held and a libtpu log opened. The
+    files a process holds open tell it without the warnings' wording (which libtpu prints only when no other
+    process holds the lock)."""
+    code = ("import os\nfrom shardbench.cli import main\n"
+            "rc = main(['inspect', '--preset', 'mlp-small', '--model.num-layers', '2', '--devices', '2'])\n"
+            "def link(fd):\n    try:\n        return os.readlink(f'/proc/self/fd/{fd}')\n"
+            "    except OSError:\n        return ''\n"
+            "print(rc, [p for p in map(link, os.listdir('/proc/self/fd')) if 'tpu' in p])")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout
+    assert "libtpu" not in done.stderr and "TPU" not in done.stderr, done.stderr

@@ -204,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse(parser, argv)
     if argv is None:  # run as a program (not called from Python): the allocator, before JAX is imported
         malloc.maybe_reexec(_train_steps(args))
+    from shardbench.devices import leave_out_absent_tpu
+
+    leave_out_absent_tpu()  # before any command asks JAX for its devices
     from shardbench import launch
     from shardbench.bench import bench_cmd
     from shardbench.plan import plan_cmd

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 
 from shardbench.errors import ConfigError
@@ -31,6 +33,26 @@ def simulate_devices(count: int) -> None:
                 f"shardbench.simulate_devices) before any other JAX call, or set "
                 f"XLA_FLAGS=--xla_force_host_platform_device_count={count}"
             ) from None
+
+
+def leave_out_absent_tpu() -> None:
+    """Where libtpu is installed (the `tpu` extra, to plan for a TPU slice) on a host with no TPU chip, JAX would
+    still try to start a TPU backend with every command: libtpu prints a page of warnings and an
+    "INVALID_ARGUMENT" line before the command's own output, and holds /tmp/libtpu_lockfile. JAX's own check of
+    the host's PCI devices finds no chip there, so the TPU backend is left out of the ones JAX starts. Compiling
+    for a TPU slice (`shardbench.plan.tpu`) loads libtpu by itself and is unchanged. Nothing is changed where
+    JAX_PLATFORMS (or jax_platforms) names the platforms, JAX_FORCE_TPU_INIT is set, or the backends have
+    started; JAX's internals moving is no error, only the warnings come back."""
+    if jax.config.jax_platforms or "JAX_FORCE_TPU_INIT" in os.environ:
+        return
+    try:
+        from jax._src import hardware_utils, xla_bridge
+
+        if xla_bridge.backends_are_initialized() or hardware_utils.num_available_tpu_chips_and_device_id()[0]:
+            return
+        xla_bridge._backend_factories.pop("tpu", None)
+    except (ImportError, AttributeError, OSError):
+        return
 
 
 def select_devices(count: int) -> list[jax.Device]:
