@@ -66,6 +66,46 @@ def test_sent_bytes_follow_each_op_s_group_size() -> None:
     assert report.by_kind == {"all-reduce": Collective(count=1, bytes=4096, sent_bytes=6144)}
 
 
+@pytest.mark.parametrize(("spec", "out", "groups"), [
+    (P("b", "a"), P("a"), ((0, 1), (2, 3), (4, 5), (6, 7))),  # over b: the pairs of a row of the (4, 2) mesh
+    (P("a", "b"), P("b"), ((0, 2, 4, 6), (1, 3, 5, 7))),  # over a: the four of a column
+])
+def test_jits_groups_over_one_axis_of_a_2d_mesh_are_that_axis_s(spec: P, out: P,
+                                                                groups: tuple[tuple[int, ...], ...]) -> None:
+    """Under jit XLA writes groups in its mesh-axes form (replica_groups=mesh['axis_0'=2,'axis_1'=4],
+    device_ids=([4,2]T(1,0)) {'axis_0'}); read as every device of the module, a sum over one axis of a 2-D mesh was
+    charged as sent over all 8 (2 x 7/8 x its buffer), which overstated dp+tp's and dp+pp's bytes sent."""
+    from jax.sharding import NamedSharding
+
+    mesh = jax.make_mesh((4, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    x = jax.device_put(jnp.ones((8, 1024), jnp.float32), NamedSharding(mesh, spec))
+    hlo = jax.jit(lambda v: v.sum(0), out_shardings=NamedSharding(mesh, out)).lower(x).compile().as_text()
+    report = count_collectives(hlo)
+    [op] = report.ops
+    size = len(groups[0])
+    payload = 1024 * 4 // (8 // size)  # the sum's output, split over the other axis
+    assert op.groups == groups
+    assert report.by_kind == {"all-reduce": Collective(count=1, bytes=payload,
+                                                       sent_bytes=round(2 * (size - 1) / size * payload))}
+
+
+@pytest.mark.parametrize(("text", "groups"), [
+    ("mesh['a'=8] {'a':(1)2}", ((0, 4), (1, 5), (2, 6), (3, 7))),  # a sub-axis: the middle of (pre, size, rest)
+    ("mesh['a'=8] {'a':(2)2}", ((0, 2), (1, 3), (4, 6), (5, 7))),
+    ("mesh['a'=8] {'a':(1)2,'a':(4)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),
+    ("mesh['x'=2,'y'=2], device_ids=(0,2,1,3) {'x'}", ((0, 1), (2, 3))),  # ids as a list
+    ("mesh['x'=2,'y'=4] {'y','x'}", ((0, 4, 1, 5, 2, 6, 3, 7),)),  # two axes, in the order given
+    ("mesh['x'=2] {}", ((0,), (1,))),  # no axis: each device alone
+])
+def test_the_mesh_axes_form_of_replica_groups_reads_as_xla_expands_it(text: str,
+                                                                      groups: tuple[tuple[int, ...], ...]) -> None:
+    """XLA's own expansion (MeshAxesReplicaGroupList): ids over the mesh, sub-axes as (pre, size, rest), the
+    grouped parts last in the order given."""
+    from shardbench.measure.comms import device_groups
+
+    assert device_groups(f"replica_groups={text}, use_global_device_ids=true") == groups
+
+
 def test_collectives_inside_a_scan_count_once_per_iteration() -> None:
     def body(x: jax.Array) -> jax.Array:
         def step(c: jax.Array, _: None) -> tuple[jax.Array, None]:

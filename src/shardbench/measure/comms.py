@@ -19,6 +19,7 @@ is counted once, and `CommsReport.unknown_trip_counts` says how many there were.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -239,9 +240,73 @@ def _iota_groups(text: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(int(i) for i in row) for row in ids.reshape(out_shape[0], -1))
 
 
+# XLA's mesh-axes form (jit's collectives under Shardy): the mesh's axes and sizes, its device ids where they are
+# not 0..N-1 in order (an iota '[d0,d1]T(p)' or a list), then the axes a group spans, each whole or a sub-axis
+# 'name':(pre)size: replica_groups=mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_0'}
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]"
+                          r"(?:,\s*device_ids=\((\[[0-9,]+\](?:T\([0-9,]+\))?|[{}0-9, ]+)\))?\s*\{([^}]*)\}")
+_MESH_AXIS = re.compile(r"'?([^'=,\s]+)'?=(\d+)")
+_GROUP_AXIS = re.compile(r"'?([^':,\s]+)'?(?::\((\d+)\)(\d+))?")
+
+
+def _mesh_groups(axes_text: str, ids_text: str | None, group_text: str) -> tuple[tuple[int, ...], ...] | None:
+    """The groups of XLA's mesh-axes form, as XLA expands it (`MeshAxesReplicaGroupList`): the device ids laid out
+    over the mesh's axes, each grouped axis reshaped to (pre, size, rest) where it is a sub-axis, the grouped
+    parts moved last in the order given, then every run of `group size` ids one group. None where a part is not
+    in a form read here (the op is then taken as spanning every device of the module)."""
+    import numpy as np
+
+    axes = [(name, int(size)) for name, size in _MESH_AXIS.findall(axes_text)]
+    names = [name for name, _ in axes]
+    refs = [(name, int(pre) if pre else None, int(size) if size else None)
+            for name, pre, size in _GROUP_AXIS.findall(group_text) if name]
+    if not axes or (not refs and group_text.strip()) or any(name not in names for name, _, _ in refs):
+        return None
+    total = math.prod(size for _, size in axes)
+    if ids_text is None:
+        ids = np.arange(total)
+    elif ids_text.startswith("["):
+        dims_text, _, perm_text = ids_text.partition("T")
+        dims = [int(v) for v in dims_text.strip("[]").split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        ids = (ids.transpose([int(v) for v in perm_text.strip("()").split(",")]) if perm_text else ids).ravel()
+    else:
+        ids = np.array([int(v) for v in re.findall(r"\d+", ids_text)])
+    if ids.size != total:
+        return None
+    dims, grouped = [], []
+    for axis, (name, size) in enumerate(axes):
+        subs = sorted((pre, part) for ref_name, pre, part in refs if ref_name == name and pre is not None)
+        whole = any(ref_name == name and pre is None for ref_name, pre, _ in refs)
+        if whole:
+            grouped.append((refs.index((name, None, None)), len(dims)))
+            dims.append(size)
+            continue
+        done = 1
+        for pre, part in subs:  # (pre, size, rest): a sub-axis is the middle part of its axis's index
+            if pre != done:
+                dims.append(pre // done)
+                done = pre
+            grouped.append((refs.index((name, pre, part)), len(dims)))
+            dims.append(part)
+            done *= part
+        if done != size or not subs:
+            dims.append(size // done)
+    # No axis ('{}'): every device alone, a collective that moves nothing.
+    order = [d for d in range(len(dims)) if d not in {g for _, g in grouped}] + [g for _, g in sorted(grouped)]
+    if math.prod(dims) != total:
+        return None
+    size = math.prod(dims[g] for _, g in grouped)
+    return tuple(tuple(int(i) for i in row) for row in ids.reshape(dims).transpose(order).reshape(-1, size))
+
+
 def device_groups(attributes: str) -> tuple[tuple[int, ...], ...] | None:
     """The device groups of a collective from its HLO attributes: `replica_groups` in the explicit
-    ({{0,1},{2,3}}) or iota ([2,2]<=[4]) form, or a collective-permute's source-target pairs."""
+    ({{0,1},{2,3}}), iota ([2,2]<=[4]) or mesh-axes (mesh['axis_0'=2,'axis_1'=2] {'axis_0'}) form, or a
+    collective-permute's source-target pairs."""
+    mesh = _MESH_GROUPS.search(attributes)
+    if mesh:
+        return _mesh_groups(*mesh.groups())
     found = _GROUPS.search(attributes) or _PAIRS.search(attributes)
     if found is None:
         return None
