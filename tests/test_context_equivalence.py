@@ -9,16 +9,19 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardbench.parallel.mesh import parse_mesh
-from equivalence import SHAPES, reference, trains_as_one_device  # noqa: F401 - a fixture
+from equivalence import SHAPES, config, logged, reference, trains_as_one_device  # noqa: F401 - a fixture
+from shardbench.train.loop import run
 
 pytestmark = pytest.mark.slow
 
 RING = {"parallel.context": "ring"}
-# The LM of 16 tokens: 2 x seq = 8 head-tail chunks divide them. Head-tail order everywhere but fsdp+cp's.
-CASES = [("cp", "seq=4", 4, {}), ("cp", "seq=4", 4, RING), ("dp+cp", "data=2,seq=4", 8, RING),
+# The LM of 16 tokens: 2 x seq = 8 head-tail chunks divide them. Head-tail order everywhere but fsdp+cp's; cp's
+# all-gather in head-tail order, with dropout, in `test_dropout_masks_a_token_as_one_device_does` below.
+CASES = [("cp", "seq=4", 4, RING), ("dp+cp", "data=2,seq=4", 8, RING),
          ("fsdp+cp", "data=2,seq=4", 8, {**RING, "parallel.context_order": "contiguous"}),
          ("cp+tp", "model=2,seq=4", 8, RING), ("dp+tp", "4x2", 8, {"parallel.sequence_parallel": True})]
 
@@ -45,3 +48,20 @@ def test_context_and_sequence_parallel_train_as_one_device(
     # for the task's shift by one (one or two permutes of a few int32s: 13 or 14 in all, as measured).
     assert ring <= moved["count"] <= ring + 2, (layout, moved)
     assert 0 <= moved["bytes"] - ring_bytes < 1024, (layout, moved, block)
+
+
+@pytest.mark.parametrize(("preset", "model"), [("lm-seed", {}), ("vit-tiny", {"model.pool": "mean"})])
+def test_dropout_masks_a_token_as_one_device_does(tmp_path: Path, preset: str, model: dict[str, object]) -> None:
+    """With dropout, cp (all-gather, head-tail order) trains as one device with dropout trains: a token's mask is
+    drawn for its true position. The LM's was drawn for its place in head-tail order, and the gradient norm moved
+    1.7% by the third step; the ViT, which keeps its patches in order (its attention is not causal), must not
+    have its masks reordered. The one-device computation of tests/equivalence.py has no dropout: a one-device run
+    is the reference here (dropout's masks hash global positions, so its draws do not depend on the layout)."""
+    runs = {}
+    for name, strategy, mesh, devices in (("single", "single", "none", 1), ("cp", "cp", "seq=4", 4)):
+        run(config(tmp_path, preset, name, **{"parallel.strategy": strategy, "parallel.mesh": mesh,
+                                              "parallel.devices": devices, "model.dropout": 0.1, **model}))
+        runs[name] = logged(tmp_path / name)
+    (want_loss, want_norm), (got_loss, got_norm) = runs["single"], runs["cp"]
+    np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg=f"{preset}: cp with dropout: gradient norm")
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"{preset}: cp with dropout: loss differs")
