@@ -68,7 +68,7 @@ def test_an_epoch_a_resume_cut_into_says_its_train_metrics_cover_only_the_steps_
         run.done = step
         run.metrics.push(step, {"loss": float(step), "grad_norm": 1.0})
         hooks.run_due(schedule, run)
-    first, second, cut = end.history
+    first, second, cut = run.metrics.epochs
     assert (first["step"], first["train_loss"], first["from_step"], first["train_steps"]) == (7, 7.0, 7, 1)
     assert lines[0].endswith("| train metrics over step 7 only (resumed from step 6)"), lines[0]
     assert second["step"] == 14 and second["train_loss"] == sum(range(8, 15)) / 7
@@ -97,7 +97,7 @@ def test_a_checkpoints_epoch_sums_make_a_resumed_epochs_means_whole() -> None:
     run.done = 7
     run.metrics.push(7, {"loss": 7.0, "grad_norm": 1.0})
     hooks.run_due([hooks.Every(end, hooks.Phase.EPOCH_END, epoch_end=True)], run)
-    [epoch] = end.history
+    [epoch] = run.metrics.epochs
     assert epoch["train_loss"] == sum(range(1, 8)) / 7 and epoch["train_grad_norm"] == 1.0
     assert "from_step" not in epoch and "train metrics over" not in lines[0]
     for wrong in ({"sums": saved["sums"], "count": 5}, None):

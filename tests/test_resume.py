@@ -15,7 +15,9 @@ import pytest
 
 pytestmark = pytest.mark.slow  # every test here starts processes or trains for tens of seconds
 
-MICRO = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train", "512", "--data.synthetic-test",
+# 178 images: 18 held out for validation, 160 train, 5 steps of 32 an epoch: 12 steps end epochs at 5 and 10 and
+# cut the third short.
+MICRO = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train", "178", "--data.synthetic-test",
          "128", "--model.patch-size", "8", "--model.embed-dim", "32", "--model.num-layers", "2",
          "--model.mlp-dim", "64", "--dropout", "0.1", "--batch-size", "32", "--steps", "12",
          "--train.checkpoint-every", "4", "--train.log-every", "1", "--no-train.progress", "--no-train.eval",
@@ -60,13 +62,24 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
     # Saves are asynchronous and one waits for the previous: step 4's is final by the time step 8's starts;
     # step 8's may have been cut short by the kill at step 10, in which case orbax never finalised it.
     assert summary["resumed_from"] in (4, 8)
-    _check_the_resumed_epoch(tmp_path / "whole", summary)
+    _check_the_resumed_epochs(tmp_path / "whole", summary)
 
     # Resuming a run that has finished trains nothing and keeps its record.
     before = (tmp_path / "killed" / "summary.json").read_text()
     again = _train(tmp_path / "killed", tmp_path / "cache", "--resume")
     assert again.returncode == 0 and "nothing to resume" in again.stdout
     assert (tmp_path / "killed" / "summary.json").read_text() == before
+
+    # A run that trained every step but whose record is unreadable (or was never written: stopped after its
+    # final checkpoint) trains its last steps again from the checkpoint before, to time them; it was written as
+    # a complete record of no steps, no epochs and no step time.
+    (tmp_path / "killed" / "summary.json").write_text(before[: len(before) // 2])
+    again = _train(tmp_path / "killed", tmp_path / "cache", "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "is unreadable; training steps 9-12 again from the checkpoint of step 8" in again.stdout
+    redone = json.loads((tmp_path / "killed" / "summary.json").read_text())
+    assert redone["resumed_from"] == 8 and redone["measurements"]["step_time_s"]["median"] > 0
+    _check_the_resumed_epochs(tmp_path / "whole", redone)
 
     a, b = _final_params(tmp_path / "whole"), _final_params(tmp_path / "killed")
     assert a["step"] == b["step"] == 12
@@ -77,20 +90,22 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
         np.testing.assert_array_equal(np.asarray(flat_a[key]), np.asarray(flat_b[key]), err_msg=key)
 
 
-def _check_the_resumed_epoch(whole: Path, resumed: dict) -> None:
-    """The one epoch (12 steps of 14) began before the resume, and the checkpoint carried its running sums: its
-    train metrics are the means over all 12 steps, as the uninterrupted run's are, counted from that run's log of
-    every step (--train.log-every 1), and neither record marks the epoch as covering part of it."""
-    [epoch] = resumed["epochs"]
-    [uncut] = json.loads((whole / "summary.json").read_text())["epochs"]
-    assert epoch["step"] == uncut["step"] == 12
-    assert not {"from_step", "train_steps"} & (epoch.keys() | uncut.keys())
+def _check_the_resumed_epochs(whole: Path, resumed: dict) -> None:
+    """Every epoch is in the resumed record: those finished before the resume as its checkpoint carried them, and
+    the one the resume cut into with the running sums its checkpoint carried. Each epoch's train metrics are the
+    means over all its steps, as the uninterrupted run's are, counted from that run's log of every step
+    (--train.log-every 1), and neither record marks an epoch as covering part of it."""
+    uncut = json.loads((whole / "summary.json").read_text())["epochs"]
+    assert [e["step"] for e in resumed["epochs"]] == [e["step"] for e in uncut] == [5, 10, 12]
     logged = [json.loads(line) for line in (whole / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
     by_step = {r["step"]: r for r in logged if "train/loss" in r}
-    for name in ("loss", "accuracy", "grad_norm"):
-        everything = [by_step[step][f"train/{name}"] for step in range(1, 13)]
-        assert uncut[f"train_{name}"] == pytest.approx(sum(everything) / 12, rel=1e-12), name
-        assert epoch[f"train_{name}"] == pytest.approx(sum(everything) / 12, rel=1e-12), name
+    for first, epoch, plain in zip((1, 6, 11), resumed["epochs"], uncut):
+        assert not {"from_step", "train_steps"} & (epoch.keys() | plain.keys())
+        for name in ("loss", "accuracy", "grad_norm"):
+            everything = [by_step[step][f"train/{name}"] for step in range(first, plain["step"] + 1)]
+            mean = sum(everything) / len(everything)
+            assert plain[f"train_{name}"] == pytest.approx(mean, rel=1e-12), name
+            assert epoch[f"train_{name}"] == pytest.approx(mean, rel=1e-12), (name, epoch["step"])
 
 
 def _flatten(tree: dict, prefix: str = "") -> list[tuple[str, object]]:

@@ -281,9 +281,12 @@ class RunRecord:
     run_name: str | None = _f("", "the run's name (the seed's style: mesh_4_2_batch_1024)")
     steps: int | None = _f("steps", "steps trained in all")
     resumed_from: int | None = _f("steps", "the step this invocation started from")
-    epochs: list[dict[str, Any]] = _list("", "per epoch: train and validation metrics, time; an epoch a resume "
-                                             "cut into without its sums in the checkpoint adds from_step and "
-                                             "train_steps: its train metrics are means over those steps only")
+    epochs: list[dict[str, Any]] = _list("", "per epoch: train and validation metrics, and time_s, the seconds "
+                                             "from its invocation's start to the epoch's end (evaluation "
+                                             "included); a resumed run's earlier epochs as its checkpoint carried "
+                                             "them; an epoch a resume cut into without its sums in the checkpoint "
+                                             "adds from_step and train_steps: its train metrics are means over "
+                                             "those steps only")
     train_loss: float | None = _f("", "the last step's loss")
     time_s: float | None = _f("s", "this invocation's training wall time, evaluation included")
     model: str | None = _f("", "the model's kind: vit, lm or mlp (the task's kind for a model of your own)")

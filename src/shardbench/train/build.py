@@ -13,6 +13,7 @@ import itertools
 import json
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -21,6 +22,7 @@ import optax
 from shardbench import cluster, compile_cache
 from shardbench.capacity import check_state_fits
 from shardbench.config import Config
+from shardbench.errors import ConfigError
 from shardbench.data.pipeline import make_batches
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure.peak import HostPeak, host_peak
@@ -105,10 +107,24 @@ def _start_step(checked: CheckedRun, checkpoints: Checkpoints) -> int | Finished
     is_main = jax.process_index() == 0
     start = checkpoints.latest_step() if checked.cfg.train.resume else None
     finished = out / "summary.json"
-    if start is not None and start >= total and finished.exists():
+    record = _record(finished) if start is not None and start >= total else None
+    if start is not None and start >= total and record is not None:
         if is_main:
             print(f"shardbench: {out} already finished all {total} steps; nothing to resume", flush=True)
-        return FinishedRun(json.loads(finished.read_text()))
+        return FinishedRun(record)
+    if start is not None and start >= total:  # trained every step; its record was not written, or is unreadable
+        why = (f"its record {finished} is unreadable" if finished.exists()
+               else "it stopped before writing its record")
+        earlier = [s for s in checkpoints.all_steps() if s < total]
+        if not earlier:
+            raise ConfigError(
+                f"--resume: {out} trained all {total} steps (its checkpoint of step {start}) but {why}, and it "
+                f"holds no earlier checkpoint to time its last steps again from: train it again with another "
+                f"--out, or remove {out / 'checkpoints'} to train from step 0")
+        start = max(earlier)
+        if is_main:
+            print(f"shardbench: --resume: {out} trained all {total} steps but {why}; training steps "
+                  f"{start + 1}-{total} again from the checkpoint of step {start}, to time them", flush=True)
     if start is not None:
         check_profile_window(checked.cfg.train, total - start)
     elif checked.cfg.train.resume and is_main:
@@ -116,6 +132,16 @@ def _start_step(checked: CheckedRun, checkpoints: Checkpoints) -> int | Finished
               f"before its first); training from step 0", flush=True)
     finished.unlink(missing_ok=True)  # a resumed run is incomplete until it finishes again
     return start or 0
+
+
+def _record(path: Path) -> dict[str, Any] | None:
+    """A finished run's record, or None where `path` is missing or holds no complete record (a truncated or
+    emptied file, or JSON that is not an object)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("status") == "complete" else None
 
 
 def _check(cfg: Config, given: Collection[str] = ()) -> tuple[CheckedRun, CacheUse, optax.GradientTransformation, TrainState]:

@@ -89,6 +89,20 @@ class Metrics:
     # steps they cover.
     totals: dict[str, float] = field(default_factory=dict)
     settled: int = 0
+    # The record of every finished epoch, a resumed run's earlier ones (as its checkpoint carried them) first.
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+
+    def carried(self) -> dict[str, Any]:
+        """What a checkpoint holds beside the state: the current epoch's sums and the finished epochs' records,
+        so a resumed run's record holds every epoch, not only those trained after the resume."""
+        return {**self.meter.saved(), "epochs": self.epochs}
+
+    @staticmethod
+    def resumed_epochs(saved: dict[str, Any] | None, step: int) -> list[dict[str, Any]]:
+        """The finished epochs' records a checkpoint of `step` carried ([] for one written before they were)."""
+        epochs = (saved or {}).get("epochs")
+        return [dict(e) for e in epochs if isinstance(e, dict) and e.get("step", step + 1) <= step] \
+            if isinstance(epochs, list) else []
 
     def push(self, step: int, metrics: dict[str, jax.Array]) -> None:
         """The step just dispatched; the one before it is settled now."""
@@ -251,7 +265,7 @@ class Checkpoint:
 
     def __call__(self, run: LoopState) -> None:
         if run.done != run.total:
-            self.checkpoints.save(self.release(run.state), run.metrics.meter.saved())
+            self.checkpoints.save(self.release(run.state), run.metrics.carried())
 
 
 def fault_injection() -> Every | None:
@@ -281,7 +295,6 @@ class EpochEnd:
     writer: ScalarWriter
     bar: Any
     show: bool
-    history: list[dict[str, Any]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     _clock: tuple[float, int] | None = None  # (start, steps done) of the current epoch
@@ -298,7 +311,7 @@ class EpochEnd:
             record |= {f"val_{k}": v for k, v in val.items() if k != "count"}
             self.writer.write(run.done, {f"val/{k}": v for k, v in val.items() if k != "count"})
         record["time_s"] = time.perf_counter() - run.started
-        self.history.append(record)
+        run.metrics.epochs.append(record)
         run.metrics.meter = EpochMeter()
         self.writer.flush()
         if self.show:

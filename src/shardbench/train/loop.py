@@ -83,7 +83,8 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     run = hooks.LoopState(total, checked.steps_per_epoch,
                           hooks.Metrics(energy.after(timer.completed),
                                         hooks.last_good_checkpoint(built.checkpoints, checked.out),
-                                        hooks.EpochMeter.resumed(built.meter, start, checked.steps_per_epoch)),
+                                        hooks.EpochMeter.resumed(built.meter, start, checked.steps_per_epoch),
+                                        epochs=hooks.Metrics.resumed_epochs(built.meter, start)),
                           built.state, start=start)
     with run.metrics.kept_on_error():
         for step in range(start, total):
@@ -101,13 +102,13 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     energy.stop()
     window.stop()
     bar.close()
-    built.checkpoints.save(steps.release(run.state), run.metrics.meter.saved())
+    built.checkpoints.save(steps.release(run.state), run.metrics.carried())
     measured = build_measurements(
         RunSetup(cfg, checked.task, layout, checked.spec), steps.compiled,
         Clocks(timer, epochs.times, epochs.steps, checked.steps_per_epoch, total - start), run.state, built.host)
     cost = run_cost(built.prices, measured, checked.steps_per_epoch, energy.result,
                     energy.why_not)
-    return _summary(built, run, writer, run_name, window, measured, epochs.history, last, cost)
+    return _summary(built, run, writer, run_name, window, measured, run.metrics.epochs, last, cost)
 
 
 def _summary(built: BuiltRun, run: hooks.LoopState, writer: ScalarWriter, run_name: str, window: ProfileWindow,
