@@ -175,3 +175,35 @@ def test_a_collective_whose_peer_process_stopped_is_said_as_such_in_a_joined_run
     assert str(fault).startswith("another process of this run stopped while this one was exchanging data with it "
                                  "(UNKNOWN: Gloo all-reduce failed")
     assert describe_fault(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory")) is None
+
+
+def test_a_full_disk_is_said_as_such_not_as_a_corrupt_database_or_a_bug(tmp_path, capsys) -> None:
+    """SQLite's "database or disk is full" was said as a corrupt database, with the advice to remove it (every
+    run a sweep had recorded); orbax's ENOSPC, wrapped in a ValueError, was "a bug in shardbench" (exit 70). Both
+    are a path that cannot be used: exit 6, one line. The database is filled for real: a page limit makes SQLite
+    refuse as a full disk does."""
+    import sqlite3
+
+    from shardbench.errors import run_reported
+
+    db = sqlite3.connect(tmp_path / "sweep.db")
+    db.execute("CREATE TABLE runs (payload BLOB)")
+    db.commit()
+    db.execute(f"PRAGMA max_page_count = {db.execute('PRAGMA page_count').fetchone()[0] + 1}")
+
+    def fill() -> int:
+        for _ in range(100):
+            db.execute("INSERT INTO runs VALUES (?)", (b"x" * 65536,))
+        return 0
+
+    assert run_reported(fill) == 6
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("shardbench: error: a file could not be written: its disk has no space left "
+                           "(database or disk is full)") and "corrupt" not in line, line
+
+    def checkpoint() -> int:  # orbax's words, as a full disk gave them
+        raise ValueError("RESOURCE_EXHAUSTED: Error writing to file: /tmp/r1/checkpoints/4.orbax-checkpoint-tmp/d/x: "
+                         "No space left on device")
+
+    assert run_reported(checkpoint) == 6
+    assert "its disk has no space left" in capsys.readouterr().err

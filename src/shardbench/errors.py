@@ -144,6 +144,10 @@ def describe_fault(err: BaseException) -> ShardbenchError | None:
         return FileFault(f"{path} {what}: {fix}")
     if isinstance(err, OSError):
         return FileFault(f"{err.filename or 'a file'}: {err.strerror or one_line(err)}")
+    if _NO_SPACE.search(str(err)) or (isinstance(err, sqlite3.OperationalError) and "disk is full" in str(err)):
+        # orbax and XLA wrap ENOSPC in their own errors; SQLite says its disk is full: not a corrupt file
+        return FileFault(f"a file could not be written: its disk has no space left ({one_line(err)}); free some "
+                         f"space or write elsewhere (what was recorded before stays)")
     if isinstance(err, (EOFError, zipfile.BadZipFile, tarfile.TarError)):
         detail = one_line(err) or "no detail"
         return DataError(f"a file is empty, truncated or corrupt ({type(err).__name__}: {detail}); give a complete "
@@ -159,6 +163,8 @@ def describe_fault(err: BaseException) -> ShardbenchError | None:
                             f"({one_line(err)}): its own line says why; finish the run with --resume")
     return None
 
+
+_NO_SPACE = re.compile(r"No space left on device|\bENOSPC\b|Disk quota exceeded")
 
 # What a collective says when a process of a joined run has gone (killed, crashed) under it: gloo's (CPU) and
 # the coordination service's words.

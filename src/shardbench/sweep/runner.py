@@ -112,9 +112,17 @@ def train_command(base_preset: str, run: PlannedRun, opts: Options, launch: bool
 
 
 def _tee(source: IO[bytes], log: IO[bytes], lines: list[str]) -> None:
-    """Copy the child's stderr into the log, keeping its lines: the error message comes from stderr."""
+    """Copy the child's stderr into the log, keeping its lines: the error message comes from stderr. A log that
+    can no longer be written (its disk full) is left behind, the lines still kept (and the pipe still read, so the
+    child never blocks on it)."""
+    writable = True
     for raw in iter(source.readline, b""):
-        log.write(raw)
+        if writable:
+            try:
+                log.write(raw)
+            except OSError as err:
+                writable = False
+                lines.append(f"shardbench: the run's log could not be written further ({err.strerror or err})")
         lines.append(raw.decode(errors="replace").rstrip())
         del lines[:-200]
 
