@@ -594,3 +594,21 @@ def test_settings_that_do_nothing_are_said(tmp_path: Path, capsys: pytest.Captur
     # vit-tiny's own 3 epochs, given: --steps 2 decides the length, and the note says so
     assert "note: --train.epochs 3 does nothing here: --steps 2 decides the length" in out
 
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("platforms", "command"), [("bogus", "train"), ("cuda", "inspect")])
+def test_jax_platforms_naming_a_platform_jax_cannot_start_is_named(tmp_path: Path, platforms: str,
+                                                                   command: str) -> None:
+    """JAX_PLATFORMS=bogus made train say "internal error ... (a bug in shardbench)" (exit 70); JAX_PLATFORMS=cuda on
+    a machine without CUDA's plugin made inspect blame the model's settings (JAX raises a bare AssertionError).
+    Both are the environment's: exit 2, one line naming the variable, nothing written."""
+    env = {**os.environ, "JAX_PLATFORMS": platforms, "SHARDBENCH_CACHE": str(tmp_path / "cache")}
+    env.pop("XLA_FLAGS", None)
+    args = [*TINY, "--out", str(tmp_path / "o")] if command == "train" else ["--preset", "vit-tiny", "--devices", "2"]
+    done = subprocess.run([sys.executable, "-m", "shardbench", command, *args], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == EXIT_CODES["configuration"], done.stderr[-2000:]
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"shardbench: error: JAX_PLATFORMS={platforms}: JAX could not start it"), line
+    assert not (tmp_path / "o").exists()

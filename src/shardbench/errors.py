@@ -134,8 +134,35 @@ _OS_FIXES = {
 }
 
 
+def platform_fault(err: BaseException) -> ConfigError | None:
+    """JAX unable to start the platforms JAX_PLATFORMS names (one this machine lacks, or a misspelt one) as one
+    line naming the variable: JAX raises a RuntimeError ("Unable to initialize backend") or, for a platform it
+    has no plugin for at all, an AssertionError inside its backend setup (asked again here: JAX hides its frames).
+    None for any other error."""
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if not platforms or not isinstance(err, (RuntimeError, AssertionError)):
+        return None
+    if "Unable to initialize backend" not in str(err):
+        try:  # JAX hides its own frames from the traceback: ask it again whether its platforms start
+            import jax
+
+            jax.devices()
+        except Exception:  # noqa: BLE001 - any failure to start them is what this names
+            pass
+        else:
+            return None
+    detail = one_line(err) or "it has no such platform"
+    return ConfigError(f"JAX_PLATFORMS={platforms}: JAX could not start {'them' if ',' in platforms else 'it'} "
+                       f"({detail}); unset JAX_PLATFORMS, or name platforms this machine has (cpu; cuda or tpu "
+                       f"where installed and present)")
+
+
 def describe_fault(err: BaseException) -> ShardbenchError | None:
-    """A fault of the operating system or of a file's contents as one line (None: not such a fault)."""
+    """A fault of the operating system, of a file's contents or of the environment as one line (None: not such a
+    fault)."""
+    platform = platform_fault(err)
+    if platform is not None:
+        return platform
     if isinstance(err, OSError) and err.errno in _OS_FIXES:
         what, fix = _OS_FIXES[err.errno]
         path = err.filename or "a path"

@@ -17,7 +17,7 @@ from flax import nnx
 from flax import traverse_util
 
 from shardbench.config import Config
-from shardbench.errors import ConfigError
+from shardbench.errors import ConfigError, platform_fault
 from shardbench.models import axis_fields, build_model, custom
 from shardbench.models.axes import RunStack, stack_runner
 
@@ -213,6 +213,9 @@ def _build_abstract(cfg: Config) -> nnx.Module:
     except ConfigError:
         raise
     except (Exception, SystemExit) as err:  # noqa: BLE001 - reported in one line below (Ctrl-C stays an interrupt)
+        platform = platform_fault(err) if isinstance(err, Exception) else None
+        if platform is not None:  # JAX_PLATFORMS names a platform JAX cannot start: not the model's settings
+            raise platform from None
         if not cfg.model.factory:
             if isinstance(err, SystemExit):
                 raise
