@@ -307,6 +307,9 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("bench: an unknown group", lambda t: ["bench", "--groups", "speed", "--out", str(t / "o")], "speed", CONF),
     ("bench: a language model", lambda t: ["bench", "--preset", "lm-tiny", "--out", str(t / "o")], "lm-tiny", CONF),
     ("launch: no processes", lambda t: ["launch", "--processes", "0", "train", *TINY], "--processes", CONF),
+    # inf was taken, and crashed the launcher (OverflowError, exit 70) once its processes had started.
+    ("launch: an infinite time limit", lambda t: ["launch", "--processes", "2", "--timeout", "inf", "train", *TINY],
+     "--timeout must be 0 (no limit) or a finite number of seconds, got inf", CONF),
 ]
 
 
@@ -612,3 +615,15 @@ def test_jax_platforms_naming_a_platform_jax_cannot_start_is_named(tmp_path: Pat
     [line] = done.stderr.strip().splitlines()
     assert line.startswith(f"shardbench: error: JAX_PLATFORMS={platforms}: JAX could not start it"), line
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_a_launched_commands_own_argument_error_is_the_launchers_last_line(tmp_path: Path) -> None:
+    """argparse names the sub-command ("shardbench train: error: ..."): the launcher's line took it for no line
+    of shardbench's and gave "exit 2: see 'shardbench train --help'", losing what was wrong."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "SHARDBENCH_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-m", "shardbench", "launch", "--processes", "2", "--", "train",
+                           "--bogus-flag", "3"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == EXIT_CODES["configuration"], done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("shardbench: error: process ") and "unrecognized arguments: --bogus-flag 3" in last, last

@@ -20,7 +20,7 @@ from shardbench.data import cifar10
 from shardbench.data.arrays import ImageArrays, split_train_val
 from shardbench.data.cifar10 import download, load_cifar10
 from shardbench.data.sources import load_dataset, validate_spec
-from shardbench.errors import DataError
+from shardbench.errors import ConfigError, DataError
 
 PER_BATCH = 12
 NAMES = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship", b"truck"]
@@ -211,15 +211,15 @@ def test_sources_spec(tarball: tuple[Path, str], tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"cifar10 images are 32x32 .* --data.image-size 32"):
         load_dataset("cifar10", num_classes=10, **{**kw, "image_size": 64})  # type: ignore[arg-type]
     want = r"^unknown dataset 'foo': use cifar10, cifar10:PATH, imagefolder:PATH or synthetic \(images\), tokens-uniform"
-    with pytest.raises(DataError, match=want):
+    with pytest.raises(ConfigError, match=want):
         load_dataset("foo", num_classes=10, **kw)  # type: ignore[arg-type]
     validate_spec(f"cifar10:{path}")
     validate_spec("cifar10")
     with pytest.raises(DataError, match=r"does not exist"):
         validate_spec(f"cifar10:{tmp_path}/nope.tar.gz")
-    with pytest.raises(DataError, match=r"empty PATH"):
+    with pytest.raises(ConfigError, match=r"empty PATH"):
         validate_spec("cifar10:")
-    with pytest.raises(DataError, match=r"unknown dataset 'synthetic:x'"):
+    with pytest.raises(ConfigError, match=r"unknown dataset 'synthetic:x'"):
         validate_spec("synthetic:x")
 
 

@@ -362,10 +362,16 @@ def test_the_losses_compared_are_those_beside_each_summary_whichever_parent_is_r
                 in paths.markdown.read_text())
 
 
-def test_a_summary_that_is_not_a_json_object_is_refused_in_one_line(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    """summary.json holding [1] (valid JSON, not a record): a data error naming the file (exit 4, as a config.json
-    that is not a table of sections), not an internal error (exit 70)."""
+@pytest.mark.parametrize(("text", "says"), [
+    ("[1]", "is not a run's record (a JSON object), but a list"),
+    # An object that is not a record: `{}` was reported as a complete run (a row of dashes, "2 complete").
+    ("{}", "is not a finished run's record: its status is None, where a record shardbench train wrote says "
+           "'complete'; remove it, or train the run again"),
+])
+def test_a_summary_that_is_not_a_record_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                               text: str, says: str) -> None:
+    """summary.json holding [1] (valid JSON, not a record) or {}: a data error naming the file (exit 4, as a
+    config.json that is not a table of sections), not an internal error (exit 70) nor a complete run."""
     import argparse
 
     from shardbench.errors import EXIT_CODES, run_reported
@@ -373,13 +379,13 @@ def test_a_summary_that_is_not_a_json_object_is_refused_in_one_line(tmp_path: Pa
 
     folder = tmp_path / "runs" / "r1"
     folder.mkdir(parents=True)
-    (folder / "summary.json").write_text("[1]")
+    (folder / "summary.json").write_text(text)
     parser = argparse.ArgumentParser()
     report_cmd.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     assert run_reported(lambda: report_cmd.run(args)) == EXIT_CODES["data"] == 4
     said = capsys.readouterr().err.strip().splitlines()
-    assert said == [f"shardbench: error: {folder / 'summary.json'} is not a run's record (a JSON object), but a list"]
+    assert said == [f"shardbench: error: {folder / 'summary.json'} {says}"]
 
 
 def test_runs_past_the_compared_steps_without_logged_losses_are_said_not_compared(tmp_path: Path) -> None:

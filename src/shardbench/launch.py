@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import queue
 import re
@@ -70,9 +71,10 @@ class Child:
 
     def reason(self, code: int) -> str:
         """Why it ended: its own last 'shardbench:' line, else the signal or exit code."""
-        own = [ln for ln in self.said if ln.startswith("shardbench:")]
+        own = [ln for ln in self.said if ln.startswith("shardbench:")
+               or re.match(r"shardbench \w+: error:", ln)]  # argparse names the sub-command: "shardbench train:"
         if own:
-            return own[-1].removeprefix("shardbench:").strip().removeprefix("error:").strip()
+            return re.sub(r"^shardbench( \w+)?:\s*(error:\s*)?", "", own[-1]).strip()
         if code < 0:
             try:
                 return f"killed by {signal.Signals(-code).name}"
@@ -138,8 +140,9 @@ def _check(args: argparse.Namespace) -> list[str]:
         raise ConfigError(f"--processes must be at least 1, got {args.processes}")
     if args.devices_per_process < 0:
         raise ConfigError(f"--devices-per-process must be 0 or more, got {args.devices_per_process}")
-    if args.timeout < 0 or args.join_timeout <= 0:
-        raise ConfigError("--timeout must be 0 (no limit) or positive, and --join-timeout positive")
+    if not math.isfinite(args.timeout) or args.timeout < 0 or args.join_timeout <= 0:  # inf: a crash once started
+        raise ConfigError(f"--timeout must be 0 (no limit) or a finite number of seconds, got {args.timeout:g}, "
+                          f"and --join-timeout positive")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a port: use 1 to 65535, or 0 for a free one")
     return argv
@@ -192,9 +195,11 @@ def _watch(children: list[Child], ended: queue.Queue[tuple[int, int]], timeout: 
     running = {c.index for c in children}
     while running:
         wait = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        try:
-            index, code = ended.get(timeout=wait)
+        try:  # a day at a time: a wait past the clock's range (--timeout 1e10) ends in an OverflowError
+            index, code = ended.get(timeout=None if wait is None else min(wait, 86400.0))
         except queue.Empty:
+            if wait is not None and wait > 86400.0:
+                continue
             _stop(children)
             print(f"shardbench: error: no result from process(es) {', '.join(map(str, sorted(running)))} within "
                   f"the {timeout:g} s time limit: stopped all {len(children)} processes", file=sys.stderr)

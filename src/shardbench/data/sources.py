@@ -33,15 +33,16 @@ DATASETS: dict[str, str] = {
 
 
 def _parse(spec: str) -> tuple[str, Path | None]:
-    """(kind, path or None); raises DataError for anything that is not a known spec."""
+    """(kind, path or None); raises ConfigError for anything that is not a known spec (a mistyped choice, as
+    for any other flag: exit 2)."""
     kind, sep, rest = spec.partition(":")
     if not sep and kind in ("cifar10", "synthetic", "tokens-uniform", "regression"):
         return kind, None
     if sep and kind in _PATH_KINDS:
         if not rest:
-            raise DataError(f"dataset '{spec}' has an empty PATH; use {kind}:PATH with a file or folder")
+            raise ConfigError(f"dataset '{spec}' has an empty PATH; use {kind}:PATH with a file or folder")
         return kind, Path(rest).expanduser()
-    raise DataError(f"unknown dataset '{spec}': {SPEC_HELP}")
+    raise ConfigError(f"unknown dataset '{spec}': {SPEC_HELP}")
 
 
 def validate_spec(spec: str) -> None:

@@ -62,6 +62,9 @@ def _read_record(path: Path) -> RunRecord:
     data = _read_json(path)
     if not isinstance(data, dict):
         raise DataError(f"{path} is not a run's record (a JSON object), but a {type(data).__name__}")
+    if data.get("status") != "complete":  # every record train writes says so; `{}` was counted a complete run
+        raise DataError(f"{path} is not a finished run's record: its status is {data.get('status')!r}, where a "
+                        f"record shardbench train wrote says 'complete'; remove it, or train the run again")
     return from_json(data, str(path))
 
 
