@@ -210,3 +210,29 @@ def test_a_full_disk_is_said_as_such_not_as_a_corrupt_database_or_a_bug(tmp_path
 
     assert run_reported(checkpoint) == 6
     assert "its disk has no space left" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("[]", "a configuration is a table of sections (data, model, parallel, precision, optim, train), not a list"),
+    ('{"model": 5, "data": {}, "parallel": {}, "precision": {}, "optim": {}, "train": {}}',
+     "a configuration's section 'model' is a int, not a table of fields"),
+    # `{}` was read as the defaults: "was trained with data.synthetic_train=50000", a run it never was.
+    ("{}", "it lacks the section(s) data, model, parallel, precision, optim, train that every run's config.json holds"),
+    ('"hello"', "not a str"),
+    ("{", "Expecting property name"),
+])
+def test_a_resumed_runs_config_json_that_is_no_configuration_is_unreadable_in_one_line(tmp_path, text: str,
+                                                                                       says: str) -> None:
+    """A config.json that parses but is no configuration gave an AttributeError (exit 70) or a false difference;
+    each is now "unreadable", naming the file and what it holds (exit 2)."""
+    from shardbench.errors import ConfigError
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+    from shardbench.rundir import check_resume
+
+    (tmp_path / "config.json").write_text(text)
+    cfg = override(get_preset("vit-tiny"), {"train.resume": True})
+    with pytest.raises(ConfigError) as err:
+        check_resume(cfg, tmp_path)
+    assert str(err.value).startswith(f"--resume: {tmp_path / 'config.json'} is unreadable ("), str(err.value)
+    assert says in str(err.value)

@@ -215,3 +215,19 @@ def test_a_runs_default_name_tells_a_bfloat16_first_moment_from_the_plain_run() 
     layout = make_layout("dp", "2", jax.devices()[:2])
     plain = default_run_name(cfg, layout)
     assert default_run_name(override(cfg, {"optim.mu_dtype": "bfloat16"}), layout) == f"{plain}_mu_bfloat16"
+
+
+def test_a_damaged_stored_peak_is_measured_again_not_a_crash_of_every_run(tmp_path: Path, monkeypatch) -> None:
+    """A sweep's handed-over peak file and the host cache hold one entry per dtype: one edited or damaged
+    (`{"float32": 5}`) ended every remaining run of a sweep with a TypeError (exit 70, recorded as a crash). It is
+    measured again, and the cache mended."""
+    from shardbench.measure.peak import CACHE_NAME, PEAK_FILE_ENV, host_key, host_peak
+
+    handed = tmp_path / "peak.json"
+    handed.write_text(json.dumps({"float32": 5}))
+    monkeypatch.setenv(PEAK_FILE_ENV, str(handed))
+    (tmp_path / CACHE_NAME).write_text(json.dumps({f"{host_key()} | float32": {"dtype": "float32"}}))
+    peak = host_peak("float32", tmp_path)
+    assert peak.origin == "measured now" and peak.flops_per_s > 0
+    again = host_peak("float32", tmp_path)
+    assert again.origin.startswith("host cache ") and again.flops_per_s == peak.flops_per_s

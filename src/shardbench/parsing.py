@@ -60,7 +60,14 @@ def override(cfg: Config, values: Mapping[str, Any]) -> Config:
 
 
 def from_dict(data: Mapping[str, Any]) -> Config:
-    """Rebuild a Config from its to_dict() form (e.g. a run directory's config.json)."""
+    """Rebuild a Config from its to_dict() form (e.g. a run directory's config.json); anything else (a list, a
+    section that is not a table of fields) is one line, not an AttributeError."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"a configuration is a table of sections ({', '.join(SECTIONS)}), not a "
+                          f"{type(data).__name__}")
+    bad = next((s for s in SECTIONS if not isinstance(data.get(s, {}), Mapping)), None)
+    if bad is not None:
+        raise ConfigError(f"a configuration's section '{bad}' is a {type(data[bad]).__name__}, not a table of fields")
     flat = {f"{s}.{k}": v for s in SECTIONS for k, v in data.get(s, {}).items()}
     return override(Config(preset=str(data.get("preset", "vit-seed"))), flat)
 

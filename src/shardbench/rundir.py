@@ -48,9 +48,14 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None) -> None:
         if not saved_path.exists():
             raise ConfigError(f"--resume: {out} holds no run to resume (no config.json); drop --resume to start one")
         try:
-            saved = config_lib.flatten(from_dict(json.loads(saved_path.read_text())))
-        except (json.JSONDecodeError, ConfigError) as err:
-            raise ConfigError(f"--resume: {saved_path} is unreadable ({err}); start a new run with another --out")
+            data = json.loads(saved_path.read_text())
+            missing = [s for s in config_lib.SECTIONS if s not in data] if isinstance(data, dict) else []
+            if missing:  # `{}` read as the defaults claimed the run "was trained with" them
+                raise ConfigError(f"it lacks the section(s) {', '.join(missing)} that every run's config.json holds")
+            saved = config_lib.flatten(from_dict(data))
+        except (ValueError, ConfigError) as err:
+            raise ConfigError(f"--resume: {saved_path} is unreadable ({err}); start a new run with another "
+                              f"--out") from None
         current = config_lib.flatten(cfg)
         diffs = [k for k in current if k not in config_lib.REPORTING_ONLY and saved.get(k) != current[k]]
         if diffs:

@@ -15,6 +15,7 @@ The record says which figure was used, where it came from and when it was measur
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import socket
@@ -77,8 +78,15 @@ def measure(dtype: str, size: int = 1536, repeats: int = 5) -> HostPeak:
                     "measured now")
 
 
-def _from(entry: dict[str, Any], origin: str) -> HostPeak:
-    return HostPeak(entry["dtype"], float(entry["flops_per_s"]), entry["measured_at"], entry["host"], origin)
+def _from(entry: Any, origin: str) -> HostPeak | None:
+    """A stored figure, or None where the entry is not one (an edited or damaged file: measured again rather
+    than every run of a sweep failing on it)."""
+    try:
+        peak = HostPeak(str(entry["dtype"]), float(entry["flops_per_s"]), str(entry["measured_at"]),
+                        str(entry["host"]), origin)
+    except (TypeError, KeyError, ValueError):
+        return None
+    return peak if math.isfinite(peak.flops_per_s) and peak.flops_per_s > 0 else None
 
 
 def host_peak(dtype: str, cache_dir: Path, recalibrate: bool = False) -> HostPeak:
@@ -86,14 +94,15 @@ def host_peak(dtype: str, cache_dir: Path, recalibrate: bool = False) -> HostPea
     (and cached). `recalibrate` measures afresh and replaces the cached figure."""
     handed = os.environ.get(PEAK_FILE_ENV)
     if handed and not recalibrate:
-        entry = read_json_dict(Path(handed)).get(dtype)
-        if entry:
-            return _from(entry, f"handed over in {handed}")
+        handed_peak = _from(read_json_dict(Path(handed)).get(dtype), f"handed over in {handed}")
+        if handed_peak is not None:
+            return handed_peak
     cache = cache_dir / CACHE_NAME
     key = f"{host_key()} | {dtype}"
     entries = read_json_dict(cache)
-    if key in entries and not recalibrate:
-        return _from(entries[key], f"host cache {cache}")
+    cached = _from(entries.get(key), f"host cache {cache}") if not recalibrate else None
+    if cached is not None:
+        return cached
     peak = measure(dtype)
     entries[key] = {k: v for k, v in peak.to_dict().items() if k != "origin"}
     write_json_atomic(cache, entries)
