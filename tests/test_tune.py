@@ -572,3 +572,25 @@ def test_the_measured_runs_and_the_winner_keep_the_users_reporting_flags() -> No
                                              "train.steps": 7, "train.out": "/tmp/x", "parallel.strategy": "fsdp"})
     assert user_settings(cfg) == {"train.prices": "/tmp/mine.toml", "data.cache_dir": "/data/cache",
                                   "train.steps": 7}
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("", "is unreadable"),
+    ("[]", "is not a tune's record"),
+    ('{"space": 5}', "is not a tune's record"),
+    ('{"layouts": [5]}', "is not a tune's record"),
+])
+def test_a_damaged_tune_json_is_named_when_resumed(tmp_path: Path, text: str, says: str) -> None:
+    """tune --resume read tune.json with no check: an empty file was "a JSON file is corrupt" without its name,
+    a list or a `space` that is not a table an internal error (exit 70). Each names the file (data, exit 4)."""
+    from shardbench.errors import DataError
+    from shardbench.plan.target import parse_target
+    from shardbench.presets import get_preset
+    from shardbench.tune.report import TUNE_JSON, Tuning, resumed
+
+    (tmp_path / TUNE_JSON).write_text(text)
+    tuning = Tuning(get_preset("mlp-small"), parse_target("cpu", cpu_devices=8), OBJECTIVES["time"], Space(), 1,
+                    10.0, 10, tmp_path)
+    with pytest.raises(DataError) as err:
+        resumed(tuning)
+    assert str(err.value).startswith(f"--resume: {tmp_path / TUNE_JSON} {says}"), str(err.value)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench import config as config_lib
-from shardbench.errors import ConfigError
+from shardbench.errors import ConfigError, DataError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.target import Target
 from shardbench.tune.select import MIB, Measured, Objective, Outcome, Planned, outcome
@@ -119,14 +119,29 @@ def resumed(t: Tuning) -> Tuning:
     if not path.exists():
         raise ConfigError(f"--resume: {t.out} holds no tune to finish (no {TUNE_JSON}); drop --resume and give an "
                           f"empty or new --out to start one")
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as err:
+        raise DataError(f"--resume: {path} is unreadable ({err}): drop --resume and give another --out to start "
+                        f"again") from None
+    if not (isinstance(data, dict) and isinstance(data.get("layouts", []), list)
+            and all(isinstance(row, dict) for row in data.get("layouts", []))
+            and isinstance(data.get("space") or {}, dict) and isinstance(data.get("config") or {}, dict)
+            and isinstance(data.get("dropped_before_planning", []), list)):
+        raise DataError(f"--resume: {path} is not a tune's record (a JSON object with its layouts): drop --resume "
+                        f"and give another --out to start again")
     differs = _difference(data, t)
     if differs:
         raise ConfigError(f"--resume: {t.out} holds a tune started with other flags ({differs}); give the flags it "
                           f"was started with, or drop --resume and give another --out")
     rows = data.get("layouts", [])
-    planned = [_planned_from(row, t.target) for row in rows]
-    chosen = sorted(((p, row["rank"]) for p, row in zip(planned, rows) if row["chosen"]), key=lambda pair: pair[1])
+    try:
+        planned = [_planned_from(row, t.target) for row in rows]
+        chosen = sorted(((p, row["rank"]) for p, row in zip(planned, rows) if row["chosen"]),
+                        key=lambda pair: pair[1])
+    except (KeyError, TypeError, ValueError) as err:
+        raise DataError(f"--resume: {path} is damaged (a layout lacks {err}): drop --resume and give another "
+                        f"--out to start again") from None
     if not chosen:
         raise ConfigError(f"--resume: the tune in {t.out} chose no layout to measure (it stopped before, or was "
                           f"refused): drop --resume and give another --out to start again")
