@@ -631,3 +631,25 @@ def test_a_sigkill_near_the_host_memory_limit_is_called_an_oom(tmp_path: Path) -
     small = classify(Outcome(-9, [], 0.0, 1.0, 2**30), log, 60)
     assert big[0] == "oom" and "out-of-memory killer" in big[1]
     assert small == ("killed", "killed by SIGKILL")
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_sweep_as_ctrl_c_does_saying_how_to_resume(tmp_path: Path) -> None:
+    """SIGTERM (a scheduler's, `kill`'s) ended a sweep with exit 143 and no word; it now stops it as Ctrl-C does:
+    the line that says how many runs are recorded and how to go on, and no run left recorded half-done."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
+        "JAX_PLATFORMS": "cpu", "SHARDBENCH_CACHE": str(tmp_path / "cache")}
+    out = tmp_path / "sw"
+    proc = subprocess.Popen([sys.executable, "-m", "shardbench", "sweep", *TINY, "--batch-size", "16,32",
+                             "--steps", "2000", "--out", str(out)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (out / "runs").is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the first run's process has started
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("shardbench: sweep stopped by SIGTERM; 0 of 2 runs are recorded in "), last
+    assert last.endswith(f"continue with --resume --out {out}"), last

@@ -4,6 +4,7 @@ the moment its process ends, one progress line per run and a table at the end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -267,6 +268,33 @@ def refused_row(sweep: Sweep, run: PlannedRun, why: str) -> RunRow:
                   run_config(sweep.base_preset, run), None, now, now, 0.0)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the sweep: stopped as Ctrl-C stops it (its runs recorded so far kept, the way on said),
+    exit 143."""
+
+
+@contextlib.contextmanager
+def terminated_as_interrupt() -> Iterator[None]:
+    """While the sweep runs, SIGTERM (a scheduler's or `kill`'s) stops it as Ctrl-C does: it ended it silently,
+    without the line that says how many runs are recorded and how to resume. Only the main thread can."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_code(err: KeyboardInterrupt) -> int:
+    return 143 if isinstance(err, Terminated) else 130
+
+
 def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], None] = print,
               refused: dict[str, str] | None = None) -> int:
     """Run every run not yet in the store (recording `refused` ones as failed without running them); returns 0
@@ -285,10 +313,11 @@ def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], No
                 sweep, run, opts)
             store.add(row)
             out(progress_line(i, total, row))
-    except KeyboardInterrupt:
-        print(f"shardbench: sweep interrupted; {len(store.names())} of {total} runs are recorded in "
-              f"{store.path}: continue with --resume --out {opts.sweep_dir}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        print(f"shardbench: sweep {'stopped by SIGTERM' if isinstance(err, Terminated) else 'interrupted'}; "
+              f"{len(store.names())} of {total} runs are recorded in {store.path}: continue with --resume --out "
+              f"{opts.sweep_dir}", file=sys.stderr)
+        return interrupted_code(err)
     rows = {r.name: r for r in store.runs()}
     out(summary_table([rows[r.name] for r in sweep.runs if r.name in rows]))
     out(f"sweep: {opts.sweep_dir}")

@@ -24,7 +24,7 @@ from shardbench.presets import PRESETS, get_preset
 from shardbench.prices import prices_from_flag
 from shardbench.store import Store
 from shardbench.sweep import slurm as slurm_lib
-from shardbench.sweep import slurm_options
+from shardbench.sweep import runner, slurm_options
 from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep, run_config, stored_sweep
 from shardbench.sweep.preflight import refusals
 from shardbench.sweep.runner import Options, check_process_split, has_field, run_sweep
@@ -348,7 +348,12 @@ def _stored_slurm(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the sweep `args` describe: 0 when every run completed, 1 when any failed (each is recorded), 2 for
-    bad input, 130 on Ctrl-C."""
+    bad input, 130 on Ctrl-C, 143 on SIGTERM."""
+    with runner.terminated_as_interrupt():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         if getattr(args, "status", False) or getattr(args, "cancel", False):
             return slurm_lib.watch(args)
@@ -423,6 +428,6 @@ def run(args: argparse.Namespace) -> int:
         return code
     except ShardbenchError as err:
         return report(err)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         print("shardbench: sweep interrupted", file=sys.stderr)
-        return 130
+        return runner.interrupted_code(err)
