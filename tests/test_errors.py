@@ -236,3 +236,16 @@ def test_a_resumed_runs_config_json_that_is_no_configuration_is_unreadable_in_on
         check_resume(cfg, tmp_path)
     assert str(err.value).startswith(f"--resume: {tmp_path / 'config.json'} is unreadable ("), str(err.value)
     assert says in str(err.value)
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["train", "--batch-sise", "3"], "unrecognized arguments: --batch-sise 3; did you mean --batch-size?"),
+    (["sweep", "--model.embed-dimm=3"], "unrecognized arguments: --model.embed-dimm=3; did you mean --model.embed-dim?"),
+    (["train", "--bogus-flag", "3"], "unrecognized arguments: --bogus-flag 3"),  # nothing close: no guess
+])
+def test_a_mistyped_flag_is_answered_with_the_closest_one(capsys, argv: list[str], line: str) -> None:
+    """argparse of Python 3.11 names an unknown flag but not the one meant (`--batch-sise`, `--stratgy`)."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"shardbench {argv[0]}: error: {line}"

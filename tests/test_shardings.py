@@ -303,3 +303,24 @@ def test_a_mesh_is_named_axis_sizes(spec: str, text: str) -> None:
 def test_parse_mesh_refuses_an_axis_named_twice() -> None:
     with pytest.raises(ConfigError, match="axis 'data' is named twice"):
         parse_mesh("data=2,data=4", 8)
+
+
+@pytest.mark.parametrize(("strategy", "mesh", "devices", "note"), [
+    ("dp+tp", "8x1", 8, "dp+tp on mesh 8x1: its model axis has size 1, so it splits nothing over it; give --mesh "
+                        "with model=N to split there"),
+    ("dp+tp", "4x2", 8, None),
+    ("dp", "8x1", 8, None),  # one axis: the strategy is what it says
+])
+def test_a_composite_strategy_with_an_axis_of_one_device_says_so(micro, strategy: str, mesh: str, devices: int,
+                                                                 note: str | None) -> None:
+    """`--strategy dp+ep` on 2 devices with no mesh ran as dp on mesh 2x1 under its composite name, with nothing
+    said; the header now says which of its axes splits nothing."""
+    from shardbench.preflight import check_run
+    from shardbench.train.console import header_line
+
+    line = header_line(check_run(micro(**{"parallel.strategy": strategy, "parallel.mesh": mesh,
+                                          "parallel.devices": devices})))
+    if note is None:
+        assert "axis has size 1" not in line, line
+    else:
+        assert f" | {note}" in line, line

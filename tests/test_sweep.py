@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from shardbench import config as config_lib
 from shardbench.cli import main
 from shardbench.errors import ConfigError
 from shardbench.sweep import sweep_cmd
@@ -653,3 +654,38 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does_saying_how_to_resume(tmp_path: Pat
     last = err.strip().splitlines()[-1]
     assert last.startswith("shardbench: sweep stopped by SIGTERM; 0 of 2 runs are recorded in "), last
     assert last.endswith(f"continue with --resume --out {out}"), last
+
+
+def test_the_sweeps_check_refuses_a_batch_past_the_examples_and_parameters_past_a_device(tmp_path: Path) -> None:
+    """A sweep's up-front check made only the checks that need no data: a run whose batch is larger than its
+    synthetic training split (58 examples of 64) failed an hour in, after the runs before it. Its configuration
+    gives that count, and the parameters' bytes; each is refused before the first run, in train's own words."""
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+    from shardbench.sweep.preflight import check
+
+    base = override(get_preset("vit-tiny"), {"data.dataset": "synthetic", "data.synthetic_train": 64,
+                                             "parallel.devices": 1, "parallel.mesh": "none",
+                                             "parallel.strategy": "single"})
+    configs = {name: config_lib.flatten(override(base, {"train.batch_size": b}))
+               for name, b in (("fits", 16), ("past", 128))}
+    configs["huge"] = config_lib.flatten(override(base, {"model.embed_dim": 65536, "model.mlp_dim": 262144,
+                                                         "model.num_heads": 1}))
+    refused = check(configs)
+    assert "fits" not in refused
+    assert refused["past"] == "--batch-size 128 is larger than the 58 training examples"
+    assert "the parameters alone are" in refused["huge"], refused
+
+
+@pytest.mark.parametrize(("dataset", "kind"), [("synthetic", "vit"), ("tokens-uniform", "lm"),
+                                               ("regression", "mlp")])
+def test_the_training_rows_a_configuration_gives_are_the_loaders(tmp_path: Path, dataset: str, kind: str) -> None:
+    """`known_train_rows` (what the sweep's check counts without data) against the split the loader makes."""
+    from shardbench.data.sources import known_train_rows, load_for
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+
+    preset = {"vit": "vit-tiny", "lm": "lm-tiny", "mlp": "mlp-small"}[kind]
+    cfg = override(get_preset(preset), {"data.dataset": dataset, "data.synthetic_train": 77,
+                                        "data.synthetic_test": 8, "data.val_fraction": 0.13})
+    assert known_train_rows(cfg) == len(load_for(cfg, tmp_path).train) == 77 - 10

@@ -8,6 +8,7 @@ have a short spelling (`--batch-size` for `--train.batch-size`). Both spellings 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import typing
 from collections.abc import Sequence
@@ -187,8 +188,17 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpar
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         command = subcommand_parser(parser, args.command) or parser
-        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{_did_you_mean(command, unknown)}")
     return args
+
+
+def _did_you_mean(command: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """'; did you mean --batch-size?' for a mistyped flag close to one the command takes (argparse 3.11 gives no
+    suggestion), else ''."""
+    flags = [s for action in command._actions for s in action.option_strings if s.startswith("--")]
+    close = [match for token in unknown if token.startswith("--")
+             for match in difflib.get_close_matches(token.partition("=")[0], flags, n=1, cutoff=0.8)]
+    return f"; did you mean {' or '.join(dict.fromkeys(close))}?" if close else ""
 
 
 def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:

@@ -96,6 +96,18 @@ def check_parallel(cfg: Config, spec: ModelSpec, devices: list[jax.Device] | Non
     return layout
 
 
+def check_batch_fits_data(cfg: Config, rows: int, name: str) -> int:
+    """The steps of an epoch of `rows` training examples (of the dataset `name`); one line where there are none,
+    or fewer than one batch. A sweep asks it of every run whose dataset's size its configuration gives."""
+    if rows == 0:  # not "a batch larger than 0 examples": the data is what to mend
+        raise DataError(f"{name}'s training split holds no examples (after --data.val-fraction "
+                        f"{cfg.data.val_fraction} is held out where no validation split is given): give it rows")
+    per_epoch = steps_per_epoch(rows, cfg.train.batch_size, cfg.data.repeat_augment)
+    if per_epoch == 0:
+        raise ConfigError(f"--batch-size {cfg.train.batch_size} is larger than the {rows} training examples")
+    return per_epoch
+
+
 def check_run(cfg: Config) -> CheckedRun:
     """Everything that can be checked without compiling: raises ConfigError/DataError in one line."""
     task, layout, spec = check_runnable(cfg)
@@ -107,14 +119,7 @@ def check_run(cfg: Config) -> CheckedRun:
     writable_dir(cache, config_lib.cache_root_flag(cfg))  # decoded datasets and the host's peak go there
     dataset = load_for(cfg, cache)
     task = for_data(task, dataset)
-    if len(dataset.train) == 0:  # not "a batch larger than 0 examples": the data is what to mend
-        raise DataError(f"{dataset.name}'s training split holds no examples (after --data.val-fraction "
-                        f"{cfg.data.val_fraction} is held out where no validation split is given): give it rows")
-    per_epoch = steps_per_epoch(len(dataset.train), cfg.train.batch_size, cfg.data.repeat_augment)
-    if per_epoch == 0:
-        raise ConfigError(
-            f"--batch-size {cfg.train.batch_size} is larger than the {len(dataset.train)} training examples"
-        )
+    per_epoch = check_batch_fits_data(cfg, len(dataset.train), dataset.name)
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
     writable_dir(out, "--out", create=False)  # made once the train state is known to fit (`train.build`)

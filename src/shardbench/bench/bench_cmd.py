@@ -259,6 +259,15 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     args.trimmed = trimmed(args, groups, where)
     batches = _ints(args.batches or defaults["batches"], "--batches")
     depths = _ints(args.layers or defaults["layers"], "--layers")
+    # Each batch and depth as the run would take it, in one line now, not a case that errors (a batch of 3e9
+    # allocated 8 TiB) after the others ran.
+    for key, values, group, flag in (("train.batch_size", batches, "batch", "--batches"),
+                                     ("model.num_layers", depths, "layers", "--layers")):
+        for value in values if group in groups else ():
+            try:
+                validate(override(get_preset(args.preset), {**base, key: value}))
+            except ConfigError as err:
+                raise ConfigError(f"{flag} {value}: {err}") from None
     compile_timeout = args.timeout or defaults["compile_timeout"]
     args.timeout = args.timeout or defaults["timeout"]
 

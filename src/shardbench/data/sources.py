@@ -104,6 +104,20 @@ def check_model_kind(spec: str, model_kind: str) -> None:
                           f"use one of {fits}")
 
 
+CIFAR10_TRAIN = 50_000  # the official training split's images
+
+
+def known_train_rows(cfg: Config) -> int | None:
+    """The training split's size where the configuration alone gives it (the generated datasets, and CIFAR-10 as
+    downloaded), held-out validation taken off as every loader takes it; None where only the data can say."""
+    d = cfg.data
+    kind, path = _parse(d.dataset)
+    if path is not None or kind not in ("synthetic", "tokens-uniform", "regression", "cifar10"):
+        return None
+    rows = CIFAR10_TRAIN if kind == "cifar10" else d.synthetic_train
+    return rows - int(round(rows * d.val_fraction))
+
+
 def load_for(cfg: Config, cache_dir: Path) -> ImageDataset | Dataset:
     """The dataset `cfg.data.dataset` names, checked against the model `cfg.model` describes."""
     d, m = cfg.data, cfg.model

@@ -157,7 +157,8 @@ def _logged_losses(run: ReportedRun, sweep_dir: Path) -> tuple[tuple[int, float]
 def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[ReportedRun], dict[str, Any]]:
     """The runs in store order (path order for a plain folder of runs) and the sweep's meta."""
     if not sweep_dir.is_dir():
-        raise ShardbenchError(f"{sweep_dir}: no such directory")
+        what = "is a file, not a folder of runs" if sweep_dir.exists() else "no such directory"
+        raise ShardbenchError(f"{sweep_dir}: {what}")
     runs, meta = _from_store(sweep_dir / "sweep.db") if (sweep_dir / "sweep.db").exists() else ([], {})
     if not runs:
         runs, meta = _from_folders(sweep_dir, skip or sweep_dir / "report"), {}

@@ -1,6 +1,7 @@
 """Check every run of a sweep before the first one starts: the checks `shardbench train` makes before it loads
 data or compiles (choices, mesh and device count, strategy against the model's dimensions, batch against the
-data axis, SPMD style, profile window), so that a typo or an impossible layout is named up front instead of
+data axis, SPMD style, profile window, parameters against a device's memory, and the batch against the training
+examples where the configuration gives their count), so that a typo or an impossible layout is named up front instead of
 an hour into the sweep.
 
 The checks need JAX and the devices a run would see, so they run in a child process per distinct device count
@@ -47,9 +48,11 @@ def check_in_processes(configs: dict[str, dict[str, Any]], env: dict[str, str] |
 
 def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
     """In this process (whose devices are not set up yet): each configuration's refusal, if any."""
+    from shardbench.capacity import check_fits
+    from shardbench.data.sources import known_train_rows
     from shardbench.errors import ShardbenchError
     from shardbench.flags import setup_devices
-    from shardbench.preflight import check_runnable
+    from shardbench.preflight import check_batch_fits_data, check_runnable
 
     cfgs = {name: override(config_lib.Config(), flat) for name, flat in configs.items()}
     if cfgs:
@@ -57,7 +60,11 @@ def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, cfg in cfgs.items():
         try:
-            check_runnable(cfg)
+            _, layout, spec = check_runnable(cfg)
+            check_fits(cfg, spec, layout)  # the parameters alone past a device's memory
+            rows = known_train_rows(cfg)
+            if rows is not None:  # a batch past the examples, where the configuration gives their count
+                check_batch_fits_data(cfg, rows, cfg.data.dataset)
         except ShardbenchError as err:
             out[name] = str(err)
     return out

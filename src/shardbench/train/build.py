@@ -121,10 +121,14 @@ def _start_step(checked: CheckedRun, checkpoints: Checkpoints) -> int | Finished
                 f"--resume: {out} trained all {total} steps (its checkpoint of step {start}) but {why}, and it "
                 f"holds no earlier checkpoint to time its last steps again from: train it again with another "
                 f"--out, or remove {out / 'checkpoints'} to train from step 0")
+        # The final checkpoint goes and is written again at the end (`save` keeps a step it holds: a damaged one
+        # would stay under a record that says complete); the last earlier one that restores is resumed from.
+        checkpoints.remove([s for s in checkpoints.all_steps() if s >= total])
         start = max(earlier)
         if is_main:
-            print(f"shardbench: --resume: {out} trained all {total} steps but {why}; training steps "
-                  f"{start + 1}-{total} again from the checkpoint of step {start}, to time them", flush=True)
+            print(f"shardbench: --resume: {out} trained all {total} steps but {why}; training its last steps again "
+                  f"from the last checkpoint before step {total} that restores (step {start} or earlier), to time "
+                  f"them", flush=True)
     if start is not None:
         check_profile_window(checked.cfg.train, total - start)
     elif checked.cfg.train.resume and is_main:

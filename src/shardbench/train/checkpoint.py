@@ -108,7 +108,7 @@ class Checkpoints:
                       f"({type(err).__name__}: {detail}); trying the one before it", file=sys.stderr, flush=True)
                 continue
             if damaged:
-                self._remove(damaged)
+                self.remove(damaged)
                 print(f"shardbench: --resume: resuming from step {step}, the last checkpoint that restores; the damaged "
                       f"{_steps(damaged)} removed and written again as training reaches {_it(damaged)}",
                       file=sys.stderr, flush=True)
@@ -117,7 +117,7 @@ class Checkpoints:
                         f"{', '.join(f'step {s}' for s in damaged)}): remove that folder to train again from step 0, "
                         f"or put back a copy of it")
 
-    def _remove(self, steps: list[int]) -> None:
+    def remove(self, steps: list[int]) -> None:
         """Delete the checkpoints of `steps` through the manager, so its list of steps (what `save` skips and what
         `max_to_keep` counts) forgets them too; every process calls it, as orbax's delete waits for them all."""
         for step in steps:
