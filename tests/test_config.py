@@ -249,7 +249,8 @@ def test_a_flag_the_command_does_not_take_points_to_that_commands_help(command: 
         main([command, "--checkpoint-every", "0"])
     assert stop.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"shardbench {command}: error: unrecognized arguments: --checkpoint-every 0",
+        f"shardbench {command}: error: unrecognized arguments: --checkpoint-every 0; did you mean "
+        f"--train.checkpoint-every?",
         f"see 'shardbench {command} --help'"]
 
 

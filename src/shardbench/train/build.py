@@ -84,6 +84,10 @@ def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRu
         meter = None
         if start:
             state, start, meter = checkpoints.restore_good(abstract, start)
+            # A run re-timing its last steps (its record was never written) resumes before its final checkpoint,
+            # which goes, to be written again at the end: `save` keeps a step it holds, and a damaged one would
+            # stay under a record that says complete.
+            checkpoints.remove([s for s in checkpoints.all_steps() if s > start])
         else:
             state = init_state(cfg, checked.spec, checked.layout, tx)
         steps = make_steps(cfg, checked.task, checked.spec, checked.layout, tx,
@@ -121,10 +125,7 @@ def _start_step(checked: CheckedRun, checkpoints: Checkpoints) -> int | Finished
                 f"--resume: {out} trained all {total} steps (its checkpoint of step {start}) but {why}, and it "
                 f"holds no earlier checkpoint to time its last steps again from: train it again with another "
                 f"--out, or remove {out / 'checkpoints'} to train from step 0")
-        # The final checkpoint goes and is written again at the end (`save` keeps a step it holds: a damaged one
-        # would stay under a record that says complete); the last earlier one that restores is resumed from.
-        checkpoints.remove([s for s in checkpoints.all_steps() if s >= total])
-        start = max(earlier)
+        start = max(earlier)  # `build_run` removes the final one once an earlier one restores
         if is_main:
             print(f"shardbench: --resume: {out} trained all {total} steps but {why}; training its last steps again "
                   f"from the last checkpoint before step {total} that restores (step {start} or earlier), to time "
