@@ -23,8 +23,12 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from shardbench.measure.run_record import Collective
+
+if TYPE_CHECKING:
+    import numpy as np
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -225,19 +229,22 @@ _GROUPS = re.compile(r"replica_groups=(\{[{}0-9, ]*\}|\[[0-9,]+\]<=\[[0-9,]+\](?
 _PAIRS = re.compile(r"source_target_pairs=(\{[{}0-9, ]*\})")
 
 
-def _iota_groups(text: str) -> tuple[tuple[int, ...], ...]:
-    """XLA's iota form '[G,S]<=[d0,d1,...]T(p...)': arange(prod d) reshaped to d, transposed by p (when given),
-    reshaped to G groups of S."""
+def _iota_ids(text: str) -> np.ndarray:
+    """XLA's iota list '[d0,d1,...]T(p...)': arange(prod d) reshaped to d, transposed by p (when given),
+    flattened: the device ids in that order."""
     import numpy as np
 
-    shape_text, _, rest = text.partition("<=")
-    out_shape = [int(v) for v in shape_text.strip("[]").split(",")]
-    dims_text, _, perm_text = rest.partition("T")
+    dims_text, _, perm_text = text.partition("T")
     dims = [int(v) for v in dims_text.strip("[]").split(",")]
-    ids = np.arange(int(np.prod(dims))).reshape(dims)
-    if perm_text:
-        ids = ids.transpose([int(v) for v in perm_text.strip("()").split(",")])
-    return tuple(tuple(int(i) for i in row) for row in ids.reshape(out_shape[0], -1))
+    ids = np.arange(math.prod(dims)).reshape(dims)
+    return (ids.transpose([int(v) for v in perm_text.strip("()").split(",")]) if perm_text else ids).ravel()
+
+
+def _iota_groups(text: str) -> tuple[tuple[int, ...], ...]:
+    """XLA's iota form '[G,S]<=[d0,d1,...]T(p...)': the iota list (`_iota_ids`) reshaped to G groups of S."""
+    shape_text, _, rest = text.partition("<=")
+    groups = int(shape_text.strip("[]").split(",")[0])
+    return tuple(tuple(int(i) for i in row) for row in _iota_ids(rest).reshape(groups, -1))
 
 
 # XLA's mesh-axes form (jit's collectives under Shardy): the mesh's axes and sizes, its device ids where they are
@@ -266,16 +273,13 @@ def _mesh_groups(axes_text: str, ids_text: str | None, group_text: str) -> tuple
     if ids_text is None:
         ids = np.arange(total)
     elif ids_text.startswith("["):
-        dims_text, _, perm_text = ids_text.partition("T")
-        dims = [int(v) for v in dims_text.strip("[]").split(",")]
-        ids = np.arange(math.prod(dims)).reshape(dims)
-        ids = (ids.transpose([int(v) for v in perm_text.strip("()").split(",")]) if perm_text else ids).ravel()
+        ids = _iota_ids(ids_text)
     else:
         ids = np.array([int(v) for v in re.findall(r"\d+", ids_text)])
     if ids.size != total:
         return None
     dims, grouped = [], []
-    for axis, (name, size) in enumerate(axes):
+    for name, size in axes:
         subs = sorted((pre, part) for ref_name, pre, part in refs if ref_name == name and pre is not None)
         whole = any(ref_name == name and pre is None for ref_name, pre, _ in refs)
         if whole:
