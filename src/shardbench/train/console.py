@@ -65,9 +65,10 @@ def header_line(checked: "CheckedRun") -> str:
                   f"global statistics")
     idle = [axis for axis in checked.layout.strategy.axes if checked.layout.shape[axis] == 1]
     if len(checked.layout.strategy.axes) > 1 and idle and checked.layout.shape.size > 1:
-        notes += (f" | {checked.layout.strategy.name} on mesh {mesh}: its {' and '.join(idle)} axis has size 1, so "
-                  f"it splits nothing over {'them' if len(idle) > 1 else 'it'}; give --mesh with "
-                  f"{', '.join(f'{a}=N' for a in idle)} to split there")
+        many = len(idle) > 1
+        notes += (f" | {checked.layout.strategy.name} on mesh {mesh}: its {' and '.join(idle)} "
+                  f"{'axes have' if many else 'axis has'} size 1, so it splits nothing over {'them' if many else 'it'}; "
+                  f"give --mesh with {', '.join(f'{a}=N' for a in idle)} to split there")
     if checked.task.train_flops_per_example(cfg) is None:
         notes += (" | FLOPs from XLA's count of the model's forward and backward on one device (no "
                   "flops_per_example in the model's file): a loop body counts once, so layers under a scan are "
