@@ -14,6 +14,7 @@ Commands that need a cluster (srun, gcloud, HOST:PORT) are listed and skipped.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import shlex
@@ -31,6 +32,7 @@ from PIL import Image
 from shardbench import config as config_lib
 from shardbench.cli import build_parser, config_from_args
 from shardbench.parallel.mesh import mesh_size
+from shardbench.parsing import from_dict
 from shardbench.presets import PRESETS
 from shardbench.sweep import sweep_cmd
 from shardbench.sweep.preflight import check_in_processes
@@ -227,6 +229,16 @@ def test_inspect_takes_the_device_count_its_mesh_names(workdir: Path) -> None:
                           capture_output=True, text=True, env=_clean_env(), cwd=workdir)
     assert done.returncode == 0, done.stderr
     assert re.search(r"dev 0,2,4,6", done.stdout)
+
+
+def test_presets_json_is_one_document_of_every_presets_configuration() -> None:
+    done = subprocess.run([sys.executable, "-m", "shardbench", "presets", "--json"], capture_output=True, text=True,
+                          env=_clean_env())
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)  # the whole output is one JSON value, as json.load or jq reads it
+    assert list(printed) == sorted(PRESETS)
+    for name, make in PRESETS.items():
+        assert from_dict(printed[name]) == make()  # each is that preset's configuration, whole
 
 
 def test_presets_print_first_paragraphs_in_each_kinds_terms() -> None:

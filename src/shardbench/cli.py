@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import sys
 import typing
 from collections.abc import Sequence
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune_cmd.add_parser(sub)
     presets = sub.add_parser("presets", help="list the named configurations",
                              description="List the named configurations and what they are for.")
-    presets.add_argument("--json", action="store_true", help="print each preset's full configuration as JSON")
+    presets.add_argument("--json", action="store_true", help="print every preset's full configuration as one JSON object keyed by preset name")
     return parser
 
 
@@ -142,13 +143,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
+    if args.json:  # one JSON document, each preset's configuration under its name, for `json.load` or jq
+        print(json.dumps({name: make().to_dict() for name, make in PRESETS.items()}, indent=2, sort_keys=True))
+        return 0
     for name, make in PRESETS.items():
         cfg = make()
-        if args.json:
-            print(f"# {name}\n{cfg.to_json()}")
-        else:
-            doc = " ".join((make.__doc__ or "").split("\n\n")[0].split())  # the first paragraph: what it is
-            print(f"{name:13s} {doc}  [{preset_shape(cfg)}; batch {cfg.train.batch_size}, data {cfg.data.dataset}]")
+        doc = " ".join((make.__doc__ or "").split("\n\n")[0].split())  # the first paragraph: what it is
+        print(f"{name:13s} {doc}  [{preset_shape(cfg)}; batch {cfg.train.batch_size}, data {cfg.data.dataset}]")
     return 0
 
 

@@ -143,7 +143,7 @@ class ModelConfig:
         "(linear from 0 at the first block); 0 = off", range=FRACTION)
     unroll: int = setting(
         0, "layers per scan iteration: 1 = rolled loop (compile time flat in depth), N = N layers per iteration, "
-        "0 = auto (all layers up to 8, else 1)", range=count(0, note="0 = auto"))
+        "0 = auto (all layers up to 8 without --remat, else 1)", range=count(0, note="0 = auto"))
     remat: str = setting(
         "none", "activation checkpointing per block: none, block (keep matmul outputs, recompute the element-wise "
         "ops) or full (keep only each block's input)", choices=REMAT_POLICIES, short="--remat")
@@ -310,7 +310,7 @@ class TrainConfig:
     label_smoothing: float = setting(
         0.0, "classification: spread this fraction of each training target evenly over the classes", range=FRACTION)
     seed: int = setting(12, "random seed", range=Range(0, 2**32, high_open=True, note="a 32-bit seed"), short="--seed")
-    out: str = setting("", "run directory ('' = runs/<preset>-<strategy>-<time>)", short="--out")
+    out: str = setting("", "run directory ('' = runs/<preset>-<strategy>-<time>, a '+' in the strategy written '_')", short="--out")
     resume: bool = setting(False, "continue the run in --out from its last checkpoint", short="--resume")
     checkpoint_every: int = setting(
         500, "save a checkpoint every N steps (and at the end; 0 = only at the end)",

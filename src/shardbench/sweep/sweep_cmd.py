@@ -58,7 +58,8 @@ the runs and marks those that would be refused.
 
 `shardbench sweep --out DIR --resume` finishes a sweep from the plan stored in DIR/sweep.db; arguments given
 with it must match that plan. Exit status: 0 when every run completed, 1 when any failed (each is recorded
-with its kind), 2 for bad input, 130 on Ctrl-C.
+with its kind); for bad input, as train's: 2 a setting, 4 a file that is not what it should be (a sweep file,
+a damaged sweep.db), 6 a path that cannot be used; 130 on Ctrl-C, 143 on SIGTERM.
 """
 
 
@@ -347,8 +348,8 @@ def _stored_slurm(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the sweep `args` describe: 0 when every run completed, 1 when any failed (each is recorded), 2 for
-    bad input, 130 on Ctrl-C, 143 on SIGTERM."""
+    """Run the sweep `args` describe: 0 when every run completed, 1 when any failed (each is recorded); 2, 4
+    or 6 for bad input (a setting, a file, a path); 130 on Ctrl-C, 143 on SIGTERM."""
     with runner.terminated_as_interrupt():
         return _run(args)
 
