@@ -229,6 +229,21 @@ def test_dtype_role_sentence_bounds_from_every_share_and_groups_models() -> None
     assert "save at most about 10% of it" in mlp
 
 
+def test_dtype_role_sentence_bounds_the_saving_from_float32_compute_runs_only() -> None:
+    """Only a float32-compute run's activations can be halved by bfloat16 compute: with a 90% share at bfloat16
+    and 40% at float32 the bound is 20% (it said 45%), and where every run computes in bfloat16 there is no
+    halving left to offer (it offered 45%)."""
+    def at(name: str, dtype: str, parts: tuple[int, int, int, int]) -> ReportedRun:
+        return run(name, {"model.kind": "vit", "train.batch_size": 64, "parallel.mesh": name,
+                          "precision.dtype": dtype}, 10.0, breakdown=parts)
+
+    mixed = dtype_role_finding([at("half", "bfloat16", (1, 0, 0, 9)), at("full", "float32", (1, 1, 1, 2))])
+    assert len(mixed) == 1 and "save at most about 20% of it." in mixed[0]
+    half = dtype_role_finding([at("a", "bfloat16", (1, 0, 0, 9)), at("b", "bfloat16", (1, 1, 1, 2))])
+    assert len(half) == 1 and "Halving" not in half[0]
+    assert half[0].endswith("Every run here already computes in 16 bits, so no further halving of them is in reach.")
+
+
 # ----------------------------------------------------------------------------- 9, 10: charts and old records
 def test_mesh_by_batch_charts_name_the_runs_they_leave_out(tmp_path: Path) -> None:
     """Two meshes x two batches, and at mesh 8x1 batch 64 a bfloat16 run beside the float32 one: one bar per
@@ -477,9 +492,10 @@ def test_a_folder_mixing_runs_with_and_without_config_json_names_each_group_by_w
 
 def test_a_compile_time_loaded_from_the_compilation_cache_is_marked_and_not_ranked_with_compilations() -> None:
     """Four runs of one work: a compiled in 4.7 s (a record without cache counts), b in 2.0 s (0 of 8 programs
-    from the cache), c in 0.1 s with all 8 from the cache, d in 0.2 s with 3 of 8. The compile range is d's 0.2 s
-    to a's 4.7 s (c's load is no compilation; it read "0.1 s (c) to 4.7 s (a)"), c is named as loaded from the
-    cache, and its table cell says so."""
+    from the cache), c in 0.1 s with all 8 from the cache, d in 0.2 s with 3 of 8. The compile range is b's 2.0 s
+    to a's 4.7 s: c's load is no compilation (it read "0.1 s (c) to 4.7 s (a)"), nor is d's, partly a load (it
+    read "0.2 s (d)": a sweep sharing the machine's cache often hits some programs). Both are named with what
+    the cache answered, and their table cells say so."""
     def timed(name: str, compile_s: float, cache: tuple[int, int] | None) -> ReportedRun:
         made = rec(name, 10.0)
         made["measurements"]["compile"]["compile_s"] = compile_s
@@ -489,11 +505,12 @@ def test_a_compile_time_loaded_from_the_compilation_cache_is_marked_and_not_rank
 
     runs = [timed("a", 4.7, None), timed("b", 2.0, (0, 8)), timed("c", 0.1, (8, 8)), timed("d", 0.2, (3, 8))]
     found = speed_findings(runs)
-    assert "Compilation, which the step times leave out, took 0.2 s (d) to 4.7 s (a)." in found
-    assert ("c took every compiled program from the persistent compilation cache (--train.compile-cache): its "
-            "compile time is a load from disk, not a compilation, and is compared with no other run's.") in found
+    assert "Compilation, which the step times leave out, took 2.0 s (b) to 4.7 s (a)." in found
+    assert ("From the persistent compilation cache (--train.compile-cache), c every program, d 3 of its 8 "
+            "programs: their compile time is wholly or partly a load from disk, not a compilation, and is "
+            "compared with no other run's.") in found
     column = next(c for c in COLUMNS if c.key == "compile_s")
-    assert [column.text(r) for r in runs] == ["4.70", "2.00", "0.10 (cache)", "0.20"]
+    assert [column.text(r) for r in runs] == ["4.70", "2.00", "0.10 (cache)", "0.20 (cache 3/8)"]
 
 
 def test_runs_of_one_name_from_two_sweeps_are_each_named_by_their_folder_and_a_default_is_said(

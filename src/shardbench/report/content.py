@@ -100,12 +100,26 @@ class ReportedRun:
         return number((self.m.compile or CompileTimes()).compile_s)
 
     @property
-    def compiled_from_cache(self) -> bool:
-        """Every one of the run's compilations was answered from the persistent compilation cache: its compile
-        time is a load from disk, not a compilation."""
+    def cache_hits(self) -> tuple[int, int] | None:
+        """(hits, requests) of the persistent compilation cache where it answered at least one of the run's
+        programs; None where it answered none or was off."""
         cache = self.m.compile_cache
         hits, requests = (None, None) if cache is None else (number(cache.hits), number(cache.requests))
-        return bool(hits) and hits == requests
+        return (int(hits), int(requests or hits)) if hits else None
+
+    @property
+    def compiled_from_cache(self) -> bool:
+        """Some or all of the run's programs were loaded from the persistent compilation cache: its compile time
+        is partly or wholly a load from disk, which compares with no run's compilation."""
+        return self.cache_hits is not None
+
+    @property
+    def cache_note(self) -> str:
+        """'cache' where every program came from the cache, 'cache 7/8' where some did; '' where none."""
+        if self.cache_hits is None:
+            return ""
+        hits, requests = self.cache_hits
+        return "cache" if hits >= requests else f"cache {hits}/{requests}"
 
     @property
     def mfu(self) -> Mfu:
@@ -345,7 +359,7 @@ class Column:
         if self.key in ("comms_mib", "stage_mib") and not run.comms_sent:  # an older record: its payload
             return f"{value:,.{self.digits}f} (payload)"
         if self.key == "compile_s" and run.compiled_from_cache:  # a load from disk, not a compilation
-            return f"{value:,.{self.digits}f} (cache)"
+            return f"{value:,.{self.digits}f} ({run.cache_note})"
         if self.key in RATE_KEYS and run.wall_rate:  # an old record's wall-clock rate, not batch / median step
             return f"{value:,.{self.digits}f} (wall clock)"
         return f"{value:,.{self.digits}f}" if self.numeric else str(value)

@@ -111,19 +111,26 @@ def precision_findings(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> 
 DOMINATE = 50.0  # activations dominate a breakdown from this share (%) of it on
 
 
-def _shares(runs: list[ReportedRun]) -> dict[Model, tuple[dict[int, list[float]], list[float]]]:
-    """Per model (`speed._model`): the activation share (%) of each complete run's breakdown by batch size, and
-    the bytes of parameters + optimizer state + gradients (MiB) of every such run."""
-    out: dict[Model, tuple[dict[int, list[float]], list[float]]] = {}
+Shares = tuple[dict[int, list[float]], list[float], list[float]]
+
+
+def _shares(runs: list[ReportedRun]) -> dict[Model, Shares]:
+    """Per model (`speed._model`): the activation share (%) of each complete run's breakdown by batch size, the
+    bytes of parameters + optimizer state + gradients (MiB) of every such run, and the shares of those that
+    compute in float32 (what bfloat16 compute could halve)."""
+    out: dict[Model, Shares] = {}
     for run in runs:
         parts = [run.part(p) for p in ("params", "optimizer", "gradients", "activations_temporaries")]
         batch = run.batch
         if not run.ok or None in parts or batch is None or not sum(p or 0.0 for p in parts):
             continue
         total = sum(p or 0.0 for p in parts)
-        shares, states = out.setdefault(_model(run), ({}, []))
-        shares.setdefault(batch, []).append((parts[3] or 0.0) / total * 100)
+        shares, states, wide = out.setdefault(_model(run), ({}, [], []))
+        share = (parts[3] or 0.0) / total * 100
+        shares.setdefault(batch, []).append(share)
         states.append(total - (parts[3] or 0.0))
+        if run.config.get("precision.dtype", "float32") == "float32":
+            wide.append(share)
     return out
 
 
@@ -152,9 +159,8 @@ def dtype_role_finding(runs: list[ReportedRun]) -> list[str]:
     grouped = _shares(runs)
     keys = list(grouped)
     sentences = []
-    for key, (shares, states) in grouped.items():
+    for key, (shares, states, wide) in grouped.items():
         name = label(key, keys) if len(keys) > 1 else ""
-        every = [v for values in shares.values() for v in values]
         small, large = min(shares), max(shares)
         if small == large:
             described = f"{_span(shares[large], '%', 0)} of the per-device breakdown at batch {large}"
@@ -164,9 +170,17 @@ def dtype_role_finding(runs: list[ReportedRun]) -> list[str]:
         sentences.append(
             f"{f'{name}: ' if name else ''}The parameter dtype sets the bytes of parameters, optimizer state and "
             f"gradients (here {_span(states, ' MiB')} per device); the compute dtype changes only activations and "
-            f"temporaries, which are {described}{_dominance(shares)}. Halving them (float32 -> bfloat16 compute) "
-            f"can therefore save at most about {max(every) / 2:.0f}% of it.")
+            f"temporaries, which are {described}{_dominance(shares)}. " + _halving(wide))
     return sentences
+
+
+def _halving(wide: list[float]) -> str:
+    """What 16-bit compute could save, bounded by the float32-compute runs' activation shares; nothing to halve
+    where every run already computes in 16 bits."""
+    if not wide:
+        return "Every run here already computes in 16 bits, so no further halving of them is in reach."
+    return (f"Halving them (float32 -> bfloat16 compute) can therefore save at most about {max(wide) / 2:.0f}% of "
+            f"it.")
 
 
 def _replica_key(run: ReportedRun) -> str:

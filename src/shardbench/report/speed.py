@@ -232,8 +232,8 @@ def speed_findings(runs: list[ReportedRun]) -> list[str]:
 
 
 def _compile_finding(runs: list[ReportedRun]) -> list[str]:
-    """The range of compile times where it is wide, among the runs that compiled; those whose every program came
-    from the persistent compilation cache loaded it from disk, which compares with no compilation."""
+    """The range of compile times where it is wide, among the runs that compiled every program; those that took
+    some or all from the persistent compilation cache loaded them from disk, which compares with no compilation."""
     cached = [r for r in runs if r.compiled_from_cache]
     compiles = [(r.compile_s, r.name) for r in runs if not r.compiled_from_cache]
     found = []
@@ -242,10 +242,17 @@ def _compile_finding(runs: list[ReportedRun]) -> list[str]:
         found.append(f"Compilation, which the step times leave out, took {quick:.1f} s ({quick_name}) to "
                      f"{slow:.1f} s ({slow_name}).")
     if cached:
-        found.append(f"{_names(cached)} took every compiled program from the persistent compilation cache "
-                     f"(--train.compile-cache): {'its' if len(cached) == 1 else 'their'} compile time is a load "
-                     f"from disk, not a compilation, and is compared with no other run's.")
+        took = ", ".join(f"{r.name} {'every program' if r.cache_note == 'cache' else _share(r.cache_hits)}"
+                         for r in cached)
+        found.append(f"From the persistent compilation cache (--train.compile-cache), {took}: "
+                     f"{'its' if len(cached) == 1 else 'their'} compile time is wholly or partly a load from disk, "
+                     f"not a compilation, and is compared with no other run's.")
     return found
+
+
+def _share(hits: tuple[int, int] | None) -> str:
+    done, asked = hits or (0, 0)
+    return f"{done} of its {asked} programs"
 
 
 def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
