@@ -233,6 +233,18 @@ def test_a_stopped_sweeps_report_says_which_planned_runs_are_not_recorded(tmp_pa
     assert write_report(tmp_path).pending == () and "unfinished" not in write_report(tmp_path).markdown.read_text()
 
 
+
+def test_a_sweep_stopped_before_its_first_run_ended_is_said_so_with_how_to_finish(tmp_path: Path) -> None:
+    """Ctrl-C during a sweep's first run: the plan is stored, no run is. `report` names the planned runs and how to
+    finish them (it said "no runs to report (no runs in a sweep.db and no summary.json below it)")."""
+    with Store(tmp_path / "sweep.db") as store:
+        store.set_meta("runs", [{"name": n, "overrides": {}, "settings": {}} for n in ("strategy_dp", "strategy_fsdp")])
+    with pytest.raises(ShardbenchError) as raised:
+        write_report(tmp_path)
+    assert str(raised.value) == (
+        f"{tmp_path}: no run recorded yet: the sweep planned 2 runs (strategy_dp, strategy_fsdp) and was stopped "
+        f"before the first ended; finish it with 'shardbench sweep --out {tmp_path} --resume', then report it")
+
 def test_what_the_sweep_set_for_every_run_is_said_as_held_fixed(tmp_path: Path) -> None:
     """A sweep's base (the flags given one value: --steps 8, --model.embed-dim 64) is what it held fixed, said in
     both renderings (only a swept field left with one value was); a base field the runs vary is said as swept."""

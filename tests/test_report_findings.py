@@ -666,6 +666,55 @@ def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypa
     assert text.count(caption) == 2 and paths.clipped == {}
 
 
+
+def test_mesh_by_batch_charts_name_a_failed_run_whose_cell_another_run_fills(tmp_path: Path) -> None:
+    """Meshes 8x1 and 4x2 x batches 64 and 256, each drawn, and at 4x2 batch 64 a second run (another learning
+    rate) that diverged: its cell has a bar, so no gap can show it, and the caption names it (it was dropped
+    without a word)."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for mesh in ("8x1", "4x2"):
+            for batch in (64, 256):
+                name = f"mesh_{mesh}_batch_{batch}"
+                store.add(row(name, {"parallel.mesh": mesh, "train.batch_size": batch}, rec(name, batch / 8, mesh=mesh)))
+        store.add(row("mesh_4x2_batch_64_lr_1e12", {"parallel.mesh": "4x2", "train.batch_size": 64, "optim.lr": 1e12},
+                      None, ("diverged", "loss is nan at step 2")))
+    text = write_report(directory).markdown.read_text()
+    assert text.count("Not drawn, at a mesh and batch size another run's bar has: mesh_4x2_batch_64_lr_1e12, "
+                      "failed (diverged) (mesh 4x2, batch 64).") == 2  # under both mesh x batch charts
+
+
+def test_mesh_by_batch_charts_are_not_drawn_across_models_and_a_failed_single_run_is_on_one_device(
+        tmp_path: Path) -> None:
+    """A folder holding a ViT's and an MLP's runs at meshes 8x1 and 4x2 x batches 64 and 256, no cell shared: one
+    bar per cell would set one model's mesh beside the other's, so the charts are left out with a line (they were
+    drawn, unlabelled). A timed-out run with strategy single, configured with --devices 8, ran on one device: the
+    table says 1 (it said 8)."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for kind, mesh in (("vit", "8x1"), ("mlp", "4x2")):
+            for batch in (64, 256):
+                name = f"{kind}_{mesh}_{batch}"
+                store.add(row(name, {"model.kind": kind, "parallel.mesh": mesh, "train.batch_size": batch},
+                              rec(name, batch / 8, mesh=mesh)))
+        store.add(row("lone", {"parallel.strategy": "single", "parallel.devices": 8, "parallel.mesh": "none"}, None,
+                      ("timeout", "past --timeout 6 s")))
+    paths = write_report(directory)
+    text = paths.markdown.read_text()
+    assert "mesh_batch_memory" not in paths.charts and "mesh_batch_epoch_time" not in paths.charts
+    assert "per mesh and batch size: left out, as the runs train 2 models (vit, mlp)" in text
+    lone = next(r for r in markdown_table(text) if r["run"] == "lone")
+    assert lone["devices"] == "1"
+
+
+def test_a_report_of_runs_none_of_which_completed_says_so_for_communication(tmp_path: Path) -> None:
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        store.add(row("a", {"parallel.mesh": "8"}, None, ("timeout", "past --timeout 6 s")))
+    text = write_report(directory).markdown.read_text()
+    assert "Communication per step: left out, as no run completed." in text
+    assert "no run moves bytes between devices" not in text
+
 def test_columns_no_run_has_are_left_out(tmp_path: Path) -> None:
     """Two runs of part of an epoch each (no epoch time), no MFU and no test accuracy: the table has no "epoch
     time s", "MFU %" or "test acc %" column (each was a column of dashes), and every column it has holds a value

@@ -169,6 +169,8 @@ class ReportedRun:
 
     @property
     def devices(self) -> int | None:
+        if not self.rec.devices and self.strategy == "single":  # a failed run's config may say --devices 8:
+            return 1                                             # single runs on one device, as its record says
         value = number(self.field("devices", "parallel.devices"))
         return int(value) if value else None  # 0 in a config means "all", which is unknown here
 

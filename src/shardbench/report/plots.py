@@ -187,6 +187,11 @@ def _mesh(run: ReportedRun) -> str:
     return str(run.field("mesh", "parallel.mesh") or run.strategy)
 
 
+def _kind(run: ReportedRun) -> str:
+    """The model a run trains, by kind or by the file of a model of your own."""
+    return str(run.config.get("model.factory") or run.config.get("model.kind") or run.rec.model or "?")
+
+
 def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: str,
              value: Callable[[ReportedRun], float | None], hatched: Callable[[ReportedRun], bool], note: str) -> Chart | str:
     """The seeds' layout: one group of bars per mesh, one bar per batch size (vertical, as drawn by hand). A run
@@ -197,7 +202,13 @@ def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: 
     cells, left_out = _cells(runs, value)
     if len(meshes) < 2 or len(batches) < 2 or not cells:
         return ""
+    kinds = list(dict.fromkeys(_kind(r) for r in runs if r.ok))
+    if len(kinds) > 1:  # bars side by side would compare one model's mesh with another's
+        return (f"{title}: left out, as the runs train {len(kinds)} models ({', '.join(kinds)}); the per-run "
+                f"charts and the table name each run's.")
     gaps = _gaps(runs, cells, value)  # a failed run has its cell by its configured mesh and batch
+    # A failed run (or one without the figure) whose cell another run's bar fills: no gap to label, so said.
+    covered = [r for r in runs if (not r.ok or value(r) is None) and (_mesh(r), r.batch) in cells]
     inside = {cell: run for cell, run in gaps.items() if cell[0] in meshes and cell[1] in batches}
     outside = [run for cell, run in gaps.items() if cell not in inside]
     # Said under the chart (the figure is too narrow for a list of names).
@@ -208,7 +219,10 @@ def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: 
         if inside else "",
         "Not drawn, at a mesh or batch size no bar has: " + "; ".join(
             f"{r.name}, {_gap_text(r)} (mesh {_mesh(r)}, batch {r.batch or '?'})" for r in outside) + "."
-        if outside else ""]))
+        if outside else "",
+        "Not drawn, at a mesh and batch size another run's bar has: " + "; ".join(
+            f"{r.name}, {_gap_text(r)} (mesh {_mesh(r)}, batch {r.batch or '?'})" for r in covered) + "."
+        if covered else ""]))
     fig = Figure(figsize=(2.0 + 1.3 * len(meshes) * max(1, len(batches) / 2), 4.2), dpi=100, layout="constrained")
     ax = fig.subplots()
     width = 0.8 / len(batches)
@@ -385,6 +399,8 @@ COMMS_AXIS = {
 
 def comms(runs: list[ReportedRun], out: Path) -> Chart | str:
     kinds = sorted({k for r in runs for k in r.comms}, key=lambda k: (-sum(r.comms_bytes(k) for r in runs), k))
+    if not any(r.ok for r in runs):
+        return "Communication per step: left out, as no run completed."
     if not any(r.comms_bytes(k) for r in runs for k in kinds):
         return "Communication per step: left out, as no run moves bytes between devices."
     fig, (ax,) = _figure(len(runs))

@@ -160,6 +160,12 @@ def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[ReportedR
         what = "is a file, not a folder of runs" if sweep_dir.exists() else "no such directory"
         raise ShardbenchError(f"{sweep_dir}: {what}")
     runs, meta = _from_store(sweep_dir / "sweep.db") if (sweep_dir / "sweep.db").exists() else ([], {})
+    if not runs and meta.get("pending"):
+        pending = meta["pending"]
+        raise ShardbenchError(
+            f"{sweep_dir}: no run recorded yet: the sweep planned {len(pending)} run{'' if len(pending) == 1 else 's'} "
+            f"({', '.join(pending[:5])}{', ...' if len(pending) > 5 else ''}) and was stopped before the first "
+            f"ended; finish it with 'shardbench sweep --out {sweep_dir} --resume', then report it")
     if not runs:
         runs, meta = _from_folders(sweep_dir, skip or sweep_dir / "report"), {}
     if not any(r.ok for r in runs) and all(r.error_kind == INCOMPLETE for r in runs):

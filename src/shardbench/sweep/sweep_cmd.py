@@ -267,7 +267,7 @@ def overhead(store: Store, started: float, wall_s: float) -> dict[str, Any]:
 
 def overhead_line(timing: dict[str, Any]) -> str:
     if not timing["runs"] or timing["ratio"] is None:  # none, or only runs that never started a process
-        return f"sweep: {timing['wall_s']:.1f} s, no run was started"
+        return f"sweep: {timing['wall_s']:.1f} s, no run was recorded"
     return (f"sweep: {timing['wall_s']:.1f} s wall for {timing['runs']} run(s) whose processes took "
             f"{timing['runs_wall_s']:.1f} s, start-up included: {timing['ratio']:.3f}x")
 
