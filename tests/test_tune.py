@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.parallel.rules import STRATEGIES
 from shardbench.plan.candidates import Candidate
@@ -594,3 +595,30 @@ def test_a_damaged_tune_json_is_named_when_resumed(tmp_path: Path, text: str, sa
     with pytest.raises(DataError) as err:
         resumed(tuning)
     assert str(err.value).startswith(f"--resume: {tmp_path / TUNE_JSON} {says}"), str(err.value)
+
+
+@pytest.mark.parametrize("candidate", [
+    Candidate("dp+pp", "data=4,stage=2", "none", "float32", microbatches=2, schedule="circular"),
+    Candidate("dp", "8x1", "none", "float32"),
+], ids=["circular", "no-stages"])
+@pytest.mark.parametrize("repeats", [1, 2])
+def test_each_measured_run_is_told_every_field_of_the_program_its_plan_compiled(candidate: Candidate,
+                                                                                repeats: int) -> None:
+    """What a measured run (and the ready command) is told, the user's settings and the layout's, is the
+    configuration the planner compiled for that candidate, field by field. A circular pipeline loops its
+    microbatches twice (at one repeat its schedule is GPipe's): its run was told no --parallel.repeats, so it
+    measured GPipe's program; a layout without stages runs once, even where the user gave --parallel.repeats 2
+    for the pipelines (its run was told 2 and refused)."""
+    from shardbench.parsing import override
+    from shardbench.plan.candidates import candidate_config
+    from shardbench.presets import get_preset
+    from shardbench.sweep.grid import SWEEP_OWNED
+    from shardbench.tune.space import Point, layout_settings, user_settings
+
+    cfg = override(get_preset("vit-tiny"), {"parallel.repeats": repeats, "train.steps": 3})
+    told = config_lib.flatten(override(get_preset("vit-tiny"), {**user_settings(cfg),
+                                                                 **layout_settings(cfg, Point(candidate, 64), 8)}))
+    planned = candidate_config(override(cfg, {"train.batch_size": 64}), candidate, 8)
+    differs = {k: (told[k], planned[k]) for k in planned if k not in SWEEP_OWNED and told[k] != planned[k]}
+    assert differs == {}
+    assert told["parallel.repeats"] == (2 if candidate.schedule == "circular" else 1)

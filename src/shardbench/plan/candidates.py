@@ -149,11 +149,11 @@ def folded_line(folded: dict[str, str]) -> str:
 def candidate_config(cfg: config_lib.Config, c: Candidate, devices: int) -> dict[str, Any]:
     """The flattened configuration `shardbench train` would run for candidate `c`. A circular candidate loops its
     microbatches --parallel.repeats times (CIRCULAR_REPEATS where the configuration leaves it at 1: at 1 the schedule
-    is GPipe's); every other candidate runs once through the stages."""
+    is GPipe's); every other candidate runs once through the stages, and a candidate without stages once."""
     single = c.strategy == "single"
     schedule = c.schedule or cfg.parallel.schedule
     circular = cfg.parallel.repeats if cfg.parallel.repeats > 1 else config_lib.CIRCULAR_REPEATS
-    repeats = circular if schedule == "circular" else 1
+    repeats = circular if schedule == "circular" and c.microbatches else 1
     return {**config_lib.flatten(cfg), "parallel.strategy": c.strategy, "parallel.mesh": c.mesh,
             "parallel.devices": 1 if single else devices, "model.remat": c.remat, "precision.dtype": c.dtype,
             "train.grad_accum": c.grad_accum, "parallel.spmd": cfg.parallel.spmd,

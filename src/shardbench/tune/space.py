@@ -19,8 +19,11 @@ from shardbench.plan.candidates import (PER_STAGE, USES, Candidate, candidate_co
 
 
 # The fields a layout sets (a planner candidate's, `candidate_config`) and the batch.
+# What each measured run and the ready command are told per candidate: every field `candidate_config` sets
+# (a circular pipeline's repeats among them: without it the run measured GPipe's program at one repeat).
 LAYOUT_KEYS = ("parallel.strategy", "parallel.mesh", "parallel.devices", "model.remat", "precision.dtype",
-               "train.grad_accum", "parallel.microbatches", "parallel.schedule", "train.batch_size")
+               "train.grad_accum", "parallel.microbatches", "parallel.schedule", "parallel.repeats",
+               "train.batch_size")
 
 
 @dataclass(frozen=True)
