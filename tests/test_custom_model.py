@@ -98,6 +98,18 @@ def test_the_first_line_says_when_tp_splits_nothing_and_a_rule_names_nothing(mic
         assert "splits none" not in line and "--rules names" not in line
 
 
+def test_inspect_says_what_the_first_line_says_of_the_models_axis_names(micro) -> None:
+    """inspect, where one goes to learn what to give --rules, names the convnet's axes no table maps (conv_in,
+    conv_out, kept whole) and a --rules name no variable gives, as train's first line does (it said neither)."""
+    from shardbench.inspect import inspect
+
+    cfg = _cfg(micro, CONVNET, **{"parallel.strategy": "tp", "parallel.mesh": "1x8", "parallel.devices": 8,
+                                  "parallel.rules": "hiden=mlp"})
+    head = inspect(cfg).split("\n\n", 1)[0].splitlines()
+    assert head[1:] == ["note: axes no table maps, kept whole: conv_in, conv_out (map one with --rules NAME=AXIS)",
+                        "note: --rules names what no variable of this model names, so it does nothing: hiden"]
+
+
 def test_a_model_of_your_owns_flops_are_counted_on_one_device_as_a_hand_count_says(micro, tmp_path: Path) -> None:
     """One Linear of 3,072 inputs and 10 outputs on 16 examples: its forward (2 x 16 x 3,072 x 10) and its
     weights' gradient (the same again; no input gradient is needed) are 1,966,080 matmul FLOPs. XLA's count of the

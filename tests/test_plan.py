@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from shardbench import config as config_lib
+from shardbench.errors import ConfigError
 from shardbench.parsing import override
 from shardbench.plan.calibration import Coefficients, fit
 from shardbench.plan.candidates import Candidate
@@ -480,3 +481,17 @@ def test_validate_predicts_a_measured_cpu_sweep(tmp_path: Path) -> None:
 
     markdown = write_report(sweep).markdown.read_text()
     assert "step ms predicted" in markdown and "memory/device MiB predicted" in markdown
+
+
+def test_a_model_of_your_own_plans_every_remat_given_and_its_configured_one_by_default() -> None:
+    """A model of your own is handed the configuration, --model.remat among it, so a --remat list is planned
+    value by value, as for a built-in model (it was cut to its first value, the rest dropped without a word);
+    without one, its configured value alone (a built-in model's default is none and block)."""
+    from shardbench.plan.plan_cmd import remat_choices
+
+    own = override(get_preset("mlp-small"), {"model.factory": "models/mine.py:build", "model.remat": "full"})
+    assert remat_choices(own, {"model.remat": ["full", "none"]}) == ["full", "none"]
+    assert remat_choices(own, {}) == ["full"]
+    assert remat_choices(get_preset("mlp-small"), {}) == ["none", "block"]
+    with pytest.raises(ConfigError, match="--remat most: choose from"):
+        remat_choices(own, {"model.remat": ["most"]})

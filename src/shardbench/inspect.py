@@ -160,6 +160,7 @@ def inspect(cfg: Config, array: str = "") -> str:
     lines = [
         f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
         f"{layout.shape.size} {layout.device.platform} device(s)",
+        *(f"note: {note}" for note in spec.axis_notes()),  # as train's first line says them
         "",
         format_table(rows),
         "",

@@ -60,6 +60,18 @@ class ModelSpec:
     stacks: int = 1
     unused_rules: tuple[str, ...] = ()  # a model of your own: --rules names that none of its variables give
 
+    def axis_notes(self) -> list[str]:
+        """What `train`'s first line and `inspect` say of a model of your own's axis names: those no strategy
+        table maps (kept whole), and --rules names that none of its variables give (doing nothing)."""
+        notes = []
+        if self.unmapped:
+            notes.append(f"axes no table maps, kept whole: {', '.join(self.unmapped)} (map one with --rules "
+                         f"NAME=AXIS)")
+        if self.unused_rules:
+            notes.append(f"--rules names what no variable of this model names, so it does nothing: "
+                         f"{', '.join(self.unused_rules)}")
+        return notes
+
     @property
     def has_statistics(self) -> bool:
         """Whether the model keeps batch statistics (BatchNorm), which depend on how the batch is split."""

@@ -83,13 +83,18 @@ def _choices(cfg: config_lib.Config, lists: dict[str, list[str]]) -> tuple[list[
     for d in dtypes:
         if d not in config_lib.DTYPES:
             raise ConfigError(f"--dtype {d}: choose from {', '.join(config_lib.DTYPES)}")
-    if cfg.model.factory:  # a model of your own decides for itself whether it checkpoints
-        return dtypes, [cfg.model.remat]
-    remats = lists.get("model.remat", ["none", "block"])
+    return dtypes, remat_choices(cfg, lists)
+
+
+def remat_choices(cfg: config_lib.Config, lists: dict[str, list[str]]) -> list[str]:
+    """The --remat values to plan: those given, else none and block for a built-in model. A model of your own
+    checkpoints as its build decides (it is handed the configuration, --model.remat among it): its default is
+    the configured value, and a list given is planned value by value as for any model (it was cut to its first)."""
+    remats = lists.get("model.remat", [cfg.model.remat] if cfg.model.factory else ["none", "block"])
     for r in remats:
         if r not in config_lib.REMAT_POLICIES:
             raise ConfigError(f"--remat {r}: choose from {', '.join(config_lib.REMAT_POLICIES)}")
-    return dtypes, remats
+    return list(dict.fromkeys(remats))
 
 
 def default_out(cfg: config_lib.Config, target: Target) -> Path:

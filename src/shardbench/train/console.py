@@ -45,13 +45,7 @@ def header_line(checked: "CheckedRun") -> str:
     if jax.process_count() > 1:
         where += f" in {jax.process_count()} processes"
     model = f"{cfg.model.factory}, task {cfg.model.task}" if cfg.model.factory else cfg.model.kind
-    notes = ""
-    if checked.spec.unmapped:
-        notes += (f" | axes no table maps, kept whole: {', '.join(checked.spec.unmapped)} (map one with --rules "
-                  f"NAME=AXIS)")
-    if checked.spec.unused_rules:
-        notes += (f" | --rules names what no variable of this model names, so it does nothing: "
-                  f"{', '.join(checked.spec.unused_rules)}")
+    notes = "".join(f" | {note}" for note in checked.spec.axis_notes())
     if checked.spec.custom and not splits_over_model(checked):
         notes += (f" | {checked.layout.strategy.name} splits none of this model's parameters over the model axis: "
                   f"none names an axis its table maps (name them with nnx.with_partitioning, or map yours with "

@@ -92,11 +92,8 @@ def add_parser(subparsers: Any) -> None:
 def make_space(cfg: config_lib.Config, args: argparse.Namespace, lists: dict[str, list[str]]) -> Space:
     strategies = (parse_names("--candidates", args.candidates, list(USES)) if args.candidates.strip()
                   else tuple(USES))
-    remats = ((cfg.model.remat,) if cfg.model.factory else  # a model of your own decides its own remat
-              parse_names("--remat", ",".join(lists.get("model.remat", ["none", "block"])),
-                          config_lib.REMAT_POLICIES))
     return Space(
-        strategies=strategies, remats=remats,
+        strategies=strategies, remats=tuple(plan_cmd.remat_choices(cfg, lists)),
         dtypes=parse_names("--dtype", ",".join(lists.get("precision.dtype", [cfg.precision.dtype])),
                            config_lib.DTYPES),
         accums=parse_ints("--grad-accum", ",".join(lists.get("train.grad_accum", [str(cfg.train.grad_accum)]))),
