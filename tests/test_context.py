@@ -170,6 +170,19 @@ def test_refused_before_compiling(overrides: dict[str, object], says: str) -> No
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("length", [12, 20, 28, 14, 22, 26])
+def test_the_contiguous_order_is_advised_only_where_it_splits(length: int) -> None:
+    """A sequence the head-tail order cannot split over seq=4 (8 chunks) is given --parallel.context-order
+    contiguous as a way out only where that order's 4 blocks split it (12, 20, 28; it was advised for 14, 22 and
+    26 too, and then refused there); the advice, taken, is accepted."""
+    with pytest.raises(ConfigError) as err:
+        check_runnable(_cfg(**{"parallel.strategy": "dp+cp", "parallel.mesh": "data=2,seq=4", "model.seq_len": length}))
+    advised = "--parallel.context-order contiguous" in str(err.value)
+    assert advised == (length % 4 == 0)
+    if advised:
+        check_runnable(_cfg(**{"parallel.strategy": "dp+cp", "parallel.mesh": "data=2,seq=4", "model.seq_len": length,
+                               "parallel.context_order": "contiguous"}))
+
 def test_auto_picks_cp_for_a_seq_axis() -> None:
     _, layout, _ = check_runnable(_cfg(**{"parallel.mesh": "data=2,seq=4"}))
     assert layout.strategy.name == "dp+cp" and layout.shape.seq == 4

@@ -323,3 +323,12 @@ def test_a_model_without_its_own_flop_count_is_measured_by_xla(micro, tmp_path: 
     median, peak = m["step_time_s"]["median"], m["mfu"]["peak_flops_per_s_per_device"]
     assert median > 0 and peak > 0
     assert m["mfu"]["mfu"] == pytest.approx(flops["traced_per_step"] / median / (peak * 8), rel=1e-12)
+
+
+def test_ep_on_a_model_of_your_own_without_experts_says_how_to_name_them(micro) -> None:
+    """ep on the convnet, which has no expert dim: the way out is naming one (it advised --model.num-experts N,
+    which train refuses for a model of your own)."""
+    cfg = _cfg(micro, CONVNET, **{"parallel.strategy": "ep", "parallel.mesh": "expert=8", "parallel.devices": 8})
+    with pytest.raises(ConfigError) as err:
+        check_runnable(cfg)
+    assert "name a parameter dim 'expert'" in str(err.value) and "--model.num-experts" not in str(err.value)

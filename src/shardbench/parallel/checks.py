@@ -97,9 +97,10 @@ def check_context(cfg: Config, layout: Layout) -> None:
         chunks = 2 * shape.seq if order == "head-tail" else shape.seq
         if sequence % chunks:
             what = f"2 x seq = {chunks} chunks (head-tail)" if order == "head-tail" else f"{chunks} blocks"
+            contiguous_fits = order == "head-tail" and sequence % shape.seq == 0  # else that advice is refused too
             raise ConfigError(f"--strategy {name}: a sequence of {sequence} rows does not split into {what} "
                               f"(mesh {shape}): use a sequence that is a multiple of {chunks}, another seq size"
-                              f"{', or --parallel.context-order contiguous' if order == 'head-tail' else ''}")
+                              f"{', or --parallel.context-order contiguous' if contiguous_fits else ''}")
     if layout.sequence_parallel:
         if MODEL not in layout.strategy.axes or shape.model == 1:
             raise ConfigError(f"--parallel.sequence-parallel splits tp's LayerNorm and dropout regions along the "
@@ -255,9 +256,10 @@ def check_experts(spec: ModelSpec, layout: Layout, style: str) -> None:
     has_experts = any(EXPERT in axes for axes in flat_by_path(spec.axes).values())
     name = layout.strategy.name
     if EXPERT_AXIS in layout.strategy.axes and not has_experts:
+        how = ("name a parameter dim 'expert' (nnx.with_partitioning, or --rules NAME=expert for a name of "
+               "yours)" if spec.custom else "use --preset lm-moe or --model.num-experts N")
         raise ConfigError(f"--strategy {name} splits a mixture's experts over the expert axis, and this model has "
-                          f"none (no parameter with an 'expert' dim): use --preset lm-moe or --model.num-experts N, "
-                          f"or a strategy without ep")
+                          f"none (no parameter with an 'expert' dim): {how}, or a strategy without ep")
     if not has_experts:
         return
     if STAGE in layout.strategy.axes:
