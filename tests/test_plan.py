@@ -495,3 +495,29 @@ def test_a_model_of_your_own_plans_every_remat_given_and_its_configured_one_by_d
     assert remat_choices(get_preset("mlp-small"), {}) == ["none", "block"]
     with pytest.raises(ConfigError, match="--remat most: choose from"):
         remat_choices(own, {"model.remat": ["most"]})
+
+
+def test_the_plans_header_counts_what_it_compiled_and_its_table_sizes_small_models_in_readable_units() -> None:
+    """Three candidates, one predicted at 5 MiB per device (1 MiB of state, 3 MiB of activations), one refused
+    before compiling, one that failed: the header counts each (it said "3 candidate(s) compiled"), and the memory
+    columns read 5.0 MiB, 1.0 MiB and 3.0 MiB (they read "0.01 GB", "0.001 GB" and "0.00 GB")."""
+    import dataclasses as dc
+
+    from shardbench.plan.build import Plan
+    from shardbench.plan.target import parse_target
+
+    made = Prediction(params_bytes=2**19, optimizer_bytes=2**18, gradients_bytes=2**18, activations_bytes=3 * 2**20,
+                      other_bytes=2**20, runtime_bytes=0.0, total_bytes=5 * 2**20, memory_bytes=1e9, fits=True,
+                      comm_bytes={}, compute_s=1e-3, bound="compute", kernels_s=0.0, comm_s={}, exposed_comm_s=0.0,
+                      step_s=1e-3, breakdown_s={}, flops_per_step=0.0, examples_per_s=0.0, mfu=0.0, overlap=0.0,
+                      compiler="cpu compiler")
+    rows = [Row(Candidate("dp", "8", "none", "float32"), made),
+            Row(Candidate("tp", "1x8", "none", "float32"), problem="refused: heads do not split"),
+            Row(Candidate("fsdp", "8", "none", "float32"), problem="failed to compile: XlaRuntimeError")]
+    plan = Plan(get_preset("mlp-small"), parse_target("cpu", cpu_devices=8), {"float32": dc.replace(GPU, platform="cpu")},
+                UNIT, "test", "test", rows, 1.0, "")
+    assert plan.header()[1] == ("3 candidate(s): 1 compiled, 1 refused before compiling, 1 failed to compile for 8 "
+                                "device(s) in 1 s; nothing was run")
+    head, first = plan.table()[:2]
+    assert [first[head.index(c)] for c in ("memory/device", "params+opt+grads", "activations")] == [
+        "5.0 MiB", "1.0 MiB", "3.0 MiB"]

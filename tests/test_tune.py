@@ -353,9 +353,10 @@ def shardbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accepts(tmp_path: Path) -> None:
     """dp, tp and ep on the small MLP: ep is refused (no experts) and said so in tune.json; the other two are
-    measured (k=2). Stopped by Ctrl-C after its first run, the tune says how to finish it; the same command with
-    --resume (another --top-k or other candidates are refused, naming the flag; the candidates in another order are
-    not) runs the second run alone, each run recorded once. The verdict
+    measured (k=2). Stopped by SIGTERM after its first run (a scheduler's stop, which Ctrl-C's path shares: it
+    exited 143 without a word), the tune says how to finish it; the same command with
+    --resume (another --top-k, other candidates or another --lr are refused, naming the flag; the candidates in
+    another order, or --devices left out for the same 8, are not) runs the second run alone, each run recorded once. The verdict
     covers both runs: the report charts predicted against measured, and the ready command trains a step.
     (One tune, interrupted, serves both: a second uninterrupted tune of the same space would run the same code.)"""
     import signal
@@ -379,7 +380,7 @@ def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accept
         for line in proc.stdout or ():
             printed.append(line)
             if line.startswith("[1/2] "):  # the first run is recorded; the second is starting
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(signal.SIGTERM)
                 break
         printed.append(proc.communicate(timeout=120)[0])
     finally:
@@ -387,7 +388,7 @@ def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accept
         proc.kill()
         proc.wait()
     text = "".join(printed)
-    assert proc.returncode == 130, text[-3000:]
+    assert proc.returncode == 143, text[-3000:]
     assert (f"tune: interrupted; finish it with the same shardbench tune command and --resume (its --out is {out})"
             in text)
     with Store(out / "sweep.db") as store:
@@ -399,8 +400,13 @@ def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accept
     fewer = [a if a != "dp,tp,ep" else "dp,tp" for a in argv]
     changed = shardbench(*fewer, "--resume", cwd=tmp_path)
     assert "(--candidates: ['dp', 'ep', 'tp'] there, ['dp', 'tp'] now)" in changed.stderr.strip().splitlines()[-1]
-    # The same candidates in another order are the same tune (it was refused, showing both whole spaces).
-    done = shardbench(*[a if a != "dp,tp,ep" else "ep,dp,tp" for a in argv], "--resume", cwd=tmp_path)
+    changed = shardbench(*argv, "--lr", "0.5", "--resume", cwd=tmp_path)  # a field of the configuration, by its flag
+    assert changed.returncode == 2 and "(--lr: " in changed.stderr.strip().splitlines()[-1]  # it said "optim.lr"
+    # The same candidates in another order are the same tune (it was refused, showing both whole spaces), and
+    # --devices left out counts the same 8 devices (it was refused: "parallel.devices: 8 there, 0 now").
+    again = [a if a != "dp,tp,ep" else "ep,dp,tp" for a in argv]
+    again = again[:again.index("--devices")] + again[again.index("--devices") + 2:]
+    done = shardbench(*again, "--resume", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "resuming: 1 of 2 runs already recorded" in done.stdout and "[2/2] " in done.stdout
     tuned = json.loads((out / "tune.json").read_text())
@@ -622,3 +628,21 @@ def test_each_measured_run_is_told_every_field_of_the_program_its_plan_compiled(
     differs = {k: (told[k], planned[k]) for k in planned if k not in SWEEP_OWNED and told[k] != planned[k]}
     assert differs == {}
     assert told["parallel.repeats"] == (2 if candidate.schedule == "circular" else 1)
+
+
+@pytest.mark.parametrize("objective", ["time", "memory"])
+def test_the_verdicts_table_has_one_column_per_figure(tmp_path: Path, objective: str) -> None:
+    """The objective's own column is added where it is not already the table's: under --objective memory the
+    measured memory per device was printed twice, as "measured memory" and "measured memory"."""
+    from shardbench.plan.target import parse_target
+    from shardbench.presets import get_preset
+    from shardbench.tune.report import Tuning, table
+
+    target = parse_target("cpu", cpu_devices=8)
+    dp = dataclasses.replace(planned("dp", 0.5), target=target)
+    tuning = Tuning(get_preset("mlp-small"), target, OBJECTIVES[objective], Space(), 1, 10.0, 10, tmp_path,
+                    chosen=[dp], measured={dp.point.name: Measured(0.4, 3 * 2**20, None)})
+    head, row = table(tuning)
+    assert len(head) == len(set(head)) == len(row)
+    assert ("measured time" in head) == (objective == "time")
+    assert row[head.index("measured memory")] == "3.0 MiB"

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import TextIO
 
 from shardbench import config as config_lib
+from shardbench.capacity import format_bytes
 from shardbench.errors import ConfigError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.candidates import Candidate, candidate_config, folded_line
 from shardbench.plan.predict import Hardware, predict
-from shardbench.plan.recommend import GB, LINK_NAMES, Row, rank, recommendation
+from shardbench.plan.recommend import LINK_NAMES, Row, rank, recommendation
 from shardbench.plan.steptime import FORMULA
 from shardbench.plan.target import Target
 
@@ -49,8 +50,17 @@ class Plan:
         model = c.model.factory or c.preset
         hw = next(iter(self.hardware.values()))
         return [f"plan for {model} at global batch {c.train.batch_size} on {self.target.spec}: {hw.name}",
-                f"{len(self.rows)} candidate(s) compiled for {self.target.devices} device(s) in "
-                f"{self.compile_s:.0f} s; nothing was run", *([folded_line(self.folded)] if self.folded else [])]
+                f"{self.counted()} for {self.target.devices} device(s) in {self.compile_s:.0f} s; nothing was run",
+                *([folded_line(self.folded)] if self.folded else [])]
+
+    def counted(self) -> str:
+        """'21 candidate(s): 1 compiled, 20 refused before compiling' (it said '21 candidate(s) compiled')."""
+        compiled = sum(r.prediction is not None for r in self.rows)
+        refused = sum(r.prediction is None and r.problem.startswith("refused") for r in self.rows)
+        failed = len(self.rows) - compiled - refused
+        parts = [f"{compiled} compiled", *([f"{refused} refused before compiling"] if refused else []),
+                 *([f"{failed} failed to compile"] if failed else [])]
+        return f"{len(self.rows)} candidate(s): {', '.join(parts)}"
 
     def assumptions(self) -> list[str]:
         hw = next(iter(self.hardware.values()))
@@ -90,9 +100,10 @@ class Plan:
                 continue
             state = p.params_bytes + p.optimizer_bytes + p.gradients_bytes
             rows.append([
-                str(i), r.candidate.name, f"{p.total_bytes / GB:.2f} GB",
+                # Binary units to three figures: a small model's megabytes read "0.00 GB" alike for every candidate.
+                str(i), r.candidate.name, format_bytes(p.total_bytes),
                 f"yes ({p.headroom:.0%} free)" if p.fits else f"no ({p.total_bytes / p.memory_bytes:.1f}x)",
-                f"{state / GB:.3f} GB", f"{p.activations_bytes / GB:.2f} GB",
+                format_bytes(state), format_bytes(p.activations_bytes),
                 f"{p.comm_bytes.get('intra', 0) / MB:.1f}",
                 *([f"{p.comm_bytes.get('inter', 0) / MB:.1f}"] if two_links else []),
                 f"{p.compute_s * 1e3:.3g}", p.bound, f"{p.exposed_comm_s * 1e3:.3g}", f"{p.step_s * 1e3:.3g}",

@@ -108,7 +108,9 @@ def identity(t: Tuning) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ --resume
 # Configuration fields a resumed tune may give differently: where it is, and --resume itself.
-RESUME_MAY_CHANGE = ("train.out", "train.resume")
+# Fields a resume may give otherwise: its folder and flag, and --devices, whose count the tune's identity holds as
+# resolved ("devices": --devices 0 means every device, the same 8 as --devices 8 on an 8-device host).
+RESUME_MAY_CHANGE = ("train.out", "train.resume", "parallel.devices")
 
 
 def resumed(t: Tuning) -> Tuning:
@@ -176,7 +178,10 @@ def _difference(data: dict[str, Any], t: Tuning) -> str | None:
     now = json.loads(json.dumps(flat(identity(t), config_lib.flatten(t.cfg))))
     stored = flat({k: data.get(k) for k in identity(t)}, data.get("config") or {})
     key = next((k for k in dict.fromkeys([*now, *stored]) if now.get(k) != stored.get(k)), None)
-    return None if key is None else f"{key}: {stored.get(key)!r} there, {now.get(key)!r} now"
+    if key is None:
+        return None
+    flag = config_lib.flag_name(key) if key in config_lib.SPECS else key  # a configuration field by its flag
+    return f"{flag}: {stored.get(key)!r} there, {now.get(key)!r} now"
 
 
 def _planned_from(row: dict[str, Any], target: Target) -> Planned:
@@ -254,9 +259,11 @@ def _pct(value: float | None) -> str:
 
 
 def table(t: Tuning) -> list[list[str]]:
-    """Predicted against measured for the chosen layouts, in the plan's order."""
+    """Predicted against measured for the chosen layouts, in the plan's order; the objective's own column where it
+    is not one of those already (memory per device is the measured memory column)."""
+    own = t.objective.name != "memory"
     rows = [["plan rank", "layout", "run", "predicted step", "measured step", "error", "predicted memory",
-             "measured memory", f"measured {t.objective.name}"]]
+             "measured memory", *([f"measured {t.objective.name}"] if own else [])]]
     for i, p in enumerate(t.chosen, 1):
         m = t.measured.get(p.point.name)
         pred = p.prediction
@@ -264,7 +271,8 @@ def table(t: Tuning) -> list[list[str]]:
         value = None if m is None else t.objective.measured(p, m)
         rows.append([str(i), p.point.name, t.run_of.get(p.point.name, "–"), _ms(pred.step_s if pred else None),
                      _ms(m.step_s if m else None), _pct(error), _mib(pred.total_bytes if pred else None),
-                     _mib(m.memory_bytes if m else None), "failed" if value is None else t.objective.show(value)])
+                     _mib(m.memory_bytes if m else None),
+                     *(["failed" if value is None else t.objective.show(value)] if own else [])])
     return rows
 
 

@@ -35,7 +35,7 @@ LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.gra
               "train.batch_size": "--batch-size"}
 # What each measured run changes from the configuration: a few timed steps, no evaluation, no checkpoint.
 MEASURE = {"train.eval": False, "train.checkpoint_every": 0}
-INTERRUPTED = 130  # a sweep stopped by Ctrl-C (`sweep.runner.run_sweep`)
+INTERRUPTED = (130, 143)  # a sweep stopped by Ctrl-C or SIGTERM (`sweep.runner.run_sweep`)
 
 
 # What --help says of those lists' defaults (each field's help says the rest): plan's, and the batch sizes.
@@ -397,14 +397,16 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace, tuning: Tuning, resume: bool) -> int:
     """Measure the chosen layouts as a sweep (with `resume`, those its store has not recorded), then the verdict
     (`report.finish`). An interrupted sweep says how to finish it."""
+    from shardbench.sweep.runner import terminated_as_interrupt
     from shardbench.tune import report
 
     sweep, tuning.runs = make_tune_sweep(tuning.cfg, tuning.chosen, tuning.target.devices, args.measure_steps)
     report.write_json(tuning)
     started = time.perf_counter()
-    code = run_measurements(args, sweep, tuning.out, resume)
+    with terminated_as_interrupt():  # SIGTERM (a scheduler's, kill's) stops it as Ctrl-C does, saying how to finish
+        code = run_measurements(args, sweep, tuning.out, resume)
     tuning.measure_wall_s = None if resume else time.perf_counter() - started  # a resumed tune's total is unknown
-    if code == INTERRUPTED:
+    if code in INTERRUPTED:
         print(f"tune: interrupted; finish it with the same shardbench tune command and --resume (its --out is "
               f"{tuning.out})", file=sys.stderr, flush=True)
     if code:
