@@ -132,13 +132,21 @@ def test_cached_statistics_follow_every_image_of_the_split(tmp_path: Path) -> No
     ({"x_train": np.zeros((4, 256)), "y_train": np.zeros((4, 10), np.complex64), "x_test": np.zeros((2, 256)),
       "y_test": np.zeros((2, 10))}, {"model.kind": "mlp", "model.input_dim": 256},
      "bad.npz: y_train is complex64 (complex numbers)"),
+    # A value that is no finite number, named by key and place: a NaN in x_train was "loss became nan at step 1"
+    # (exit 3, blaming training), one in x_test a complete record with a test loss of NaN.
+    ({"x_train": np.zeros((4, 256)), "y_train": np.zeros((4, 10)), "x_test": np.array([[0.0] * 256, [0.0] * 255 + [
+      np.nan]]), "y_test": np.zeros((2, 10))}, {"model.kind": "mlp", "model.input_dim": 256},
+     "bad.npz: x_test[1, 255] is nan: every value must be a finite number; replace or drop that row"),
+    ({"x_train": np.full((4, 256), np.inf, np.float32), "y_train": np.zeros((4, 10)), "x_test": np.zeros((2, 256)),
+      "y_test": np.zeros((2, 10))}, {"model.kind": "mlp", "model.input_dim": 256},
+     "bad.npz: x_train[0, 0] is inf: every value must be a finite number"),
     # Labels: whole numbers only (2.7 is not truncated to class 2), in range before the cast (2**32 is not class 0).
     ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.array([0.0, 1.0, 2.7, 3.0]),
       "x_test": np.zeros((2, 32, 32, 3), np.uint8), "y_test": np.zeros(2)}, {},
      "arrays:bad.npz: y_train[2] is 2.7, not a class id: labels must be whole numbers (integers, or floats such as "
      "3.0)"),
     ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.zeros(4), "x_test": np.zeros((2, 32, 32, 3),
-      np.uint8), "y_test": np.array([1.0, np.nan])}, {}, "arrays:bad.npz: y_test[1] is nan, not a class id"),
+      np.uint8), "y_test": np.array([1.0, np.nan])}, {}, "bad.npz: y_test[1] is nan: every value must be a finite number"),
     ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.array([0, 1, 2**32, 3]),
       "x_test": np.zeros((2, 32, 32, 3), np.uint8), "y_test": np.zeros(2)}, {},
      "arrays:bad.npz: y_train holds 0 to 4294967296: labels must be class ids in [0, 10)"),

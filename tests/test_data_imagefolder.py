@@ -225,3 +225,53 @@ def test_imagefolder_spec(tmp_path: Path) -> None:
     validate_spec(f"imagefolder:{tree}")
     with pytest.raises(DataError, match=r"dataset 'imagefolder:.*/nope': .*nope does not exist"):
         validate_spec(f"imagefolder:{tmp_path}/nope")
+
+
+def test_a_tars_linked_members_are_read_as_the_images_they_name(tmp_path: Path) -> None:
+    """A hard link (tar stores a second name of a file so) and a symbolic link to an earlier member: each is that
+    image under its own name, as the folder they were made from reads it (both were dropped: 2 images short, one
+    of them a class's whole share, without a word)."""
+    import os
+
+    tree = make_tree(tmp_path / "tree")
+    cat, dog = tree / "train" / "cat", tree / "train" / "dog"
+    os.link(cat / "img_000.png", dog / "img_900.png")
+    os.symlink("../cat/img_001.png", tree / "train" / "frog" / "img_901.png")
+    archive = make_tar(tree, tmp_path / "linked.tar", wrapper=None)
+    with tarfile.open(archive) as tf:
+        kinds = {m.name.split("/")[-1]: m for m in tf.getmembers()}
+    assert kinds["img_901.png"].issym() and any(m.islnk() for m in kinds.values())
+    assert_same(load(archive, tmp_path / "a", val_fraction=0.0), load(tree, tmp_path / "b", val_fraction=0.0))
+    assert len(load(archive, tmp_path / "c", val_fraction=0.0).train.labels) == 3 * 6 + 2
+
+
+def test_a_symlinked_class_folder_a_macosx_folder_and_an_upper_case_suffix_are_read(tmp_path: Path) -> None:
+    """A class folder that is a link to one elsewhere is read through it (it was "empty"); the __MACOSX folder a
+    Finder zip leaves beside its one top folder is not taken for a second one ("no train/ or test/ folder (found
+    __MACOSX, data)"); DATA.TAR is a tar (refused as neither folder nor archive)."""
+    import os
+
+    tree = make_tree(tmp_path / "wrap" / "data")
+    moved = tmp_path / "elsewhere" / "frog"
+    moved.parent.mkdir()
+    (tree / "train" / "frog").rename(moved)
+    os.symlink(moved, tree / "train" / "frog")
+    (tmp_path / "wrap" / "__MACOSX" / "data" / "train").mkdir(parents=True)
+    (tmp_path / "wrap" / "__MACOSX" / "data" / "train" / "._img_000.png").write_bytes(b"\x00\x05\x16\x07")
+    plain = make_tree(tmp_path / "plain" / "data")
+    through = load(tmp_path / "wrap", tmp_path / "a", val_fraction=0.0)
+    assert_same(through, load(plain, tmp_path / "b", val_fraction=0.0))
+    upper = make_tar(plain, tmp_path / "DATA.TAR")
+    assert_same(load(upper, tmp_path / "c", val_fraction=0.0), through)
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I", "F"])
+def test_an_image_of_more_than_8_bits_is_refused_not_clipped(tmp_path: Path, mode: str) -> None:
+    """A 16-bit grey gradient (a scan, a medical image) came out 99.6% white: Pillow's convert("RGB") clips such
+    samples. Each such file is refused, named, with its mode."""
+    tree = make_tree(tmp_path / "tree")
+    ramp = np.linspace(0, 60000, SIZE * SIZE).reshape(SIZE, SIZE)
+    Image.fromarray(ramp.astype(np.float32 if mode == "F" else np.int32 if mode == "I" else np.uint16),
+                    mode=mode if mode != "I;16" else None).save(tree / "train" / "cat" / "deep.tiff")
+    with pytest.raises(DataError, match=rf"deep.tiff: a {mode} image \(16-bit or floating point samples\)"):
+        load(tree, tmp_path, val_fraction=0.0)

@@ -26,7 +26,7 @@ def _tree_listing(root: Path) -> list[str]:
     empty one (an image folder's class without images, which the reader refuses) changes the listing too.
     """
     rows = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # as the reader walks it
         dirnames.sort()
         rows.extend(f"{os.path.relpath(os.path.join(dirpath, name), root)}/" for name in dirnames)
         for name in sorted(filenames):

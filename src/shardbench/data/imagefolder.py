@@ -28,7 +28,7 @@ from shardbench.errors import DataError
 log = logging.getLogger(__name__)
 
 # Bump when decoding or layout rules change, so old cache files are not reused.
-_LOADER_VERSION = 1
+_LOADER_VERSION = 2  # 2: a tar's linked members are read (they were dropped), high-bit images refused
 _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 _VAL_NAMES = ("val", "valid", "validation")
 _SPLITS = ("train", "test", *_VAL_NAMES)
@@ -59,13 +59,14 @@ class _File:
 
 
 def _hidden(parts: Iterable[str]) -> bool:
-    # .DS_Store, macOS ._* resource forks and the like are never images of the dataset.
-    return any(p.startswith(".") for p in parts)
+    # .DS_Store, macOS ._* resource forks, the __MACOSX folder a Finder zip unpacks beside its contents and the like
+    # are never images of the dataset.
+    return any(p.startswith(".") or p == "__MACOSX" for p in parts)
 
 
 def _walk_folder(root: Path) -> Iterator[_File | tuple[str, ...]]:
     """Yields every file (as _File) and every directory (as its path parts) under `root`."""
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # a class folder may be a link
         rel = Path(dirpath).relative_to(root).parts
         for d in dirnames:
             yield rel + (d,)
@@ -83,14 +84,22 @@ def _walk_tar(path: Path) -> Iterator[_File | tuple[str, ...]]:
         # (rather than "r|gz") raises on a truncated file instead of just stopping.
         with gzip.open(path, "rb") if gz else path.open("rb") as raw:
             with tarfile.open(fileobj=raw, mode="r|") as tf:
+                read: dict[str, bytes] = {}  # every file's bytes by its normalised name: what links point at
                 for member in tf:
                     parts = tuple(p for p in member.name.split("/") if p not in ("", "."))
                     if member.isdir():
                         yield parts
-                    elif member.isfile() and not _hidden(parts):
+                    elif member.isfile():
                         f = tf.extractfile(member)
                         assert f is not None  # isfile() members always have a file object
-                        yield _File(parts=parts, where=f"{path}:{member.name}", data=f.read())
+                        read["/".join(parts)] = data = f.read()
+                        if not _hidden(parts):
+                            yield _File(parts=parts, where=f"{path}:{member.name}", data=data)
+                    elif (member.islnk() or member.issym()) and not _hidden(parts):
+                        # A hard link (tar stores a second name of a file so) or a symbolic link to an earlier
+                        # member is that member's image under this name; they were dropped without a word.
+                        yield _File(parts=parts, where=f"{path}:{member.name}",
+                                    data=_link_target(read, parts, member, path))
                 end = tf.offset
             raw.read()  # to the end: checks the gzip trailer and finds the total size
             # tarfile takes a header cut short for the end of the archive, which would load a
@@ -101,10 +110,26 @@ def _walk_tar(path: Path) -> Iterator[_File | tuple[str, ...]]:
         raise DataError(f"{path}: not a readable tar archive, it may be truncated ({e}); {_EXPECTED}") from e
 
 
+def _link_target(read: dict[str, bytes], parts: tuple[str, ...], member: tarfile.TarInfo, path: Path) -> bytes:
+    """The bytes of the earlier member a link member names: a hard link by its name in the archive, a symbolic one
+    relative to the link's own folder."""
+    base = [] if member.islnk() else list(parts[:-1])
+    for p in member.linkname.split("/"):
+        if p == "..":
+            base = base[:-1]
+        elif p not in ("", "."):
+            base.append(p)
+    target = "/".join(base)
+    if target not in read:
+        raise DataError(f"{path}:{member.name} links to {member.linkname}, which is not a file stored before it in "
+                        f"the archive; store the image itself there (tar without -h keeps links as links)")
+    return read[target]
+
+
 def _find_root(files: list[_File], dirs: set[tuple[str, ...]], source: Path) -> tuple[str, ...]:
     """The prefix under which train/ and test/ live: () or one wrapping top-level folder."""
     tops = {f.parts[0] for f in files if len(f.parts) > 1} | {d[0] for d in dirs if d}
-    tops = {t for t in tops if not t.startswith(".")}
+    tops = {t for t in tops if not _hidden((t,))}
     if "train" in tops or "test" in tops:
         return ()
     if len(tops) == 1:
@@ -155,16 +180,26 @@ def _group(
     return splits
 
 
+# Pillow's modes of more than 8 bits per sample (16-bit PNG/TIFF greys open as I;16 or I, float TIFFs as F).
+HIGH_BIT_MODES = frozenset({"I", "F", "I;16", "I;16L", "I;16B", "I;16N", "I;16S", "I;32", "I;32B", "I;32L"})
+
+
 def _decode(file: _File, image_size: int) -> np.ndarray:
     try:
         rgb = Image.open(io.BytesIO(file.read()))
         rgb.load()
+        if rgb.mode in HIGH_BIT_MODES:  # convert("RGB") clips them: a 16-bit scan came out 99.6% white
+            raise DataError(f"{file.where}: a {rgb.mode} image (16-bit or floating point samples), which this reader "
+                            f"would clip to 8 bits; convert the images to 8 bits per channel (L, RGB, RGBA or P), "
+                            f"scaled as you mean them")
         # convert() copies even when the mode is already RGB; skipping it saves ~10% per image.
         if rgb.mode != "RGB":
             rgb = rgb.convert("RGB")
         if rgb.size != (image_size, image_size):
             rgb = rgb.resize((image_size, image_size), Image.Resampling.BILINEAR)
         return np.asarray(rgb, dtype=np.uint8)
+    except DataError:
+        raise
     except Exception as e:  # Pillow raises OSError, ValueError, SyntaxError... for broken files
         raise DataError(f"{file.where}: cannot be decoded as an image ({type(e).__name__}: {e}); "
                         "replace or remove it") from e
@@ -297,7 +332,7 @@ def load_imagefolder(
     """
     if not path.exists():
         raise DataError(f"{path}: does not exist; expected a folder or .tar/.tar.gz/.tgz archive")
-    if not path.is_dir() and not path.name.endswith(_TAR_SUFFIXES):
+    if not path.is_dir() and not path.name.lower().endswith(_TAR_SUFFIXES):
         raise DataError(f"{path}: is neither a folder nor a .tar/.tar.gz/.tgz archive; {_EXPECTED}")
     arrays = cache.cached_arrays(
         path, cache_dir, loader="imagefolder", version=_LOADER_VERSION, image_size=image_size,

@@ -60,6 +60,13 @@ def _check_array(path: Path, key: str, value: np.ndarray) -> None:
         what = KIND_NAMES.get(value.dtype.kind, value.dtype.kind)
         raise DataError(f"arrays:{path}: {key} is {value.dtype} ({what}): every array must hold bool, integer or "
                         f"float numbers (uint8 images, integer labels or token ids, float values)")
+    if value.dtype.kind in "fc" and not np.isfinite(value).all():
+        # A NaN in x_train was "loss became nan at step 1" (exit 3), blaming training; one in x_test a complete
+        # record with a test loss of NaN.
+        at = tuple(int(i) for i in np.argwhere(~np.isfinite(value))[0])
+        where = ", ".join(map(str, at))
+        raise DataError(f"arrays:{path}: {key}[{where}] is {value[at].item()!r}: every value must be a finite number; "
+                        f"replace or drop that row")
 
 
 def _check_labels(name: str, key: str, labels: np.ndarray, num_classes: int) -> np.ndarray:
