@@ -245,15 +245,23 @@ def test_dtype_role_sentence_bounds_the_saving_from_float32_compute_runs_only() 
 
 
 # ----------------------------------------------------------------------------- 9, 10: charts and old records
+def _mesh_batch_grid(store: Store, failed: dict[tuple[str, int], tuple[str, str]] | None = None) -> None:
+    """Meshes 8x1 and 4x2 x batches 64 and 256, one run each (a step of batch / 8 ms), or the failure `failed`
+    gives its cell."""
+    for mesh in ("8x1", "4x2"):
+        for batch in (64, 256):
+            name = f"mesh_{mesh}_batch_{batch}"
+            error = (failed or {}).get((mesh, batch))
+            store.add(row(name, {"parallel.mesh": mesh, "train.batch_size": batch},
+                          None if error else rec(name, batch / 8, mesh=mesh), error))
+
+
 def test_mesh_by_batch_charts_name_the_runs_they_leave_out(tmp_path: Path) -> None:
     """Two meshes x two batches, and at mesh 8x1 batch 64 a bfloat16 run beside the float32 one: one bar per
     cell, so the chart says which run it left out."""
     directory = tmp_path / "sweep"
     with Store(directory / "sweep.db") as store:
-        for mesh in ("8x1", "4x2"):
-            for batch in (64, 256):
-                name = f"mesh_{mesh}_batch_{batch}"
-                store.add(row(name, {"parallel.mesh": mesh, "train.batch_size": batch}, rec(name, batch / 8, mesh=mesh)))
+        _mesh_batch_grid(store)
         store.add(row("mesh_8x1_batch_64_bf16", {"parallel.mesh": "8x1", "train.batch_size": 64,
                                                  "precision.dtype": "bfloat16"}, rec("bf16", 5.0, mesh="8x1")))
     paths = write_report(directory)
@@ -638,12 +646,7 @@ def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypa
     without a word)."""
     directory = tmp_path / "sweep"
     with Store(directory / "sweep.db") as store:
-        for mesh in ("8x1", "4x2"):
-            for batch in (64, 256):
-                name = f"mesh_{mesh}_batch_{batch}"
-                over = {"parallel.mesh": mesh, "train.batch_size": batch}
-                failed = ("oom", "RESOURCE_EXHAUSTED") if (mesh, batch) == ("4x2", 256) else None
-                store.add(row(name, over, None if failed else rec(name, batch / 8, mesh=mesh), failed))
+        _mesh_batch_grid(store, failed={("4x2", 256): ("oom", "RESOURCE_EXHAUSTED")})
         store.add(row("mesh_8x1_batch_1024", {"parallel.mesh": "8x1", "train.batch_size": 1024}, None,
                       ("oom", "RESOURCE_EXHAUSTED")))
     drawn: dict[str, Any] = {}
@@ -673,10 +676,7 @@ def test_mesh_by_batch_charts_name_a_failed_run_whose_cell_another_run_fills(tmp
     without a word)."""
     directory = tmp_path / "sweep"
     with Store(directory / "sweep.db") as store:
-        for mesh in ("8x1", "4x2"):
-            for batch in (64, 256):
-                name = f"mesh_{mesh}_batch_{batch}"
-                store.add(row(name, {"parallel.mesh": mesh, "train.batch_size": batch}, rec(name, batch / 8, mesh=mesh)))
+        _mesh_batch_grid(store)
         store.add(row("mesh_4x2_batch_64_lr_1e12", {"parallel.mesh": "4x2", "train.batch_size": 64, "optim.lr": 1e12},
                       None, ("diverged", "loss is nan at step 2")))
     text = write_report(directory).markdown.read_text()
