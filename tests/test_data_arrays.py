@@ -146,7 +146,8 @@ def test_cached_statistics_follow_every_image_of_the_split(tmp_path: Path) -> No
      "arrays:bad.npz: y_train[2] is 2.7, not a class id: labels must be whole numbers (integers, or floats such as "
      "3.0)"),
     ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.zeros(4), "x_test": np.zeros((2, 32, 32, 3),
-      np.uint8), "y_test": np.array([1.0, np.nan])}, {}, "bad.npz: y_test[1] is nan: every value must be a finite number"),
+      np.uint8), "y_test": np.array([1.0, np.nan])}, {},
+     "bad.npz: y_test[1] is nan: every value must be a finite number"),
     ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.array([0, 1, 2**32, 3]),
       "x_test": np.zeros((2, 32, 32, 3), np.uint8), "y_test": np.zeros(2)}, {},
      "arrays:bad.npz: y_train holds 0 to 4294967296: labels must be class ids in [0, 10)"),

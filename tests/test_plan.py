@@ -514,8 +514,8 @@ def test_the_plans_header_counts_what_it_compiled_and_its_table_sizes_small_mode
     rows = [Row(Candidate("dp", "8", "none", "float32"), made),
             Row(Candidate("tp", "1x8", "none", "float32"), problem="refused: heads do not split"),
             Row(Candidate("fsdp", "8", "none", "float32"), problem="failed to compile: XlaRuntimeError")]
-    plan = Plan(get_preset("mlp-small"), parse_target("cpu", cpu_devices=8), {"float32": dc.replace(GPU, platform="cpu")},
-                UNIT, "test", "test", rows, 1.0, "")
+    cpu = {"float32": dc.replace(GPU, platform="cpu")}
+    plan = Plan(get_preset("mlp-small"), parse_target("cpu", cpu_devices=8), cpu, UNIT, "test", "test", rows, 1.0, "")
     assert plan.header()[1] == ("3 candidate(s): 1 compiled, 1 refused before compiling, 1 failed to compile for 8 "
                                 "device(s) in 1 s; nothing was run")
     head, first = plan.table()[:2]

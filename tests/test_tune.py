@@ -356,7 +356,8 @@ def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accept
     measured (k=2). Stopped by SIGTERM after its first run (a scheduler's stop, which Ctrl-C's path shares: it
     exited 143 without a word), the tune says how to finish it; the same command with
     --resume (another --top-k, other candidates or another --lr are refused, naming the flag; the candidates in
-    another order, or --devices left out for the same 8, are not) runs the second run alone, each run recorded once. The verdict
+    another order, or --devices left out for the same 8, are not) runs the second run alone, each run recorded once.
+    The verdict
     covers both runs: the report charts predicted against measured, and the ready command trains a step.
     (One tune, interrupted, serves both: a second uninterrupted tune of the same space would run the same code.)"""
     import signal

@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune_cmd.add_parser(sub)
     presets = sub.add_parser("presets", help="list the named configurations",
                              description="List the named configurations and what they are for.")
-    presets.add_argument("--json", action="store_true", help="print every preset's full configuration as one JSON object keyed by preset name")
+    presets.add_argument("--json", action="store_true",
+                         help="print every preset's full configuration as one JSON object keyed by preset name")
     return parser
 
 

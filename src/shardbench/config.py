@@ -310,7 +310,8 @@ class TrainConfig:
     label_smoothing: float = setting(
         0.0, "classification: spread this fraction of each training target evenly over the classes", range=FRACTION)
     seed: int = setting(12, "random seed", range=Range(0, 2**32, high_open=True, note="a 32-bit seed"), short="--seed")
-    out: str = setting("", "run directory ('' = runs/<preset>-<strategy>-<time>, a '+' in the strategy written '_')", short="--out")
+    out: str = setting("", "run directory ('' = runs/<preset>-<strategy>-<time>, a '+' in the strategy written '_')",
+                       short="--out")
     resume: bool = setting(False, "continue the run in --out from its last checkpoint", short="--resume")
     checkpoint_every: int = setting(
         500, "save a checkpoint every N steps (and at the end; 0 = only at the end)",

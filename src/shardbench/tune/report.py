@@ -107,7 +107,6 @@ def identity(t: Tuning) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ --resume
-# Configuration fields a resumed tune may give differently: where it is, and --resume itself.
 # Fields a resume may give otherwise: its folder and flag, and --devices, whose count the tune's identity holds as
 # resolved ("devices": --devices 0 means every device, the same 8 as --devices 8 on an 8-device host).
 RESUME_MAY_CHANGE = ("train.out", "train.resume", "parallel.devices")
