@@ -86,6 +86,17 @@ def test_bad_arrays_are_named_before_training(micro, tmp_path: Path, arrays: dic
         check_run(micro(**{"data.dataset": f"arrays:{path}"}))
 
 
+def test_an_empty_test_split_is_refused_where_the_run_evaluates(micro, tmp_path: Path) -> None:
+    """No test rows with evaluation on: the run ended complete with no test score and no word. Without
+    evaluation nothing reads the split, and the run goes ahead."""
+    path = _npz(tmp_path / "bad.npz", x_train=np.zeros((40, 32, 32, 3), np.uint8), y_train=np.zeros(40),
+                x_test=np.zeros((0, 32, 32, 3), np.uint8), y_test=np.zeros(0))
+    with pytest.raises(DataError, match=re.escape(
+            "arrays:bad.npz's test split holds no examples, so the run would have no test score: give it rows, or "
+            "train without evaluation (--no-train.eval)")):
+        check_run(micro(**{"data.dataset": f"arrays:{path}", "train.eval": True}))
+    assert check_run(micro(**{"data.dataset": f"arrays:{path}", "train.eval": False})).steps_per_epoch == 1
+
 def test_cifar10_keeps_its_published_statistics(micro, tmp_path: Path) -> None:
     from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD
     from shardbench.data.sources import normalized

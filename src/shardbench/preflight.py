@@ -120,6 +120,9 @@ def check_run(cfg: Config) -> CheckedRun:
     dataset = load_for(cfg, cache)
     task = for_data(task, dataset)
     per_epoch = check_batch_fits_data(cfg, len(dataset.train), dataset.name)
+    if cfg.train.eval and len(dataset.test) == 0:  # the run ended complete, with no test score and no word
+        raise DataError(f"{dataset.name}'s test split holds no examples, so the run would have no test score: give "
+                        f"it rows, or train without evaluation (--no-train.eval)")
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
     writable_dir(out, "--out", create=False)  # made once the train state is known to fit (`train.build`)
