@@ -242,17 +242,15 @@ def _compile_finding(runs: list[ReportedRun]) -> list[str]:
         found.append(f"Compilation, which the step times leave out, took {quick:.1f} s ({quick_name}) to "
                      f"{slow:.1f} s ({slow_name}).")
     if cached:
-        took = ", ".join(f"{r.name} {'every program' if r.cache_note == 'cache' else _share(r.cache_hits)}"
-                         for r in cached)
+        took = ", ".join(f"{r.name} {_share(*r.cache_hits)}" for r in cached if r.cache_hits)
         found.append(f"From the persistent compilation cache (--train.compile-cache), {took}: "
                      f"{'its' if len(cached) == 1 else 'their'} compile time is wholly or partly a load from disk, "
                      f"not a compilation, and is compared with no other run's.")
     return found
 
 
-def _share(hits: tuple[int, int] | None) -> str:
-    done, asked = hits or (0, 0)
-    return f"{done} of its {asked} programs"
+def _share(hits: int, requests: int) -> str:
+    return "every program" if hits >= requests else f"{hits} of its {requests} programs"
 
 
 def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
