@@ -220,3 +220,29 @@ def test_a_checkpoint_carries_its_epoch_sums_and_older_ones_restore_without(tmp_
     older = checkpoints.restore(state, 2)
     assert older.meter is None and int(older.state.step) == 2
     checkpoints.close()
+
+
+def test_a_checkpoint_holds_the_sums_it_was_given_though_they_change_while_it_writes(tmp_path: Path) -> None:
+    """The write finishes in the background while training goes on and the epoch's meter takes the next steps'
+    metrics: the checkpoint holds the sums of its own step, not a later one's (a resumed epoch counted a step
+    twice when it did)."""
+    import jax.numpy as jnp
+
+    from shardbench.train.checkpoint import Checkpoints
+    from shardbench.train.hooks import EpochMeter, Metrics
+    from shardbench.train.state import TrainState
+
+    meter = EpochMeter()
+    for loss in (1.0, 2.0, 3.0):
+        meter.add({"loss": loss})
+    metrics = Metrics(lambda step: None, lambda: "", meter)
+    metrics.epochs.append({"step": 1, "train_loss": 0.5})
+    checkpoints = Checkpoints(tmp_path / "c", keep=3)
+    state = TrainState(jnp.array(8), {"w": jnp.arange(4.0)}, {})
+    checkpoints.save(state, metrics.carried())
+    meter.add({"loss": 4.0})  # the steps after the checkpoint, as the loop goes on at once
+    metrics.epochs.append({"step": 9, "train_loss": 9.0})
+    checkpoints.wait()
+    restored = checkpoints.restore_good(state, 8)
+    assert restored.meter == {"sums": {"loss": 6.0}, "count": 3, "epochs": [{"step": 1, "train_loss": 0.5}]}
+    checkpoints.close()

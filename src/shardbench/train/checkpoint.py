@@ -8,6 +8,7 @@ whole epoch's; checkpoints written before that item existed restore without it.
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 from pathlib import Path
@@ -68,11 +69,13 @@ class Checkpoints:
 
     def save(self, state: TrainState, meter: dict[str, Any] | None = None) -> None:
         """Save now (the loop decides when), with `meter` (JSON) beside the state where given; the write finishes
-        in the background."""
+        in the background: `meter` is copied first, as the loop goes on adding the next steps to it meanwhile."""
         step = int(jax.device_get(state.step))
         if step in self._manager.all_steps():
             return
-        items = {STATE: ocp.args.StandardSave(state)} | ({METER: ocp.args.JsonSave(meter)} if meter is not None else {})
+        items = {STATE: ocp.args.StandardSave(state)}
+        if meter is not None:
+            items[METER] = ocp.args.JsonSave(copy.deepcopy(meter))
         self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def restore(self, target: TrainState, step: int) -> Restored:
