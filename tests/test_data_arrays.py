@@ -48,6 +48,7 @@ def test_arrays_feed_a_classifier_and_are_normalised_with_their_own_statistics(m
     assert load_for(cfg, tmp_path / "cache").norm == ((0.25, 0.25, 0.25), (0.5, 0.5, 0.5))
     summary = run(cfg)
     assert summary["dataset"]["normalization"]["mean"] == [0.25, 0.25, 0.25] and summary["steps"] == 2
+    assert summary["dataset"]["examples"] == {"train": 180, "val": 20, "test": 40}  # 200 with a tenth held out
 
 
 def test_arrays_feed_a_language_model_and_a_regression(micro, tmp_path: Path) -> None:

@@ -117,6 +117,11 @@ class ImageDataset:
         return int(self.train.images.shape[1])
 
 
+def split_sizes(dataset: Dataset | ImageDataset) -> dict[str, int]:
+    """How many examples (sequences, for tokens) each split holds, for the run record."""
+    return {"train": len(dataset.train), "val": len(dataset.val), "test": len(dataset.test)}
+
+
 def split_train_val(
     arrays: ImageArrays, val_fraction: float, seed: int
 ) -> tuple[ImageArrays, ImageArrays]:

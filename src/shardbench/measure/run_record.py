@@ -299,7 +299,8 @@ class RunRecord:
     devices: int | None = _f("devices", "devices in the run")
     out: str | None = _f("", "the run directory")
     measurements: Measurements | None = _f("", "every measurement (above)")
-    dataset: dict[str, Any] = _dict("", "the dataset's name, classes or vocabulary, normalisation, loss floor")
+    dataset: dict[str, Any] = _dict("", "the dataset's name, classes or vocabulary, normalisation, loss floor, "
+                                    "examples in each split (train, val, test)")
     profile: str | None = _f("", "the profiler trace's directory, when --profile wrote one")
     test_loss: float | None = _f("", "loss on the test split")
     test_accuracy: float | None = _f("fraction", "accuracy on the test split")

@@ -16,6 +16,7 @@ import jax
 from tqdm import tqdm
 
 from shardbench.config import Config
+from shardbench.data.arrays import split_sizes
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure import run_record
 from shardbench.measure.collect import Clocks, RunSetup, build_measurements, default_run_name, layout_devices
@@ -130,7 +131,8 @@ def _summary(built: BuiltRun, run: hooks.LoopState, writer: ScalarWriter, run_na
         time_s=time.perf_counter() - run.started, model=cfg.model.kind, spmd=cfg.parallel.spmd,
         examples_per_s=None if rate is None else rate.examples_per_s, strategy=layout.strategy.name,
         mesh="none" if layout.mesh is None else str(layout.shape), devices=layout.shape.size,
-        out=str(checked.out), measurements=measured, dataset={"name": checked.dataset.name, **checked.dataset.info},
+        out=str(checked.out), measurements=measured, dataset={"name": checked.dataset.name, **checked.dataset.info,
+                                                      "examples": split_sizes(checked.dataset)},
         profile=None if window.path is None else str(window.path), device_kind=measured.device_kind,
         moe=moe_record(cfg, run.metrics), cost=cost, **run_record.provenance(), **test,
         **({} if unit == "examples" or rate is None else {f"{unit}_per_s": rate.units_per_s}))
