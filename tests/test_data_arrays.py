@@ -182,6 +182,23 @@ def test_every_split_is_checked_against_the_model(micro, tmp_path: Path, arrays:
         load_for(cfg, tmp_path / "cache")
 
 
+def test_token_splits_of_any_integer_dtype_load_alike(micro, tmp_path: Path) -> None:
+    """Token ids saved as uint16 for train (as tokenizers' outputs often are) and int64 for test: both are integers
+    of the vocabulary, read as int32; float test tokens are still refused."""
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(0, 64, (30, 17))
+    path = _npz(tmp_path / "tokens.npz", x_train=tokens[:20].astype(np.uint16), y_train=np.zeros(20),
+                x_test=tokens[20:], y_test=np.zeros(10))
+    lm = {"model.kind": "lm", "model.vocab_size": 64, "model.seq_len": 16}
+    ds = load_for(micro(**lm, **{"data.dataset": f"arrays:{path}"}), tmp_path / "cache")
+    assert ds.test.columns()["tokens"].dtype == ds.train.columns()["tokens"].dtype == np.int32
+    np.testing.assert_array_equal(ds.test.columns()["tokens"], tokens[20:])
+    floats = _npz(tmp_path / "floats.npz", x_train=tokens[:20].astype(np.uint16), y_train=np.zeros(20),
+                  x_test=tokens[20:].astype(np.float32), y_test=np.zeros(10))
+    with pytest.raises(DataError, match=re.escape("x_test is float32 (10, 17) but x_train is uint16 (20, 17)")):
+        load_for(micro(**lm, **{"data.dataset": f"arrays:{floats}"}), tmp_path / "cache")
+
+
 def test_labels_saved_as_whole_floats_are_class_ids(micro, tmp_path: Path) -> None:
     """`np.savez(y_train=np.zeros(n))` saves float64 labels: whole values are taken as the class ids they are."""
     path = _npz(tmp_path / "floats.npz", x_train=np.zeros((4, 32, 32, 3), np.uint8), y_train=np.array([0., 9., 3., 1.]),

@@ -102,16 +102,21 @@ def _column_splits(arrays: dict[str, np.ndarray], x_key: str, y_key: str | None,
     return train.take(np.sort(order[n_val:])), train.take(np.sort(order[:n_val])), test
 
 
+def _kind(value: np.ndarray) -> str:
+    """An array's kind of number: signed and unsigned integers are one (uint16 train tokens, int64 test ones)."""
+    return "i" if value.dtype.kind == "u" else value.dtype.kind
+
+
 def _check_splits_alike(arrays: dict[str, np.ndarray], name: str, *, exact_dtype: bool) -> None:
     """Every split's inputs (x_*) have x_train's dtype (`exact_dtype`, as images must: uint16 test images are not
-    uint8 ones) or its kind of dtype (integers, floats) and its shape past the rows, and its targets (y_*)
+    uint8 ones) or its kind of dtype (integers signed or not, floats) and its shape past the rows, and its targets (y_*)
     y_train's shape past the rows: a test split of another image size or sequence length is one line here, naming
     it, not an error inside a step."""
     for prefix in ("x_", "y_"):
         first = arrays[f"{prefix}train"]
         for key in (k for k in KEYS if k.startswith(prefix) and k in arrays):
             value = arrays[key]
-            same_dtype = value.dtype == first.dtype if exact_dtype else value.dtype.kind == first.dtype.kind
+            same_dtype = value.dtype == first.dtype if exact_dtype else _kind(value) == _kind(first)
             if value.shape[1:] != first.shape[1:] or (prefix == "x_" and not same_dtype):
                 raise DataError(f"{name}: {key} is {value.dtype} {value.shape} but {prefix}train is {first.dtype} "
                                 f"{first.shape}: every split must have its shape past the rows (and its inputs' "
