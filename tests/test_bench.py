@@ -321,8 +321,26 @@ def test_a_contender_that_failed_part_way_gives_no_rate_anywhere() -> None:
     assert "shardbench / best baseline (of those that measured; not pytorch compile): 2.00x" in text
     assert "MFU against the measured peak: not given (the matmul peak timed out: no answer within 600 s" in text
     assert "Matmul peak (float32, 4096^2 through JAX" in text and "GFLOP/s" not in text
-    assert "(no MFU: the matmul peak timed out" in text  # the batch table
+    # The batch table: its header is a table's (the note in it made a fifth cell, and no table), the note below.
+    assert "| batch | images/s per device | MFU | compiled temporaries MiB |\n|---:|---:|---:|---:|\n" in text
     assert "| 256 | 20.0 | - |" in text
+    assert "No MFU: the matmul peak timed out" in text
+    assert "Warning" not in text  # no load average recorded
+
+
+def test_a_bench_of_scaling_groups_only_is_titled_by_them_and_a_busy_host_is_warned_of() -> None:
+    """Only the batch group ran (at batch 256): the title names it, not 'float32 b128', which no case ran. The host
+    was busy when the bench began (load average 4.5 on 2 cores): the record says so and the page warns."""
+    record = _failed_part_way_record()
+    record["cases"] = [c for c in record["cases"] if c["group"] == "batch"]
+    record["machine"] = {"cpu_count": 2, "load_average": 4.5}
+    text = render(record)
+    assert text.splitlines()[0] == "# shardbench bench: vit-seed, float32, batch"
+    assert "load average 4.5 at the start." in text
+    assert ("**Warning:** the host's load average was 4.5 over 2 cores when the bench started: other processes "
+            "were using the CPU") in text
+    record["machine"]["load_average"] = 0.2
+    assert "Warning" not in render(record)
 
 
 def test_run_pool_keeps_a_failed_contenders_windows_apart(monkeypatch) -> None:
@@ -350,6 +368,35 @@ def test_run_pool_keeps_a_failed_contenders_windows_apart(monkeypatch) -> None:
     entry = {"label": "flaky", "case": "shardbench", "alloc": "train", "kwargs": {}}
     [got] = bench_cmd.run_pool([entry], args, None, lambda line: None, warmup=0, windows=5)  # type: ignore[arg-type]
     assert got["error"] == "timed out" and "rates" not in got and got["partial_rates"] == [16.0, 16.0]
+
+
+def test_windows_without_warm_up_are_sized_by_a_step_after_the_first(monkeypatch) -> None:
+    """--warmup 0 with windows of at least 1 s: the first step took 7.8 s with its compilation, a step after it
+    0.125 s, so a window is 8 steps (it was 1, sized by the first step). A fake worker stands in for the process."""
+    asked: list[str] = []
+
+    class FakeWorker:
+        def __init__(self, entry: dict, log: object, timeout: float) -> None:
+            pass
+
+        def read(self) -> dict:
+            return {"ready": {"work_per_step": 16, "first_step_s": 7.8}}
+
+        def ask(self, command: str) -> dict:
+            asked.append(command)
+            if command == "memory":
+                return {"peak_bytes": None}
+            return {"seconds": 0.125 * int(command.split()[1])}
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(bench_cmd, "Worker", FakeWorker)
+    args = argparse.Namespace(timeout=600.0, steps_per_window=0, min_window_s=1.0)
+    entry = {"label": "shardbench", "case": "shardbench", "alloc": "train", "kwargs": {}}
+    [got] = bench_cmd.run_pool([entry], args, None, lambda line: None, warmup=0, windows=2)  # type: ignore[arg-type]
+    assert asked == ["steps 1", "steps 8", "steps 8", "memory"] and got["steps_per_window"] == 8
+    assert got["rates"] == [128.0, 128.0]
 
 
 @pytest.mark.parametrize("flag", ["--timeout", "--min-window-s", "--pipeline-seconds"])

@@ -186,6 +186,70 @@ def test_a_hanging_launch_is_stopped_at_its_time_limit(tmp_path: Path) -> None:
     assert not _running(str(tmp_path / "run"))
 
 
+def test_one_launched_process_has_its_devices_and_sigterm_stops_the_launch(tmp_path: Path) -> None:
+    """`--processes 1 --devices-per-process 4` is one process of 4 devices (it ran on 1: one process joins no
+    cluster, and the count went with the cluster); SIGTERM to the launcher stops it as a shell reports (143)."""
+    cmd = [sys.executable, "-m", "shardbench", "launch", "--processes", "1", "--devices-per-process", "4", "--",
+           "train", *MICRO, "--steps", "100000", "--out", str(tmp_path / "run"), "--data.cache-dir",
+           str(tmp_path / "cache")]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        header = proc.stdout.readline()
+        assert header.startswith("[p0] shardbench:") and "(4 cpu device(s))" in header, header
+        proc.send_signal(subprocess.signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and "launch stopped (SIGTERM); stopped all 1 processes" in err, err
+    assert not (tmp_path / "run" / "summary.json").exists() and not _running(str(tmp_path / "run"))
+
+
+def test_glued_gloo_announcements_leave_every_line_whole() -> None:
+    """gloo's threads write their connection lines in pieces that land inside other lines: taking one out keeps
+    the line break after it, so the next line (of any process) starts a line of its own."""
+    import io
+
+    from shardbench.launch import _pump
+
+    out = io.BytesIO()
+    source = io.BytesIO(b"[Gloo] Rank [Gloo] Rank 1 is connected to 7 peer ranks.\n2 is connected to 7 peer "
+                        b"ranks. epoch 1 (step 2) | train loss 3.19\n[Gloo] Rank 3 is connected to 7 peer ranks.\n"
+                        b"done\n")
+    _pump(source, out, b"[p1] ", None)
+    assert out.getvalue().decode().splitlines(keepends=True) == [
+        "[p1] [Gloo] Rank \n", "[p1] 2 is connected to 7 peer ranks. epoch 1 (step 2) | train loss 3.19\n",
+        "[p1] done\n"]
+
+
+def test_a_port_in_use_is_named(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "shardbench", "launch", "--processes", "2",
+                               "--devices-per-process", "1", "--port", str(port), "--join-timeout", "20", "--",
+                               "train", *MICRO, "--out", str(tmp_path / "run")], env=_env(), capture_output=True,
+                              text=True, timeout=120)
+    assert done.returncode == 5, done.stderr
+    assert f"(is port {port} in use? launch --port 0 picks a free one)" in done.stderr, done.stderr
+
+
+def test_a_run_of_several_processes_names_what_to_change_for_its_devices(monkeypatch) -> None:
+    import jax
+
+    from shardbench.devices import select_devices
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)  # this process's 8 devices, counted as two processes'
+    with pytest.raises(ConfigError, match="pass --devices 8 \\(or 0\\), or start more processes, or more devices"):
+        select_devices(16)
+    with pytest.raises(ConfigError, match="pass --devices 8 \\(or 0\\), or start fewer processes"):
+        select_devices(4)
+
+
 # Process 1 alone fails with an exception that is not one of shardbench's own (a file's permission, a bug), at the
 # stage SHARDBENCH_TEST_FAULT names: `checking` is inside cluster.agree (the configuration and data checked by
 # every process), `building` after it (the step built, where process 0 goes on into the first collective).
@@ -316,6 +380,8 @@ def test_local_devices_split_the_run_evenly() -> None:
     (["--", "sweep", "--preset", "strategies"], "launch runs train across processes, not 'sweep'"),
     (["--processes", "0", "--", "train"], "--processes must be at least 1"),
     ([], "launch needs the command to run after '--'"),
+    (["--join-timeout", "0", "--", "train"], "--join-timeout must be a positive number of seconds, got 0"),
+    (["--timeout", "-1", "--", "train"], "--timeout must be 0 (no limit) or a finite number of seconds, got -1"),
 ])
 def test_launch_rejects_bad_input_in_one_line(argv: list[str], words: str) -> None:
     done = subprocess.run([sys.executable, "-m", "shardbench", "launch", *argv], env=_env(), capture_output=True,

@@ -161,6 +161,16 @@ def test_every_setting_that_differs_is_named_and_no_mfu_stands_in() -> None:
     assert not any("MFU" in s for s in found)
 
 
+def test_a_run_of_more_processes_says_so() -> None:
+    """The same settings launched as 2 processes (gloo over loopback, much slower on one host) and as 1: the
+    process count is what the records show differs, not 'the same settings'."""
+    two = run("two", {}, 57.5)
+    two = dataclasses.replace(two, record=dataclasses.replace(two.rec, measurements=dataclasses.replace(
+        two.m, processes=2)))
+    found = speed_findings([run("one", {}, 10.0), two])
+    assert found[1] == "two is 5.75x slower (57.5 ms against 10.0 ms); it differs in: 2 process(es) against 1."
+
+
 # ----------------------------------------------------------------------------- 4: image sizes
 def test_vit_runs_at_different_image_sizes_are_ranked_apart() -> None:
     found = speed_findings([run("img32", {"data.image_size": 32}, 10.0), run("img64", {"data.image_size": 64}, 40.0)])
@@ -649,6 +659,12 @@ def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypa
         _mesh_batch_grid(store, failed={("4x2", 256): ("oom", "RESOURCE_EXHAUSTED")})
         store.add(row("mesh_8x1_batch_1024", {"parallel.mesh": "8x1", "train.batch_size": 1024}, None,
                       ("oom", "RESOURCE_EXHAUSTED")))
+        # A second failure in the gap's cell (it was not named), and a tp run refused before its strategy chose a
+        # mesh (the caption called its mesh "tp").
+        store.add(row("mesh_4x2_batch_256_bf16", {"parallel.mesh": "4x2", "train.batch_size": 256,
+                                                  "precision.dtype": "bfloat16"}, None, ("oom", "RESOURCE_EXHAUSTED")))
+        store.add(row("tp_batch_64", {"parallel.strategy": "tp", "train.batch_size": 64}, None,
+                      ("config", "tp: model.num_heads = 2 is not divisible by 8")))
     drawn: dict[str, Any] = {}
     save = plots._save
 
@@ -658,8 +674,9 @@ def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(plots, "_save", spy)
     paths = write_report(directory)
-    caption = ("No bar, a labelled gap: mesh_4x2_batch_256, failed (oom). Not drawn, at a mesh or batch size no bar "
-               "has: mesh_8x1_batch_1024, failed (oom) (mesh 8x1, batch 1024).")
+    caption = ("No bar, a labelled gap: mesh_4x2_batch_256, failed (oom); mesh_4x2_batch_256_bf16, failed (oom). "
+               "Not drawn, at a mesh or batch size no bar has: mesh_8x1_batch_1024, failed (oom) (mesh 8x1, batch "
+               "1024); tp_batch_64, failed (config) (mesh unrecorded, batch 64).")
     for name in ("mesh_batch_epoch_time", "mesh_batch_memory"):
         ax = drawn[name].axes[0]
         assert [(t.get_text(), round(t.get_position()[0], 6)) for t in ax.texts if "failed" in t.get_text()] == [

@@ -9,6 +9,7 @@ instead of leaving the others waiting in a collective.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -154,9 +155,13 @@ def join(cluster: Cluster, cpu_devices: int = 0) -> None:
             # Given explicitly, it is taken as given: inside SLURM, JAX's detection would otherwise also
             # narrow each process to one device (its task's local id).
             cluster_detection_method="deactivate" if cluster.coordinator else None,
+            # A coordinator on loopback listens there only (JAX's default is every interface).
+            coordinator_bind_address=cluster.coordinator if _on_loopback(cluster.coordinator) else None,
         )
     except Exception as err:  # jax raises RuntimeError/ValueError with multi-line text for bad arguments
         first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
+        if cluster.process_id == 0 and "Failed to start RPC server" in first:
+            first += f" (is port {(cluster.coordinator or '').rpartition(':')[2]} in use? launch --port 0 picks a free one)"
         raise ClusterError(f"{_who(cluster)} could not join the {cluster.describe()}: {first[:200]}") from None
     finally:
         joined.set()
@@ -164,6 +169,17 @@ def join(cluster: Cluster, cpu_devices: int = 0) -> None:
 
 
 JOIN_MARGIN_S = 15  # JAX's own join deadline comes this much after ours, so ours is the message people see
+
+
+def _on_loopback(coordinator: str | None) -> bool:
+    """Whether HOST:PORT names this host's loopback interface (127.0.0.0/8, ::1 or localhost)."""
+    if not coordinator:
+        return False
+    host = coordinator.rpartition(":")[0].strip("[]")
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _who(cluster: Cluster) -> str:

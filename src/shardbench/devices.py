@@ -64,9 +64,10 @@ def select_devices(count: int) -> list[jax.Device]:
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     processes = jax.process_count()
     if processes > 1 and count not in (0, len(devices)):
+        instead = "fewer processes" if count < len(devices) else "more processes, or more devices in each"
         raise ConfigError(
             f"--devices {count}: a run of {processes} processes uses all of their {len(devices)} devices; pass "
-            f"--devices {len(devices)} (or 0), or start fewer processes"
+            f"--devices {len(devices)} (or 0), or start {instead}"
         )
     if count == 0:
         return devices

@@ -30,8 +30,10 @@ LAUNCHABLE = ("train",)
 STOP_GRACE_S = 3.0
 _SIM_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
 # gloo announces every connection it makes (one line per device per collective group): not the run's output.
-_NOISE = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\.\s*|Expected number of connected peer "
-                    rb"ranks is : \d+\s*")
+# Only spaces and tabs after a message are taken with it, never a line break: gloo's threads write these in
+# pieces that land inside other lines, and a part left without its break would glue the next process's line on.
+_NOISE = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\.[ \t]*|Expected number of connected "
+                    rb"peer ranks is : \d+[ \t]*")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -98,10 +100,10 @@ def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | 
         parts = re.split(rb"(?<=[\r\n])", pending)
         pending = parts.pop()  # what follows the last line break: not a whole line yet
         with _write_lock:
-            for part in parts:
-                part = _NOISE.sub(b"", part)
-                if not part.strip(b"\r\n") and part != b"\n":
-                    continue
+            for whole in parts:
+                part = _NOISE.sub(b"", whole)
+                if (part != whole and not part.strip()) or (not part.strip(b"\r\n") and part != b"\n"):
+                    continue  # a line of noise only, or a bare carriage return
                 sink.write(prefix + part)
                 if keep is not None:
                     keep.append(part.decode(errors="replace").rstrip())
@@ -121,8 +123,12 @@ def child_environ(index: int, processes: int, port: int, devices: int, join_time
                 "PYTHONUNBUFFERED": "1"})
     if devices > 0:
         env[cluster.ENV_LOCAL_DEVICES] = str(devices)
-        # An inherited device-count flag would override the per-process count.
-        env["XLA_FLAGS"] = _SIM_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
+        # An inherited device-count flag would override the per-process count. A launch of one process joins no
+        # cluster, so its count is XLA's own flag.
+        flags = _SIM_FLAG.sub("", env.get("XLA_FLAGS", "")).strip()
+        if processes == 1:
+            flags = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+        env["XLA_FLAGS"] = flags
     return env
 
 
@@ -140,9 +146,10 @@ def _check(args: argparse.Namespace) -> list[str]:
         raise ConfigError(f"--processes must be at least 1, got {args.processes}")
     if args.devices_per_process < 0:
         raise ConfigError(f"--devices-per-process must be 0 or more, got {args.devices_per_process}")
-    if not math.isfinite(args.timeout) or args.timeout < 0 or args.join_timeout <= 0:  # inf: a crash once started
-        raise ConfigError(f"--timeout must be 0 (no limit) or a finite number of seconds, got {args.timeout:g}, "
-                          f"and --join-timeout positive")
+    if not math.isfinite(args.timeout) or args.timeout < 0:  # inf: a crash once started
+        raise ConfigError(f"--timeout must be 0 (no limit) or a finite number of seconds, got {args.timeout:g}")
+    if args.join_timeout <= 0:
+        raise ConfigError(f"--join-timeout must be a positive number of seconds, got {args.join_timeout}")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port {args.port} is not a port: use 1 to 65535, or 0 for a free one")
     return argv
@@ -182,10 +189,11 @@ def run(args: argparse.Namespace) -> int:
             threading.Thread(target=lambda c=child: ended.put((c.index, c.proc.wait())), daemon=True).start()
             children.append(child)
         return _watch(children, ended, args.timeout)
-    except (KeyboardInterrupt, _Stopped):
+    except (KeyboardInterrupt, _Stopped) as stop:
         _stop(children)
-        print(f"shardbench: launch interrupted; stopped all {len(children)} processes", file=sys.stderr)
-        return 130
+        how = "stopped (SIGTERM)" if isinstance(stop, _Stopped) else "interrupted"
+        print(f"shardbench: launch {how}; stopped all {len(children)} processes", file=sys.stderr)
+        return 143 if isinstance(stop, _Stopped) else 130  # as a shell reports a command ended by either signal
     finally:
         signal.signal(signal.SIGTERM, previous)
 

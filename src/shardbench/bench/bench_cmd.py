@@ -30,6 +30,7 @@ baseline skipped because torch is not installed is not an error).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -45,7 +46,7 @@ from typing import IO, Any
 from shardbench import config as config_lib
 from shardbench import malloc
 from shardbench.bench.matmul import jax_matmul
-from shardbench.bench.tables import render
+from shardbench.bench.tables import busy_host, render
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.parsing import override
 from shardbench.presets import PRESETS, get_preset
@@ -109,7 +110,9 @@ def add_parser(subparsers: Any) -> None:
                    help="float32 matmul arithmetic of both sides (default: the preset's, 'default'): default or high "
                         "= TF32 on an NVIDIA GPU for JAX and PyTorch alike, highest = full float32; the CPU is "
                         "always full float32; the same as --set precision.matmul_precision=...")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps before the timed windows (default: 3)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed steps before the timed windows (default: 3; with 0 and windows sized by "
+                        "--min-window-s, one step is still run to size them)")
     p.add_argument("--windows", type=int, default=5, help="timed windows per throughput case (median reported)")
     p.add_argument("--steps-per-window", type=int, default=0,
                    help="steps per timed window (default 0: enough steps for --min-window-s)")
@@ -425,13 +428,16 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: 
             say(f"  {entry['label']}: {_note(results[i])}")
         spw: dict[int, int] = {}
         for i, worker in list(workers.items()):
-            answer = worker.ask(f"steps {warmup}") if warmup else {"seconds": None}
+            # Windows sized by time need one step's time after the first (whose time holds the compilation):
+            # with no warm-up, one step is still run to size them.
+            probe = warmup or (0 if args.steps_per_window else 1)
+            answer = worker.ask(f"steps {probe}") if probe else {"seconds": None}
             if "error" in answer:
                 results[i] = _failed(results[i], answer)
                 worker.close()
                 del workers[i]
                 continue
-            per_step = (answer["seconds"] / warmup) if warmup else results[i].get("first_step_s", 1.0)
+            per_step = answer["seconds"] / probe if probe else 1.0
             spw[i] = args.steps_per_window or max(1, math.ceil(args.min_window_s / max(per_step, 1e-9)))
         for round_ in range(windows if workers else 0):
             order = list(workers)
@@ -479,6 +485,8 @@ def machine() -> dict[str, Any]:
 
     info["jax"] = jax.__version__
     info["allocator"] = "step workers: " + malloc.describe(worker_environ("train"))
+    with contextlib.suppress(OSError, AttributeError):  # no load average on this platform
+        info["load_average"] = round(os.getloadavg()[0], 2)  # the last minute's, before any contender started
     return info
 
 
@@ -497,6 +505,9 @@ def run(args: argparse.Namespace) -> int:
     for note in args.trimmed:
         print(f"trimmed on an accelerator: {note}", flush=True)
     info = machine()
+    busy = busy_host(info)
+    if busy:
+        print(f"warning: {busy}", file=sys.stderr, flush=True)
     with (out / "bench.log").open("w") as log:
         for group, entries in planned:
             setting = entries[0].get("setting") if entries else None

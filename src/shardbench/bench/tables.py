@@ -158,8 +158,6 @@ def batch_table(record: dict[str, Any]) -> list[str]:
         found.append(("step", f"batch {record['batch_size']}", step))
     found.sort(key=lambda x: int(x[1].split()[-1]))
     lines = ["| batch | images/s per device | MFU | compiled temporaries MiB |", "|---:|---:|---:|---:|"]
-    if pk is None:
-        lines[0] += f"  (no MFU: {peak_missing(record)})"
     for _, label, r in found:
         status = _status(r)
         batch = label.split()[-1]
@@ -168,6 +166,8 @@ def batch_table(record: dict[str, Any]) -> list[str]:
             continue
         lines.append(f"| {batch} | {_fmt(median_rate(r), ',.1f')} | {_fmt(_pct(mfu(r, pk)), '.1f', '%')} | "
                      f"{_fmt(r.get('temp_bytes') and r['temp_bytes'] / MiB, ',.0f')} |")
+    if pk is None:  # under the table: a note in its header line would be a fifth column and no table at all
+        lines += ["", f"No MFU: {peak_missing(record)}."]
     return lines
 
 
@@ -243,20 +243,41 @@ SECTIONS = (
 )
 
 
+# A last-minute load average from this high, before any contender started, means other processes shared the cores.
+BUSY_LOAD = 0.5
+
+
+def busy_host(machine: dict[str, Any]) -> str:
+    """Why the figures are not to be trusted where other processes were using the CPU when the bench started, or
+    '': a shared CPU slows every contender, but not alike (PyTorch's OpenMP threads, which spin while waiting,
+    far more than XLA's), so even the ratios move."""
+    load = machine.get("load_average")
+    if load is None or load < BUSY_LOAD:
+        return ""
+    return (f"the host's load average was {load:g} over {machine.get('cpu_count') or '?'} cores when the bench "
+            f"started: other processes were using the CPU, which slows the contenders unevenly (PyTorch's threads "
+            f"most), so the ratios as well as the rates may be off; rerun on an idle machine")
+
+
 def render(record: dict[str, Any]) -> str:
     m = record["machine"]
     t = record["timing"]
     settings = record.get("settings") or [f"{record['dtype']} b{record['batch_size']}"]
-    titles = [setting_title(record, s) for s in settings]
+    present = {c["group"] for c in record["cases"]}
+    # The step group runs the settings; without it the title names the groups that ran, not a setting none ran.
+    titles = [setting_title(record, s) for s in settings] if "step" in present or not present else \
+        [f"{record['dtype']}, " + ", ".join(group for group, _, _ in SECTIONS if group in present)]
+    busy = busy_host(m)
     lines = [f"# shardbench bench: {record['preset']}, {' and '.join(titles)}", "",
              f"Machine: {m.get('cpu', '?')}, {m.get('cpu_count')} cores, {m.get('system')}; jax {m.get('jax')}; "
-             f"allocator: {m.get('allocator') or 'default'}.",
+             f"allocator: {m.get('allocator') or 'default'}"
+             + (f"; load average {m['load_average']:g} at the start" if "load_average" in m else "") + ".",
+             *([f"**Warning:** {busy}"] if busy else []),
              f"Throughput: median of {t['windows']} timed windows after {t['warmup']} warm-up steps (other groups: "
              f"at most 3 windows after 1 warm-up step); each case in its own process; within a group the "
              f"contenders' windows alternate, round by round.", ""]
     for note in record.get("trimmed") or []:
         lines.insert(-1, f"Trimmed on an accelerator: {note}.")
-    present = {c["group"] for c in record["cases"]}
     for group, title, fn in SECTIONS:
         if group == "step" and group in present:
             for setting in record.get("settings") or [None]:

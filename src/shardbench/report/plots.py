@@ -184,7 +184,9 @@ def step_time(runs: list[ReportedRun], out: Path) -> Chart | str:
 
 
 def _mesh(run: ReportedRun) -> str:
-    return str(run.field("mesh", "parallel.mesh") or run.strategy)
+    """The mesh a run ran on, or was configured with; a failed run whose mesh its strategy was to choose has none
+    recorded (its strategy is no mesh)."""
+    return str(run.field("mesh", "parallel.mesh") or "unrecorded")
 
 
 def _kind(run: ReportedRun) -> str:
@@ -209,13 +211,14 @@ def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: 
     gaps = _gaps(runs, cells, value)  # a failed run has its cell by its configured mesh and batch
     # A failed run (or one without the figure) whose cell another run's bar fills: no gap to label, so said.
     covered = [r for r in runs if (not r.ok or value(r) is None) and (_mesh(r), r.batch) in cells]
-    inside = {cell: run for cell, run in gaps.items() if cell[0] in meshes and cell[1] in batches}
-    outside = [run for cell, run in gaps.items() if cell not in inside]
+    inside = {cell: failed for cell, failed in gaps.items() if cell[0] in meshes and cell[1] in batches}
+    outside = [run for cell, failed in gaps.items() if cell not in inside for run in failed]
     # Said under the chart (the figure is too narrow for a list of names).
     caption = " ".join(filter(None, [
         note, f"One bar per mesh and batch size: left out, as another run has its mesh and batch (the first is "
               f"drawn): {', '.join(left_out)}." if left_out else "",
-        "No bar, a labelled gap: " + "; ".join(f"{r.name}, {_gap_text(r)}" for r in inside.values()) + "."
+        "No bar, a labelled gap: " + "; ".join(f"{r.name}, {_gap_text(r)}" for failed in inside.values()
+                                               for r in failed) + "."
         if inside else "",
         "Not drawn, at a mesh or batch size no bar has: " + "; ".join(
             f"{r.name}, {_gap_text(r)} (mesh {_mesh(r)}, batch {r.batch or '?'})" for r in outside) + "."
@@ -236,8 +239,8 @@ def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: 
                 heights.append(value(run) or 0.0)
                 hatches.append(hatched(run))
             elif (mesh, batch) in inside:
-                ax.text(x, 0, f" {_gap_text(inside[mesh, batch])}", rotation=90, ha="center", va="bottom", fontsize=7,
-                        color="#666666", style="italic")
+                ax.text(x, 0, f" {_gap_text(inside[mesh, batch][0])}", rotation=90, ha="center", va="bottom",
+                        fontsize=7, color="#666666", style="italic")
         bars = ax.bar(xs, heights, width=width * 0.95, color=PALETTE[i % len(PALETTE)], label=f"batch {batch}")
         for bar, hatch in zip(bars, hatches, strict=True):
             if hatch:
@@ -272,12 +275,13 @@ def _gap_text(run: ReportedRun) -> str:
 
 
 def _gaps(runs: list[ReportedRun], cells: dict[tuple[str, int | None], ReportedRun],
-          value: Callable[[ReportedRun], float | None]) -> dict[tuple[str, int | None], ReportedRun]:
-    """The first run of each (mesh, batch) cell that no bar fills: a failed run, or one without the figure."""
-    gaps: dict[tuple[str, int | None], ReportedRun] = {}
+          value: Callable[[ReportedRun], float | None]) -> dict[tuple[str, int | None], list[ReportedRun]]:
+    """Every run of each (mesh, batch) cell that no bar fills (a failed run, or one without the figure), in store
+    order: the gap is labelled by the first, and the caption names them all."""
+    gaps: dict[tuple[str, int | None], list[ReportedRun]] = {}
     for run in runs:
         if (not run.ok or value(run) is None) and (_mesh(run), run.batch) not in cells:
-            gaps.setdefault((_mesh(run), run.batch), run)
+            gaps.setdefault((_mesh(run), run.batch), []).append(run)
     return gaps
 
 

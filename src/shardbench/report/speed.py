@@ -128,14 +128,16 @@ def _value(value: object) -> str:
 
 def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     """What the records show differs between `run` and `fastest`, as facts: none of it is a measured cause. Every
-    setting whose value differs (NOISE left out), the device count where the settings do not show it, and the
-    collectives' bytes. A run records its collectives' bytes, not their time, and bytes alone do not say how
+    setting whose value differs (NOISE left out), the device count where the settings do not show it, the
+    process count (launch's, not a setting), and the collectives' bytes. A run records its collectives' bytes, not their time, and bytes alone do not say how
     long they took (on simulated devices sharing a host's cores, a few MiB cost next to nothing)."""
     mine, theirs = run.settings, fastest.settings
     keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     out = [f"{k} {_value(mine.get(k))} against {_value(theirs.get(k))}" for k in keys]
     if (run.devices or 1) != (fastest.devices or 1) and "parallel.devices" not in keys:
         out.append(f"{run.devices or 1} device(s) against {fastest.devices or 1}")
+    if (run.m.processes or 1) != (fastest.m.processes or 1):  # not a setting: the launch's (or the sweep's)
+        out.append(f"{run.m.processes or 1} process(es) against {fastest.m.processes or 1}")
     mine_mib, theirs_mib = run.comms_mib or 0.0, fastest.comms_mib or 0.0
     if max(mine_mib, theirs_mib) >= COMMS_NAMED_MIB and not math.isclose(mine_mib, theirs_mib,
                                                                                   rel_tol=COMMS_NAMED_REL):
