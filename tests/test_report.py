@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import sqlite3
@@ -392,6 +393,14 @@ def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path:
     assert sorted(paths.charts) == ["epoch_time", "memory_breakdown", "peak_memory", "step_time", "throughput"]
     with pytest.raises(ShardbenchError, match="no runs to report"):
         write_report(tmp_path / "out")
+    # A folder of unfinished runs only (config.json, no summary.json): each is named, as it is beside finished ones.
+    (tmp_path / "unfinished" / "r1").mkdir(parents=True)
+    (tmp_path / "unfinished" / "r1" / "config.json").write_text((tmp_path / "runs" / "float32" / "config.json")
+                                                                 .read_text())
+    with pytest.raises(ShardbenchError, match=re.escape(
+            "unfinished: no runs to report: 1 run folder without a summary.json (unfinished, or stopped): r1; finish "
+            "it with its train command and --resume, then report")):
+        write_report(tmp_path / "unfinished")
 
 
 def test_a_hand_written_run_folder_is_read_or_refused_in_one_line(tmp_path: Path) -> None:
@@ -633,6 +642,16 @@ def test_html_page_in_chromium(written: ReportPaths) -> None:
             page.locator("th[data-key='run']").click()
             names = page.eval_on_selector_all("table#runs tbody tr", "rows => rows.map(r => r.dataset.run)")
             assert names == sorted(r.name for r in sweep_rows())
+            # A phone's width: each chart keeps 640 px (its text legible) in a strip that scrolls sideways, where
+            # it shrank to a quarter; the sticky run column leaves room for the figures and names the run whole
+            # in its title.
+            page.set_viewport_size({"width": 400, "height": 800})
+            for i in range(charts.count()):
+                assert charts.nth(i).evaluate("img => img.width") == 640
+            assert page.evaluate("document.documentElement.scrollWidth") <= 400  # the page itself does not scroll
+            first = page.locator("table#runs tbody tr td").first
+            assert first.evaluate("td => td.getBoundingClientRect().width") <= 0.4 * 400 + 20
+            assert first.get_attribute("title") == names[0]
             assert not outside and not errors, (outside, errors)
         finally:
             browser.close()

@@ -687,6 +687,27 @@ def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypa
 
 
 
+def test_a_strategy_whose_runs_all_failed_is_not_in_the_legends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """dp measured, tp refused: the per-run charts' legends name dp only (tp had an entry and no bar)."""
+    runs = [run("dp_run", {"parallel.strategy": "dp"}, 10.0),
+            reported(row("tp_run", {"parallel.strategy": "tp"}, None, ("config", "tp: heads not divisible")))]
+    drawn: dict[str, Any] = {}
+    save = plots._save
+
+    def spy(fig: Any, out: Path, name: str, title: str, note: str = "") -> Any:
+        drawn[name] = fig
+        return save(fig, out, name, title, note)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    plots.write_charts(runs, tmp_path)
+    legends = {name: [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+               for name, fig in drawn.items()}
+    assert {"step_time", "throughput", "epoch_time", "peak_memory"} <= legends.keys()
+    for name in ("step_time", "throughput", "epoch_time", "peak_memory"):
+        assert legends[name] == ["dp"], (name, legends[name])
+
+
 def test_mesh_by_batch_charts_name_a_failed_run_whose_cell_another_run_fills(tmp_path: Path) -> None:
     """Meshes 8x1 and 4x2 x batches 64 and 256, each drawn, and at 4x2 batch 64 a second run (another learning
     rate) that diverged: its cell has a bar, so no gap can show it, and the caption names it (it was dropped

@@ -35,6 +35,13 @@ table#runs { border-collapse: collapse; font-size: 12.5px; white-space: nowrap; 
 .note, .hint { color: #57606a; font-size: 12.5px; }
 figure { margin: 1.5rem 0; } figcaption { color: #57606a; font-size: 12.5px; }
 img.chart { max-width: 100%; height: auto; border: 1px solid #eaeef2; }
+.chart-wrap { overflow-x: auto; }
+/* A narrow window (a phone) scrolls a chart sideways rather than shrink its text past reading, and the sticky
+   run column keeps room for the figures beside it (its full name is the cell's title). */
+@media (max-width: 700px) {
+  img.chart { max-width: none; width: 640px; }
+  #runs td:first-child, #runs th:first-child { max-width: 40vw; overflow: hidden; text-overflow: ellipsis; }
+}
 """
 
 # Rows move as a whole; missing values (no data-value) sort last in both directions; a stable sort keeps
@@ -88,8 +95,10 @@ def _cell(column: Column, run: ReportedRun) -> str:
     if value is None or value == "":
         return f'<td class="{" ".join([*classes, "missing"])}" data-key="{column.key}">–</td>'
     sort_value = repr(float(value)) if column.numeric else str(value)
-    return (f'<td class="{" ".join(classes)}" data-key="{column.key}" data-value="{html.escape(sort_value)}">'
-            f"{html.escape(column.text(run))}</td>")
+    text = html.escape(column.text(run))
+    title = "" if column.numeric else f' title="{text}"'  # whole where a narrow window cuts the cell short
+    return (f'<td class="{" ".join(classes)}" data-key="{column.key}" data-value="{html.escape(sort_value)}"{title}>'
+            f"{text}</td>")
 
 
 def _table(columns: tuple[Column, ...], runs: list[ReportedRun]) -> str:
@@ -107,8 +116,8 @@ def _table(columns: tuple[Column, ...], runs: list[ReportedRun]) -> str:
 def _figure(chart: Chart) -> str:
     data = base64.b64encode(chart.path.read_bytes()).decode("ascii")
     caption = html.escape(chart.title) + (f" — {html.escape(chart.note)}" if chart.note else "")
-    return (f'<figure id="figure-{chart.name}"><img class="chart" id="chart-{chart.name}" '
-            f'alt="{html.escape(chart.title)}" src="data:image/png;base64,{data}"><figcaption>{caption}'
+    return (f'<figure id="figure-{chart.name}"><div class="chart-wrap"><img class="chart" id="chart-{chart.name}" '
+            f'alt="{html.escape(chart.title)}" src="data:image/png;base64,{data}"></div><figcaption>{caption}'
             f"</figcaption></figure>")
 
 

@@ -104,8 +104,11 @@ def _finish_axes(ax: Axes, names: list[str], positions: range | list[float], top
     ax.set_axisbelow(True)
 
 
-def _strategy_legend(ax: Axes, colors: dict[str, str]) -> None:
-    ax.legend(handles=[Patch(color=c, label=s) for s, c in colors.items()], title="strategy", fontsize=8,
+def _strategy_legend(ax: Axes, colors: dict[str, str], drawn: list[ReportedRun]) -> None:
+    """The strategies of the runs `drawn` (those with a bar): a strategy whose every run failed has no colour on
+    the chart to name."""
+    shown = {r.strategy for r in drawn}
+    ax.legend(handles=[Patch(color=c, label=s) for s, c in colors.items() if s in shown], title="strategy", fontsize=8,
               title_fontsize=8, loc="upper left", bbox_to_anchor=BESIDE)
 
 
@@ -126,7 +129,7 @@ def _simple(runs: list[ReportedRun], out: Path, name: str, title: str, xlabel: s
     ax.set_xlabel(xlabel)
     if note:
         ax.set_title(textwrap.fill(note, NOTE_WIDTH), fontsize=8, color="#555555")
-    _strategy_legend(ax, {s: c for s, c in colors.items() if any(r.strategy == s for r in runs)})
+    _strategy_legend(ax, colors, [r for r in runs if value(r) is not None])
     return _save(fig, out, name, title, note)
 
 
@@ -155,7 +158,7 @@ def epoch_time(runs: list[ReportedRun], out: Path) -> Chart | str:
                   if not projected else "time per epoch, s: measured, or projected (hatched)")
     if chart_note:
         ax.set_title(textwrap.fill(chart_note, NOTE_WIDTH), fontsize=8, color="#555555")
-    _strategy_legend(ax, colors)
+    _strategy_legend(ax, colors, [r for r in runs if _epoch(r) is not None])
     return _save(fig, out, "epoch_time", "Epoch time per run" + (" (measured or projected)" if projected else ""),
                  chart_note)
 
@@ -179,7 +182,7 @@ def step_time(runs: list[ReportedRun], out: Path) -> Chart | str:
         ax.text(end, y, f"  {median:,.1f} ms", va="center", fontsize=8)
     _finish_axes(ax, [r.name for r in runs], range(len(runs)), max(ends, default=0.0) * 1.1)
     ax.set_xlabel("median step time, ms (the line runs to the 90th percentile); shorter is faster")
-    _strategy_legend(ax, colors)
+    _strategy_legend(ax, colors, [r for r, m in zip(runs, medians, strict=True) if m is not None])
     return _save(fig, out, "step_time", "Step time per run")
 
 
@@ -195,7 +198,8 @@ def _kind(run: ReportedRun) -> str:
 
 
 def _grouped(runs: list[ReportedRun], out: Path, name: str, title: str, ylabel: str,
-             value: Callable[[ReportedRun], float | None], hatched: Callable[[ReportedRun], bool], note: str) -> Chart | str:
+             value: Callable[[ReportedRun], float | None], hatched: Callable[[ReportedRun], bool],
+             note: str) -> Chart | str:
     """The seeds' layout: one group of bars per mesh, one bar per batch size (vertical, as drawn by hand). A run
     with no bar (failed, such as out of memory, or without the figure) keeps its cell as a labelled gap, and the
     caption names it, as it does a failed run at a mesh or batch size no bar has."""
@@ -327,7 +331,7 @@ def peak_memory(runs: list[ReportedRun], out: Path) -> Chart | str:
                 patch.set_hatch("//")
         ax.set_xlabel("memory per device, MiB: runtime peak; hatched bars: compiled total (no peak reported)")
         note = "Hatched bars are XLA's compiled totals, for runs whose backend reports no runtime peak."
-    _strategy_legend(ax, colors)
+    _strategy_legend(ax, colors, [r for r in runs if r.memory[0] is not None])
     return _save(fig, out, "peak_memory", title, note)
 
 
@@ -351,7 +355,7 @@ def throughput_figure(runs: list[ReportedRun]) -> Figure | str:
     _run_bars(per_device, runs, [rate(r, f"{key}_per_device") for r in runs], "{:,.0f}", colors, why)
     total.set_xlabel(f"{unit} per second (global batch / median step)")
     per_device.set_xlabel(f"{unit} per second per device")
-    _strategy_legend(per_device, _strategy_colors(runs))
+    _strategy_legend(per_device, _strategy_colors(runs), [r for r in runs if rate(r, key) is not None])
     return fig
 
 

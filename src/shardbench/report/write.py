@@ -168,8 +168,13 @@ def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[ReportedR
             f"ended; finish it with 'shardbench sweep --out {sweep_dir} --resume', then report it")
     if not runs:
         runs, meta = _from_folders(sweep_dir, skip or sweep_dir / "report"), {}
-    if not any(r.ok for r in runs) and all(r.error_kind == INCOMPLETE for r in runs):
-        runs = []  # nothing but unfinished folders is nothing to report
+    if runs and not any(r.ok for r in runs) and all(r.error_kind == INCOMPLETE for r in runs):
+        # Nothing but unfinished folders is nothing to report; they are named all the same.
+        names = [r.name for r in runs]
+        raise ShardbenchError(
+            f"{sweep_dir}: no runs to report: {len(names)} run folder{'' if len(names) == 1 else 's'} without a "
+            f"summary.json (unfinished, or stopped): {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}; "
+            f"finish {'it' if len(names) == 1 else 'each'} with its train command and --resume, then report")
     if not runs:
         raise ShardbenchError(f"{sweep_dir}: no runs to report (no runs in a sweep.db and no summary.json below it)")
     return [dataclasses.replace(r, losses=_logged_losses(r, sweep_dir)) if r.ok else r for r in runs], meta
