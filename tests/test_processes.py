@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,38 @@ def test_killed_process_stops_the_launch_and_the_run_resumes_to_the_same_result(
     np.testing.assert_allclose(summary["train_loss"], whole["train_loss"], rtol=1e-6)
     np.testing.assert_allclose(summary["test_loss"], whole["test_loss"], rtol=1e-6)
     assert summary["test_accuracy"] == whole["test_accuracy"]
+
+
+def test_when_process_0_dies_the_survivor_does_not_bury_the_reason(tmp_path: Path) -> None:
+    """Process 0 holds the coordinator: when it is killed, process 1's JAX aborts with a fatal error and a stack
+    dump about the coordinator it lost, while the launcher stops it. The launch says which process failed and
+    why, in one line, and what the survivor printed meanwhile is left out (counted)."""
+    killed = _launch(tmp_path / "run", tmp_path / "cache", *STRATEGIES["dp"], "--steps", "40",
+                     env={"SHARDBENCH_FAULT_KILL_AT_STEP": "3", "SHARDBENCH_FAULT_KILL_PROCESS": "0"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert "process 0 of 2 failed: killed by SIGKILL; stopped the other 1" in killed.stderr
+    assert "stack trace" not in killed.stderr and "@     0x" not in killed.stderr, killed.stderr[-3000:]
+    assert not _running(str(tmp_path / "run"))
+
+
+def test_what_others_print_while_they_are_stopped_is_held_back_and_counted() -> None:
+    import io
+
+    from shardbench.launch import Stopping, _pump
+
+    stopping, out = Stopping(), io.BytesIO()
+    _pump(io.BytesIO(b"epoch 1\n"), out, b"[p1] ", None, lambda line: stopping.holds(1, line))
+    stopping.failed = 0
+    said: deque[str] = deque()
+    _pump(io.BytesIO(b"F client.h:80] Terminating process\n*** Check failure stack trace: ***\n"
+                     b"    @  0x7f SendToLog()\nshardbench: error: another process of this run stopped\n"), out,
+          b"[p1] ", said,
+          lambda line: stopping.holds(1, line))
+    _pump(io.BytesIO(b"its last words\n"), out, b"[p0] ", None, lambda line: stopping.holds(0, line))
+    assert out.getvalue().decode().splitlines() == [
+        "[p1] epoch 1", "[p1] shardbench: error: another process of this run stopped", "[p0] its last words"]
+    assert stopping.held == 3 and len(said) == 4  # kept for the reason all the same
+    assert not Stopping(failed=0, show_all=True).holds(1, b"anything\n")  # --debug
 
 
 def test_a_sweep_runs_each_configuration_as_two_processes(runs: dict[str, Any]) -> None:

@@ -142,6 +142,8 @@ def join(cluster: Cluster, cpu_devices: int = 0) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if cpu_devices > 0:
         jax.config.update("jax_num_cpu_devices", cpu_devices)
+    if cluster.process_id == 0 and _on_loopback(cluster.coordinator):
+        _check_port_free(cluster)
     global _join_timeout_s
     _join_timeout_s = cluster.join_timeout_s
     joined = threading.Event()
@@ -160,8 +162,6 @@ def join(cluster: Cluster, cpu_devices: int = 0) -> None:
         )
     except Exception as err:  # jax raises RuntimeError/ValueError with multi-line text for bad arguments
         first = next((ln.strip() for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-        if cluster.process_id == 0 and "Failed to start RPC server" in first:
-            first += f" (is port {(cluster.coordinator or '').rpartition(':')[2]} in use? launch --port 0 picks a free one)"
         raise ClusterError(f"{_who(cluster)} could not join the {cluster.describe()}: {first[:200]}") from None
     finally:
         joined.set()
@@ -169,6 +169,20 @@ def join(cluster: Cluster, cpu_devices: int = 0) -> None:
 
 
 JOIN_MARGIN_S = 15  # JAX's own join deadline comes this much after ours, so ours is the message people see
+
+
+def _check_port_free(cluster: Cluster) -> None:
+    """Process 0's coordinator port on loopback, tried before JAX binds it: JAX's own failure there is a line of
+    gRPC, and at times a segmentation fault."""
+    host, _, port = (cluster.coordinator or "").rpartition(":")
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host.strip("[]"), int(port)))
+        except OSError as err:
+            raise ClusterError(f"process 0 could not start the coordinator at {cluster.coordinator}: "
+                               f"{err.strerror or err} (is port {port} in use? launch --port 0 picks a free "
+                               f"one)") from None
 
 
 def _on_loopback(coordinator: str | None) -> bool:

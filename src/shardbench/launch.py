@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import queue
@@ -19,11 +20,12 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
 from shardbench import cluster
-from shardbench.errors import ConfigError
+from shardbench.errors import DEBUG_ENV, ConfigError
 from shardbench.subprocs import dies_with_parent, kill_group
 
 LAUNCHABLE = ("train",)
@@ -89,8 +91,27 @@ class Child:
 _write_lock = threading.Lock()
 
 
-def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | None) -> None:
-    """Copy a child's stream to ours a line at a time, each line (or progress-bar redraw) with its prefix."""
+@dataclass
+class Stopping:
+    """Once a process has failed, what the others print while they are stopped is held back (its lines counted):
+    a survivor of a process 0 that died prints JAX's fatal error and a stack dump of its own, about the coordinator
+    it lost, not the failure. Their own one-line 'shardbench:' errors still come through."""
+
+    failed: int | None = None
+    held: int = 0
+    show_all: bool = False  # --debug: nothing is held back
+
+    def holds(self, index: int, line: bytes) -> bool:
+        if self.show_all or self.failed is None or self.failed == index or line.startswith(b"shardbench"):
+            return False
+        self.held += 1
+        return True
+
+
+def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | None,
+          hold: Callable[[bytes], bool] | None = None) -> None:
+    """Copy a child's stream to ours a line at a time, each line (or progress-bar redraw) with its prefix; a
+    line `hold` takes is not written."""
     pending = b""
     while True:
         chunk = source.read1(65536) if hasattr(source, "read1") else source.read(65536)
@@ -104,16 +125,20 @@ def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | 
                 part = _NOISE.sub(b"", whole)
                 if (part != whole and not part.strip()) or (not part.strip(b"\r\n") and part != b"\n"):
                     continue  # a line of noise only, or a bare carriage return
-                sink.write(prefix + part)
                 if keep is not None:
                     keep.append(part.decode(errors="replace").rstrip())
+                if hold is not None and hold(part):
+                    continue
+                sink.write(prefix + part)
             sink.flush()
     if pending:
+        if keep is not None:
+            keep.append(pending.decode(errors="replace").rstrip())
+        if hold is not None and hold(pending):
+            return
         with _write_lock:
             sink.write(prefix + pending + b"\n")
             sink.flush()
-        if keep is not None:
-            keep.append(pending.decode(errors="replace").rstrip())
 
 
 def child_environ(index: int, processes: int, port: int, devices: int, join_timeout: int) -> dict[str, str]:
@@ -169,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
     cmd = [sys.executable, "-m", "shardbench", *argv]
     children: list[Child] = []
     ended: queue.Queue[tuple[int, int]] = queue.Queue()
+    stopping = Stopping(show_all=bool(getattr(args, "debug", False))
+                        or os.environ.get(DEBUG_ENV, "") not in ("", "0"))
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         for i in range(n):
@@ -178,9 +205,10 @@ def run(args: argparse.Namespace) -> int:
             child = Child(i, proc)
             prefix = f"[p{i}] ".encode()
             assert proc.stdout is not None and proc.stderr is not None
+            hold = functools.partial(stopping.holds, i)
             child.readers = [
-                threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, prefix, None), daemon=True),
-                threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, prefix, child.said),
+                threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, prefix, None, hold), daemon=True),
+                threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, prefix, child.said, hold),
                                  daemon=True),
             ]
             for t in child.readers:
@@ -188,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
             # One waiter per process: the first to end is known exactly, not by polling order.
             threading.Thread(target=lambda c=child: ended.put((c.index, c.proc.wait())), daemon=True).start()
             children.append(child)
-        return _watch(children, ended, args.timeout)
+        return _watch(children, ended, args.timeout, stopping)
     except (KeyboardInterrupt, _Stopped) as stop:
         _stop(children)
         how = "stopped (SIGTERM)" if isinstance(stop, _Stopped) else "interrupted"
@@ -198,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _watch(children: list[Child], ended: queue.Queue[tuple[int, int]], timeout: float) -> int:
+def _watch(children: list[Child], ended: queue.Queue[tuple[int, int]], timeout: float, stopping: Stopping) -> int:
     deadline = time.monotonic() + timeout if timeout > 0 else None
     running = {c.index for c in children}
     while running:
@@ -214,12 +242,18 @@ def _watch(children: list[Child], ended: queue.Queue[tuple[int, int]], timeout: 
             return 124
         running.discard(index)
         if code != 0:
+            stopping.failed = index
             others = [c for c in children if c.index in running]
             _stop(others)
             child = children[index]
             for t in child.readers:
                 t.join(timeout=2)  # its last words first
-            stopped = f"; stopped the other {len(others)}" if others else ""
+            for other in others:
+                for t in other.readers:
+                    t.join(timeout=2)  # what they printed while stopping, counted
+            held = (f" ({stopping.held} line{'' if stopping.held == 1 else 's'} they printed meanwhile left out: "
+                    f"--debug shows them)") if stopping.held else ""
+            stopped = f"; stopped the other {len(others)}{held}" if others else ""
             print(f"shardbench: error: process {index} of {len(children)} failed: {child.reason(code)}{stopped}",
                   file=sys.stderr, flush=True)
             if code < 0:  # end by the same signal, so whoever started the launch sees what a single process shows
