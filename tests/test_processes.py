@@ -414,6 +414,8 @@ def test_local_devices_split_the_run_evenly() -> None:
     (["--processes", "0", "--", "train"], "--processes must be at least 1"),
     ([], "launch needs the command to run after '--'"),
     (["--join-timeout", "0", "--", "train"], "--join-timeout must be a positive number of seconds, got 0"),
+    (["--", "train", "--num-processes", "3", "--process-id=0"], "launch joins its processes itself: leave "
+                                                                 "--num-processes, --process-id out of the command"),
     (["--timeout", "-1", "--", "train"], "--timeout must be 0 (no limit) or a finite number of seconds, got -1"),
 ])
 def test_launch_rejects_bad_input_in_one_line(argv: list[str], words: str) -> None:

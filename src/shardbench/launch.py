@@ -29,6 +29,7 @@ from shardbench.errors import DEBUG_ENV, ConfigError
 from shardbench.subprocs import dies_with_parent, kill_group
 
 LAUNCHABLE = ("train",)
+JOIN_FLAGS = ("--coordinator", "--num-processes", "--process-id")  # launch's to set, each process its own
 STOP_GRACE_S = 3.0
 _SIM_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
 # gloo announces every connection it makes (one line per device per collective group): not the run's output.
@@ -167,6 +168,10 @@ def _check(args: argparse.Namespace) -> list[str]:
     if argv[0] not in LAUNCHABLE:
         raise ConfigError(f"launch runs {', '.join(LAUNCHABLE)} across processes, not '{argv[0]}' (a sweep takes "
                           f"--processes itself: shardbench sweep --processes N ...)")
+    joining = [a.split("=")[0] for a in argv if a.split("=")[0] in JOIN_FLAGS]
+    if joining:
+        raise ConfigError(f"launch joins its processes itself: leave {', '.join(dict.fromkeys(joining))} out of the "
+                          f"command (--processes sets how many)")
     if args.processes < 1:
         raise ConfigError(f"--processes must be at least 1, got {args.processes}")
     if args.devices_per_process < 0:
