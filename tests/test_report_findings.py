@@ -167,8 +167,13 @@ def test_a_run_of_more_processes_says_so() -> None:
     two = run("two", {}, 57.5)
     two = dataclasses.replace(two, record=dataclasses.replace(two.rec, measurements=dataclasses.replace(
         two.m, processes=2)))
-    found = speed_findings([run("one", {}, 10.0), two])
+    one = run("one", {}, 10.0)
+    found = speed_findings([one, two])
     assert found[1] == "two is 5.75x slower (57.5 ms against 10.0 ms); it differs in: 2 process(es) against 1."
+    # The table has a processes column where some run was launched as several, and only there.
+    column = next(c for c in COLUMNS if c.key == "processes")
+    assert column in shown(COLUMNS, [one, two]) and column not in shown(COLUMNS, [one])
+    assert (column.text(two), column.text(one)) == ("2", "1")
 
 
 # ----------------------------------------------------------------------------- 4: image sizes

@@ -388,6 +388,7 @@ COLUMNS: tuple[Column, ...] = (
            usual="jit"),
     Column("mesh", "mesh", False, lambda r: r.field("mesh", "parallel.mesh")),
     Column("devices", "devices", True, lambda r: r.devices, 0),
+    Column("processes", "processes", True, lambda r: r.m.processes, 0, optional=True, usual=1),
     Column("batch", "batch", True, lambda r: r.batch, 0),
     Column("param_dtype", "param dtype", False, lambda r: r.config.get("precision.param_dtype")),
     Column("dtype", "dtype", False, lambda r: r.config.get("precision.dtype")),
