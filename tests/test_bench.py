@@ -343,36 +343,10 @@ def test_a_bench_of_scaling_groups_only_is_titled_by_them_and_a_busy_host_is_war
     assert "Warning" not in render(record)
 
 
-def test_run_pool_keeps_a_failed_contenders_windows_apart(monkeypatch) -> None:
-    """A contender that times out in its third window ends with the error and no `rates`: its two windows are
-    kept apart as `partial_rates`. A fake worker stands in for the process."""
-
-    class FakeWorker:
-        def __init__(self, entry: dict, log: object, timeout: float) -> None:
-            self.windows = 0
-
-        def read(self) -> dict:
-            return {"ready": {"work_per_step": 8, "first_step_s": 1.0}}
-
-        def ask(self, command: str) -> dict:
-            if command == "memory":
-                return {"peak_bytes": None}
-            self.windows += 1
-            return {"error": "timed out"} if self.windows == 3 else {"seconds": 1.0}
-
-        def close(self) -> None:
-            pass
-
-    monkeypatch.setattr(bench_cmd, "Worker", FakeWorker)
-    args = argparse.Namespace(timeout=600.0, steps_per_window=2, min_window_s=0.0)
-    entry = {"label": "flaky", "case": "shardbench", "alloc": "train", "kwargs": {}}
-    [got] = bench_cmd.run_pool([entry], args, None, lambda line: None, warmup=0, windows=5)  # type: ignore[arg-type]
-    assert got["error"] == "timed out" and "rates" not in got and got["partial_rates"] == [16.0, 16.0]
-
-
-def test_windows_without_warm_up_are_sized_by_a_step_after_the_first(monkeypatch) -> None:
-    """--warmup 0 with windows of at least 1 s: the first step took 7.8 s with its compilation, a step after it
-    0.125 s, so a window is 8 steps (it was 1, sized by the first step). A fake worker stands in for the process."""
+def _fake_pool(monkeypatch, ready: dict, answer, *, steps_per_window: int, min_window_s: float, windows: int
+               ) -> tuple[dict, list[str]]:
+    """`run_pool` of one contender (warm-up 0) whose worker is a fake: ready with `ready`, each step command
+    answered by `answer(command, n)` (n: the step commands so far). Returns its result and every command asked."""
     asked: list[str] = []
 
     class FakeWorker:
@@ -380,21 +354,39 @@ def test_windows_without_warm_up_are_sized_by_a_step_after_the_first(monkeypatch
             pass
 
         def read(self) -> dict:
-            return {"ready": {"work_per_step": 16, "first_step_s": 7.8}}
+            return {"ready": ready}
 
         def ask(self, command: str) -> dict:
             asked.append(command)
-            if command == "memory":
-                return {"peak_bytes": None}
-            return {"seconds": 0.125 * int(command.split()[1])}
+            return {"peak_bytes": None} if command == "memory" else answer(command, len(
+                [a for a in asked if a != "memory"]))
 
         def close(self) -> None:
             pass
 
     monkeypatch.setattr(bench_cmd, "Worker", FakeWorker)
-    args = argparse.Namespace(timeout=600.0, steps_per_window=0, min_window_s=1.0)
+    args = argparse.Namespace(timeout=600.0, steps_per_window=steps_per_window, min_window_s=min_window_s)
     entry = {"label": "shardbench", "case": "shardbench", "alloc": "train", "kwargs": {}}
-    [got] = bench_cmd.run_pool([entry], args, None, lambda line: None, warmup=0, windows=2)  # type: ignore[arg-type]
+    [got] = bench_cmd.run_pool([entry], args, None, lambda line: None, warmup=0,  # type: ignore[arg-type]
+                               windows=windows)
+    return got, asked
+
+
+def test_run_pool_keeps_a_failed_contenders_windows_apart(monkeypatch) -> None:
+    """A contender that times out in its third window ends with the error and no `rates`: its two windows are
+    kept apart as `partial_rates`. A fake worker stands in for the process."""
+    got, _ = _fake_pool(monkeypatch, {"work_per_step": 8, "first_step_s": 1.0},
+                        lambda command, n: {"error": "timed out"} if n == 3 else {"seconds": 1.0},
+                        steps_per_window=2, min_window_s=0.0, windows=5)
+    assert got["error"] == "timed out" and "rates" not in got and got["partial_rates"] == [16.0, 16.0]
+
+
+def test_windows_without_warm_up_are_sized_by_a_step_after_the_first(monkeypatch) -> None:
+    """--warmup 0 with windows of at least 1 s: the first step took 7.8 s with its compilation, a step after it
+    0.125 s, so a window is 8 steps (it was 1, sized by the first step). A fake worker stands in for the process."""
+    got, asked = _fake_pool(monkeypatch, {"work_per_step": 16, "first_step_s": 7.8},
+                            lambda command, n: {"seconds": 0.125 * int(command.split()[1])},
+                            steps_per_window=0, min_window_s=1.0, windows=2)
     assert asked == ["steps 1", "steps 8", "steps 8", "memory"] and got["steps_per_window"] == 8
     assert got["rates"] == [128.0, 128.0]
 

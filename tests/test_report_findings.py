@@ -654,7 +654,21 @@ def test_the_memory_breakdown_holds_the_model_state_so_its_total_is_memory_per_d
     assert column not in shown(COLUMNS, [builtin])
 
 
-def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def drawn(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Every figure the charts draw, by chart name, as they are saved (the figures the PNGs are written from)."""
+    figures: dict[str, Any] = {}
+    save = plots._save
+
+    def spy(fig: Any, out: Path, name: str, title: str, note: str = "") -> Any:
+        figures[name] = fig
+        return save(fig, out, name, title, note)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    return figures
+
+
+def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, drawn: dict[str, Any]) -> None:
     """Meshes 8x1 and 4x2 x batches 64 and 256, the 4x2 run at batch 256 out of memory, and a run at batch 1,024
     (no bar has that batch) out of memory too: the first keeps its cell (mesh 1, second batch of two: x = 1 - 0.4
     + 0.4 x 1.5 = 1.2) as a gap labelled 'failed (oom)', the second is named in the caption (both were dropped
@@ -670,14 +684,6 @@ def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypa
                                                   "precision.dtype": "bfloat16"}, None, ("oom", "RESOURCE_EXHAUSTED")))
         store.add(row("tp_batch_64", {"parallel.strategy": "tp", "train.batch_size": 64}, None,
                       ("config", "tp: model.num_heads = 2 is not divisible by 8")))
-    drawn: dict[str, Any] = {}
-    save = plots._save
-
-    def spy(fig: Any, out: Path, name: str, title: str, note: str = "") -> Any:
-        drawn[name] = fig
-        return save(fig, out, name, title, note)
-
-    monkeypatch.setattr(plots, "_save", spy)
     paths = write_report(directory)
     caption = ("No bar, a labelled gap: mesh_4x2_batch_256, failed (oom); mesh_4x2_batch_256_bf16, failed (oom). "
                "Not drawn, at a mesh or batch size no bar has: mesh_8x1_batch_1024, failed (oom) (mesh 8x1, batch "
@@ -691,20 +697,10 @@ def test_mesh_by_batch_charts_mark_the_runs_that_failed(tmp_path: Path, monkeypa
     assert text.count(caption) == 2 and paths.clipped == {}
 
 
-
-def test_a_strategy_whose_runs_all_failed_is_not_in_the_legends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                                  ) -> None:
+def test_a_strategy_whose_runs_all_failed_is_not_in_the_legends(tmp_path: Path, drawn: dict[str, Any]) -> None:
     """dp measured, tp refused: the per-run charts' legends name dp only (tp had an entry and no bar)."""
     runs = [run("dp_run", {"parallel.strategy": "dp"}, 10.0),
             reported(row("tp_run", {"parallel.strategy": "tp"}, None, ("config", "tp: heads not divisible")))]
-    drawn: dict[str, Any] = {}
-    save = plots._save
-
-    def spy(fig: Any, out: Path, name: str, title: str, note: str = "") -> Any:
-        drawn[name] = fig
-        return save(fig, out, name, title, note)
-
-    monkeypatch.setattr(plots, "_save", spy)
     plots.write_charts(runs, tmp_path)
     legends = {name: [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
                for name, fig in drawn.items()}
