@@ -619,6 +619,10 @@ def test_a_sigkill_while_the_cgroup_counted_an_oom_kill_is_an_oom(tmp_path: Path
     kind, message = classify(Outcome(-9, [], 0.0, 1.0, 2**30, oom_kills=1), log, 60)
     assert kind == "oom" and "out-of-memory killer took 1 process(es)" in message
     assert classify(Outcome(-9, [], 0.0, 1.0, 2**30, oom_kills=0), log, 60) == ("killed", "killed by SIGKILL")
+    # Run as several processes: the launcher's line names which one was killed (the error said only the signal).
+    launched = ["shardbench: error: process 1 of 2 failed: killed by SIGKILL; stopped the other 1"]
+    assert classify(Outcome(-9, launched, 0.0, 1.0, 2**30, oom_kills=0), log, 60) == (
+        "killed", "process 1 of 2 failed: killed by SIGKILL; stopped the other 1")
 
 
 def test_a_sigkill_near_the_host_memory_limit_is_called_an_oom(tmp_path: Path) -> None:

@@ -222,7 +222,9 @@ def classify(outcome: Outcome, log_path: Path, timeout_s: float) -> tuple[str, s
             found = _oom_kill(outcome, name, oom)
             if found:
                 return "oom", found
-        return "killed", f"killed by {name}"
+        # A launch of several processes ends by its failed process's signal, having named which one.
+        launched = next((ln for ln in reversed(said) if f"failed: killed by {name}" in ln), None)
+        return "killed", _one_line(launched.removeprefix("shardbench: error: ")) if launched else f"killed by {name}"
     if code in EXIT_KINDS:
         return EXIT_KINDS[code], _one_line(message)
     if oom:
