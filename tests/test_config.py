@@ -77,11 +77,40 @@ def test_config_round_trips_through_json() -> None:
         ({"train.batch_size": "many"}, "'many' is not a valid int"),
         ({"model.dropout": 1.5}, "--model.dropout must be in [0, 1), got 1.5"),
         ({"data.crop_scale": "0.5,1.5"}, "--data.crop-scale 0.5,1.5 is invalid"),
+        # Adam's epsilon is 0 in float16 and its second moment underflows: the first update was NaN, exit 3.
+        ({"precision.param_dtype": "float16"}, "--param-dtype float16 with --optim.optimizer adamw: Adam's epsilon "
+                                               "(1e-8) is 0 in float16"),
+        ({"precision.param_dtype": "float16", "optim.optimizer": "adam"}, "--param-dtype float16 with "
+                                                                          "--optim.optimizer adam:"),
     ],
 )
 def test_bad_values_are_explained(overrides: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate(override(get_preset("vit-tiny"), overrides))
+
+
+def test_float16_parameters_train_with_sgd() -> None:
+    validate(override(get_preset("vit-tiny"), {"precision.param_dtype": "float16", "optim.optimizer": "sgd"}))
+
+
+def test_a_warm_up_past_the_run_is_cut_and_said(micro) -> None:
+    """--optim.warmup-steps 50 in a run of 10 steps: the warm-up is cut to 9 steps, so the learning rate reaches
+    its peak at the last step (optax counts from 0), and the run's header says so; a warm-up that fits is not
+    cut or mentioned."""
+    from shardbench.optim import learning_rate, warmup_note
+
+    optim = override(get_preset("vit-tiny"), {"optim.warmup_steps": 50, "optim.lr": 1e-3}).optim
+    schedule = learning_rate(optim, 10)
+    assert float(schedule(9)) == pytest.approx(1e-3) and float(schedule(1)) == pytest.approx(1e-3 / 9)
+    assert warmup_note(optim, 10) == ("--optim.warmup-steps 50 is past the run's 10 steps: the warm-up is cut to 9, "
+                                      "so the learning rate peaks at the last step (and the decay after it never "
+                                      "runs)")
+    assert warmup_note(optim, 100) == "" and float(learning_rate(optim, 100)(50)) == pytest.approx(1e-3)
+    from shardbench.preflight import check_run
+    from shardbench.train.console import header_line
+
+    checked = check_run(micro(**{"optim.warmup_steps": 50, "train.steps": 10}))
+    assert f" | {warmup_note(checked.cfg.optim, 10)}" in header_line(checked)
 
 
 def _outside(allowed: config_lib.Range, kind: type) -> list[float]:

@@ -89,7 +89,7 @@ def test_mesh_grid_gives_the_seeds_runs() -> None:
 
 def test_precision_grid_concatenates_its_sub_grids() -> None:
     runs = {r.name: r for r in make_sweep("precision-grid").runs}
-    assert list(runs) == ["pdtype_float32", "pdtype_float16", "pdtype_bfloat16", "dtype_float32_batch_128",
+    assert list(runs) == ["pdtype_float32", "pdtype_bfloat16", "dtype_float32_batch_128",
                           "dtype_float32_batch_4096", "dtype_bfloat16_batch_128", "dtype_bfloat16_batch_4096",
                           "matmul_default", "matmul_high", "matmul_highest"]
     assert runs["pdtype_bfloat16"].settings == {"parallel.strategy": "auto", "precision.dtype": "float32",

@@ -11,10 +11,25 @@ import optax
 from shardbench.config import OptimConfig
 
 
+def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
+    """The warm-up's steps: --optim.warmup-steps (-1: a twentieth of the run), cut to end before the run's last
+    step, where the learning rate then peaks (`warmup_note` says so)."""
+    warmup = cfg.warmup_steps if cfg.warmup_steps >= 0 else max(1, total_steps // 20)
+    return min(warmup, max(total_steps - 1, 0))
+
+
+def warmup_note(cfg: OptimConfig, total_steps: int) -> str:
+    """Why the warm-up is shorter than --optim.warmup-steps asked, or ''."""
+    cut = warmup_steps(cfg, total_steps)
+    if cfg.warmup_steps <= cut:
+        return ""
+    return (f"--optim.warmup-steps {cfg.warmup_steps} is past the run's {total_steps} steps: the warm-up is cut to "
+            f"{cut}, so the learning rate peaks at the last step (and the decay after it never runs)")
+
+
 def learning_rate(cfg: OptimConfig, total_steps: int) -> optax.Schedule:
     """Linear warm-up from 0, then cosine decay to end_lr_fraction * lr (or constant)."""
-    warmup = cfg.warmup_steps if cfg.warmup_steps >= 0 else max(1, total_steps // 20)
-    warmup = min(warmup, max(total_steps - 1, 0))
+    warmup = warmup_steps(cfg, total_steps)
     if cfg.schedule == "constant":
         return optax.join_schedules(
             [optax.linear_schedule(0.0, cfg.lr, max(warmup, 1)), optax.constant_schedule(cfg.lr)], [warmup]

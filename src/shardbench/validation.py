@@ -64,6 +64,11 @@ def validate(cfg: Config) -> None:
     if used and m.kind != "vit":
         raise ConfigError(f"{used[0]} applies to image classification (vit or --task classify), not to model kind "
                           f"'{m.kind}': drop it")
+    if cfg.precision.param_dtype == "float16" and cfg.optim.optimizer in ("adam", "adamw"):
+        raise ConfigError(f"--param-dtype float16 with --optim.optimizer {cfg.optim.optimizer}: Adam's epsilon "
+                          f"(1e-8) is 0 in float16 and its second moment underflows, so the first update is NaN "
+                          f"(there is no float32 master copy); use --param-dtype bfloat16, float32 parameters with "
+                          f"--dtype float16, or --optim.optimizer sgd")
     if m.num_experts and (m.kind != "lm" or m.factory):
         what = f"a model of your own (--model {m.factory})" if m.factory else f"model kind '{m.kind}'"
         raise ConfigError(f"--model.num-experts {m.num_experts} puts a mixture of experts in the lm's blocks, not in "

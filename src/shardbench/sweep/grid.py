@@ -163,8 +163,10 @@ def mesh_grid() -> SweepPreset:
 
 
 def precision_grid() -> SweepPreset:
-    """The seed's precision experiments: parameter dtype, compute dtype x batch, and matmul precision."""
-    pdtypes = Grid([[{"precision.param_dtype": d} for d in ("float32", "float16", "bfloat16")]],
+    """The seed's precision experiments: parameter dtype, compute dtype x batch, and matmul precision. float16
+    parameters are left out: under the preset's AdamW (no float32 master copy) their first update is NaN, and the
+    run is refused."""
+    pdtypes = Grid([[{"precision.param_dtype": d} for d in ("float32", "bfloat16")]],
                    {"precision.dtype": "float32", "train.batch_size": 128})
     dtypes = Grid([[{"precision.dtype": d} for d in ("float32", "bfloat16")],
                    [{"train.batch_size": b} for b in (128, 4096)]], {"precision.param_dtype": "float32"})
