@@ -129,8 +129,9 @@ def _value(value: object) -> str:
 def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     """What the records show differs between `run` and `fastest`, as facts: none of it is a measured cause. Every
     setting whose value differs (NOISE left out), the device count where the settings do not show it, the
-    process count (launch's, not a setting), and the collectives' bytes. A run records its collectives' bytes, not their time, and bytes alone do not say how
-    long they took (on simulated devices sharing a host's cores, a few MiB cost next to nothing)."""
+    process count (launch's, not a setting), and the collectives' bytes. A run records its collectives' bytes, not
+    their time, and bytes alone do not say how long they took (on simulated devices sharing a host's cores, a few
+    MiB cost next to nothing)."""
     mine, theirs = run.settings, fastest.settings
     keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     out = [f"{k} {_value(mine.get(k))} against {_value(theirs.get(k))}" for k in keys]
