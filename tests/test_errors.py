@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 import tarfile
 from pathlib import Path
 
@@ -236,6 +237,23 @@ def test_a_resumed_runs_config_json_that_is_no_configuration_is_unreadable_in_on
         check_resume(cfg, tmp_path)
     assert str(err.value).startswith(f"--resume: {tmp_path / 'config.json'} is unreadable ("), str(err.value)
     assert says in str(err.value)
+
+
+def test_a_resume_does_not_hold_a_setting_the_run_never_reads_against_it(tmp_path) -> None:
+    """Trained on arrays with --data.synthetic-train 512 (said to do nothing there), resumed without it: the
+    resume went on only with the same value ('trained with data.synthetic_train=512, not 50000'). A setting the
+    run reads still has to agree."""
+    from shardbench.errors import ConfigError
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+    from shardbench.rundir import check_resume
+
+    first = override(get_preset("vit-tiny"), {"data.dataset": "arrays:mine.npz", "data.synthetic_train": 512})
+    (tmp_path / "config.json").write_text(first.to_json())
+    again = override(get_preset("vit-tiny"), {"data.dataset": "arrays:mine.npz", "train.resume": True})
+    check_resume(again, tmp_path)
+    with pytest.raises(ConfigError, match=re.escape("was trained with optim.lr=0.001, not 0.5")):
+        check_resume(override(again, {"optim.lr": 0.5}), tmp_path)
 
 
 @pytest.mark.parametrize(("argv", "line"), [

@@ -17,6 +17,7 @@ from shardbench.jsonfile import write_json_atomic
 from shardbench.models import custom
 from shardbench.models.spec import ModelSpec, shape_tree
 from shardbench.parsing import from_dict
+from shardbench.validation import inert_fields
 
 # Beside config.json, for a model of your own: its file's sha256 and its arrays' shapes when the run started.
 MODEL_RECORD = "model.json"
@@ -57,7 +58,9 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None) -> None:
             raise ConfigError(f"--resume: {saved_path} is unreadable ({err}); start a new run with another "
                               f"--out") from None
         current = config_lib.flatten(cfg)
-        diffs = [k for k in current if k not in config_lib.REPORTING_ONLY and saved.get(k) != current[k]]
+        inert = inert_fields(cfg)  # never read by this configuration, nor by the saved one where all else agrees
+        diffs = [k for k in current if k not in config_lib.REPORTING_ONLY and k not in inert
+                 and saved.get(k) != current[k]]
         if diffs:
             k = diffs[0]
             more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""

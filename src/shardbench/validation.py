@@ -160,6 +160,13 @@ def inert_notes(cfg: Config, given: Collection[str] = ()) -> list[str]:
         return []
     base = flatten(PRESETS[cfg.preset]())
     now = flatten(cfg)
+    return [f"--{key.replace('_', '-')} {now[key]} does nothing here: {why}"
+            for key, why in inert_fields(cfg).items() if now[key] != base.get(key) or key in given]
+
+
+def inert_fields(cfg: Config) -> dict[str, str]:
+    """The fields this configuration never reads, each with why: a value there changes nothing the run computes
+    (so a resume does not hold it against the run, `rundir.check_resume`)."""
     d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
     unused = {
         "optim.momentum": (o.optimizer != "sgd", f"it applies to --optim.optimizer sgd, not {o.optimizer}"),
@@ -212,8 +219,7 @@ def inert_notes(cfg: Config, given: Collection[str] = ()) -> list[str]:
                      "data.trivial_augment", "data.randaugment", "data.autoaugment", "data.random_erasing"):
             if not unused.get(name, (False, ""))[0]:
                 unused[name] = (True, "augmentation is off (--no-data.augment)")
-    return [f"--{key.replace('_', '-')} {now[key]} does nothing here: {why}"
-            for key, (inert, why) in unused.items() if inert and (now[key] != base.get(key) or key in given)]
+    return {key: why for key, (inert, why) in unused.items() if inert}
 
 
 def _mlp_inert(factory: str) -> dict[str, tuple[bool, str]]:
