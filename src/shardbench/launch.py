@@ -135,11 +135,10 @@ def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | 
     if pending:
         if keep is not None:
             keep.append(pending.decode(errors="replace").rstrip())
-        if hold is not None and hold(pending):
-            return
-        with _write_lock:
-            sink.write(prefix + pending + b"\n")
-            sink.flush()
+        with _write_lock:  # `hold` counts under the lock, as for whole lines
+            if hold is None or not hold(pending):
+                sink.write(prefix + pending + b"\n")
+                sink.flush()
 
 
 def child_environ(index: int, processes: int, port: int, devices: int, join_timeout: int) -> dict[str, str]:

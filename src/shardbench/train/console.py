@@ -65,8 +65,9 @@ def header_line(checked: "CheckedRun") -> str:
         notes += (f" | {checked.layout.strategy.name} on mesh {mesh}: its {' and '.join(idle)} "
                   f"{'axes have' if many else 'axis has'} size 1, so it splits nothing over {'them' if many else 'it'}; "
                   f"give --mesh with {', '.join(f'{a}=N' for a in idle)} to split there")
-    if warmup_note(cfg.optim, checked.total_steps):
-        notes += f" | {warmup_note(cfg.optim, checked.total_steps)}"
+    cut = warmup_note(cfg.optim, checked.total_steps)
+    if cut:
+        notes += f" | {cut}"
     if checked.task.train_flops_per_example(cfg) is None:
         notes += (" | FLOPs from XLA's count of the model's forward and backward on one device (no "
                   "flops_per_example in the model's file): a loop body counts once, so layers under a scan are "
