@@ -121,6 +121,8 @@ class Sizes:
 
 
 # --smoke's ViT: the code paths of vit-tiny's (patch stem, class token, attention, MLP) at a third of its compile.
+# XLA:CPU's quickest code generation for --smoke's tiny programs: LLVM at -O0, fusions by the older emitters.
+SMOKE_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 SMOKE_VIT = ("--model.embed-dim", "32", "--model.mlp-dim", "64", "--model.num-layers", "1", "--model.num-heads", "2")
 
 
@@ -434,10 +436,10 @@ def child_env(smoke: bool) -> dict[str, str]:
     # On a GPU, JAX must not fall back to the CPU when its CUDA plugin fails: it fails instead (see `check_gpu`).
     env["JAX_PLATFORMS"] = "cpu" if smoke else "cuda"
     if smoke:
-        # One CPU device: the suite's own device count, not a caller's. LLVM at -O0 (as tests/conftest.py sets
-        # for the tests' own programs): a smoke run checks code paths, and its tiny programs compile in a third
-        # less time.
-        env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+        # One CPU device: the suite's own device count, not a caller's. XLA:CPU's quickest code generation (as
+        # tests/conftest.py sets for the tests' own programs): a smoke run checks code paths, and its tiny
+        # programs compile in about half the time.
+        env["XLA_FLAGS"] = SMOKE_XLA_FLAGS
     return env
 
 

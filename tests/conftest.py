@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 
-# LLVM at -O0 for the CPU programs these tests compile in-process: their tiny programs compile in a quarter to a
-# half less time, and what the tests check is not LLVM's to change (the HLO passes, the shardings, buffer
-# assignment and collectives are the same; equalities are between runs compiled alike). Most processes the tests
-# start are given their own XLA_FLAGS, as a user's would be.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-                           " --xla_backend_optimization_level=0").strip()
+# XLA:CPU's quickest code generation for the programs these tests compile, in this process and in those it starts
+# with XLA_FLAGS of their own: LLVM at -O0, and fusions emitted by the older elemental emitters rather than the
+# MLIR fusion emitters: the in-process files of compiled runs take about half the time (docs/development.md). What
+# the tests check is not code generation's to change: the SPMD partitioning, the shardings and the collectives come
+# before it; buffer sizes differ by a few bytes in a megabyte, within every bound the tests hold; and equalities
+# are between runs compiled alike. Steps run slower: a test whose time is its steps trains in a process of its own.
+QUICK_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 "
+                           + QUICK_COMPILE_FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from conftest import QUICK_COMPILE_FLAGS
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.parsing import override
@@ -305,9 +306,9 @@ def test_kendall_tau_b_counts_tied_pairs_in_its_denominator() -> None:
 
 def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "pass") -> subprocess.CompletedProcess[str]:
     """The CLI in a fresh process (its own devices), optionally after `code` runs."""
-    # Its own devices, and LLVM at -O0 as in this process (tests/conftest.py): the programs compile in less time,
-    # and a run and the planner's recompiling of it compile alike.
-    environ = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0",
+    # Its own devices, and the quick compilation of this process (tests/conftest.py): the programs compile in less
+    # time, and a run and the planner's recompiling of it compile alike.
+    environ = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": QUICK_COMPILE_FLAGS,
                **(env or {})}
     script = f"import sys; {code}; from shardbench.cli import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=environ,

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from conftest import QUICK_COMPILE_FLAGS
 from shardbench import cluster
 from shardbench.cli import build_parser, config_from_args
 from shardbench.errors import ConfigError
@@ -37,11 +38,11 @@ STRATEGIES = {"dp": ["--strategy", "dp"], "fsdp": ["--strategy", "fsdp"],
 
 
 def _env() -> dict[str, str]:
-    # The launcher gives each process its own device count; the test process's 8-device flag must not leak. LLVM at
-    # -O0, as in this process (tests/conftest.py): the processes compile in less time, and alike with the
-    # one-process runs they are compared with.
+    # The launcher gives each process its own device count; the test process's 8-device flag must not leak. The
+    # quick compilation of this process (tests/conftest.py): the processes compile in less time, and alike with
+    # the one-process runs they are compared with.
     return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
-        "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+        "JAX_PLATFORMS": "cpu", "XLA_FLAGS": QUICK_COMPILE_FLAGS}
 
 
 def _launch(out: Path, cache: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 0,

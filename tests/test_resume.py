@@ -13,6 +13,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from conftest import QUICK_COMPILE_FLAGS
+
 pytestmark = pytest.mark.slow  # every test here starts processes or trains for tens of seconds
 
 # 178 images: 18 held out for validation, 160 train, 5 steps of 32 an epoch: 12 steps end epochs at 5 and 10 and
@@ -25,9 +27,9 @@ MICRO = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train"
 
 
 def _train(out: Path, cache: Path, *extra: str, kill_at: int | None = None) -> subprocess.CompletedProcess:
-    # Its own devices, and LLVM at -O0 as in this process (tests/conftest.py): every run here compiles alike.
+    # Its own devices, and the quick compilation of this process (tests/conftest.py): every run here compiles alike.
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
-        "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+        "JAX_PLATFORMS": "cpu", "XLA_FLAGS": QUICK_COMPILE_FLAGS}
     if kill_at is not None:
         env["SHARDBENCH_FAULT_KILL_AT_STEP"] = str(kill_at)
     cmd = [sys.executable, "-m", "shardbench", "train", *MICRO, "--out", str(out),
