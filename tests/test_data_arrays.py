@@ -9,9 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardbench.data.arrays import fingerprint
 from shardbench.data.sources import load_for
 from shardbench.data.stats import CACHE_NAME, channel_stats
-from shardbench.errors import DataError
+from shardbench.errors import ConfigError, DataError
+from shardbench.parsing import override
 from shardbench.train.loop import run
 from shardbench.preflight import check_run
 
@@ -49,6 +51,34 @@ def test_arrays_feed_a_classifier_and_are_normalised_with_their_own_statistics(m
     summary = run(cfg)
     assert summary["dataset"]["normalization"]["mean"] == [0.25, 0.25, 0.25] and summary["steps"] == 2
     assert summary["dataset"]["examples"] == {"train": 180, "val": 20, "test": 40}  # 200 with a tenth held out
+
+
+@pytest.mark.slow
+def test_resume_on_data_that_changed_since_is_refused_in_one_line(micro, tmp_path: Path) -> None:
+    """A run keeps what its data held when it started (data.json); --resume on the same file with one image
+    changed (the same shapes, the same configuration) is refused before anything is compiled or written, and a
+    run from before data.json was kept is not checked."""
+    rng = np.random.default_rng(2)
+    x, y = _images(rng, 80), rng.integers(0, 10, 80)
+    path = _npz(tmp_path / "mine.npz", x_train=x, y_train=y, x_test=x[:32], y_test=y[:32])
+    cfg = micro(**{"data.dataset": f"arrays:{path}", "data.val_fraction": 0.0, "train.steps": 2,
+                   "train.checkpoint_every": 1})
+    run(cfg)
+    out = tmp_path / "run"
+    assert json.loads((out / "data.json").read_text())["sha1"] == fingerprint(load_for(cfg, tmp_path / "cache"))
+    (out / "summary.json").unlink()  # as if it had stopped after its last checkpoint
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    edited = x.copy()
+    edited[5, 0, 0, 0] ^= 1
+    _npz(path, x_train=edited, y_train=y, x_test=x[:32], y_test=y[:32])
+    resumed = override(cfg, {"train.resume": True})
+    with pytest.raises(ConfigError, match=r"^--resume: .* was trained on other examples than .*mine.* holds now "
+                                          r"\(sha1 [0-9a-f]{12}\.\.\. then, [0-9a-f]{12}\.\.\. now\): resume "
+                                          r"with the data it was trained on, or start a new run with another --out$"):
+        run(resumed)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    (out / "data.json").unlink()  # a run from before data.json: not checked
+    assert check_run(resumed).data_fingerprint != json.loads(before[out / "data.json"])["sha1"]
 
 
 def test_arrays_feed_a_language_model_and_a_regression(micro, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import jax
 from shardbench import config as config_lib
 from shardbench.capacity import check_fits
 from shardbench.config import Config
-from shardbench.data.arrays import Dataset, ImageDataset
+from shardbench.data.arrays import Dataset, ImageDataset, fingerprint
 from shardbench.data.pipeline import steps_per_epoch
 from shardbench.data.sources import check_model_kind, load_for, validate_spec
 from shardbench.devices import select_devices
@@ -27,7 +27,7 @@ from shardbench.parallel.checks import (
 )
 from shardbench.parallel.rules import Layout, make_layout
 from shardbench.precision import check_supported
-from shardbench.rundir import check_resume, resolve_out
+from shardbench.rundir import check_resume, check_same_data, resolve_out
 from shardbench.tasks import Task, check_own_functions, for_data, get_task, validate
 from shardbench.validation import check_profile_window
 
@@ -45,6 +45,7 @@ class CheckedRun:
     steps_per_epoch: int
     total_steps: int
     cache_root: Path  # decoded datasets, compiled programs and the host's peak
+    data_fingerprint: str  # what every split holds (`data.arrays.fingerprint`): --resume finds the same data
 
 
 def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tuple[Task, Layout, ModelSpec]:
@@ -118,6 +119,9 @@ def check_run(cfg: Config) -> CheckedRun:
     cache = config_lib.cache_root(cfg)
     writable_dir(cache, config_lib.cache_root_flag(cfg))  # decoded datasets and the host's peak go there
     dataset = load_for(cfg, cache)
+    data_fingerprint = fingerprint(dataset)
+    if cfg.train.resume:
+        check_same_data(out, dataset.name, data_fingerprint)
     task = for_data(task, dataset)
     per_epoch = check_batch_fits_data(cfg, len(dataset.train), dataset.name)
     if cfg.train.eval and len(dataset.test) == 0:  # the run ended complete, with no test score and no word
@@ -128,4 +132,4 @@ def check_run(cfg: Config) -> CheckedRun:
     writable_dir(out, "--out", create=False)  # made once the train state is known to fit (`train.build`)
     if cfg.train.profile and cfg.train.profile_root:  # the trace is filed there after its window, mid-run
         writable_dir(Path(cfg.train.profile_root) / "plugins" / "profile", "--train.profile-root", create=False)
-    return CheckedRun(cfg, task, out, layout, spec, dataset, per_epoch, total, cache)
+    return CheckedRun(cfg, task, out, layout, spec, dataset, per_epoch, total, cache, data_fingerprint)

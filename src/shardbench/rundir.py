@@ -21,6 +21,8 @@ from shardbench.validation import inert_fields
 
 # Beside config.json, for a model of your own: its file's sha256 and its arrays' shapes when the run started.
 MODEL_RECORD = "model.json"
+# Beside config.json: what the run's data held when it started (`data.arrays.fingerprint`), for --resume.
+DATA_RECORD = "data.json"
 
 
 def resolve_out(cfg: Config) -> Path:
@@ -112,3 +114,25 @@ def check_same_model(cfg: Config, out: Path, spec: ModelSpec) -> None:
     if digest != now["sha256"]:
         raise ConfigError(f"--resume: {file} changed since {out} was trained with it (sha256 {digest[:12]}..., now "
                           f"{str(now['sha256'])[:12]}...): its shapes are the same, but not its code: {advice}")
+
+
+def write_data_record(out: Path, name: str, fingerprint: str) -> None:
+    """Write `data.json` beside config.json: the dataset's name and what its splits held when the run started."""
+    write_json_atomic(out / DATA_RECORD, {"dataset": name, "sha1": fingerprint})
+
+
+def check_same_data(out: Path, name: str, fingerprint: str) -> None:
+    """A resumed run reads the data it started on: its name, then every split's bytes (`data.arrays.fingerprint`).
+    A run from before data.json was kept is not checked."""
+    path = out / DATA_RECORD
+    if not path.is_file():
+        return
+    try:
+        then = json.loads(path.read_text())
+        digest = str(then["sha1"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"--resume: {path} is unreadable ({err}); start a new run with another --out") from None
+    if digest != fingerprint:
+        raise ConfigError(f"--resume: {out} was trained on other examples than {name} holds now (sha1 "
+                          f"{digest[:12]}... then, {fingerprint[:12]}... now): resume with the data it was trained "
+                          f"on, or start a new run with another --out")
