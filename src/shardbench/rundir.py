@@ -122,8 +122,8 @@ def write_data_record(out: Path, name: str, fingerprint: str) -> None:
 
 
 def check_same_data(out: Path, name: str, fingerprint: str) -> None:
-    """A resumed run reads the data it started on: its name, then every split's bytes (`data.arrays.fingerprint`).
-    A run from before data.json was kept is not checked."""
+    """A resumed run reads the data it started on: every split's bytes, as `data.arrays.fingerprint` hashes them
+    (`name` only names the data in the refusal). A run from before data.json was kept is not checked."""
     path = out / DATA_RECORD
     if not path.is_file():
         return
