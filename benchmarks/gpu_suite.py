@@ -25,8 +25,9 @@ started with L seconds of the budget left may run L + GRACE_S (and at most --cas
 step time, compile time, peak memory, losses). Without --smoke the cases run with JAX_PLATFORMS=cuda: the suite
 stops in one line where JAX cannot use a GPU, and a case whose record says it ran elsewhere has failed.
 
-Exit status: 1 when any case of a part failed or timed out (each is named on stderr; the parts' files are still
-written), or when JAX has no GPU; 0 otherwise. A refusal (exit 2 with a message the case lists as its refusal: the
+Exit status: 1 when any case this run ended failed or timed out (each is named on stderr; the parts' files are
+still written), or when JAX has no GPU (checked before anything is written); 130 on Ctrl-C and 143 on SIGTERM,
+which stop the running case's processes too and leave the part's page marked cut off; 0 otherwise. A refusal (exit 2 with a message the case lists as its refusal: the
 device cannot run that configuration) and a case not run for the budget are not failures; an exit 2 with any other
 message (a wrong flag, a missing path) is.
 Exit 2, in one line and before anything is written: --cases naming a case the part does not have (or with --part
@@ -41,6 +42,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -268,7 +270,8 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
         sweep = ["sweep", *base, "--batch-size", ",".join(batches), "--dtype", ",".join(dtypes),
                  "--out", str(work / "plan-sweep")]
         return [Case("sweep", sweep, 45.0 * len(batches) * len(dtypes), "runs the planner never saw", kind="sweep"),
-                Case("plan --validate", ["plan", "--validate", str(work / "plan-sweep")], 150.0, kind="command")]
+                Case("plan --validate", ["plan", "--validate", str(work / "plan-sweep")], 150.0, kind="command",
+                     needs="sweep")]
     if part == "accuracy":
         return accuracy_cases(sizes, args)
     raise ValueError(part)
@@ -315,7 +318,8 @@ def accuracy_cases(sizes: Sizes, args: argparse.Namespace) -> list[Case]:
     if unknown:
         raise SystemExit(f"gpu_suite: unknown --recipe '{unknown[0]}': choose from {', '.join(recipes())} or all")
     if sizes.smoke:
-        data = ["--data", "synthetic", *sizes.data(), "--steps", "4", "--batch-size", "16", "--devices", "1",
+        # a batch of 24: a multiple of every recipe's --data.repeat-augment (vit-cifar-spt's 3)
+        data = ["--data", "synthetic", *sizes.data(), "--steps", "4", "--batch-size", "24", "--devices", "1",
                 "--mesh", "none", *SMOKE_VIT]
     else:
         path = args.data_path or next((p for p in CIFAR_CANDIDATES if (ROOT / p).exists()), "")
@@ -324,8 +328,11 @@ def accuracy_cases(sizes: Sizes, args: argparse.Namespace) -> list[Case]:
                              f"(looked for {', '.join(CIFAR_CANDIDATES)})")
         tar = Path(path).resolve() if Path(path).exists() else ROOT / path
         data = ["--data", f"imagefolder:{os.path.relpath(tar, ROOT)}"]  # the cases run in the repository's root
+    # The compilation cache off, as for the compile part's cold cases: a compile time read from a user's cache
+    # would pass for a cold one, and the suite leaves nothing in ~/.cache.
     return [Case(f"recipe {name}", ["train", "--preset", name, "--dtype", "bfloat16", "--no-train.progress",
-                                    "--train.checkpoint-every", "0", *data], recipe_estimate_s(name), kind="train")
+                                    "--train.checkpoint-every", "0", "--train.compile-cache", "off", *data],
+                 recipe_estimate_s(name), kind="train", compare_to=None)
             for name in names]
 
 
@@ -455,6 +462,10 @@ def run_process(argv: list[str], log: Path, timeout: float, smoke: bool) -> tupl
             os.killpg(proc.pid, 9)
             proc.wait()
             code = None
+        except BaseException:  # Ctrl-C or SIGTERM (`Stopped`): the case must not outlive the suite, nor share
+            os.killpg(proc.pid, 9)  # the GPU with the next part's timings
+            proc.wait()
+            raise
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
     return code, time.perf_counter() - t0, lines[-1] if lines else ""
 
@@ -498,10 +509,17 @@ class Part:
 
     def __init__(self, name: str, out: Path, env: dict[str, Any], smoke: bool, keep_earlier: bool) -> None:
         self.name, self.out, self.smoke = name, out, smoke
-        self.record: dict[str, Any] = {"part": name, "smoke": smoke, **env, "cases": [], "notes": []}
+        self.ran: set[str] = set()  # the cases this run ended (rows kept from an earlier run are not its failures)
+        self.record: dict[str, Any] = {"part": name, "smoke": smoke, **env, "cases": [], "notes": [],
+                                       "finished": False}
         earlier = out / f"{name}.json"
-        if keep_earlier and earlier.exists():
-            old = json.loads(earlier.read_text())
+        old = json.loads(earlier.read_text()) if keep_earlier and earlier.exists() else None
+        if old is not None and bool(old.get("smoke")) != smoke:  # a CPU smoke row must never pass for a GPU's
+            self.record["notes"].append(f"the rows of the earlier {'smoke ' if old.get('smoke') else 'GPU '}run "
+                                        f"({old.get('date')}) were not kept: this run is a "
+                                        f"{'smoke run' if smoke else 'GPU run'}")
+            old = None
+        if old is not None:
             self.record["cases"] = old.get("cases", [])
             # sections keyed by case; an earlier file's list of sections names no case, so it cannot be replaced
             sections = old.get("sections")
@@ -511,6 +529,7 @@ class Part:
                                             f"{old.get('date')}, commit {old.get('commit')}")
 
     def add(self, row: dict[str, Any]) -> None:
+        self.ran.add(row["name"])
         cases = self.record["cases"]
         same = [i for i, c in enumerate(cases) if c["name"] == row["name"]]
         if same:
@@ -536,7 +555,12 @@ class Part:
         known refusal messages: the device cannot run that configuration, e.g. cuDNN on a CPU) and a case not run
         for the budget are answers, not failures."""
         return [f"{self.name}/{c['name']}: {c['status'][:200]}" for c in self.record["cases"]
-                if c["status"].startswith(FAILED)]
+                if c["status"].startswith(FAILED) and c["name"] in self.ran]
+
+    def finish(self, took_s: float) -> None:
+        """The part ran to its end: what is not marked so was cut off (Ctrl-C, SIGTERM, the machine's limit)."""
+        self.record["finished"] = True
+        self.note(f"part took {took_s:.0f} s; every command is in {self.name}.json")
 
     def write(self) -> None:
         tmp = self.out / f"{self.name}.json.tmp"
@@ -555,6 +579,9 @@ def render_part(record: dict[str, Any]) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in r.get("versions", {}).items())
     lines = [f"## {r['part']}" + (" (smoke run on a CPU: code paths only, no GPU figures)" if r["smoke"] else ""),
              "", f"{r['date']}, commit {r['commit']}, {r['device']}; {versions}", ""]
+    if not r.get("finished", True):  # records from before the mark say nothing either way
+        lines += ["**Cut off: this part did not run to its end; its rows are the cases that ended before it "
+                  "stopped.**", ""]
     cases = r["cases"]
     if any("step_ms" in c for c in cases):
         lines += ["| case | status | compile s | step ms (p90) | examples/s | peak MiB | compiled MiB | cache | "
@@ -577,8 +604,11 @@ def render_part(record: dict[str, Any]) -> str:
         if c.get("accuracy_line"):
             lines += ["", c["accuracy_line"]]
     lines += [""] + [f"- {n}" for n in r["notes"]]
-    for section in r.get("sections", {}).values():
-        lines += ["", section]
+    sections = r.get("sections", {})
+    order = [c["name"] for c in cases if c["name"] in sections] + [k for k in sections if k not in
+                                                                     {c["name"] for c in cases}]
+    for name in order:  # in the rows' order, however often a --cases rerun replaced one
+        lines += ["", sections[name]]
     return "\n".join(lines)
 
 
@@ -614,32 +644,67 @@ def run_part(part: str, args: argparse.Namespace, out: Path, env: dict[str, Any]
     for cache in args.work.glob(f"{part}-cache*"):  # a cache this part fills must start empty
         shutil.rmtree(cache)
     not_run: list[str] = []
-    status: dict[str, str] = {}  # each case's, as it ended here: what a case reading another's cache checks
-    for case in cases:
+    status: dict[str, str] = {}  # each case's, as it ended here: what a case reading another's output checks
+    for i, case in enumerate(cases):
         left = budget - (time.perf_counter() - started)
         row: dict[str, Any] = {"name": case.name, "note": case.note, "same_model": case.same_model,
                                "command": shown("shardbench " + " ".join(case.argv), args.work)}
+        forget(run, case)  # an earlier run's section and files are not this run's, whether it runs or not
         filler = status.get(case.needs, "") if case.needs else "ok"  # alone it would compile cold: see Case.needs
         if case.est_s > left:
-            row["status"] = not_run_status(part, case, left, every)
+            row["status"] = not_run_status(part, case, left, every, args)
             not_run.append(case.name)
         elif filler.startswith("not run"):
-            row["status"] = (f"not run: budget: {case.needs!r}, which fills the cache it reads, was not run; run "
-                             f"them with {rerun_command(part, [case.name], every)}")
+            row["status"] = (f"not run: budget: {case.needs!r}, whose output it reads, was not run; run them "
+                             f"with {rerun_command(part, [case.name], every, args)}")
             not_run.append(case.name)
-        elif not filler.startswith("ok"):  # failed, timed out or refused: the cache is not this case's to read
-            row["status"] = f"not run: {case.needs!r}, which fills the cache it reads, ended {filler[:200]}"
+        elif not filler.startswith("ok"):  # failed, timed out or refused: its output is not this case's to read
+            row["status"] = f"not run: {case.needs!r}, whose output it reads, ended {filler[:200]}"
         else:
-            check_gpu(args)
-            run_dir, code = run_case(run, case, row, case_timeout_s(left, args))
+            try:
+                run_dir, code = run_case(run, case, row, case_timeout_s(left, args))
+            except (KeyboardInterrupt, Stopped) as stop:  # the case's processes are stopped (`run_process`)
+                row["status"] = f"stopped: {stop_reason(stop)} {time.perf_counter() - started:.0f} s into the part"
+                run.record.add(row)
+                for rest in cases[i + 1:]:
+                    run.record.add({"name": rest.name, "note": rest.note, "status": f"not run: {stop_reason(stop)}"})
+                raise
             finish_safely(run, case, row, run_dir, code)
         status[case.name] = row["status"]
         run.record.add(row)
     if not_run:
         run.record.note(f"not run for the budget: {', '.join(not_run)}; run them with "
-                        f"{rerun_command(part, not_run, every)} and the same --out (the rows it runs replace these)")
-    run.record.note(f"part took {time.perf_counter() - started:.0f} s; every command is in {part}.json")
+                        f"{rerun_command(part, not_run, every, args)} and the same --out (the rows it runs replace "
+                        f"these)")
+    run.record.finish(time.perf_counter() - started)
     return run.record
+
+
+class Stopped(Exception):
+    """SIGTERM to the suite (a `timeout`, the machine's limit): it stops as on Ctrl-C, its case's processes too."""
+
+
+def stop_reason(stop: BaseException) -> str:
+    return "the suite was stopped (SIGTERM)" if isinstance(stop, Stopped) else "the suite was stopped (Ctrl-C)"
+
+
+def forget(run: PartRun, case: Case) -> None:
+    """Drop what an earlier run of `case` left in the results folder: its section (kept with --cases) and the
+    files it publishes there. What this run of it writes, if it runs and finishes, takes their place."""
+    run.record.drop_section(case.name)
+    for path in published(run, case):
+        path.unlink(missing_ok=True)
+
+
+def published(run: PartRun, case: Case) -> list[Path]:
+    """The files `case` writes into the results folder besides its row and section."""
+    if case.kind == "bench":
+        return [run.out / "bench-raw.json"]
+    if run.part == "plan" and case.kind == "command":
+        return [run.out / "plan-validation.json"]
+    if run.part == "accuracy":
+        return [run.out / f"accuracy-{slug(case.name)}.png"]
+    return []
 
 
 class UnknownCases(Exception):
@@ -686,23 +751,33 @@ def case_timeout_s(left: float, args: argparse.Namespace) -> float:
     return args.case_timeout_s if args.smoke else min(args.case_timeout_s, max(left, 0.0) + GRACE_S)
 
 
-def rerun_command(part: str, names: list[str], cases: list[Case] | tuple[Case, ...] = ()) -> str:
-    """The suite's command that runs `names` of `part` with, from the part's `cases`, the cases whose losses
-    theirs are compared with and those that fill a cache one of them reads (without `cases`: a variant's with the
-    baseline)."""
-    if part == "accuracy":
-        return f"--part accuracy --recipe {names[0].removeprefix('recipe ')}" if len(names) == 1 else (
-            "; ".join(f"--part accuracy --recipe {n.removeprefix('recipe ')}" for n in names))
+def rerun_command(part: str, names: list[str], cases: list[Case] | tuple[Case, ...] = (),
+                  args: argparse.Namespace | None = None) -> str:
+    """The suite's flags that run `names` of `part` with, from the part's `cases`, the cases whose losses
+    theirs are compared with and those whose output one of them reads (without `cases`: a variant's with the
+    baseline); with `args`, the flags of this run they also need (--smoke, the accuracy part's --recipe and
+    --data-path, --commit). A rerun with --cases keeps the part's other rows."""
     needs_baseline = not cases and part.startswith("variants") and "baseline" not in names
     needed = with_needed(names, cases)
     names = [c.name for c in cases if c.name in needed and c.name not in names] + list(names)
     quoted = ",".join((["baseline"] if needs_baseline else []) + names)
-    return f"--part {part} --cases '{quoted}'"
+    flags = [f"--part {part}"]
+    if args is not None and args.smoke:
+        flags.append("--smoke")
+    if part == "accuracy":  # the cases are `recipe NAME`: --recipe all has them all
+        flags.append("--recipe all")
+        if args is not None and args.data_path:
+            flags.append(f"--data-path {args.data_path}")
+    flags.append(f"--cases '{quoted}'")
+    if args is not None and args.commit:
+        flags.append(f"--commit {args.commit}")
+    return " ".join(flags)
 
 
-def not_run_status(part: str, case: Case, left: float, cases: list[Case] | tuple[Case, ...] = ()) -> str:
+def not_run_status(part: str, case: Case, left: float, cases: list[Case] | tuple[Case, ...] = (),
+                   args: argparse.Namespace | None = None) -> str:
     return (f"not run: budget: {case.est_s:.0f} s expected, {max(left, 0):.0f} s left; run it with "
-            f"{rerun_command(part, [case.name], cases)}")
+            f"{rerun_command(part, [case.name], cases, args)}")
 
 
 def check_gpu(args: argparse.Namespace) -> None:
@@ -718,8 +793,12 @@ def check_gpu(args: argparse.Namespace) -> None:
         raise NoGPU("JAX (JAX_PLATFORMS=cuda) found no device within 180 s") from None
     if done.returncode != 0 or not done.stdout.startswith("gpu "):
         said = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-        raise NoGPU(f"JAX cannot use a GPU here (JAX_PLATFORMS=cuda): {(said or ['no output'])[-1][:240]}; "
-                    f"--smoke runs the parts' code paths on a CPU")
+        reason = next((line for line in reversed(said) if "cuda" in line.lower() and not line.startswith("File ")),
+                      said[-1] if said else "no output")
+        if not any(importlib.util.find_spec(m) for m in ("jax_cuda12_plugin", "jax_cuda13_plugin")):
+            reason = "no CUDA plugin for JAX is installed (pip install -U 'jax[cuda12]'); " + reason
+        raise NoGPU(f"JAX cannot use a GPU here (JAX_PLATFORMS=cuda): {reason[:240]}; --smoke runs the parts' "
+                    f"code paths on a CPU")
     args.gpu_checked = True
 
 
@@ -728,8 +807,8 @@ def run_case(run: PartRun, case: Case, row: dict[str, Any], timeout: float) -> t
     run_dir = run.work / f"{run.part}-runs" / slug(case.name)
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    if case.kind == "bench":  # bench writes into a fixed folder: nothing of an earlier run may pass for this one's
-        shutil.rmtree(bench_raw(case), ignore_errors=True)
+    if case.kind in ("bench", "sweep"):  # they write into a fixed folder: nothing of an earlier run may pass for
+        shutil.rmtree(Path(case.argv[case.argv.index("--out") + 1]), ignore_errors=True)  # this one's
     argv = [*case.argv, "--out", str(run_dir)] if case.kind == "train" else case.argv
     row["command"] = shown("shardbench " + " ".join(argv), run.work)  # as run
     print(f"[{run.part}] {case.name} ...", flush=True)
@@ -779,7 +858,7 @@ def finish(run: PartRun, case: Case, row: dict[str, Any], run_dir: Path, code: i
         if not run.args.smoke and any(problems):
             row["status"] = next(p for p in problems if p)
     elif case.kind == "command" and run.part == "plan":
-        finish_plan(run, case)
+        finish_plan(run, case, code)
 
 
 def finish_train(run: PartRun, case: Case, row: dict[str, Any], run_dir: Path) -> None:
@@ -842,7 +921,7 @@ def finish_bench(run: PartRun, case: Case, row: dict[str, Any], code: int | None
         (run.out / "bench-raw.json").unlink(missing_ok=True)
         return
     if (raw / "bench.md").exists():
-        run.record.section(case.name, shown((raw / "bench.md").read_text(), run.work))
+        run.record.section(case.name, demoted(shown((raw / "bench.md").read_text(), run.work)))
     if not (raw / "bench.json").exists():
         raise FileNotFoundError(f"{shown(str(raw / 'bench.json'), run.work)}: shardbench bench wrote no results")
     text = (raw / "bench.json").read_text()
@@ -863,12 +942,22 @@ def bench_problem(record: dict[str, Any], smoke: bool) -> str | None:
     return f"{FAILED[0]}: {len(bad)} bench row(s): " + "; ".join(bad)[:600] if bad else None
 
 
-def finish_plan(run: PartRun, case: Case) -> None:
+def finish_plan(run: PartRun, case: Case, code: int | None) -> None:
+    """plan --validate's output as the case's section; its plan-validation.json published only where it finished."""
     validation = run.work / "plan-sweep" / "plan-validation.json"
-    if validation.exists():
+    if code == 0 and validation.exists():
         (run.out / "plan-validation.json").write_text(shown(validation.read_text(), run.work))
     tail = (run.logs / f"{slug(case.name)}.log").read_text(errors="replace").splitlines()[-25:]
     run.record.section(case.name, "```\n" + shown("\n".join(tail), run.work) + "\n```")
+
+
+def demoted(markdown: str, levels: int = 2) -> str:
+    """`markdown` with its headings `levels` deeper (outside code fences), to sit under a part's `##` heading."""
+    lines, fenced = [], False
+    for line in markdown.splitlines():
+        fenced ^= line.startswith("```")
+        lines.append("#" * levels + line if line.startswith("#") and not fenced else line)
+    return "\n".join(lines)
 
 
 def shown(text: str, work: Path) -> str:
@@ -909,6 +998,10 @@ def collect(folder: Path) -> str:
             "commit and device. What was measured by hand on an H100 before the suite existed is in "
             "`benchmarks/results-h100-2026-11-24.md`.\n")
     return head + "\n" + "\n\n".join(p.read_text() for p in parts)
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise Stopped()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -955,19 +1048,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.cases and part == "all":
         print("gpu_suite: --cases names cases of one part: give --part PART", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     args.work = args.work.resolve()  # the cases run in the repository's root
+    try:
+        if args.cases:
+            selected(cases_for(part, Sizes(args.smoke), args, args.out, args.work), args.cases)
+        check_gpu(args)  # a run that is not --smoke is a GPU's: its page is never written on another device
+    except UnknownCases as err:
+        print(f"gpu_suite: --part {part} {err}", file=sys.stderr, flush=True)
+        return 2
+    except NoGPU as err:
+        print(f"gpu_suite: {err}", file=sys.stderr, flush=True)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _stopped)
     env = environment(args.commit)
     failures: list[str] = []
     for name in PARTS if part == "all" else (part,):
         try:
             failures += run_part(name, args, args.out, env).failures()
-        except NoGPU as err:
-            print(f"gpu_suite: {err}", file=sys.stderr, flush=True)
-            return 1
-        except UnknownCases as err:  # before any of the part's cases ran or its files were written
-            print(f"gpu_suite: --part {name} {err}", file=sys.stderr, flush=True)
-            return 2
+        except (KeyboardInterrupt, Stopped) as stop:  # the part's file marks it cut off, and names what did not run
+            print(f"gpu_suite: {stop_reason(stop)} during --part {name}; {args.out / (name + '.md')} says what "
+                  f"ended before it", file=sys.stderr, flush=True)
+            return 143 if isinstance(stop, Stopped) else 130
         print(f"wrote {args.out / (name + '.md')}", flush=True)
     if failures:  # the figures of the other cases are written; the exit status says the run is not complete
         print(f"gpu_suite: {len(failures)} case(s) failed or timed out:", *failures, sep="\n  ", file=sys.stderr,

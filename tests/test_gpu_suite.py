@@ -7,8 +7,11 @@ import argparse
 import importlib.util
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,9 +155,10 @@ def test_bench_compares_every_contender_in_each_setting(smoke: Path) -> None:
             float(row.split("|")[3].replace(",", ""))  # its images/s: a number, not an error or a timeout
 
 
-def test_a_part_out_of_budget_lists_what_it_did_not_run(tmp_path: Path) -> None:
+def test_a_part_out_of_budget_lists_what_it_did_not_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_suite, "check_gpu", lambda args: None)  # as on a GPU machine: the GPU run's cases
     assert gpu_suite.main(["--part", "compile", "--out", str(tmp_path / "r"), "--work", str(tmp_path / "w"),
-                           "--budget-s", "0"]) == 0  # no case started: not a failure, and no GPU needed
+                           "--budget-s", "0"]) == 0  # no case started: not a failure
     cases = _cases_any(tmp_path / "r" / "compile.json")
     assert len(cases) == 12 and all(c["status"].startswith("not run: budget:") for c in cases)
     text = (tmp_path / "r" / "compile.md").read_text()
@@ -227,7 +231,14 @@ def test_without_a_gpu_the_suite_stops_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu_suite: JAX cannot use a GPU here (JAX_PLATFORMS=cuda): ")
-    assert not (tmp_path / "w" / "compile-runs").exists()  # no case started
+    if not importlib.util.find_spec("jax_cuda12_plugin"):  # what a user can do about it, not JAX's bare assert
+        assert "no CUDA plugin for JAX is installed (pip install -U 'jax[cuda12]')" in lines[0], lines[0]
+    assert not (tmp_path / "w" / "compile-runs").exists() and not (tmp_path / "r").exists()  # nothing written
+    # Nor where no case would fit the budget: a page of a GPU run is never written on another device.
+    done = subprocess.run([sys.executable, str(SUITE), "--part", "compile", "--budget-s", "0", "--out",
+                           str(tmp_path / "r"), "--work", str(tmp_path / "w")], env=dict(os.environ),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1 and not (tmp_path / "r").exists(), done.stderr
     # A record that says it ran on the CPU fails a GPU run's case.
     assert gpu_suite.device_problem("cpu", "cpu") == "failed: ran on cpu (platform cpu), not a GPU"
     assert gpu_suite.device_problem(None, None).startswith("failed: ")
@@ -331,13 +342,14 @@ def test_cases_refuses_a_name_the_part_does_not_have(tmp_path: Path, capsys: pyt
     assert gpu_suite.main(["--smoke", "--part", "compile", "--cases", "mlp-small float32 cold", *common]) == 2
     err = capsys.readouterr().err.strip().splitlines()  # mlp-small is not among --smoke's compile cases
     assert len(err) == 1 and err[0].startswith("gpu_suite: --part compile --cases: 'mlp-small float32 cold' is not")
-    assert "'vit-seed float32 b128 cold'" in err[0] and not (tmp_path / "r" / "compile.json").exists()
+    assert "'vit-seed float32 b128 cold'" in err[0] and not (tmp_path / "r").exists()  # nothing written
     assert gpu_suite.main(["--smoke", "--cases", "baseline", *common]) == 2  # --part all: whose cases?
     assert capsys.readouterr().err.strip() == "gpu_suite: --cases names cases of one part: give --part PART"
 
 
-def test_a_case_reading_a_cache_brings_the_case_that_fills_it(tmp_path: Path) -> None:
+def test_a_case_reading_a_cache_brings_the_case_that_fills_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Run alone, "the same program again" would compile cold and report 0 hits as its warm figure."""
+    monkeypatch.setattr(gpu_suite, "check_gpu", lambda args: None)  # as on a GPU machine: the GPU run's cases
     common = ["--out", str(tmp_path / "r"), "--work", str(tmp_path / "w"), "--budget-s", "0"]
     assert gpu_suite.main(["--part", "compile", "--cases", "the same program again", *common]) == 0
     cases = _cases_any(tmp_path / "r" / "compile.json")
@@ -375,7 +387,7 @@ def test_a_case_whose_cache_filler_failed_is_not_run_cold(tmp_path: Path, monkey
     filling, again = _cases_any(tmp_path / "r" / "compile.json")
     assert len(ran) == 1 and ran[0].endswith(gpu_suite.slug(filling["name"]))
     assert filling["status"] == "failed (1): RuntimeError: boom"
-    assert again["status"] == ("not run: 'vit-seed bfloat16 b1024 filling a cache', which fills the cache it reads, "
+    assert again["status"] == ("not run: 'vit-seed bfloat16 b1024 filling a cache', whose output it reads, "
                                "ended failed (1): RuntimeError: boom")
     # Its filler over the budget and itself within it: it waits for the filler, and the rerun command brings both.
     ran.clear()
@@ -383,8 +395,8 @@ def test_a_case_whose_cache_filler_failed_is_not_run_cold(tmp_path: Path, monkey
                            "--budget-s", "20"]) == 0
     filling, again = _cases_any(tmp_path / "r" / "compile.json")
     assert not ran and filling["status"].startswith("not run: budget: 32 s expected, 20 s left")
-    assert again["status"] == ("not run: budget: 'vit-seed bfloat16 b1024 filling a cache', which fills the cache it "
-                               "reads, was not run; run them with --part compile --cases "
+    assert again["status"] == ("not run: budget: 'vit-seed bfloat16 b1024 filling a cache', whose output it "
+                               "reads, was not run; run them with --part compile --smoke --cases "
                                "'vit-seed bfloat16 b1024 filling a cache,the same program again'")
 
 
@@ -437,3 +449,110 @@ def test_the_profile_part_takes_the_fastest_switch_of_the_baselines_model(tmp_pa
     rows[1]["step_ms"] = 30.5
     (tmp_path / "variants-bf16.json").write_text(json.dumps({"cases": rows}))
     assert gpu_suite.best_variant(tmp_path / "variants-bf16.json") == "attention fused"
+
+
+def test_a_stopped_suite_stops_its_case_and_marks_the_part_cut_off(tmp_path: Path) -> None:
+    """SIGTERM while a case runs (a `timeout` on the GPU machine): the case's processes end with the suite (none
+    is left to share the GPU with the next part), the exit status is 143, and the part's page says it was cut
+    off, which case was stopped and which never started."""
+    work = tmp_path / "w"
+    proc = subprocess.Popen([sys.executable, str(SUITE), "--smoke", "--part", "compile", "--out", str(tmp_path / "r"),
+                             "--work", str(work)], env=dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the first case has started its process
+        if line.startswith("[compile] vit-seed float32 b128 cold ..."):
+            break
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "gpu_suite: the suite was stopped (SIGTERM) during --part compile" in err
+    left = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True).stdout.split()
+    assert not left, left  # no shardbench process of the suite's left running
+    record = json.loads((tmp_path / "r" / "compile.json").read_text())
+    statuses = [c["status"] for c in record["cases"]]
+    assert record["finished"] is False and statuses[0].startswith("stopped: the suite was stopped (SIGTERM)")
+    assert statuses[1:] == 3 * ["not run: the suite was stopped (SIGTERM)"], statuses
+    assert "**Cut off: this part did not run to its end" in (tmp_path / "r" / "compile.md").read_text()
+
+
+def test_a_case_not_run_leaves_nothing_of_an_earlier_run(tmp_path: Path) -> None:
+    """A case that is not run this time (the budget) keeps no earlier run's section or published files: bench's
+    tables and bench-raw.json, plan's validation, a recipe's curve."""
+    out, work = tmp_path / "r", tmp_path / "w"
+    out.mkdir()
+    for name in ("bench-raw.json", "plan-validation.json", "accuracy-recipe-vit-cifar.png"):
+        (out / name).write_text("an earlier run's")
+    (out / "bench.json").write_text(json.dumps({"part": "bench", "smoke": True, "cases": [
+        {"name": "bench step group", "status": "ok"}], "sections": {"bench step group": "## TABLE A"}}))
+    for part in ("bench", "plan", "accuracy"):
+        assert gpu_suite.main(["--smoke", "--part", part, "--out", str(out), "--work", str(work),
+                               "--budget-s", "0"]) == 0
+    assert sorted(p.name for p in out.iterdir() if p.suffix not in (".json", ".md") or "-" in p.stem) == []
+    assert "TABLE A" not in (out / "bench.md").read_text()
+    assert gpu_suite.main(["--smoke", "--part", "bench", "--cases", "bench step group", "--out", str(out),
+                           "--work", str(work), "--budget-s", "0"]) == 0  # so too with --cases
+    assert "TABLE A" not in (out / "bench.md").read_text()
+
+
+def test_rerun_commands_run_as_printed_and_replace_only_their_rows(tmp_path: Path) -> None:
+    """The accuracy part's rerun command keeps the other recipes' rows (--recipe all --cases), and every rerun
+    command carries the flags the run needs: --smoke, --data-path, --commit."""
+    args = argparse.Namespace(smoke=True, recipe="all", data_path="", commit="")
+    every = gpu_suite.cases_for("accuracy", gpu_suite.Sizes(True), args, tmp_path, tmp_path / "w")
+    flags = gpu_suite.rerun_command("accuracy", ["recipe vit-cifar-spt"], every, args)
+    assert flags == "--part accuracy --smoke --recipe all --cases 'recipe vit-cifar-spt'"
+    # Run as printed (with the same --out), it keeps the row of the recipe that ran before.
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "accuracy.json").write_text(json.dumps({"part": "accuracy", "smoke": True, "date": "d0", "cases": [
+        {"name": "recipe vit-cifar", "status": "ok"}, {"name": "recipe vit-cifar-spt", "status": "not run"}]}))
+    assert gpu_suite.main([*shlex.split(flags), "--out", str(out), "--work", str(tmp_path / "w"),
+                           "--budget-s", "0"]) == 0
+    rows = {c["name"]: c["status"] for c in _cases_any(out / "accuracy.json")}
+    assert rows["recipe vit-cifar"] == "ok" and rows["recipe vit-cifar-spt"].startswith("not run: budget")
+    gpu = argparse.Namespace(smoke=False, recipe="vit-cifar", data_path="data/cifar.tar.gz", commit="abc1234")
+    assert gpu_suite.rerun_command("accuracy", ["recipe vit-cifar"], (), gpu) == (
+        "--part accuracy --recipe all --data-path data/cifar.tar.gz --cases 'recipe vit-cifar' --commit abc1234")
+
+
+def test_smoke_accuracy_batches_fit_every_recipe() -> None:
+    """--smoke --recipe all: the smoke batch is a multiple of each recipe's --data.repeat-augment (vit-cifar-spt
+    repeats each image 3 times and refuses a batch of 16)."""
+    from shardbench.presets import get_preset
+
+    cases = gpu_suite.accuracy_cases(gpu_suite.Sizes(True), argparse.Namespace(recipe="all"))
+    assert len(cases) == len(gpu_suite.recipes()) >= 3
+    for case in cases:
+        batch = int(case.argv[case.argv.index("--batch-size") + 1])
+        repeats = get_preset(case.name.removeprefix("recipe ")).data.repeat_augment
+        assert batch % repeats == 0, (case.name, batch, repeats)
+        assert case.argv[case.argv.index("--train.compile-cache") + 1] == "off"  # no user's cache read or filled
+
+
+def test_earlier_rows_of_the_other_kind_of_run_are_not_kept(tmp_path: Path) -> None:
+    """A GPU --cases rerun into a folder of smoke results does not keep the CPU rows under a GPU header, and a
+    failure among rows kept from an earlier run is not this run's."""
+    (tmp_path / "compile.json").write_text(json.dumps({"part": "compile", "smoke": True, "date": "d0", "cases": [
+        {"name": "the same program again", "status": "ok"}]}))
+    gpu = gpu_suite.Part("compile", tmp_path, ENV, False, True)
+    assert gpu.record["cases"] == [] and "were not kept: this run is a GPU run" in gpu.record["notes"][0]
+    (tmp_path / "compile.json").write_text(json.dumps({"part": "compile", "smoke": True, "date": "d0", "cases": [
+        {"name": "a", "status": "failed (1): boom"}, {"name": "b", "status": "ok"}]}))
+    smoke = gpu_suite.Part("compile", tmp_path, ENV, True, True)
+    assert len(smoke.record["cases"]) == 2
+    smoke.add({"name": "b", "status": "ok"})
+    assert smoke.failures() == []  # a's row is the earlier run's
+    smoke.add({"name": "a", "status": "failed (1): boom again"})
+    assert smoke.failures() == ["compile/a: failed (1): boom again"]
+
+
+def test_sections_keep_the_rows_order_and_bench_headings_sit_below_the_part() -> None:
+    record = {"part": "profile", "smoke": True, "date": "d", "commit": "c", "device": "cpu", "notes": [],
+              "cases": [{"name": "baseline", "status": "ok"}, {"name": "qkv split", "status": "ok"}],
+              "sections": {"qkv split": "### Kernels: qkv split", "baseline": "### Kernels: baseline"}}
+    page = gpu_suite.render_part(record)
+    assert page.index("### Kernels: baseline") < page.index("### Kernels: qkv split")
+    assert gpu_suite.demoted("# bench\n## Train step\n```\n# a comment\n```\ntext") == (
+        "### bench\n#### Train step\n```\n# a comment\n```\ntext")
