@@ -311,15 +311,40 @@ def test_report_shows_the_cost_of_new_and_old_records(tmp_path: Path) -> None:
     assert "$/epoch on-demand" in head and "kWh/epoch" in head and "$/billion tokens" in head
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()
             if line.startswith(("| new", "| old"))}
-    assert "| 0.2222 |" in rows["new"]  # its own record's table: 8 x 50 s x $2/h
-    assert "| 0.7644 |" in rows["old"]  # schema 2, priced with the packaged table: 8 x 50 s x $6.88/h
+    assert "| 0.222 |" in rows["new"]  # its own record's table: 8 x 50 s x $2/h
+    assert "| 0.764 |" in rows["old"]  # schema 2, priced with the packaged table: 8 x 50 s x $6.88/h
     assert "estimated (500 W)" in rows["new"] and "Cost per epoch is" in text
     # --prices prices every run again with the given table.
     table = tmp_path / "mine.toml"
     table.write_text(KNOWN.replace("on_demand = 2.0", "on_demand = 4.0"))
     assert cli.main(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "again"), "--prices", str(table)]) == 0
     again = (tmp_path / "again" / "report.md").read_text()
-    assert again.count("| 0.4444 |") == 2 and f"--prices {table}" in again
+    assert again.count("| 0.444 |") == 2 and f"--prices {table}" in again
+
+
+def test_the_report_names_each_rows_basis_from_the_records_and_shows_small_costs(tmp_path: Path) -> None:
+    """Runs priced with a table whose cpu row is per device: the report made without --prices names that row
+    "per device", as the records priced it (the packaged table prices cpu per host); a CPU epoch's cost of a few
+    hundred-thousandths of a dollar shows its figures, not 0.0000; and a folder whose runs have no cost says why."""
+    from shardbench.report.write import write_report
+
+    per_device = KNOWN.replace('per = "host"\n', "")
+    cpu = _measurements(platform="cpu", device_kind="cpu", step_time_s=StepTimes(median=0.0063))
+    cost = run_cost(parse_prices(per_device), cpu, 14)
+    assert cost.priced_per == "per device" and cost.devices == 8
+    record = {"schema_version": SCHEMA_VERSION, "status": "complete", "run_name": "cpu", "devices": 8, "steps": 14,
+              "measurements": to_json(cpu), "cost": to_json(cost)}
+    _run_folder(tmp_path / "runs", "cpu", record)
+    text = write_report(tmp_path / "runs", tmp_path / "out").markdown.read_text()
+    assert "row cpu: per device" in text and "row cpu: per host" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| cpu "))
+    dollars = 0.36 * 8 * 14 * 0.0063 / 3600  # $0.0000706: three significant digits, not four decimals
+    assert f"| {dollars:.7f} |" in row and "| 0.0000 |" not in row, row
+    none = {**record, "run_name": "none", "cost": to_json(run_cost(parse_prices(KNOWN.split("[devices.cpu]")[0]),
+                                                                   cpu, 14))}
+    _run_folder(tmp_path / "bare", "none", none)
+    bare = write_report(tmp_path / "bare", tmp_path / "out2").markdown.read_text()
+    assert "No cost: the price table has no row for device 'cpu'." in bare
 
 
 @pytest.mark.slow

@@ -51,8 +51,9 @@ def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> Non
     assert record.schema_version == 0 and record.images_per_s == 1234.0
     assert record.measurements is not None and record.measurements.step_time_s.warmup is None
     with pytest.raises(RecordError,
-                       match=f"is a version-7 run record; this shardbench reads versions 0 to {SCHEMA_VERSION}"):
-        from_json({"schema_version": 7})
+                       match=f"is a version-{SCHEMA_VERSION + 1} run record; this shardbench reads versions 0 to "
+                             f"{SCHEMA_VERSION}"):
+        from_json({"schema_version": SCHEMA_VERSION + 1})
     with pytest.raises(RecordError, match=r"summary.json.measurements has unknown field 'stepp_time_s'"):
         from_json({"schema_version": SCHEMA_VERSION, "measurements": {"stepp_time_s": {}}})
     # Written before the bytes each device sends and the loops of unknown trip count were kept: read as None.
@@ -68,8 +69,15 @@ def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> Non
     # Version 5, written before a model of your own's one-device count was kept: read as None.
     v5 = from_json({"schema_version": 5, "measurements": {"flops": {"mfu_uses": "xla"}}})
     assert v5.measurements.flops.traced_per_step is None and v5.measurements.flops.mfu_uses == "xla"
-    assert SCHEMA_VERSION == 6 and from_json({"schema_version": 6, "measurements": {"flops": {
+    assert from_json({"schema_version": 6, "measurements": {"flops": {
         "traced_per_step": 2.0}}}).measurements.flops.traced_per_step == 2.0
+    # Version 6, written before a cost kept what its row's price is for: read as None, the rest as written.
+    v6 = from_json({"schema_version": 6, "cost": {"device": "cpu", "devices": 1}})
+    assert v6.cost is not None and v6.cost.priced_per is None and v6.cost.device == "cpu"
+    with pytest.raises(RecordError, match="unknown field 'priced_pre'"):
+        from_json({"schema_version": SCHEMA_VERSION, "cost": {"priced_pre": "per host"}})
+    assert SCHEMA_VERSION == 7 and from_json({"schema_version": 7, "cost": {
+        "priced_per": "per host"}}).cost.priced_per == "per host"
 
 
 def test_every_field_is_documented_with_its_unit_in_one_place() -> None:

@@ -176,6 +176,17 @@ def priced_count(price: DevicePrice, devices: int, hosts: int) -> int:
     return devices if chip is None else chip.chips(devices)
 
 
+def price_basis(price: DevicePrice) -> str:
+    """What `price`'s hourly price is for, as `priced_count` counts it: a host for a row priced per host (the
+    packaged cpu row), a chip where a chip is several JAX devices (TPU v2 and v3), else a device."""
+    if price.per == "host":
+        return "per host"
+    chip = BY_NAME.get(price.name)
+    if chip is not None and chip.devices_per_chip > 1:
+        return f"per chip of {chip.devices_per_chip} JAX devices"
+    return "per device"
+
+
 def epoch_cost(price: DevicePrice, step_time_s: float, steps_per_epoch: int, devices: int, *, hosts: int = 1,
                unit: str = "examples", units_per_step: float | None = None, measured: Window | None = None,
                energy_note: str = "", prices: str = PACKAGED) -> Cost:
@@ -201,7 +212,7 @@ def epoch_cost(price: DevicePrice, step_time_s: float, steps_per_epoch: int, dev
         epochs = scale / (units_per_step * steps_per_epoch)  # epochs per billion tokens (or million images)
         on_demand_per, spot_per, kwh_per = dollars * epochs, spot * epochs, kwh * epochs
     return Cost(
-        device=price.name, devices=count, epoch_time_s=epoch_s, steps_per_epoch=steps_per_epoch,
+        device=price.name, devices=count, priced_per=price_basis(price), epoch_time_s=epoch_s, steps_per_epoch=steps_per_epoch,
         on_demand_usd=dollars, spot_usd=spot, kwh=kwh, energy="measured" if measured is not None else "estimated",
         watts_per_device=watts, measured_joules=None if measured is None else measured.joules,
         measured_s=None if measured is None else measured.seconds,
@@ -233,4 +244,4 @@ def run_cost(table: PriceTable, measured: Measurements, steps_per_epoch: int, en
 
 
 __all__ = ["DEVICE_NAMES", "DevicePrice", "PriceTable", "epoch_cost", "load_prices", "parse_prices",
-           "priced_count", "prices_from_flag", "run_cost"]
+           "price_basis", "priced_count", "prices_from_flag", "run_cost"]

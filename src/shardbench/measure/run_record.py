@@ -6,7 +6,10 @@ modules return these types (`measure.timing.compile_timed` a `CompileTimes`, `me
 every reader (the store's rows, the report, its findings and charts, the planner's measured runs) reads them
 back through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
 
-Versions: 6 is this layout: version 5's, with the FLOPs of a model of your own without `flops_per_example`
+Versions: 7 is this layout: version 6's, with what the price row's hourly price is for (`Cost.priced_per`: per
+host, per device, or per chip of N JAX devices), which a report's cost note names from the record, not from
+whichever table the report has at hand; version 6 records read with it None.
+Version 6 is version 5's, with the FLOPs of a model of your own without `flops_per_example`
 counted by XLA on its one-device forward and backward (`Flops.traced_per_step`, which MFU divides where
 `mfu_uses` is "traced": the same count for every layout, where the compiled step's count x devices counted the work
 every device repeats once per device); version 5 records read with it None.
@@ -45,7 +48,7 @@ from typing import Any
 
 from shardbench.errors import ShardbenchError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 class RecordError(ShardbenchError):
@@ -244,6 +247,8 @@ class Cost:
     device: str | None = _f("", "the price table's row: a --target chip name (h100, tpu-v5e, ...) or cpu")
     devices: int | None = _f("devices", "devices priced: chips (a TPU v2/v3 chip is two JAX devices; a GPU is one), "
                                         "or the hosts for a row priced per host")
+    priced_per: str | None = _f("", "what the row's hourly price is for: per host, per device, or per chip of N JAX "
+                                    "devices")
     epoch_time_s: float | None = _f("s", "steps per epoch x median step time")
     steps_per_epoch: int | None = _f("steps", "steps of a whole epoch")
     on_demand_usd: float | None = _f("USD/epoch", "epoch time x the devices priced x the row's on-demand price per "

@@ -351,6 +351,7 @@ class Column:
     digits: int = 1
     optional: bool = False  # hidden also where every value is `usual` (every column is hidden where none has one)
     usual: Any = None  # an optional column whose every value is this one is not shown either (e.g. spmd jit)
+    significant: bool = False  # `digits` are significant digits (the cost columns), not decimals
 
     def text(self, run: ReportedRun) -> str:
         value = self.value(run)
@@ -364,7 +365,18 @@ class Column:
             return f"{value:,.{self.digits}f} ({run.cache_note})"
         if self.key in RATE_KEYS and run.wall_rate:  # an old record's wall-clock rate, not batch / median step
             return f"{value:,.{self.digits}f} (wall clock)"
+        if self.significant and self.numeric:
+            return significant(value, self.digits)
         return f"{value:,.{self.digits}f}" if self.numeric else str(value)
+
+
+def significant(value: float, digits: int) -> str:
+    """`value` to `digits` significant digits in plain notation: 0.0000206, 1.23, 1,235 (never 0.0000 for a cost of
+    two hundred-thousandths of a dollar, nor 2.06e-05 in a table)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(digits - 1 - math.floor(math.log10(abs(value))), 0)
+    return f"{value:,.{decimals}f}"
 
 
 RATE_KEYS = ("img_s", "img_s_device", "tokens_s", "examples_s")  # the throughput columns
@@ -426,7 +438,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("loss_floor", "best possible loss", True, lambda r: number(r.rec.dataset.get("loss_floor")), 4,
            optional=True),
     # Dollars and kWh per epoch and per billion tokens or million images (shardbench.report.cost).
-    *(Column(key, label, numeric, value, digits, optional=True)
+    *(Column(key, label, numeric, value, digits, optional=True, significant=True)
       for key, label, numeric, digits, value in COST_COLUMNS),
 )
 

@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 from shardbench.hardware import BY_NAME
 from shardbench.measure.energy import Window
 from shardbench.measure.run_record import Cost, RunRecord
-from shardbench.prices import PriceTable, load_prices, run_cost
+from shardbench.prices import PriceTable, load_prices, price_basis, run_cost
 
 
 class ReportedRun(Protocol):
@@ -95,41 +95,43 @@ def _per(label: str, get: Callable[[Cost], float | None]) -> Callable[[ReportedR
     return value
 
 
-# (key, label, numeric, digits, value) of the report's cost columns; `report.content.COLUMNS` makes them optional
-# columns, shown where some run has a cost.
+# (key, label, numeric, significant digits, value) of the report's cost columns; `report.content.COLUMNS` makes
+# them optional columns, shown where some run has a cost. Significant digits, not decimals: a small CPU run's
+# epoch costs a few hundred-thousandths of a dollar, which fixed decimals showed as 0.0000.
 COST_COLUMNS: tuple[tuple[str, str, bool, int, Callable[[ReportedRun], object]], ...] = (
-    ("usd_epoch", "$/epoch on-demand", True, 4, lambda r: cost(r).on_demand_usd),
-    ("usd_epoch_spot", "$/epoch spot", True, 4, lambda r: cost(r).spot_usd),
-    ("kwh_epoch", "kWh/epoch", True, 4, lambda r: cost(r).kwh),
+    ("usd_epoch", "$/epoch on-demand", True, 3, lambda r: cost(r).on_demand_usd),
+    ("usd_epoch_spot", "$/epoch spot", True, 3, lambda r: cost(r).spot_usd),
+    ("kwh_epoch", "kWh/epoch", True, 3, lambda r: cost(r).kwh),
     ("energy", "energy", False, 0, _energy),
-    ("usd_per_1b_tokens", "$/billion tokens", True, 2, _per("billion tokens", lambda c: c.on_demand_usd_per)),
-    ("usd_per_1m_images", "$/million images", True, 2, _per("million images", lambda c: c.on_demand_usd_per)),
-    ("usd_per_1m_examples", "$/million examples", True, 2, _per("million examples", lambda c: c.on_demand_usd_per)),
+    ("usd_per_1b_tokens", "$/billion tokens", True, 3, _per("billion tokens", lambda c: c.on_demand_usd_per)),
+    ("usd_per_1m_images", "$/million images", True, 3, _per("million images", lambda c: c.on_demand_usd_per)),
+    ("usd_per_1m_examples", "$/million examples", True, 3, _per("million examples", lambda c: c.on_demand_usd_per)),
 )
 
 
 def priced_by(row: str, table: PriceTable) -> str:
-    """What a price row's hourly price is for, as the pricing counts it (`prices.priced_count`): a host for a row
-    priced per host (the packaged cpu row), a chip where a chip is several JAX devices (TPU v2 and v3), else a
-    device."""
+    """What a price row's hourly price is for in `table` (`prices.price_basis`): for a record from before it kept
+    its own (`Cost.priced_per`)."""
     price = table.devices.get(row)
-    if price is not None and price.per == "host":
-        return "per host"
+    if price is not None:
+        return price_basis(price)
     chip = BY_NAME.get(row)
-    if chip is not None and chip.devices_per_chip > 1:
-        return f"per chip of {chip.devices_per_chip} JAX devices"
-    return "per device"
+    return f"per chip of {chip.devices_per_chip} JAX devices" if chip is not None and chip.devices_per_chip > 1 \
+        else "per device"
 
 
 def cost_note(runs: list[ReportedRun], table: PriceTable | None = None) -> str:
-    """The table note's sentence on cost: which price table and rows, what each row's price is for (`table`, the
-    --prices table, else the packaged one, says which rows are priced per host), and how energy was had."""
+    """The table note's sentence on cost: which price table and rows, what each row's price is for (as each record
+    priced it; for an older record, as `table`, the --prices table, else the packaged one, has it), and how energy
+    was had. Where no run has a cost, why not."""
     costs = [cost(r) for r in runs if r.ok and cost(r).on_demand_usd is not None]
     if not costs:
-        return ""
+        why = sorted({cost(r).not_measured for r in runs if r.ok and cost(r).not_measured})
+        return f" No cost: {'; '.join(why)}." if why else ""
     tables = sorted({c.prices or "packaged" for c in costs})
-    table = table or load_prices()
-    rows = "; ".join(f"row {row}: {priced_by(row, table)}" for row in sorted({c.device or "?" for c in costs}))
+    fallback = table or load_prices()
+    basis = {c.device or "?": c.priced_per or priced_by(c.device or "?", fallback) for c in costs}
+    rows = "; ".join(f"row {row}: {basis[row]}" for row in sorted(basis))
     # The page stays offline (no links): the rows' sources and dates are in each record's cost.price_source.
     return (f" Cost per epoch is steps per epoch x median step x the row's hourly price x the hosts, chips or "
             f"devices it is for ({rows}; {', '.join(tables)} price table: sources and dates in each record's "
