@@ -297,3 +297,20 @@ def test_the_attention_pad_multiple_is_noted_where_no_cudnn_attention_can_run() 
         assert noted(override(vit, other)), other
     lm = override(get_preset("lm-seed"), {"precision.dtype": "bfloat16", "model.attention_pad_multiple": 64})
     assert noted(lm) and not noted(override(lm, {"model.attention": "cudnn"}))
+
+
+def test_sgd_without_momentum_keeps_no_momentum_buffer() -> None:
+    """`--optim.momentum 0` is plain SGD: its state holds no buffer of the parameters' size (optax's sgd keeps
+    one for momentum=0.0, which inspect and the memory breakdown then counted); with momentum it holds one."""
+    import jax
+    import numpy as np
+
+    from shardbench.optim import build_optimizer
+
+    params = {"w": np.zeros((100, 10), np.float32), "b": np.zeros(10, np.float32)}
+
+    def state_elements(momentum: float) -> int:
+        cfg = config_lib.OptimConfig(optimizer="sgd", momentum=momentum, warmup_steps=0)
+        return sum(np.size(leaf) for leaf in jax.tree.leaves(build_optimizer(cfg, 10).init(params)))
+
+    assert state_elements(0.9) - state_elements(0.0) == 100 * 10 + 10  # the buffer, and only it

@@ -347,6 +347,30 @@ def test_the_report_names_each_rows_basis_from_the_records_and_shows_small_costs
     assert "No cost: the price table has no row for device 'cpu'." in bare
 
 
+def test_price_table_files_are_checked_as_a_user_writes_them(tmp_path: Path) -> None:
+    """A folder is named as a folder; "usd" is US dollars; a `taken` that is no date is refused."""
+    with pytest.raises(ConfigError, match=r"is a folder: give a price table file"):
+        load_prices(tmp_path)
+    assert parse_prices(KNOWN.replace('currency = "USD"', 'currency = "usd"')).devices["h100"].on_demand == 2.0
+    with pytest.raises(ConfigError, match=r"taken = \[1, 2\]: give the date the prices were taken"):
+        parse_prices("taken = [1, 2]\n" + KNOWN)
+
+
+@pytest.mark.slow
+def test_a_run_priced_by_a_table_without_its_device_says_so_at_its_start(
+        micro, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The table has no cpu row: the run trains, and its first lines say its record will have no cost (it said
+    nothing, and the report dropped the cost columns without a reason)."""
+    from shardbench.train.loop import run
+
+    table = tmp_path / "h100-only.toml"
+    table.write_text(KNOWN.split("[devices.cpu]")[0])
+    summary = run(micro(**{"train.prices": str(table), "train.steps": 1}))
+    assert summary["cost"]["not_measured"] == "the price table has no row for device 'cpu'"
+    assert (f"shardbench: note: the --prices {table} price table has no row for device 'cpu': this run's record "
+            f"will have no cost") in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_a_trained_run_records_its_cost(micro, tmp_path: Path) -> None:
     """A micro run on 8 simulated CPU devices with a table of its own: the record's cost section, by hand from
@@ -397,6 +421,26 @@ def test_plan_prints_and_writes_the_cost_of_each_candidate(tmp_path: Path,
     lm_tiny = get_preset("lm-tiny")  # the 32 x 64 tokens per step above
     assert (lm_tiny.train.batch_size, lm_tiny.model.seq_len) == (32, 64)
     assert "## Cost" in (out / "plan.md").read_text()
+
+
+@pytest.mark.slow
+def test_plans_cost_line_counts_what_the_row_prices_and_names_a_missing_row(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On a CPU target KNOWN's cpu row is priced per host: the line says 1 host, as the figure counts (it said 8
+    devices); a table without the target's chip names the row to add, not the target."""
+    table = tmp_path / "mine.toml"
+    table.write_text(KNOWN)
+    common = ["plan", "--preset", "lm-tiny", "--candidates", "dp", "--remat", "none", "--workers", "1", "--prices",
+              str(table)]
+    assert cli.main([*common, "--target", "cpu", "--out", str(tmp_path / "cpu")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("cost at cpu"))
+    assert "; 1 host(s);" in line, line
+    cost = json.loads((tmp_path / "cpu" / "plan.json").read_text())["cost"]["candidates"][0]
+    assert cost["devices"] == 1 and cost["priced_per"] == "per host"
+    table.write_text("currency = \"USD\"\n[devices.cpu]\n" + KNOWN.split("[devices.cpu]")[1])
+    assert cli.main([*common, "--target", "2x8xh100", "--out", str(tmp_path / "h100")]) == 0
+    printed = capsys.readouterr().out
+    assert f"cost: the price table (--prices {table}) has no row for h100 (--target 2x8xh100): add [devices.h100]" in printed
 
 
 @pytest.mark.slow

@@ -104,7 +104,8 @@ def build_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransfo
     elif cfg.optimizer == "adam":
         tx = optax.adam(schedule, b1=cfg.b1, b2=cfg.b2, mu_dtype=mu_dtype(cfg))
     else:
-        tx = optax.sgd(schedule, momentum=cfg.momentum, nesterov=False)
+        # momentum 0 is plain SGD: no momentum buffer (optax keeps one of the parameters' size for momentum=0.0)
+        tx = optax.sgd(schedule, momentum=cfg.momentum or None, nesterov=False)
     if cfg.grad_clip > 0:
         tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), tx)
     if cfg.ema > 0:

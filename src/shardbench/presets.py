@@ -23,7 +23,8 @@ def vit_small() -> Config:
 
 
 def vit_tiny() -> Config:
-    """A ViT small enough to train on CIFAR-10 for a few epochs on two CPU cores."""
+    """A ViT small enough to train on CIFAR-10 (--data cifar10; synthetic images by default) for a few epochs on
+    two CPU cores."""
     return Config(
         preset="vit-tiny",
         model=ModelConfig(embed_dim=128, num_layers=4, num_heads=4, mlp_dim=256, dropout=0.0),
@@ -111,7 +112,8 @@ def lm_seed() -> Config:
 
 
 def lm_tiny() -> Config:
-    """A byte-level LM small enough to learn a text file on two CPU cores in a few hundred steps."""
+    """A byte-level LM small enough to learn a text file (--data text:PATH; uniform random tokens by default) on two
+    CPU cores in a few hundred steps."""
     return Config(
         preset="lm-tiny",
         data=DataConfig(dataset="tokens-uniform", synthetic_train=4096, synthetic_test=512),

@@ -129,7 +129,9 @@ def parse_prices(text: str, where: str = "the packaged price table") -> PriceTab
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise _fail(where, f"unknown key '{unknown[0]}': the top level holds {', '.join(TOP_KEYS)}")
-    if data.get("currency", "USD") != "USD":
+    if "taken" in data and not isinstance(data["taken"], (str, datetime.date)):
+        raise _fail(where, f"taken = {data['taken']!r}: give the date the prices were taken, e.g. 2026-11-25")
+    if str(data.get("currency", "USD")).upper() != "USD":
         raise _fail(where, f"currency = {data['currency']!r}: shardbench reports US dollars; give \"USD\" prices")
     devices = data.get("devices")
     if not isinstance(devices, dict) or not devices:
@@ -145,6 +147,8 @@ def load_prices(path: Path | None = None) -> PriceTable:
         table = parse_prices(resources.files("shardbench").joinpath("prices.toml").read_text(encoding="utf-8"))
         return PriceTable(table.devices, PACKAGED, table.taken)
     where = f"--prices {path}"
+    if path.is_dir():
+        raise _fail(where, "is a folder: give a price table file (TOML, the layout of shardbench's prices.toml)")
     if not path.is_file():
         raise _fail(where, "no such file: give a price table (TOML, the layout of shardbench's prices.toml)")
     try:
@@ -221,13 +225,19 @@ def epoch_cost(price: DevicePrice, step_time_s: float, steps_per_epoch: int, dev
         price_source=price.describe())
 
 
+def row_for(table: PriceTable, device_kind: str, platform: str | None) -> DevicePrice | None:
+    """The row that prices a run on devices of `device_kind` (JAX's name) and `platform`: the chip's, else on a CPU
+    the cpu row; None where the table has neither."""
+    return table.lookup(device_kind) or (table.lookup(CPU) if platform == "cpu" else None)
+
+
 def run_cost(table: PriceTable, measured: Measurements, steps_per_epoch: int, energy: Window | None = None,
              energy_note: str = "") -> Cost:
     """The run record's cost section from its measurements (a Cost whose `not_measured` says why, when the step
     time or the device's price is missing)."""
     step = measured.step_time_s.median if measured.step_time_s is not None else None
     kind = measured.device_kind or measured.platform or ""
-    price = table.lookup(kind) or (table.lookup(CPU) if measured.platform == "cpu" else None)
+    price = row_for(table, kind, measured.platform)
     if price is None:
         return Cost(prices=table.origin, not_measured=f"the price table has no row for device '{kind}'")
     if not step or not measured.devices:
@@ -244,4 +254,4 @@ def run_cost(table: PriceTable, measured: Measurements, steps_per_epoch: int, en
 
 
 __all__ = ["DEVICE_NAMES", "DevicePrice", "PriceTable", "epoch_cost", "load_prices", "parse_prices",
-           "price_basis", "priced_count", "prices_from_flag", "run_cost"]
+           "price_basis", "priced_count", "prices_from_flag", "row_for", "run_cost"]

@@ -160,9 +160,11 @@ def cost_rows(plan: Plan, table: PriceTable) -> tuple[list[list[str]], list[dict
     from shardbench.tasks import get_task
 
     cfg, target = plan.cfg, plan.target
-    price = table.lookup(target.chip.name if target.chip is not None else CPU)
-    if price is None:
-        return [], [], f"cost: the price table ({table.origin}) has no row for {target.spec}"
+    row = target.chip.name if target.chip is not None else CPU
+    price = table.lookup(row)
+    if price is None:  # the row to add, not the target (--target 2x8xh100 is priced by the h100 row)
+        return [], [], (f"cost: the price table ({table.origin}) has no row for {row} (--target {target.spec}): "
+                        f"add [devices.{row}]")
     task = get_task(cfg)
     examples = epoch_examples(cfg)
     whole = steps_per_epoch(examples, cfg.train.batch_size) if examples else 0
@@ -190,7 +192,7 @@ def cost_rows(plan: Plan, table: PriceTable) -> tuple[list[list[str]], list[dict
     epoch_note = (f"an epoch: {steps} steps of {cfg.train.batch_size}" if per_epoch else
                   f"no epoch size: {cfg.data.dataset} is not read by a plan" if examples is None else
                   f"no whole step in an epoch: --batch-size {cfg.train.batch_size} is more than its {examples} examples")
-    line = (f"cost at {price.describe()}; {target.counted()}; {epoch_note}; energy estimated from the "
+    line = (f"cost at {price.describe()}; {target.priced_on(price.per)}; {epoch_note}; energy estimated from the "
             f"table's watts ({table.origin} price table)")
     return rows, entries, line
 

@@ -57,6 +57,11 @@ class Target:
             return f"{self.devices} device(s)"
         return f"{self.devices} devices ({self.chips} {self.chip.name} chips)"
 
+    def priced_on(self, per: str) -> str:
+        """What a price row counts on this target: its hosts (a row priced per host, the CPU's) or its devices
+        (and chips, where a chip is two devices)."""
+        return f"{self.nodes} host(s)" if per == "host" else self.counted()
+
 
 def _chip(name: str, spec: str) -> Chip:
     if name not in BY_NAME:

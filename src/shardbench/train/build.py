@@ -28,7 +28,7 @@ from shardbench.jsonfile import write_json_atomic
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.optim import build_optimizer
 from shardbench.preflight import CheckedRun, check_run
-from shardbench.prices import PriceTable, prices_from_flag
+from shardbench.prices import PriceTable, prices_from_flag, row_for
 from shardbench.rundir import shared_out, write_data_record, write_model_record
 from shardbench.runtime import CacheUse, start_process
 from shardbench.train.checkpoint import Checkpoints
@@ -68,6 +68,10 @@ def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRu
     checked, cache, tx, abstract = _check(cfg, given)
     cfg, out, total = checked.cfg, checked.out, checked.total_steps
     prices = prices_from_flag(cfg.train.prices)  # a bad table is one line here, not after the last step
+    device = checked.layout.device
+    if row_for(prices, device.device_kind, device.platform) is None and jax.process_index() == 0:
+        print(f"shardbench: note: the {prices.origin} price table has no row for device '{device.device_kind}': "
+              f"this run's record will have no cost", flush=True)
     before = compile_cache.counts()
     host = shared_host_peak(checked)  # measuring it compiles a matmul: not one of this run's programs
     cache = CacheUse(cache.path, compile_cache.shift(cache.since, before, compile_cache.counts()))

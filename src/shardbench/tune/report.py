@@ -300,14 +300,8 @@ def cost_table(t: Tuning) -> tuple[list[list[str]], str]:
         rows.append([p.point.name, _usd(pred.on_demand_usd if pred else None), _kwh(pred.kwh if pred else None),
                      _usd(got.on_demand_usd if got else None), _kwh(got.kwh if got else None)])
     return rows, (f"cost per epoch ({examples} examples over each layout's batch) at {price.describe()}, on "
-                  f"{priced_on(t.target, price.per)}; energy from the table's watts (estimated) unless a run "
+                  f"{t.target.priced_on(price.per)}; energy from the table's watts (estimated) unless a run "
                   f"measured it")
-
-
-def priced_on(target: Target, per: str) -> str:
-    """What a price row counts on the target: its hosts (a row priced per host, the CPU's) or its devices (and
-    chips, where a chip is two devices)."""
-    return f"{target.nodes} host(s)" if per == "host" else target.counted()
 
 
 def _usd(value: float | None) -> str:
