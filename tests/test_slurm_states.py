@@ -26,11 +26,11 @@ from types import SimpleNamespace
 import pytest
 
 from shardbench.errors import ConfigError
-from shardbench.store import Store
+from shardbench.store import RunRow, Store
 from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_jobs, slurm_options, sweep_cmd
 from shardbench.sweep.grid import Sweep, make_sweep
-from shardbench.sweep.runner import Options
+from shardbench.sweep.runner import Options, run_sweep
 from shardbench.sweep.slurm_options import SlurmOptions
 from shardbench.sweep.sweep_cmd import plan_meta
 
@@ -430,3 +430,44 @@ def test_a_sweep_with_an_sbatch_option_the_executor_sets_is_refused_before_anyth
     err = capsys.readouterr().err
     assert code == 2 and "--slurm-option 'ntasks-per-node=4' would replace" in err, err
     assert len(err.strip().splitlines()) == 1 and not calls.exists() and not out.exists()
+
+
+def test_cancel_and_a_local_resume_read_slurms_states_not_the_stores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No driver ran since the store recorded both jobs RUNNING: 41_0 has since been cancelled, 41_1 runs. --cancel
+    scancels 41_1 alone (it said both, and again at every call); a local resume is refused naming 41_1 only, and
+    allowed once SLURM holds neither; it then runs again the run whose job did not complete, as a SLURM resume
+    would (it called it recorded), and leaves the completed one."""
+    out = tmp_path / "s"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    queue = tmp_path / "queue"
+    queue.write_text("41_1|RUNNING|None\n")
+    _script(bin_dir / "squeue", f"cat {queue}\n")
+    _script(bin_dir / "sacct", "echo '41_0|CANCELLED by 0|None|0:0|2024-01-01T00:00:00|2024-01-01T00:05:00'\n")
+    _script(bin_dir / "scancel", f'echo "$@" >> {tmp_path / "scancelled"}\n')
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    sweep, store = _sweep_store(out)
+    with store:
+        assert slurm_lib.cancel(store, [r.name for r in sweep.runs]) == ["41_1"]
+    assert (tmp_path / "scancelled").read_text().split() == ["41_1"]
+    with pytest.raises(ConfigError, match=r"has SLURM job\(s\) 41_1 still queued or running"):
+        slurm_lib.check_no_live_jobs(out)
+    queue.write_text("")  # 41_1 ended too
+    _script(bin_dir / "sacct", "echo '41_0|CANCELLED by 0|None|0:0|2024-01-01T00:00:00|2024-01-01T00:05:00'\n"
+                               "echo '41_1|COMPLETED|None|0:0|2024-01-01T00:00:00|2024-01-01T00:05:00'\n")
+    slurm_lib.check_no_live_jobs(out)  # nothing live: a local resume may run
+    first, second = sweep.runs
+    with Store(out / "sweep.db") as store:
+        store.add(RunRow(first.name, "failed", "killed", "cancelled", first.overrides, {}, None, 1.0, 2.0,
+                                   1.0))
+        store.add(RunRow(second.name, "complete", None, None, second.overrides, {}, {}, 1.0, 2.0, 1.0))
+        said: list[str] = []
+
+
+        # Every run to do is refused here, so nothing trains: the row shows which runs the resume took up.
+        run_sweep(sweep, store, Options(out), said.append, refused={r.name: "(this test)" for r in sweep.runs})
+        rows = {r.name: r for r in store.runs()}
+    assert said[0] == "resuming: 1 of 2 runs already recorded"
+    assert rows[first.name].error == "refused before running: (this test)"  # taken up again
+    assert rows[second.name].status == "complete"

@@ -299,9 +299,11 @@ def interrupted_code(err: KeyboardInterrupt) -> int:
 
 def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], None] = print,
               refused: dict[str, str] | None = None) -> int:
-    """Run every run not yet in the store (recording `refused` ones as failed without running them); returns 0
-    when each is recorded, 130 on Ctrl-C."""
-    done = store.names()
+    """Run every run not yet in the store (recording `refused` ones as failed without running them), and every run
+    that ran as a SLURM job and did not complete, as a SLURM resume submits it again; returns 0 when each is
+    recorded, 130 on Ctrl-C."""
+    jobs = store.jobs()
+    done = {r.name for r in store.runs() if r.status == "complete" or r.name not in jobs}
     todo = [r for r in sweep.runs if r.name not in done]
     if done:
         out(f"resuming: {len(sweep.runs) - len(todo)} of {len(sweep.runs)} runs already recorded")

@@ -407,10 +407,23 @@ def status_lines(store: Store, sweep: Sweep) -> list[str]:
     return [head, *lines]
 
 
+def still_live(recorded: dict[str, str]) -> dict[str, str]:
+    """Of the jobs {run: job id} the store last recorded as queued or running, those SLURM still holds: only a
+    driver writes states to the store, so a job cancelled or ended since is still recorded live there. A job SLURM
+    cannot place (just submitted) counts as live; where squeue cannot be read, every recorded one does."""
+    if not recorded:
+        return {}
+    try:
+        states, _ = job_states(list(recorded.values()))
+    except ReadFailed:
+        return recorded
+    return {n: j for n, j in recorded.items() if j not in states or states[j].word in LIVE_STATES}
+
+
 def cancel(store: Store, names: Iterable[str]) -> list[str]:
-    """scancel every job of `names` still queued or running (as last recorded); the job ids cancelled."""
+    """scancel every job of `names` still queued or running, as SLURM says now; the job ids cancelled."""
     jobs = store.jobs()
-    ids = [jobs[n].job_id for n in names if n in jobs and jobs[n].state in LIVE_STATES]
+    ids = list(still_live({n: jobs[n].job_id for n in names if n in jobs and jobs[n].state in LIVE_STATES}).values())
     if ids:
         done = run_command(["scancel", *ids])
         if done.returncode != 0:
@@ -424,7 +437,8 @@ def check_no_live_jobs(out: Path) -> None:
     if not path.exists():
         return
     with Store(path) as store:
-        live = sorted(j.job_id for j in store.jobs().values() if j.state in LIVE_STATES)
+        recorded = {n: j.job_id for n, j in store.jobs().items() if j.state in LIVE_STATES}
+    live = sorted(still_live(recorded).values())
     if live:
         raise ConfigError(f"--executor local: {out} has SLURM job(s) {_ranges(live)} still queued or running; "
                           f"resume it with --executor slurm, or stop them with `shardbench sweep --out {out} --cancel`")
