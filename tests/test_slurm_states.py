@@ -471,3 +471,38 @@ def test_cancel_and_a_local_resume_read_slurms_states_not_the_stores(
     assert said[0] == "resuming: 1 of 2 runs already recorded"
     assert rows[first.name].error == "refused before running: (this test)"  # taken up again
     assert rows[second.name].status == "complete"
+
+
+def test_sbatchs_refusal_of_an_option_names_the_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch's getopt names an option it does not know, then adds its "Try sbatch --help" hint: the refusal
+    quotes the first line, not the hint."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "sbatch", "echo \"sbatch: unrecognized option '--foo=bar'\" >&2\n"
+                                "echo 'Try \"sbatch --help\" for more information' >&2\nexit 1\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(ConfigError, match=r"1 task\(s\): sbatch: unrecognized option '--foo=bar'$"):
+        slurm_options.check_submittable({"run": slurm_options.Shape(1, 1, 0, 0)}, Options(tmp_path),
+                                        SlurmOptions(sbatch=("comment=x",)))
+
+
+def test_status_names_a_run_that_ran_here_apart_from_slurms_states(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local sweep resumed on SLURM: its first run ran here, with no job. --status counted it as COMPLETE beside
+    SLURM's COMPLETED, two words for one state; it is LOCAL."""
+    out = tmp_path / "s"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "squeue", "true\n")
+    _script(bin_dir / "sacct", "echo '41_1|COMPLETED|None|0:0|2024-01-01T00:00:00|2024-01-01T00:05:00'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8,16"})
+    first, second = sweep.runs
+    with Store(out / "sweep.db") as store:
+        for key, value in plan_meta(sweep, {}).items():
+            store.set_meta(key, value)
+        store.add(RunRow(first.name, "complete", None, None, first.overrides, {}, {}, 1.0, 2.0, 1.0))
+        store.set_job(second.name, "41_1", "RUNNING")
+        lines = slurm_lib.status_lines(store, sweep)
+    assert lines[0].startswith("2 run(s): 1 LOCAL, 1 COMPLETED"), lines[0]
+    assert "LOCAL (complete)" in lines[1]

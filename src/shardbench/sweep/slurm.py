@@ -389,7 +389,8 @@ def status_lines(store: Store, sweep: Sweep) -> list[str]:
         job: JobRow | None = jobs.get(run.name)
         row = rows.get(run.name)
         if job is None:
-            state, reason, jid = (row.status.upper() if row is not None else "UNSUBMITTED"), "", "-"
+            # a run recorded without a job ran here (a local sweep resumed on SLURM): not SLURM's COMPLETED
+            state, reason, jid = (f"LOCAL ({row.status})" if row is not None else "UNSUBMITTED"), "", "-"
         else:
             now = states.get(job.job_id) if job.name in live else None
             state = now.state if now is not None else job.state

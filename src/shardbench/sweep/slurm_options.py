@@ -243,6 +243,10 @@ def sbatch_args(shape: Shape, slurm: SlurmOptions, opts: Options) -> list[str]:
     return args
 
 
+# What sbatch's line naming the problem says: its own errors, and getopt's for an option it does not know.
+SBATCH_COMPLAINTS = ("failure", "error", "unrecognized option", "invalid option", "requires an argument")
+
+
 def check_submittable(shapes: dict[str, Shape], opts: Options, slurm: SlurmOptions) -> None:
     """Ask SLURM whether it would take a job of each shape (`sbatch --test-only`, which submits nothing): a
     partition that does not exist or a job larger than any node is one line now, not a half-submitted sweep."""
@@ -252,8 +256,10 @@ def check_submittable(shapes: dict[str, Shape], opts: Options, slurm: SlurmOptio
     for shape, names in by_shape.items():
         done = run_command(["sbatch", "--test-only", *sbatch_args(shape, slurm, opts), "--wrap", "true"])
         if done.returncode != 0:
-            said = [ln.strip() for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
-            why = next((ln for ln in reversed(said) if "failure" in ln or "error" in ln), said[-1] if said else "")
+            said = [ln.strip() for ln in (done.stderr or done.stdout).splitlines()
+                    if ln.strip() and not ln.strip().startswith('Try "sbatch --help"')]  # getopt's hint says nothing
+            why = next((ln for ln in reversed(said) if any(w in ln.lower() for w in SBATCH_COMPLAINTS)),
+                       said[0] if said else "")
             raise ConfigError(f"SLURM would not take the job of run {names[0]}"
                               + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
                               + f", {shape.nodes} node(s) x {shape.tasks_per_node} task(s): {_one_line(why)[:300]}")
