@@ -506,3 +506,20 @@ def test_status_names_a_run_that_ran_here_apart_from_slurms_states(
         lines = slurm_lib.status_lines(store, sweep)
     assert lines[0].startswith("2 run(s): 1 LOCAL, 1 COMPLETED"), lines[0]
     assert "LOCAL (complete)" in lines[1]
+
+
+def test_a_resubmitted_run_counts_once_and_a_run_recorded_now_counts_in_the_overhead(tmp_path: Path) -> None:
+    """A resume submits again a run an earlier attempt recorded as failed: the progress line counts it when its new
+    job ends, not before (it printed [3/3] twice); and the overhead line counts the runs this driver recorded,
+    though their jobs started before it ("no run was recorded" after recording two)."""
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8,16"})
+    first, second = sweep.runs
+    by_name = {r.name: r for r in sweep.runs}
+    with Store(tmp_path / "sweep.db") as store:
+        store.add(RunRow(first.name, "complete", None, None, first.overrides, {}, {}, 1.0, 2.0, 1.0))
+        store.add(RunRow(second.name, "failed", "killed", "x", second.overrides, {}, None, 1.0, 2.0, 1.0))
+        assert slurm_lib._done(store, by_name, since=10.0) == 1  # the failed one is being submitted again
+        store.add(RunRow(second.name, "complete", None, None, second.overrides, {}, {}, 5.0, 20.0, 15.0))
+        assert slurm_lib._done(store, by_name, since=10.0) == 2
+        timing = sweep_cmd.overhead(store, started=10.0, wall_s=30.0)
+    assert timing["runs"] == 1 and timing["runs_wall_s"] == 15.0  # begun at 5 by an earlier driver's job

@@ -255,21 +255,23 @@ def run_slurm_sweep(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptio
     total = len(sweep.runs)
     by_name = {r.name: r for r in sweep.runs}
     shapes = check_shapes(sweep, opts, slurm)
+    since = time.time()  # the progress counts the runs complete before and those recorded from now on
     try:
+        recorded = store.names() & set(by_name)
         complete = {r.name for r in store.runs() if r.status == "complete"}
         followed = {n: j.job_id for n, j in store.jobs().items()
                     if n in by_name and n not in complete and j.state in LIVE_STATES}
         if followed:
-            _follow(sweep, store, opts, slurm, followed, out, once=True)
+            _follow(sweep, store, opts, slurm, followed, out, once=True, since=since)
             complete = {r.name for r in store.runs() if r.status == "complete"}
-        if complete or followed:
+        if recorded or followed:
             out(f"resuming: {len(complete)} of {total} runs complete, {len(followed)} SLURM job(s) still queued or "
                 f"running are followed, not submitted again")
         for run in sweep.runs:
             if run.name in refused and run.name not in complete:
                 row = refused_row(sweep, run, refused[run.name])
                 store.add(row)
-                out(progress_line_for(_done(store, by_name), total, row, "-"))
+                out(progress_line_for(_done(store, by_name, since), total, row, "-"))
         todo = [r for r in sweep.runs if r.name not in complete and r.name not in followed and r.name not in refused]
         if todo:
             submitted = submit(sweep, todo, opts, slurm, shapes, store)
@@ -277,7 +279,7 @@ def run_slurm_sweep(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptio
             out(f"sweep: submitted {len(todo)} run(s) as SLURM job(s) "
                 f"{_ranges(sorted(set(submitted.values()), key=_id_key))}; states from squeue while queued or running, "
                 f"then sacct (scontrol without accounting)")
-        _follow(sweep, store, opts, slurm, followed, out)
+        _follow(sweep, store, opts, slurm, followed, out, since=since)
     except KeyboardInterrupt:
         live = [j.job_id for n, j in store.jobs().items() if n in by_name and j.state in LIVE_STATES]
         print(f"shardbench: sweep interrupted; its {len(live)} SLURM job(s) go on. Watch them with "
@@ -291,8 +293,10 @@ def run_slurm_sweep(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptio
     return 0
 
 
-def _done(store: Store, by_name: dict[str, PlannedRun]) -> int:
-    return len(store.names() & set(by_name))
+def _done(store: Store, by_name: dict[str, PlannedRun], since: float = 0.0) -> int:
+    """How many of the runs are done for the progress line: complete, or recorded since `since` (an earlier
+    attempt's failure, submitted again, is not done until its new job ends)."""
+    return sum(r.name in by_name and (r.status == "complete" or (r.finished or 0.0) >= since) for r in store.runs())
 
 
 def _id_key(job_id: str) -> tuple[int, int]:
@@ -305,7 +309,7 @@ def _ranges(ids: list[str]) -> str:
 
 
 def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pending: dict[str, str],
-            out: Callable[[str], None], once: bool = False) -> None:
+            out: Callable[[str], None], once: bool = False, since: float = 0.0) -> None:
     """Read job states until every job in `pending` ({run name: job id}) has ended and its run is recorded
     (`once`: only until none is ending, recording those that have ended, so that a resume knows which runs to
     submit again: a job SLURM is cleaning up after scancel, or one out of the queue whose final word has not yet
@@ -361,7 +365,7 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
             store.add(row)
             store.set_job(name, job_id, state.state or state.word, state.reason or None)
             del pending[name]
-            out(progress_line_for(_done(store, by_name), total, row, job_id))
+            out(progress_line_for(_done(store, by_name, since), total, row, job_id))
         if once and (not ending or time.time() - started >= OUTCOME_GRACE_S):
             return
         if pending:

@@ -260,7 +260,7 @@ def _lock(out: Path) -> IO[str]:
 def overhead(store: Store, started: float, wall_s: float) -> dict[str, Any]:
     """This invocation's wall time against its runs' own process times (start-up included): what the
     sweep itself costs on top of its runs (planning, the database, the report)."""
-    runs = [r for r in store.runs() if r.started >= started]
+    runs = [r for r in store.runs() if (r.finished or 0.0) >= started]  # recorded by it, though a job began them before
     own = sum(r.wall_s for r in runs)
     return {"wall_s": wall_s, "runs": len(runs), "runs_wall_s": own, "ratio": wall_s / own if own else None}
 
