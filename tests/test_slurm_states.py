@@ -28,6 +28,7 @@ import pytest
 from shardbench.errors import ConfigError
 from shardbench.store import RunRow, Store
 from shardbench.sweep import slurm as slurm_lib
+from shardbench.sweep import runner as runner_lib
 from shardbench.sweep import slurm_jobs, slurm_options, sweep_cmd
 from shardbench.sweep.grid import Sweep, make_sweep
 from shardbench.sweep.runner import Options, run_sweep
@@ -523,3 +524,18 @@ def test_a_resubmitted_run_counts_once_and_a_run_recorded_now_counts_in_the_over
         assert slurm_lib._done(store, by_name, since=10.0) == 2
         timing = sweep_cmd.overhead(store, started=10.0, wall_s=30.0)
     assert timing["runs"] == 1 and timing["runs_wall_s"] == 15.0  # begun at 5 by an earlier driver's job
+
+
+def test_a_timeout_names_the_limit_its_task_ran_under_not_todays_timeout(tmp_path: Path) -> None:
+    """A job submitted with --timeout 25 (its own limit 35 minutes) timed out; the driver that records it was
+    resumed with --timeout 1800. The run stopped at its 25 s: not at "the job's time limit less 180 s" (what
+    comparing 25 s with today's 1800 said). A task stopped by its job's limit says so."""
+    log = tmp_path / "run.log"
+    log.write_text("")
+    stopped = runner_lib.Outcome(None, [], 1.0, 25.0)
+    resumed = Options(tmp_path, timeout_s=1800.0)
+    kind, said = slurm_lib._own_ending(stopped, {"timeout_s": 25.0, "job_limit_s": 35 * 60.0}, log, resumed)
+    assert kind == "timeout" and said == "no result within the 25 s time limit: stopped", said
+    kind, said = slurm_lib._own_ending(stopped, {"timeout_s": 35 * 60.0 - 180, "job_limit_s": 35 * 60.0}, log,
+                                       resumed)
+    assert said.endswith("(the job's 35-minute time limit less 180 s, which came before the run's --timeout)")

@@ -14,6 +14,7 @@ scontrol tell them, in `slurm_jobs`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -119,7 +120,8 @@ def run_task(spec: TaskSpec) -> dict[str, Any]:
 def _result(outcome: Outcome, rank: int, spec: TaskSpec) -> dict[str, Any]:
     return {"job_id": _job_id(os.environ), "rank": rank, "returncode": outcome.returncode,
             "stderr": outcome.stderr[-60:], "started": outcome.started, "wall_s": outcome.wall_s,
-            "peak_rss_bytes": outcome.peak_rss_bytes, "oom_kills": outcome.oom_kills, "timeout_s": spec.timeout_s}
+            "peak_rss_bytes": outcome.peak_rss_bytes, "oom_kills": outcome.oom_kills, "timeout_s": spec.timeout_s,
+            "job_limit_s": 60.0 * spec.time_limit_min}
 
 
 def _write_outcome(sweep_dir: Path, rank: int, result: dict[str, Any]) -> None:
@@ -183,8 +185,15 @@ def _own_ending(outcome: Outcome, saved: dict[str, Any], log_path: Path, opts: O
         return "timeout", _one_line(str(saved["stopped"]))
     limit = float(saved.get("timeout_s") or opts.timeout_s)
     kind, message = classify(outcome, log_path, limit)
-    if outcome.returncode is None and limit < opts.timeout_s:
-        message += (f" (the job's time limit less {SIGNAL_MARGIN_S} s, which comes before --timeout "
+    # Which limit the task ran under, from what it saved: its job's (less the margin) or --timeout as submitted,
+    # which a resume may since have changed. An outcome from before job_limit_s was saved: against today's.
+    job_s = saved.get("job_limit_s")
+    by_job = (bool(job_s) and math.isclose(limit, float(job_s) - SIGNAL_MARGIN_S) if "job_limit_s" in saved
+              else limit < opts.timeout_s)
+    if outcome.returncode is None and by_job:
+        message += (f" (the job's {float(job_s) / 60:g}-minute time limit less {SIGNAL_MARGIN_S} s, which came "
+                    f"before the run's --timeout)" if job_s else
+                    f" (the job's time limit less {SIGNAL_MARGIN_S} s, which comes before --timeout "
                     f"{opts.timeout_s:g})")
     return kind, message
 
