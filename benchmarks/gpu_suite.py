@@ -27,9 +27,9 @@ stops in one line where JAX cannot use a GPU, and a case whose record says it ra
 
 Exit status: 1 when any case this run ended failed or timed out (each is named on stderr; the parts' files are
 still written), or when JAX has no GPU (checked before anything is written); 130 on Ctrl-C and 143 on SIGTERM,
-which stop the running case's processes too and leave the part's page marked cut off; 0 otherwise. A refusal (exit 2 with a message the case lists as its refusal: the
-device cannot run that configuration) and a case not run for the budget are not failures; an exit 2 with any other
-message (a wrong flag, a missing path) is.
+which stop the running case's processes too and leave the part's page marked cut off; 0 otherwise. A refusal
+(exit 2 with a message the case lists as its refusal: the device cannot run that configuration) and a case not
+run for the budget are not failures; an exit 2 with any other message (a wrong flag, a missing path) is.
 Exit 2, in one line and before anything is written: --cases naming a case the part does not have (or with --part
 all), and --collect of a folder holding no part's file.
 """
@@ -1060,17 +1060,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_suite: {err}", file=sys.stderr, flush=True)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, _stopped)
     env = environment(args.commit)
     failures: list[str] = []
-    for name in PARTS if part == "all" else (part,):
-        try:
-            failures += run_part(name, args, args.out, env).failures()
-        except (KeyboardInterrupt, Stopped) as stop:  # the part's file marks it cut off, and names what did not run
-            print(f"gpu_suite: {stop_reason(stop)} during --part {name}; {args.out / (name + '.md')} says what "
-                  f"ended before it", file=sys.stderr, flush=True)
-            return 143 if isinstance(stop, Stopped) else 130
-        print(f"wrote {args.out / (name + '.md')}", flush=True)
+    previous = signal.signal(signal.SIGTERM, _stopped)  # restored below: main may run inside another program
+    try:
+        for name in PARTS if part == "all" else (part,):
+            try:
+                failures += run_part(name, args, args.out, env).failures()
+            except (KeyboardInterrupt, Stopped) as stop:  # the part's file marks it cut off, names what did not run
+                print(f"gpu_suite: {stop_reason(stop)} during --part {name}; {args.out / (name + '.md')} says what "
+                      f"ended before it", file=sys.stderr, flush=True)
+                return 143 if isinstance(stop, Stopped) else 130
+            print(f"wrote {args.out / (name + '.md')}", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if failures:  # the figures of the other cases are written; the exit status says the run is not complete
         print(f"gpu_suite: {len(failures)} case(s) failed or timed out:", *failures, sep="\n  ", file=sys.stderr,
               flush=True)

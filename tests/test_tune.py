@@ -325,7 +325,6 @@ def test_a_tpu_v3_target_is_tuned_on_its_jax_devices_and_priced_by_its_chips() -
     tpu-v3:2x2 as 4 chips at the table's per-chip price (not 8), and the report says so."""
     from shardbench.plan.target import parse_target
     from shardbench.prices import load_prices
-    from shardbench.tune.report import priced_on
     from shardbench.tune.select import objective
     from shardbench.tune.tune_cmd import HostDevices, check_host
 
@@ -339,7 +338,7 @@ def test_a_tpu_v3_target_is_tuned_on_its_jax_devices_and_priced_by_its_chips() -
     hourly = table.lookup("tpu-v3").on_demand
     p = dataclasses.replace(planned("dp", 0.5), target=small)
     assert objective("cost", table, small).predicted(p) == pytest.approx(0.5 * 4 * hourly / 3600 / 64)
-    assert priced_on(small, "device") == "8 devices (4 tpu-v3 chips)"
+    assert small.priced_on("device") == "8 devices (4 tpu-v3 chips)"
 
 
 def shardbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
