@@ -216,7 +216,8 @@ def epoch_cost(price: DevicePrice, step_time_s: float, steps_per_epoch: int, dev
         epochs = scale / (units_per_step * steps_per_epoch)  # epochs per billion tokens (or million images)
         on_demand_per, spot_per, kwh_per = dollars * epochs, spot * epochs, kwh * epochs
     return Cost(
-        device=price.name, devices=count, priced_per=price_basis(price), epoch_time_s=epoch_s, steps_per_epoch=steps_per_epoch,
+        device=price.name, devices=count, priced_per=price_basis(price), epoch_time_s=epoch_s,
+        steps_per_epoch=steps_per_epoch,
         on_demand_usd=dollars, spot_usd=spot, kwh=kwh, energy="measured" if measured is not None else "estimated",
         watts_per_device=watts, measured_joules=None if measured is None else measured.joules,
         measured_s=None if measured is None else measured.seconds,
