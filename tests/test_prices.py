@@ -348,12 +348,16 @@ def test_the_report_names_each_rows_basis_from_the_records_and_shows_small_costs
 
 
 def test_price_table_files_are_checked_as_a_user_writes_them(tmp_path: Path) -> None:
-    """A folder is named as a folder; "usd" is US dollars; a `taken` that is no date is refused."""
+    """A folder is named as a folder; "usd" is US dollars; a `taken` that is no date, and a spot price above the
+    on-demand one (the columns swapped), are refused."""
     with pytest.raises(ConfigError, match=r"is a folder: give a price table file"):
         load_prices(tmp_path)
     assert parse_prices(KNOWN.replace('currency = "USD"', 'currency = "usd"')).devices["h100"].on_demand == 2.0
     with pytest.raises(ConfigError, match=r"taken = \[1, 2\]: give the date the prices were taken"):
         parse_prices("taken = [1, 2]\n" + KNOWN)
+    with pytest.raises(ConfigError, match=r"\[devices.h100\]: spot = 50.0 is more than on_demand = 2.0: a spot "
+                                          r"price is at most the on-demand one \(are the two swapped\?\)$"):
+        parse_prices(KNOWN.replace("spot = 1.0", "spot = 50.0"))
 
 
 @pytest.mark.slow

@@ -96,6 +96,9 @@ def _row(where: str, name: str, row: Any) -> DevicePrice:
                             f"{'watts' if key == 'watts' else 'dollars per device-hour'}")
         if value < 0 or (key == "watts" and value == 0):
             raise _fail(at, f"{key} = {value}: give {'more than 0 watts' if key == 'watts' else '0 dollars or more'}")
+    if row["spot"] > row["on_demand"]:  # a spot or preemptible price is at most the on-demand one: swapped columns
+        raise _fail(at, f"spot = {row['spot']} is more than on_demand = {row['on_demand']}: a spot price is at most "
+                        f"the on-demand one (are the two swapped?)")
     if isinstance(row["date"], (datetime.date, datetime.time)):  # unquoted in TOML (date = 2025-06-01)
         row = {**row, "date": _iso_date(at, row["date"])}
     for key, give in (("source", "the URL the figures come from"), ("date", 'a date, e.g. 2025-06-01 or "2025-06"')):
