@@ -556,3 +556,34 @@ def test_sections_keep_the_rows_order_and_bench_headings_sit_below_the_part() ->
     assert page.index("### Kernels: baseline") < page.index("### Kernels: qkv split")
     assert gpu_suite.demoted("# bench\n## Train step\n```\n# a comment\n```\ntext") == (
         "### bench\n#### Train step\n```\n# a comment\n```\ntext")
+
+
+def test_the_plan_part_reruns_in_the_same_work_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its sweep starts from an empty folder (a second run failed: "already holds a sweep", then validated the old
+    one), the validation waits on the sweep, and a `plan --validate` that did not finish publishes nothing."""
+    out, work = tmp_path / "r", tmp_path / "w"
+    out.mkdir()
+    args = argparse.Namespace(smoke=True, cases="")
+    sweep, validate = gpu_suite.cases_for("plan", gpu_suite.Sizes(True), args, out, work)
+    assert validate.needs == sweep.name
+    record = gpu_suite.Part("plan", out, ENV, True, False)
+    run = gpu_suite.PartRun("plan", args, out, work, gpu_suite.Sizes(True), record)
+    run.logs.mkdir(parents=True)
+    earlier = work / "plan-sweep"
+    (earlier / "runs").mkdir(parents=True)
+    (earlier / "plan-validation.json").write_text('{"an": "earlier sweep"}')
+
+    def fake_run_process(argv: list[str], log: Path, timeout: float, smoke: bool) -> tuple[int, float, str]:
+        log.write_text("plan: error\n")
+        return 1, 1.0, "plan: error"
+
+    monkeypatch.setattr(gpu_suite, "run_process", fake_run_process)
+    gpu_suite.run_case(run, sweep, {"name": sweep.name}, 10.0)
+    assert not earlier.exists()  # cleared before the sweep ran
+    earlier.mkdir()
+    (earlier / "plan-validation.json").write_text('{"a": "validation"}')
+    (run.logs / f"{gpu_suite.slug(validate.name)}.log").write_text("its output\n")
+    gpu_suite.finish(run, validate, {"name": validate.name, "status": "failed (1): x"}, tmp_path / "none", 1)
+    assert not (out / "plan-validation.json").exists()
+    gpu_suite.finish(run, validate, {"name": validate.name, "status": "ok"}, tmp_path / "none", 0)
+    assert (out / "plan-validation.json").read_text() == '{"a": "validation"}'
