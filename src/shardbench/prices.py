@@ -184,11 +184,16 @@ def priced_count(price: DevicePrice, devices: int, hosts: int) -> int:
 
 
 def price_basis(price: DevicePrice) -> str:
-    """What `price`'s hourly price is for, as `priced_count` counts it: a host for a row priced per host (the
-    packaged cpu row), a chip where a chip is several JAX devices (TPU v2 and v3), else a device."""
-    if price.per == "host":
+    """What `price`'s hourly price is for, as `priced_count` counts it (`row_basis`)."""
+    return row_basis(price.name, price.per)
+
+
+def row_basis(name: str, per: str = "device") -> str:
+    """What row `name`'s hourly price is for: a host for a row priced per host (the packaged cpu row), a chip where
+    a chip is several JAX devices (TPU v2 and v3), else a device."""
+    if per == "host":
         return "per host"
-    chip = BY_NAME.get(price.name)
+    chip = BY_NAME.get(name)
     if chip is not None and chip.devices_per_chip > 1:
         return f"per chip of {chip.devices_per_chip} JAX devices"
     return "per device"
@@ -258,4 +263,4 @@ def run_cost(table: PriceTable, measured: Measurements, steps_per_epoch: int, en
 
 
 __all__ = ["DEVICE_NAMES", "DevicePrice", "PriceTable", "epoch_cost", "load_prices", "parse_prices",
-           "price_basis", "priced_count", "prices_from_flag", "row_for", "run_cost"]
+           "price_basis", "priced_count", "prices_from_flag", "row_basis", "row_for", "run_cost"]

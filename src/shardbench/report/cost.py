@@ -12,10 +12,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from shardbench.hardware import BY_NAME
 from shardbench.measure.energy import Window
 from shardbench.measure.run_record import Cost, RunRecord
-from shardbench.prices import PriceTable, load_prices, price_basis, run_cost
+from shardbench.prices import PriceTable, load_prices, row_basis, run_cost
 
 
 class ReportedRun(Protocol):
@@ -113,11 +112,7 @@ def priced_by(row: str, table: PriceTable) -> str:
     """What a price row's hourly price is for in `table` (`prices.price_basis`): for a record from before it kept
     its own (`Cost.priced_per`)."""
     price = table.devices.get(row)
-    if price is not None:
-        return price_basis(price)
-    chip = BY_NAME.get(row)
-    return f"per chip of {chip.devices_per_chip} JAX devices" if chip is not None and chip.devices_per_chip > 1 \
-        else "per device"
+    return row_basis(row, price.per if price is not None else "device")
 
 
 def cost_note(runs: list[ReportedRun], table: PriceTable | None = None) -> str:
