@@ -153,8 +153,13 @@ SWITCHES: list[tuple[str, tuple[str, ...], bool, str]] = [
      "bfloat16 the baseline's twin"),
     ("attention cudnn pad 64", ("--model.attention", "cudnn", "--model.attention-pad-multiple", "64"), True,
      "cuDNN on a sequence padded to a multiple of 64"),
+    ("qkv fused", ("--model.qkv-layout", "fused"), True,
+     "one projection to [3,batch,seq,heads,dim], whose backward transposes [3,heads,dim,batch,seq]: auto's choice "
+     "until 2026-11-27"),
     ("qkv split", ("--model.qkv-layout", "split"), True, "three projections: no [3,heads,dim,batch,seq] transpose"),
-    ("qkv seq-major", ("--model.qkv-layout", "seq-major"), True, "one projection with a sequence-major output"),
+    ("qkv seq-major", ("--model.qkv-layout", "seq-major"), True,
+     "one projection with a sequence-major output: what auto runs for the vit under cuDNN's attention, so at "
+     "bfloat16 the baseline's twin"),
     ("pool mean", ("--model.pool", "mean"), False, "a different model: mean of 64 tokens, no class token"),
     ("adam mu bfloat16", ("--optim.mu-dtype", "bfloat16"), False, "the optimizer's first moment in bfloat16"),
     ("param bfloat16", ("--param-dtype", "bfloat16"), False, "parameters stored in bfloat16"),
@@ -237,17 +242,23 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
                 continue
             rows.append(t(name, "vit-seed", dtype, batch, *flags, est_s=variant_estimate_s(dtype, flags), note=note,
                           same_model=same, refusals=refusals_of(flags)))
-        if part == "variants-bf16":  # cuDNN's attention for the LM, which auto leaves on fused until measured;
-            # after the ViT's attention switches, before the layouts and XLA presets
+        if part == "variants-bf16":  # the LM under XLA's composition and under cuDNN's attention (auto's choice
+            # since 2026-11-27), with each q/k/v layout auto may pick; after the ViT's attention switches, before the
+            # layouts and XLA presets
             lm = ("--model.seq-len", str(sizes.seq_len(LM_SEQ)))
             at = 1 + max(i for i, row in enumerate(rows) if row.name.startswith("attention"))
             rows[at:at] = [
                 t(LM_FUSED, "lm-seed", dtype, LM_BATCH, *lm, "--model.attention", "fused", est_s=LM_EST_S,
-                  compare_to=None, note=f"lm-seed at sequence {LM_SEQ}: XLA's composition, auto's choice for the LM; "
-                                        f"the reference of the case below"),
+                  compare_to=None, note=f"lm-seed at sequence {LM_SEQ}: XLA's composition, auto's choice for the LM "
+                                        f"until 2026-11-27; the reference of the cases below"),
                 t(LM_CUDNN, "lm-seed", dtype, LM_BATCH, *lm, "--model.attention", "cudnn", est_s=LM_EST_S,
                   compare_to=LM_FUSED, refusals=CUDNN_REFUSALS,
-                  note="the same LM with cuDNN's causal attention: whether auto should run it for the LM")]
+                  note="the same LM with cuDNN's causal attention: auto's choice for the LM on an NVIDIA GPU in 16 "
+                       "bits"),
+                t(LM_SEQ_MAJOR, "lm-seed", dtype, LM_BATCH, *lm, "--model.attention", "cudnn", "--model.qkv-layout",
+                  "seq-major", est_s=LM_EST_S, compare_to=LM_FUSED, refusals=CUDNN_REFUSALS,
+                  note="cuDNN's attention with the seq-major q/k/v projection: whether auto should pick it for the "
+                       "LM, as it does for the vit")]
         return rows
     if part == "profile":
         best = args.variant or best_variant(out / "variants-bf16.json")
@@ -283,7 +294,7 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
 # vit-seed bfloat16 case took 18-30 s in all (2026-11-26, suite.log); 40 s leaves a margin for the longer
 # sequence's steps.
 LM_SEQ, LM_BATCH, LM_EST_S = 1024, 32, 40.0
-LM_FUSED, LM_CUDNN = "lm seq 1024 fused", "lm seq 1024 cudnn"
+LM_FUSED, LM_CUDNN, LM_SEQ_MAJOR = "lm seq 1024 fused", "lm seq 1024 cudnn", "lm seq 1024 cudnn seq-major"
 
 
 # One vit-seed process of 40 steps on one H100 (2026-11-24, the reference machine's GPU records, `runs/vit-seed/sweep.db`
@@ -495,7 +506,8 @@ def read_run(run_dir: Path, batch: int | None) -> dict[str, Any]:
             "cache_hits": f"{cache.get('hits')}/{cache.get('requests')}" if cache.get("dir") else "off",
             "losses": losses[:LOSSES_COMPARED], "test_accuracy": summary.get("test_accuracy"),
             "train_time_s": summary.get("time_s"), "device_kind": m.get("device_kind"), "platform": m.get("platform"),
-            "xla_flags": m.get("xla_flags"), "attention": m.get("attention"), "steps": summary.get("steps")}
+            "xla_flags": m.get("xla_flags"), "attention": m.get("attention"),
+            "qkv_layout": m.get("qkv_layout"), "steps": summary.get("steps")}
 
 
 def _batch_of(argv: list[str]) -> int | None:
@@ -573,6 +585,12 @@ def _fmt(value: Any, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
+def attention_cell(case: dict[str, Any]) -> str:
+    """The attention a case's run ran and, where its record keeps it (schema 8 on), its q/k/v layout."""
+    attention, layout = case.get("attention"), case.get("qkv_layout")
+    return "–" if not attention else f"{attention} ({layout})" if layout else attention
+
+
 def render_part(record: dict[str, Any]) -> str:
     """A part's markdown: its header, one table of its cases, then its notes and any extra sections."""
     r = record
@@ -585,7 +603,7 @@ def render_part(record: dict[str, Any]) -> str:
     cases = r["cases"]
     if any("step_ms" in c for c in cases):
         lines += ["| case | status | compile s | step ms (p90) | examples/s | peak MiB | compiled MiB | cache | "
-                  "attention | first losses agree | note |", "|---|---|---:|---:|---:|---:|---:|---|---|---|---|"]
+                  "attention (q/k/v) | first losses agree | note |", "|---|---|---:|---:|---:|---:|---:|---|---|---|---|"]
         for c in cases:
             agree = {True: "yes", False: "**no**", None: "–"}[c.get("losses_agree")]
             if not c.get("same_model", True):
@@ -594,7 +612,7 @@ def render_part(record: dict[str, Any]) -> str:
                 f"| {c['name']} | {c['status']} | {_fmt(c.get('compile_s'), '.1f')} | "
                 f"{_fmt(c.get('step_ms'), '.2f')} ({_fmt(c.get('step_p90_ms'), '.2f')}) | "
                 f"{_fmt(c.get('examples_per_s'), ',.0f')} | {_fmt(c.get('peak_mib'), ',.0f')} | "
-                f"{_fmt(c.get('compiled_mib'), ',.0f')} | {c.get('cache_hits', '–')} | {c.get('attention') or '–'} | "
+                f"{_fmt(c.get('compiled_mib'), ',.0f')} | {c.get('cache_hits', '–')} | {attention_cell(c)} | "
                 f"{agree} | {c.get('note', '')} |")
     else:
         lines += ["| case | status | seconds | note |", "|---|---|---:|---|"]

@@ -285,8 +285,8 @@ def test_a_flag_the_command_does_not_take_points_to_that_commands_help(command: 
 
 def test_the_attention_pad_multiple_is_noted_where_no_cudnn_attention_can_run() -> None:
     """--model.attention-pad-multiple pads cuDNN's attention: read with --model.attention cudnn, and with auto
-    where auto may pick cuDNN (the vit in 16 bits, on an NVIDIA GPU); noted as doing nothing for the LM, for LSA,
-    in float32 and with an explicit einsum or fused."""
+    where auto may pick cuDNN (the vit and the lm in 16 bits, on an NVIDIA GPU); noted as doing nothing for LSA,
+    in float32, with an explicit einsum or fused, and for a model of your own."""
     vit = override(get_preset("vit-seed"), {"precision.dtype": "bfloat16", "model.attention_pad_multiple": 64})
 
     def noted(cfg: config_lib.Config) -> bool:
@@ -296,7 +296,9 @@ def test_the_attention_pad_multiple_is_noted_where_no_cudnn_attention_can_run() 
     for other in ({"precision.dtype": "float32"}, {"model.lsa": True}, {"model.attention": "fused"}):
         assert noted(override(vit, other)), other
     lm = override(get_preset("lm-seed"), {"precision.dtype": "bfloat16", "model.attention_pad_multiple": 64})
-    assert noted(lm) and not noted(override(lm, {"model.attention": "cudnn"}))
+    assert not noted(lm) and not noted(override(lm, {"model.attention": "cudnn"}))
+    assert noted(override(lm, {"precision.dtype": "float32"}))
+    assert noted(override(vit, {"model.factory": "mine:build"}))
 
 
 def test_sgd_without_momentum_keeps_no_momentum_buffer() -> None:

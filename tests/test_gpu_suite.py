@@ -62,7 +62,7 @@ def test_every_part_writes_its_files(smoke_run: tuple[Path, subprocess.Completed
         # Every case ran: only cuDNN's attention, which a CPU cannot run, is refused; nothing failed, timed out
         # or was left out for the budget.
         for name, c in cases.items():
-            cudnn = name in ("attention cudnn", gpu_suite.LM_CUDNN)
+            cudnn = name in ("attention cudnn", gpu_suite.LM_CUDNN, gpu_suite.LM_SEQ_MAJOR)
             ran = c["status"].startswith("refused: ") if cudnn else c["status"] == "ok"
             assert ran, (part, name, c["status"])
     # The bench part's every contender gave figures: none errored or timed out (PyTorch eager where torch is here).
@@ -82,15 +82,19 @@ def test_variants_compare_with_the_baseline(smoke: Path) -> None:
     for part in ("variants-bf16", "variants-f32"):
         cases = _cases(smoke, part)
         assert cases["baseline"]["status"] == "ok" and len(cases["baseline"]["losses"]) >= 3
-        assert cases["baseline"]["attention"] == "einsum"  # what auto ran on the CPU, from the run's record
+        # what auto ran on the CPU, from the run's record: the einsum attention, so the fused q/k/v projection
+        assert (cases["baseline"]["attention"], cases["baseline"]["qkv_layout"]) == ("einsum", "fused")
         if part == "variants-bf16":  # variants-f32's smoke run repeats only the refusal, which differs
             assert cases["qkv split"]["losses_agree"] is True  # the same arithmetic, another layout
+            assert cases["qkv split"]["qkv_layout"] == "split"
+            assert "| einsum (split) |" in (smoke / "variants-bf16.md").read_text()
             assert cases["cudnn layernorm"]["status"] == "ok"
             assert "--xla_gpu_enable_cudnn_layer_norm=true" in cases["cudnn layernorm"]["xla_flags"]
             # the LM's pair: its cudnn case is compared with the LM's fused one (refused here), never the ViT's
             lm = cases[gpu_suite.LM_FUSED]
             assert lm["status"] == "ok" and lm["attention"] == "fused" and "losses_agree" not in lm
             assert cases[gpu_suite.LM_CUDNN]["status"].startswith("refused: ")
+            assert cases[gpu_suite.LM_SEQ_MAJOR]["status"].startswith("refused: ")
             assert gpu_suite.rerun_command("variants-bf16", [gpu_suite.LM_CUDNN], gpu_suite.cases_for(
                 part, gpu_suite.Sizes(False), argparse.Namespace(), smoke, smoke)) == (
                 f"--part variants-bf16 --cases '{gpu_suite.LM_FUSED},{gpu_suite.LM_CUDNN}'")

@@ -76,8 +76,12 @@ def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> Non
     assert v6.cost is not None and v6.cost.priced_per is None and v6.cost.device == "cpu"
     with pytest.raises(RecordError, match="unknown field 'priced_pre'"):
         from_json({"schema_version": SCHEMA_VERSION, "cost": {"priced_pre": "per host"}})
-    assert SCHEMA_VERSION == 7 and from_json({"schema_version": 7, "cost": {
-        "priced_per": "per host"}}).cost.priced_per == "per host"
+    assert from_json({"schema_version": 7, "cost": {"priced_per": "per host"}}).cost.priced_per == "per host"
+    # Version 7, written before the q/k/v layout was kept: read as None, the rest as written.
+    v7 = from_json({"schema_version": 7, "measurements": {"attention": "cudnn"}})
+    assert v7.measurements.qkv_layout is None and v7.measurements.attention == "cudnn"
+    assert SCHEMA_VERSION == 8 and from_json({"schema_version": 8, "measurements": {
+        "qkv_layout": "seq-major"}}).measurements.qkv_layout == "seq-major"
 
 
 def test_every_field_is_documented_with_its_unit_in_one_place() -> None:

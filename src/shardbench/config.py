@@ -35,7 +35,7 @@ CROPS = ("resized", "pad")
 ERASING_FILLS = ("random", "mean")  # random erasing: normal noise once normalised (timm's 'pixel'), or the mean
 SPMD_STYLES = ("jit", "shard_map", "pmap")
 ATTENTION = ("auto", "einsum", "fused", "cudnn")
-QKV_LAYOUTS = ("fused", "split", "seq-major")
+QKV_LAYOUTS = ("auto", "fused", "split", "seq-major")
 POOLS = ("cls", "mean", "sequence")
 # How the vit turns an image into tokens (models/vit.py): linear patches, CCT's convolutions, SPT's shifted patches.
 STEMS = ("patch", "conv", "shifted-patch")
@@ -151,7 +151,8 @@ class ModelConfig:
         "auto", "attention kernel: einsum (two einsums, float32 scores), fused (jax.nn.dot_product_attention with "
         "no implementation: XLA's composition), cudnn (cuDNN's fused kernel on a sequence padded to "
         "--model.attention-pad-multiple; NVIDIA GPUs, bfloat16 or float16) or auto (on an NVIDIA GPU: cudnn for the "
-        "vit where cuDNN takes its dtype and head dim, else fused; einsum elsewhere, and einsum with --model.lsa)",
+        "vit and the lm where cuDNN takes their dtype and head dim, else fused; einsum elsewhere, and einsum with "
+        "--model.lsa)",
         choices=ATTENTION)
     # 8: jax's check (check_is_flash_attention) asks training for even lengths, and 8 leaves a margin (the why is
     # at models.transformer.padded_attention); 64 (cuDNN's tile) is the other length the GPU suite measured: on an
@@ -161,9 +162,10 @@ class ModelConfig:
         "of this (65 tokens: 72 for 8, 128 for 64); the padding is masked by sequence lengths and sliced off",
         range=POSITIVE_COUNT)
     qkv_layout: str = setting(
-        "fused", "q/k/v projection, from the same parameter: fused (one einsum to [3, batch, seq, heads, dim]), "
-        "split (three einsums) or seq-major (one einsum to [batch, seq, 3, heads, dim]); the last two avoid the "
-        "backward's [3, heads, dim, batch, seq] transpose", choices=QKV_LAYOUTS)
+        "auto", "q/k/v projection, from the same parameter: fused (one einsum to [3, batch, seq, heads, dim]), "
+        "split (three einsums), seq-major (one einsum to [batch, seq, 3, heads, dim]; the last two avoid the "
+        "backward's [3, heads, dim, batch, seq] transpose) or auto (seq-major for the vit where its attention runs "
+        "cudnn, else fused)", choices=QKV_LAYOUTS)
     pool: str = setting(
         "cls", "vit: what the head sees: cls (the class token, the seed's model), mean (the mean of the patch tokens "
         "after the final LayerNorm) or sequence (CCT's sequence pooling: a linear layer scores each token after the "

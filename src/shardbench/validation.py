@@ -191,8 +191,8 @@ def inert_fields(cfg: Config) -> dict[str, str]:
         "model.input_dim": (m.kind != "mlp", f"the {m.kind} model's input is not a feature vector"),
         "model.attention_pad_multiple": (m.attention != "cudnn" and (m.attention != "auto" or bool(
             models.auto_cudnn_config_problem(cfg))), "it pads the sequence for cuDNN's attention, which this run "
-                                                     "never runs (--model.attention cudnn, or auto for the vit in "
-                                                     "16 bits on an NVIDIA GPU)"),
+                                                     "never runs (--model.attention cudnn, or auto for the vit or "
+                                                     "the lm in 16 bits on an NVIDIA GPU)"),
         "model.qkv_layout": (m.kind == "mlp", "the mlp model has no attention"),
         "model.top_k": (m.num_experts == 0, "it routes tokens to experts, and --model.num-experts is 0"),
         "model.capacity_factor": (m.num_experts == 0, "it sizes the experts, and --model.num-experts is 0"),

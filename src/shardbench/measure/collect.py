@@ -222,6 +222,7 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
         allocator=malloc.describe(os.environ),
         xla_flags=os.environ.get("XLA_FLAGS") or None,
         attention="context" if uses_context(layout) else models.attention_ran(setup.cfg),
+        qkv_layout=models.qkv_layout_ran(setup.cfg),
         per_process=[g["process"] for g in gathered],
         **batch_sizes(setup),
         compile=None if step is None else step.times,

@@ -6,7 +6,9 @@ modules return these types (`measure.timing.compile_timed` a `CompileTimes`, `me
 every reader (the store's rows, the report, its findings and charts, the planner's measured runs) reads them
 back through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
 
-Versions: 7 is this layout: version 6's, with what the price row's hourly price is for (`Cost.priced_per`: per
+Versions: 8 is this layout: version 7's, with the q/k/v projection's layout a run's blocks ran
+(`Measurements.qkv_layout`, once `--model.qkv-layout auto` could pick seq-major); version 7 records read with it None.
+Version 7 is version 6's, with what the price row's hourly price is for (`Cost.priced_per`: per
 host, per device, or per chip of N JAX devices), which a report's cost note names from the record, not from
 whichever table the report has at hand; version 6 records read with it None.
 Version 6 is version 5's, with the FLOPs of a model of your own without `flops_per_example`
@@ -48,7 +50,7 @@ from typing import Any
 
 from shardbench.errors import ShardbenchError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 class RecordError(ShardbenchError):
@@ -183,6 +185,9 @@ class Measurements:
                                    "auto as this platform resolved it), or context (the sequence split over seq brings "
                                    "its own); none for a model without shardbench's attention, and in records "
                                    "written before it was kept")
+    qkv_layout: str | None = _f("", "the q/k/v projection's layout the model's blocks ran: fused, split or seq-major "
+                                    "(--model.qkv-layout auto as this run resolved it); none for a model without "
+                                    "shardbench's attention, and in records written before it was kept")
     per_process: list[dict[str, Any]] = _list("", "each process: host, devices, its median step time")
     global_batch: int | None = _f("examples", "examples per update: the batch the optimizer steps on, which "
                                               "throughput and MFU count (--batch-size)")

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from shardbench.config import Config, check_choice
+from shardbench.config import Config, ModelConfig, check_choice
 from shardbench.errors import ConfigError
 from shardbench.models import custom, lm, mlp, transformer, vit
 from shardbench.models.transformer import CUDNN, CUDNN_MAX_HEAD_DIM, EINSUM, FUSED, count_params
@@ -25,12 +26,20 @@ PRECISIONS = {
 
 
 # The models `--model.attention auto` runs cuDNN's fused attention for on an NVIDIA GPU, where cuDNN takes the
-# configuration: those the GPU suite measured it faster on. vit-seed, bfloat16, batch 1024, one H100 (2026-11-26,
-# benchmarks/data/h100-2026-11-26/): 31.41, 32.17 and 32.04 ms a step against XLA's composition's 34.61, 34.94 and
-# 34.99 in three pairs of processes (0.91x; GPU kernels 28.30 against 30.98 ms a step), the same first losses, 10%
-# less memory. The LM's causal attention has not been measured under cuDNN (the suite's variants-bf16 part runs
-# the pair, lm-seed at sequence 1024): auto stays fused for it.
-AUTO_CUDNN_MODELS = ("vit",)
+# configuration: those the GPU suite measured it faster on, on one H100. The vit: vit-seed, bfloat16, batch 1024
+# (2026-11-26, benchmarks/data/h100-2026-11-26/): 31.41, 32.17 and 32.04 ms a step against XLA's composition's
+# 34.61, 34.94 and 34.99 in three pairs of processes (0.91x), the same first losses, 10% less memory; on 2026-11-27
+# (benchmarks/data/h100-2026-11-27/) 27.96 against 30.63. The lm: lm-seed, bfloat16, batch 32, sequence 1024
+# (2026-11-27): 7.23 ms a step with cuDNN's causal attention against 24.27 (0.30x), the same first losses, peak
+# memory 1,467 against 8,282 MiB. lm-seed's own 64 tokens were not measured under cuDNN.
+AUTO_CUDNN_MODELS = ("vit", "lm")
+
+# The models whose `--model.qkv-layout auto` is seq-major where their attention runs cuDNN's, else fused. vit-seed,
+# bfloat16, batch 1024, cuDNN's attention, one H100 (2026-11-27, benchmarks/data/h100-2026-11-27/qkv/ and repeat/):
+# seq-major 25.29 and 25.25 ms a step against fused's 28.00 and 28.00 (0.90x; split 26.03), the same first losses,
+# 400 MiB more peak memory. Under XLA's composition (2026-11-26) seq-major ran 34.66 against 34.61: no gain, so
+# auto keeps fused there. The lm under cuDNN has not been measured with seq-major: fused.
+AUTO_SEQ_MAJOR_MODELS = ("vit",)
 
 
 def attention_kind(setting: str, platform: str, cudnn_fits: bool = False) -> str:
@@ -113,13 +122,35 @@ def attention_ran(cfg: Config) -> str | None:
     return EINSUM if cfg.model.lsa else resolve_attention(cfg)
 
 
+def qkv_layout_kind(cfg: Config, attention: str) -> str:
+    """The q/k/v projection's layout for `cfg` when its blocks run `attention`: --model.qkv-layout, with auto =
+    seq-major for the models of `AUTO_SEQ_MAJOR_MODELS` when the attention is cuDNN's, else fused."""
+    if cfg.model.qkv_layout != "auto":
+        return cfg.model.qkv_layout
+    return "seq-major" if attention == CUDNN and cfg.model.kind in AUTO_SEQ_MAJOR_MODELS else "fused"
+
+
+def qkv_layout_ran(cfg: Config) -> str | None:
+    """The q/k/v layout the model's blocks run, for the run record (`qkv_layout_kind`); None for a model without
+    shardbench's attention (the mlp, a model of your own)."""
+    attention = attention_ran(cfg)
+    return None if attention is None else qkv_layout_kind(cfg, attention)
+
+
+def _blocks_config(cfg: Config, attention: str) -> ModelConfig:
+    """`cfg.model` with its q/k/v layout resolved for `attention` (`qkv_layout_kind`): what the blocks build."""
+    return dataclasses.replace(cfg.model, qkv_layout=qkv_layout_kind(cfg, attention))
+
+
 def _vit(cfg: Config, **common: Any) -> nnx.Module:
-    return vit.VisionTransformer(cfg.model, image_size=cfg.data.image_size, attention=resolve_attention(cfg),
-                                 **common)
+    attention = resolve_attention(cfg)
+    return vit.VisionTransformer(_blocks_config(cfg, EINSUM if cfg.model.lsa else attention),
+                                 image_size=cfg.data.image_size, attention=attention, **common)
 
 
 def _lm(cfg: Config, **common: Any) -> nnx.Module:
-    return lm.TransformerLM(cfg.model, attention=resolve_attention(cfg), **common)
+    attention = resolve_attention(cfg)
+    return lm.TransformerLM(_blocks_config(cfg, attention), attention=attention, **common)
 
 
 def _mlp(cfg: Config, **common: Any) -> nnx.Module:
@@ -159,6 +190,6 @@ def build_model(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
     )
 
 
-__all__ = ["AUTO_CUDNN_MODELS", "MODELS", "PRECISIONS", "attention_kind", "attention_ran",
+__all__ = ["AUTO_CUDNN_MODELS", "AUTO_SEQ_MAJOR_MODELS", "MODELS", "PRECISIONS", "attention_kind", "attention_ran",
            "auto_cudnn_config_problem", "auto_cudnn_problem", "axis_fields", "build_model", "check_cudnn_devices",
-           "count_params", "cudnn_device_problem", "resolve_attention"]
+           "count_params", "cudnn_device_problem", "qkv_layout_kind", "qkv_layout_ran", "resolve_attention"]

@@ -318,7 +318,9 @@ class BlockStack(nnx.Module):
         self.remat = cfg.remat
         self.attention = attention
         self.pad_multiple = cfg.attention_pad_multiple
-        self.qkv_layout = cfg.qkv_layout
+        # auto is resolved by the model's builder (`models.qkv_layout_kind`); a ModelConfig with auto built into a
+        # model directly runs fused, auto's choice off cuDNN's attention.
+        self.qkv_layout = "fused" if cfg.qkv_layout == "auto" else cfg.qkv_layout
         self.causal = causal
 
     def __call__(self, x: jax.Array, *, rng: jax.Array | None, precision: jax.lax.Precision) -> Any:
