@@ -169,6 +169,8 @@ SWITCHES: list[tuple[str, tuple[str, ...], bool, str]] = [
     ("cudnn gemm fusion", ("--train.xla-presets", "cudnn-gemm-fusion"), True, "GEMM fusions by cuDNN"),
     ("no triton gemm", ("--train.xla-presets", "no-triton-gemm"), True, "cuBLAS GEMMs only"),
 ]
+# Switches that are the baseline itself at float32: there auto runs XLA's attention, and so the fused projection.
+BF16_ONLY = ("qkv fused",)
 # The one-line refusals (exit 2) a switch may answer with where the device or the dtype cannot run it.
 CUDNN_REFUSALS = ("--model.attention cudnn needs ", "--model.attention cudnn takes a head dim")
 XLA_REFUSALS = ("this jaxlib refuses",)
@@ -239,6 +241,8 @@ def cases_for(part: str, sizes: Sizes, args: argparse.Namespace, out: Path, work
                   note="as shipped (--model.attention auto)")]
         for name, flags, same, note in SWITCHES:
             if sizes.smoke and name not in SMOKE_SWITCHES[part]:
+                continue
+            if name in BF16_ONLY and dtype != "bfloat16":
                 continue
             rows.append(t(name, "vit-seed", dtype, batch, *flags, est_s=variant_estimate_s(dtype, flags), note=note,
                           same_model=same, refusals=refusals_of(flags)))

@@ -267,3 +267,27 @@ def test_a_mistyped_flag_is_answered_with_the_closest_one(capsys, argv: list[str
         main(argv)
     assert exc.value.code == 2
     assert capsys.readouterr().err.splitlines()[0] == f"shardbench {argv[0]}: error: {line}"
+
+
+def test_a_run_saved_with_the_old_default_fused_projection_resumes_under_auto(tmp_path, monkeypatch) -> None:
+    """--model.qkv-layout's default was fused until auto: a run started then resumes with today's defaults where
+    auto runs fused for it (this CPU: the einsum attention), and is refused where auto would run another layout
+    (stood in for by the attention resolver alone: cuDNN's, as on an NVIDIA GPU) or where it named another."""
+    from shardbench import models
+    from shardbench.errors import ConfigError
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+    from shardbench.rundir import check_resume
+
+    bf16 = override(get_preset("vit-tiny"), {"precision.dtype": "bfloat16"})
+    (tmp_path / "config.json").write_text(override(bf16, {"model.qkv_layout": "fused"}).to_json())
+    again = override(bf16, {"train.resume": True})
+    assert again.model.qkv_layout == "auto"
+    check_resume(again, tmp_path)
+    monkeypatch.setattr(models, "resolve_attention", lambda cfg: "cudnn")
+    with pytest.raises(ConfigError, match=re.escape("was trained with model.qkv_layout='fused', not 'auto'")):
+        check_resume(again, tmp_path)
+    monkeypatch.undo()
+    (tmp_path / "config.json").write_text(override(bf16, {"model.qkv_layout": "split"}).to_json())
+    with pytest.raises(ConfigError, match=re.escape("was trained with model.qkv_layout='split', not 'auto'")):
+        check_resume(again, tmp_path)

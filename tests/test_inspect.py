@@ -20,6 +20,20 @@ def test_inspect_prints_layout_of_every_parameter(capsys) -> None:
     assert "0:768 | dev 0,2,4,6 |" in out and "768:1536 | dev 1,3,5,7 |" in out
 
 
+def test_inspect_says_which_attention_and_q_k_v_projection_will_run(capsys) -> None:
+    """auto resolved on these devices, as the run record will say it: on a CPU the einsum attention and so the
+    fused projection; a layout named is the one shown; the mlp has no attention to show."""
+    assert main(["inspect", "--preset", "vit-tiny"]) == 0
+    assert "attention: einsum (--model.attention auto); q/k/v projection: fused (--model.qkv-layout auto)" in (
+        capsys.readouterr().out)
+    assert main(["inspect", "--preset", "lm-tiny", "--model.attention", "fused", "--model.qkv-layout",
+                 "seq-major"]) == 0
+    assert "attention: fused (--model.attention fused); q/k/v projection: seq-major (--model.qkv-layout " \
+           "seq-major)" in capsys.readouterr().out
+    assert main(["inspect", "--preset", "mlp-small"]) == 0
+    assert "q/k/v projection" not in capsys.readouterr().out
+
+
 def test_inspect_rejects_an_unknown_array(capsys) -> None:
     code = main(["inspect", "--preset", "vit-tiny", "--array", "encoder/nothing"])
     assert code == 2 and "--array encoder/nothing: no such parameter" in capsys.readouterr().err

@@ -777,3 +777,36 @@ def test_runs_of_one_model_at_different_sequence_lengths_are_ranked_apart(tmp_pa
     assert "short_gather is 2.00x slower" in speed
     assert "Fastest run at seq_len 4096: long_gather, 100.0 ms per step" in speed
     assert "long_ring is 3.00x slower" in speed and "long_gather is" not in speed and "long_ring is 30" not in speed
+
+
+def test_a_slowdown_names_what_auto_ran_from_the_records(tmp_path: Path) -> None:
+    """A sweep over --model.qkv-layout auto,fused: the settings say only 'auto', the records what it ran (seq-major
+    on a GPU under cuDNN's attention, here written by hand); the slowdown names both."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for name, layout, ran, step_ms in (("auto", "auto", "seq-major", 25.0), ("fused", "fused", "fused", 50.0)):
+            made = record(name, "dp", "8", 8, breakdown=(1, 2, 1, 1), total=5.0, comms={}, epochs=[],
+                          step_ms=step_ms, img_s=0.0, mfu=0.1, acc=0.5, partial=(10, 100, 1.0))
+            made["measurements"]["qkv_layout"] = ran
+            store.add(row(name, {"model.qkv_layout": layout}, made))
+    speed = write_report(directory).markdown.read_text().split("### Speed", 1)[1].split("###", 1)[0]
+    assert "it differs in: model.qkv_layout fused against auto (seq-major)" in speed
+    # The note under the table explains what the table shows: no epoch column (no run trained a whole epoch),
+    # no payload label (both records keep bytes sent), no predicted columns.
+    note = write_report(directory).markdown.read_text()
+    assert "Throughput is the global batch" in note and "comms are the bytes each device sends" in note
+    assert "Epoch time is" not in note and "payload" not in note and '"Predicted" columns' not in note
+
+
+def test_the_table_note_explains_the_epoch_column_and_payloads_where_the_table_has_them(tmp_path: Path) -> None:
+    """Runs that trained whole epochs show the epoch column, and a record written before bytes sent were kept
+    shows its comms as a payload: the note under the table explains both."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for name, sent in (("kept", {"all-reduce": 2 * 7 / 8 * 40.0}), ("older", None)):
+            made = record(name, "dp", "8", 8, breakdown=(1, 2, 1, 1), total=5.0, comms={"all-reduce": (6, 40.0)},
+                          epochs=[2.0, 2.0], step_ms=50.0, img_s=0.0, mfu=0.1, acc=0.5, sent=sent)
+            store.add(row(name, {"parallel.mesh": "8"}, made))
+    note = write_report(directory).markdown.read_text()
+    assert "Epoch time is the mean wall time per whole epoch" in note
+    assert '("payload": the collectives\' buffers, from a record written before bytes sent were kept)' in note

@@ -36,7 +36,7 @@ def test_train_writes_a_versioned_record_that_reads_back_typed(micro) -> None:
     assert m.comms["all-reduce"].sent_bytes == pytest.approx(2 * 7 / 8 * m.comms["all-reduce"].bytes, abs=8)
     assert m.comms_total_sent_bytes == sum(c.sent_bytes for c in m.comms.values())
     assert m.comms_unknown_trip_counts == 0
-    assert m.attention == "einsum"  # auto on the CPU: what the ViT's blocks ran
+    assert (m.attention, m.qkv_layout) == ("einsum", "fused")  # auto on the CPU: what the ViT's blocks ran
     assert m.memory is not None and m.memory.breakdown is not None and m.memory.breakdown.params_bytes > 0
     # Written from the types and read back into them, the measurements are exactly what was written: the
     # types are the schema, field for field.

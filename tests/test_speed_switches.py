@@ -194,6 +194,7 @@ def test_auto_qkv_layout_is_seq_major_where_the_vit_runs_cudnn_and_fused_elsewhe
     assert qkv_layout_kind(vit, "cudnn") == "seq-major"
     assert [qkv_layout_kind(vit, a) for a in ("fused", "einsum")] == ["fused", "fused"]
     assert qkv_layout_kind(lm, "cudnn") == "fused"
+    assert qkv_layout_kind(override(vit, {"parallel.strategy": "dp+cp"}), "cudnn") == "fused"  # the ring attends
     for layout in ("fused", "split", "seq-major"):
         for kind in ("cudnn", "fused", "einsum"):
             assert qkv_layout_kind(override(vit, {"model.qkv_layout": layout}), kind) == layout

@@ -14,6 +14,7 @@ import optax
 from flax import nnx
 
 
+from shardbench import models
 from shardbench.tasks import validate
 from shardbench.config import Config
 from shardbench.errors import ConfigError
@@ -144,6 +145,18 @@ def _spans(layers: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
+def kernel_lines(cfg: Config, layout: Layout) -> list[str]:
+    """The attention and the q/k/v projection the blocks will run on these devices, `auto` resolved as the run
+    record's `measurements.attention` and `qkv_layout` will say them; none for a model without shardbench's
+    attention (the mlp, a model of your own)."""
+    attention = models.attention_ran(cfg)
+    if attention is None:
+        return []
+    ran = "context (the sequence split over seq brings its own)" if uses_context(layout) else attention
+    return [f"attention: {ran} (--model.attention {cfg.model.attention}); q/k/v projection: "
+            f"{models.qkv_layout_ran(cfg)} (--model.qkv-layout {cfg.model.qkv_layout})"]
+
+
 def inspect(cfg: Config, array: str = "") -> str:
     """The parameter table, one array's picture (`array`, '' = the model's default) and the batch's."""
     validate(cfg)
@@ -161,6 +174,7 @@ def inspect(cfg: Config, array: str = "") -> str:
         f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
         f"{layout.shape.size} {layout.device.platform} device(s)",
         *(f"note: {note}" for note in spec.axis_notes()),  # as train's first line says them
+        *kernel_lines(cfg, layout),
         "",
         format_table(rows),
         "",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jax
 
-from shardbench import cluster
+from shardbench import cluster, models
 from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.errors import ConfigError, FileFault
@@ -59,7 +59,7 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None) -> None:
         except (ValueError, ConfigError) as err:
             raise ConfigError(f"--resume: {saved_path} is unreadable ({err}); start a new run with another "
                               f"--out") from None
-        current = config_lib.flatten(cfg)
+        saved, current = as_before_auto_layout(saved, cfg), config_lib.flatten(cfg)
         inert = inert_fields(cfg)  # never read by this configuration, nor by the saved one where all else agrees
         diffs = [k for k in current if k not in config_lib.REPORTING_ONLY and k not in inert
                  and saved.get(k) != current[k]]
@@ -74,6 +74,16 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None) -> None:
             check_same_model(cfg, out, spec)
     elif out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
+
+
+def as_before_auto_layout(saved: dict[str, object], cfg: Config) -> dict[str, object]:
+    """`saved` (a flattened config.json) as a run under this version would have saved it: --model.qkv-layout's
+    default was fused until auto came (2026-11-27, run record schema 8), so a run saved with fused resumes under
+    auto where auto runs fused for it here (`models.qkv_layout_ran`): the same projection, parameters and sums."""
+    if (saved.get("model.qkv_layout") == "fused" and cfg.model.qkv_layout == "auto"
+            and models.qkv_layout_ran(cfg) in (None, "fused")):
+        return {**saved, "model.qkv_layout": "auto"}
+    return saved
 
 
 def model_record(cfg: Config, spec: ModelSpec) -> dict[str, object] | None:

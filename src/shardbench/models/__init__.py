@@ -124,10 +124,13 @@ def attention_ran(cfg: Config) -> str | None:
 
 def qkv_layout_kind(cfg: Config, attention: str) -> str:
     """The q/k/v projection's layout for `cfg` when its blocks run `attention`: --model.qkv-layout, with auto =
-    seq-major for the models of `AUTO_SEQ_MAJOR_MODELS` when the attention is cuDNN's, else fused."""
+    seq-major for the models of `AUTO_SEQ_MAJOR_MODELS` when the attention is cuDNN's, else fused. A strategy that
+    splits the sequence (cp) runs the ring's attention instead of cuDNN's: fused there, as nothing measured it."""
     if cfg.model.qkv_layout != "auto":
         return cfg.model.qkv_layout
-    return "seq-major" if attention == CUDNN and cfg.model.kind in AUTO_SEQ_MAJOR_MODELS else "fused"
+    splits_sequence = "cp" in cfg.parallel.strategy.split("+")
+    seq_major = attention == CUDNN and cfg.model.kind in AUTO_SEQ_MAJOR_MODELS and not splits_sequence
+    return "seq-major" if seq_major else "fused"
 
 
 def qkv_layout_ran(cfg: Config) -> str | None:

@@ -126,6 +126,18 @@ def _value(value: object) -> str:
     return "(default)" if value == "" else str(value)
 
 
+# Settings whose `auto` a run resolves on its devices, and the record's field that says what it ran.
+RESOLVED_IN_RECORD = {"model.attention": "attention", "model.qkv_layout": "qkv_layout"}
+
+
+def _named_setting(run: ReportedRun, key: str) -> str:
+    """A run's setting as the report names it: an `auto` with what the run's record says it ran ('auto
+    (seq-major)'), where the record keeps it."""
+    value = run.settings.get(key)
+    ran = getattr(run.m, RESOLVED_IN_RECORD[key], None) if key in RESOLVED_IN_RECORD and value == "auto" else None
+    return f"{_value(value)} ({ran})" if ran else _value(value)
+
+
 def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     """What the records show differs between `run` and `fastest`, as facts: none of it is a measured cause. Every
     setting whose value differs (NOISE left out), the device count where the settings do not show it, the
@@ -134,7 +146,7 @@ def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     MiB cost next to nothing)."""
     mine, theirs = run.settings, fastest.settings
     keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
-    out = [f"{k} {_value(mine.get(k))} against {_value(theirs.get(k))}" for k in keys]
+    out = [f"{k} {_named_setting(run, k)} against {_named_setting(fastest, k)}" for k in keys]
     if (run.devices or 1) != (fastest.devices or 1) and "parallel.devices" not in keys:
         out.append(f"{run.devices or 1} device(s) against {fastest.devices or 1}")
     if (run.m.processes or 1) != (fastest.m.processes or 1):  # not a setting: the launch's (or the sweep's)

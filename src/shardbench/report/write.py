@@ -19,7 +19,7 @@ from shardbench.prices import PriceTable
 from shardbench.report import html as html_page
 from shardbench.report import plan_chart, plots, runs_csv
 from shardbench.report.content import (
-    COLUMNS, INCOMPLETE, NOISE, ReportContent, ReportedRun, reported, setting_text, shown,
+    COLUMNS, INCOMPLETE, NOISE, Column, ReportContent, ReportedRun, reported, setting_text, shown,
 )
 from shardbench.report.cost import cost_note, with_costs
 from shardbench.report.findings import explain
@@ -227,18 +227,24 @@ class ReportPaths:
     differing: tuple[str, ...] = ()  # runs that should be the same computation but whose losses differ
 
 
-TABLE_NOTE = ("Throughput is the global batch over the median step, the same steady state as step time and MFU "
-              "(the wall-clock rate, data loading and checkpoints included but not the train step's compilation, "
-              "is the record's measurements.throughput.wall_examples_per_s). Byte figures are per device; comms are "
-              "the bytes each device sends per training step on a ring, counted from the compiled step "
-              "(\"payload\": the collectives' buffers, from a record written before bytes sent were kept). "
-              "Memory/device is the "
-              "runtime peak where the backend reports one (\"peak\"), else XLA's "
-              "compiled total: arguments + outputs − aliased + temporaries (\"compiled\"). Epoch time is the mean "
-              "wall time per whole epoch, data loading included, evaluation excluded ('–' for a run that trained "
-              "only part of one; the epoch chart projects it). \"Predicted\" columns, where present, are the "
-              "planner's predictions of the same runs (`shardbench plan --validate`'s, or those `shardbench tune` "
-              "chose them by).")
+def table_note(columns: tuple[Column, ...] | list[Column], runs: list[ReportedRun]) -> str:
+    """The note under the runs table: what its figures are, for the columns and labels it shows."""
+    keys = {c.key for c in columns}
+    note = ("Throughput is the global batch over the median step, the same steady state as step time and MFU "
+            "(the wall-clock rate, data loading and checkpoints included but not the train step's compilation, "
+            "is the record's measurements.throughput.wall_examples_per_s). Byte figures are per device; comms are "
+            "the bytes each device sends per training step on a ring, counted from the compiled step")
+    if any(r.comms and not r.comms_sent for r in runs):
+        note += " (\"payload\": the collectives' buffers, from a record written before bytes sent were kept)"
+    note += (". Memory/device is the runtime peak where the backend reports one (\"peak\"), else XLA's compiled "
+             "total: arguments + outputs − aliased + temporaries (\"compiled\").")
+    if "epoch_s" in keys:
+        note += (" Epoch time is the mean wall time per whole epoch, data loading included, evaluation excluded "
+                 "('–' for a run that trained only part of one; the epoch chart projects it).")
+    if keys & {"step_ms_predicted", "mem_mib_predicted"}:
+        note += (" \"Predicted\" columns are the planner's predictions of the same runs (`shardbench plan "
+                 "--validate`'s, or those `shardbench tune` chose them by).")
+    return note
 
 
 def wall_note(runs: list[ReportedRun]) -> str:
@@ -335,9 +341,11 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
                       f"`shardbench sweep --out {sweep_dir} --resume`") + " finishes it.")
     charts, omitted = plots.write_charts(runs, out)
     charts += plan_chart.write_chart(runs, out)  # where the planner predicted these runs
+    columns = shown(COLUMNS, runs)
     content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
-                            columns=shown(COLUMNS, runs), swept=swept, findings=explain(runs, swept),
-                            charts=charts, table_note=TABLE_NOTE + wall_note(runs) + cost_note(runs, prices) + runs_csv.NOTE,
+                            columns=columns, swept=swept, findings=explain(runs, swept), charts=charts,
+                            table_note=table_note(columns, runs) + wall_note(runs) + cost_note(runs, prices)
+                            + runs_csv.NOTE,
                             omitted=tuple(omitted), base=meta.get("base") or {})
     markdown, page = out / "report.md", out / "report.html"
     markdown.write_text(render_markdown(content), encoding="utf-8")
