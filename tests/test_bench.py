@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -221,10 +223,10 @@ def test_the_baselines_are_refused_a_model_they_do_not_build(monkeypatch) -> Non
     in the step group, in one line naming what differs, and allowed in the groups that time shardbench alone."""
     from shardbench.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"not this model \(--model.stem conv, --model.pool sequence\)") as err:
+    with pytest.raises(ConfigError, match=r"not this one \(--model.stem conv, --model.pool sequence, ") as err:
         _planned(monkeypatch, "cpu", "--preset", "vit-cifar-cct")
     assert "\n" not in str(err.value)
-    with pytest.raises(ConfigError, match=r"not this model \(--model.pool mean\)"):
+    with pytest.raises(ConfigError, match=r"not this one \(--model.pool mean\)"):
         _planned(monkeypatch, "cpu", "--set", "model.pool=mean", "--groups", "step")
     _, groups = _planned(monkeypatch, "cpu", "--preset", "vit-cifar-spt", "--groups", "batch",
                           "--batch-size", "96", "--batches", "48,96")
@@ -414,3 +416,120 @@ def test_set_refuses_what_the_step_group_sets_per_setting(monkeypatch, key: str,
     with pytest.raises(ConfigError, match=rf"^--set {key}: .* use {flag}") as err:
         _planned(monkeypatch, "cpu", "--groups", "batch,remat", "--set", key)
     assert "\n" not in str(err.value)
+
+
+def test_the_baselines_are_refused_a_step_with_a_recipe_they_do_not_run(monkeypatch) -> None:
+    """vit-cifar is the seed's ViT, but its step adds stochastic depth, mixing, TrivialAugment and label smoothing,
+    none of which the baselines run: refused in the step group, naming each, and the presets offered instead are
+    ones the step group takes."""
+    from shardbench.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        _planned(monkeypatch, "cpu", "--preset", "vit-cifar", "--groups", "step")
+    said = str(err.value)
+    assert ("not this one (--model.drop-path 0.1, --data.mixup 1, --data.cutmix 0.5, --data.trivial-augment, "
+            "--train.label-smoothing 0.1)") in said and "\n" not in said
+    offered = said.rsplit("(", 1)[1].rstrip(")").split(", ")
+    assert "vit-seed" in offered and "vit-cifar" not in offered
+    for preset in offered:
+        _planned(monkeypatch, "cpu", "--preset", preset, "--groups", "step", "--batch-size", "8")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--baselines", "seed-style,seed-style"], "--baselines 'seed-style,seed-style' names seed-style twice"),
+    (["--dtype", "float32,float32", "--batch-size", "8"], "names float32 b8 twice"),
+    (["--groups", "batch", "--batches", "8,8"], "--batches '8,8' names 8 twice"),
+    (["--groups", "step,step"], "--groups 'step,step' names step twice"),
+    (["--dtype", "float16", "--batch-size", "8"], "--dtype float16: the seed-style baseline's matmuls cannot run "
+                                                  "in float16 on a CPU"),
+    (["--peak-size", "1000000"], "--peak-size 1000000: give a side from 1 to 32,768"),
+    (["--windows", "0"], "--windows 0: give a whole number >= 1"),
+    (["--warmup", "-1"], "--warmup -1: give a whole number >= 0"),
+    (["--steps-per-window", "-2"], "--steps-per-window -2: give a whole number >= 0"),
+])
+def test_bench_refuses_in_one_line_what_would_fail_or_mislead_after_the_compiles(monkeypatch, argv: list[str],
+                                                                                   says: str) -> None:
+    """Each of these ran every compile first: repeated names timed twice under one label (tables mixing them,
+    a ratio against the wrong row), float16 failed the seed-style baseline on a CPU, a huge peak ran out of
+    memory; and the counts' refusal named none of the three flags."""
+    from shardbench.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        _planned(monkeypatch, "cpu", *argv)
+    assert says in str(err.value) and "\n" not in str(err.value)
+    _planned(monkeypatch, "cpu", "--dtype", "float16", "--batch-size", "8", "--baselines", "pytorch-eager")
+
+
+def test_a_bench_out_folder_holding_an_earlier_bench_is_refused(tmp_path: Path) -> None:
+    """Its bench.json and bench.md would have stood beside this run's log as if they were this run's."""
+    (tmp_path / "bench.json").write_text("{}")
+    done = subprocess.run([sys.executable, "-m", "shardbench", "bench", "--out", str(tmp_path), *TINY],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (f"shardbench: error: --out {tmp_path} already holds a bench "
+                                                    f"(bench.json): choose another --out, or remove it")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
+
+
+def test_torch_compiles_cold_in_a_worker() -> None:
+    """JAX's persistent cache is off in a worker, so the first step's compile is cold; inductor's on-disk cache
+    served torch.compile's from an earlier run's compile."""
+    for alloc in ("train", "other", "tuned", "default"):
+        assert bench_cmd.worker_environ(alloc)["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] == "1"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_bench_and_its_workers_and_the_files_say_so(tmp_path: Path) -> None:
+    """SIGTERM to bench alone (a scheduler's, `timeout`'s): it ended at once and its workers ran on as orphans,
+    one for 200 s. Now: exit 143, no worker left, and bench.json and bench.md keep the step group and say the
+    pipeline group did not finish."""
+    proc = _bench(tmp_path, "--groups", "step,pipeline", "--baselines", "seed-style", *TINY,
+                  "--pipeline-seconds", "300")  # the pipeline group outlasts the signal
+    assert proc.stdout is not None
+    workers: list[int] = []
+    try:
+        for line in proc.stdout:
+            if line.strip().startswith("host pipeline: preparing"):
+                deadline = time.monotonic() + 30
+                while not workers and time.monotonic() < deadline:
+                    workers = _children(proc.pid)
+                    time.sleep(0.1)
+                break
+        else:
+            pytest.fail(f"bench ended before its pipeline group: {proc.wait()} {proc.stderr.read()[-2000:]}")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)  # read on: a full stdout pipe would hold its exit
+        assert proc.returncode == 143, err[-2000:]
+    finally:
+        proc.kill()
+    assert workers, "no worker process found"
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid) for pid in workers):
+        assert time.monotonic() < deadline, f"workers still running: {workers}"
+        time.sleep(0.2)
+    assert "stopped (SIGTERM)" in err
+    record = json.loads((tmp_path / "bench.json").read_text())
+    assert record["finished"] is False and record["stopped"] == "SIGTERM" and record["groups"] == ["step", "pipeline"]
+    assert {r["group"] for r in record["cases"]} == {"step"}
+    page = (tmp_path / "bench.md").read_text()
+    assert "**Not finished (stopped by SIGTERM):** the group(s) pipeline did not run to their end" in page
+    assert "| shardbench | float32 |" in page  # the step group's table stays
+
+
+def _state(pid: int) -> str:
+    try:
+        return {"Z": "zombie"}.get(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0], "running")
+    except OSError:
+        return "zombie"

@@ -26,7 +26,7 @@ from typing import IO
 
 from shardbench import cluster
 from shardbench.errors import DEBUG_ENV, ConfigError
-from shardbench.subprocs import dies_with_parent, kill_group
+from shardbench.subprocs import kill_group, start
 
 LAUNCHABLE = ("train",)
 JOIN_FLAGS = ("--coordinator", "--num-processes", "--process-id")  # launch's to set, each process its own
@@ -203,9 +203,9 @@ def run(args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         for i in range(n):
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                    env=child_environ(i, n, port, args.devices_per_process, args.join_timeout),
-                                    start_new_session=True, preexec_fn=dies_with_parent())
+            proc = start(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                         env=child_environ(i, n, port, args.devices_per_process, args.join_timeout),
+                         start_new_session=True)
             child = Child(i, proc)
             prefix = f"[p{i}] ".encode()
             assert proc.stdout is not None and proc.stderr is not None

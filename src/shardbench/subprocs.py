@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 KILL_GRACE_S = 5.0
 
@@ -29,9 +32,28 @@ def _die_with_parent() -> None:
         _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def dies_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` that ties the child's life to this process (Linux), or None where that is not possible."""
-    return _die_with_parent if _PRCTL is not None else None
+# The signals that stop a command (Ctrl-C, SIGTERM), held back while `start` forks a child.
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _child_setup() -> None:
+    """In the child before exec: it dies with its parent, and takes the stop signals that `start` held back in the
+    parent (a child inherits the parent's signal mask, through exec too)."""
+    _die_with_parent()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def start(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """`subprocess.Popen(argv, **kwargs)` for a child that cannot outlive this process (Linux). Ctrl-C and SIGTERM
+    are held back while it forks: one that landed in Python's own after-fork hooks (logging's lock release) raised
+    KeyboardInterrupt or `Terminated` there, where Python prints the exception and drops it, and the command went on
+    as if never stopped (seen: a bench that ran on after its SIGTERM). Held, the signal is delivered once
+    the child has started, in the caller's code, where it stops the command."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return subprocess.Popen(argv, preexec_fn=_child_setup, **kwargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
@@ -47,3 +69,31 @@ def kill_group(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> 
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached a command (a sweep, tune, bench): stopped as Ctrl-C stops it (what it finished kept, the
+    way on said), exit 143."""
+
+
+@contextlib.contextmanager
+def terminated_as_interrupt() -> Iterator[None]:
+    """Meanwhile SIGTERM (a scheduler's or `kill`'s) stops the command as Ctrl-C does (its default ended the
+    process silently: a sweep without the line that says how to resume, a bench with its workers running on).
+    Only the main thread can."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_code(err: KeyboardInterrupt) -> int:
+    return 143 if isinstance(err, Terminated) else 130

@@ -23,8 +23,10 @@ On a GPU or TPU the defaults are trimmed to finish in under 10 minutes on one H1
 
 Prints the tables and writes <out>/bench.json and <out>/bench.md, both rewritten after each group (a run that is
 stopped keeps the groups it finished). Exit status: 1 when any case errored or timed out (named on stderr in one
-line; its row says why, and the files are written), 2 for a bad flag or configuration, 0 otherwise (a PyTorch
-baseline skipped because torch is not installed is not an error).
+line; its row says why, and the files are written), 2 for a bad flag or configuration, 6 for an --out that
+cannot be written, 130 on Ctrl-C and 143 on SIGTERM (the workers stopped with it, the groups it finished kept and
+the files saying it was stopped), 0 otherwise (a PyTorch baseline skipped because torch is not installed is not an
+error).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from shardbench.bench.tables import busy_host, render
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.parsing import override
 from shardbench.presets import PRESETS, get_preset
+from shardbench.subprocs import interrupted_code, start, terminated_as_interrupt
 
 GROUPS = ("step", "batch", "layers", "remat", "pipeline", "alloc")
 SCALING_WINDOWS = 3  # timed windows of the groups other than step
@@ -96,7 +99,8 @@ def add_parser(subparsers: Any) -> None:
                         f"{','.join(DEFAULT_BASELINES)}; pytorch-reduce-overhead is torch.compile with "
                         f"mode='reduce-overhead', CUDA graphs on a GPU)")
     p.add_argument("--peak-size", type=int, default=0,
-                   help="side of the matmul-peak matrices (default 0: 4096 on CPU, 8192 on accelerators)")
+                   help=f"side of the matmul-peak matrices (default 0: 4096 on CPU, 8192 on accelerators; at most "
+                        f"{MAX_PEAK_SIZE:,})")
     p.add_argument("--pipeline-seconds", type=float, default=5.0, help="how long to run the host pipeline")
     p.add_argument("--batches", default="",
                    help="batch sizes of the batch group (default: 64,256 on a CPU, 256 on an accelerator; the step "
@@ -105,7 +109,7 @@ def add_parser(subparsers: Any) -> None:
                    help="depths of the layers group (default: 6,12,24 on a CPU; 6,12 on an accelerator, where the "
                         "24-layer unrolled compile did not finish within a 10-minute run on an H100: pass --layers "
                         "6,12,24 to run it)")
-    p.add_argument("--matmul-precision", default="", choices=["", *config_lib.MATMUL_PRECISIONS],
+    p.add_argument("--matmul-precision", default=None, type=_matmul_precision,
                    metavar="|".join(config_lib.MATMUL_PRECISIONS),
                    help="float32 matmul arithmetic of both sides (default: the preset's, 'default'): default or high "
                         "= TF32 on an NVIDIA GPU for JAX and PyTorch alike, highest = full float32; the CPU is "
@@ -129,22 +133,52 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _ints(text: str, flag: str) -> list[int]:
+def _ints(text: str, flag: str, unique: bool = False) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise ConfigError(f"{flag} '{text}' is not a comma list of integers, e.g. 32,64,128") from None
     if not values or min(values) <= 0:
         raise ConfigError(f"{flag} '{text}' needs positive integers, e.g. 32,64,128")
+    if unique:
+        _once(values, flag, text)
     return values
 
 
-def unlike_the_baselines(model: config_lib.ModelConfig) -> list[str]:
-    """The vit options that make a model other than the one the baselines build (seed-style nnx and PyTorch
-    implement the seed's ViT only), as flags."""
-    return [flag for flag, on in ((f"--model.stem {model.stem}", model.stem != "patch"),
-                                  (f"--model.pool {model.pool}", model.pool != "cls"),
-                                  ("--model.lsa", model.lsa)) if on]
+def _once(values: list[Any], flag: str, text: str) -> None:
+    """Refuse a value named twice: its rows would be timed twice under one label, and the tables, which look
+    cases up by label and setting, would mix them."""
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"{flag} '{text}' names {twice} twice: name each once")
+
+
+def _matmul_precision(text: str) -> str:
+    if text not in config_lib.MATMUL_PRECISIONS:
+        raise argparse.ArgumentTypeError(f"'{text}': choose one of {', '.join(config_lib.MATMUL_PRECISIONS)}")
+    return text
+
+
+# The largest matmul-peak side taken: three float32 matrices of 32,768^2 are 12 GiB, more than a laptop holds;
+# a larger one failed only after every contender had run (out of memory, the peak's header '?').
+MAX_PEAK_SIZE = 32768
+
+
+def unlike_the_baselines(cfg: config_lib.Config) -> list[str]:
+    """The options that make a train step other than the one the baselines run (seed-style nnx and PyTorch
+    implement the seed's ViT with dropout, trained on crops and flips with plain cross-entropy), as flags:
+    another tokenizer, pooling or attention; stochastic depth; mixing, policy augmentation or label smoothing."""
+    m, d = cfg.model, cfg.data
+    return [flag for flag, on in ((f"--model.stem {m.stem}", m.stem != "patch"),
+                                  (f"--model.pool {m.pool}", m.pool != "cls"),
+                                  ("--model.lsa", m.lsa),
+                                  (f"--model.drop-path {m.drop_path:g}", m.drop_path > 0),
+                                  (f"--data.mixup {d.mixup:g}", d.mixup > 0),
+                                  (f"--data.cutmix {d.cutmix:g}", d.cutmix > 0),
+                                  ("--data.trivial-augment", d.trivial_augment),
+                                  ("--data.autoaugment", d.autoaugment),
+                                  (f"--train.label-smoothing {cfg.train.label_smoothing:g}",
+                                   cfg.train.label_smoothing > 0)) if on]
 
 
 def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
@@ -152,6 +186,7 @@ def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
     unknown = sorted(set(names) - set(allowed))
     if unknown or not names:
         raise ConfigError(f"{flag} '{text}': choose from {','.join(allowed)}")
+    _once(names, flag, text)
     return names
 
 
@@ -212,7 +247,9 @@ def settings(dtypes: str, batches: str, platform: str) -> list[tuple[str, int]]:
     if len(names) != len(sizes):
         raise ConfigError(f"--dtype '{dtypes}' and --batch-size '{batches}' pair up: give lists of the same "
                           f"length, or one value for either")
-    return list(zip(names, sizes))
+    pairs = list(zip(names, sizes))
+    _once([setting_name(d, b) for d, b in pairs], "--dtype/--batch-size", f"{dtypes} / {batches}")
+    return pairs
 
 
 def setting_name(dtype: str, batch: int) -> str:
@@ -226,10 +263,14 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     accelerator), "other" (glibc's default, as for compile-only work), or "tuned"/"default" to compare them."""
     groups = _names(args.groups, GROUPS, "--groups")
     baselines = _names(args.baselines, BASELINES, "--baselines")
-    if args.peak_size < 0:
-        raise ConfigError(f"--peak-size must be positive (or 0 for the default), got {args.peak_size}")
-    if args.warmup < 0 or args.windows < 1 or args.steps_per_window < 0:
-        raise ConfigError("--warmup must be >= 0, --windows >= 1 and --steps-per-window >= 0 (0 = auto)")
+    if not 0 <= args.peak_size <= MAX_PEAK_SIZE:
+        raise ConfigError(f"--peak-size {args.peak_size}: give a side from 1 to {MAX_PEAK_SIZE:,} (0: the default, "
+                          f"4096 on a CPU, 8192 on an accelerator)")
+    for flag, value, least, what in (("--warmup", args.warmup, 0, ">= 0"), ("--windows", args.windows, 1, ">= 1"),
+                                     ("--steps-per-window", args.steps_per_window, 0, ">= 0 (0: enough steps for "
+                                                                                      "--min-window-s)")):
+        if value < least:
+            raise ConfigError(f"{flag} {value}: give a whole number {what}")
     _seconds(args)
     from shardbench.tasks import validate  # imports JAX: not at the top, which the CLI's parser loads
 
@@ -242,11 +283,19 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     pairs = settings(args.dtype, args.batch_size, where)
     extra = _extra(args.set)
     _refuse_owned(extra)
-    own = unlike_the_baselines(override(get_preset(args.preset), extra).model)
+    own = unlike_the_baselines(override(get_preset(args.preset), extra))
     if own and "step" in groups:
-        raise ConfigError(f"--preset {args.preset}: the step group's baselines build the seed's ViT (patch stem, "
-                          f"class token, plain attention), not this model ({', '.join(own)}): leave step out of "
-                          f"--groups, or bench a preset with the seed's model (vit-seed, vit-cifar)")
+        seeds = ", ".join(n for n, make in PRESETS.items() if make().model.kind == "vit"
+                          and not unlike_the_baselines(make()))
+        raise ConfigError(f"--preset {args.preset}: the step group's baselines run the seed's ViT step (patch "
+                          f"stem, class token, plain attention, no stochastic depth, crops and flips, plain "
+                          f"cross-entropy), not this one ({', '.join(own)}): leave step out of --groups, or bench "
+                          f"a preset with the seed's step ({seeds})")
+    if "step" in groups and "seed-style" in baselines and where == "cpu" and any(
+            d == "float16" for d, _ in pairs):
+        raise ConfigError("--dtype float16: the seed-style baseline's matmuls cannot run in float16 on a CPU "
+                          "(XLA's CPU dot takes bfloat16 and float32): use bfloat16, or leave seed-style out of "
+                          "--baselines")
     if args.matmul_precision:
         if extra.get("precision.matmul_precision", args.matmul_precision) != args.matmul_precision:
             raise ConfigError(f"--matmul-precision {args.matmul_precision} and --set precision.matmul_precision="
@@ -260,8 +309,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     args.matmul_precision = override(get_preset(args.preset), extra).precision.matmul_precision
     defaults = CPU_DEFAULTS if where == "cpu" else ACCELERATOR_DEFAULTS
     args.trimmed = trimmed(args, groups, where)
-    batches = _ints(args.batches or defaults["batches"], "--batches")
-    depths = _ints(args.layers or defaults["layers"], "--layers")
+    batches = _ints(args.batches or defaults["batches"], "--batches", unique=True)
+    depths = _ints(args.layers or defaults["layers"], "--layers", unique=True)
     # Each batch and depth as the run would take it, in one line now, not a case that errors (a batch of 3e9
     # allocated 8 TiB) after the others ran.
     for key, values, group, flag in (("train.batch_size", batches, "batch", "--batches"),
@@ -349,7 +398,9 @@ def matmul_summary(matmul_precision: str, where: str) -> str:
 
 def worker_environ(alloc: str) -> dict[str, str]:
     """A worker's environment: this one, with the allocator `alloc` names (see `plan`)."""
-    base = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # several workers may share one GPU
+    # Several workers may share one GPU. torch.compile's first step is timed cold, as JAX's is (the worker turns
+    # JAX's persistent cache off): inductor's on-disk cache served it from an earlier run's compile.
+    base = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
     if alloc == "tuned":
         return malloc.tuned_environ(base, "compared with glibc's default")
     if alloc == "default":
@@ -365,7 +416,9 @@ class Worker:
         log.write(f"\n=== {entry['label']}: {entry['case']} {json.dumps(entry['kwargs'])}\n")
         log.flush()
         self.timeout = timeout
-        self.proc = subprocess.Popen(
+        # A worker dies with the bench (PR_SET_PDEATHSIG): one mid-compile or mid-window would otherwise run on
+        # as an orphan, holding the CPU or the GPU, until its command ended.
+        self.proc = start(
             [sys.executable, "-m", "shardbench.bench.worker", entry["case"], json.dumps(entry["kwargs"])],
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
         )
@@ -417,13 +470,12 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: 
     try:
         for i, entry in enumerate(entries):
             say(f"  {entry['label']}: preparing ...")
-            worker = Worker(entry, log, entry.get("timeout", args.timeout))
+            worker = workers[i] = Worker(entry, log, entry.get("timeout", args.timeout))  # stopped with the rest
             answer = worker.read()
             if "ready" in answer:
-                workers[i] = worker
                 results[i] = {**answer["ready"], "rates": []}
                 continue
-            worker.close()
+            workers.pop(i).close()
             results[i] = answer.get("result", answer)
             say(f"  {entry['label']}: {_note(results[i])}")
         spw: dict[int, int] = {}
@@ -454,6 +506,11 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: 
                 f"{entries[i]['label']} {results[i]['rates'][-1]:,.4g}" for i in order if i in workers))
         for i, worker in workers.items():
             results[i]["peak_bytes"] = worker.ask("memory").get("peak_bytes")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the workers now, not at the end of their compile or window
+        for worker in workers.values():
+            worker.proc.kill()
+            worker.proc.wait()
+        raise
     finally:
         for worker in workers.values():
             worker.close()
@@ -498,7 +555,10 @@ def run(args: argparse.Namespace) -> int:
     where = malloc.target_platform(os.environ)
     out = Path(args.out or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     writable_dir(out, "--out", create=False)
+    if (out / "bench.json").exists():  # an earlier bench's tables beside this one's log would read as this run's
+        raise ConfigError(f"--out {out} already holds a bench (bench.json): choose another --out, or remove it")
     out.mkdir(parents=True, exist_ok=True)
+    args.groups_planned = [group for group, _ in planned]
     cases: list[dict[str, Any]] = []
     started = time.perf_counter()
     print(f"matmul precision {args.matmul_precision}: {matmul_summary(args.matmul_precision, where)}", flush=True)
@@ -508,21 +568,15 @@ def run(args: argparse.Namespace) -> int:
     busy = busy_host(info)
     if busy:
         print(f"warning: {busy}", file=sys.stderr, flush=True)
-    with (out / "bench.log").open("w") as log:
-        for group, entries in planned:
-            setting = entries[0].get("setting") if entries else None
-            print(f"{group}{f' ({setting})' if setting else ''}: {len(entries)} case(s)", flush=True)
-            t0 = time.perf_counter()
-            # The headline group gets the full timing; the scaling groups compare shardbench with itself.
-            full = group == "step"
-            results = run_pool(entries, args, log, lambda line: print(line, flush=True),
-                               warmup=args.warmup if full else min(args.warmup, 1),
-                               windows=args.windows if full else min(args.windows, SCALING_WINDOWS))
-            for entry, result in zip(entries, results):
-                cases.append({"group": group, **{k: entry[k] for k in ("label", "case", "kwargs")},
-                              "setting": entry.get("setting"), "result": result})
-            write_files(out, bench_record(args, info, cases, started))
-            print(f"{group}: {time.perf_counter() - t0:.0f} s", flush=True)
+    with (out / "bench.log").open("w") as log, terminated_as_interrupt():
+        try:
+            run_groups(planned, args, log, cases, out, info, started)
+        except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: the workers are stopped (`run_pool`); say what ran
+            how = "SIGTERM" if interrupted_code(err) == 143 else "Ctrl-C"
+            write_files(out, bench_record(args, info, cases, started, stopped=how))
+            print(f"shardbench bench: stopped ({how}); {out / 'bench.json'} and bench.md hold the groups that "
+                  f"finished", file=sys.stderr, flush=True)
+            return interrupted_code(err)
     record = bench_record(args, info, cases, started)
     text = write_files(out, record)
     print("\n" + text)
@@ -535,9 +589,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_groups(planned: list[tuple[str, list[Entry]]], args: argparse.Namespace, log: IO[str],
+               cases: list[dict[str, Any]], out: Path, info: dict[str, Any], started: float) -> None:
+    """Run each planned group in turn, adding its results to `cases` and rewriting the files after it."""
+    for group, entries in planned:
+        setting = entries[0].get("setting") if entries else None
+        print(f"{group}{f' ({setting})' if setting else ''}: {len(entries)} case(s)", flush=True)
+        t0 = time.perf_counter()
+        # The headline group gets the full timing; the scaling groups compare shardbench with itself.
+        full = group == "step"
+        results = run_pool(entries, args, log, lambda line: print(line, flush=True),
+                           warmup=args.warmup if full else min(args.warmup, 1),
+                           windows=args.windows if full else min(args.windows, SCALING_WINDOWS))
+        for entry, result in zip(entries, results):
+            cases.append({"group": group, **{k: entry[k] for k in ("label", "case", "kwargs")},
+                          "setting": entry.get("setting"), "result": result})
+        write_files(out, bench_record(args, info, cases, started))
+        print(f"{group}: {time.perf_counter() - t0:.0f} s", flush=True)
+
+
 def bench_record(args: argparse.Namespace, info: dict[str, Any], cases: list[dict[str, Any]],
-                 started: float) -> dict[str, Any]:
+                 started: float, stopped: str = "") -> dict[str, Any]:
+    """bench.json's content; `groups` are the groups planned, and `finished` says whether every one ran to its
+    end (rewritten after each group, so a file read mid-run or after a stop says so), `stopped` by what."""
+    ran = {c["group"] for c in cases}
     return {"machine": info, "preset": args.preset, "dtype": args.dtype, "batch_size": args.batch_size,
+            "groups": args.groups_planned, "finished": not stopped and all(g in ran for g in args.groups_planned),
+            "stopped": stopped or None,
             "settings": [setting_name(d, b) for d, b in args.settings],
             "matmul_precision": args.matmul_precision, "trimmed": args.trimmed,
             "timing": {"warmup": args.warmup, "windows": args.windows, "steps_per_window": args.steps_per_window,

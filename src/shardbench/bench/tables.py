@@ -247,6 +247,10 @@ SECTIONS = (
 BUSY_LOAD = 0.5
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def busy_host(machine: dict[str, Any]) -> str:
     """Why the figures are not to be trusted where other processes were using the CPU when the bench started, or
     '': a shared CPU slows every contender, but not alike (PyTorch's OpenMP threads, which spin while waiting,
@@ -273,9 +277,15 @@ def render(record: dict[str, Any]) -> str:
              f"allocator: {m.get('allocator') or 'default'}"
              + (f"; load average {m['load_average']:g} at the start" if "load_average" in m else "") + ".",
              *([f"**Warning:** {busy}"] if busy else []),
-             f"Throughput: median of {t['windows']} timed windows after {t['warmup']} warm-up steps (other groups: "
-             f"at most 3 windows after 1 warm-up step); each case in its own process; within a group the "
-             f"contenders' windows alternate, round by round.", ""]
+             f"Throughput: median of {t['windows']} timed windows after {_count(t['warmup'], 'warm-up step')} "
+             f"(other groups: at most 3 windows after {_count(min(t['warmup'], 1), 'warm-up step')}); each case in "
+             f"its own process; within a group the contenders' windows alternate, round by round.", ""]
+    if not record.get("finished", True):  # records from before the mark say nothing either way
+        ran = {c["group"] for c in record.get("cases", [])}
+        missing = [g for g in record.get("groups") or [] if g not in ran]
+        why = f"stopped by {record['stopped']}" if record.get("stopped") else "still running, or stopped"
+        lines[-1:-1] = [f"**Not finished ({why}):** the group(s) {', '.join(missing) or '–'} did not run to their "
+                        f"end; the tables hold the groups that did."]
     for note in record.get("trimmed") or []:
         lines.insert(-1, f"Trimmed on an accelerator: {note}.")
     for group, title, fn in SECTIONS:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shardbench import malloc
-from shardbench.subprocs import dies_with_parent, kill_group
+from shardbench.subprocs import kill_group, start
 
 Job = dict[str, Any]  # {name, config (flattened), link_span, topology?}
 
@@ -71,9 +71,9 @@ def compile_all(jobs: list[Job], workers: int, on_result: Callable[[dict[str, An
         try:
             # The child's stderr goes to a file: a pipe nobody reads until the end could fill and stall it.
             with tempfile.TemporaryFile(mode="w+") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "shardbench.plan.compile"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=log, text=True, env=_environ(share[0]),
-                                        start_new_session=True, preexec_fn=dies_with_parent())
+                proc = start([sys.executable, "-m", "shardbench.plan.compile"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=log, text=True, env=_environ(share[0]),
+                             start_new_session=True)
                 try:
                     assert proc.stdin is not None and proc.stdout is not None
                     proc.stdin.write(json.dumps(share))

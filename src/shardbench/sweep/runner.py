@@ -4,7 +4,6 @@ the moment its process ends, one progress line per run and a table at the end.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -14,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -23,7 +22,7 @@ from shardbench import config as config_lib
 from shardbench.parsing import from_dict
 from shardbench.report.terminal import progress_line, summary_table
 from shardbench.store import RunRow, Store
-from shardbench.subprocs import dies_with_parent, kill_group
+from shardbench.subprocs import Terminated, interrupted_code, kill_group, start
 from shardbench.sweep.grid import PlannedRun, Sweep, field_kind, run_config
 from shardbench.sweep.memory import (
     PeakMemory,
@@ -144,9 +143,8 @@ def run_process(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str,
     started, t0 = time.time(), time.perf_counter()
     lines: list[str] = []
     with open(log_path, "wb", buffering=0) as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **(env or {})}, start_new_session=True,
-                                preexec_fn=dies_with_parent())
+        proc = start(cmd, stdout=log, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                     env={**os.environ, **(env or {})}, start_new_session=True)
         assert proc.stderr is not None
         reader = threading.Thread(target=_tee, args=(proc.stderr, log, lines), daemon=True)
         reader.start()
@@ -268,33 +266,6 @@ def refused_row(sweep: Sweep, run: PlannedRun, why: str) -> RunRow:
     now = time.time()
     return RunRow(run.name, "failed", "config", _one_line(f"refused before running: {why}"), run.overrides,
                   run_config(sweep.base_preset, run), None, now, now, 0.0)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM reached the sweep: stopped as Ctrl-C stops it (its runs recorded so far kept, the way on said),
-    exit 143."""
-
-
-@contextlib.contextmanager
-def terminated_as_interrupt() -> Iterator[None]:
-    """While the sweep runs, SIGTERM (a scheduler's or `kill`'s) stops it as Ctrl-C does: it ended it silently,
-    without the line that says how many runs are recorded and how to resume. Only the main thread can."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def interrupted_code(err: KeyboardInterrupt) -> int:
-    return 143 if isinstance(err, Terminated) else 130
 
 
 def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], None] = print,

@@ -23,8 +23,9 @@ from shardbench.parsing import override
 from shardbench.presets import PRESETS, get_preset
 from shardbench.prices import prices_from_flag
 from shardbench.store import Store
+from shardbench.subprocs import interrupted_code, terminated_as_interrupt
 from shardbench.sweep import slurm as slurm_lib
-from shardbench.sweep import runner, slurm_options
+from shardbench.sweep import slurm_options
 from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep, run_config, stored_sweep
 from shardbench.sweep.preflight import refusals
 from shardbench.sweep.runner import Options, check_process_split, has_field, run_sweep
@@ -350,7 +351,7 @@ def _stored_slurm(args: argparse.Namespace) -> dict[str, Any] | None:
 def run(args: argparse.Namespace) -> int:
     """Run the sweep `args` describe: 0 when every run completed, 1 when any failed (each is recorded); 2, 4
     or 6 for bad input (a setting, a file, a path); 130 on Ctrl-C, 143 on SIGTERM."""
-    with runner.terminated_as_interrupt():
+    with terminated_as_interrupt():
         return _run(args)
 
 
@@ -431,4 +432,4 @@ def _run(args: argparse.Namespace) -> int:
         return report(err)
     except KeyboardInterrupt as err:
         print("shardbench: sweep interrupted", file=sys.stderr)
-        return runner.interrupted_code(err)
+        return interrupted_code(err)

@@ -397,7 +397,7 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace, tuning: Tuning, resume: bool) -> int:
     """Measure the chosen layouts as a sweep (with `resume`, those its store has not recorded), then the verdict
     (`report.finish`). An interrupted sweep says how to finish it."""
-    from shardbench.sweep.runner import terminated_as_interrupt
+    from shardbench.subprocs import terminated_as_interrupt
     from shardbench.tune import report
 
     sweep, tuning.runs = make_tune_sweep(tuning.cfg, tuning.chosen, tuning.target.devices, args.measure_steps)
