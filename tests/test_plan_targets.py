@@ -252,3 +252,20 @@ def test_the_layout_flags_a_plan_or_tune_does_not_read_are_named() -> None:
         "(--candidates names the strategies)",
         "--devices does nothing with --target 8xh100: it has 8 device(s)"]
     assert cpu.devices == 4 and ignored_layout_notes({"parallel.devices", "model.remat"}, cpu, "plan") == []
+
+
+def test_a_gpu_plan_says_it_does_not_model_cudnn_attention_where_auto_would_run_it() -> None:
+    """On an NVIDIA GPU `auto` runs cuDNN's attention for the vit and the lm in 16 bits (0.30x lm-seed's step at
+    sequence 1024 on an H100), which the planner, compiling elsewhere and fitted to XLA's attention, leaves out: the
+    plan says so there, and nowhere else (float32, XLA's attention named, the mlp, another platform)."""
+    from shardbench.parsing import override
+    from shardbench.plan.build import unmodelled_attention
+    from shardbench.presets import get_preset
+
+    lm = override(get_preset("lm-seed"), {"precision.dtype": "bfloat16"})
+    said = unmodelled_attention(lm, "gpu")
+    assert len(said) == 1 and said[0].startswith("attention: cuDNN's, which --model.attention auto runs for the lm")
+    assert unmodelled_attention(override(get_preset("vit-seed"), {"precision.dtype": "bfloat16"}), "gpu")
+    for cfg, platform in ((lm, "tpu"), (lm, "cpu"), (get_preset("lm-seed"), "gpu"),
+                          (override(lm, {"model.attention": "fused"}), "gpu"), (get_preset("mlp-small"), "gpu")):
+        assert unmodelled_attention(cfg, platform) == [], (cfg.preset, platform)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from shardbench import config as config_lib
+from shardbench import models
 from shardbench.capacity import format_bytes
 from shardbench.errors import ConfigError
 from shardbench.jsonfile import write_json_atomic
@@ -21,6 +22,19 @@ from shardbench.plan.steptime import FORMULA
 from shardbench.plan.target import Target
 
 MB = 1e6
+
+
+def unmodelled_attention(cfg: config_lib.Config, platform: str) -> list[str]:
+    """Where `--model.attention auto` (or cudnn) would run cuDNN's attention on the GPU target: the planner
+    compiles the candidates elsewhere, with another attention, and its GPU defaults were fitted to runs of XLA's
+    attention and the fused q/k/v projection (benchmarks/data/h100-2026-11-24), so it says what it leaves out."""
+    if platform != "gpu" or cfg.model.attention not in ("auto", "cudnn") or models.auto_cudnn_config_problem(cfg):
+        return []
+    return [f"attention: cuDNN's, which --model.attention {cfg.model.attention} runs for the {cfg.model.kind} on an "
+            f"NVIDIA GPU, is not modelled (the GPU defaults were fitted to XLA's attention): on one H100 it ran "
+            f"lm-seed's step at sequence 1024 in 0.30x the time and a sixth of the memory, and vit-seed's bfloat16 "
+            f"b1024 step, with the seq-major q/k/v projection auto picks beside it, in about 0.83x (2026-11-27): "
+            f"expect such steps to be predicted long, and the LM's memory high"]
 
 
 class AllRefused(ConfigError):
@@ -77,6 +91,7 @@ class Plan:
             f"links: {hw.bandwidth_source}",
             f"coefficients: {k.describe()}",
         ]
+        lines += unmodelled_attention(self.cfg, hw.platform)
         if hw.platform == "gpu" and self.target.devices > 1:
             lines.append("communication: data sheet (link bandwidths, ring algorithms) and an assumed per-collective "
                          "cost; no multi-GPU run has checked it (the GPU calibration is one H100)")
