@@ -445,6 +445,22 @@ def test_a_tpu_v3_plan_lays_its_mesh_over_every_core(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not libtpu_installed(), reason="libtpu is not installed (pip install 'shardbench[tpu]'): the "
+                                                   "TPU compiler cannot be tried here")
+def test_a_plan_whose_links_are_not_timed_says_what_its_ranking_leaves_out(tmp_path: Path) -> None:
+    """The v4's data sheet gives no ICI bandwidth, so no transfer is timed: fsdp, moving twice dp's bytes over ICI,
+    was recommended as faster with no word of them. The line names the bytes the ranking left out."""
+    done, plan = _plan(tmp_path / "plan", "tpu-v4:2x2x2", "dp,fsdp")
+    moved = {c["strategy"]: c["prediction"]["comm_bytes"]["intra"] / 1e6 for c in plan["candidates"]}
+    assert moved["fsdp"] > 1.5 * moved["dp"] > 0
+    first, second = (c["strategy"] for c in plan["candidates"])
+    assert (f"; not counted: ICI transfers (no ICI bandwidth on the chip's data sheet), {moved[first]:.1f} MB for "
+            f"{first} ") in plan["recommendation"]
+    assert f"against {moved[second]:.1f} MB" in plan["recommendation"]
+    assert "an assumed 10 us per collective, unmeasured" in done.stdout
+
+
+@pytest.mark.slow
 def test_validate_predicts_a_measured_cpu_sweep(tmp_path: Path) -> None:
     """A real sweep of one MLP at three batch sizes on 8 simulated devices: the planner recompiles each run as it
     ran, so its memory is the run's compiled total exactly, and its step times rank the batches. The report then

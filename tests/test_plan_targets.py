@@ -269,3 +269,26 @@ def test_a_gpu_plan_says_it_does_not_model_cudnn_attention_where_auto_would_run_
     for cfg, platform in ((lm, "tpu"), (lm, "cpu"), (get_preset("lm-seed"), "gpu"),
                           (override(lm, {"model.attention": "fused"}), "gpu"), (get_preset("mlp-small"), "gpu")):
         assert unmodelled_attention(cfg, platform) == [], (cfg.preset, platform)
+
+
+@pytest.mark.parametrize("spec, shape", [("8xtpu-v4", "tpu-v4:2x2x2"), ("8xtpu-v5e", "tpu-v5e:2x4"),
+                                         ("2x4xtpu-v6e", "tpu-v6e:2x4"), ("16xtpu-v5p", "tpu-v5p:2x2x4")])
+def test_a_tpu_given_as_a_chip_count_is_answered_with_its_own_slice(spec: str, shape: str) -> None:
+    """The refusal spelled every TPU as ...:4x4: 16 chips for 8 asked, and 2-D for the v4, whose slices are 3-D
+    (itself refused). It names the slice of the chips asked, in the chip's own number of sides, and that is taken."""
+    from shardbench.plan.target import parse_target
+
+    with pytest.raises(ConfigError, match=f"give a TPU slice by its topology, e.g. {shape}$"):
+        parse_target(spec)
+    assert parse_target(shape).devices >= 8
+
+
+@pytest.mark.parametrize("spec, says", [("tpu-v6e:32x32", "1,024 chips, and a whole tpu-v6e pod holds 256"),
+                                        ("tpu-v4:32x16x16", "8,192 chips, and a whole tpu-v4 pod holds 4,096")])
+def test_a_slice_larger_than_its_chips_pod_is_refused(spec: str, says: str) -> None:
+    """libtpu describes any shape it is given: a 32x32 v6e (four pods) was planned and priced."""
+    from shardbench.plan.target import parse_target
+
+    with pytest.raises(ConfigError, match=f"^--target {spec}: {says}: give a slice of at most that many$"):
+        parse_target(spec)
+    parse_target(spec.split(":")[0] + (":16x16" if "v6e" in spec else ":16x16x16"))

@@ -41,6 +41,7 @@ class Chip:
     # Sides of a TPU slice's topology, in chips: 2 (AxB) where the pod is a 2-D torus, 3 (AxBxC) where it is a 3-D
     # mesh or torus; None for a GPU (no topology).
     slice_dims: int | None = None
+    pod_chips: int | None = None  # the chips of a whole pod, the largest slice; None for a GPU
 
     def peak_per_device(self, cls: str) -> float:
         """Dense FLOP/s of one JAX device in compute class `cls`: the chip's peak over its devices."""
@@ -102,36 +103,36 @@ CHIPS: tuple[Chip, ...] = (
     # JAX names it "TPU v6 lite" (or "TPU v6e"). Its slices are 2-D, 1x1 to 16x16 (the page's "2D slice shapes").
     Chip("tpu-v6e", r"\btpu v6( lite|e)\b",
          {"bf16": 918e12, "tf32": 918e12, "bf16x3": 918e12 / 3, "f32": 918e12 / 6}, 32 * GB, 1638 * GB,
-         400 * GB, None, 8, "Cloud TPU v6e system architecture", slice_dims=2),
+         400 * GB, None, 8, "Cloud TPU v6e system architecture", slice_dims=2, pod_chips=256),
     # Cloud TPU v5e: 197 TF bf16, 16 GB HBM2 at 819 GB/s, ICI 400 GB/s bidirectional per chip, 8 chips per host,
     # 2 x 100 Gb/s NICs per host (DCN), 256-chip pod (2D torus). JAX names it "TPU v5 lite" (or "TPU v5e"). Its
     # slices are 2-D, --topology AxB: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16 (the page's "2D slice shapes").
     Chip("tpu-v5e", r"\btpu v5( lite|e)\b",
          {"bf16": 197e12, "tf32": 197e12, "bf16x3": 197e12 / 3, "f32": 197e12 / 6}, 16 * GB, 819 * GB,
-         200 * GB, 2 * 12.5 * GB / 8, 8, "Cloud TPU v5e system architecture", slice_dims=2),
+         200 * GB, 2 * 12.5 * GB / 8, 8, "Cloud TPU v5e system architecture", slice_dims=2, pod_chips=256),
     # Cloud TPU v5p: 459 TF bf16, 95 GB HBM2e at 2,765 GB/s, bidirectional ICI 1,200 GB/s per chip (older versions
-    # of the page: "4,800 Gbps", which is the same 600 GB/s each way), 3D torus; 4 chips per host.
+    # of the page: "4,800 Gbps", which is the same 600 GB/s each way), 3D torus; 4 chips per host, 8,960 a pod.
     # JAX names it "TPU v5" (or "TPU v5p"); "TPU v5 lite" is the v5e. Its slices are 3-D, --topology AxBxC (2x2x1
     # the smallest), as MaxText's accelerator_to_spec_map spells them for libtpu ("v5:2x2x1" for v5p-8).
     Chip("tpu-v5p", r"\btpu v5p?\b(?! lite)",
          {"bf16": 459e12, "tf32": 459e12, "bf16x3": 459e12 / 3, "f32": 459e12 / 6}, 95 * GB, 2765 * GB,
-         1200 * GB / 2, None, 4, "Cloud TPU v5p system architecture", slice_dims=3),
-    # Cloud TPU v4: 275 TF bf16, 32 GiB HBM2 at 1,200 GB/s, 3D mesh/torus; 4 chips per host. The data sheet
+         1200 * GB / 2, None, 4, "Cloud TPU v5p system architecture", slice_dims=3, pod_chips=8960),
+    # Cloud TPU v4: 275 TF bf16, 32 GiB HBM2 at 1,200 GB/s, 3D mesh/torus; 4 chips per host, 4,096 chips a pod. The data sheet
     # gives no per-chip ICI bandwidth. "TPU v4 lite" (the v4i, another chip) is not a v4. Its slices are 3-D: "the
     # v4 topology is AxBxC" (Cloud TPU types and topologies; --topology 2x2x4), 2x2x1 the smallest (MaxText's
     # accelerator_to_spec_map: "v4:2x2x1" for v4-8).
     Chip("tpu-v4", r"\btpu v4\b(?! lite)",
          {"bf16": 275e12, "tf32": 275e12, "bf16x3": 275e12 / 3, "f32": 275e12 / 6}, 32 * 2**30, 1200 * GB, None,
-         None, 4, "Cloud TPU v4 system architecture", slice_dims=3),
-    # Cloud TPU v3: 123 TF bf16 per chip, 32 GiB HBM2 at 900 GB/s; Cloud TPU v2: 45 TF, 16 GiB (the TPU v2/v3
-    # documentation). Each chip has two TensorCores, each its own JAX device with half the HBM (16 GiB on v3). Both
+         None, 4, "Cloud TPU v4 system architecture", slice_dims=3, pod_chips=4096),
+    # Cloud TPU v3: 123 TF bf16 per chip, 32 GiB HBM2 at 900 GB/s, a pod of 1,024 chips (2,048 TensorCores);
+    # Cloud TPU v2: 45 TF, 16 GiB, a pod of 256 chips (512 TensorCores) (the TPU v2/v3 documentation). Each chip has two TensorCores, each its own JAX device with half the HBM (16 GiB on v3). Both
     # pods are a 2D torus ("Interconnect topology: 2D torus"), so their slices are 2-D (a v3-32 is 4x4 chips).
     Chip("tpu-v3", r"\btpu v3\b",
          {"bf16": 123e12, "tf32": 123e12, "bf16x3": 123e12 / 3, "f32": 123e12 / 6}, 32 * 2**30, 900 * GB, None,
-         None, 4, "Cloud TPU v3 documentation", devices_per_chip=2, slice_dims=2),
+         None, 4, "Cloud TPU v3 documentation", devices_per_chip=2, slice_dims=2, pod_chips=1024),
     Chip("tpu-v2", r"\btpu v2\b",
          {"bf16": 45e12, "tf32": 45e12, "bf16x3": 45e12 / 3, "f32": 45e12 / 6}, 16 * 2**30, None, None,
-         None, 4, "Cloud TPU v2 documentation", devices_per_chip=2, slice_dims=2),
+         None, 4, "Cloud TPU v2 documentation", devices_per_chip=2, slice_dims=2, pod_chips=256),
 )
 BY_NAME: dict[str, Chip] = {c.name: c for c in CHIPS}
 

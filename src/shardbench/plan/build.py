@@ -17,11 +17,16 @@ from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.candidates import Candidate, candidate_config, folded_line
 from shardbench.plan.predict import Hardware, predict
-from shardbench.plan.recommend import LINK_NAMES, Row, rank, recommendation
+from shardbench.plan.recommend import LINK_NAMES, MB, Row, rank, recommendation
 from shardbench.plan.steptime import FORMULA
 from shardbench.plan.target import Target
 
-MB = 1e6
+
+def untimed_links(hardware: dict[str, Hardware]) -> tuple[str, ...]:
+    """The links whose transfers the prediction does not time: no bandwidth on the chip's data sheet (a TPU v4's
+    ICI, say), which `machine` sets as infinite."""
+    return tuple(link for link in ("intra", "inter")
+                 if any(h.bandwidth.get(link) == float("inf") for h in hardware.values()))
 
 
 def unmodelled_attention(cfg: config_lib.Config, platform: str) -> list[str]:
@@ -230,4 +235,4 @@ def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], wo
         rows.append(Row(c, p))
     ranked = rank(rows)
     return Plan(cfg, target, hw, coefficients, "; ".join(sorted(sources)), ", ".join(sorted(compilers)) or "none",
-                ranked, elapsed, recommendation(ranked, platform), dict(folded or {}))
+                ranked, elapsed, recommendation(ranked, platform, untimed_links(hw)), dict(folded or {}))

@@ -65,9 +65,12 @@ GPU_DEFAULT = Coefficients(efficiency=0.3322, memory_efficiency=1.8498, kernel_s
                            source=f"GPU default, fitted with the CPU compiler's features to the {H100_RECORDS}; "
                                   f"communication: data sheet and an assumed 20 us per collective, no multi-GPU "
                                   f"run measured")
-# No TPU run has been measured with shardbench: the GPU's efficiencies are borrowed, and said to be.
+# No TPU run has been measured with shardbench: the GPU's efficiencies are borrowed, and said to be; its own
+# per-collective cost (10 us, ICI's) and its traffic (the TPU compiler counts bfloat16 bytes as they are) are
+# assumed, and said to be too.
 TPU_DEFAULT = replace(GPU_DEFAULT, collective_s=10e-6, low_precision_traffic=1.0,
-                      source="TPU default, assumed equal to the GPU default (no TPU run measured yet)")
+                      source="TPU default, the GPU default's efficiencies (no TPU run measured yet); "
+                             "communication: data sheet and an assumed 10 us per collective, unmeasured")
 DEFAULTS = {"cpu": CPU_DEFAULT, "gpu": GPU_DEFAULT, "tpu": TPU_DEFAULT}
 
 # Temporaries (activations) of another platform's compiler per byte of the CPU compiler's, on the same step,

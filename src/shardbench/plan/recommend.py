@@ -9,7 +9,7 @@ from shardbench.capacity import format_bytes
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.predict import Prediction
 
-GB = 1e9
+GB, MB = 1e9, 1e6  # the plan's figures are in decimal units
 LINK_NAMES = {"gpu": {"intra": "NVLink", "inter": "InfiniBand"}, "tpu": {"intra": "ICI", "inter": "DCN"},
               "cpu": {"intra": "memory copies", "inter": "memory copies"}}
 
@@ -50,8 +50,9 @@ def _headroom(value: float) -> str:
     return ">99%" if value > 0.99 else f"{value:.0%}"
 
 
-def recommendation(ranked: list[Row], platform: str) -> str:
-    """One line: the layout to use and why, against the best candidate of another layout."""
+def recommendation(ranked: list[Row], platform: str, untimed: tuple[str, ...] = ()) -> str:
+    """One line: the layout to use and why, against the best candidate of another layout. `untimed`: the links
+    whose transfers are not timed (no bandwidth on the chip's data sheet), where the two move different bytes."""
     fitting = [r for r in ranked if r.prediction and r.prediction.fits]
     predicted = [r for r in ranked if r.prediction]
     if not fitting:
@@ -81,4 +82,10 @@ def recommendation(ranked: list[Row], platform: str) -> str:
     why = (f", which spends {q.comm_share:.0%} of its step communicating over {names[link]}"
            if link and q.comm_share >= 0.05 else
            f" ({q.step_s * 1e3:.3g} ms against {p.step_s * 1e3:.3g} ms per step)")
-    return f"{line}, {q.step_s / p.step_s:.2f}x faster than {other.candidate.name}{why}"
+    line = f"{line}, {q.step_s / p.step_s:.2f}x faster than {other.candidate.name}{why}"
+    for link in untimed:
+        mine, theirs = (r.prediction.comm_bytes.get(link, 0) / MB for r in (best, other))
+        if abs(mine - theirs) > 0.05 * max(mine, theirs, 1e-9):  # the ranking leaves the difference out
+            line += (f"; not counted: {names[link]} transfers (no {names[link]} bandwidth on the chip's data "
+                     f"sheet), {mine:.1f} MB for {best.candidate.name} against {theirs:.1f} MB")
+    return line

@@ -87,6 +87,9 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
             raise ConfigError(f"--target {spec}: every side of the slice needs at least one chip")
         _check_sides(spec, chip, dims)
         chips = math.prod(dims)
+        if chip.pod_chips and chips > chip.pod_chips:  # libtpu describes any shape, a 32x32 v6e too
+            raise ConfigError(f"--target {spec}: {chips:,} chips, and a whole {chip.name} pod holds "
+                              f"{chip.pod_chips:,}: give a slice of at most that many")
         return Target(spec, chip, chips * chip.devices_per_chip, chip.devices_per_node, dims)
     found = re.fullmatch(r"(?:(\d+)x)?(\d+)x([a-z0-9\-]+)", text)
     if not found:
@@ -96,7 +99,8 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
     if nodes < 1 or per_node < 1:
         raise ConfigError(f"--target {spec}: nodes and chips per node must be at least 1")
     if name.startswith("tpu-"):
-        raise ConfigError(f"--target {spec}: give a TPU slice by its topology, e.g. {name}:4x4")
+        raise ConfigError(f"--target {spec}: give a TPU slice by its topology, e.g. "
+                          f"{name}:{slice_shape(nodes * per_node, chip.slice_dims or 2)}")
     if per_node > chip.devices_per_node:
         raise ConfigError(f"--target {spec}: one {name} node holds {chip.devices_per_node}; write "
                           f"{_in_nodes(nodes * per_node, chip.devices_per_node)}x{name}")
@@ -105,6 +109,18 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
         raise ConfigError(f"--target {spec}: the {name}'s data sheet gives no bandwidth between nodes; plan one node "
                           f"({per_node}x{name})")
     return target
+
+
+def slice_shape(chips: int, sides: int) -> str:
+    """`chips` as a slice of `sides` sides, as near square as powers of two allow: 8 chips in 2 sides 2x4, in 3
+    2x2x2; a count that is no power of two, a 1-wide slice (3 in 2 sides: 1x3)."""
+    dims = [1] * sides
+    left = chips
+    while left % 2 == 0:
+        dims[dims.index(min(dims))] *= 2
+        left //= 2
+    dims[dims.index(min(dims))] *= left
+    return "x".join(str(d) for d in sorted(dims))
 
 
 def _check_sides(spec: str, chip: Chip, dims: tuple[int, ...]) -> None:
