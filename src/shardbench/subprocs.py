@@ -33,27 +33,46 @@ def _die_with_parent() -> None:
 
 
 # The signals that stop a command (Ctrl-C, SIGTERM), held back while `start` forks a child.
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-def _child_setup() -> None:
-    """In the child before exec: it dies with its parent, and takes the stop signals that `start` held back in the
-    parent (a child inherits the parent's signal mask, through exec too)."""
-    _die_with_parent()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def start(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
-    """`subprocess.Popen(argv, **kwargs)` for a child that cannot outlive this process (Linux). Ctrl-C and SIGTERM
-    are held back while it forks: one that landed in Python's own after-fork hooks (logging's lock release) raised
-    KeyboardInterrupt or `Terminated` there, where Python prints the exception and drops it, and the command went on
-    as if never stopped (seen: a bench that ran on after its SIGTERM). Held, the signal is delivered once
-    the child has started, in the caller's code, where it stops the command."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    """`subprocess.Popen(argv, **kwargs)` for a child that cannot outlive this process (Linux). A Ctrl-C or SIGTERM
+    that arrives while it forks is held back and delivered after: raised inside Python's own after-fork hooks
+    (logging's lock release), its KeyboardInterrupt or `Terminated` was printed there and dropped, and the command
+    went on as if never stopped (seen: a bench that ran on after its SIGTERM). Delivered after, it stops the
+    command, and the child just started, which the caller never gets, is stopped first. (Signal handlers belong to
+    the main thread: a child started from another thread is started plainly, as a stop cannot land in its hooks.)"""
+    if threading.current_thread() is not threading.main_thread():
+        return subprocess.Popen(argv, preexec_fn=_die_with_parent, **kwargs)
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in STOP_SIGNALS}
     try:
-        return subprocess.Popen(argv, preexec_fn=_child_setup, **kwargs)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, **kwargs)
+    except BaseException:
+        _restore(previous, held)  # a stop held meanwhile is raised instead
+        raise
+    try:
+        _restore(previous, held)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
+
+
+def _restore(previous: dict[int, Any], held: list[int]) -> None:
+    """Put the stop signals' handlers back, then deliver the first one held: its handler raises (KeyboardInterrupt,
+    `Terminated`); where it had none of Python's, the signal is sent again."""
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+    if not held:
+        return
+    handler = previous[held[0]]
+    if callable(handler):
+        handler(held[0], None)
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), held[0])
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
