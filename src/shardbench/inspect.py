@@ -154,7 +154,7 @@ def kernel_lines(cfg: Config, layout: Layout) -> list[str]:
         return []
     ran = "context (the sequence split over seq brings its own)" if uses_context(layout) else attention
     return [f"attention: {ran} (--model.attention {cfg.model.attention}); q/k/v projection: "
-            f"{models.qkv_layout_ran(cfg)} (--model.qkv-layout {cfg.model.qkv_layout})"]
+            f"{models.qkv_layout_kind(cfg, attention)} (--model.qkv-layout {cfg.model.qkv_layout})"]
 
 
 def inspect(cfg: Config, array: str = "") -> str:
