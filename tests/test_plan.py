@@ -226,14 +226,14 @@ def test_recommendation_on_a_case_with_a_known_answer() -> None:
     refused = Row(Candidate("tp", "1x8", "none", "float32"), None, "refused: heads")
     ranked = rank([too_big, chatty, refused, answer])
     assert [r.candidate.strategy for r in ranked] == ["fsdp", "dp+tp", "dp", "tp"]
-    line = recommendation(ranked, "gpu")
+    line = recommendation(ranked, GPU)
     q = chatty.prediction
     assert line.startswith("use fsdp 8x1 remat=none float32: fits with 90% headroom")
     assert f"{q.step_s / answer.prediction.step_s:.2f}x faster than dp+tp 4x2" in line
     assert q.main_link == "inter" and q.comm_share > 0.5
     assert f", which spends {q.comm_share:.0%} of its step communicating over InfiniBand" in line
     assert "dp 8x1 remat=none float32 would be" in line and "faster but needs 1.9 GiB of 954 MiB" in line
-    assert recommendation(rank([too_big]), "gpu").startswith("nothing fits: the smallest, dp 8x1")
+    assert recommendation(rank([too_big]), GPU).startswith("nothing fits: the smallest, dp 8x1")
 
 
 def _sized(row: Row, total: float, usable: float) -> Row:
@@ -259,10 +259,10 @@ def test_a_memory_need_never_prints_as_the_memory_it_does_not_fit(need: float, u
     assert amounts(usable, need) == (usable_shown, need_shown)  # the smaller rounded down wherever it comes
     fits = _sized(_row("fsdp 8x1", flops=2e9, temp=1000), 1e6, 1e9)
     big = _sized(_row("dp 8x1", flops=1e9, temp=1000), need, usable)
-    assert recommendation(rank([big]), "gpu").startswith(
+    assert recommendation(rank([big]), GPU).startswith(
         f"nothing fits: the smallest, dp 8x1 remat=none float32, needs {need_shown} per device of {usable_shown} "
         f"usable;")
-    assert f"faster but needs {need_shown} of {usable_shown})" in recommendation(rank([fits, big]), "gpu")
+    assert f"faster but needs {need_shown} of {usable_shown})" in recommendation(rank([fits, big]), GPU)
 
 
 def test_a_plan_of_one_layout_compares_it_with_no_other() -> None:
@@ -270,11 +270,11 @@ def test_a_plan_of_one_layout_compares_it_with_no_other() -> None:
     and compares it with nothing (not "1.00x faster than" itself)."""
     none = _row("single none", flops=1e9, temp=100_000_000)
     block = Row(replace(none.candidate, remat="block"), replace(none.prediction, step_s=none.prediction.step_s * 1.2))
-    line = recommendation(rank([block, none]), "gpu")
+    line = recommendation(rank([block, none]), GPU)
     assert line.startswith("use single none remat=none float32: fits with") and "faster than" not in line
     assert line.endswith(", the only layout planned")
     refused = Row(Candidate("tp", "1x8", "none", "float32"), None, "refused: heads")
-    assert recommendation(rank([block, none, refused]), "gpu").endswith(", the only layout that fits")
+    assert recommendation(rank([block, none, refused]), GPU).endswith(", the only layout that fits")
 
 
 def test_kendall_tau() -> None:

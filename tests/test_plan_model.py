@@ -371,6 +371,31 @@ def test_one_node_of_a_chip_with_no_bandwidth_between_nodes_gets_only_its_nvlink
     assert ran_on(_gpu_run(8, "Tesla V100-SXM2-32GB")).nodes == 1
 
 
+def test_each_link_is_called_what_the_chips_data_sheet_calls_it(tmp_path: Path) -> None:
+    """An L4 has no NVLink: its GPUs reach each other over PCIe Gen4 x16, 32 GB/s per direction, so the plan's
+    recommendation (and its table's column) name PCIe there; an H100 node's link is NVLink, a TPU slice's ICI."""
+    from shardbench.plan.candidates import Candidate
+    from shardbench.plan.machine import hardware
+    from shardbench.plan.predict import predict
+    from shardbench.plan.recommend import Row, rank, recommendation
+    from shardbench.plan.target import parse_target
+
+    l4 = hardware(parse_target("8xl4"), "bfloat16", "default", tmp_path)
+    assert l4.bandwidth["intra"] == 32e9 and l4.link_name("intra") == "PCIe"
+    assert hardware(parse_target("8xh100"), "bfloat16", "default", tmp_path).link_name("intra") == "NVLink"
+    assert hardware(parse_target("tpu-v5e:2x2"), "bfloat16", "default", tmp_path).link_name("intra") == "ICI"
+    # Two layouts on the L4 node, one moving five times the other's bytes over the link: the recommendation says
+    # over which link the slower spends its step.
+    rows = [Row(Candidate(strategy, "8x1", "none", "bfloat16"),
+                predict(_result("cpu", collectives=[{"kind": "all-reduce", "link": "intra", "group": 8, "count": 1,
+                                                     "bytes": moved}]),
+                        l4, COEFF, batch=8, remat="none", dtype="bfloat16", activation_scale=1.0,
+                        activation_source="t"))
+            for strategy, moved in (("dp", 10**8), ("fsdp", 5 * 10**8))]
+    line = recommendation(rank(rows), l4)
+    assert "communicating over PCIe" in line and "NVLink" not in line, line
+
+
 def test_a_tpu_v3_target_is_planned_per_jax_device(tmp_path: Path) -> None:
     """The plan's hardware is per JAX device: a TPU v3 device is one of its chip's two TensorCores, with half the
     data sheet's 123 TF bf16, 32 GiB and 900 GB/s (61.5 TF, 16 GiB, 450 GB/s), and the name counts both devices

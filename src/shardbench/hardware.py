@@ -20,6 +20,9 @@ import re
 from dataclasses import dataclass
 
 GB = 1e9
+# What a platform's links are called, inside a node (or slice) and across nodes, where the chip names none of its
+# own (`Chip.intra_link`); the plan's table and recommendation use these names.
+LINK_NAMES = {"gpu": ("NVLink", "InfiniBand"), "tpu": ("ICI", "DCN"), "cpu": ("memory copies", "memory copies")}
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,18 @@ class Chip:
     # mesh or torus; None for a GPU (no topology).
     slice_dims: int | None = None
     pod_chips: int | None = None  # the chips of a whole pod, the largest slice; None for a GPU
+    intra_link: str = ""  # what the link inside a node is called where it is not the platform's (the L4's PCIe)
+
+    @property
+    def platform(self) -> str:
+        """"tpu" or "gpu": the table holds no other kind of chip."""
+        return "tpu" if self.name.startswith("tpu-") else "gpu"
+
+    @property
+    def link_names(self) -> tuple[str, str]:
+        """What its links inside a node (or slice) and across nodes are called."""
+        intra, inter = LINK_NAMES[self.platform]
+        return self.intra_link or intra, inter
 
     def peak_per_device(self, cls: str) -> float:
         """Dense FLOP/s of one JAX device in compute class `cls`: the chip's peak over its devices."""
@@ -92,7 +107,7 @@ CHIPS: tuple[Chip, ...] = (
     # NVIDIA L4: 121 TF BF16 and 60 TF TF32 dense (242 / 120 with sparsity), 30.3 TF FP32, 24 GB GDDR6 at
     # 300 GB/s; PCIe Gen4 x16 (32 GB/s per direction), no NVLink.
     Chip("l4", r"\bl4\b", {"bf16": 121e12, "tf32": 60e12, "f32": 30.3e12}, 24 * GB, 300 * GB, 32 * GB, None, 8,
-         "NVIDIA L4 Tensor Core GPU data sheet"),
+         "NVIDIA L4 Tensor Core GPU data sheet", intra_link="PCIe"),
     # NVIDIA V100 SXM2: 125 TF (FP16 tensor), 15.7 TF FP32 (no TF32); 32 GB HBM2 at 900 GB/s, NVLink 300 GB/s.
     # The V100S ("Tesla V100S-PCIE-32GB") is taken for it too, as it always was; a Quadro GV100 is not.
     Chip("v100", r"\bv100s?\b", {"bf16": 125e12, "tf32": 15.7e12, "f32": 15.7e12}, 32 * GB, 900 * GB, 150 * GB,

@@ -32,7 +32,7 @@ def table_peak(device_kind: str, dtype: str, matmul_precision: str) -> tuple[flo
     chip = chip_for_kind(device_kind)
     if chip is None:
         return None
-    cls = compute_class(dtype, matmul_precision, tpu=chip.name.startswith("tpu-"))
+    cls = compute_class(dtype, matmul_precision, tpu=chip.platform == "tpu")
     per = f", over its {chip.devices_per_chip} devices" if chip.devices_per_chip > 1 else ""
     return chip.peak_per_device(cls), f"table: {chip.name} {cls} ({chip.source}){per}"
 

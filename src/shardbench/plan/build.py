@@ -17,7 +17,7 @@ from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.candidates import Candidate, candidate_config, folded_line
 from shardbench.plan.predict import Hardware, predict
-from shardbench.plan.recommend import LINK_NAMES, MB, Row, rank, recommendation
+from shardbench.plan.recommend import MB, Row, rank, recommendation
 from shardbench.plan.steptime import FORMULA
 from shardbench.plan.target import Target
 
@@ -103,7 +103,8 @@ class Plan:
         return lines
 
     def table(self) -> list[list[str]]:
-        names = LINK_NAMES.get(next(iter(self.hardware.values())).platform, LINK_NAMES["gpu"])
+        first = next(iter(self.hardware.values()))
+        names = {link: first.link_name(link) for link in ("intra", "inter")}
         two_links = names["inter"] != names["intra"]  # a CPU's simulated devices have one: memory copies
         head = ["#", "candidate", "memory/device", "fits", "params+opt+grads", "activations",
                 f"{names['intra']} MB", *([f"{names['inter']} MB"] if two_links else []),
@@ -235,4 +236,4 @@ def make_plan(cfg: config_lib.Config, target: Target, cands: list[Candidate], wo
         rows.append(Row(c, p))
     ranked = rank(rows)
     return Plan(cfg, target, hw, coefficients, "; ".join(sorted(sources)), ", ".join(sorted(compilers)) or "none",
-                ranked, elapsed, recommendation(ranked, platform, untimed_links(hw)), dict(folded or {}))
+                ranked, elapsed, recommendation(ranked, next(iter(hw.values())), untimed_links(hw)), dict(folded or {}))

@@ -64,7 +64,7 @@ def hardware(target: Target, dtype: str, matmul_precision: str, cache_dir: Path,
     if unlinked(target):  # `parse_target` refuses these: never time traffic across nodes at another link's rate
         raise ConfigError(f"{target.spec}: the {chip.name}'s data sheet gives no bandwidth between nodes, and it "
                           f"spans {target.nodes} nodes: plan one node")
-    tpu = chip.name.startswith("tpu-")
+    tpu = chip.platform == "tpu"
     cls = compute_class(dtype, matmul_precision, tpu=tpu)
     fraction, fraction_source = (1.0, "the whole HBM") if tpu else gpu_memory_fraction()
     placement = (f"a {'x'.join(map(str, target.topology))} slice (ICI throughout)" if tpu else
@@ -77,7 +77,7 @@ def hardware(target: Target, dtype: str, matmul_precision: str, cache_dir: Path,
     inter = chip.inter_bandwidth or (intra if tpu else 0.0)
     hbm = chip.memory_bandwidth_per_device
     return Hardware(
-        name=name, platform="tpu" if tpu else "gpu",
+        name=name, platform=chip.platform, link_names=chip.link_names,
         peak_flops=chip.peak_per_device(cls), peak_source=_peak_source(chip, cls),
         memory_bytes=chip.memory_per_device * fraction,
         memory_source=f"{_memory_source(chip)}, {fraction_source}",

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from shardbench.hardware import LINK_NAMES
 from shardbench.measure.comms import sent_fraction
 from shardbench.measure.memory import breakdown
 from shardbench.plan.steptime import LOW_PRECISION, Coefficients, StepFeatures, step_time
@@ -46,6 +47,11 @@ class Hardware:
     memory_bandwidth: float  # bytes/s per device (the host's, shared, on a CPU)
     memory_bandwidth_source: str
     shared_host: bool = False  # cpu: every simulated device shares the host's cores and memory bus
+    link_names: tuple[str, str] = ()  # what the links inside a node and across nodes are called; () = the platform's
+
+    def link_name(self, link: str) -> str:
+        """What `link` ("intra" or "inter") is called here: the chip's own name for it, else its platform's."""
+        return (self.link_names or LINK_NAMES[self.platform])[("intra", "inter").index(link)]
 
 
 @dataclass

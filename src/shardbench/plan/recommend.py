@@ -7,11 +7,9 @@ from dataclasses import dataclass
 
 from shardbench.capacity import format_bytes
 from shardbench.plan.candidates import Candidate
-from shardbench.plan.predict import Prediction
+from shardbench.plan.predict import Hardware, Prediction
 
 GB, MB = 1e9, 1e6  # the plan's figures are in decimal units
-LINK_NAMES = {"gpu": {"intra": "NVLink", "inter": "InfiniBand"}, "tpu": {"intra": "ICI", "inter": "DCN"},
-              "cpu": {"intra": "memory copies", "inter": "memory copies"}}
 
 
 @dataclass(frozen=True)
@@ -50,8 +48,9 @@ def _headroom(value: float) -> str:
     return ">99%" if value > 0.99 else f"{value:.0%}"
 
 
-def recommendation(ranked: list[Row], platform: str, untimed: tuple[str, ...] = ()) -> str:
-    """One line: the layout to use and why, against the best candidate of another layout. `untimed`: the links
+def recommendation(ranked: list[Row], hw: Hardware, untimed: tuple[str, ...] = ()) -> str:
+    """One line: the layout to use and why, against the best candidate of another layout, its links named as `hw`
+    calls them (NVLink, ICI, an L4's PCIe). `untimed`: the links
     whose transfers are not timed (no bandwidth on the chip's data sheet), where the two move different bytes."""
     fitting = [r for r in ranked if r.prediction and r.prediction.fits]
     predicted = [r for r in ranked if r.prediction]
@@ -77,7 +76,7 @@ def recommendation(ranked: list[Row], platform: str, untimed: tuple[str, ...] = 
         return line + (", the only layout planned" if alone else
                        ", the only layout that fits" if len(predicted) > 1 else "")
     q = other.prediction
-    names = LINK_NAMES.get(platform, LINK_NAMES["gpu"])
+    names = {link: hw.link_name(link) for link in ("intra", "inter")}
     link = q.main_link
     why = (f", which spends {q.comm_share:.0%} of its step communicating over {names[link]}"
            if link and q.comm_share >= 0.05 else
