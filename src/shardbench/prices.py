@@ -30,6 +30,9 @@ DEVICE_NAMES: tuple[str, ...] = (*BY_NAME, CPU)
 REQUIRED = ("on_demand", "spot", "watts", "source", "date")
 OPTIONAL = ("estimated", "per")
 FIGURES = ("on_demand", "spot", "watts")  # what `estimated` may name
+# Far above any device's or host's figures (an 8-GPU host is about $100 an hour and 10 kW): a larger one is a
+# typo, and at 1e308 a run's cost would come out as infinity.
+MOST = {"on_demand": 1e5, "spot": 1e5, "watts": 1e6}
 TOP_KEYS = ("currency", "taken", "devices")
 # What the per-unit figures count, by the throughput's unit: (scale, name).
 PER_UNIT = {"tokens": (1e9, "billion tokens"), "images": (1e6, "million images"),
@@ -96,6 +99,9 @@ def _row(where: str, name: str, row: Any) -> DevicePrice:
                             f"{'watts' if key == 'watts' else 'dollars per device-hour'}")
         if value < 0 or (key == "watts" and value == 0):
             raise _fail(at, f"{key} = {value}: give {'more than 0 watts' if key == 'watts' else '0 dollars or more'}")
+        if value > MOST[key]:  # a typo's exponent, which would price a run at infinity
+            raise _fail(at, f"{key} = {value:g}: give at most {MOST[key]:,.0f} "
+                            f"{'watts' if key == 'watts' else 'dollars an hour'}")
     if row["spot"] > row["on_demand"]:  # a spot or preemptible price is at most the on-demand one: swapped columns
         raise _fail(at, f"spot = {row['spot']} is more than on_demand = {row['on_demand']}: a spot price is at most "
                         f"the on-demand one (are the two swapped?)")
