@@ -492,6 +492,29 @@ def test_a_job_slurm_would_not_take_is_one_line_before_anything_is_submitted(slu
     assert _squeue(slurm) == {}
 
 
+def test_a_controller_that_does_not_answer_is_named_as_such_not_as_a_refused_job(tmp_path: Path) -> None:
+    """With no slurmctld at SLURM_CONF's address, sbatch cannot ask about the job at all: the one line says that
+    the controller could not be reached, and where SLURM_CONF points, rather than that SLURM would not take the
+    job. Nothing is submitted or written."""
+    from conftest import missing, skip_if_requested
+
+    skip_if_requested("SHARDBENCH_SKIP_SLURM")
+    if shutil.which("sbatch") is None:
+        missing("SHARDBENCH_SKIP_SLURM", "sbatch is not installed")
+    conf = tmp_path / "slurm.conf"  # port 9 (discard): nothing answers there
+    conf.write_text("ClusterName=nowhere\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=9\nAuthType=auth/none\n"
+                    "CredType=cred/none\nMessageTimeout=2\nNodeName=localhost CPUs=1 State=UNKNOWN\n"
+                    "PartitionName=debug Nodes=localhost Default=YES State=UP\n")
+    out = tmp_path / "s"
+    done = subprocess.run(_sweep_cmd("--preset", "vit-tiny", *TINY, "--steps", "2", "--executor", "slurm",
+                                     "--out", str(out)),
+                          env=_env() | {"SLURM_CONF": str(conf)}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"SLURM's controller could not be reached (SLURM_CONF={conf}): " in done.stderr, done.stderr
+    assert "Unable to contact slurm controller" in done.stderr and "would not take" not in done.stderr
+    assert not out.exists()
+
+
 def test_a_cancelled_job_is_recorded_and_resumed_and_a_live_one_is_not_submitted_again(
         slurm: LocalSlurm, tmp_path: Path) -> None:
     out = tmp_path / "s"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import re
 import shutil
 from collections.abc import Iterable
@@ -244,7 +245,11 @@ def sbatch_args(shape: Shape, slurm: SlurmOptions, opts: Options) -> list[str]:
 
 
 # What sbatch's line naming the problem says: its own errors, and getopt's for an option it does not know.
-SBATCH_COMPLAINTS = ("failure", "error", "unrecognized option", "invalid option", "requires an argument")
+SBATCH_COMPLAINTS = ("failure", "error", "unrecognized option", "invalid option", "requires an argument",
+                     "did not answer")
+# What it says where no controller answered: nothing about the job, which SLURM never saw.
+UNREACHABLE = ("unable to contact slurm controller", "connection refused", "socket timed out",
+               "zero bytes were transmitted")
 
 
 def check_submittable(shapes: dict[str, Shape], opts: Options, slurm: SlurmOptions) -> None:
@@ -260,6 +265,11 @@ def check_submittable(shapes: dict[str, Shape], opts: Options, slurm: SlurmOptio
                     if ln.strip() and not ln.strip().startswith('Try "sbatch --help"')]  # getopt's hint says nothing
             why = next((ln for ln in reversed(said) if any(w in ln.lower() for w in SBATCH_COMPLAINTS)),
                        said[0] if said else "")
+            if done.returncode == 124 or any(w in why.lower() for w in UNREACHABLE):
+                raise ConfigError(f"SLURM's controller could not be reached (SLURM_CONF="
+                                  f"{os.environ.get('SLURM_CONF') or 'unset: /etc/slurm/slurm.conf'}): "
+                                  f"{_one_line(why)[:300]}; start slurmctld, or point SLURM_CONF at a running "
+                                  f"cluster's slurm.conf")
             raise ConfigError(f"SLURM would not take the job of run {names[0]}"
                               + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
                               + f", {shape.nodes} node(s) x {shape.tasks_per_node} task(s): {_one_line(why)[:300]}")
