@@ -581,6 +581,31 @@ def test_the_measured_runs_and_the_winner_keep_the_users_reporting_flags() -> No
                                   "train.steps": 7}
 
 
+def test_a_resume_takes_the_spaces_lists_in_another_order(tmp_path: Path) -> None:
+    """The configuration holds the first value of each list of the space (--remat, --dtype, --grad-accum,
+    --batch-size): a resume that gave a list in another order was refused ("--remat: 'none' there, 'block'
+    now"), though the docs say the order changes nothing. Reordered, the tune is the same; another list is not,
+    and is named by tune's own flag."""
+    from shardbench.parsing import override
+    from shardbench.plan.target import parse_target
+    from shardbench.presets import get_preset
+    from shardbench.tune.report import Tuning, _difference, write_json
+
+    def tuning(remats: tuple[str, ...], dtypes: tuple[str, ...], accums: tuple[int, ...],
+               batches: tuple[int, ...]) -> Tuning:
+        cfg = override(get_preset("mlp-small"), {"model.remat": remats[0], "precision.dtype": dtypes[0],
+                                                 "train.grad_accum": accums[0], "train.batch_size": batches[0]})
+        space = Space(remats=remats, dtypes=dtypes, accums=accums, batches=batches)
+        return Tuning(cfg, parse_target("cpu", cpu_devices=8), OBJECTIVES["time"], space, 1, 10.0, 10, tmp_path)
+
+    stored = json.loads(write_json(tuning(("none", "block"), ("float32", "bfloat16"), (1, 2), (16, 32))).read_text())
+    assert _difference(stored, tuning(("block", "none"), ("bfloat16", "float32"), (2, 1), (32, 16))) is None
+    assert _difference(stored, tuning(("none", "block"), ("float32", "bfloat16"), (2, 4), (16, 32))) == (
+        "--grad-accum: [1, 2] there, [2, 4] now")
+    assert _difference(stored, tuning(("none", "block"), ("float32", "bfloat16"), (1, 2), (64, 16))) == (
+        "--batch-size: [16, 32] there, [16, 64] now")
+
+
 @pytest.mark.parametrize(("text", "says"), [
     ("", "is unreadable"),
     ("[]", "is not a tune's record"),

@@ -17,7 +17,7 @@ from shardbench.errors import ConfigError, DataError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.target import Target
 from shardbench.tune.select import MIB, Measured, Objective, Outcome, Planned, outcome
-from shardbench.tune.space import Dropped, Space, layout_settings, user_settings
+from shardbench.tune.space import LIST_FLAGS, Dropped, Space, layout_settings, user_settings
 
 TUNE_JSON = "tune.json"
 WINNER = "winner.toml"
@@ -168,11 +168,13 @@ IDENTITY_FLAGS = {"target": "--target", "devices": "--devices", "objective": "--
 def _difference(data: dict[str, Any], t: Tuning) -> str | None:
     """The first field where tune.json's tune and `t` differ ('--flag: as stored there, as given now'); None when
     they are alike. The space's lists are compared as sets (the stored plan is what resumes: the order they were
-    given in changes nothing), the configuration's fields one by one, but for RESUME_MAY_CHANGE."""
+    given in changes nothing), the configuration's fields one by one, but for RESUME_MAY_CHANGE and those a list of
+    the space stands for (LIST_FLAGS: the configuration holds the first value given, which a reordered list
+    changes)."""
     def flat(tune: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         parts = {**{k: v for k, v in tune.items() if k != "space"}, **(tune.get("space") or {})}
         named = {IDENTITY_FLAGS.get(k, k): sorted(v, key=str) if isinstance(v, list) else v for k, v in parts.items()}
-        return {**named, **{k: v for k, v in config.items() if k not in RESUME_MAY_CHANGE}}
+        return {**named, **{k: v for k, v in config.items() if k not in RESUME_MAY_CHANGE and k not in LIST_FLAGS}}
 
     now = json.loads(json.dumps(flat(identity(t), config_lib.flatten(t.cfg))))
     stored = flat({k: data.get(k) for k in identity(t)}, data.get("config") or {})

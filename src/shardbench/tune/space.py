@@ -26,6 +26,12 @@ LAYOUT_KEYS = ("parallel.strategy", "parallel.mesh", "parallel.devices", "model.
                "train.batch_size")
 
 
+# The configuration fields a comma list of the space stands for, and the flag that gives it: the configuration
+# holds the list's first value, the space the whole list.
+LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.grad_accum": "--grad-accum",
+              "train.batch_size": "--batch-size"}
+
+
 @dataclass(frozen=True)
 class Space:
     """The dimensions of the search; every one a list of the values to try."""

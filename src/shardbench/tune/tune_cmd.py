@@ -24,15 +24,13 @@ from shardbench.prices import prices_from_flag
 from shardbench.tune.select import (OBJECTIVE_NAMES, OBJECTIVES, Measured, Planned, check_budget_floor, compile_each_s,
                                     estimate_run_s, rank, select)
 from shardbench.tune.select import objective as select_objective
-from shardbench.tune.space import (LAYOUT_KEYS, Dropped, Point, Space, enumerate_space, layout_settings,
+from shardbench.tune.space import (LAYOUT_KEYS, LIST_FLAGS, Dropped, Point, Space, enumerate_space, layout_settings,
                                    parse_ints, parse_names, user_settings)
 
 if TYPE_CHECKING:
     from shardbench.tune.report import Tuning
 
 # Comma lists tune takes in a configuration flag's place (the first value stands in the Config meanwhile).
-LIST_FLAGS = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.grad_accum": "--grad-accum",
-              "train.batch_size": "--batch-size"}
 # What each measured run changes from the configuration: a few timed steps, no evaluation, no checkpoint.
 MEASURE = {"train.eval": False, "train.checkpoint_every": 0}
 INTERRUPTED = (130, 143)  # a sweep stopped by Ctrl-C or SIGTERM (`sweep.runner.run_sweep`)
