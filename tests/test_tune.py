@@ -568,6 +568,40 @@ def test_tunes_report_prices_an_epoch_of_each_measured_layout(tmp_path: Path) ->
     assert cost_table(tuning)[0][1][1] == f"${0.5 * steps_per_epoch(epoch_examples(cfg), half.point.batch) * hourly / 3600:,.4g}"
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_stop_while_the_verdict_is_written_says_how_to_finish_and_leaves_no_verdict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], signal_name: str) -> None:
+    """The runs are measured; a Ctrl-C or SIGTERM lands while the report is written. It printed only "interrupted"
+    (SIGTERM: nothing, the process died of it), and tune.json already held the verdict without tune.md or
+    winner.toml beside it. Now the stop says how to finish, and tune.json holds no verdict until its files are
+    written. The stop here is the real signal, sent to this process from inside the report's writing."""
+    import argparse
+    import signal
+
+    from shardbench.plan.target import parse_target
+    from shardbench.presets import get_preset
+    from shardbench.report import write as report_write
+    from shardbench.tune import tune_cmd
+    from shardbench.tune.report import TUNE_JSON, Tuning
+
+    target = parse_target("cpu", cpu_devices=8)
+    dp = dataclasses.replace(planned("dp", 0.5), target=target)
+    tuning = Tuning(get_preset("mlp-small"), target, OBJECTIVES["time"], Space(), 1, 10.0, 10, tmp_path, chosen=[dp])
+    monkeypatch.setattr(tune_cmd, "run_measurements", lambda *a, **k: 0)  # the runs, measured
+    monkeypatch.setattr(tune_cmd, "measured_runs", lambda out, names: {dp.point.name: Measured(0.4, None, None)})
+
+    def stopped(out: Path) -> None:
+        os.kill(os.getpid(), getattr(signal, signal_name))
+
+    monkeypatch.setattr(report_write, "write_report", stopped)
+    code = tune_cmd.measure(argparse.Namespace(measure_steps=3), tuning, resume=False)
+    assert code == (130 if signal_name == "SIGINT" else 143)
+    assert (f"tune: interrupted; finish it with the same shardbench tune command and --resume (its --out is "
+            f"{tmp_path})") in capsys.readouterr().err
+    assert json.loads((tmp_path / TUNE_JSON).read_text())["result"] is None
+    assert not (tmp_path / "tune.md").exists() and not (tmp_path / "winner.toml").exists()
+
+
 def test_the_measured_runs_and_the_winner_keep_the_users_reporting_flags() -> None:
     """--prices and --data.cache-dir go to every measured run (their records are priced with the user's table,
     their data read from the user's cache) and into the ready command; the sweep's own fields do not."""

@@ -390,12 +390,12 @@ def render_markdown(t: Tuning, v: Outcome | None, chart: str | None) -> str:
 
 
 def finish(t: Tuning) -> int:
-    """After the runs: tune.json with the verdict, the sweep's report (with the plan's chart), tune.md and the
-    table printed; with a winner, winner.toml and the ready command too. 1 when no run measured the objective
-    (tune.md and the report, written first, say which runs failed and why)."""
+    """After the runs: the sweep's report (with the plan's chart), tune.md, with a winner winner.toml, then
+    tune.json with the verdict, last, so that a verdict there means every file of it was written (a tune stopped
+    before is finished by --resume); the table printed, and with a winner the ready command. 1 when no run
+    measured the objective (tune.md and the report say which runs failed and why)."""
     from shardbench.report.write import write_report
 
-    write_json(t)
     v = summary(t)
     paths = write_report(t.out)
     chart = paths.charts.get("plan_vs_measured")
@@ -403,6 +403,7 @@ def finish(t: Tuning) -> int:
         (t.out / WINNER).write_text(winner_toml(t, v.winner))
     (t.out / "tune.md").write_text(render_markdown(t, v, None if chart is None else
                                                    chart.relative_to(t.out).as_posix()), encoding="utf-8")
+    write_json(t)
     rows = table(t)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows))

@@ -394,23 +394,26 @@ def run(args: argparse.Namespace) -> int:
 
 def measure(args: argparse.Namespace, tuning: Tuning, resume: bool) -> int:
     """Measure the chosen layouts as a sweep (with `resume`, those its store has not recorded), then the verdict
-    (`report.finish`). An interrupted sweep says how to finish it."""
-    from shardbench.subprocs import terminated_as_interrupt
+    (`report.finish`). Interrupted in either, it says how to finish it."""
+    from shardbench.subprocs import interrupted_code, terminated_as_interrupt
     from shardbench.tune import report
 
     sweep, tuning.runs = make_tune_sweep(tuning.cfg, tuning.chosen, tuning.target.devices, args.measure_steps)
     report.write_json(tuning)
     started = time.perf_counter()
     with terminated_as_interrupt():  # SIGTERM (a scheduler's, kill's) stops it as Ctrl-C does, saying how to finish
-        code = run_measurements(args, sweep, tuning.out, resume)
-    tuning.measure_wall_s = None if resume else time.perf_counter() - started  # a resumed tune's total is unknown
+        try:
+            code = run_measurements(args, sweep, tuning.out, resume)
+            tuning.measure_wall_s = None if resume else time.perf_counter() - started  # a resumed tune's: unknown
+            if code == 0:
+                tuning.measured = measured_runs(tuning.out, tuning.runs)
+                code = report.finish(tuning)
+        except KeyboardInterrupt as err:  # while the verdict's files were written: tune.json has no verdict yet
+            code = interrupted_code(err)
     if code in INTERRUPTED:
         print(f"tune: interrupted; finish it with the same shardbench tune command and --resume (its --out is "
               f"{tuning.out})", file=sys.stderr, flush=True)
-    if code:
-        return code
-    tuning.measured = measured_runs(tuning.out, tuning.runs)
-    return report.finish(tuning)
+    return code
 
 
 __all__ = ["add_parser", "prepare", "run"]
