@@ -204,6 +204,24 @@ def test_when_nothing_is_left_to_plan_the_refusal_gives_the_reason(tmp_path: Pat
     assert "compiled:" not in done.stderr
 
 
+@pytest.mark.parametrize("command", ["tune", "plan"])
+def test_a_dataset_train_refuses_is_refused_before_anything_is_planned(
+        tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--data synthetic (images) for the MLP: tune planned each layout, saw each refused for the dataset, and
+    said "nothing fits: of 2 layouts, 2 were refused", writing a tune.json; plan compiled none and said none
+    could run. Both now give train's own line, before anything is planned, and write nothing."""
+    from shardbench import cli
+
+    out = tmp_path / "out"
+    code = cli.main([command, "--preset", "mlp-small", "--devices", "8", "--target", "cpu", "--candidates", "dp,fsdp",
+                     "--remat", "none", "--data", "synthetic", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.strip().splitlines() == [
+        "shardbench: error: --data synthetic is a dataset for the vit model, not mlp: use one of regression, "
+        "arrays:PATH"], captured.err
+    assert "planning" not in captured.out + captured.err and not out.exists()
+
+
 def test_what_does_not_fit_is_dropped_with_its_reason() -> None:
     fast_but_big = planned("dp", 0.010, total=3e9)  # 3 GB of 1 GB usable
     refused = planned("ep", None, problem="refused: --strategy ep splits a mixture's experts ...")

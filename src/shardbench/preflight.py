@@ -48,14 +48,20 @@ class CheckedRun:
     data_fingerprint: str  # what every split holds (`data.arrays.fingerprint`): --resume finds the same data
 
 
+def check_dataset(cfg: Config) -> None:
+    """The dataset's name, its PATH's existence, and whether it feeds this kind of model, reading no data (what a
+    plan or tune asks before planning)."""
+    validate_spec(cfg.data.dataset)
+    check_model_kind(cfg.data.dataset, cfg.model.kind)
+
+
 def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tuple[Task, Layout, ModelSpec]:
     """Every check that needs neither the data nor a compilation (what a sweep asks of each run before the
     first starts): raises ConfigError/DataError in one line. `devices`: lay the run over these (a planner's
     target devices) instead of this process's."""
     validate(cfg)
     task = get_task(cfg)
-    validate_spec(cfg.data.dataset)
-    check_model_kind(cfg.data.dataset, cfg.model.kind)
+    check_dataset(cfg)
     spec = describe_model(cfg)
     if cfg.model.factory:  # the model's outputs, then its file's loss and FLOPs on them: one line, no run folder
         check_own_functions(cfg, task, check_outputs(cfg, spec))

@@ -112,9 +112,11 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
     cfg = config_from_args(args)
     if not args.target:
         raise ConfigError(f"plan needs --target ({HINT}), or --validate DIR")
+    from shardbench.preflight import check_dataset
     from shardbench.tasks import validate
 
     validate(cfg)
+    check_dataset(cfg)  # what train refuses of the dataset, once here rather than for every candidate
     if cfg.parallel.spmd == "pmap":
         raise ConfigError("--spmd pmap replicates parameters and runs data parallelism only: plan with --spmd jit "
                           "or shard_map")

@@ -335,6 +335,7 @@ def validate_batches(cfg: config_lib.Config, batches: tuple[int, ...]) -> None:
 def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space, list[Point], list[Dropped]]:
     """Every check tune makes before compiling (each a one-line ConfigError), the budget's floor first: the
     configuration, the target, the executor, and the space with what it drops before planning."""
+    from shardbench.preflight import check_dataset
     from shardbench.sweep import slurm_options
     from shardbench.tasks import validate
 
@@ -342,6 +343,7 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space,
     lists = comma_lists(args, LIST_FLAGS)
     cfg = config_from_args(args)
     validate(cfg)
+    check_dataset(cfg)  # a dataset train would refuse: one line, not a space of layouts refused one by one
     if "train.batch_size" in lists:  # each batch size of the space as train would check it, not the first alone
         validate_batches(cfg, parse_ints("--batch-size", ",".join(lists["train.batch_size"])))
     target = parse_target(default_target(args.target), cpu_devices=cfg.parallel.devices or 8)
