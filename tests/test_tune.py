@@ -222,6 +222,22 @@ def test_a_dataset_train_refuses_is_refused_before_anything_is_planned(
     assert "planning" not in captured.out + captured.err and not out.exists()
 
 
+def test_a_host_whose_devices_jax_cannot_list_is_one_line_naming_the_platforms_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Asked for CUDA on a host with none, JAX's last line is a bare AssertionError: the line says which
+    platforms it was asked for, so the user knows what to fix. Nothing is planned or written."""
+    from shardbench import cli
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")  # the probe's process; this one's JAX started long ago
+    out = tmp_path / "out"
+    code = cli.main(["tune", "--preset", "vit-tiny", "--target", "1xh100", "--candidates", "dp", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("shardbench: error: tune: JAX could not list this host's devices (") and (
+        ", with JAX_PLATFORMS=cuda): fix the installation (or JAX_PLATFORMS)" in err[0]), err
+    assert not out.exists()
+
+
 def test_what_does_not_fit_is_dropped_with_its_reason() -> None:
     fast_but_big = planned("dp", 0.010, total=3e9)  # 3 GB of 1 GB usable
     refused = planned("ep", None, problem="refused: --strategy ep splits a mixture's experts ...")

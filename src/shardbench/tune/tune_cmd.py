@@ -179,8 +179,10 @@ def host_devices(timeout_s: float = 300.0) -> HostDevices:
                           f"are free (nvidia-smi), or measure elsewhere with --executor slurm") from None
     if done.returncode:
         why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        raise ConfigError(f"tune: JAX could not list this host's devices ({why}): fix the installation, or measure "
-                          f"elsewhere with --executor slurm")
+        asked = os.environ.get("JAX_PLATFORMS")  # JAX's last line can be a bare AssertionError: say what it was asked
+        raise ConfigError(f"tune: JAX could not list this host's devices ({why}"
+                          f"{f', with JAX_PLATFORMS={asked}' if asked else ''}): fix the installation (or "
+                          f"JAX_PLATFORMS), or measure elsewhere with --executor slurm")
     platform, count, kind = json.loads(done.stdout.strip().splitlines()[-1])
     return HostDevices(platform, int(count), str(kind))
 
