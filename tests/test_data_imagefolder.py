@@ -215,6 +215,61 @@ def test_parallel_decode_matches_inline(tmp_path: Path, monkeypatch: pytest.Monk
     assert len(pools) == 1
 
 
+def test_sigterm_while_decoding_stops_the_workers_too(tmp_path: Path) -> None:
+    """SIGTERM (a scheduler's, kill's) while worker processes decode: by its default the process died at once
+    and its workers ran on, orphaned. It now stops as Ctrl-C does: the workers end with it, and it exits 143
+    with one line. The signal is sent from inside the decoding, the workers running."""
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    tar = make_tar(make_tree(tmp_path / "tree"), tmp_path / "tree.tar")
+    child = textwrap.dedent(f"""
+        import os, signal, sys
+        from pathlib import Path
+        from shardbench.data import imagefolder
+        from shardbench.errors import run_reported
+        imagefolder._PARALLEL_MIN_FILES, imagefolder._CHUNK = 4, 5
+        imagefolder._num_workers = lambda: 2
+        finish = imagefolder._Decoder.finish
+        def stopped(self):
+            print(" ".join(map(str, self._pool._processes)), flush=True)  # the workers, running
+            os.kill(os.getpid(), signal.SIGTERM)
+            return finish(self)
+        imagefolder._Decoder.finish = stopped
+        sys.exit(run_reported(lambda: imagefolder.load_imagefolder(
+            Path({str(tar)!r}), Path({str(tmp_path / "cache")!r}), image_size={SIZE}, val_fraction=0.0, seed=0)))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its workers share its group, which is killed at the end
+    try:
+        stdout, stderr = proc.communicate(timeout=60)  # orphaned workers would hold its pipes open: a timeout
+        assert proc.returncode == 143, (proc.returncode, stderr[-2000:])
+        assert stderr.strip().splitlines()[-1] == "shardbench: stopped by SIGTERM", stderr
+        workers = [int(p) for p in stdout.split()]
+        assert len(workers) == 2
+
+        def alive(pid: int) -> bool:
+            try:
+                with open(f"/proc/{pid}/stat") as f:  # a zombie not yet reaped by init is gone too
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except FileNotFoundError:
+                return False
+
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in workers if alive(p)]
+    finally:  # nothing of a failed test left running
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not list((tmp_path / "cache").rglob("*.npz"))  # nothing cached from a stopped decoding
+
+
 def test_imagefolder_spec(tmp_path: Path) -> None:
     tree = make_tree(tmp_path / "tree")
     kw: dict = {"cache_dir": tmp_path / "cache", "image_size": SIZE, "val_fraction": 0.25, "seed": 0}

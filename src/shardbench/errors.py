@@ -7,7 +7,8 @@ corrupt npz/tar/JSON/SQLite) is turned into one line naming the path, what is wr
 `shardbench --debug` (or SHARDBENCH_DEBUG=1) the full traceback is shown instead, for bug reports.
 
 Exit statuses: 1 some runs of a sweep failed, 2 configuration, 3 diverged, 4 data, 5 processes, 6 a file or folder
-the run needs, 70 an internal error (a bug), 130 interrupted.
+the run needs, 70 an internal error (a bug), 130 interrupted (143 stopped by SIGTERM, where a command takes it as an
+interrupt).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import tarfile
 import zipfile
 from collections.abc import Callable
 from typing import TypeVar
+
+from shardbench.subprocs import Terminated, interrupted_code
 
 E = TypeVar("E", bound=BaseException)
 
@@ -234,9 +237,10 @@ def run_reported(command: Callable[[], int], debug: bool = False) -> int:
         if debug:
             raise
         return _finish(report(err), err)
-    except KeyboardInterrupt:
-        print("shardbench: interrupted", file=sys.stderr)
-        return _finish(130)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM where a command takes it as one (`subprocs.Terminated`)
+        print(f"shardbench: {'stopped by SIGTERM' if isinstance(err, Terminated) else 'interrupted'}",
+              file=sys.stderr)
+        return _finish(interrupted_code(err))
     except Exception as err:  # noqa: BLE001 - the one place where every other failure becomes a line
         if debug:
             raise

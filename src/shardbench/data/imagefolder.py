@@ -24,6 +24,7 @@ from PIL import Image
 from shardbench.data import cache
 from shardbench.data.arrays import ImageArrays, ImageDataset, split_train_val
 from shardbench.errors import DataError
+from shardbench.subprocs import terminated_as_interrupt
 
 log = logging.getLogger(__name__)
 
@@ -290,24 +291,27 @@ def _decode_tree(source: Path, image_size: int) -> dict[str, np.ndarray]:
     files: list[_File] = []
     dirs: set[tuple[str, ...]] = set()
     decoder = _Decoder(image_size)
-    try:
-        for entry in _walk_folder(source) if source.is_dir() else _walk_tar(source):
-            if isinstance(entry, tuple):
-                dirs.add(entry)
-                continue
-            files.append(entry)
-            # Only files at least <split>/<class>/<image> deep can be images of the dataset;
-            # they are decoded before the layout is known so decoding overlaps the scan.
-            if len(entry.parts) >= 3 and not _hidden(entry.parts):
-                decoder.add(entry)
-        splits = _group(files, dirs, _find_root(files, dirs, source), source)
-        class_names = sorted(splits["train"])
-        for split in ("test", "val"):
-            if split in splits and sorted(splits[split]) != class_names:
-                raise _class_difference(split, class_names, sorted(splits[split]), source)
-        all_images, errors = decoder.finish()
-    finally:
-        decoder.close()
+    # SIGTERM stops the decoding as Ctrl-C does, so that `close` ends the worker processes (by its default the
+    # process died at once, and its workers ran on, orphaned).
+    with terminated_as_interrupt():
+        try:
+            for entry in _walk_folder(source) if source.is_dir() else _walk_tar(source):
+                if isinstance(entry, tuple):
+                    dirs.add(entry)
+                    continue
+                files.append(entry)
+                # Only files at least <split>/<class>/<image> deep can be images of the dataset;
+                # they are decoded before the layout is known so decoding overlaps the scan.
+                if len(entry.parts) >= 3 and not _hidden(entry.parts):
+                    decoder.add(entry)
+            splits = _group(files, dirs, _find_root(files, dirs, source), source)
+            class_names = sorted(splits["train"])
+            for split in ("test", "val"):
+                if split in splits and sorted(splits[split]) != class_names:
+                    raise _class_difference(split, class_names, sorted(splits[split]), source)
+            all_images, errors = decoder.finish()
+        finally:
+            decoder.close()
 
     out: dict[str, np.ndarray] = {"class_names": np.array(class_names)}
     for split, classes in splits.items():

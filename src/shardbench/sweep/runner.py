@@ -225,6 +225,8 @@ def classify(outcome: Outcome, log_path: Path, timeout_s: float) -> tuple[str, s
         return "killed", _one_line(launched.removeprefix("shardbench: error: ")) if launched else f"killed by {name}"
     if code in EXIT_KINDS:
         return EXIT_KINDS[code], _one_line(message)
+    if code in (130, 143):  # a run that took Ctrl-C or SIGTERM as an interrupt ("shardbench: stopped by SIGTERM")
+        return "killed", _one_line(message) if message else f"exit {code}: interrupted"
     if oom:
         return "oom", _one_line(oom)
     if code == 0:
