@@ -270,6 +270,23 @@ def test_sigterm_while_decoding_stops_the_workers_too(tmp_path: Path) -> None:
     assert not list((tmp_path / "cache").rglob("*.npz"))  # nothing cached from a stopped decoding
 
 
+def test_a_name_a_tar_holds_twice_is_its_last_member_as_tar_x_leaves_it(tmp_path: Path) -> None:
+    """`tar rf` appends a changed file under its name again: extracted, the archive holds the last. Both were
+    read, the class one image larger, the old image beside the new. Now the last alone is the image."""
+    tree = make_tree(tmp_path / "tree")
+    tar = make_tar(tree, tmp_path / "updated.tar", wrapper=None)
+    changed = tmp_path / "img_000.png"
+    Image.new("RGB", (SIZE, SIZE), (200, 201, 202)).save(changed)
+    with tarfile.open(tar, "a") as tf:
+        tf.add(changed, arcname="./train/cat/img_000.png")
+    before = load(tree, tmp_path / "folder", val_fraction=0.0)
+    after = load(tar, tmp_path / "tar", val_fraction=0.0)
+    assert len(after.train.labels) == len(before.train.labels)  # one image per name
+    np.testing.assert_array_equal(after.train.labels, before.train.labels)
+    assert tuple(after.train.images[0, 0, 0]) == (200, 201, 202)  # cat's img_000: the appended version
+    np.testing.assert_array_equal(after.train.images[1:], before.train.images[1:])
+
+
 def test_imagefolder_spec(tmp_path: Path) -> None:
     tree = make_tree(tmp_path / "tree")
     kw: dict = {"cache_dir": tmp_path / "cache", "image_size": SIZE, "val_fraction": 0.25, "seed": 0}

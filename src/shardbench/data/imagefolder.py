@@ -150,7 +150,8 @@ def _group(
             classes = tree.setdefault(d[n], {})
             if len(d) == n + 2:
                 classes.setdefault(d[n + 1], [])
-    for f in files:
+    # A tar may hold a name twice (`tar rf` appends a changed file): the last is the file, as `tar -x` leaves it.
+    for f in {f.parts: f for f in files}.values():
         rest = f.parts[n:]
         if f.parts[:n] != root or len(rest) == 1 or rest[0] not in _SPLITS or _hidden(f.parts):
             continue  # outside the root, a README beside the splits, or a folder that is no split
