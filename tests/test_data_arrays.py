@@ -151,6 +151,30 @@ def test_cached_statistics_follow_every_image_of_the_split(tmp_path: Path) -> No
     assert cached_stats(tmp_path, "mine", images) == channel_stats(images)  # both splits are kept, each its own
 
 
+@pytest.mark.parametrize("entry", [[1, 2], [[0.5, 0.5, 0.5], [0, 0, 0]], [[0.5, 0.5], [0.2, 0.2]], "x", None,
+                                   [[0.5, 0.5, 0.5], [0.2, "nan", 0.2]]],
+                         ids=["numbers", "zero-std", "two-channels", "text", "null", "nan"])
+def test_a_damaged_statistics_entry_is_computed_again(tmp_path: Path, entry: object) -> None:
+    """An edited or damaged entry in image-stats.json was trusted: [1, 2] stopped the run with an internal error
+    (a TypeError), a zero std made the first loss nan, reported as a run that diverged. It is computed again and
+    the file mended."""
+    import json
+
+    from shardbench.data.stats import CACHE_NAME, cached_stats
+
+    images = np.random.default_rng(0).integers(0, 100, (72, 8, 8, 3), dtype=np.uint8)
+    cached_stats(tmp_path, "mine", images)
+    path = tmp_path / CACHE_NAME
+    (key,) = json.loads(path.read_text())
+    path.write_text(json.dumps({key: entry}))
+    assert cached_stats(tmp_path, "mine", images) == channel_stats(images)
+    assert _stats_entry(json.loads(path.read_text())[key]) == channel_stats(images)  # mended
+
+
+def _stats_entry(value: list[list[float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    return tuple(value[0]), tuple(value[1])
+
+
 @pytest.mark.parametrize(("arrays", "overrides", "message"), [
     ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.zeros(4), "x_test": np.zeros((2, 40, 40, 3),
       np.uint8), "y_test": np.zeros(2)}, {}, "x_test is uint8 (2, 40, 40, 3) but x_train is uint8 (4, 32, 32, 3)"),

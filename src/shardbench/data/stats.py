@@ -8,6 +8,8 @@ training images, computed once and cached beside the decoded arrays, keyed by wh
 from __future__ import annotations
 
 import hashlib
+import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,7 @@ Stats = tuple[tuple[float, float, float], tuple[float, float, float]]
 CIFAR10: Stats = (CIFAR_MEAN, CIFAR_STD)
 CACHE_NAME = "image-stats.json"
 _CHUNK = 4096  # images per pass, so that the float copy stays small
+log = logging.getLogger(__name__)
 
 
 def channel_stats(images: np.ndarray) -> Stats:
@@ -44,14 +47,29 @@ def fingerprint(images: np.ndarray) -> str:
     return digest.hexdigest()
 
 
+def _entry(value: object, channels: int) -> Stats | None:
+    """A cached [[mean...], [std...]] as Stats, or None where it is not one (an edited or damaged file): `channels`
+    finite means and finite stds above zero, which the images are divided by."""
+    try:
+        mean, std = (tuple(float(v) for v in part) for part in value)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        return None
+    if len(mean) != channels or len(std) != channels or not all(math.isfinite(v) for v in mean + std) or min(std) <= 0:
+        return None
+    return mean, std  # type: ignore[return-value]
+
+
 def cached_stats(cache_dir: Path, name: str, images: np.ndarray) -> Stats:
     """`images`' statistics, from `<cache_dir>/image-stats.json` when this split was seen before."""
     path = cache_dir / CACHE_NAME
     key = f"{name}|{fingerprint(images)}"
     known = read_json_dict(path)
     if key in known:
-        mean, std = known[key]
-        return tuple(mean), tuple(std)  # type: ignore[return-value]
+        found = _entry(known[key], images.shape[-1])
+        if found is not None:
+            return found
+        log.warning("%s: the entry for %s is not a mean and a positive std per channel; computing it again",
+                    path, name)
     stats = channel_stats(images)
     write_json_atomic(path, {**known, key: [list(stats[0]), list(stats[1])]})
     return stats
