@@ -141,6 +141,23 @@ def test_pickles_cannot_run_code(tmp_path: Path) -> None:
         load_cifar10(folder, tmp_path / "cache", val_fraction=0.1, seed=0)
 
 
+def test_another_release_of_cifar10_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The binary (or MATLAB) release given for the python one was "md5 ... does not match ...: delete it and
+    download again", which does not help with a file of one's own: the line names the release it is and the one
+    to give. (A file with the binary release's published md5 cannot be made here: a small file's md5 stands in
+    for it in the table of releases.)"""
+    from shardbench.data import cifar10
+
+    other = tmp_path / "cifar-10-binary.tar.gz"
+    other.write_bytes(b"the binary release's bytes")
+    monkeypatch.setattr(cifar10, "OTHER_RELEASES", {cifar10.file_md5(other): "binary release (cifar-10-binary.tar.gz)"})
+    with pytest.raises(DataError) as err:
+        load_cifar10(other, tmp_path / "cache", val_fraction=0.1, seed=0)
+    assert str(err.value) == (f"{other}: is CIFAR-10's binary release (cifar-10-binary.tar.gz); shardbench reads the "
+                              f"python release, cifar-10-python.tar.gz (md5 c58f30108f718f92721af3b95e74349a): give "
+                              f"that file, or leave out the PATH to download it")
+
+
 def test_download_checks_md5_and_lands_atomically(server: str, tarball: tuple[Path, str], tmp_path: Path) -> None:
     path, md5 = tarball
     dest_dir = tmp_path / "downloads"

@@ -49,8 +49,17 @@ def file_md5(path: Path) -> str:
     return h.hexdigest()
 
 
+# The other releases of the same page (www.cs.toronto.edu/~kriz/cifar.html), by their published md5: the same
+# images in another format, which this loader does not read.
+OTHER_RELEASES = {"c32a1d4ab5d03f1284b67883e8d87530": "binary release (cifar-10-binary.tar.gz)",
+                  "70270af85842c9e89bb428ec9976c926": "MATLAB release (cifar-10-matlab.tar.gz)"}
+
+
 def check_md5(path: Path, md5: str) -> None:
     got = file_md5(path)
+    if got in OTHER_RELEASES and md5 == MD5:
+        raise DataError(f"{path}: is CIFAR-10's {OTHER_RELEASES[got]}; shardbench reads the python release, "
+                        f"{TARBALL_NAME} (md5 {MD5}): give that file, or leave out the PATH to download it")
     if got != md5:
         raise DataError(f"{path}: md5 {got} does not match the expected {md5}; delete it and download again")
 
