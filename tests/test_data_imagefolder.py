@@ -287,6 +287,19 @@ def test_a_name_a_tar_holds_twice_is_its_last_member_as_tar_x_leaves_it(tmp_path
     np.testing.assert_array_equal(after.train.images[1:], before.train.images[1:])
 
 
+def test_a_link_to_nothing_in_the_folder_is_named_as_such(tmp_path: Path) -> None:
+    """A dangling symbolic link among the images was "<it> does not exist: create it, or give a path whose folder
+    exists" with exit 6, as if the user had named a path: it is the dataset's, a data error naming the link."""
+    import os
+
+    tree = make_tree(tmp_path / "tree")
+    os.symlink(tmp_path / "gone.png", tree / "train" / "cat" / "img_900.png")
+    with pytest.raises(DataError) as err:
+        load(tree, tmp_path)
+    assert str(err.value) == (f"{tree / 'train' / 'cat' / 'img_900.png'}: is a link to {tmp_path / 'gone.png'}, "
+                              f"which does not exist: remove the link or point it at an image")
+
+
 def test_imagefolder_spec(tmp_path: Path) -> None:
     tree = make_tree(tmp_path / "tree")
     kw: dict = {"cache_dir": tmp_path / "cache", "image_size": SIZE, "val_fraction": 0.25, "seed": 0}

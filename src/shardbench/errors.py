@@ -54,7 +54,7 @@ class FileFault(ShardbenchError):
 
 
 EXIT_CODES = {"sweep runs failed": 1, "configuration": 2, "diverged": 3, "data": 4, "processes": 5, "files": 6,
-              "internal error": 70, "interrupted": 130}
+              "internal error": 70, "interrupted": 130, "stopped by SIGTERM": 143}
 DEBUG_ENV = "SHARDBENCH_DEBUG"
 
 

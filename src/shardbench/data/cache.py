@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shardbench.errors import DataError
+
 log = logging.getLogger(__name__)
 
 
@@ -31,7 +33,11 @@ def _tree_listing(root: Path) -> list[str]:
         rows.extend(f"{os.path.relpath(os.path.join(dirpath, name), root)}/" for name in dirnames)
         for name in sorted(filenames):
             full = os.path.join(dirpath, name)
-            st = os.stat(full)
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:  # listed, so a link whose target is gone
+                raise DataError(f"{full}: is a link to {os.readlink(full)}, which does not exist: remove the link "
+                                f"or point it at an image") from None
             rows.append(f"{os.path.relpath(full, root)}\0{st.st_size}\0{st.st_mtime_ns}")
     return rows
 
