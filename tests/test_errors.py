@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import re
 import tarfile
@@ -254,6 +255,60 @@ def test_a_resume_does_not_hold_a_setting_the_run_never_reads_against_it(tmp_pat
     check_resume(again, tmp_path)
     with pytest.raises(ConfigError, match=re.escape("was trained with optim.lr=0.001, not 0.5")):
         check_resume(override(again, {"optim.lr": 0.5}), tmp_path)
+
+
+def test_a_resume_compares_the_layout_the_flags_resolved_to(micro, tmp_path) -> None:
+    """A run of --devices 0 (every device: 8 here) resumed on 4 devices went on without a word (its record then
+    said 4 devices had trained it all), while the same 8 devices named as --devices 8 were refused ("trained with
+    parallel.devices=0, not 8"): the flags were compared, not what they resolved to. The run keeps its layout in
+    layout.json, and a resume is compared on it."""
+    import jax
+
+    from shardbench.errors import ConfigError
+    from shardbench.parallel.rules import make_layout
+    from shardbench.parsing import override
+    from shardbench.rundir import LAYOUT_RECORD, check_resume
+    from shardbench.train.loop import run
+
+    cfg = micro(**{"train.steps": 2, "train.checkpoint_every": 1, "parallel.devices": 0, "parallel.strategy": "dp"})
+    run(cfg)
+    out = Path(cfg.train.out)
+    assert json.loads((out / LAYOUT_RECORD).read_text()) == {"strategy": "dp", "mesh": {"data": 8}, "devices": 8,
+                                                             "processes": 1}
+    again = override(cfg, {"train.resume": True, "parallel.devices": 8})
+    check_resume(again, out, layout=make_layout("dp", "", jax.devices()[:8]))  # the same 8, named
+    fewer = override(cfg, {"train.resume": True, "parallel.devices": 4})
+    with pytest.raises(ConfigError) as err:
+        check_resume(fewer, out, layout=make_layout("dp", "", jax.devices()[:4]))
+    assert str(err.value) == (f"--resume: {out} was trained as dp on mesh data=8 (8 device(s), 1 process(es)), not dp "
+                              f"on mesh data=4 (4 device(s), 1 process(es)); resume on the same devices and layout, "
+                              f"or start a new run with another --out")
+    fsdp = override(cfg, {"train.resume": True, "parallel.strategy": "fsdp"})  # a flag that changes the layout
+    with pytest.raises(ConfigError, match=re.escape("was trained as dp on mesh data=8")):
+        check_resume(fsdp, out, layout=make_layout("fsdp", "", jax.devices()[:8]))
+    with pytest.raises(ConfigError, match=re.escape("was trained with optim.lr=0.001, not 0.5")):  # the rest still
+        check_resume(override(again, {"optim.lr": 0.5}), out, layout=make_layout("dp", "", jax.devices()[:8]))
+
+
+def test_a_resume_whose_checkpoints_cannot_be_written_is_refused_before_training(micro, tmp_path) -> None:
+    """A resumed run whose checkpoints folder could not be written trained every step left, then failed at its
+    first save with orbax's tracebacks: it is checked with --out, before anything compiles. (Here the folder is a
+    file where a folder is needed; a read-only mount is refused by the same check.)"""
+    import shutil
+
+    from shardbench.errors import FileFault
+    from shardbench.parsing import override
+    from shardbench.train.loop import run
+
+    cfg = micro(**{"train.steps": 2, "train.checkpoint_every": 1})
+    run(cfg)
+    ckpt = Path(cfg.train.out) / "checkpoints"
+    shutil.rmtree(ckpt)
+    ckpt.write_text("not a folder")
+    with pytest.raises(FileFault) as err:
+        run(override(cfg, {"train.resume": True, "train.steps": 2}))
+    assert str(err.value) == (f"--out {ckpt}: {ckpt} is a file where a folder is needed: remove it or choose another "
+                              f"path")
 
 
 @pytest.mark.parametrize(("argv", "line"), [

@@ -121,7 +121,7 @@ def check_run(cfg: Config) -> CheckedRun:
     check_fits(cfg, spec, layout)  # before the precision probe compiles anything
     check_supported(cfg.precision, layout.device)
     out = resolve_out(cfg)
-    check_resume(cfg, out, spec)
+    check_resume(cfg, out, spec, layout)
     cache = config_lib.cache_root(cfg)
     writable_dir(cache, config_lib.cache_root_flag(cfg))  # decoded datasets and the host's peak go there
     dataset = load_for(cfg, cache)
@@ -136,6 +136,8 @@ def check_run(cfg: Config) -> CheckedRun:
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
     writable_dir(out, "--out", create=False)  # made once the train state is known to fit (`train.build`)
+    if cfg.train.checkpoint_every > 0:  # a resumed run's checkpoints: written to mid-run, after steps it could lose
+        writable_dir(out / "checkpoints", "--out", create=False)
     if cfg.train.profile and cfg.train.profile_root:  # the trace is filed there after its window, mid-run
         writable_dir(Path(cfg.train.profile_root) / "plugins" / "profile", "--train.profile-root", create=False)
     return CheckedRun(cfg, task, out, layout, spec, dataset, per_epoch, total, cache, data_fingerprint)

@@ -16,6 +16,7 @@ from shardbench.errors import ConfigError, FileFault
 from shardbench.jsonfile import write_json_atomic
 from shardbench.models import custom
 from shardbench.models.spec import ModelSpec, shape_tree
+from shardbench.parallel.rules import Layout
 from shardbench.parsing import from_dict
 from shardbench.validation import inert_fields
 
@@ -23,6 +24,10 @@ from shardbench.validation import inert_fields
 MODEL_RECORD = "model.json"
 # Beside config.json: what the run's data held when it started (`data.arrays.fingerprint`), for --resume.
 DATA_RECORD = "data.json"
+# Beside config.json: the layout the run's flags resolved to (--devices 0 and --strategy auto are resolved only
+# on the machine), for --resume, which is compared on it rather than on the flags.
+LAYOUT_RECORD = "layout.json"
+LAYOUT_FIELDS = ("parallel.devices", "parallel.strategy", "parallel.mesh")
 
 
 def resolve_out(cfg: Config) -> Path:
@@ -41,9 +46,42 @@ def shared_out(cfg: Config) -> Config:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=out))
 
 
-def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None) -> None:
+def layout_record(layout: Layout) -> dict[str, object]:
+    """What a run's layout resolved to: its strategy, its mesh's axes, its devices and processes."""
+    return {"strategy": layout.strategy.name, "mesh": {a: n for a, n in layout.shape.items() if n > 1},
+            "devices": layout.shape.size, "processes": jax.process_count()}
+
+
+def _layout_text(record: dict[str, object]) -> str:
+    mesh = ",".join(f"{a}={n}" for a, n in dict(record.get("mesh") or {}).items()) or "one device"
+    return (f"{record.get('strategy')} on mesh {mesh} ({record.get('devices')} device(s), {record.get('processes')} "
+            f"process(es))")
+
+
+def write_layout_record(out: Path, layout: Layout) -> None:
+    """Write `layout.json` beside config.json: the layout the run started with."""
+    write_json_atomic(out / LAYOUT_RECORD, layout_record(layout))
+
+
+def _saved_layout(out: Path) -> dict[str, object] | None:
+    """The layout a run started with, from its layout.json; None for a run from before it was kept."""
+    path = out / LAYOUT_RECORD
+    if not path.is_file():
+        return None
+    try:
+        then = json.loads(path.read_text())
+        if not isinstance(then, dict) or not {"strategy", "mesh", "devices", "processes"} <= set(then):
+            raise ValueError("not a layout record")
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--resume: {path} is unreadable ({err}); start a new run with another --out") from None
+    return then
+
+
+def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None, layout: Layout | None = None) -> None:
     """A run directory is resumed only with the configuration it was started with, and a model of your own
-    (`spec`) only with the file and shapes it was started with."""
+    (`spec`) only with the file and shapes it was started with. Where the run kept its layout (layout.json) and
+    `layout` is this one's, the layouts are compared as resolved, not the flags that chose them: 8 devices
+    given as --devices 8 resume a run of --devices 0 on 8, and 4 devices do not."""
     if out.exists() and not out.is_dir():
         raise FileFault(f"--out {out} is a file: give a folder for the run (it holds config.json, checkpoints, ...)")
     saved_path = out / "config.json"
@@ -61,6 +99,13 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None) -> None:
                               f"--out") from None
         saved, current = as_before_auto_layout(saved, cfg), config_lib.flatten(cfg)
         inert = inert_fields(cfg)  # never read by this configuration, nor by the saved one where all else agrees
+        then = _saved_layout(out) if layout is not None else None
+        if then is not None:
+            now = json.loads(json.dumps(layout_record(layout)))
+            if then != now:
+                raise ConfigError(f"--resume: {out} was trained as {_layout_text(then)}, not {_layout_text(now)}; "
+                                  f"resume on the same devices and layout, or start a new run with another --out")
+            inert = {*inert, *LAYOUT_FIELDS}  # compared as resolved, just now
         diffs = [k for k in current if k not in config_lib.REPORTING_ONLY and k not in inert
                  and saved.get(k) != current[k]]
         if diffs:

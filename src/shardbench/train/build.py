@@ -29,7 +29,7 @@ from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.optim import build_optimizer
 from shardbench.preflight import CheckedRun, check_run
 from shardbench.prices import PriceTable, prices_from_flag, row_for
-from shardbench.rundir import shared_out, write_data_record, write_model_record
+from shardbench.rundir import shared_out, write_data_record, write_layout_record, write_model_record
 from shardbench.runtime import CacheUse, start_process
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import header_line
@@ -80,6 +80,7 @@ def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRu
         write_json_atomic(out / "config.json", cfg.to_dict())
         write_model_record(cfg, out, checked.spec)  # a model of your own: its file's sha256 and shapes, for --resume
         write_data_record(out, checked.dataset.name, checked.data_fingerprint)  # what --resume must find again
+        write_layout_record(out, checked.layout)  # and the layout the flags resolved to
     checkpoints = Checkpoints(out / "checkpoints", cfg.train.keep_checkpoints)
     try:
         start = _start_step(checked, checkpoints)
