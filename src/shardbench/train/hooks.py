@@ -79,7 +79,7 @@ class Metrics:
     norm stops training before the state after that step can be checkpointed."""
 
     arrived: Callable[[int], None]  # told each step as its results reach the host (the loop's step timer)
-    last_good: Callable[[], str]  # where the last good checkpoint is, for the error
+    last_good: Callable[[], str]  # where the last checkpoint saved before the loss went bad is, for the error
     meter: EpochMeter = field(default_factory=EpochMeter)
     pending: tuple[int, dict[str, jax.Array]] | None = None
     last: dict[str, float] = field(default_factory=dict)
@@ -345,6 +345,7 @@ def part_note(record: dict[str, Any]) -> str:
 def last_good_checkpoint(checkpoints: Checkpoints, out: Path) -> Callable[[], str]:
     def where() -> str:
         good = checkpoints.latest_step()
-        return f"the last good checkpoint is step {good} in {out / 'checkpoints'}" if good else "no checkpoint"
+        return (f"the last checkpoint, saved before it diverged, is step {good} in {out / 'checkpoints'}" if good
+                else "no checkpoint")
 
     return where
