@@ -311,6 +311,24 @@ def test_a_resume_whose_checkpoints_cannot_be_written_is_refused_before_training
                               f"path")
 
 
+def test_an_out_folder_holding_something_else_is_not_called_a_run(tmp_path) -> None:
+    """--out naming a folder of notes was refused as one that "already holds a run: pass --resume to continue
+    it", which would then fail for want of a run. It says what it holds."""
+    from shardbench.errors import ConfigError
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+    from shardbench.rundir import check_resume
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError) as err:
+        check_resume(get_preset("vit-tiny"), tmp_path)
+    assert str(err.value) == (f"--out {tmp_path} holds files of something else (notes.txt), no run: choose an empty "
+                              f"or new --out")
+    (tmp_path / "config.json").write_text(get_preset("vit-tiny").to_json())
+    with pytest.raises(ConfigError, match="already holds a run: pass --resume to continue it"):
+        check_resume(override(get_preset("vit-tiny"), {}), tmp_path)
+
+
 @pytest.mark.parametrize(("argv", "line"), [
     (["train", "--batch-sise", "3"], "unrecognized arguments: --batch-sise 3; did you mean --batch-size?"),
     (["sweep", "--model.embed-dimm=3"], "unrecognized arguments: --model.embed-dimm=3; did you mean --model.embed-dim?"),

@@ -118,7 +118,12 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None, layout: 
         if spec is not None:
             check_same_model(cfg, out, spec)
     elif out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} already holds a run: pass --resume to continue it, or choose another --out")
+        if (out / "config.json").exists():
+            raise ConfigError(f"--out {out} already holds a run: pass --resume to continue it, or choose another "
+                              f"--out")
+        held = sorted(p.name for p in out.iterdir())
+        raise ConfigError(f"--out {out} holds files of something else ({', '.join(held[:3])}"
+                          f"{', ...' if len(held) > 3 else ''}), no run: choose an empty or new --out")
 
 
 def as_before_auto_layout(saved: dict[str, object], cfg: Config) -> dict[str, object]:
