@@ -84,6 +84,12 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
     assert redone["resumed_from"] == 8 and redone["measurements"]["step_time_s"]["median"] > 0
     _check_the_resumed_epochs(tmp_path / "whole", redone)
 
+    # Its logs hold each step once, as the uninterrupted run's do: what was logged past the checkpoint before the
+    # kill (twice resumed: from step 4 or 8, then 8) is dropped from metrics.jsonl, and TensorBoard, told where
+    # the run restarted, shows the new rows only.
+    assert _logged_losses(tmp_path / "killed") == _logged_losses(tmp_path / "whole")
+    assert _tensorboard_losses(tmp_path / "killed") == _tensorboard_losses(tmp_path / "whole")
+
     a, b = _final_params(tmp_path / "whole"), _final_params(tmp_path / "killed")
     assert a["step"] == b["step"] == 12
     flat_a = dict(_flatten(a["params"]))
@@ -91,6 +97,19 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
     assert flat_a.keys() == flat_b.keys()
     for key in flat_a:
         np.testing.assert_array_equal(np.asarray(flat_a[key]), np.asarray(flat_b[key]), err_msg=key)
+
+
+def _logged_losses(run: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in (run / "tensorboard" / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r]
+
+
+def _tensorboard_losses(run: Path) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"))  # every event file of the folder, in order, as TensorBoard
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars("train/loss")]
 
 
 def _check_the_resumed_epochs(whole: Path, resumed: dict) -> None:

@@ -7,6 +7,7 @@ The JSON-lines file is what shardbench itself reads back (reports, benchmarks); 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,25 @@ if TYPE_CHECKING:
     from tensorboardX import SummaryWriter
 else:
     SummaryWriter = _import_without_torch()
+from tensorboardX.proto.event_pb2 import Event, SessionLog  # noqa: E402  # after the writer, torch hidden
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Rewrite the JSON-lines file without its rows past `step` (whole, through a rename: a kill leaves the old
+    file or the new). A row that does not parse (the half line a kill can leave) goes too."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(line)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    os.replace(tmp, path)
+
 
 # tensorboardX writes from a background thread and flushes that thread's file every `flush_secs`; its
 # `flush()` does not wait for the queue. One second keeps a killed run's curves to within a second of the kill.
@@ -42,7 +62,11 @@ _FLUSH_SECS = 1
 class ScalarWriter:
     """Writes scalars to `<logdir>/events.out.tfevents.*` and `<logdir>/metrics.jsonl`."""
 
-    def __init__(self, logdir: Path, enabled: bool = True) -> None:
+    def __init__(self, logdir: Path, enabled: bool = True, resumed_from: int | None = None) -> None:
+        """`resumed_from`: the step a resumed run restarts after. What the run logged past it, before it was
+        stopped, is logged again as training reaches those steps: the JSON-lines file drops it now, and the event
+        file says where the run restarted (a SessionLog START at the step after it, from which TensorBoard drops
+        what it had read), so that each shows the new rows only."""
         self.enabled = enabled
         self._events: SummaryWriter | None = None
         self._jsonl: IO[str] | None = None
@@ -53,7 +77,12 @@ class ScalarWriter:
         # same folder within that second (a quick resume) would truncate the first: a unique suffix keeps
         # both, and sorts in creation order after the shared prefix, which is the order TensorBoard reads.
         self._events = SummaryWriter(str(logdir), flush_secs=_FLUSH_SECS, filename_suffix=f".{time.time_ns()}")
-        self._jsonl = open(logdir / "metrics.jsonl", "a")
+        jsonl = logdir / "metrics.jsonl"
+        if resumed_from is not None:
+            _drop_rows_after(jsonl, resumed_from)
+            self._events.file_writer.add_event(Event(step=resumed_from + 1, wall_time=time.time(),
+                                                     session_log=SessionLog(status=SessionLog.START)))
+        self._jsonl = open(jsonl, "a")
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled or self._events is None or self._jsonl is None:

@@ -43,7 +43,8 @@ def run(cfg: Config, given: Collection[str] = ()) -> dict[str, Any]:
 
 def train(built: BuiltRun) -> dict[str, Any]:
     """Train a built run to its last step and write its record; its checkpoints are closed whatever happens."""
-    writer = ScalarWriter(built.checked.out / "tensorboard", enabled=jax.process_index() == 0)
+    writer = ScalarWriter(built.checked.out / "tensorboard", enabled=jax.process_index() == 0,
+                          resumed_from=built.start if built.checked.cfg.train.resume else None)
     try:
         summary = _loop(built, writer)
     finally:
