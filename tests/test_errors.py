@@ -255,6 +255,9 @@ def test_a_resume_does_not_hold_a_setting_the_run_never_reads_against_it(tmp_pat
     check_resume(again, tmp_path)
     with pytest.raises(ConfigError, match=re.escape("was trained with optim.lr=0.001, not 0.5")):
         check_resume(override(again, {"optim.lr": 0.5}), tmp_path)
+    # Where its compiled programs are cached changes no program: another --train.compile-cache resumes it (it was
+    # refused, "trained with train.compile_cache='', not '/tmp/xla'").
+    check_resume(override(again, {"train.compile_cache": str(tmp_path / "xla")}), tmp_path)
 
 
 def test_a_resume_compares_the_layout_the_flags_resolved_to(micro, tmp_path) -> None:

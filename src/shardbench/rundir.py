@@ -28,6 +28,9 @@ DATA_RECORD = "data.json"
 # on the machine), for --resume, which is compared on it rather than on the flags.
 LAYOUT_RECORD = "layout.json"
 LAYOUT_FIELDS = ("parallel.devices", "parallel.strategy", "parallel.mesh")
+# What a resume may give otherwise: where and how the run reports, and where its compiled programs are cached,
+# which changes no program.
+RESUME_MAY_CHANGE = config_lib.REPORTING_ONLY | {"train.compile_cache"}
 
 
 def resolve_out(cfg: Config) -> Path:
@@ -106,7 +109,7 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None, layout: 
                 raise ConfigError(f"--resume: {out} was trained as {_layout_text(then)}, not {_layout_text(now)}; "
                                   f"resume on the same devices and layout, or start a new run with another --out")
             inert = {*inert, *LAYOUT_FIELDS}  # compared as resolved, just now
-        diffs = [k for k in current if k not in config_lib.REPORTING_ONLY and k not in inert
+        diffs = [k for k in current if k not in RESUME_MAY_CHANGE and k not in inert
                  and saved.get(k) != current[k]]
         if diffs:
             k = diffs[0]
