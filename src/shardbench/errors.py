@@ -228,9 +228,19 @@ def writable_dir(path: os.PathLike[str] | str, flag: str, create: bool = True) -
         raise FileFault(f"{flag} {folder}: {fault if fault is not None else one_line(err)}") from None
 
 
+_debug = False  # --debug was given to this process's command
+
+
+def debugging() -> bool:
+    """--debug was given, or SHARDBENCH_DEBUG is set: show the tracebacks that are otherwise kept to one line."""
+    return _debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
 def run_reported(command: Callable[[], int], debug: bool = False) -> int:
     """Run one command; every failure becomes one line on stderr and an exit status (see EXIT_CODES)."""
-    debug = debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    global _debug
+    _debug = debug
+    debug = debugging()
     try:
         return _finish(command())
     except ShardbenchError as err:

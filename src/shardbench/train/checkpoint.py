@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import jax
 import orbax.checkpoint as ocp
 
-from shardbench.errors import ConfigError, DataError
+from shardbench.errors import ConfigError, DataError, debugging
 from shardbench.train.state import TrainState
 
 
@@ -107,6 +107,7 @@ class Checkpoints:
             except Exception as err:  # noqa: BLE001 - orbax raises many kinds on a damaged file
                 detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
                 damaged.append(step)
+                _hush_abandoned_reads()
                 print(f"shardbench: --resume: the checkpoint of step {step} in {self._directory} is damaged "
                       f"({type(err).__name__}: {detail}); trying the one before it", file=sys.stderr, flush=True)
                 continue
@@ -160,6 +161,33 @@ class Checkpoints:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _hush_abandoned_reads() -> None:
+    """Keep the rest of a failed restore off the terminal. orbax reads a checkpoint's arrays concurrently and gives
+    up at the first damaged one: the reads still in flight then end in an event loop it has closed, and Python
+    prints each as an ignored exception ("Event loop is closed", the damaged array again) while training goes on
+    from the checkpoint before. The line naming the damage says it all; --debug shows them."""
+    if debugging() or getattr(sys.unraisablehook, "abandoned_reads", False):
+        return
+    before = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not _abandoned_read(unraisable):
+            before(unraisable)
+
+    hook.abandoned_reads = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
+def _abandoned_read(unraisable: Any) -> bool:
+    """An exception Python could not raise that belongs to a restore orbax gave up: a callback into its closed
+    event loop, or one of its read coroutines collected with its error."""
+    err = unraisable.exc_value
+    if isinstance(err, RuntimeError) and str(err) == "Event loop is closed":
+        return True
+    code = getattr(unraisable.object, "cr_code", None)
+    return code is not None and "orbax" in Path(code.co_filename).parts
 
 
 def _steps(steps: list[int]) -> str:
