@@ -403,6 +403,41 @@ def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path:
         write_report(tmp_path / "unfinished")
 
 
+def test_sweeps_reported_together_keep_their_refused_runs_and_another_tools_config_is_left_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two sweeps copied into one folder: their refused runs are in their sweep.db alone (the folders were read
+    and the refused one vanished, "5 runs, 5 complete, 0 failed"), and a config.json another tool wrote (a
+    Hugging Face model's) was counted an unfinished run whose every field differed."""
+    rows = sweep_rows()
+    for name, kept in (("sA", rows[:2] + rows[-1:]), ("sB", rows[2:4])):
+        with Store(tmp_path / "both" / name / "sweep.db") as store:
+            store.set_meta("preset", "vit-tiny")
+            for r in kept:
+                store.add(r)
+    (tmp_path / "both" / "sB" / "runs" / "dp_8").mkdir(parents=True)  # a run's own folder, read through sweep.db
+    twin = tmp_path / "both" / "sC"  # a third sweep, with a run of one of sA's names
+    with Store(twin / "sweep.db") as store:
+        store.add(rows[0])
+    (tmp_path / "both" / "hf_model").mkdir()
+    (tmp_path / "both" / "hf_model" / "config.json").write_text('{"architectures": ["Bert"], "hidden_size": 8}')
+    assert report_cmd.run(argparse.Namespace(dir=tmp_path / "both", out=tmp_path / "out", prices=None)) == 0
+    err = capsys.readouterr().err
+    assert "left out 1 folder(s) whose config.json is not a shardbench run's: hf_model" in err
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert ("Read from the run folders below it and the sweep.db of `sA`, `sB`, `sC` in "
+            f"`{tmp_path / 'both'}`: 6 runs, 5 complete, 1 failed.") in text
+    assert "Left out, as their config.json is not a shardbench run's: `hf_model`." in text
+    names = [r["run"] for r in markdown_table(text.split("## Failed runs")[0])]
+    assert sorted(names) == ["dp_8", "fsdp_8", "fsdp_8_batch_4096", "sA/single_fp32", "sC/single_fp32",
+                             "single_bf16"]
+    assert "fsdp_8_batch_4096" in text.split("## Failed runs")[1] and "RESOURCE_EXHAUSTED" in text
+    assert "architectures" not in text and "hidden_size" not in text
+    (tmp_path / "hf_only" / "hf_model").mkdir(parents=True)
+    (tmp_path / "hf_only" / "hf_model" / "config.json").write_text('{"architectures": ["Bert"]}')
+    with pytest.raises(ShardbenchError, match="the config.json of hf_model is not a shardbench run's"):
+        write_report(tmp_path / "hf_only")
+
+
 def test_a_hand_written_run_folder_is_read_or_refused_in_one_line(tmp_path: Path) -> None:
     """A record whose list is null reads as an empty list; one whose list is a number, or a config.json that is
     not a table of sections, is refused naming the file (never an internal error)."""

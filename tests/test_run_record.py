@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import flax
 import jax
 import pytest
 
+from shardbench.errors import DataError
 from shardbench.measure.run_record import (
     SCHEMA_VERSION, Breakdown, Collective, Measurements, RecordError, RunRecord, field_table, from_json, to_json,
 )
@@ -54,6 +56,12 @@ def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> Non
                        match=f"is a version-{SCHEMA_VERSION + 1} run record; this shardbench reads versions 0 to "
                              f"{SCHEMA_VERSION}"):
         from_json({"schema_version": SCHEMA_VERSION + 1})
+    # A version that no shardbench writes is damage, not a newer record to upgrade for (True and -1 were read).
+    for version in ("8", None, True, -1, 2.0):
+        with pytest.raises(RecordError, match=re.escape(f"summary.json.schema_version is {version!r}: a run "
+                                                        f"record's version is a whole number from 0 to")):
+            from_json({"schema_version": version})
+    assert issubclass(RecordError, DataError)  # a file that cannot be used: exit 4, as a truncated one
     with pytest.raises(RecordError, match=r"summary.json.measurements has unknown field 'stepp_time_s'"):
         from_json({"schema_version": SCHEMA_VERSION, "measurements": {"stepp_time_s": {}}})
     # Written before the bytes each device sends and the loops of unknown trip count were kept: read as None.

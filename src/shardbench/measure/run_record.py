@@ -48,13 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shardbench.errors import ShardbenchError
+from shardbench.errors import DataError
 
 SCHEMA_VERSION = 8
 
 
-class RecordError(ShardbenchError):
-    """A summary.json that this shardbench cannot read."""
+class RecordError(DataError):
+    """A summary.json that this shardbench cannot read: a file it cannot use, as a corrupt one (exit 4)."""
 
 
 def _f(unit: str, doc: str, default: Any = None) -> Any:
@@ -359,7 +359,10 @@ def from_json(data: Any, source: str = "summary.json") -> RunRecord:
     if not isinstance(data, dict):
         raise RecordError(f"{source} is not a run record (a JSON object)")
     version = data.get("schema_version", 0)
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise RecordError(f"{source}.schema_version is {version!r}: a run record's version is a whole number from "
+                          f"0 to {SCHEMA_VERSION}, as shardbench train writes it; the file was edited or damaged")
+    if version > SCHEMA_VERSION:
         raise RecordError(f"{source} is a version-{version} run record; this shardbench reads versions 0 to "
                           f"{SCHEMA_VERSION}: upgrade shardbench to read it")
     return _build(RunRecord, {**data, "schema_version": version}, version == SCHEMA_VERSION, source)

@@ -38,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
     if paths.incomplete:
         print(f"report: {len(paths.incomplete)} run folder(s) without summary.json (did not finish), listed as "
               f"failed: {', '.join(paths.incomplete)}", file=sys.stderr)
+    if paths.skipped:
+        print(f"report: left out {len(paths.skipped)} folder(s) whose config.json is not a shardbench run's: "
+              f"{', '.join(paths.skipped)}", file=sys.stderr)
     if paths.pending:
         print(f"report: the sweep is unfinished: {len(paths.pending)} planned run(s) not recorded yet (report.md "
               f"says how to finish it)", file=sys.stderr)

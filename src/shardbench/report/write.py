@@ -13,6 +13,7 @@ from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
+from shardbench.config import Config
 from shardbench.errors import DataError, ShardbenchError, writable_dir
 from shardbench.measure.run_record import Measurements, RunRecord, from_json
 from shardbench.prices import PriceTable
@@ -44,6 +45,20 @@ def _read_config(path: Path) -> dict[str, Any]:
         raise DataError(f"{path} is not a run's configuration (a JSON object of sections), but a "
                         f"{type(nested).__name__}")
     return {f"{s}.{k}": v for s, sec in nested.items() if isinstance(sec, dict) for k, v in sec.items()}
+
+
+RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(Config))  # a run's config.json: its sections, its preset
+
+
+def _run_config(path: Path) -> bool:
+    """`path` is the config.json a shardbench run wrote (its sections, the model's and train's among them), not
+    another tool's file of that name (a Hugging Face model folder's) that happens to lie below DIR."""
+    try:
+        nested = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return True  # a run's config.json cut short is the run's damage, which reading it reports
+    return (isinstance(nested, dict) and nested.keys() <= RUN_FIELDS
+            and all(isinstance(nested.get(section), dict) for section in ("model", "train")))
 
 
 def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
@@ -81,10 +96,37 @@ def _relative(folder: Path, root: Path) -> str:
     return folder.relative_to(root).as_posix()
 
 
-def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
-    runs: list[ReportedRun] = []
+@dataclass
+class Found:
+    """What a folder of runs holds: its runs, the sweeps below it whose runs came from their sweep.db, and the
+    config.json files that are not a run's (named, then left out)."""
+
+    runs: list[ReportedRun]
+    sweeps: list[str]
+    skipped: list[str]
+
+
+def _below(folder: Path, places: list[Path]) -> bool:
+    return any(place == folder or place in folder.parents for place in places)
+
+
+def _from_folders(root: Path, skip: Path) -> Found:
+    # A sweep below DIR (sweeps copied into one folder to be reported together) is read from its sweep.db: its
+    # refused and failed runs are there alone, with no folder of their own. One whose sweep.db holds no run yet
+    # is read from its folders, as DIR is.
+    sweeps, runs, origin = [], [], {}
+    for db in sorted(root.rglob("sweep.db")):
+        if db.parent == root or skip in db.parents:
+            continue
+        stored, _ = _from_store(db)
+        if stored:
+            sweeps.append(db.parent)
+            for run in stored:
+                folder = db.parent / "runs" / run.name
+                runs.append(dataclasses.replace(run, folder=folder if folder.is_dir() else None))
+                origin[id(runs[-1])] = f"{_relative(db.parent, root)}/{run.name}"
     for summary in sorted(root.rglob("summary.json")):
-        if skip in summary.parents:
+        if skip in summary.parents or _below(summary.parent, sweeps):
             continue
         record = _read_record(summary)
         saved = summary.with_name("config.json")
@@ -92,17 +134,22 @@ def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
         runs.append(ReportedRun(str(record.run_name or _relative(summary.parent, root)),
                                 str(record.status or "complete"), None, None, {}, config, record,
                                 folder=summary.parent, configured=saved.exists()))
-    # Two folders with one run name (the same sweep's run copied from two sweeps): each is named by its path.
+        origin[id(runs[-1])] = _relative(summary.parent, root)
+    # Two runs of one name (the same sweep's run copied from two sweeps, or two sweeps' runs of one grid): each
+    # is named by where it lies.
     clashing = {r.name for r in runs if sum(o.name == r.name for o in runs) > 1}
-    runs = [dataclasses.replace(r, name=_relative(r.folder, root)) if r.name in clashing and r.folder else r
-            for r in runs]
+    runs = [dataclasses.replace(r, name=origin[id(r)]) if r.name in clashing else r for r in runs]
     # A run folder (it has the config.json a run writes first) without summary.json did not finish: it is
-    # listed among the failed runs, never silently left out.
+    # listed among the failed runs, never silently left out. Another tool's config.json is named and left out.
+    skipped = []
     for saved in sorted(root.rglob("config.json")):
-        if skip in saved.parents or saved.with_name("summary.json").exists():
+        if skip in saved.parents or saved.with_name("summary.json").exists() or _below(saved.parent, sweeps):
+            continue
+        if not _run_config(saved):
+            skipped.append(_relative(saved.parent, root) or ".")
             continue
         config = _read_config(saved)
-        runs.append(ReportedRun(saved.parent.relative_to(root).as_posix(), "failed", INCOMPLETE,
+        runs.append(ReportedRun(_relative(saved.parent, root), "failed", INCOMPLETE,
                         "no summary.json: the run did not finish (stopped, killed, or still running)", {}, config,
                         None, folder=saved.parent))
     # A folder keeps no list of swept fields: they are the fields whose values differ between the runs. A run
@@ -110,8 +157,9 @@ def _from_folders(root: Path, skip: Path) -> list[ReportedRun]:
     keys = sorted({k for r in runs for k in r.settings})
     swept = [k for k in keys if len({json.dumps(r.config.get(k), sort_keys=True) for r in runs
                                      if r.configured or k in r.config}) > 1]
-    return [dataclasses.replace(r, overrides={k: r.config.get(k) for k in swept if r.configured or k in r.config})
-            for r in runs]
+    return Found([dataclasses.replace(r, overrides={k: r.config.get(k) for k in swept
+                                                    if r.configured or k in r.config}) for r in runs],
+                 [_relative(s, root) for s in sweeps], skipped)
 
 
 def _metrics(folder: Path) -> Path | None:
@@ -167,7 +215,8 @@ def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[ReportedR
             f"({', '.join(pending[:5])}{', ...' if len(pending) > 5 else ''}) and was stopped before the first "
             f"ended; finish it with 'shardbench sweep --out {sweep_dir} --resume', then report it")
     if not runs:
-        runs, meta = _from_folders(sweep_dir, skip or sweep_dir / "report"), {}
+        found = _from_folders(sweep_dir, skip or sweep_dir / "report")
+        runs, meta = found.runs, {"sweeps": found.sweeps, "skipped": found.skipped}
     if runs and not any(r.ok for r in runs) and all(r.error_kind == INCOMPLETE for r in runs):
         # Nothing but unfinished folders is nothing to report; they are named all the same.
         names = [r.name for r in runs]
@@ -176,7 +225,10 @@ def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[ReportedR
             f"summary.json (unfinished, or stopped): {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}; "
             f"finish {'it' if len(names) == 1 else 'each'} with its train command and --resume, then report")
     if not runs:
-        raise ShardbenchError(f"{sweep_dir}: no runs to report (no runs in a sweep.db and no summary.json below it)")
+        other = (f"; the config.json of {', '.join(meta['skipped'][:5])} is not a shardbench run's"
+                 if meta.get("skipped") else "")
+        raise ShardbenchError(f"{sweep_dir}: no runs to report (no runs in a sweep.db and no summary.json below "
+                              f"it{other})")
     return [dataclasses.replace(r, losses=_logged_losses(r, sweep_dir)) if r.ok else r for r in runs], meta
 
 
@@ -224,6 +276,7 @@ class ReportPaths:
     clipped: dict[str, tuple[str, ...]] = dataclass_field(default_factory=dict)  # per chart: texts its edges cut
     incomplete: tuple[str, ...] = ()  # run folders without summary.json
     pending: tuple[str, ...] = ()  # a stopped sweep's planned runs that have not run
+    skipped: tuple[str, ...] = ()  # folders below DIR whose config.json is not a run's (another tool's)
     differing: tuple[str, ...] = ()  # runs that should be the same computation but whose losses differ
 
 
@@ -330,7 +383,9 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     swept = swept_fields(runs)
     complete = sum(r.ok for r in runs)
     preset = f" ({_origin(meta)})" if meta.get("preset") else ""
-    origin = f"`sweep.db`{preset}" if meta else "the run folders below it"
+    below = ", ".join(f"`{name}`" for name in meta.get("sweeps", []))
+    origin = (f"`sweep.db`{preset}" if "preset" in meta else
+              f"the run folders below it{f' and the sweep.db of {below}' if below else ''}")
     count = f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
     source = f"Read from {origin} in `{sweep_dir}`: {count}, {complete} complete, {len(runs) - complete} failed."
     pending = meta.get("pending") or []
@@ -339,6 +394,10 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
                    f"recorded yet ({', '.join(f'`{n}`' for n in pending[:5])}{', ...' if len(pending) > 5 else ''}); "
                    + ("`shardbench tune` with its flags and --resume" if meta.get("origin") == "tune" else
                       f"`shardbench sweep --out {sweep_dir} --resume`") + " finishes it.")
+    skipped = meta.get("skipped") or []
+    if skipped:
+        source += (f" Left out, as their config.json is not a shardbench run's: "
+                   f"{', '.join(f'`{n}`' for n in skipped)}.")
     charts, omitted = plots.write_charts(runs, out)
     charts += plan_chart.write_chart(runs, out)  # where the planner predicted these runs
     columns = shown(COLUMNS, runs)
@@ -354,6 +413,6 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     return ReportPaths(out, markdown, page, table, {c.name: c.path for c in content.charts},
                        {c.name: c.clipped for c in content.charts if c.clipped},
                        incomplete=tuple(r.name for r in content.runs if r.error_kind == INCOMPLETE),
-                       pending=tuple(pending),
+                       pending=tuple(pending), skipped=tuple(skipped),
                        differing=tuple(f"{', '.join(eq.runs)} differ by {eq.largest:.1e} at {eq.where} "
                                        f"(tolerance {eq.tolerance:.0e}): see the report" for eq in differing(runs)))
