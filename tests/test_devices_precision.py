@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
+import math
 import os
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+import optax
 import pytest
 
+from shardbench.cli import main
 from shardbench.config import DTYPES, MATMUL_PRECISIONS, PrecisionConfig
 from shardbench.errors import ConfigError
+from shardbench.optim import clip_by_global_norm, global_norm
 from shardbench.precision import check_supported
 
 
@@ -121,3 +128,55 @@ def test_a_command_on_a_host_without_a_tpu_leaves_libtpu_alone() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout
     assert "libtpu" not in done.stderr and "TPU" not in done.stderr, done.stderr
+
+
+# A small MLP regressing onto targets of a chosen scale: its gradients' global norm grows with the targets.
+OVERFLOW_RUN = ["train", "--preset", "mlp-small", "--model.num-layers", "2", "--model.mlp-dim", "64", "--steps", "1",
+                "--batch-size", "64", "--no-train.eval", "--no-train.progress", "--optim.optimizer", "sgd",
+                "--lr", "1e-9", "--train.log-every", "1", "--devices", "1", "--mesh", "none"]
+
+
+def _targets_scaled(tmp_path: Path, scale: float) -> str:
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(640, 256)).astype(np.float32), rng.normal(size=(640, 10)).astype(np.float32) * scale
+    path = tmp_path / f"targets-{scale:g}.npz"
+    np.savez(path, x_train=x[:512], y_train=y[:512], x_test=x[512:], y_test=y[512:])
+    return f"arrays:{path}"
+
+
+def _first_grad_norm(out: Path) -> float:
+    return json.loads((out / "tensorboard" / "metrics.jsonl").read_text().splitlines()[0])["train/grad_norm"]
+
+
+@pytest.mark.slow
+def test_float16_gradients_of_a_norm_past_256_are_measured_and_clipped_in_float32(tmp_path: Path) -> None:
+    """The norm was summed in float16, whose squares overflow past a norm of 256: a finite gradient was read as
+    infinite and the run stopped as diverged (exit 3), and clipping (on by default) scaled every update to 0."""
+    data, norms = _targets_scaled(tmp_path, 3000.0), {}
+    for dtype in ("float32", "float16"):
+        out = tmp_path / dtype
+        assert main([*OVERFLOW_RUN, "--data", data, "--param-dtype", dtype, "--out", str(out)]) == 0
+        norms[dtype] = _first_grad_norm(out)
+    assert norms["float32"] > 256.0  # past what float16 can sum the squares of
+    assert norms["float16"] == pytest.approx(norms["float32"], rel=1e-2)
+
+
+def test_the_clipping_norm_of_float16_updates_is_summed_in_float32() -> None:
+    updates = {"w": jnp.full((1000,), 10.0, jnp.float16)}  # norm 10 * sqrt(1000) = 316.2, finite in float16
+    assert float(global_norm(updates)) == pytest.approx(10 * math.sqrt(1000), rel=1e-3)
+    clipped, _ = clip_by_global_norm(1.0).update(updates, optax.EmptyState())
+    assert clipped["w"].dtype == jnp.float16
+    assert float(global_norm(clipped)) == pytest.approx(1.0, rel=1e-2)  # optax's own gave 0: 10 / inf
+
+
+@pytest.mark.slow
+def test_accumulated_float16_gradients_overflow_no_sooner_than_the_whole_batchs(tmp_path: Path) -> None:
+    """Each microbatch was differentiated as its loss sum, gradients its target count times larger than the whole
+    batch's in the 16-bit compute dtype: 2 microbatches gave a nan norm where 1 batch gave a finite one."""
+    data, norms = _targets_scaled(tmp_path, 30000.0), {}
+    for k in (1, 2):
+        out = tmp_path / f"k{k}"
+        assert main([*OVERFLOW_RUN, "--data", data, "--dtype", "float16", "--batch-size", "256",
+                     "--train.grad-accum", str(k), "--out", str(out)]) == 0
+        norms[k] = _first_grad_norm(out)
+    assert norms[2] == pytest.approx(norms[1], rel=2e-2)

@@ -11,6 +11,23 @@ import optax
 from shardbench.config import OptimConfig
 
 
+def global_norm(tree: Any) -> jax.Array:
+    """The gradients' global L2 norm, summed in float32 whatever their dtype: in float16 the sum of squares
+    overflows once the norm passes 256 (a finite gradient then read as infinite, the run stopped as diverged),
+    and bfloat16 keeps 8 bits of a sum over millions of squares."""
+    return optax.tree.norm(jax.tree.map(lambda g: g.astype(jnp.float32), tree))
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """optax's clipping to a global norm, with the norm summed in float32 (`global_norm`): optax sums in the
+    gradients' dtype, and a float16 norm past 256 came out infinite and scaled every update to zero. The scaled
+    updates keep their dtype."""
+    def clip(updates: Any, params: Any = None) -> Any:
+        scale = jnp.minimum(1.0, max_norm / global_norm(updates))
+        return jax.tree.map(lambda u: (u * scale).astype(u.dtype), updates)
+    return optax.stateless(clip)
+
+
 def warmup_steps(cfg: OptimConfig, total_steps: int) -> int:
     """The warm-up's steps: --optim.warmup-steps (-1: a twentieth of the run), cut to end before the run's last
     step, where the learning rate then peaks (`warmup_note` says so)."""
@@ -107,7 +124,7 @@ def build_optimizer(cfg: OptimConfig, total_steps: int) -> optax.GradientTransfo
         # momentum 0 is plain SGD: no momentum buffer (optax keeps one of the parameters' size for momentum=0.0)
         tx = optax.sgd(schedule, momentum=cfg.momentum or None, nesterov=False)
     if cfg.grad_clip > 0:
-        tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), tx)
+        tx = optax.chain(clip_by_global_norm(cfg.grad_clip), tx)
     if cfg.ema > 0:
         tx = optax.chain(tx, track_ema(cfg.ema))
     return tx

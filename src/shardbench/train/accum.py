@@ -4,7 +4,9 @@ batch's, with one microbatch's activations alive at a time.
 The batch is prepared whole first (augmentation, mixing of pairs and soft targets are drawn exactly as without
 accumulation), then split into K microbatches that a `lax.scan` runs one after another: XLA frees a
 microbatch's activations before the next starts. Each microbatch contributes its per-example loss *sums* and
-their gradients, summed over the microbatches in float32 and divided once by the whole batch's target count:
+their gradients (differentiated as the microbatch's mean, so that 16-bit gradients keep the scale they have
+without accumulation, then multiplied by its target count in float32), summed over the microbatches in float32
+and divided once by the whole batch's target count:
 that is the full batch's mean over its targets, however the targets fall among the microbatches (a mean of
 microbatch means would weight a microbatch of few targets as much as one of many).
 """
@@ -46,6 +48,12 @@ def moe_sums(t: Terms) -> dict[str, jax.Array] | None:
             "examples": jnp.asarray(t.moe.aux.shape[0], jnp.float32)}
 
 
+def _targets(t: Terms) -> jax.Array:
+    """A microbatch's target count, at least 1 (one whose targets are all masked divides its zero sum by 1),
+    outside differentiation."""
+    return jax.lax.stop_gradient(jnp.maximum(t.count.sum().astype(jnp.float32), 1.0))
+
+
 def split(x: jax.Array, k: int) -> jax.Array:
     """(n, ...) -> (k, n/k, ...), microbatch j holding rows j, j+k, j+2k, ...: strided, so a batch laid over
     devices in contiguous blocks of a multiple of k rows gives each device its share of every microbatch
@@ -65,8 +73,10 @@ def accumulate(forward: Forward, params: Any, model_state: Any, inputs: jax.Arra
     micro = (split(inputs, k), jax.tree.map(lambda x: split(x, k), batch), jnp.arange(k))
 
     def objective(p: Any, state: Any, x: jax.Array, b: Batch, key: jax.Array | None) -> tuple[jax.Array, Any]:
+        # The microbatch's mean, as without accumulation: its sum's gradients are its target count times larger
+        # in the parameters' and the compute dtype, where float16 overflows. They are multiplied back in float32.
         t, after = forward(p, state, x, b, key)
-        return t.objective_sum(aux_coef), (t, after)
+        return t.objective_sum(aux_coef) / _targets(t), (t, after)
 
     scores: list[bool] = []  # whether the task counts right answers, learnt when the scan traces its body
 
@@ -81,6 +91,7 @@ def accumulate(forward: Forward, params: Any, model_state: Any, inputs: jax.Arra
                 "correct": jnp.zeros(()) if t.correct is None else t.correct.sum()}
         if t.moe is not None:
             step["moe"] = moe_sums(t)
+        step["grads"] = jax.tree.map(lambda g: g.astype(jnp.float32) * _targets(t), grads)
         acc = jax.tree.map(lambda a, d: a + d.astype(jnp.float32), acc, step)
         return ({**acc, "grads": constrain(acc["grads"])}, after), None
 

@@ -20,7 +20,7 @@ from shardbench.config import Config
 from shardbench.measure.collect import CompiledStep
 from shardbench.measure.timing import CompileTimes, compile_timed
 from shardbench.tasks import Rows, Task, Terms
-from shardbench.optim import ema_params
+from shardbench.optim import ema_params, global_norm
 from shardbench.models.spec import ModelSpec
 from shardbench.train.accum import Gradients, accumulate, moe_sums
 from shardbench.train.state import TrainState
@@ -157,7 +157,7 @@ class StepParts:
 
     def train_metrics(self, state: TrainState, loss: jax.Array, correct: jax.Array | None, count: jax.Array,
                       grads: Any, moe: dict[str, jax.Array] | None = None) -> Metrics:
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "lr": self.schedule(state.step)}
+        metrics = {"loss": loss, "grad_norm": global_norm(grads), "lr": self.schedule(state.step)}
         if correct is not None:
             metrics["accuracy"] = correct / count
         if moe is not None:  # the batch's mean load-balancing loss and its assignments dropped over capacity
