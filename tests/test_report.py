@@ -483,6 +483,25 @@ def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> Non
     assert f"step time {why}" in line and "step -" not in line
 
 
+def test_a_complete_run_without_a_step_time_is_named_with_its_reason_where_it_is_left_out(tmp_path: Path) -> None:
+    """Beside a timed run, one whose step time was dropped vanished from the speed ranking without a word, and
+    the MFU chart named it without the reason its record gives."""
+    why = "not credible: the median of 2 interval(s), 1 ms, would run the step's FLOPs at 130% of the peak"
+    for name, step_ms in (("timed", 10.0), ("dropped", 1.0)):
+        rec = record(name, "dp", "8", 8, breakdown=(1.0, 2.0, 1.0, 4.0), total=8.5, comms={}, epochs=[1.0],
+                     step_ms=step_ms, img_s=10.0, mfu=0.3, acc=0.1)
+        if name == "dropped":
+            rec["measurements"]["step_time_s"] |= {"median": None, "p90": None, "not_measured": why}
+            rec["measurements"]["mfu"] |= {"mfu": None, "not_measured": f"no step time: {why}"}
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "config.json").write_text(get_preset("vit-tiny").to_json())
+        (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(rec))
+    text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
+    assert "Fastest: timed, 10.0 ms per step." in text
+    assert f"Left out of the ranking: dropped (no step time: {why})." in text
+    assert f"Omitted, no MFU: dropped (no step time: {why})." in text
+
+
 def test_parameter_dtype_pair_says_the_state_bytes_move() -> None:
     from shardbench.report.content import ReportedRun
     from shardbench.report.findings import precision_findings
@@ -786,10 +805,16 @@ def test_runs_of_different_models_are_ranked_apart(tmp_path: Path) -> None:
     with Store(directory / "sweep.db") as store:
         for name, (kind, step) in runs.items():
             store.add(row(name, {"model.kind": kind}, rec(name, step)))
-    speed = write_report(directory).markdown.read_text().split("### Speed", 1)[1].split("###", 1)[0]
+    paths = write_report(directory)
+    text = paths.markdown.read_text()
+    speed = text.split("### Speed", 1)[1].split("###", 1)[0]
     assert "Fastest lm run: lm_b, 100.0 ms per step" in speed and "lm_a is 2.00x slower" in speed
     assert "Fastest mlp run: mlp_a, 10.0 ms per step" in speed and "mlp_b is 3.00x slower" in speed
     assert "lm_b is" not in speed and "lm_a is 20" not in speed
+    # nor on one chart's axis, where an MLP's examples/s stood beside an LM's sequences/s as "examples per second"
+    assert "throughput" not in paths.charts
+    assert ("Training throughput per run: left out, as the runs train 2 models (mlp, lm), whose examples are not "
+            "alike; the table gives each run's in its own unit.") in text
 
 
 def test_runs_of_one_model_at_different_sequence_lengths_are_ranked_apart(tmp_path: Path) -> None:

@@ -365,6 +365,14 @@ def test_dp_and_zero2_compare_by_the_bytes_each_device_sends_and_older_records_b
     table = {column.key: column for column in COLUMNS}
     assert (table["comms_mib"].text(dp), table["comms_mib"].text(old)) == ("14.00", "16.00 (payload)")
     assert [comms_measure(runs) for runs in ([dp, zero2], [old], [dp, old])] == ["sent", "payload", "mixed"]
+    # One strategy with a new record and an older one: each figure under its own measure, never one span of both
+    # called payload ("has 14.0-16.0 MiB of collective payload").
+    fsdp = _comms_run("fsdp", "fsdp", {"reduce-scatter": (1, 8.0), "all-gather": (1, 8.0)},
+                      {"reduce-scatter": 7.0, "all-gather": 7.0})
+    mixed = strategy_findings([fsdp, old])[0]
+    assert ("and sends 14.0 MiB per device per step in collectives (all-gather, reduce-scatter) where the record "
+            "counts bytes sent, and has 16.0 MiB of collective payload where an older record counts only that."
+            ) in mixed, mixed
 
 
 # ----------------------------------------------------------------------------- audit: the report's own faults

@@ -228,8 +228,15 @@ def strategy_findings(runs: list[ReportedRun]) -> list[str]:
         comms = [c for c in (r.comms_mib for r in group) if c is not None]
         kinds = sorted({k for r in group for k in r.comms},
                        key=lambda k: (-sum(r.comms_bytes(k) for r in group), k))  # the heaviest first, ties by name
-        if comms and max(comms) > 0 and comms_measure(group) == "sent":
+        measure = comms_measure(group)
+        if comms and max(comms) > 0 and measure == "sent":
             text += f", and sends {_span(comms, ' MiB')} per device per step in collectives ({', '.join(kinds)})"
+        elif comms and max(comms) > 0 and measure == "mixed":  # two measures, never one span
+            sent, paid = ([c for r in group if r.comms and r.comms_sent == counts and (c := r.comms_mib) is not None]
+                          for counts in (True, False))
+            text += (f", and sends {_span(sent, ' MiB')} per device per step in collectives ({', '.join(kinds)}) "
+                     f"where the record counts bytes sent, and has {_span(paid, ' MiB')} of collective payload "
+                     f"where an older record counts only that")
         elif comms and max(comms) > 0:  # an older record: its buffers, not bytes sent (see comms_findings)
             text += (f", and has {_span(comms, ' MiB')} of collective payload per device per step "
                      f"({', '.join(kinds)})")

@@ -339,6 +339,10 @@ def throughput_figure(runs: list[ReportedRun]) -> Figure | str:
     """The throughput chart drawn (its bars hold the figures), or why it is left out."""
     if not any(r.rate("examples_per_s") is not None and not r.wall_rate for r in runs):
         return "Training throughput per run: left out, as no run has a step time to derive it from."
+    kinds = list(dict.fromkeys(_kind(r) for r in runs if r.ok))
+    if len(kinds) > 1:  # one axis would rank an MLP's examples against an LM's sequences
+        return (f"Training throughput per run: left out, as the runs train {len(kinds)} models "
+                f"({', '.join(kinds)}), whose examples are not alike; the table gives each run's in its own unit.")
     colors = [_strategy_colors(runs)[r.strategy] for r in runs]
     fig, (total, per_device) = _figure(len(runs), columns=2)
     units = {r.unit for r in runs if r.ok}
@@ -373,7 +377,7 @@ def mfu(runs: list[ReportedRun], out: Path) -> Chart | str:
         why = "; ".join(reasons) if reasons else "no run completed"
         return f"{title}: left out, as no run reports an MFU ({why})."
     sources = sorted({str(r.mfu.peak_source) for r in measured})
-    omitted = [r.name for r in runs if r.mfu_value is None]
+    omitted = [f"{r.name} ({r.why_not('mfu') if r.ok else 'failed'})" for r in runs if r.mfu_value is None]
     note = f"Peak FLOP/s from: {'; '.join(sources)}." + (
         f" Omitted, no MFU: {', '.join(omitted)}." if omitted else "")
     # Colours come from every run so that a strategy keeps its colour across the charts.

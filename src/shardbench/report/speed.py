@@ -242,6 +242,11 @@ def speed_findings(runs: list[ReportedRun]) -> list[str]:
              for s in _ranking([r for r in timed if _model(r) == m], _label(m, models) if len(models) > 1 else "")]
     if any(NOT_A_CAUSE == s for s in found):
         found = [s for s in found if s != NOT_A_CAUSE] + [NOT_A_CAUSE]
+    unranked = [r for r in runs if r.ok and _throughput(r) is None]
+    if unranked:  # a complete run is never left out of the ranking without a word
+        found.append("Left out of the ranking: " + "; ".join(
+            f"{r.name} (" + (f"no step time: {r.why_not('step_time_s')}" if r.step_median is None else
+                             "its record gives no batch size") + ")" for r in unranked) + ".")
     found += _compile_finding([r for r in timed if r.compile_s is not None])
     return found
 
