@@ -95,3 +95,34 @@ def _readable(path: Path) -> bool:
         return True
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_a_stopped_command_ends_without_pythons_shutdown(tmp_path: Path) -> None:
+    """After a Ctrl-C, its files closed and its workers ended on the way out, the command ends at once. Python's
+    shutdown (atexit handlers, module teardown, C++ destructors) tore XLA's threads down under them: a stop during
+    the first compilation sometimes crashed after "interrupted" (exit -11). An atexit handler, registered by a
+    sitecustomize, shows whether the shutdown ran; a command that ends by itself still runs it."""
+    site, marker = tmp_path / "site", tmp_path / "shut-down"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        f"import atexit\natexit.register(lambda: open({str(marker)!r}, 'w').close())\n")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
+        "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    assert subprocess.run([sys.executable, "-m", "shardbench", "presets"], env=env, capture_output=True,
+                          timeout=120).returncode == 0
+    assert marker.exists()  # the handler runs where Python shuts down
+    marker.unlink()
+    proc = start([sys.executable, "-m", "shardbench", "train", "--preset", "mlp-small", "--steps", "500",
+                  "--devices", "1", "--mesh", "none", "--no-train.progress", "--out", str(tmp_path / "run"),
+                  "--data.cache-dir", str(tmp_path / "cache")],
+                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("shardbench: mlp-small")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "shardbench: interrupted", err
+    assert not marker.exists()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from shardbench import config as config_lib
 from shardbench import malloc
-from shardbench.errors import ShardbenchError, run_reported
+from shardbench.errors import EXIT_CODES, ShardbenchError, end_process, run_reported
 from shardbench.flags import add_config_arguments, config_from_args, given_fields, setup_devices
 from shardbench.parsing import override
 from shardbench.presets import PRESETS
@@ -229,7 +229,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"train": cmd_train, "inspect": cmd_inspect, "sweep": sweep_cmd.run, "report": report_cmd.run,
                 "presets": cmd_presets, "bench": bench_cmd.run, "launch": launch.run,
                 "plan": plan_cmd.run, "tune": tune_cmd.run}
-    return run_reported(lambda: commands[args.command](args), args.debug)
+    code = run_reported(lambda: commands[args.command](args), args.debug)
+    if argv is None and code in (EXIT_CODES["interrupted"], EXIT_CODES["stopped by SIGTERM"]):
+        # Stopped, with every file closed and every worker ended on the way out: the process ends here. Python's
+        # shutdown after a stop during the first compilation sometimes crashed (exit -11, after "interrupted")
+        # in XLA's threads, which it tears down under them.
+        end_process(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -94,15 +94,21 @@ def mark_agreed(err: E) -> E:
     return err
 
 
+def end_process(code: int) -> None:
+    """End this process with `code` now, its output flushed, without Python's shutdown (atexit handlers, module
+    teardown, C++ static destructors) while threads of XLA's may still run."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def _finish(code: int, err: BaseException | None = None) -> int:
     """`code`, or, in a joined multi-process run that failed on its own, the end of this process with it."""
     if code != 0 and _end_at_once and not getattr(err, _AGREED, False):
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+        end_process(code)
     return code
 
 
