@@ -3,6 +3,7 @@ only while it forks, and delivered after."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from shardbench.subprocs import STOP_SIGNALS, Terminated, start, terminated_as_interrupt
+from shardbench.errors import run_reported
+from shardbench.subprocs import STOP_SIGNALS, Terminated, interrupted_code, start, terminated_as_interrupt
 
 
 def _mask(pid: int, field: str) -> int:
@@ -126,3 +128,29 @@ def test_a_stopped_command_ends_without_pythons_shutdown(tmp_path: Path) -> None
         proc.wait()
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "shardbench: interrupted", err
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
+def test_a_stop_raised_where_python_drops_it_stops_the_command(stop: type[KeyboardInterrupt]) -> None:
+    """A Ctrl-C landing in a garbage-collection callback (JAX's `_xla_gc_callback`) was printed as an ignored
+    exception and dropped: a train stopped 4 s in trained to the end. A stop raised there now stops the command."""
+    fired: list[str] = []
+
+    def collecting(phase: str, info: dict) -> None:
+        if not fired:
+            fired.append(phase)
+            raise stop()
+
+    def command() -> int:
+        gc.callbacks.append(collecting)
+        try:
+            gc.collect()  # Python prints the stop as an ignored exception here
+        finally:
+            gc.callbacks.remove(collecting)
+        for _ in range(200):  # where the stop delivered again lands
+            time.sleep(0.005)
+        return 0
+
+    with terminated_as_interrupt():
+        assert run_reported(command) == interrupted_code(stop())
+    assert fired

@@ -24,7 +24,7 @@ import zipfile
 from collections.abc import Callable
 from typing import TypeVar
 
-from shardbench.subprocs import Terminated, interrupted_code
+from shardbench.subprocs import Terminated, interrupted_code, stops_never_dropped
 
 E = TypeVar("E", bound=BaseException)
 
@@ -248,7 +248,8 @@ def run_reported(command: Callable[[], int], debug: bool = False) -> int:
     _debug = debug
     debug = debugging()
     try:
-        return _finish(command())
+        with stops_never_dropped():
+            return _finish(command())
     except ShardbenchError as err:
         if debug:
             raise

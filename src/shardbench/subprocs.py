@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -112,6 +114,35 @@ def terminated_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+REDELIVER_S = 0.05  # a dropped stop is delivered again this long after Python dropped it
+
+
+@contextlib.contextmanager
+def stops_never_dropped() -> Iterator[None]:
+    """Meanwhile a Ctrl-C or SIGTERM whose exception Python cannot raise is delivered again, where it can. Raised
+    inside a garbage-collection callback (JAX's `_xla_gc_callback`) or a destructor, Python printed it as an ignored
+    exception and dropped it, and the command went on as if never stopped (seen: a Ctrl-C 4 s into a train, which
+    trained to the end)."""
+    before = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            # From another thread, a moment later: delivered at once, it would be raised in this hook (or while
+            # the thread starts), and dropped again.
+            sig = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
+            again = threading.Timer(REDELIVER_S, _thread.interrupt_main, args=(sig,))
+            again.daemon = True
+            again.start()
+            return
+        before(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = before
 
 
 def interrupted_code(err: KeyboardInterrupt) -> int:
