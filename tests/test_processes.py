@@ -240,6 +240,16 @@ def test_one_launched_process_has_its_devices_and_sigterm_stops_the_launch(tmp_p
     assert not (tmp_path / "run" / "summary.json").exists() and not _running(str(tmp_path / "run"))
 
 
+def test_one_launched_process_refuses_more_devices_than_it_was_given(tmp_path: Path) -> None:
+    """--devices 8 in a launch of one process of 4 devices trained on 8: --devices set the simulated count over
+    the launcher's."""
+    done = subprocess.run([sys.executable, "-m", "shardbench", "launch", "--processes", "1", "--devices-per-process",
+                           "4", "--", "train", *MICRO, "--devices", "8", "--out", str(tmp_path / "run")],
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--devices 8: only 4 cpu device(s) are available" in done.stderr, done.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_glued_gloo_announcements_leave_every_line_whole() -> None:
     """gloo's threads write their connection lines in pieces that land inside other lines: taking one out keeps
     the line break after it, so the next line (of any process) starts a line of its own."""
@@ -382,6 +392,26 @@ def test_processes_with_different_configurations_all_stop(tmp_path: Path) -> Non
     for p, (_, err) in zip(procs, results):
         assert p.returncode == 2
         assert "process 0 has train.batch_size=32 but process 1 has 64" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_processes_with_unequal_devices_all_refuse_before_the_run_folder(tmp_path: Path) -> None:
+    """Process 0 with 4 devices, process 1 with 2: process 0 failed with an internal error (a reshape of 6 devices
+    into 2x4) after writing the run folder, and process 1 waited out its join timeout without its reason."""
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "shardbench", "train", *MICRO, "--batch-size", "48", "--out", str(tmp_path / "run"),
+         "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i),
+         "--join-timeout", "60"],
+        env=_env() | {cluster.ENV_LOCAL_DEVICES: local}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i, local in enumerate(("4", "2"))]
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 2, err
+        last = err.strip().splitlines()[-1]  # its own, or process 0's as it ("process 0 failed at checking: ...")
+        assert last.startswith("shardbench: error: ") and last.endswith(
+            "the 2 processes have unequal devices (4, 2): a mesh over them needs the same count in each; give "
+            "every process the same (SHARDBENCH_LOCAL_DEVICES, or launch's --devices-per-process)"), err
     assert not (tmp_path / "run").exists()
 
 

@@ -462,6 +462,25 @@ def test_dry_run_marks_the_runs_that_would_be_refused(capsys: pytest.CaptureFixt
     assert "REFUSED: --mesh 3x3 has 9 devices" in runs["strategy_dp_dtype_float32_mesh_3_3"]
 
 
+def test_dry_run_refuses_what_a_run_of_several_processes_would_refuse(capsys: pytest.CaptureFixture) -> None:
+    """The runs were checked as one process each: a device count that does not split over the processes, one
+    that is not all of theirs, and pmap across processes all passed, and failed once the sweep ran them."""
+    args = parse("--preset", "vit-tiny", "--devices", "3,4,8", "--spmd", "jit,pmap", "--strategy", "dp",
+                 "--processes", "2", "--dry-run")
+    assert sweep_cmd.run(args) == 0
+    runs = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert "REFUSED: --devices 3 does not split evenly over 2 processes" in runs["devices_3_spmd_jit"]
+    assert "REFUSED: --spmd pmap runs in one process, but this run has 2 processes" in runs["devices_8_spmd_pmap"]
+    assert "REFUSED" not in runs["devices_8_spmd_jit"] and "REFUSED" not in runs["devices_4_spmd_jit"]
+    args = parse("--preset", "vit-tiny", "--devices", "4,8", "--strategy", "dp", "--processes", "2",
+                 "--devices-per-process", "4", "--dry-run")
+    assert sweep_cmd.run(args) == 0
+    runs = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert ("REFUSED: --devices 4: a run of 2 processes uses all of their 8 devices; pass --devices 8 (or 0), or "
+            "start fewer processes") in runs["devices_4"]
+    assert "REFUSED" not in runs["devices_8"]
+
+
 @pytest.mark.slow
 def test_a_run_killed_by_a_signal_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHARDBENCH_FAULT_KILL_AT_STEP", "1")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import sys
 import typing
 from collections.abc import Sequence
@@ -100,7 +101,13 @@ def _join_or_setup(args: argparse.Namespace, cfg: config_lib.Config) -> None:
 
     found = cluster_lib.resolve(args.coordinator, args.num_processes, args.process_id, args.join_timeout)
     if found is None:
-        setup_devices(cfg)
+        local = int(os.environ.get(cluster_lib.ENV_LOCAL_DEVICES) or 0)
+        if local > 0:  # launch's one process of --devices-per-process devices: those, whatever --devices asks
+            from shardbench.devices import simulate_devices
+
+            simulate_devices(local)
+        else:
+            setup_devices(cfg)
         return
     from shardbench.tasks import validate
 

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import jax
 
 from shardbench import errors
+from shardbench.devices import check_split
 from shardbench.errors import ClusterError, ConfigError, ShardbenchError
 
 ENV_COORDINATOR = "SHARDBENCH_COORDINATOR"
@@ -130,8 +131,7 @@ def local_device_count(cluster: Cluster, total: int) -> int:
     if total <= 0:
         return 0
     n = cluster.num_processes or 1
-    if total % n:
-        raise ConfigError(f"--devices {total} does not split evenly over {n} processes: use a multiple of {n}")
+    check_split(total, n, 0)
     return total // n
 
 

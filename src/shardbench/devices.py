@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import jax
 
@@ -11,6 +13,46 @@ from shardbench.errors import ConfigError
 # The most CPU devices XLA is asked to simulate: its start-up grows faster than the count (on a 2-core Xeon, 1.2 s
 # for 2,048 devices, 13 s for 4,096, over two minutes for 8,192: a --devices of 99999 seemed to hang).
 MAX_SIMULATED = 4096
+
+
+_planned: int | None = None  # `planned_processes`: the processes of a run checked before it starts
+
+
+def process_count() -> int:
+    """The processes of this run: JAX's count, or, while a sweep checks a run in one process before starting it,
+    the count that run will have (`planned_processes`)."""
+    return _planned or jax.process_count()
+
+
+@contextlib.contextmanager
+def planned_processes(count: int) -> Iterator[None]:
+    """Meanwhile the checks that depend on the process count (`process_count`) see `count` processes."""
+    global _planned
+    before, _planned = _planned, count
+    try:
+        yield
+    finally:
+        _planned = before
+
+
+def check_split(count: int, processes: int, per_process: int) -> None:
+    """A run of `count` devices (0: all) over `processes` processes of `per_process` devices each (0: the count
+    split evenly), refused as its processes would refuse it once joined."""
+    if processes <= 1:
+        return
+    if per_process <= 0:
+        if count > 0 and count % processes:
+            raise ConfigError(f"--devices {count} does not split evenly over {processes} processes: use a multiple "
+                              f"of {processes}")
+        return
+    if count not in (0, processes * per_process):
+        raise ConfigError(_not_all(count, processes, processes * per_process))
+
+
+def _not_all(count: int, processes: int, total: int) -> str:
+    instead = "fewer processes" if count < total else "more processes, or more devices in each"
+    return (f"--devices {count}: a run of {processes} processes uses all of their {total} devices; pass "
+            f"--devices {total} (or 0), or start {instead}")
 
 
 def simulate_devices(count: int) -> None:
@@ -63,12 +105,13 @@ def select_devices(count: int) -> list[jax.Device]:
     would have no part of the program to run."""
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     processes = jax.process_count()
+    each = [sum(d.process_index == p for d in devices) for p in sorted({d.process_index for d in devices})]
+    if len(set(each)) > 1:  # every process sees every device: each refuses alike, none waits on another
+        raise ConfigError(f"the {processes} processes have unequal devices ({', '.join(map(str, each))}): a mesh "
+                          f"over them needs the same count in each; give every process the same "
+                          f"(SHARDBENCH_LOCAL_DEVICES, or launch's --devices-per-process)")
     if processes > 1 and count not in (0, len(devices)):
-        instead = "fewer processes" if count < len(devices) else "more processes, or more devices in each"
-        raise ConfigError(
-            f"--devices {count}: a run of {processes} processes uses all of their {len(devices)} devices; pass "
-            f"--devices {len(devices)} (or 0), or start {instead}"
-        )
+        raise ConfigError(_not_all(count, processes, len(devices)))
     if count == 0:
         return devices
     if count > len(devices):

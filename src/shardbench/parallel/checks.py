@@ -8,6 +8,7 @@ import math
 import jax
 
 from shardbench.config import Config
+from shardbench.devices import process_count
 from shardbench.errors import ConfigError
 from shardbench.models.axes import EXPERT, LAYERS
 from shardbench.models.spec import ModelSpec, state_shapes
@@ -33,10 +34,10 @@ def check_style(style: str, layout: Layout) -> None:
         if not hasattr(jax, "pmap"):
             raise ConfigError(f"--spmd pmap: this JAX ({jax.__version__}) no longer provides jax.pmap; use "
                               f"--spmd shard_map for explicit per-device programs")
-        if jax.process_count() > 1:
+        if process_count() > 1:
             # Its program maps over every process's devices, but the step's outputs are fetched as one process's
             # arrays: the first step's metrics would span devices this process cannot read.
-            raise ConfigError(f"--spmd pmap runs in one process, but this run has {jax.process_count()} "
+            raise ConfigError(f"--spmd pmap runs in one process, but this run has {process_count()} "
                               f"processes: across processes use --spmd jit or shard_map")
         if layout.shape.model > 1:
             raise ConfigError(f"--spmd pmap maps over one axis of devices but --mesh {layout.shape} has a model axis "

@@ -29,6 +29,7 @@ from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from shardbench import config as config_lib
+from shardbench.devices import process_count
 from shardbench.errors import ConfigError
 from shardbench.models.axes import BATCH, EMBED, EXPERT, HEADS, LAYERS, MLP, NORM_SEQ, SEQ, Axes
 from shardbench.parallel.mesh import (
@@ -436,8 +437,8 @@ def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device],
         check_auto(parse_mesh(spec, len(devices), DATA))
     strategy = get_strategy(resolve_strategy(strategy_name, mesh_spec, len(devices)))
     if strategy.name == "single":
-        if jax.process_count() > 1:
-            raise ConfigError(f"strategy single runs on one device, but this run has {jax.process_count()} "
+        if process_count() > 1:
+            raise ConfigError(f"strategy single runs on one device, but this run has {process_count()} "
                               f"processes: use a mesh over all {len(devices)} devices (for example --strategy dp)")
         if spec not in ("", "1", "1x1", "auto", *NO_MESH):
             raise ConfigError(f"strategy single runs on one device and takes no mesh, got --mesh {mesh_spec}")

@@ -15,23 +15,45 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from shardbench import config as config_lib
+from shardbench.devices import check_split, planned_processes
+from shardbench.errors import ConfigError
 from shardbench.parsing import override
 from shardbench.sweep.grid import Sweep, run_config
 
 
-def refusals(sweep: Sweep, profile: bool = False) -> dict[str, str]:
+def refusals(sweep: Sweep, profile: bool = False, processes: Mapping[str, tuple[int, int]] | None = None
+             ) -> dict[str, str]:
     """{run name: why `shardbench train` would refuse it} for every run of `sweep` that would be refused;
-    `profile`: the sweep's --profile, which each run is given when it starts, so its window is checked now."""
+    `profile`: the sweep's --profile, which each run is given when it starts, so its window is checked now;
+    `processes`: {run name: (its processes, the devices of each, 0 for its devices split evenly)} where the sweep
+    runs it in several, checked as they would check it once joined."""
     extra = {"train.profile": True} if profile else {}
-    return check_in_processes({run.name: run_config(sweep.base_preset, run) | extra for run in sweep.runs})
+    found: dict[str, str] = {}
+    configs: dict[str, dict[str, Any]] = {}
+    for run in sweep.runs:
+        flat = run_config(sweep.base_preset, run) | extra
+        count, per_process = (processes or {}).get(run.name, (1, 0))
+        try:
+            check_split(int(flat["parallel.devices"]), count, per_process)
+        except ConfigError as err:
+            found[run.name] = str(err)
+            continue
+        configs[run.name] = flat | {PROCESSES: count}
+    found.update(check_in_processes(configs))
+    return {run.name: found[run.name] for run in sweep.runs if run.name in found}
+
+
+PROCESSES = "_processes"  # beside a configuration sent to the check: the processes its run will have
 
 
 def check_in_processes(configs: dict[str, dict[str, Any]], env: dict[str, str] | None = None) -> dict[str, str]:
     """{name: refusal} for the flattened configurations that `shardbench train` would refuse, each checked in a
-    child process (environment `env`, default this one's) set up with the devices that configuration asks for."""
+    child process (environment `env`, default this one's) set up with the devices that configuration asks for,
+    and with its run's process count (PROCESSES, default 1) for the checks that depend on it."""
     by_devices: dict[int, dict[str, dict[str, Any]]] = {}
     for name, flat in configs.items():
         by_devices.setdefault(int(flat["parallel.devices"]), {})[name] = flat
@@ -54,13 +76,15 @@ def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
     from shardbench.flags import setup_devices
     from shardbench.preflight import check_batch_fits_data, check_runnable
 
+    processes = {name: int(flat.pop(PROCESSES, 1)) for name, flat in configs.items()}
     cfgs = {name: override(config_lib.Config(), flat) for name, flat in configs.items()}
     if cfgs:
         setup_devices(next(iter(cfgs.values())))  # one device count per process (see `refusals`)
     out: dict[str, str] = {}
     for name, cfg in cfgs.items():
         try:
-            _, layout, spec = check_runnable(cfg)
+            with planned_processes(processes[name]):
+                _, layout, spec = check_runnable(cfg)
             check_fits(cfg, spec, layout)  # the parameters alone past a device's memory
             rows = known_train_rows(cfg)
             if rows is not None:  # a batch past the examples, where the configuration gives their count

@@ -79,6 +79,12 @@ def run_processes(devices: int, opts: Options) -> int:
     return max(devices // opts.devices_per_process, 1)
 
 
+def run_split(devices: int, opts: Options) -> tuple[int, int]:
+    """A run's processes on this host and the devices each gets (0: its devices split evenly among them)."""
+    processes = run_processes(devices, opts)
+    return processes, opts.devices_per_process if processes > 1 else 0
+
+
 def check_process_split(sweep: Sweep, opts: Options) -> None:
     """Runs given processes by --devices-per-process alone must fill whole processes, or one line naming one."""
     if opts.processes > 1 or opts.devices_per_process <= 0:

@@ -28,7 +28,7 @@ from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_options
 from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep, run_config, stored_sweep
 from shardbench.sweep.preflight import refusals
-from shardbench.sweep.runner import Options, check_process_split, has_field, run_sweep
+from shardbench.sweep.runner import Options, check_process_split, has_field, run_split, run_sweep
 from shardbench.sweep.sweep_file import load_sweep_file
 
 DESCRIPTION = """\
@@ -382,7 +382,12 @@ def _run(args: argparse.Namespace) -> int:
             if not args.dry_run:
                 slurm_options.check_available()
                 slurm_options.check_submittable(shapes, checked, slurm_opts)
-        refused = refusals(sweep, options["profile"])
+            processes = {name: (shape.nodes * shape.tasks_per_node, shape.local_devices)
+                         for name, shape in shapes.items()}
+        else:
+            processes = {run.name: run_split(int(run_config(sweep.base_preset, run)["parallel.devices"]), checked)
+                         for run in sweep.runs}
+        refused = refusals(sweep, options["profile"], processes)
         if args.dry_run:
             dry_run(sweep, refused)
             return 0
