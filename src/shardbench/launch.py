@@ -35,8 +35,11 @@ _SIM_FLAG = re.compile(r"--xla_force_host_platform_device_count=\S+")
 # gloo announces every connection it makes (one line per device per collective group): not the run's output.
 # Only spaces and tabs after a message are taken with it, never a line break: gloo's threads write these in
 # pieces that land inside other lines, and a part left without its break would glue the next process's line on.
-_NOISE = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\.[ \t]*|Expected number of connected "
-                    rb"peer ranks is : \d+[ \t]*")
+# gloo's connection lines, whole or in the pieces its threads write them in (a line of another thread, or of
+# another gloo line, can land between "[Gloo] Rank " and the rest).
+_NOISE = re.compile(rb"(?:\[Gloo\] Rank )?\d+ is connected to \d+ peer ranks\.[ \t]*"
+                    rb"|\[Gloo\] Rank[ \t]*(?=[\r\n]|$|\[Gloo\]|Expected number)"
+                    rb"|Expected number of connected peer ranks is : \d*[ \t]*")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
