@@ -217,6 +217,8 @@ def test_a_hanging_launch_is_stopped_at_its_time_limit(tmp_path: Path) -> None:
     assert hung.returncode == 124
     assert "within the 4 s time limit: stopped all 2 processes" in hung.stderr
     assert time.monotonic() - t0 < 60
+    # Its processes end on the SIGTERM: JAX's preemption service took it and they ran on until SIGKILL.
+    assert "SIGTERM caught" not in hung.stderr, hung.stderr
     assert not _running(str(tmp_path / "run"))
 
 
@@ -394,6 +396,23 @@ def test_processes_with_different_configurations_all_stop(tmp_path: Path) -> Non
     for p, (_, err) in zip(procs, results):
         assert p.returncode == 2
         assert "process 0 has train.batch_size=32 but process 1 has 64" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_processes_given_different_process_counts_all_stop(tmp_path: Path) -> None:
+    """JAX keeps the coordinator's count: process 1 told of 3 processes where process 0 said 2 trained as one of
+    2, and the mistake went unseen."""
+    port = free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "shardbench", "train", *MICRO, "--out", str(tmp_path / "run"),
+         "--coordinator", f"127.0.0.1:{port}", "--num-processes", count, "--process-id", str(i),
+         "--join-timeout", "60"],
+        env=_env() | {cluster.ENV_LOCAL_DEVICES: "4"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i, count in enumerate(("2", "3"))]
+    results = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 2, err
+        assert "process 0 has --num-processes=2 but process 1 has 3" in err
     assert not (tmp_path / "run").exists()
 
 

@@ -113,7 +113,9 @@ def _join_or_setup(args: argparse.Namespace, cfg: config_lib.Config) -> None:
 
     validate(cfg)  # a bad flag fails here, before this process makes the others wait for it
     cluster_lib.join(found, cluster_lib.local_device_count(found, cfg.parallel.devices))
-    cluster_lib.check_same(config_lib.flatten(cfg))
+    # The coordinator's count of processes is the one JAX keeps: another given to a process is a mistake too.
+    given = {} if found.num_processes is None else {"--num-processes": found.num_processes}
+    cluster_lib.check_same(config_lib.flatten(cfg) | given)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -140,6 +140,9 @@ def join(cluster: Cluster, cpu_devices: int = 0) -> None:
     JAX call. Fails in bounded time (the join timeout) with a message naming the process and coordinator:
     JAX itself aborts the process with a stack trace when joining times out, so a watchdog speaks first."""
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # JAX's preemption service takes SIGTERM for a sync point that shardbench never asks about: a joined process
+    # ignored SIGTERM (a launch's stop, a scheduler's) and ran on until SIGKILL came.
+    jax.config.update("jax_enable_preemption_service", False)
     if cpu_devices > 0:
         jax.config.update("jax_num_cpu_devices", cpu_devices)
     if cluster.process_id == 0 and _on_loopback(cluster.coordinator):
