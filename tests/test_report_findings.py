@@ -375,6 +375,17 @@ def test_dp_and_zero2_compare_by_the_bytes_each_device_sends_and_older_records_b
             ) in mixed, mixed
 
 
+def test_a_record_that_never_counted_its_collectives_is_not_said_to_have_none() -> None:
+    """A record written before collectives were counted (no comms, no total) read as "none", a claim that the run
+    moved nothing between devices; one that counted them and found none still reads "none"."""
+    table = {column.key: column for column in COLUMNS}
+    counted = _comms_run("counted", "single", {}, None)
+    old = rec("old", 10.0)
+    del old["measurements"]["comms"], old["measurements"]["comms_total_bytes"]
+    never = reported(row("never", {}, old))
+    assert (table["collectives"].text(counted), table["collectives"].text(never)) == ("none", "–")
+
+
 # ----------------------------------------------------------------------------- audit: the report's own faults
 def _kept_run(folder: Path, name: str, written_to: Path, losses: tuple[float, float]) -> None:
     """A run folder as benchmarks/data keeps them (config.json, summary.json and metrics.jsonl side by side),

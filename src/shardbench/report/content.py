@@ -302,7 +302,9 @@ class ReportedRun:
         if not self.ok or self.record is None or self.record.measurements is None:
             return ""
         kinds = sorted(self.comms, key=lambda kind: -self.comms_bytes(kind))  # the heaviest first
-        return ", ".join(f"{k}×{int(number(self.comms[k].count) or 0)}" for k in kinds) or "none"
+        # No collectives is "none" where the record counted them; a record that never did (version 0) has no word.
+        counted = self.comms or self.m.comms_total_bytes is not None
+        return ", ".join(f"{k}×{int(number(self.comms[k].count) or 0)}" for k in kinds) or ("none" if counted else "")
 
     @property
     def label(self) -> str:
