@@ -64,6 +64,7 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
     # Saves are asynchronous and one waits for the previous: step 4's is final by the time step 8's starts;
     # step 8's may have been cut short by the kill at step 10, in which case orbax never finalised it.
     assert summary["resumed_from"] in (4, 8)
+    assert f"shardbench: --resume: resuming from step {summary['resumed_from']} of 12" in resumed.stdout
     _check_the_resumed_epochs(tmp_path / "whole", summary)
 
     # Resuming a run that has finished trains nothing and keeps its record.

@@ -142,7 +142,8 @@ def stops_never_dropped() -> Iterator[None]:
     try:
         yield
     finally:
-        sys.unraisablehook = before
+        if sys.unraisablehook is hook:  # one set meanwhile around it (the checkpoints' filter) stays, and it inside
+            sys.unraisablehook = before
 
 
 def interrupted_code(err: KeyboardInterrupt) -> int:

@@ -89,7 +89,10 @@ def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRu
             return start
         meter = None
         if start:
-            state, start, meter = checkpoints.restore_good(abstract, start)
+            state, restored, meter = checkpoints.restore_good(abstract, start)
+            if restored == start and jax.process_index() == 0:  # one it fell back from is said by restore_good
+                print(f"shardbench: --resume: resuming from step {start} of {total}", flush=True)
+            start = restored
             # A run re-timing its last steps (its record was never written) resumes before its final checkpoint,
             # which goes, to be written again at the end: `save` keeps a step it holds, and a damaged one would
             # stay under a record that says complete.
