@@ -223,6 +223,11 @@ def tiny(tmp: Path, name: str, **overrides: object) -> config_lib.Config:
      "model.num_experts = 12 is not divisible by the expert axis"),
     ({"parallel.strategy": "pp", "parallel.mesh": "stage=2", "parallel.devices": 2}, "pipeline stages"),
     ({"parallel.strategy": "dp", "parallel.mesh": "8", "parallel.spmd": "shard_map"}, "--spmd jit"),
+    # pmap's own refusal of ep and zero1 advised another strategy or shard_map, which a mixture refuses in turn
+    ({"parallel.strategy": "ep", "parallel.mesh": "expert=8", "parallel.spmd": "pmap"},
+     "a mixture of experts runs under --spmd jit only .*: use --spmd jit$"),
+    ({"parallel.strategy": "zero1", "parallel.mesh": "8", "parallel.spmd": "pmap"},
+     "a mixture of experts runs under --spmd jit only .*: use --spmd jit$"),
     ({"model.kind": "vit"}, "--model.num-experts 8 puts"),
 ])
 def test_refused_in_one_line_before_compiling(tmp_path: Path, overrides: dict[str, object], words: str) -> None:

@@ -107,8 +107,26 @@ def test_the_stage_transfers_and_each_layouts_memory_are_named(tmp_path: Path) -
     assert ("mlp, MiB per device: parameters + optimizer state dp 24.0; pp gpipe M=8 6.0 (1/4.0 of dp's); pp gpipe "
             "M=16 6.0 (1/4.0 of dp's); pp gpipe M=32 6.0 (1/4.0 of dp's). Activations and temporaries (the compiled "
             "program's, less the gradients): dp 10.0; pp gpipe M=8 6.0; pp gpipe M=16 4.0; pp gpipe M=32 3.0.") in text
-    assert "mlp gpipe: activations and temporaries 6.0 MiB at M=8 and 3.0 MiB at M=32" in text
+    assert ("mlp gpipe (pp_m8 against pp_m32): activations and temporaries 6.0 MiB at M=8 and 3.0 MiB at M=32, "
+            "with all else the same") in text
     # The strategies' sentence counts the 4-stage runs alone: the one-stage runs are references, not a layout.
     assert "PP splits the stacked layers into stages over the stage axis and replicates the rest: 6.0 MiB" in text
     # Microbatch counts and schedules are layouts: the runs are one computation to the equivalence check.
     assert "dp, pp_m8, pp_m16, pp_m32, one_m8, one_m16 are the same computation" in text
+
+
+def test_microbatch_counts_are_compared_only_between_runs_that_differ_in_them_alone(tmp_path: Path) -> None:
+    """A run of M=2 that accumulates 2 microbatches of its own pipelines microbatches of M=4's size: it was set
+    against M=4 "with the batch fixed (each microbatch smaller as M grows)", which its microbatch was not."""
+    accumulating = _run("pp_m2_accum2", "pp", 4, 500.0, (2.0, 4.0, 2.0, 9.0), stages=4, microbatches=2)
+    accumulating.overrides["train.grad_accum"] = 2
+    accumulating.config["train.grad_accum"] = 2
+    rows = [_run("pp_m4", "pp", 4, 450.0, (2.0, 4.0, 2.0, 5.0), stages=4, microbatches=4),
+            _run("pp_m8", "pp", 4, 400.0, (2.0, 4.0, 2.0, 4.0), stages=4, microbatches=8), accumulating]
+    with Store(tmp_path / "sweep" / "sweep.db") as store:
+        for r in rows:
+            store.add(r)
+    text = write_report(tmp_path / "sweep").markdown.read_text()
+    assert ("mlp gpipe (pp_m4 against pp_m8): activations and temporaries 5.0 MiB at M=4 and 4.0 MiB at M=8, with "
+            "all else the same") in text
+    assert "at M=2" not in text

@@ -79,6 +79,9 @@ def check_parallel(cfg: Config, spec: ModelSpec, devices: list[jax.Device] | Non
     if devices is None:
         devices = select_devices(cfg.parallel.devices)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices, cfg.parallel.sequence_parallel)
+    # A mixture of experts runs under jit alone: said before the style's own refusals, whose advice (another
+    # strategy, shard_map) it would refuse in turn.
+    check_experts(spec, layout, cfg.parallel.spmd)
     check_style(cfg.parallel.spmd, layout)
     # Before the layout's divisibility: a stack that does not split into stages is said in the pipeline's words.
     # (The built-in models' dropout flags: a model of your own draws its own, and passes none into its stack.)
@@ -89,7 +92,6 @@ def check_parallel(cfg: Config, spec: ModelSpec, devices: list[jax.Device] | Non
              "--model.num-layers" + (": the mlp stacks num_layers - 1" if cfg.model.kind == "mlp" else ""))
     check_pipeline(cfg.parallel.microbatches, cfg.train.batch_size, cfg.train.grad_accum, spec, layout,
                    random_layers, cfg.parallel.schedule, cfg.parallel.repeats, stack)
-    check_experts(spec, layout, cfg.parallel.spmd)
     check_context(cfg, layout)
     check_layout(spec, layout)
     check_batch("--batch-size", cfg.train.batch_size, layout)

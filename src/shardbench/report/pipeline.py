@@ -203,15 +203,28 @@ def memory_findings(runs: list[ReportedRun]) -> list[str]:
             acts.append(f"{name} {_mib(run.part('activations_temporaries'))}")
         sentences.append(f"{kind}, MiB per device: parameters + optimizer state {'; '.join(held)}. Activations and "
                          f"temporaries (the compiled program's, less the gradients): {'; '.join(acts)}.")
-        for sched in dict.fromkeys(schedule(r) for r in group if (stages(r) or 1) > 1):
-            piped = sorted((r for r in group if (stages(r) or 1) > 1 and schedule(r) == sched),
-                           key=lambda r: r.m.pipeline_microbatches or 0)
-            values = [(r.m.pipeline_microbatches, r.part("activations_temporaries")) for r in piped]
-            if len(values) > 1 and all(v is not None for _, v in values):
-                lo, hi = values[0], values[-1]
-                sentences.append(f"{kind} {sched}: activations and temporaries {_mib(lo[1])} MiB at M={lo[0]} and "
-                                 f"{_mib(hi[1])} MiB at M={hi[0]}, with the batch fixed (each microbatch "
-                                 f"{'smaller' if (hi[0] or 0) > (lo[0] or 0) else 'larger'} as M grows).")
+        sentences += _microbatch_findings(kind, [r for r in group if (stages(r) or 1) > 1])
+    return sentences
+
+
+def _microbatch_findings(kind: str, piped: list[ReportedRun]) -> list[str]:
+    """Activations and temporaries against the microbatch count, between runs that differ in it alone (their
+    strategy, mesh, stages, schedule, batch and accumulation the same): runs that differ in more were compared
+    ("at M=2 ... with the batch fixed", where M=2 was another mesh, or accumulated 2 microbatches of its own)."""
+    alike: dict[str, list[ReportedRun]] = {}
+    for run in piped:
+        rest = {k: v for k, v in run.settings.items() if k != "parallel.microbatches"}
+        alike.setdefault(json.dumps(rest, sort_keys=True, default=str), []).append(run)
+    sentences = []
+    for same in alike.values():
+        same = sorted(same, key=lambda r: r.m.pipeline_microbatches or 0)
+        values = [(r.m.pipeline_microbatches, r.part("activations_temporaries")) for r in same]
+        if len({m for m, _ in values}) < 2 or any(v is None for _, v in values):
+            continue
+        (lo_m, lo), (hi_m, hi) = values[0], values[-1]
+        sentences.append(f"{kind} {schedule(same[0])} ({same[0].name} against {same[-1].name}): activations and "
+                         f"temporaries {_mib(lo)} MiB at M={lo_m} and {_mib(hi)} MiB at M={hi_m}, with all else the "
+                         f"same (each microbatch smaller as M grows).")
     return sentences
 
 
