@@ -471,6 +471,18 @@ def test_runs_past_the_compared_steps_without_logged_losses_are_said_not_compare
             "over 2 compared losses)") in write_report(directory).markdown.read_text()
 
 
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_accumulation_is_a_layout_where_no_microbatch_draws_masks_of_its_own(tmp_path: Path, dropout: float) -> None:
+    """dp and dp accumulating 2 microbatches make the whole batch's update, up to the order of its sums: they were
+    never compared. With dropout each microbatch draws its own masks, and they are not one computation."""
+    directory = tmp_path / "sweep"
+    with Store(directory / "sweep.db") as store:
+        for name, k in (("whole", 1), ("accum", 2)):
+            store.add(row(name, {"train.grad_accum": k, "model.dropout": dropout}, rec(name, 10.0)))
+    text = write_report(directory).markdown.read_text()
+    assert ("whole, accum are the same computation in different layouts" in text) is (dropout == 0.0)
+
+
 def test_run_folders_without_config_are_ranked_by_their_records_and_never_called_one_computation(
         tmp_path: Path) -> None:
     """Two folders with summary.json alone: dp at 10 ms and fsdp at 25 ms per step, global batch 1,024 in their

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shardbench.report.content import comms_phrase
+from shardbench.report.content import comms_phrase, number
 
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
@@ -338,7 +338,15 @@ class Equivalence:
 
 
 def _computation(run: ReportedRun) -> str:
-    return json.dumps({k: v for k, v in run.settings.items() if k not in LAYOUT_ONLY}, sort_keys=True, default=str)
+    """What a run computes: its settings but its layout's. Gradient accumulation is part of the layout where
+    nothing draws masks per microbatch (a built-in model without dropout or drop-path): each update is then the
+    whole batch's, up to the order of its sums (docs/training.md)."""
+    masks = run.settings.get("model.factory") or any(number(run.settings.get(k)) for k in RANDOM_LAYERS)
+    ignored = LAYOUT_ONLY if masks else LAYOUT_ONLY | {"train.grad_accum"}
+    return json.dumps({k: v for k, v in run.settings.items() if k not in ignored}, sort_keys=True, default=str)
+
+
+RANDOM_LAYERS = ("model.dropout", "model.drop_path")  # masks a microbatch draws of its own under accumulation
 
 
 def _series(run: ReportedRun) -> dict[str, float]:
