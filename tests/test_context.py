@@ -148,6 +148,13 @@ REFUSED = [
     ({"parallel.strategy": "cp", "parallel.mesh": "seq=8", "model.seq_len": 24}, "does not split into 2 x seq = 16"),
     ({"parallel.strategy": "cp", "parallel.mesh": "seq=8", "model.seq_len": 12,
       "parallel.context_order": "contiguous"}, "does not split into 8 blocks"),
+    # Each model's way to a sequence that splits, in its own flags: a vit user sets no sequence length
+    ({"parallel.strategy": "cp", "parallel.mesh": "seq=8", "model.seq_len": 20,
+      "parallel.context_order": "contiguous"}, "use a --model.seq-len that is a multiple of 8"),
+    ({"preset": "vit-tiny", "parallel.strategy": "cp", "parallel.mesh": "seq=8",
+      "parallel.context_order": "contiguous"},
+     "a sequence of 65 rows does not split into 8 blocks .*: use --model.pool mean .64 rows: its patches, without "
+     "the class token."),
     ({"preset": "mlp-small", "parallel.strategy": "cp", "parallel.mesh": "seq=8"}, "has no attention"),
     ({"parallel.strategy": "dp", "parallel.mesh": "8", "parallel.context": "ring"}, "does not split"),
     # The chunks' order means as little as the ring without a seq axis (it was accepted, silently).

@@ -66,6 +66,19 @@ def sequence_length(cfg: Config) -> int:
     return 0
 
 
+def _sequence_advice(cfg: Config, sequence: int, chunks: int) -> str:
+    """How this model's sequence becomes a multiple of `chunks`, in the flags that set it: the lm's length; the
+    vit's patches, with the class token of --model.pool cls on top (which mean pooling leaves out)."""
+    if cfg.model.kind == "lm":
+        return f"a --model.seq-len that is a multiple of {chunks}"
+    if cfg.model.kind == "vit" and not cfg.model.factory:
+        patches = sequence - (1 if cfg.model.pool == "cls" else 0)
+        if patches != sequence and patches % chunks == 0:
+            return f"--model.pool mean ({patches} rows: its patches, without the class token)"
+        return f"a --model.patch-size or --data.image-size whose tokens make a multiple of {chunks} rows"
+    return f"a sequence that is a multiple of {chunks}"
+
+
 def check_context(cfg: Config, layout: Layout) -> None:
     """Context parallelism (cp) needs a model whose attention goes through shardbench's (the lm and the vit), a
     sequence that splits into the seq axis's blocks (head-tail: 2 x seq chunks), and attention that its own
@@ -100,7 +113,7 @@ def check_context(cfg: Config, layout: Layout) -> None:
             what = f"2 x seq = {chunks} chunks (head-tail)" if order == "head-tail" else f"{chunks} blocks"
             contiguous_fits = order == "head-tail" and sequence % shape.seq == 0  # else that advice is refused too
             raise ConfigError(f"--strategy {name}: a sequence of {sequence} rows does not split into {what} "
-                              f"(mesh {shape}): use a sequence that is a multiple of {chunks}, another seq size"
+                              f"(mesh {shape}): use {_sequence_advice(cfg, sequence, chunks)}, another seq size"
                               f"{', or --parallel.context-order contiguous' if contiguous_fits else ''}")
     if layout.sequence_parallel:
         if MODEL not in layout.strategy.axes or shape.model == 1:
