@@ -180,3 +180,19 @@ def test_accumulated_float16_gradients_overflow_no_sooner_than_the_whole_batchs(
                      "--train.grad-accum", str(k), "--out", str(out)]) == 0
         norms[k] = _first_grad_norm(out)
     assert norms[2] == pytest.approx(norms[1], rel=2e-2)
+
+
+@pytest.mark.slow
+def test_1f1b_float16_gradients_overflow_no_sooner_than_one_devices(tmp_path: Path) -> None:
+    """1F1B writes its backward itself and started each microbatch's from its loss sum: its 16-bit cotangents
+    were its target count times larger than one device's, and float16 overflowed (an infinite norm, exit 3)."""
+    data, norms = _targets_scaled(tmp_path, 30000.0), {}
+    layouts = {"one": ["--devices", "1", "--mesh", "none"],
+               "1f1b": ["--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--parallel.schedule", "1f1b",
+                        "--parallel.microbatches", "2"]}
+    for name, layout in layouts.items():
+        out = tmp_path / name
+        assert main([*OVERFLOW_RUN, "--data", data, "--dtype", "float16", "--batch-size", "256",
+                     "--model.num-layers", "5", *layout, "--out", str(out)]) == 0
+        norms[name] = _first_grad_norm(out)
+    assert norms["1f1b"] == pytest.approx(norms["one"], rel=2e-2)

@@ -20,6 +20,11 @@ Under vmap every stage computes a forward and a backward (with its recomputed fo
 what the schedule gives it (a select), and `post` runs every tick: 2(M+S-1) ticks of three passes over a stage,
 where GPipe runs M+S-1 forward and M+S-1 backward iterations. A per-stage program (shard_map over stage, with
 lax.cond) would run only the scheduled one.
+
+Each microbatch's backward starts from its mean (cotangent 1 / its target count), as gradient accumulation's
+do (`train.accum`): in a 16-bit compute dtype its cotangents keep the scale they have without microbatches.
+Its gradients are multiplied back by its count in the float32 accumulators, and the stack's input and layers get
+the whole batch's mean as their cotangents before `pre`'s vjp.
 """
 
 from __future__ import annotations
@@ -116,6 +121,12 @@ def one_f_one_b_gradients(forward: Forward, params: Any, model_state: Any, input
                                None)
         return terms.loss_sum.sum(), terms
 
+    def targets(terms: Any) -> jax.Array:
+        """A microbatch's target count, at least 1, outside differentiation: its backward starts from its mean
+        (1 / count), as without microbatches, so 16-bit cotangents keep their scale; each gradient is multiplied
+        back by it in float32."""
+        return jax.lax.stop_gradient(jnp.maximum(terms.count.sum().astype(jnp.float32), 1.0))
+
     scores: list[bool] = []  # whether the task counts right answers, learnt when the scan traces its body
 
     def tick(carry: dict[str, Any], t: jax.Array) -> tuple[dict[str, Any], None]:
@@ -135,8 +146,11 @@ def one_f_one_b_gradients(forward: Forward, params: Any, model_state: Any, input
         # The last stage's finished microbatch: its loss, and the cotangent its backward starts from next tick.
         i_post = jnp.clip(i_f[s_ - 1], 0, m - 1)
         loss_sum, post_vjp, terms = jax.vjp(lambda p, o: post(p, o, i_post), params, y[s_ - 1], has_aux=True)
-        d_params, d_out = post_vjp(jnp.ones_like(loss_sum))
+        c_post = targets(terms)
+        d_params, d_out = post_vjp((1.0 / c_post).astype(loss_sum.dtype))
+        d_params = jax.tree.map(lambda d: d.astype(jnp.float32) * c_post, d_params)
         done = ok_f[s_ - 1]
+        c["counts"] = _put(c["counts"], c_post, i_post, done)
         scores.append(terms.correct is not None)
         sums = {"loss_sum": loss_sum, "count": terms.count.sum(),
                 "correct": jnp.zeros(()) if terms.correct is None else terms.correct.sum()}
@@ -151,8 +165,10 @@ def one_f_one_b_gradients(forward: Forward, params: Any, model_state: Any, input
         h_b = jax.vmap(_at)(c["ring"], i_b % s_)
         d_held, d_h = jax.vmap(stage_backward, spmd_axis_name=STAGE)(
             staged, constrain(h_b, (LAYERS, BATCH, *free)), constrain(g, (LAYERS, BATCH, *free)))
-        c["d_staged"] = _where_stage(ok_b, jax.tree.map(lambda a, d: a + d.astype(jnp.float32), c["d_staged"],
-                                                        d_held), c["d_staged"])
+        scale = c["counts"][jnp.clip(i_b, 0, m - 1)]  # each stage's microbatch's target count
+        c["d_staged"] = _where_stage(ok_b, jax.tree.map(
+            lambda a, d: a + d.astype(jnp.float32) * scale.reshape(-1, *(1,) * (d.ndim - 1)), c["d_staged"],
+            d_held), c["d_staged"])
         c["returned"] = constrain(d_h, (LAYERS, BATCH, *free))
         c["post_grad"] = d_out
         c["d_chunks"] = _put(c["d_chunks"], d_h[0], jnp.clip(i_b[0], 0, m - 1), ok_b[0])
@@ -166,14 +182,19 @@ def one_f_one_b_gradients(forward: Forward, params: Any, model_state: Any, input
         "d_staged": jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), staged),
         "d_post": like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)),
         "d_chunks": jnp.zeros_like(chunks), "sums": {"loss_sum": zero, "count": zero, "correct": zero},
+        "counts": jnp.ones((m,), jnp.float32),
     }
     end, _ = jax.lax.scan(tick, start, jnp.arange(ticks(s_, m)))
-    d_layers = jax.tree.map(lambda d, a: d.reshape(a.shape).astype(a.dtype), end["d_staged"], layers)
-    d_x = end["d_chunks"].swapaxes(0, 1).reshape(x.shape)
-    (d_pre,) = pre_vjp((d_x, d_layers))
     sums = end["sums"]
     count = sums["count"]
-    grads = like_params(jax.tree.map(lambda a, b, p: ((a.astype(jnp.float32) + b) / count).astype(p.dtype),
+    # The stack's input and layers get the whole batch's mean as their cotangents (each microbatch's at its own
+    # mean so far, weighed by its share of the targets), so the part before the stack differentiates in 16 bits
+    # at the scale it has without microbatches.
+    d_layers = jax.tree.map(lambda d, a: (d / count).reshape(a.shape).astype(a.dtype), end["d_staged"], layers)
+    share = (end["counts"] / count).reshape(m, *(1,) * (chunks.ndim - 1))
+    d_x = (end["d_chunks"].astype(jnp.float32) * share).astype(x.dtype).swapaxes(0, 1).reshape(x.shape)
+    (d_pre,) = pre_vjp((d_x, d_layers))
+    grads = like_params(jax.tree.map(lambda a, b, p: (a.astype(jnp.float32) + b / count).astype(p.dtype),
                                      d_pre, end["d_post"], params))
     return Gradients(sums["loss_sum"] / count, count, sums["correct"] if scores[0] else None, after, grads)
 
