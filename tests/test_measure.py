@@ -215,6 +215,9 @@ def test_a_runs_default_name_tells_a_bfloat16_first_moment_from_the_plain_run() 
     layout = make_layout("dp", "2", jax.devices()[:2])
     plain = default_run_name(cfg, layout)
     assert default_run_name(override(cfg, {"optim.mu_dtype": "bfloat16"}), layout) == f"{plain}_mu_bfloat16"
+    # SGD keeps no moment: the setting does nothing there (a note says so), and the name does not claim it
+    sgd = override(cfg, {"optim.optimizer": "sgd"})
+    assert default_run_name(override(sgd, {"optim.mu_dtype": "bfloat16"}), layout) == default_run_name(sgd, layout)
 
 
 def test_a_damaged_stored_peak_is_measured_again_not_a_crash_of_every_run(tmp_path: Path, monkeypatch) -> None:

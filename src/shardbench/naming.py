@@ -59,8 +59,8 @@ def config_run_name(cfg: Config, mesh: str, strategy: str, implied: str) -> str:
         parts.append(f"dtype_{p.dtype}")
     if p.matmul_precision != "default":
         parts.append(f"matmul_{p.matmul_precision}")
-    if cfg.optim.mu_dtype:  # Adam's first moment in its own dtype: another run's memory, same name otherwise
-        parts.append(f"mu_{cfg.optim.mu_dtype}")
+    if cfg.optim.mu_dtype and cfg.optim.optimizer != "sgd":  # Adam's first moment in its own dtype: another
+        parts.append(f"mu_{cfg.optim.mu_dtype}")  # run's memory, same name otherwise (SGD keeps no moment)
     if cfg.parallel.spmd != "jit":
         parts.append(f"spmd_{cfg.parallel.spmd}")
     if cfg.train.grad_accum > 1:
