@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -333,9 +334,23 @@ if _stage and os.environ.get("SHARDBENCH_PROCESS_ID") == "1":
 """
 
 
+def test_a_failure_one_process_relays_is_said_as_the_failing_processs() -> None:
+    """Every process ends with the one that failed (cluster.agree): where another ended first, the launch named
+    it as the one that failed ("process 0 of 2 failed: process 1 failed at checking: ...")."""
+    from shardbench.launch import _failed
+
+    assert _failed(0, 2, "process 1 failed at checking: bad file") == (
+        "process 1 of 2 failed at checking: bad file (process 0 ended first, saying so)")
+    assert _failed(1, 2, "process 1 failed at checking: bad file") == "process 1 of 2 failed at checking: bad file"
+    assert _failed(1, 2, "killed by SIGKILL") == "process 1 of 2 failed: killed by SIGKILL"
+
+
 @pytest.mark.parametrize("stage, code, said", [
-    ("checking", 6, "process 1 failed at checking: /data/train.npz cannot be written or read (permission denied)"),
-    ("building", 70, "process 1 of 2 failed: internal error: RuntimeError: injected fault in process 1"),
+    # the launch's line names process 1, whichever process ended first with its message
+    ("checking", 6, r"^shardbench: error: process 1 of 2 failed( at checking)?: /data/train\.npz cannot be written "
+                    r"or read \(permission denied\)"),
+    ("building", 70, r"^shardbench: error: process 1 of 2 failed: internal error: RuntimeError: injected fault in "
+                     r"process 1"),
 ])
 def test_one_process_failing_with_any_exception_ends_the_run_at_once(tmp_path: Path, stage: str, code: int,
                                                                      said: str) -> None:
@@ -352,7 +367,7 @@ def test_one_process_failing_with_any_exception_ends_the_run_at_once(tmp_path: P
                      env={"PYTHONPATH": path, "SHARDBENCH_TEST_FAULT": stage, "SHARDBENCH_TEST_FAULT_MARK": str(mark)})
     ended = time.time()
     assert failed.returncode == code, failed.stdout[-2000:] + failed.stderr[-3000:]
-    assert said in failed.stderr, failed.stderr[-3000:]
+    assert re.search(said, failed.stderr, re.M), failed.stderr[-3000:]
     assert ended - float(mark.read_text()) < 20
     assert "[p0] shardbench: internal error" not in failed.stderr
     assert not _running(str(out))

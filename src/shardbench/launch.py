@@ -92,6 +92,16 @@ class Child:
         return f"exit {code}" + (f": {last.strip()[:200]}" if last else "")
 
 
+def _failed(index: int, count: int, reason: str) -> str:
+    """Which process failed, and why: where the first to end relays another's failure (every process ends with
+    the one that failed, `cluster.agree`), the one that failed, not the one that said so first."""
+    relayed = re.match(r"process (\d+) failed at (\w+): (.*)", reason)
+    if relayed:
+        by = "" if int(relayed[1]) == index else f" (process {index} ended first, saying so)"
+        return f"process {relayed[1]} of {count} failed at {relayed[2]}: {relayed[3]}{by}"
+    return f"process {index} of {count} failed: {reason}"
+
+
 _write_lock = threading.Lock()
 
 
@@ -261,7 +271,7 @@ def _watch(children: list[Child], ended: queue.Queue[tuple[int, int]], timeout: 
             held = (f" ({stopping.held} line{'' if stopping.held == 1 else 's'} they printed meanwhile left out: "
                     f"--debug shows them)") if stopping.held else ""
             stopped = f"; stopped the other {len(others)}{held}" if others else ""
-            print(f"shardbench: error: process {index} of {len(children)} failed: {child.reason(code)}{stopped}",
+            print(f"shardbench: error: {_failed(index, len(children), child.reason(code))}{stopped}",
                   file=sys.stderr, flush=True)
             if code < 0:  # end by the same signal, so whoever started the launch sees what a single process shows
                 sys.stdout.flush()
