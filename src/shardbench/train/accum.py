@@ -48,7 +48,7 @@ def moe_sums(t: Terms) -> dict[str, jax.Array] | None:
             "examples": jnp.asarray(t.moe.aux.shape[0], jnp.float32)}
 
 
-def _targets(t: Terms) -> jax.Array:
+def targets(t: Terms) -> jax.Array:
     """A microbatch's target count, at least 1 (one whose targets are all masked divides its zero sum by 1),
     outside differentiation."""
     return jax.lax.stop_gradient(jnp.maximum(t.count.sum().astype(jnp.float32), 1.0))
@@ -76,7 +76,7 @@ def accumulate(forward: Forward, params: Any, model_state: Any, inputs: jax.Arra
         # The microbatch's mean, as without accumulation: its sum's gradients are its target count times larger
         # in the parameters' and the compute dtype, where float16 overflows. They are multiplied back in float32.
         t, after = forward(p, state, x, b, key)
-        return t.objective_sum(aux_coef) / _targets(t), (t, after)
+        return t.objective_sum(aux_coef) / targets(t), (t, after)
 
     scores: list[bool] = []  # whether the task counts right answers, learnt when the scan traces its body
 
@@ -91,7 +91,7 @@ def accumulate(forward: Forward, params: Any, model_state: Any, inputs: jax.Arra
                 "correct": jnp.zeros(()) if t.correct is None else t.correct.sum()}
         if t.moe is not None:
             step["moe"] = moe_sums(t)
-        step["grads"] = jax.tree.map(lambda g: g.astype(jnp.float32) * _targets(t), grads)
+        step["grads"] = jax.tree.map(lambda g: g.astype(jnp.float32) * targets(t), grads)
         acc = jax.tree.map(lambda a, d: a + d.astype(jnp.float32), acc, step)
         return ({**acc, "grads": constrain(acc["grads"])}, after), None
 

@@ -41,7 +41,7 @@ from shardbench.config import ParallelConfig
 from shardbench.parallel.mesh import STAGE
 from shardbench.parallel.pipeline import microbatch_count, uses_pipeline
 from shardbench.parallel.rules import Layout
-from shardbench.train.accum import Batch, Forward, Gradients, split
+from shardbench.train.accum import Batch, Forward, Gradients, split, targets
 
 
 def forward_ticks(t: jax.Array, stages: int, m: int) -> tuple[jax.Array, jax.Array]:
@@ -120,12 +120,6 @@ def one_f_one_b_gradients(forward: Forward, params: Any, model_state: Any, input
             terms, _ = forward(p, model_state, _at(micro_inputs, i), jax.tree.map(lambda a: _at(a, i), micro_batch),
                                None)
         return terms.loss_sum.sum(), terms
-
-    def targets(terms: Any) -> jax.Array:
-        """A microbatch's target count, at least 1, outside differentiation: its backward starts from its mean
-        (1 / count), as without microbatches, so 16-bit cotangents keep their scale; each gradient is multiplied
-        back by it in float32."""
-        return jax.lax.stop_gradient(jnp.maximum(terms.count.sum().astype(jnp.float32), 1.0))
 
     scores: list[bool] = []  # whether the task counts right answers, learnt when the scan traces its body
 
