@@ -95,6 +95,7 @@ class Checkpoints:
         among them, in a run its record calls complete. Removing them also keeps `--train.keep-checkpoints`
         counting only checkpoints that restore. Where none restores, nothing is removed."""
         damaged: list[int] = []
+        _hush_abandoned_reads()  # before any restore: orbax's abandoned reads can fail before it raises
         for step in sorted((s for s in self.all_steps() if s <= newest), reverse=True):
             mismatch = self.mismatch(target, step)
             if mismatch:  # the model changed, not the file: no checkpoint of this run will fit
@@ -107,7 +108,6 @@ class Checkpoints:
             except Exception as err:  # noqa: BLE001 - orbax raises many kinds on a damaged file
                 detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
                 damaged.append(step)
-                _hush_abandoned_reads()
                 print(f"shardbench: --resume: the checkpoint of step {step} in {self._directory} is damaged "
                       f"({type(err).__name__}: {detail}); trying the one before it", file=sys.stderr, flush=True)
                 continue
@@ -165,9 +165,10 @@ class Checkpoints:
 
 def _hush_abandoned_reads() -> None:
     """Keep the rest of a failed restore off the terminal. orbax reads a checkpoint's arrays concurrently and gives
-    up at the first damaged one: the reads still in flight then end in an event loop it has closed, and Python
-    prints each as an ignored exception ("Event loop is closed", the damaged array again) while training goes on
-    from the checkpoint before. The line naming the damage says it all; --debug shows them."""
+    up at the first damaged one: the reads still in flight then end in an event loop it has closed (some before
+    orbax raises), and Python prints each as an ignored exception ("Event loop is closed", the damaged array
+    again) while training goes on from the checkpoint before. The line naming the damage says it all; --debug
+    shows them. Only those two kinds are kept off, for the rest of the process."""
     if debugging() or getattr(sys.unraisablehook, "abandoned_reads", False):
         return
     before = sys.unraisablehook
