@@ -40,7 +40,10 @@ def _read_json(path: Path) -> Any:
 
 def _read_config(path: Path) -> dict[str, Any]:
     """A run folder's config.json as its flat fields ({"section.field": value})."""
-    nested = _read_json(path)
+    return _flat_config(_read_json(path), path)
+
+
+def _flat_config(nested: Any, path: Path) -> dict[str, Any]:
     if not isinstance(nested, dict):
         raise DataError(f"{path} is not a run's configuration (a JSON object of sections), but a "
                         f"{type(nested).__name__}")
@@ -50,15 +53,11 @@ def _read_config(path: Path) -> dict[str, Any]:
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(Config))  # a run's config.json: its sections, its preset
 
 
-def _run_config(path: Path) -> bool:
-    """`path` is the config.json a shardbench run wrote (its sections, the model's and train's among them), not
-    another tool's file of that name (a Hugging Face model folder's) that happens to lie below DIR."""
-    try:
-        nested = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return True  # a run's config.json cut short is the run's damage, which reading it reports
-    return (isinstance(nested, dict) and nested.keys() <= RUN_FIELDS
-            and all(isinstance(nested.get(section), dict) for section in ("model", "train")))
+def _another_tools(nested: Any) -> bool:
+    """JSON that is not the config.json a shardbench run writes (its sections, the model's and train's
+    among them), but another tool's file of that name (a Hugging Face model folder's) that lies below DIR."""
+    return not (isinstance(nested, dict) and nested.keys() <= RUN_FIELDS
+                and all(isinstance(nested.get(section), dict) for section in ("model", "train")))
 
 
 def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
@@ -114,7 +113,8 @@ def _from_folders(root: Path, skip: Path) -> Found:
     # A sweep below DIR (sweeps copied into one folder to be reported together) is read from its sweep.db: its
     # refused and failed runs are there alone, with no folder of their own. One whose sweep.db holds no run yet
     # is read from its folders, as DIR is.
-    sweeps, runs, origin = [], [], {}
+    sweeps: list[Path] = []
+    placed: list[tuple[ReportedRun, str]] = []  # each run, and where it lies (its name where names clash)
     for db in sorted(root.rglob("sweep.db")):
         if db.parent == root or skip in db.parents:
             continue
@@ -123,32 +123,33 @@ def _from_folders(root: Path, skip: Path) -> Found:
             sweeps.append(db.parent)
             for run in stored:
                 folder = db.parent / "runs" / run.name
-                runs.append(dataclasses.replace(run, folder=folder if folder.is_dir() else None))
-                origin[id(runs[-1])] = f"{_relative(db.parent, root)}/{run.name}"
+                placed.append((dataclasses.replace(run, folder=folder if folder.is_dir() else None),
+                               f"{_relative(db.parent, root)}/{run.name}"))
     for summary in sorted(root.rglob("summary.json")):
         if skip in summary.parents or _below(summary.parent, sweeps):
             continue
         record = _read_record(summary)
         saved = summary.with_name("config.json")
         config = _read_config(saved) if saved.exists() else _record_settings(record)
-        runs.append(ReportedRun(str(record.run_name or _relative(summary.parent, root)),
-                                str(record.status or "complete"), None, None, {}, config, record,
-                                folder=summary.parent, configured=saved.exists()))
-        origin[id(runs[-1])] = _relative(summary.parent, root)
+        placed.append((ReportedRun(str(record.run_name or _relative(summary.parent, root)),
+                                   str(record.status or "complete"), None, None, {}, config, record,
+                                   folder=summary.parent, configured=saved.exists()),
+                       _relative(summary.parent, root)))
     # Two runs of one name (the same sweep's run copied from two sweeps, or two sweeps' runs of one grid): each
     # is named by where it lies.
-    clashing = {r.name for r in runs if sum(o.name == r.name for o in runs) > 1}
-    runs = [dataclasses.replace(r, name=origin[id(r)]) if r.name in clashing else r for r in runs]
+    names = [r.name for r, _ in placed]
+    runs = [dataclasses.replace(r, name=where) if names.count(r.name) > 1 else r for r, where in placed]
     # A run folder (it has the config.json a run writes first) without summary.json did not finish: it is
     # listed among the failed runs, never silently left out. Another tool's config.json is named and left out.
     skipped = []
     for saved in sorted(root.rglob("config.json")):
         if skip in saved.parents or saved.with_name("summary.json").exists() or _below(saved.parent, sweeps):
             continue
-        if not _run_config(saved):
+        nested = _read_json(saved)  # read once: whose file it is, then its fields
+        if _another_tools(nested):
             skipped.append(_relative(saved.parent, root) or ".")
             continue
-        config = _read_config(saved)
+        config = _flat_config(nested, saved)
         runs.append(ReportedRun(_relative(saved.parent, root), "failed", INCOMPLETE,
                         "no summary.json: the run did not finish (stopped, killed, or still running)", {}, config,
                         None, folder=saved.parent))
