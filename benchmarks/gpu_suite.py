@@ -526,6 +526,7 @@ class Part:
     def __init__(self, name: str, out: Path, env: dict[str, Any], smoke: bool, keep_earlier: bool) -> None:
         self.name, self.out, self.smoke = name, out, smoke
         self.ran: set[str] = set()  # the cases this run ended (rows kept from an earlier run are not its failures)
+        self.kept_note = ""
         self.record: dict[str, Any] = {"part": name, "smoke": smoke, **env, "cases": [], "notes": [],
                                        "finished": False}
         earlier = out / f"{name}.json"
@@ -540,9 +541,9 @@ class Part:
             # sections keyed by case; an earlier file's list of sections names no case, so it cannot be replaced
             sections = old.get("sections")
             self.record["sections"] = dict(sections) if isinstance(sections, dict) else {}
-            if self.record["cases"]:
-                self.record["notes"].append(f"rows of the cases this run did not name (--cases) are from the run of "
-                                            f"{old.get('date')}, commit {old.get('commit')}")
+            # said while a row of that run is still on the page, not once this run has replaced them all
+            self.kept_note = (f"rows of the cases this run did not name (--cases) are from the run of "
+                              f"{old.get('date')}, commit {old.get('commit')}")
 
     def add(self, row: dict[str, Any]) -> None:
         self.ran.add(row["name"])
@@ -579,6 +580,10 @@ class Part:
         self.note(f"part took {took_s:.0f} s; every command is in {self.name}.json")
 
     def write(self) -> None:
+        notes = [n for n in self.record["notes"] if n != self.kept_note]
+        if self.kept_note and any(c["name"] not in self.ran for c in self.record["cases"]):
+            notes.insert(0, self.kept_note)
+        self.record["notes"] = notes
         tmp = self.out / f"{self.name}.json.tmp"
         tmp.write_text(json.dumps(self.record, indent=2))
         os.replace(tmp, self.out / f"{self.name}.json")
@@ -1012,11 +1017,12 @@ def accuracy_section(run_dir: Path, name: str, out: Path) -> str:
             f"{_fmt(run.get('step_ms'), '.2f')} ms, compile {_fmt(run.get('compile_s'), '.1f')} s; curve: {png.name}")
 
 
-def collect(folder: Path) -> str:
-    """Every part's markdown in `folder`, in the parts' order: the text of benchmarks/results-h100.md."""
+def collect(folder: Path, to: Path | None = None) -> str:
+    """Every part's markdown in `folder`, in the parts' order: the text of the results page `to` (one per kind of
+    GPU, such as benchmarks/results-h100.md)."""
     parts = [folder / f"{p}.md" for p in PARTS if (folder / f"{p}.md").exists()]
     head = ("# shardbench on a GPU: the latest GPU suite results\n\nMade by `python benchmarks/gpu_suite.py "
-            "--collect DIR --to benchmarks/results-h100.md` from the parts' files; each part names its date, "
+            f"--collect DIR --to {to or 'PAGE'}` from the parts' files; each part names its date, "
             "commit and device. What was measured by hand on an H100 before the suite existed is in "
             "`benchmarks/results-h100-2026-11-24.md`.\n")
     return head + "\n" + "\n\n".join(p.read_text() for p in parts)
@@ -1056,7 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"gpu_suite: --collect {args.collect}: no part's file there (PART.md for one of {', '.join(PARTS)})"
                   f"{'' if args.collect.is_dir() else ': no such folder'}; nothing written", file=sys.stderr)
             return 2
-        text = collect(args.collect)
+        text = collect(args.collect, args.to)
         if args.to:
             args.to.write_text(text)
         else:

@@ -339,6 +339,7 @@ def test_collect_refuses_a_folder_without_parts(tmp_path: Path, capsys: pytest.C
     (tmp_path / "empty" / "compile.md").write_text("## compile")
     assert gpu_suite.main(["--collect", str(tmp_path / "empty"), "--to", str(page)]) == 0
     assert "## compile" in page.read_text()
+    assert f"--to {page}`" in page.read_text()  # the page names itself, not another GPU's page
 
 
 def test_cases_refuses_a_name_the_part_does_not_have(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -550,6 +551,18 @@ def test_earlier_rows_of_the_other_kind_of_run_are_not_kept(tmp_path: Path) -> N
     assert smoke.failures() == []  # a's row is the earlier run's
     smoke.add({"name": "a", "status": "failed (1): boom again"})
     assert smoke.failures() == ["compile/a: failed (1): boom again"]
+
+
+def test_the_earlier_run_is_named_while_one_of_its_rows_is_on_the_page(tmp_path: Path) -> None:
+    """A --cases rerun names the earlier run whose rows it keeps, and stops naming it once it replaced them all."""
+    (tmp_path / "plan.json").write_text(json.dumps({"part": "plan", "smoke": True, "date": "d0", "commit": "c0",
+                                                    "cases": [{"name": "sweep", "status": "not run: budget"}]}))
+    part = gpu_suite.Part("plan", tmp_path, ENV, True, True)
+    part.write()
+    assert "are from the run of d0, commit c0" in (tmp_path / "plan.md").read_text()
+    part.add({"name": "sweep", "status": "ok"})
+    assert "from the run of" not in (tmp_path / "plan.md").read_text()
+    assert not any("from the run of" in n for n in json.loads((tmp_path / "plan.json").read_text())["notes"])
 
 
 def test_sections_keep_the_rows_order_and_bench_headings_sit_below_the_part() -> None:

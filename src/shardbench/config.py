@@ -164,8 +164,8 @@ class ModelConfig:
     qkv_layout: str = setting(
         "auto", "q/k/v projection, from the same parameter: fused (one einsum to [3, batch, seq, heads, dim]), "
         "split (three einsums), seq-major (one einsum to [batch, seq, 3, heads, dim]; the last two avoid the "
-        "backward's [3, heads, dim, batch, seq] transpose) or auto (seq-major for the vit where its attention runs "
-        "cudnn and no cp strategy splits the sequence, else fused)", choices=QKV_LAYOUTS)
+        "backward's [3, heads, dim, batch, seq] transpose) or auto (seq-major for the vit and the lm where their "
+        "attention runs cudnn and no cp strategy splits the sequence, else fused)", choices=QKV_LAYOUTS)
     pool: str = setting(
         "cls", "vit: what the head sees: cls (the class token, the seed's model), mean (the mean of the patch tokens "
         "after the final LayerNorm) or sequence (CCT's sequence pooling: a linear layer scores each token after the "

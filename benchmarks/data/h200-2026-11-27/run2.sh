@@ -11,5 +11,5 @@ finish() { tar czf "$OUT/results2.tar.gz" --exclude='checkpoints' --exclude='*tf
 trap finish EXIT
 t=$SECONDS
 python3 benchmarks/gpu_suite.py --commit "$COMMIT" --out "$R" --work "$W" --part plan --cases sweep \
-  --budget-s 170 --case-timeout-s 175 2>&1 | tee "$R/suite-plan.log"
+  --budget-s 185 --case-timeout-s 190 2>&1 | tee "$R/suite-plan.log"
 echo "plan sweep: $((SECONDS - t)) s" | tee -a "$R/times.txt"

@@ -37,9 +37,11 @@ AUTO_CUDNN_MODELS = ("vit", "lm")
 # The models whose `--model.qkv-layout auto` is seq-major where their attention runs cuDNN's, else fused. vit-seed,
 # bfloat16, batch 1024, cuDNN's attention, one H100 (2026-11-27, benchmarks/data/h100-2026-11-27/qkv/ and repeat/):
 # seq-major 25.29 and 25.25 ms a step against fused's 28.00 and 28.00 (0.90x; split 26.03), the same first losses,
-# 400 MiB more peak memory. Under XLA's composition (2026-11-26) seq-major ran 34.66 against 34.61: no gain, so
-# auto keeps fused there. The lm under cuDNN has not been measured with seq-major: fused.
-AUTO_SEQ_MAJOR_MODELS = ("vit",)
+# 400 MiB more peak memory; on one H200 (2026-11-27, benchmarks/data/h200-2026-11-27/) 21.82 against 24.41 (0.89x).
+# Under XLA's composition (2026-11-26) seq-major ran 34.66 against 34.61: no gain, so auto keeps fused there. The lm:
+# lm-seed, bfloat16, batch 32, sequence 1024, cuDNN's attention, one H200 (2026-11-27, the same folder): seq-major
+# 5.73 ms a step (p90 5.85) against fused's 6.10 (p90 6.51), one process each, the same first losses and peak memory.
+AUTO_SEQ_MAJOR_MODELS = ("vit", "lm")
 
 
 def attention_kind(setting: str, platform: str, cudnn_fits: bool = False) -> str:
