@@ -15,8 +15,11 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
                            + QUICK_COMPILE_FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NoReturn  # noqa: E402
@@ -92,6 +95,21 @@ def lowered_train_step(cfg: config_lib.Config):
     batch = abstract_batch(cfg, checked.layout)
     steps = make_steps(cfg, get_task(cfg), checked.spec, checked.layout, tx, tuple(k for k in batch if k != "mask"))
     return steps.train.lower(abstract_train_state(checked.spec, checked.layout, tx), batch)
+
+
+@contextlib.contextmanager
+def held_by_another_process(folder: Path) -> Iterator[None]:
+    """`folder` locked as a running sweep locks it, by a real process of its own until the block ends."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from shardbench.store import lock_runs; held = lock_runs(Path(sys.argv[1]), 'sweep'); "
+                               "print('held', flush=True); time.sleep(60)", str(folder)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def micro_config(tmp_path: Path, **overrides: object) -> config_lib.Config:

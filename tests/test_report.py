@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import held_by_another_process
 from shardbench import config as config_lib
 from shardbench.errors import EXIT_CODES, DataError, ShardbenchError
 from shardbench.measure.run_record import from_json
@@ -31,7 +32,7 @@ from shardbench.report import report_cmd
 from shardbench.report.plots import axis_label
 from shardbench.report.speed import NOT_A_CAUSE
 from shardbench.report.write import ReportPaths, write_report
-from shardbench.store import RunRow, Store
+from shardbench.store import RunRow, Store, lock_runs
 
 MIB = 2**20
 CHARTS = ("step_time", "throughput", "epoch_time", "peak_memory", "mfu", "comms", "memory_breakdown")
@@ -233,6 +234,27 @@ def test_a_stopped_sweeps_report_says_which_planned_runs_are_not_recorded(tmp_pa
             store.add(r)
     assert write_report(tmp_path).pending == () and "unfinished" not in write_report(tmp_path).markdown.read_text()
 
+
+
+def test_a_running_sweeps_report_says_it_is_running_not_how_to_finish_it(tmp_path: Path) -> None:
+    """A report of a sweep still running (another process holds the folder's lock) says so and shows the runs so
+    far; it said "--resume finishes it", which a second sweep there would refuse. The same folder once the
+    sweep's process has ended is a stopped sweep again, and the sweep reporting itself at its end is not running."""
+    with Store(tmp_path / "sweep.db") as store:
+        store.set_meta("runs", [{"name": n, "overrides": {}, "settings": {}} for n in ("single_fp32", "dp_8")])
+    with held_by_another_process(tmp_path):
+        with pytest.raises(ShardbenchError, match="the sweep writing it is still running its first of 2 planned "
+                                                  "runs; report it once a run has ended"):
+            write_report(tmp_path)
+        with Store(tmp_path / "sweep.db") as store:
+            store.add(sweep_rows()[0])
+        text = write_report(tmp_path).markdown.read_text()
+        assert ("The sweep is still running: 1 planned run not recorded yet (`dp_8`); this report shows the runs "
+                "recorded so far.") in text and "--resume" not in text
+    text = write_report(tmp_path).markdown.read_text()
+    assert "still running" not in text and f"`shardbench sweep --out {tmp_path} --resume` finishes it." in text
+    with lock_runs(tmp_path, "sweep"):  # the sweep's own report at its end
+        assert "still running" not in write_report(tmp_path, writing=True).markdown.read_text()
 
 
 def test_a_sweep_stopped_before_its_first_run_ended_is_said_so_with_how_to_finish(tmp_path: Path) -> None:

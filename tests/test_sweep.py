@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import held_by_another_process
+
 from shardbench import config as config_lib
 from shardbench.cli import main
 from shardbench.errors import ConfigError
@@ -527,6 +529,14 @@ def test_a_killed_sweep_resumes_and_runs_everything_exactly_once(tmp_path: Path)
         assert time.monotonic() < deadline, "the killed sweep's run is still running"
         time.sleep(0.2)
 
+    # While another sweep or a tune holds the folder, a resume is refused in one line (it ran the same runs beside
+    # the first sweep's).
+    with held_by_another_process(out):
+        busy = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", "--out", str(out), "--resume"], env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert busy.returncode == 2 and busy.stderr.strip().splitlines()[-1].endswith(
+        f"--out {out}: a sweep or tune is running there (it holds {out / '.lock'}); sweep again with --resume once "
+        f"it has ended, or choose another --out"), busy.stderr
     # A changed argument is refused, naming the field; --out alone resumes the stored plan and options.
     changed = subprocess.run([sys.executable, "-c", SWEEP_MAIN, "sweep", *argv, "--steps", "3", "--resume"], env=env,
                              capture_output=True, text=True, timeout=300)

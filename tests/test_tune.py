@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import held_by_another_process
+
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.parallel.rules import STRATEGIES
@@ -429,6 +431,9 @@ def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accept
         assert len(store.names()) == 1
     assert not (out / "tune.md").exists() and json.loads((out / "tune.json").read_text())["result"] is None
 
+    with held_by_another_process(out):  # a second tune there ran the same runs beside the first
+        busy = shardbench(*argv, "--resume", cwd=tmp_path)
+    assert busy.returncode == 2 and "a sweep or tune is running there" in busy.stderr.strip().splitlines()[-1]
     changed = shardbench(*argv, "--top-k", "3", "--resume", cwd=tmp_path)
     assert changed.returncode == 2 and "(--top-k: 2 there, 3 now)" in changed.stderr.strip().splitlines()[-1]
     fewer = [a if a != "dp,tp,ep" else "dp,tp" for a in argv]

@@ -6,14 +6,15 @@ Every `add` commits at once, so a sweep killed at any moment keeps every run it 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from shardbench.errors import DataError, FileFault
+from shardbench.errors import ConfigError, DataError, FileFault
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -198,3 +199,42 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# The lock file of a folder a sweep or a tune is writing: the writer holds an exclusive flock on it while it runs,
+# and the kernel lets go of it when the process ends, however it ends. A copied or finished folder's lock file is
+# held by no one.
+LOCK = ".lock"
+
+
+def lock_runs(out: Path, command: str) -> IO[str]:
+    """Hold `out` for one sweep or tune: a second one there is refused in one line while this one runs. The
+    handle holds the lock; closing it, or the process ending, lets go. A report reading whether the folder is in
+    use holds the lock for an instant: a writer starting in that instant tries again, for up to half a second."""
+    out.mkdir(parents=True, exist_ok=True)
+    handle = open(out / LOCK, "w")
+    for attempt in range(10):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            time.sleep(0.05)
+    handle.close()
+    raise ConfigError(f"--out {out}: a sweep or tune is running there (it holds {out / LOCK}); {command} again "
+                      f"with --resume once it has ended, or choose another --out")
+
+
+def in_use(out: Path) -> bool:
+    """Whether a sweep or tune is writing `out` now (it holds the folder's lock)."""
+    try:
+        handle = open(out / LOCK)
+    except OSError:
+        return False  # no lock file: no sweep or tune ever held the folder
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False  # a file system without locks: say nothing of a writer
+        return False

@@ -26,7 +26,7 @@ from shardbench.report.cost import cost_note, with_costs
 from shardbench.report.findings import explain
 from shardbench.report.pipeline import with_bubbles
 from shardbench.report.speed import differing
-from shardbench.store import Store
+from shardbench.store import Store, in_use
 
 
 # ------------------------------------------------------------------------------------------- loading runs
@@ -60,14 +60,21 @@ def _another_tools(nested: Any) -> bool:
                 and all(isinstance(nested.get(section), dict) for section in ("model", "train")))
 
 
-def _from_store(db: Path) -> tuple[list[ReportedRun], dict[str, Any]]:
+def _from_store(db: Path, writing: bool = False) -> tuple[list[ReportedRun], dict[str, Any]]:
+    """A sweep.db's runs and meta; `writing`: the sweep or tune that holds the folder is the one reporting it."""
     with Store(db, read_only=True) as store:
         rows = store.runs()
         meta = {key: store.get_meta(key) for key in ("preset", "origin", "base_preset", "base", "axes", "created")}
         planned = [r.get("name") for r in store.get_meta("runs") or [] if isinstance(r, dict)]
     done = {r.name for r in rows}
-    meta["pending"] = [name for name in planned if name not in done]  # a stopped sweep's runs still to run
+    meta["pending"] = [name for name in planned if name not in done]  # a stopped or running sweep's runs to run
+    meta["running"] = not writing and in_use(db.parent)  # another process writes the folder: runs to come
     return [reported(r, f"{db}: run {r.name}") for r in rows], meta
+
+
+def _writer(meta: dict[str, Any]) -> str:
+    """What writes a folder of runs, as its sweep.db's meta says: a tune's measurements or a sweep."""
+    return "tune" if meta.get("origin") == "tune" else "sweep"
 
 
 def _read_record(path: Path) -> RunRecord:
@@ -203,12 +210,18 @@ def _logged_losses(run: ReportedRun, sweep_dir: Path) -> tuple[tuple[int, float]
     return None if metrics is None else _read_losses(metrics)
 
 
-def load_runs(sweep_dir: Path, skip: Path | None = None) -> tuple[list[ReportedRun], dict[str, Any]]:
+def load_runs(sweep_dir: Path, skip: Path | None = None,
+              writing: bool = False) -> tuple[list[ReportedRun], dict[str, Any]]:
     """The runs in store order (path order for a plain folder of runs) and the sweep's meta."""
     if not sweep_dir.is_dir():
         what = "is a file, not a folder of runs" if sweep_dir.exists() else "no such directory"
         raise ShardbenchError(f"{sweep_dir}: {what}")
-    runs, meta = _from_store(sweep_dir / "sweep.db") if (sweep_dir / "sweep.db").exists() else ([], {})
+    runs, meta = _from_store(sweep_dir / "sweep.db", writing) if (sweep_dir / "sweep.db").exists() else ([], {})
+    if not runs and meta.get("pending") and meta.get("running"):
+        pending = meta["pending"]
+        raise ShardbenchError(
+            f"{sweep_dir}: no run recorded yet: the {_writer(meta)} writing it is still running its first of "
+            f"{len(pending)} planned run{'' if len(pending) == 1 else 's'}; report it once a run has ended")
     if not runs and meta.get("pending"):
         pending = meta["pending"]
         raise ShardbenchError(
@@ -373,12 +386,14 @@ def _origin(meta: dict[str, Any]) -> str:
     return named + (f" on {start}" if origin != "preset" and start else "")
 
 
-def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTable | None = None) -> ReportPaths:
+def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTable | None = None,
+                 writing: bool = False) -> ReportPaths:
     """Write report.md, report.html and the charts into `out_dir` (default `<sweep_dir>/report`); `prices` (--prices)
-    prices every run again (without it, each run's record says its cost)."""
+    prices every run again (without it, each run's record says its cost). `writing`: the sweep or tune writing
+    the folder reports it at its end (else a folder whose lock is held is reported as still running)."""
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
-    runs, meta = load_runs(sweep_dir, skip=out)
+    runs, meta = load_runs(sweep_dir, skip=out, writing=writing)
     runs = with_costs(with_bubbles(with_predictions(runs, sweep_dir)), prices)
     writable_dir(out, "--out")
     swept = swept_fields(runs)
@@ -390,7 +405,12 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     count = f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
     source = f"Read from {origin} in `{sweep_dir}`: {count}, {complete} complete, {len(runs) - complete} failed."
     pending = meta.get("pending") or []
-    if pending:
+    if pending and meta.get("running"):
+        source += (f" The {_writer(meta)} is still running: {len(pending)} planned "
+                   f"run{'' if len(pending) == 1 else 's'} not recorded yet "
+                   f"({', '.join(f'`{n}`' for n in pending[:5])}{', ...' if len(pending) > 5 else ''}); this report "
+                   f"shows the runs recorded so far.")
+    elif pending:
         source += (f" The sweep is unfinished: {len(pending)} planned run{'' if len(pending) == 1 else 's'} not "
                    f"recorded yet ({', '.join(f'`{n}`' for n in pending[:5])}{', ...' if len(pending) > 5 else ''}); "
                    + ("`shardbench tune` with its flags and --resume" if meta.get("origin") == "tune" else

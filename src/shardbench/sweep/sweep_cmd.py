@@ -5,14 +5,13 @@ files, a sweep directory holding `sweep.db`, and `--resume` to finish an interru
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from shardbench import config as config_lib
 from shardbench import malloc
@@ -22,7 +21,7 @@ from shardbench.measure import peak as peak_lib
 from shardbench.parsing import override
 from shardbench.presets import PRESETS, get_preset
 from shardbench.prices import prices_from_flag
-from shardbench.store import Store
+from shardbench.store import Store, lock_runs
 from shardbench.subprocs import interrupted_code, terminated_as_interrupt
 from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_options
@@ -246,18 +245,6 @@ def check_out(out: Path, resume: bool) -> None:
         raise ConfigError(f"--out {out} is not empty: choose a new directory for the sweep")
 
 
-def _lock(out: Path) -> IO[str]:
-    """One sweep at a time per directory; the lock goes with the process, however it ends."""
-    out.mkdir(parents=True, exist_ok=True)
-    handle = open(out / ".lock", "w")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise ConfigError(f"--out {out}: another sweep is running there") from None
-    return handle
-
-
 def overhead(store: Store, started: float, wall_s: float) -> dict[str, Any]:
     """This invocation's wall time against its runs' own process times (start-up included): what the
     sweep itself costs on top of its runs (planning, the database, the report)."""
@@ -396,7 +383,7 @@ def _run(args: argparse.Namespace) -> int:
         out = sweep_dir(args, sweep)
         check_out(out, args.resume)
         writable_dir(out, "--out")
-        lock = _lock(out)
+        lock = lock_runs(out, "sweep")
         started, t0 = time.time(), time.perf_counter()
         try:
             with open_store(out, args.resume, plan_meta(sweep, options), from_store) as store:
@@ -418,7 +405,7 @@ def _run(args: argparse.Namespace) -> int:
                 if code == 0 and not args.no_report:
                     from shardbench.report.write import write_report  # matplotlib only for a report
 
-                    paths = write_report(out)
+                    paths = write_report(out, writing=True)
                     print(f"report: {paths.markdown}\nreport: {paths.html}", flush=True)
                     for line in paths.differing:  # layouts that should agree but do not: said at the end too
                         print(f"sweep: warning: runs that differ only in layout computed different losses: {line}",

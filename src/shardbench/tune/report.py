@@ -397,7 +397,7 @@ def finish(t: Tuning) -> int:
     from shardbench.report.write import write_report
 
     v = summary(t)
-    paths = write_report(t.out)
+    paths = write_report(t.out, writing=True)
     chart = paths.charts.get("plan_vs_measured")
     if v is not None:
         (t.out / WINNER).write_text(winner_toml(t, v.winner))

@@ -21,6 +21,7 @@ from shardbench.plan import plan_cmd
 from shardbench.plan.candidates import PER_STAGE, USES
 from shardbench.plan.target import HINT, Target, ignored_layout_notes, parse_target
 from shardbench.prices import prices_from_flag
+from shardbench.store import lock_runs
 from shardbench.tune.select import (OBJECTIVE_NAMES, OBJECTIVES, Measured, Planned, check_budget_floor, compile_each_s,
                                     estimate_run_s, rank, select)
 from shardbench.tune.select import objective as select_objective
@@ -375,25 +376,28 @@ def run(args: argparse.Namespace) -> int:
     tuning = report.Tuning(cfg, target, objective, space, args.top_k, args.budget_min, args.measure_steps, out,
                            dropped=dropped)
     if cfg.train.resume:  # what it planned and chose is read back; only the runs not yet recorded are run
-        return measure(args, report.resumed(tuning), resume=True)
+        resumed = report.resumed(tuning)
+        with lock_runs(out, "tune"):
+            return measure(args, resumed, resume=True)
     check_out(out, resume=False)
     writable_dir(out, "--out")
-    if not points:
-        report.write_json(tuning)
-        raise nothing_fits([], dropped, out)
-    print(f"tune: planning {len(points)} layout(s) on {target.spec} ({len(dropped)} dropped before planning)",
-          file=sys.stderr, flush=True)
-    tuning.planned, compile_s = plan_space(cfg, target, points, args.workers, args.calibrate, out)
-    ranked = rank(tuning.planned, objective)
-    if not ranked:
-        report.write_json(tuning)
-        raise nothing_fits(tuning.planned, dropped, out)
-    tuning.estimate = {p.point.name: estimate_run_s(p, args.measure_steps, compile_s) for p in ranked}
-    try:
-        tuning.chosen = select(ranked, args.top_k, args.budget_min * 60, lambda p: tuning.estimate[p.point.name])
-    finally:
-        report.write_json(tuning)  # what was planned is kept, whether or not the budget holds a run
-    return measure(args, tuning, resume=False)
+    with lock_runs(out, "tune"):  # a second tune, or a sweep, in the same folder is refused while it runs
+        if not points:
+            report.write_json(tuning)
+            raise nothing_fits([], dropped, out)
+        print(f"tune: planning {len(points)} layout(s) on {target.spec} ({len(dropped)} dropped before planning)",
+              file=sys.stderr, flush=True)
+        tuning.planned, compile_s = plan_space(cfg, target, points, args.workers, args.calibrate, out)
+        ranked = rank(tuning.planned, objective)
+        if not ranked:
+            report.write_json(tuning)
+            raise nothing_fits(tuning.planned, dropped, out)
+        tuning.estimate = {p.point.name: estimate_run_s(p, args.measure_steps, compile_s) for p in ranked}
+        try:
+            tuning.chosen = select(ranked, args.top_k, args.budget_min * 60, lambda p: tuning.estimate[p.point.name])
+        finally:
+            report.write_json(tuning)  # what was planned is kept, whether or not the budget holds a run
+        return measure(args, tuning, resume=False)
 
 
 def measure(args: argparse.Namespace, tuning: Tuning, resume: bool) -> int:
