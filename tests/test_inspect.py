@@ -91,3 +91,16 @@ def test_inspect_names_the_axes_a_mesh_splits(capsys) -> None:
     assert "mesh data=2,expert=4 (data x expert);" in first, first
     assert main(["inspect", "--preset", "vit-tiny", "--mesh", "4x2", "--strategy", "dp+tp"]) == 0
     assert "mesh 4x2 (data x model);" in capsys.readouterr().out.splitlines()[0]
+
+
+def test_inspect_names_the_training_options_it_never_reads(capsys) -> None:
+    """--prices, --steps and the like change nothing inspect prints: one note on stderr names them (it took them
+    without a word, a price table given for nothing); the options it reads (the batch, its accumulation) are not
+    named, and with none given there is no note."""
+    assert main(["inspect", "--preset", "vit-tiny", "--prices", "/nonexistent/prices.toml", "--steps", "5",
+                 "--train.grad-accum", "2", "--batch-size", "64"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["shardbench: note: --prices, --steps do nothing here: inspect lays out the parameters and the "
+                   "batch, and trains, measures, saves and prices nothing"]
+    assert main(["inspect", "--preset", "vit-tiny", "--batch-size", "64"]) == 0
+    assert capsys.readouterr().err == ""

@@ -6,6 +6,7 @@ Nothing is allocated or compiled: shapes and shardings come from the abstract mo
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from typing import Any
 
 import jax
@@ -14,6 +15,7 @@ import optax
 from flax import nnx
 
 
+from shardbench import config as config_lib
 from shardbench import models
 from shardbench.tasks import validate
 from shardbench.config import Config
@@ -157,6 +159,23 @@ def kernel_lines(cfg: Config, layout: Layout) -> list[str]:
             f"{models.qkv_layout_kind(cfg, attention)} (--model.qkv-layout {cfg.model.qkv_layout})"]
 
 
+# The training options inspect reads: the batch it pictures, and the checks of its split that train makes
+# (accumulation, the evaluation batch). Every other train option changes nothing it prints.
+READ_TRAIN = frozenset({"train.batch_size", "train.grad_accum", "train.eval_batch_size"})
+
+
+def unread_notes(given: Collection[str]) -> list[str]:
+    """One line naming the training options given (`given`: the fields the command line named) that inspect never
+    reads, as train's `note:` lines name an option its configuration never reads; none when there are none."""
+    declared = config_lib.declarations()
+    unread = [declared[key][2].short or "--" + key.replace("_", "-") for key in sorted(given)
+              if key.startswith("train.") and key not in READ_TRAIN and key in declared]
+    if not unread:
+        return []
+    return [f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} nothing here: inspect lays out the "
+            f"parameters and the batch, and trains, measures, saves and prices nothing"]
+
+
 def inspect(cfg: Config, array: str = "") -> str:
     """The parameter table, one array's picture (`array`, '' = the model's default) and the batch's."""
     validate(cfg)
@@ -215,4 +234,4 @@ def inspect(cfg: Config, array: str = "") -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_ARRAY", "inspect"]
+__all__ = ["DEFAULT_ARRAY", "READ_TRAIN", "inspect", "unread_notes"]
