@@ -599,6 +599,20 @@ def test_a_sweep_the_reader_cannot_write_to_is_reported_and_left_as_it_was(tmp_p
     assert {p.name: p.read_bytes() for p in sweep.iterdir()} == before
 
 
+def test_a_finished_sweeps_report_leaves_its_database_and_folder_as_they_were(tmp_path: Path) -> None:
+    """A report of a finished sweep (a committed or copied one) wrote SQLite's -wal and -shm files beside its
+    sweep.db, which a read-only connection may not remove: files in the sweep's folder that no sweep wrote."""
+    sweep, out = tmp_path / "sweep", tmp_path / "out"
+    with Store(sweep / "sweep.db") as store:
+        store.set_meta("preset", "vit-tiny")
+        for r in sweep_rows():
+            store.add(r)
+    before = {p.name: p.read_bytes() for p in sweep.iterdir()}
+    assert sorted(before) == ["sweep.db"]  # the sweep closed: its writes are in the file
+    assert all(f"| {r.name} " in write_report(sweep, out).markdown.read_text() for r in sweep_rows())
+    assert {p.name: p.read_bytes() for p in sweep.iterdir()} == before
+
+
 def test_a_sweep_resumed_where_it_cannot_write_is_told_so_not_that_its_database_is_damaged(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     with Store(sweep / "sweep.db") as store:

@@ -83,9 +83,12 @@ def _open_to_read(path: Path) -> sqlite3.Connection:
     copy, another user's runs): no switch to WAL and no tables created, which are writes. SQLite's read-only mode
     first; where even that cannot open the file (a WAL database in a folder where SQLite cannot make its
     shared-memory file), the file as it stands (`immutable`: rows a killed sweep left in its -wal file alone are not
-    seen then). An empty database reads as a sweep with no runs."""
+    seen then). A database with no -wal file beside it (no connection open, every write checkpointed into the file)
+    is read as the file stands at once: SQLite's read-only mode would leave a -wal and a -shm file beside it, which
+    it may not delete. An empty database reads as a sweep with no runs."""
     failure: sqlite3.Error | None = None
-    for mode in ("mode=ro", "immutable=1"):
+    wal = path.with_name(path.name + "-wal")
+    for mode in ("mode=ro", "immutable=1") if wal.exists() else ("immutable=1",):
         try:
             db = sqlite3.connect(f"{path.resolve().as_uri()}?{mode}", uri=True, timeout=30.0)
         except sqlite3.Error as err:
