@@ -263,6 +263,28 @@ def test_qkv_layouts_give_todays_losses(micro, reference, layout: str) -> None:
     assert _train(tp) == pytest.approx(reference, rel=2e-5, abs=2e-6)  # the sharded reduction order differs
 
 
+@pytest.mark.slow
+def test_qkv_layouts_give_the_lms_losses_on_one_device_and_under_tp(tmp_path: Path) -> None:
+    """The LM's causal blocks take each layout too (auto runs seq-major for the LM under cuDNN's attention since
+    2026-11-27): the same losses as the fused projection on one device, and under tp, where the heads are split
+    over model, the same again up to the sharded sums' order."""
+    small = {"model.embed_dim": 32, "model.num_heads": 4, "model.mlp_dim": 64, "model.num_layers": 1,
+             "model.seq_len": 16, "train.batch_size": 8, "train.steps": 3, "train.log_every": 1,
+             "train.progress": False, "train.eval": False, "train.checkpoint_every": 0,
+             "data.cache_dir": str(tmp_path / "cache")}
+    lm = override(get_preset("lm-tiny"), small)
+    losses = {}
+    for layout in ("fused", "split", "seq-major"):
+        for name, layer in (("one", {"parallel.strategy": "single"}),
+                            ("tp", {"parallel.strategy": "tp", "parallel.mesh": "model=4", "parallel.devices": 4})):
+            losses[layout, name] = _train(override(lm, {**layer, "model.qkv_layout": layout,
+                                                        "train.out": str(tmp_path / f"{layout}-{name}")}))
+    reference = losses["fused", "one"]
+    assert len(reference) == 3
+    for (layout, name), got in losses.items():
+        assert got == pytest.approx(reference, rel=1e-5 if name == "one" else 2e-5, abs=2e-6), (layout, name)
+
+
 @pytest.mark.parametrize("layout", ["fused", "split", "seq-major"])
 def test_project_qkv_gives_the_numpy_projection_in_every_layout(layout: str) -> None:
     """`project_qkv` against numpy in float64 on the same weights: q, k and v are h times the kernel's slices 0, 1
