@@ -629,7 +629,7 @@ def test_a_stop_while_the_verdict_is_written_says_how_to_finish_and_leaves_no_ve
     monkeypatch.setattr(tune_cmd, "run_measurements", lambda *a, **k: 0)  # the runs, measured
     monkeypatch.setattr(tune_cmd, "measured_runs", lambda out, names: {dp.point.name: Measured(0.4, None, None)})
 
-    def stopped(out: Path) -> None:
+    def stopped(out: Path, **how: object) -> None:
         os.kill(os.getpid(), getattr(signal, signal_name))
 
     monkeypatch.setattr(report_write, "write_report", stopped)

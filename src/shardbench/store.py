@@ -216,7 +216,7 @@ def lock_runs(out: Path, command: str) -> IO[str]:
     use holds the lock for an instant: a writer starting in that instant tries again, for up to half a second."""
     out.mkdir(parents=True, exist_ok=True)
     handle = open(out / LOCK, "w")
-    for attempt in range(10):
+    for _ in range(10):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return handle
