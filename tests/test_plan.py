@@ -538,3 +538,28 @@ def test_the_plans_header_counts_what_it_compiled_and_its_table_sizes_small_mode
     head, first = plan.table()[:2]
     assert [first[head.index(c)] for c in ("memory/device", "params+opt+grads", "activations")] == [
         "5.0 MiB", "1.0 MiB", "3.0 MiB"]
+
+
+def test_a_plan_where_no_candidate_compiled_says_so_on_stderr_and_exits_1(tmp_path: Path, monkeypatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Every candidate failed to compile (an XLA error for that device, say): the plan is written, with each
+    failure's reason, and the command exits 1 with one line on stderr saying so (it exited 1 with nothing there).
+    The compile workers are stood in for by their outcome, two failures: this test is of what plan says of them."""
+    import dataclasses as dc
+
+    from shardbench.cli import main
+    from shardbench.plan import build
+    from shardbench.plan.build import Plan
+    from shardbench.plan.target import parse_target
+
+    rows = [Row(Candidate(s, "8", "none", "float32"), problem=f"failed to compile: XlaRuntimeError ({s})")
+            for s in ("dp", "fsdp")]
+    cpu = {"float32": dc.replace(GPU, platform="cpu")}
+    monkeypatch.setattr(build, "make_plan", lambda cfg, target, *a, **k: Plan(
+        cfg, parse_target("cpu", cpu_devices=8), cpu, UNIT, "test", "test", rows, 1.0, ""))
+    out = tmp_path / "plan"
+    assert main(["plan", "--preset", "mlp-small", "--target", "cpu", "--devices", "8", "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines()[-1] == (
+        f"shardbench plan: no candidate compiled for --target cpu: each one's reason is above and in {out / 'plan.md'}")
+    assert "XlaRuntimeError (fsdp)" in captured.out and "XlaRuntimeError (dp)" in (out / "plan.md").read_text()

@@ -44,6 +44,22 @@ def test_bad_targets_are_named_in_one_line(spec: str, message: str) -> None:
 
 
 @pytest.mark.parametrize(("spec", "right"), [
+    ("tpu-v5e:3x3", "tpu-v5e:4x4"), ("tpu-v5e:1x3", "tpu-v5e:2x4"), ("tpu-v4:3x3x3", "tpu-v4:4x4x3"),
+    ("tpu-v5e:2x3", "tpu-v5e:2x4"),
+])
+def test_a_slice_larger_than_a_host_is_made_of_whole_hosts(spec: str, right: str) -> None:
+    """libtpu lays a slice out in hosts of 2x2 chips: one whose first two sides do not split into them compiled
+    nothing (every candidate "failed to compile", exit 1 with nothing on stderr); it is refused in one line before
+    compiling, with the nearest slice of whole hosts. A slice within one host is that host's."""
+    with pytest.raises(ConfigError) as err:
+        parse_target(spec)
+    assert str(err.value) == (f"--target {spec}: a slice larger than one host is made of whole hosts of 2x2 chips, "
+                              f"so its first two sides are even; e.g. {right}")
+    for good in ("tpu-v5e:1x1", "tpu-v5e:1x2", "tpu-v5e:2x6", "tpu-v4:2x2x1", "tpu-v4:4x4x5", "tpu-v6e:16x16"):
+        parse_target(good)
+
+
+@pytest.mark.parametrize(("spec", "right"), [
     ("tpu-v5e:2x2x2", "a v5e slice is 2-D (AxB, e.g. tpu-v5e:2x4)"),
     ("tpu-v5e:2x4x1", "a v5e slice is 2-D (AxB, e.g. tpu-v5e:2x4)"),  # the same 8 chips, as Google spells them
     ("tpu-v6e:4x4x4", "a v6e slice is 2-D (AxB, e.g. tpu-v6e:8x8)"),  # 64 chips on the squarest 2-D slice
@@ -225,7 +241,7 @@ def test_a_tpu_targets_devices_are_its_topologys() -> None:
     """The mesh a plan compiles is laid over `Target.devices` of the slice's topology: they must be all of them
     (a v3 slice of 4x4 chips is 32 devices to libtpu, on 4 hosts). In a process of its own: libtpu stays out of
     this one."""
-    specs = ["tpu-v3:4x4", "tpu-v2:2x2", "tpu-v5e:2x4", "tpu-v4:2x2x2"]
+    specs = ["tpu-v3:4x4", "tpu-v2:2x2", "tpu-v5e:2x4", "tpu-v4:2x2x2", "tpu-v5e:1x1", "tpu-v5e:1x2"]
     environ = {**os.environ, "JAX_PLATFORMS": "cpu"}
     environ.pop("XLA_FLAGS", None)
     done = subprocess.run([sys.executable, "-c", TOPOLOGY_PROBE, *specs], capture_output=True, text=True,
@@ -236,6 +252,8 @@ def test_a_tpu_targets_devices_are_its_topologys() -> None:
         assert found[spec][0] == parse_target(spec).devices, spec
     for spec in ("tpu-v3:4x4", "tpu-v2:2x2"):  # 4 chips, 8 devices, to a host
         assert found[spec][1] == parse_target(spec).nodes, spec
+    # A slice within one host (a v5litepod-1) is that host's chips: with hosts of 2x2 chips libtpu refused it.
+    assert found["tpu-v5e:1x1"] == [1, 1] and found["tpu-v5e:1x2"] == [2, 1]
 
 
 def test_the_layout_flags_a_plan_or_tune_does_not_read_are_named() -> None:

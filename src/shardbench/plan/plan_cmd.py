@@ -237,7 +237,11 @@ def run(args: argparse.Namespace) -> int:
     print(plan.text())
     print("\n".join(write_cost(plan, prices, paths)))
     print(f"\nplan written to {paths[0]} and {paths[1]}")
-    return 0 if any(r.prediction for r in plan.rows) else 1  # every candidate failed to compile
+    if any(r.prediction for r in plan.rows):
+        return 0
+    print(f"shardbench plan: no candidate compiled for --target {target.spec}: each one's reason is above and in "
+          f"{paths[1]}", file=sys.stderr, flush=True)
+    return 1
 
 
 __all__ = ["add_parser", "prepare", "run"]

@@ -86,6 +86,7 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
         if min(dims) < 1:
             raise ConfigError(f"--target {spec}: every side of the slice needs at least one chip")
         _check_sides(spec, chip, dims)
+        _check_hosts(spec, chip, dims)
         chips = math.prod(dims)
         if chip.pod_chips and chips > chip.pod_chips:  # libtpu describes any shape, a 32x32 v6e too
             raise ConfigError(f"--target {spec}: {chips:,} chips, and a whole {chip.name} pod holds "
@@ -142,6 +143,28 @@ def _check_sides(spec: str, chip: Chip, dims: tuple[int, ...]) -> None:
     form = "AxBxC" if sides == 3 else "AxB"
     raise ConfigError(f"--target {spec}: a {short} slice is {sides}-D ({form}, e.g. {chip.name}:"
                       f"{'x'.join(map(str, right))})")
+
+
+# The chips of one TPU host along a slice's first two sides, as the TPU compiler describes a slice without its
+# hardware (`plan.tpu.topology_devices`): a slice within one host is that host's, a larger one is made of whole
+# hosts.
+HOST_SIDES = (2, 2)
+
+
+def within_one_host(dims: tuple[int, ...] | list[int]) -> bool:
+    """Whether a slice of sides `dims` fits in one host (`HOST_SIDES`): a v5e's 1x1 or 2x2, a v4's 2x2x1."""
+    return all(d <= h for d, h in zip(dims, HOST_SIDES)) and all(d == 1 for d in dims[2:])
+
+
+def _check_hosts(spec: str, chip: Chip, dims: tuple[int, ...]) -> None:
+    """One line, before compiling, where a slice larger than one host does not split into whole hosts of 2x2
+    chips along its first two sides (libtpu refuses it at compile time: "not divisible by chips_per_host_bounds")."""
+    if within_one_host(dims) or all(d % h == 0 for d, h in zip(dims, HOST_SIDES)):
+        return
+    even = [max(h, d + d % h) for d, h in zip(dims, HOST_SIDES)] + list(dims[2:])
+    raise ConfigError(f"--target {spec}: a slice larger than one host is made of whole hosts of "
+                      f"{'x'.join(map(str, HOST_SIDES))} chips, so its first two sides are even; e.g. "
+                      f"{chip.name}:{'x'.join(map(str, even))}")
 
 
 def unlinked(target: Target) -> bool:

@@ -15,6 +15,7 @@ import os
 import jax
 
 from shardbench.errors import ConfigError
+from shardbench.plan.target import HOST_SIDES, within_one_host
 
 INSTALL = "pip install 'shardbench[tpu]' (or pip install 'jax[tpu]')"
 # libtpu's names for the chips, and how a chip's cores appear: v4 and v5p join a chip's two cores into one
@@ -52,7 +53,9 @@ def topology_devices(chip: str, shape: list[int]) -> list[jax.Device]:
         os.environ.setdefault(key, value)
     dims = list(shape) + [1] * (3 - len(shape)) if name in ("v4", "v5") else list(shape)
     wrap = tuple(d >= 16 for d in dims[:2]) + (False,)  # a full pod's sides wrap around (a torus)
+    # A slice within one host (a v5e's 1x1) is that host's chips; a larger one is made of hosts of 2x2 chips.
+    host = (*dims[:2], 1) if within_one_host(dims) else (*HOST_SIDES, 1)
     topo = topologies.get_topology_desc(platform="tpu", topology_name=f"{name}:{'x'.join(map(str, dims))}",
-                                        chip_config_name=config, chips_per_host_bounds=(2, 2, 1), num_slices=1,
+                                        chip_config_name=config, chips_per_host_bounds=host, num_slices=1,
                                         wrap=wrap)
     return sorted(topo.devices, key=lambda d: (d.process_index, tuple(reversed(getattr(d, "coords", ()))), d.id))
