@@ -1001,8 +1001,8 @@ def kernel_section(run_dir: Path, name: str, sizes: Sizes) -> str:
     from shardbench.measure.kernels import find_trace, kernel_table, render
 
     config = json.loads((run_dir / "config.json").read_text())
-    kernels, total = kernel_table(find_trace(run_dir), top=30)
-    return f"### Kernels: {name}\n\n" + render(kernels, total, config["train"]["profile_steps"])
+    kernels, total, devices = kernel_table(find_trace(run_dir), top=30)
+    return f"### Kernels: {name}\n\n" + render(kernels, total, config["train"]["profile_steps"], devices)
 
 
 def accuracy_section(run_dir: Path, name: str, out: Path) -> str:

@@ -258,6 +258,10 @@ def test_a_resume_does_not_hold_a_setting_the_run_never_reads_against_it(tmp_pat
     # Where its compiled programs are cached changes no program: another --train.compile-cache resumes it (it was
     # refused, "trained with train.compile_cache='', not '/tmp/xla'").
     check_resume(override(again, {"train.compile_cache": str(tmp_path / "xla")}), tmp_path)
+    # A profile of the resumed steps changes no step either: --profile and its window may be added on resume (it
+    # was refused, "trained with train.profile=False, not True").
+    check_resume(override(again, {"train.profile": True, "train.profile_skip": 1, "train.profile_steps": 2}),
+                 tmp_path)
 
 
 def test_a_resume_compares_the_layout_the_flags_resolved_to(micro, tmp_path) -> None:

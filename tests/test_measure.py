@@ -84,6 +84,21 @@ def test_a_trace_that_cannot_be_filed_leaves_no_temporary_folder(tmp_path: Path,
     assert not (tmp_path / "trace-tmp").exists()
 
 
+def test_a_run_stopped_inside_the_window_ends_the_trace_and_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    """Ctrl-C while tracing left jax's temporary folder in /tmp and the profiler running: the trace is ended,
+    the folder removed, nothing filed as the window, and the stop goes on up."""
+    window = ProfileWindow(tmp_path / "tensorboard", "run", 0, 3, enabled=True)
+    with pytest.raises(KeyboardInterrupt), window.abandoned_on_error():
+        window.before_step(1)
+        started = window._tmp
+        assert started is not None and started.is_dir()
+        raise KeyboardInterrupt
+    assert not started.exists() and not window.active and window.path is None
+    assert not (tmp_path / "tensorboard").exists()
+    jax.profiler.start_trace(str(tmp_path / "again"))  # the profiler was stopped: a new trace can start
+    jax.profiler.stop_trace()
+
+
 def test_a_profile_root_that_cannot_hold_the_trace_is_refused_before_training(micro, tmp_path: Path) -> None:
     """The trace is filed after its window, mid-run: a --train.profile-root that cannot hold it is refused by
     the pre-flight check, in one line naming the flag, before a step trains or --out is made."""
@@ -98,6 +113,37 @@ def test_a_profile_root_that_cannot_hold_the_trace_is_refused_before_training(mi
         check_run(cfg)
     assert not (tmp_path / "run").exists()
     check_run(micro(**{"train.profile": False, "train.profile_root": str(blocker)}))  # no trace: nothing to hold
+
+
+def test_a_profile_window_traces_its_steps_and_no_more(micro) -> None:
+    """--profile with a window of 3 steps after 2, on 2 devices: the trace holds 3 executions of the train step
+    (it held 4: the step before the window, still running behind the host when the trace started), and the kernel
+    table gives each device's time and launches per step (it summed the devices' into one step)."""
+    from jax.profiler import ProfileData
+
+    from shardbench.measure.kernels import find_trace, kernel_table, render
+
+    cfg = micro(**{"train.steps": 7, "train.profile": True, "train.profile_skip": 2, "train.profile_steps": 3,
+                   "parallel.strategy": "dp", "parallel.devices": 2, "parallel.mesh": "2",
+                   "train.log_every": 100})  # no step logged: the host runs ahead of the devices, as it does
+    run(cfg)
+    trace = find_trace(Path(cfg.train.out))
+    executions: dict[str, set[int]] = {}
+    for plane in ProfileData.from_file(str(trace)).planes:
+        for line in plane.lines if plane.name == "/host:CPU" else ():
+            for event in line.events:
+                stats = dict(event.stats)
+                if "hlo_op" in stats:
+                    executions.setdefault(stats["hlo_module"], set()).add(stats["run_id"])
+    assert {module: len(runs) for module, runs in executions.items()} == {"jit_train_step": 3}
+    kernels, total, devices = kernel_table(trace, top=10_000)
+    assert devices == 2
+    once = min(k.count for k in kernels)  # an op outside the layers' loop: once a step on each device
+    assert once == 3 * 2
+    table = render(kernels, total, 3, devices)
+    assert f"over 3 step(s) on 2 devices, {total / 1e6 / 6:.2f} ms per step, each device's mean" in table
+    assert any(line.endswith(f"| 1 | {100 * k.share:.1f}% |") for k in kernels if k.count == once
+               for line in table.splitlines())
 
 
 def _compiled_step(micro, strategy: str, mesh: str):

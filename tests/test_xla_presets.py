@@ -79,8 +79,8 @@ def test_kernel_table_counts_each_launch(tmp_path: Path) -> None:
     for _ in range(3):
         f(x).block_until_ready()
     jax.profiler.stop_trace()
-    kernels, total = kernel_table(find_trace(tmp_path), top=100)
-    assert kernels and total > 0
+    kernels, total, devices = kernel_table(find_trace(tmp_path), top=100)
+    assert kernels and total > 0 and devices == 1
     assert {k.count for k in kernels} == {3}
     assert abs(sum(k.share for k in kernels) - 1.0) < 1e-9
     assert [k.total_ns for k in kernels] == sorted((k.total_ns for k in kernels), reverse=True)

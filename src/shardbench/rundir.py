@@ -28,9 +28,10 @@ DATA_RECORD = "data.json"
 # on the machine), for --resume, which is compared on it rather than on the flags.
 LAYOUT_RECORD = "layout.json"
 LAYOUT_FIELDS = ("parallel.devices", "parallel.strategy", "parallel.mesh")
-# What a resume may give otherwise: where and how the run reports, and where its compiled programs are cached,
-# which changes no program.
-RESUME_MAY_CHANGE = config_lib.REPORTING_ONLY | {"train.compile_cache"}
+# What a resume may give otherwise: where and how the run reports, where its compiled programs are cached (which
+# changes no program), and a profile window of the steps it has left (which changes no step).
+RESUME_MAY_CHANGE = config_lib.REPORTING_ONLY | {"train.compile_cache", "train.profile", "train.profile_skip",
+                                                 "train.profile_steps"}
 
 
 def resolve_out(cfg: Config) -> Path:

@@ -35,7 +35,9 @@ def find_trace(root: Path) -> Path:
     return traces[-1]
 
 
-def _events(path: Path) -> Iterable[tuple[str, int]]:
+def _events(path: Path) -> Iterable[tuple[str, int, str]]:
+    """(name, duration in ns, device) of every kernel in the trace: a GPU plane's name, or on a CPU the op's
+    `device_ordinal` (simulated devices share the host's threads)."""
     from jax.profiler import ProfileData
 
     try:
@@ -50,37 +52,44 @@ def _events(path: Path) -> Iterable[tuple[str, int]]:
                 if line.name.startswith(_DERIVED_LINES):
                     continue
                 for event in line.events:
-                    yield event.name, int(event.duration_ns)
+                    yield event.name, int(event.duration_ns), plane.name
         return
     for plane in planes:
         if plane.name != "/host:CPU":
             continue
         for line in plane.lines:
             for event in line.events:
-                if "hlo_op" in dict(event.stats):
-                    yield event.name, int(event.duration_ns)
+                stats = dict(event.stats)
+                if "hlo_op" in stats:
+                    yield event.name, int(event.duration_ns), str(stats.get("device_ordinal", 0))
 
 
-def kernel_table(path: Path, top: int = 30) -> tuple[list[Kernel], int]:
-    """The `top` kernels by total time (name, total ns, launches, share of all kernel time), and that total."""
+def kernel_table(path: Path, top: int = 30) -> tuple[list[Kernel], int, int]:
+    """The `top` kernels by total time (name, total ns, launches, share of all kernel time), that total over
+    every device, and how many devices ran kernels."""
     totals: dict[str, list[int]] = {}
-    for name, duration in _events(path):
+    devices: set[str] = set()
+    for name, duration, device in _events(path):
         entry = totals.setdefault(name, [0, 0])
         entry[0] += duration
         entry[1] += 1
+        devices.add(device)
     everything = sum(total for total, _ in totals.values())
     ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
     return [Kernel(name, total, count, total / everything if everything else 0.0)
-            for name, (total, count) in ranked], everything
+            for name, (total, count) in ranked], everything, max(len(devices), 1)
 
 
-def render(kernels: list[Kernel], total_ns: int, steps: int) -> str:
-    """A markdown table: per kernel its time per step, launches per step and share."""
-    lines = [f"kernel time in the trace: {total_ns / 1e6:.2f} ms over {steps} step(s), "
-             f"{total_ns / 1e6 / max(steps, 1):.2f} ms per step", "",
+def render(kernels: list[Kernel], total_ns: int, steps: int, devices: int = 1) -> str:
+    """A markdown table: per kernel its time and launches per step on one device (the devices' mean), and its
+    share. The trace's total is over every device: it is divided by them, as a step runs on each at once."""
+    per = max(steps, 1) * max(devices, 1)
+    on = f" on {devices} devices" if devices > 1 else ""
+    each = ", each device's mean" if devices > 1 else ""
+    lines = [f"kernel time in the trace: {total_ns / 1e6:.2f} ms over {steps} step(s){on}, "
+             f"{total_ns / 1e6 / per:.2f} ms per step{each}", "",
              "| kernel | ms/step | launches/step | share |", "|---|---:|---:|---:|"]
     for k in kernels:
         name = k.name if len(k.name) <= 80 else k.name[:77] + "..."
-        lines.append(f"| `{name}` | {k.total_ns / 1e6 / max(steps, 1):.3f} | {k.count / max(steps, 1):g} | "
-                     f"{100 * k.share:.1f}% |")
+        lines.append(f"| `{name}` | {k.total_ns / 1e6 / per:.3f} | {k.count / per:g} | {100 * k.share:.1f}% |")
     return "\n".join(lines)

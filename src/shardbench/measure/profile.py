@@ -6,8 +6,10 @@ jax.profiler writes `<logdir>/plugins/profile/<timestamp>/`; the folder is renam
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -27,8 +29,13 @@ class ProfileWindow:
     def active(self) -> bool:
         return self._tmp is not None
 
-    def before_step(self, step: int) -> None:
+    def before_step(self, step: int, settle: object = None) -> None:
+        """Start the trace before step `step` where it is the window's first. `settle`: what the steps before it
+        computed, waited for first: a step still running when the trace starts (the device runs behind the host)
+        was traced too, one step more than the window's."""
         if self.enabled and step == self.first and self._tmp is None:
+            if settle is not None:
+                jax.block_until_ready(settle)
             self._tmp = Path(tempfile.mkdtemp(prefix="shardbench-trace-"))
             jax.profiler.start_trace(str(self._tmp))
 
@@ -47,6 +54,22 @@ class ProfileWindow:
         finally:  # a trace that could not be filed (a full disk) leaves no temporary folder behind either
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
+
+    @contextlib.contextmanager
+    def abandoned_on_error(self) -> Iterator[None]:
+        """A run stopped (Ctrl-C, SIGTERM) or failed inside the window ends the trace and removes its temporary
+        folder: the steps traced so far are not the window, and nothing is filed as if they were."""
+        try:
+            yield
+        except BaseException:
+            if self._tmp is not None:
+                try:
+                    jax.profiler.stop_trace()
+                except Exception:  # noqa: BLE001 - the run's own error is the one to report
+                    pass
+                shutil.rmtree(self._tmp, ignore_errors=True)
+                self._tmp = None
+            raise
 
     def _file(self, produced: list[Path]) -> None:
         """Move the newest trace jax wrote into the run's folder under the profile root."""

@@ -88,10 +88,10 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
                                         hooks.EpochMeter.resumed(built.meter, start, checked.steps_per_epoch),
                                         epochs=hooks.Metrics.resumed_epochs(built.meter, start)),
                           built.state, start=start)
-    with run.metrics.kept_on_error():
+    with run.metrics.kept_on_error(), window.abandoned_on_error():
         for step in range(start, total):
             run.done = step + 1
-            window.before_step(run.done)
+            window.before_step(run.done, settle=run.state)
             if window.active:  # the trace's start lands in the step before (settled after it), its stop in this one
                 timer.leave_out(run.done - 1, run.done)
             run.state, metrics = steps.train(run.state, next(built.batches))
