@@ -325,6 +325,33 @@ def test_report_shows_the_cost_of_new_and_old_records(tmp_path: Path) -> None:
     assert again.count("| 0.444 |") == 2 and f"--prices {table}" in again
 
 
+def test_a_report_of_runs_priced_by_different_tables_names_which_priced_which(tmp_path: Path) -> None:
+    """Two runs of one layout, one trained with the packaged table, one with --prices of its own: the report said
+    only "(--prices mine.toml, packaged price table)" beneath costs 4x apart; it names each table's runs and how to
+    price them alike, and runs.csv gives each run's table beside its cost."""
+    import csv
+
+    from shardbench.report.write import write_report
+
+    measured = _measurements()
+    for name, table in (("a", parse_prices(KNOWN)), ("b", parse_prices(KNOWN.replace("on_demand = 2.0",
+                                                                                    "on_demand = 8.0"),
+                                                                       "--prices mine.toml"))):
+        _run_folder(tmp_path / "runs", name, {"schema_version": SCHEMA_VERSION, "status": "complete",
+                                              "run_name": name, "devices": 8, "steps": 10,
+                                              "measurements": to_json(measured),
+                                              "cost": to_json(run_cost(table, measured, 100))})
+    paths = write_report(tmp_path / "runs", tmp_path / "out")
+    assert ("**The runs were priced by different tables** (--prices mine.toml: `b`; the packaged price table: `a`): "
+            "compare their costs only within one table, or price them all alike with `shardbench report --prices "
+            "FILE`.") in paths.markdown.read_text()
+    with (tmp_path / "out" / "runs.csv").open() as f:
+        rows = {r["run"]: r for r in csv.DictReader(f)}
+    assert (rows["a"]["price_table"], rows["b"]["price_table"]) == ("the packaged price table", "--prices mine.toml")
+    one = write_report(tmp_path / "runs", tmp_path / "again", prices=parse_prices(KNOWN, "--prices all.toml"))
+    assert "priced by different tables" not in one.markdown.read_text()
+
+
 def test_the_report_names_each_rows_basis_from_the_records_and_shows_small_costs(tmp_path: Path) -> None:
     """Runs priced with a table whose cpu row is per device: the report made without --prices names that row
     "per device", as the records priced it (the packaged table prices cpu per host); a CPU epoch's cost of a few
@@ -358,6 +385,11 @@ def test_price_table_files_are_checked_as_a_user_writes_them(tmp_path: Path) -> 
     assert parse_prices(KNOWN.replace('currency = "USD"', 'currency = "usd"')).devices["h100"].on_demand == 2.0
     with pytest.raises(ConfigError, match=r"taken = \[1, 2\]: give the date the prices were taken"):
         parse_prices("taken = [1, 2]\n" + KNOWN)
+    for text in ('"yesterday"', '"2025-13-45"', '""'):  # text that is no date (the docs said it was refused)
+        with pytest.raises(ConfigError, match="give the date the prices were taken, e.g. 2026-11-25"):
+            parse_prices(f"taken = {text}\n" + KNOWN)
+    for text in ('"2025-06"', '"2025-06-01"', "2025-06-01"):
+        assert parse_prices(f"taken = {text}\n" + KNOWN).taken == text.strip('"')
     with pytest.raises(ConfigError, match=r"\[devices.h100\]: spot = 50.0 is more than on_demand = 2.0: a spot "
                                           r"price is at most the on-demand one \(are the two swapped\?\)$"):
         parse_prices(KNOWN.replace("spot = 1.0", "spot = 50.0"))

@@ -129,6 +129,21 @@ def _iso_date(at: str, value: datetime.date | datetime.time) -> str:
     return value.isoformat()
 
 
+def _a_date(value: object) -> bool:
+    """A TOML date, or text that is one: 2026-11-25, or its month, 2026-11 ("yesterday" and 2026-13-45 are not)."""
+    if isinstance(value, datetime.date):
+        return True
+    if not isinstance(value, str):
+        return False
+    for form in ("%Y-%m-%d", "%Y-%m"):
+        try:
+            datetime.datetime.strptime(value.strip(), form)
+            return True
+        except ValueError:
+            pass
+    return False
+
+
 def parse_prices(text: str, where: str = "the packaged price table") -> PriceTable:
     """A table from TOML text; `where` names it in errors."""
     try:
@@ -138,7 +153,7 @@ def parse_prices(text: str, where: str = "the packaged price table") -> PriceTab
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise _fail(where, f"unknown key '{unknown[0]}': the top level holds {', '.join(TOP_KEYS)}")
-    if "taken" in data and not isinstance(data["taken"], (str, datetime.date)):
+    if "taken" in data and not _a_date(data["taken"]):
         raise _fail(where, f"taken = {data['taken']!r}: give the date the prices were taken, e.g. 2026-11-25")
     if str(data.get("currency", "USD")).upper() != "USD":
         raise _fail(where, f"currency = {data['currency']!r}: shardbench reports US dollars; give \"USD\" prices")

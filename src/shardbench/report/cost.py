@@ -128,10 +128,19 @@ def cost_note(runs: list[ReportedRun], table: PriceTable | None = None) -> str:
     basis = {c.device or "?": c.priced_per or priced_by(c.device or "?", fallback) for c in costs}
     rows = "; ".join(f"row {row}: {basis[row]}" for row in sorted(basis))
     # The page stays offline (no links): the rows' sources and dates are in each record's cost.price_source.
-    return (f" Cost per epoch is steps per epoch x median step x the row's hourly price x the hosts, chips or "
+    note = (f" Cost per epoch is steps per epoch x median step x the row's hourly price x the hosts, chips or "
             f"devices it is for ({rows}; {', '.join(tables)} price table: sources and dates in each record's "
             f"cost.price_source and docs/cost.md); kWh is measured power (NVML) where the energy column says "
             f"measured, else the table's watts.")
+    if len(tables) > 1:  # runs trained with different --prices: their costs are not in one currency of prices
+        by: dict[str, list[str]] = {}
+        for r in runs:
+            if r.ok and cost(r).on_demand_usd is not None:
+                by.setdefault(cost(r).prices or "packaged", []).append(f"`{r.name}`")
+        named = "; ".join(f"{t}: {', '.join(names)}" for t, names in sorted(by.items()))
+        note += (f" **The runs were priced by different tables** ({named}): compare their costs only within one "
+                 f"table, or price them all alike with `shardbench report --prices FILE`.")
+    return note
 
 
 __all__ = ["COST_COLUMNS", "cost_note", "priced", "priced_by", "with_costs"]

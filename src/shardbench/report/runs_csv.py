@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.report.content import COLUMNS, ReportedRun
+from shardbench.report.cost import cost
 
 FILE = "runs.csv"
 NOTE = f" Every value of this table, unrounded, is in `{FILE}` beside this report, for a spreadsheet or a data frame."
 
 # Besides the table's columns, each after the one it qualifies: what the table writes inside a cell ("123.4
 # (peak)", "0.11 (cache)").
-BESIDE = {"mem_mib": "memory_source", "compile_s": "compile_from_cache"}
+# which price table priced the run's cost ("packaged", or the --prices file's name).
+BESIDE = {"mem_mib": "memory_source", "compile_s": "compile_from_cache", "usd_epoch": "price_table"}
 
 
 def header(swept: list[str]) -> list[str]:
@@ -43,6 +45,8 @@ def row(run: ReportedRun, swept: list[str]) -> dict[str, Any]:
     values |= {key: run.overrides.get(key, run.config.get(key)) for key in swept}
     values["memory_source"] = run.memory[1] if run.memory[0] is not None else None
     values["compile_from_cache"] = run.compiled_from_cache if run.compile_s is not None else None
+    priced = run.ok and cost(run).on_demand_usd is not None
+    values["price_table"] = (cost(run).prices or "packaged") if priced else None
     values["error"] = None if run.ok else ": ".join(s for s in (run.error_kind, run.error) if s) or None
     return {key: _cell(value) for key, value in values.items()}
 
