@@ -16,6 +16,7 @@ from shardbench.measure.profile import ProfileWindow
 from shardbench.models.vit import flops_per_example
 from shardbench.presets import get_preset
 from shardbench.tasks import get_task
+from shardbench.train.console import summary_line
 from shardbench.train.loop import run
 from shardbench.optim import build_optimizer
 from shardbench.preflight import check_run
@@ -126,8 +127,10 @@ def test_a_profile_window_traces_its_steps_and_no_more(micro) -> None:
     cfg = micro(**{"train.steps": 7, "train.profile": True, "train.profile_skip": 2, "train.profile_steps": 3,
                    "parallel.strategy": "dp", "parallel.devices": 2, "parallel.mesh": "2",
                    "train.log_every": 100})  # no step logged: the host runs ahead of the devices, as it does
-    run(cfg)
+    summary = run(cfg)
     trace = find_trace(Path(cfg.train.out))
+    assert summary_line(summary).endswith(f"; trace {summary['profile']}; -> {cfg.train.out}")  # where to open it
+    assert trace.is_relative_to(summary["profile"])
     executions: dict[str, set[int]] = {}
     for plane in ProfileData.from_file(str(trace)).planes:
         for line in plane.lines if plane.name == "/host:CPU" else ():

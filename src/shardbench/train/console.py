@@ -117,5 +117,7 @@ def summary_line(summary: dict[str, Any]) -> str:
     floor = (summary.get("dataset") or {}).get("loss_floor")
     if floor is not None and summary.get("test_loss") is not None:
         parts.append(f"test loss {summary['test_loss']:.4f} (best possible {floor:.4g})")
+    if summary.get("profile"):
+        parts.append(f"trace {summary['profile']}")
     parts.append(f"-> {summary['out']}")
     return "; ".join(parts)
