@@ -40,3 +40,25 @@ def test_a_longer_file_keeps_its_proportions(tmp_path: Path) -> None:
     """100 windows: 10 test, then 9 validation (10% of the 90 before them), 81 train, as before the minimum."""
     ds = text_tokens(_text(tmp_path, 100 * SEQ + 1), seq_len=SEQ, val_fraction=0.1)
     assert (len(ds.train), len(ds.val), len(ds.test)) == (81, 9, 10)
+
+
+def test_a_text_runs_mistakes_of_the_model_are_its_configuration_and_name_the_sequence(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Byte-level text with a vocabulary under 256 is a configuration that cannot run (exit 2; it exited 4, the
+    code of a corrupt file), and a batch larger than the text's examples says that the sequence length sets how
+    many windows the file holds (it named the count alone)."""
+    from shardbench.cli import main
+    from shardbench.errors import EXIT_CODES
+
+    text = tmp_path / "t.txt"
+    text.write_bytes(bytes(range(256)) * 12)  # 3,072 bytes
+    common = ["train", "--preset", "lm-tiny", "--devices", "1", "--mesh", "none", "--data", f"text:{text}",
+              "--steps", "2", "--no-train.progress", "--data.cache-dir", str(tmp_path / "cache")]
+    assert main([*common, "--model.vocab-size", "128", "--out", str(tmp_path / "a")]) == EXIT_CODES["configuration"]
+    assert capsys.readouterr().err.strip().endswith("--model.vocab-size is 128: pass --model.vocab-size 256")
+    assert main([*common, "--model.seq-len", "512", "--out", str(tmp_path / "b")]) == EXIT_CODES["configuration"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        f"training examples (text:{text.name} cut into windows of --model.seq-len 512 + 1 tokens: a shorter sequence "
+        f"makes more)"), err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

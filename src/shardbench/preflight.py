@@ -113,7 +113,11 @@ def check_batch_fits_data(cfg: Config, rows: int, name: str) -> int:
                         f"{cfg.data.val_fraction} is held out where no validation split is given): give it rows")
     per_epoch = steps_per_epoch(rows, cfg.train.batch_size, cfg.data.repeat_augment)
     if per_epoch == 0:
-        raise ConfigError(f"--batch-size {cfg.train.batch_size} is larger than the {rows} training examples")
+        # A text file's examples are its windows of --model.seq-len + 1 bytes: the sequence sets how many it holds.
+        windows = (f" ({name} cut into windows of --model.seq-len {cfg.model.seq_len} + 1 tokens: a shorter "
+                   f"sequence makes more)" if cfg.data.dataset.startswith("text:") else "")
+        raise ConfigError(f"--batch-size {cfg.train.batch_size} is larger than the {rows} training "
+                          f"examples{windows}")
     return per_epoch
 
 
