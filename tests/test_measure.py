@@ -269,6 +269,24 @@ def test_a_runs_default_name_tells_a_bfloat16_first_moment_from_the_plain_run() 
     assert default_run_name(override(sgd, {"optim.mu_dtype": "bfloat16"}), layout) == default_run_name(sgd, layout)
 
 
+def test_a_runs_default_name_tells_remat_and_the_context_parallel_attention_apart() -> None:
+    """--remat block and the ring or contiguous attention of cp were named as the plain run: two such runs with
+    one profile root wrote their traces to one folder, the second replacing the first."""
+    from shardbench.measure.collect import default_run_name
+    from shardbench.parallel.rules import make_layout
+    from shardbench.parsing import override
+
+    cfg = override(get_preset("lm-tiny"), {"train.batch_size": 32})
+    dp = make_layout("dp", "2", jax.devices()[:2])
+    assert default_run_name(override(cfg, {"model.remat": "block"}), dp) == "mesh_2_1_batch_32_remat_block"
+    cp = make_layout("cp", "seq=4", jax.devices()[:4])
+    names = {default_run_name(override(cfg, {"parallel.context": context, "parallel.context_order": order}), cp)
+             for context in ("all-gather", "ring") for order in ("head-tail", "contiguous")}
+    assert names == {"mesh_seq4_batch_32", "mesh_seq4_batch_32_ring", "mesh_seq4_batch_32_contiguous",
+                     "mesh_seq4_batch_32_ring_contiguous"}
+    assert default_run_name(override(cfg, {"parallel.context": "ring"}), dp) == "mesh_2_1_batch_32"  # no cp
+
+
 def test_a_damaged_stored_peak_is_measured_again_not_a_crash_of_every_run(tmp_path: Path, monkeypatch) -> None:
     """A sweep's handed-over peak file and the host cache hold one entry per dtype: one edited or damaged
     (`{"float32": 5}`) ended every remaining run of a sweep with a TypeError (exit 70, recorded as a crash). It is

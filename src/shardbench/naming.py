@@ -65,4 +65,11 @@ def config_run_name(cfg: Config, mesh: str, strategy: str, implied: str) -> str:
         parts.append(f"spmd_{cfg.parallel.spmd}")
     if cfg.train.grad_accum > 1:
         parts.append(f"accum_{cfg.train.grad_accum}")
+    if cfg.model.remat != "none":  # the same layout keeping fewer activations: another run's memory and time
+        parts.append(f"remat_{cfg.model.remat}")
+    if "cp" in strategy.split("+"):  # how the sequence's attention was reached, where the default is not
+        if cfg.parallel.context != "all-gather":
+            parts.append(cfg.parallel.context)
+        if cfg.parallel.context_order != "head-tail":
+            parts.append(cfg.parallel.context_order)
     return "_".join(parts)
