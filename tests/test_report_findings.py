@@ -469,6 +469,16 @@ def test_runs_past_the_compared_steps_without_logged_losses_are_said_not_compare
             '{"step": 10, "train/loss": 2.0}\n{"step": 20, "train/loss": 1.8}\n{"step": 900, "train/loss": 1.0}\n')
     assert ("a, b are the same computation in different layouts: their losses differ by at most 0.0e+00 (relative, "
             "over 2 compared losses)") in write_report(directory).markdown.read_text()
+    # A run and a repeat of it (its resume, say) in the same layout are not "different layouts".
+    again = tmp_path / "again"
+    with Store(again / "sweep.db") as store:
+        store.add(long_run("full", "8x1", 2.0))
+        store.add(long_run("res", "8x1", 2.0))
+    for name in ("full", "res"):
+        (again / "runs" / name).mkdir(parents=True)
+        (again / "runs" / name / "metrics.jsonl").write_text('{"step": 10, "train/loss": 2.0}\n')
+    assert ("full, res are the same computation in one layout (repeats of one run): their losses differ by at most "
+            "0.0e+00") in write_report(again).markdown.read_text()
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])

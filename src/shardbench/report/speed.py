@@ -331,6 +331,7 @@ class Equivalence:
     dtype: str
     compared: int  # losses compared per run; 0: none in common (`why_not` says why)
     why_not: str = ""
+    one_layout: bool = False  # every run of the group has the same layout too: repeats of one run (a resume)
 
     @property
     def same(self) -> bool:
@@ -400,6 +401,8 @@ def equivalences(runs: list[ReportedRun]) -> list[Equivalence]:
         common = sorted(set.intersection(*(set(s) for s in series)))
         dtype = str(group[0].config.get("precision.dtype", "float32"))
         names, tolerance = tuple(r.name for r in group), LOSS_RTOL.get(dtype, 5e-2)
+        layouts = {json.dumps({k: r.settings.get(k) for k in sorted(LAYOUT_ONLY | {"train.grad_accum"})}, default=str)
+                   for r in group}  # accumulation is a layout too, where it groups runs (`_computation`)
         if not common:
             found.append(Equivalence(names, 0.0, "", tolerance, dtype, 0, _not_compared(group)))
             continue
@@ -410,7 +413,7 @@ def equivalences(runs: list[ReportedRun]) -> list[Equivalence]:
             gap = (max(values) - min(values)) / scale
             if gap > largest or not math.isfinite(gap):
                 largest, where = gap, key
-        found.append(Equivalence(names, largest, where, tolerance, dtype, len(common)))
+        found.append(Equivalence(names, largest, where, tolerance, dtype, len(common), one_layout=len(layouts) == 1))
     return found
 
 
@@ -421,7 +424,8 @@ def equivalence_findings(runs: list[ReportedRun]) -> list[str]:
         if not eq.compared:
             sentences.append(f"{names} differ only in layout but their losses were not compared: {eq.why_not}.")
         elif eq.same:
-            sentences.append(f"{names} are the same computation in different layouts: their losses differ by at "
+            how = "in one layout (repeats of one run)" if eq.one_layout else "in different layouts"
+            sentences.append(f"{names} are the same computation {how}: their losses differ by at "
                              f"most {eq.largest:.1e} (relative, over {eq.compared} compared losses), within the "
                              f"{eq.dtype} tolerance of {eq.tolerance:.0e}.")
         else:
