@@ -161,3 +161,19 @@ def test_a_run_stopped_by_an_error_keeps_the_line_of_the_step_it_logged_last(mic
         train(dataclasses.replace(built, batches=interrupted(built.batches)))
     lines = (Path(cfg.train.out) / "tensorboard" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+
+
+def test_an_epoch_the_run_ends_inside_says_how_many_of_its_steps_it_trained(micro, capsys) -> None:
+    """--steps 20 at 16 steps an epoch: epoch 2's line ("epoch 2 (step 20)") averaged 4 steps and read as a whole
+    epoch; its note says 4 of its 16. A whole epoch, and the run's last step at an epoch's end, say nothing."""
+    from shardbench.train.hooks import LoopState, cut_note
+
+    def at(done: int, total: int) -> str:
+        return cut_note(LoopState(total=total, per_epoch=16, metrics=None, state=None, done=done))
+
+    assert at(20, 20) == " | 4 of its 16 steps: the run ends inside this epoch"
+    assert at(16, 20) == at(32, 32) == at(16, 16) == ""
+    run(micro(**{"train.steps": 18}))  # 460 training examples (512 less validation) in batches of 32: 14 an epoch
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
+    assert [line.split(" |")[0] for line in lines] == ["epoch 1 (step 14)", "epoch 2 (step 18)"]
+    assert lines[1].endswith(" | 4 of its 14 steps: the run ends inside this epoch") and "of its" not in lines[0]

@@ -315,7 +315,7 @@ class EpochEnd:
         run.metrics.meter = EpochMeter()
         self.writer.flush()
         if self.show:
-            self.bar.write(epoch_line(record) + part_note(record))
+            self.bar.write(epoch_line(record) + part_note(record) + cut_note(run))
         run.paused_s += time.perf_counter() - paused
         self._clock = (time.perf_counter(), run.done)
 
@@ -340,6 +340,15 @@ def part_note(record: dict[str, Any]) -> str:
     first, last = record["from_step"], record["step"]
     steps = f"step {last}" if first == last else f"steps {first}-{last}"
     return f" | train metrics over {steps} only (resumed from step {first - 1})"
+
+
+def cut_note(run: LoopState) -> str:
+    """The epoch's line's note where the run ends inside the epoch (--steps short of its end): how many of its
+    steps were trained, as its means are over those alone; '' for a whole epoch."""
+    done = (run.done - 1) % run.per_epoch + 1  # steps of this epoch up to now
+    if run.done < run.total or done == run.per_epoch:
+        return ""
+    return f" | {done} of its {run.per_epoch} steps: the run ends inside this epoch"
 
 
 def last_good_checkpoint(checkpoints: Checkpoints, out: Path) -> Callable[[], str]:
