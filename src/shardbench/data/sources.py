@@ -130,7 +130,7 @@ def load_for(cfg: Config, cache_dir: Path) -> ImageDataset | Dataset:
         assert path is not None
         if m.vocab_size < BYTE_VOCAB:
             raise ConfigError(f"--data {d.dataset} is byte-level text (256 token ids) but --model.vocab-size is "
-                            f"{m.vocab_size}: pass --model.vocab-size 256")
+                              f"{m.vocab_size}: pass --model.vocab-size 256")
         return text_tokens(path, seq_len=m.seq_len, val_fraction=d.val_fraction)
     if kind == "arrays":
         assert path is not None

@@ -132,7 +132,7 @@ def cost_note(runs: list[ReportedRun], table: PriceTable | None = None) -> str:
             f"devices it is for ({rows}; {', '.join(tables)} price table: sources and dates in each record's "
             f"cost.price_source and docs/cost.md); kWh is measured power (NVML) where the energy column says "
             f"measured, else the table's watts.")
-    if len(tables) > 1:  # runs trained with different --prices: their costs are not in one currency of prices
+    if len(tables) > 1:  # runs trained with different --prices: their costs compare only within one table
         by: dict[str, list[str]] = {}
         for r in runs:
             if r.ok and cost(r).on_demand_usd is not None:

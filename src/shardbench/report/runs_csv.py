@@ -18,8 +18,7 @@ FILE = "runs.csv"
 NOTE = f" Every value of this table, unrounded, is in `{FILE}` beside this report, for a spreadsheet or a data frame."
 
 # Besides the table's columns, each after the one it qualifies: what the table writes inside a cell ("123.4
-# (peak)", "0.11 (cache)").
-# which price table priced the run's cost ("packaged", or the --prices file's name).
+# (peak)", "0.11 (cache)"), and which price table priced the run's cost (the packaged one, or --prices FILE).
 BESIDE = {"mem_mib": "memory_source", "compile_s": "compile_from_cache", "usd_epoch": "price_table"}
 
 
