@@ -176,7 +176,7 @@ def test_impossible_requests_get_one_line_errors(tmp_path: Path, preset: str, ov
 def test_text_needs_a_byte_vocabulary(tmp_path: Path) -> None:
     text = tmp_path / "t.txt"
     text.write_text("hello " * 100)
-    with pytest.raises(DataError, match=r"byte-level text .* pass --model.vocab-size 256"):
+    with pytest.raises(ConfigError, match=r"byte-level text .* pass --model.vocab-size 256"):  # a configuration
         check_run(small(tmp_path, "lm-seed", "bad", **{"data.dataset": f"text:{text}", "model.vocab_size": 128}))
 
 
