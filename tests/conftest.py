@@ -18,13 +18,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
-import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import NoReturn  # noqa: E402
-import warnings  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -48,23 +46,6 @@ SLOWEST_FIRST = ("test_processes.py", "test_gpu_suite.py", "test_equivalence.py"
                  "test_slurm.py", "test_models_spmd.py", "test_sweep.py", "test_custom_model_state.py",
                  "test_recipe.py", "test_custom_model.py", "test_plan.py",
                  "test_recipe_policies.py", "test_resume.py", "test_speed_switches.py", "test_readme_commands.py")
-
-
-@pytest.fixture(autouse=True)
-def stop_signals_left_as_found() -> Iterator[None]:
-    """Each test ends with Ctrl-C's and SIGTERM's handlers as it found them. One left SIGINT without Python's own
-    handler in its xdist worker, and the later tests there that stop a command with SIGINT found their stop never
-    raised (the dropped-stop test, the tune verdict test: twice in the full suite, never alone); the test that
-    changes them is named in a warning."""
-    stops = (signal.SIGINT, signal.SIGTERM)
-    before = {sig: signal.getsignal(sig) for sig in stops}
-    yield
-    changed = [sig for sig in stops if signal.getsignal(sig) is not before[sig]]
-    for sig in changed:
-        signal.signal(sig, before[sig])
-    if changed:
-        warnings.warn(f"this test left the handler of {', '.join(signal.Signals(s).name for s in changed)} changed "
-                      f"(put back)", stacklevel=1)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

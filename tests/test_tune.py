@@ -638,12 +638,13 @@ def test_a_stop_while_the_verdict_is_written_says_how_to_finish_and_leaves_no_ve
     """The runs are measured; a Ctrl-C or SIGTERM lands while the report is written. It printed only "interrupted"
     (SIGTERM: nothing, the process died of it), and tune.json already held the verdict without tune.md or
     winner.toml beside it. Now the stop says how to finish, and tune.json holds no verdict until its files are
-    written. The stop is the real signal, sent from inside the report's writing, in a process of its own: inside
-    the full suite's xdist worker a SIGINT never raised there (twice, never alone; the worker's signal state after
-    its earlier tests, not found)."""
+    written. The stop is the real signal, sent from inside the report's writing, in a process of its own that
+    takes Ctrl-C as a terminal's process does: a suite started in the background (bash's `&`) ignores SIGINT, and
+    the SIGINT case failed there."""
     from shardbench.tune.report import TUNE_JSON
 
-    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_tune; "
+    script = (f"import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              f"sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_tune; "
               f"print(test_tune.stop_while_the_verdict_is_written(__import__('pathlib').Path(sys.argv[1]), "
               f"sys.argv[2]))")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path), signal_name], capture_output=True,
