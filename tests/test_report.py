@@ -229,6 +229,10 @@ def test_a_stopped_sweeps_report_says_which_planned_runs_are_not_recorded(tmp_pa
     assert paths.pending == ("single_bf16", "dp_8")
     assert (f"1 run, 1 complete, 0 failed. The sweep is unfinished: 2 planned runs not recorded yet (`single_bf16`, "
             f"`dp_8`); `shardbench sweep --out {tmp_path} --resume` finishes it.") in paths.markdown.read_text()
+    with Store(tmp_path / "sweep.db") as store:  # a tune's measurements: its own command finishes them
+        store.set_meta("origin", "tune")
+    assert ("The tune is unfinished: 2 planned runs not recorded yet (`single_bf16`, `dp_8`); `shardbench tune` "
+            "with its flags and --resume finishes it.") in write_report(tmp_path).markdown.read_text()
     with Store(tmp_path / "sweep.db") as store:
         for r in sweep_rows()[1:3]:
             store.add(r)

@@ -405,16 +405,16 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     count = f"{len(runs)} run{'' if len(runs) == 1 else 's'}"
     source = f"Read from {origin} in `{sweep_dir}`: {count}, {complete} complete, {len(runs) - complete} failed."
     pending = meta.get("pending") or []
-    if pending and meta.get("running"):
-        source += (f" The {_writer(meta)} is still running: {len(pending)} planned "
-                   f"run{'' if len(pending) == 1 else 's'} not recorded yet "
-                   f"({', '.join(f'`{n}`' for n in pending[:5])}{', ...' if len(pending) > 5 else ''}); this report "
-                   f"shows the runs recorded so far.")
-    elif pending:
-        source += (f" The sweep is unfinished: {len(pending)} planned run{'' if len(pending) == 1 else 's'} not "
-                   f"recorded yet ({', '.join(f'`{n}`' for n in pending[:5])}{', ...' if len(pending) > 5 else ''}); "
-                   + ("`shardbench tune` with its flags and --resume" if meta.get("origin") == "tune" else
-                      f"`shardbench sweep --out {sweep_dir} --resume`") + " finishes it.")
+    if pending:
+        writer = _writer(meta)
+        planned = (f"{len(pending)} planned run{'' if len(pending) == 1 else 's'} not recorded yet "
+                   f"({', '.join(f'`{n}`' for n in pending[:5])}{', ...' if len(pending) > 5 else ''})")
+        if meta.get("running"):
+            source += f" The {writer} is still running: {planned}; this report shows the runs recorded so far."
+        else:
+            finish = ("`shardbench tune` with its flags and --resume" if writer == "tune" else
+                      f"`shardbench sweep --out {sweep_dir} --resume`")
+            source += f" The {writer} is unfinished: {planned}; {finish} finishes it."
     skipped = meta.get("skipped") or []
     if skipped:
         source += (f" Left out, as their config.json is not a shardbench run's: "
