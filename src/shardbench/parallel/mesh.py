@@ -107,18 +107,19 @@ def mesh_size(spec: str) -> int | None:
 
 def parse_mesh(spec: str, num_devices: int | None, primary: str = DATA) -> MeshShape:
     """'' -> every device on `primary`; 'N' -> N on `primary`; 'AxB' -> data=A, model=B; 'name=N,...' names
-    any of `MESH_AXES`. `num_devices` None: do not check the count (only for a mesh that names its sizes)."""
+    any of `MESH_AXES`. `num_devices` None: do not check the count (only for a mesh that names its sizes). Sizes
+    are ASCII digits: Python's int() would read '４' or '٤' as 4, which no other tool would."""
     text = spec.strip().lower()
     hint = f"use N, AxB (data x model) or name=N,... over the axes {', '.join(MESH_AXES)}"
     sizes: dict[str, int]
     if text in ("", "auto"):
         sizes = {primary: num_devices or 1}
-    elif re.fullmatch(r"\d+", text):
+    elif re.fullmatch(r"\d+", text, re.ASCII):
         sizes = {primary: int(text)}
-    elif re.fullmatch(r"\d+x\d+", text):
+    elif re.fullmatch(r"\d+x\d+", text, re.ASCII):
         a, b = text.split("x")
         sizes = {DATA: int(a), MODEL: int(b)}
-    elif re.fullmatch(r"(\w+=\d+)(,\w+=\d+)*", text):
+    elif re.fullmatch(r"(\w+=\d+)(,\w+=\d+)*", text, re.ASCII):
         sizes = {}
         for part in text.split(","):
             name, value = part.split("=")
