@@ -220,6 +220,8 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: --resume of nothing", lambda t: ["train", *TINY, "--resume", "--out", str(t / "o")], "--resume", CONF),
     ("train: arrays that do not exist", lambda t: ["train", *TINY, "--data", f"arrays:{t / 'none.npz'}",
                                                    "--out", str(t / "o")], "none.npz", DATA),
+    ("train: arrays given as a folder", lambda t: ["train", *TINY, "--data", f"arrays:{t}", "--out", str(t / "o")],
+     "is a folder; give a .npz file after 'arrays:'", DATA),
     ("train: a model file that does not exist", lambda t: ["train", *TINY, "--model", f"{t / 'm.py'}:make",
                                                            "--task", "classify", "--out", str(t / "o")], "m.py", CONF),
     ("train: a negative learning rate", lambda t: ["train", *TINY, "--lr", "-1", "--out", str(t / "o")], "--optim.lr",

@@ -24,6 +24,7 @@ from shardbench.errors import ConfigError, DataError
 SPEC_HELP = "use cifar10, cifar10:PATH, imagefolder:PATH or synthetic (images), tokens-uniform or text:PATH " \
             "(language model), regression (MLP), or arrays:PATH.npz (any)"
 _PATH_KINDS = ("cifar10", "imagefolder", "text", "arrays")
+_FILE_KINDS = {"text": "text", "arrays": ".npz"}  # the PATH kinds that read one file, never a folder
 ANY = "any"  # a dataset kind that feeds every kind of model (your own arrays)
 # Dataset kind -> the model kind it feeds, and whether it needs a PATH.
 DATASETS: dict[str, str] = {
@@ -50,6 +51,8 @@ def validate_spec(spec: str) -> None:
     kind, path = _parse(spec)
     if path is not None and not path.exists():
         raise DataError(f"dataset '{spec}': {path} does not exist; give an existing file or folder after '{kind}:'")
+    if kind in _FILE_KINDS and path is not None and path.is_dir():  # read as a file, it failed as a path (exit 6)
+        raise DataError(f"dataset '{spec}': {path} is a folder; give a {_FILE_KINDS[kind]} file after '{kind}:'")
 
 
 def _check_shape(ds: ImageDataset, *, image_size: int, num_classes: int) -> None:
