@@ -998,11 +998,19 @@ def slug(name: str) -> str:
 
 def kernel_section(run_dir: Path, name: str, sizes: Sizes) -> str:
     sys.path.insert(0, str(ROOT / "src"))
-    from shardbench.measure.kernels import find_trace, kernel_table, render
+    from shardbench.measure.kernels import find_trace, kernel_table, render, trace_time
 
     config = json.loads((run_dir / "config.json").read_text())
-    kernels, total, devices = kernel_table(find_trace(run_dir), top=30)
-    return f"### Kernels: {name}\n\n" + render(kernels, total, config["train"]["profile_steps"], devices)
+    trace, window = find_trace(run_dir), config["train"]["profile_steps"]
+    kernels, total, devices = kernel_table(trace, top=30)
+    # What the report's Profiles section reads from the same trace: whether this device's kernels name their
+    # program and execution (so the train step's are told from the rest and its steps counted), and the collectives.
+    t = trace_time(trace, window)
+    counted = f"{t.steps} counted in the trace" if t.counted_steps else f"not counted: the window's {t.steps}"
+    kinds = ", ".join(f"{k} {ms:.3f}" for k, ms in t.collective_ms.items()) or "none"
+    read = (f"The report's reading of this trace: train steps {counted}; {t.op_ms:.2f} ms of kernels a step on each "
+            f"of {t.devices} device(s); collectives (ms a step): {kinds}.")
+    return f"### Kernels: {name}\n\n" + render(kernels, total, window, devices) + "\n\n" + read
 
 
 def accuracy_section(run_dir: Path, name: str, out: Path) -> str:

@@ -123,6 +123,8 @@ def test_compile_part_sees_its_cache(smoke: Path) -> None:
 def test_profile_plan_accuracy_and_bench(smoke: Path) -> None:
     profile = (smoke / "profile.md").read_text()
     assert "### Kernels: baseline" in profile and "| kernel | ms/step |" in profile
+    # the report's reading of the same trace: on a CPU its ops name their program, so the steps are counted
+    assert "The report's reading of this trace: train steps 2 counted in the trace;" in profile
     assert json.loads((smoke / "plan-validation.json").read_text())
     assert "mean absolute error" in (smoke / "plan.md").read_text()
     accuracy = _cases(smoke, "accuracy")["recipe vit-cifar"]

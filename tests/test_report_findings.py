@@ -18,6 +18,7 @@ import pytest
 
 from test_report import markdown_table, record, row
 
+from shardbench.measure.kernels import TraceTime
 from shardbench.plan.validate import Check, render, summary
 from shardbench.report import plots
 from shardbench.report.content import COLUMNS, ReportedRun, comms_measure, reported, shown
@@ -174,6 +175,21 @@ def test_a_run_of_more_processes_says_so() -> None:
     column = next(c for c in COLUMNS if c.key == "processes")
     assert column in shown(COLUMNS, [one, two]) and column not in shown(COLUMNS, [one])
     assert (column.text(two), column.text(one)) == ("2", "1")
+
+
+def test_a_slowdown_names_the_time_in_collectives_where_both_traces_give_it() -> None:
+    """Bytes are counted, not timed: where both runs were profiled, the time their traces spent in collectives is
+    named beside what differs; where one was not, or the two are within 10%, it is not."""
+    def traced(r: ReportedRun, ms: float) -> ReportedRun:
+        return dataclasses.replace(r, traced=TraceTime(steps=3, devices=8, op_ms=20.0, collective_ms={"all-reduce": ms},
+                                                       top=(), counted_steps=True))
+
+    fast, slow = run("fast", {}, 10.0), run("slow", {"train.grad_accum": 4}, 25.0)
+    found = speed_findings([traced(fast, 2.0), traced(slow, 7.5)])
+    assert found[1] == ("slow is 2.50x slower (25.0 ms against 10.0 ms); it differs in: train.grad_accum 4 against 1; "
+                        "7.5 ms per device per step in collectives in its trace against 2.0 ms.")
+    assert "in its trace" not in " ".join(speed_findings([fast, traced(slow, 7.5)]))
+    assert "in its trace" not in " ".join(speed_findings([traced(fast, 7.0), traced(slow, 7.5)]))
 
 
 # ----------------------------------------------------------------------------- 4: image sizes

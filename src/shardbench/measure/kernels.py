@@ -35,9 +35,10 @@ def find_trace(root: Path) -> Path:
     return traces[-1]
 
 
-def _events(path: Path) -> Iterable[tuple[str, int, str]]:
-    """(name, duration in ns, device) of every kernel in the trace: a GPU plane's name, or on a CPU the op's
-    `device_ordinal` (simulated devices share the host's threads)."""
+def _events(path: Path) -> Iterable[tuple[str, int, str, str | None, object]]:
+    """(name, duration in ns, device, program, execution) of every kernel in the trace: the device is a GPU
+    plane's name, or on a CPU the op's `device_ordinal` (simulated devices share the host's threads); the program
+    (`hlo_module`) and its execution (`run_id`) where the event's stats name them, else None."""
     from jax.profiler import ProfileData
 
     try:
@@ -45,23 +46,19 @@ def _events(path: Path) -> Iterable[tuple[str, int, str]]:
     except Exception as err:  # noqa: BLE001 - the reader raises plain runtime errors on a bad file
         raise ShardbenchError(f"{path}: not a readable profiler trace ({err}); record it again with --profile")
     planes = list(data.planes)
-    devices = [p for p in planes if p.name.startswith("/device:") and "CPU" not in p.name]
-    if devices:
-        for plane in devices:
-            for line in plane.lines:
-                if line.name.startswith(_DERIVED_LINES):
-                    continue
-                for event in line.events:
-                    yield event.name, int(event.duration_ns), plane.name
-        return
-    for plane in planes:
-        if plane.name != "/host:CPU":
-            continue
+    gpus = [p for p in planes if p.name.startswith("/device:") and "CPU" not in p.name]
+    for plane in gpus or [p for p in planes if p.name == "/host:CPU"]:
         for line in plane.lines:
+            if gpus and line.name.startswith(_DERIVED_LINES):
+                continue
             for event in line.events:
                 stats = dict(event.stats)
-                if "hlo_op" in stats:
-                    yield event.name, int(event.duration_ns), str(stats.get("device_ordinal", 0))
+                if not gpus and "hlo_op" not in stats:
+                    continue
+                device = plane.name if gpus else str(stats.get("device_ordinal", 0))
+                module = stats.get("hlo_module")
+                yield (event.name, int(event.duration_ns), device, None if module is None else str(module),
+                       stats.get("run_id"))
 
 
 def kernel_table(path: Path, top: int = 30) -> tuple[list[Kernel], int, int]:
@@ -69,7 +66,7 @@ def kernel_table(path: Path, top: int = 30) -> tuple[list[Kernel], int, int]:
     every device, and how many devices ran kernels."""
     totals: dict[str, list[int]] = {}
     devices: set[str] = set()
-    for name, duration, device in _events(path):
+    for name, duration, device, _, _ in _events(path):
         entry = totals.setdefault(name, [0, 0])
         entry[0] += duration
         entry[1] += 1
@@ -93,3 +90,75 @@ def render(kernels: list[Kernel], total_ns: int, steps: int, devices: int = 1) -
         name = k.name if len(k.name) <= 80 else k.name[:77] + "..."
         lines.append(f"| `{name}` | {k.total_ns / 1e6 / per:.3f} | {k.count / per:g} | {100 * k.share:.1f}% |")
     return "\n".join(lines)
+
+
+# XLA's collective ops by their HLO names (`all-reduce.3`, `all-gather-start.1`, `collective-permute-done`), as a
+# CPU's trace names its ops, and NCCL's kernels by theirs (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`), as a GPU's
+# does. Longest first: `all-reduce-scatter` is no op, but `reduce-scatter` must not be read as `all-reduce`.
+_HLO_COLLECTIVES = ("collective-permute", "reduce-scatter", "all-reduce", "all-gather", "all-to-all", "send", "recv")
+_NCCL_COLLECTIVES = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter",
+                     "alltoall": "all-to-all", "sendrecv": "send/recv", "broadcast": "broadcast"}
+
+
+def collective_of(name: str) -> str | None:
+    """The collective an op or kernel is, by its name ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
+    'collective-permute', 'send/recv', 'broadcast'), or None for an op that is not one."""
+    low = name.lower()
+    for op in _HLO_COLLECTIVES:
+        if low == op or low.startswith((f"{op}.", f"{op}-start", f"{op}-done")):
+            return "send/recv" if op in ("send", "recv") else op
+    if "nccl" in low:
+        squashed = low.replace("_", "").replace("-", "")
+        return next((kind for key, kind in _NCCL_COLLECTIVES.items() if key in squashed), "nccl")
+    return None
+
+
+@dataclass(frozen=True)
+class TraceTime:
+    """Where a profiled run's train steps spent their op (kernel) time, per step on each device (the devices'
+    mean): the ops in all, the collectives among them by kind, and the largest ops."""
+
+    steps: int  # train steps in the trace
+    devices: int
+    op_ms: float
+    collective_ms: dict[str, float]  # kind -> ms per step per device, the largest first
+    top: tuple[tuple[str, float], ...]  # (op or kernel, ms per step per device), the largest first
+    counted_steps: bool  # `steps` counted in the trace (the train step's executions), not the window's length
+
+    @property
+    def collectives_ms(self) -> float:
+        return sum(self.collective_ms.values())
+
+    @property
+    def collective_share(self) -> float | None:
+        return self.collectives_ms / self.op_ms if self.op_ms > 0 else None
+
+
+def _train_events(path: Path) -> tuple[list[tuple[str, int, str]], int | None]:
+    """The train step's ops or kernels (name, ns, device), and how many times the step ran in the trace (None
+    where its events do not say). A CPU's op events name their program (`hlo_module`, the train step's holds
+    'train': jit_train_step, pmap_device_train) and its execution (`run_id`); the evaluation step's and other
+    programs' ops are left out. Where no event names its program (a GPU's kernels may not), every event counts."""
+    events = list(_events(path))
+    train = [e for e in events if e[3] is not None and "train" in e[3]]
+    runs = {e[4] for e in train if e[4] is not None}
+    return [(name, ns, device) for name, ns, device, _, _ in train or events], len(runs) or None
+
+
+def trace_time(path: Path, window_steps: int, top: int = 3) -> TraceTime:
+    """A trace's train-step op time by kind (see `TraceTime`); `window_steps` is the profile window's length,
+    used where the trace does not count the step's executions itself."""
+    events, counted = _train_events(path)
+    devices = max(len({device for _, _, device in events}), 1)
+    steps = counted or max(window_steps, 1)
+    per = 1e6 * steps * devices  # ns summed over steps and devices -> ms per step per device
+    totals: dict[str, int] = {}
+    kinds: dict[str, int] = {}
+    for name, ns, _ in events:
+        totals[name] = totals.get(name, 0) + ns
+        if (kind := collective_of(name)) is not None:
+            kinds[kind] = kinds.get(kind, 0) + ns
+    largest = sorted(totals.items(), key=lambda item: -item[1])[:top]
+    return TraceTime(steps=steps, devices=devices, op_ms=sum(totals.values()) / per,
+                     collective_ms={k: v / per for k, v in sorted(kinds.items(), key=lambda item: -item[1])},
+                     top=tuple((name, ns / per) for name, ns in largest), counted_steps=counted is not None)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.config import REPORTING_ONLY
+from shardbench.measure.kernels import TraceTime
 from shardbench.measure.run_record import (
     Breakdown, Collective, CompileTimes, Measurements, Memory, Mfu, RunRecord, StepTimes, Throughput, from_json,
 )
@@ -57,6 +58,8 @@ class ReportedRun:
     # False for a run folder without config.json: its settings are the few its record gives (strategy, mesh,
     # devices, spmd, model kind, global batch), too few to say that two runs compute the same thing.
     configured: bool = True
+    traced: TraceTime | None = None  # its profiler trace's op time by kind (report.traces), where --profile left one
+    trace_error: str | None = None  # why a trace it recorded could not be read
 
     @property
     def ok(self) -> bool:
@@ -429,6 +432,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("activations_mib", "activations MiB", True, lambda r: r.part("activations_temporaries")),
     Column("comms_mib", "comms/step MiB", True, lambda r: r.comms_mib, 2),
     Column("stage_mib", "stage-to-stage MiB/step", True, lambda r: r.stage_mib, 2, optional=True),
+    Column("trace_op_ms", "op ms/step (trace)", True, lambda r: r.traced.op_ms if r.traced else None,
+           optional=True),
+    Column("trace_collective_ms", "collectives ms/step (trace)", True,
+           lambda r: r.traced.collectives_ms if r.traced else None, digits=2, optional=True),
     Column("bubble_formula_pct", "bubble % formula", True,
            lambda r: None if r.m.pipeline_bubble is None else 100.0 * r.m.pipeline_bubble, optional=True),
     Column("bubble_measured_pct", "bubble % measured", True,

@@ -15,6 +15,7 @@ from shardbench.report.context import context_findings
 from shardbench.report.pipeline import pipeline_findings
 from shardbench.report.plan_chart import plan_findings
 from shardbench.report.speed import Model, _model, equivalence_findings, label, speed_findings
+from shardbench.report.traces import trace_findings
 
 if TYPE_CHECKING:
     from shardbench.report.content import ReportedRun
@@ -428,6 +429,7 @@ def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, l
                 "Precision and memory": precision_findings(runs, swept) + dtype_role_finding(runs),
                 "Sharding strategies": strategy_findings(runs),
                 "Collectives": comms_findings(runs),
+                "Profiles": trace_findings(runs),
                 "Pipeline stages": pipeline_findings(runs),
                 "Experts": expert_findings(runs),
                 "Context parallelism": context_findings(runs),

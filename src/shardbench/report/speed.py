@@ -143,7 +143,7 @@ def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     setting whose value differs (NOISE left out), the device count where the settings do not show it, the
     process count (launch's, not a setting), and the collectives' bytes. A run records its collectives' bytes, not
     their time, and bytes alone do not say how long they took (on simulated devices sharing a host's cores, a few
-    MiB cost next to nothing)."""
+    MiB cost next to nothing); where both runs were profiled, their traces' time in collectives is named too."""
     mine, theirs = run.settings, fastest.settings
     keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     out = [f"{k} {_named_setting(run, k)} against {_named_setting(fastest, k)}" for k in keys]
@@ -162,6 +162,11 @@ def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
             else ""
         out.append(f"{mine_mib:,.1f} MiB {mine} per device per step"
                    + (f" ({', '.join(kinds)})" if kinds else "") + f" against {theirs_mib:,.1f} MiB{theirs}")
+    if run.traced and fastest.traced and not math.isclose(run.traced.collectives_ms, fastest.traced.collectives_ms,
+                                                          rel_tol=COMMS_NAMED_REL):
+        # timed, not counted: where both runs were profiled, their traces say how long the collectives took
+        out.append(f"{run.traced.collectives_ms:,.1f} ms per device per step in collectives in its trace against "
+                   f"{fastest.traced.collectives_ms:,.1f} ms")
     return out
 
 

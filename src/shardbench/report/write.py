@@ -25,6 +25,7 @@ from shardbench.report.content import (
 from shardbench.report.cost import cost_note, with_costs
 from shardbench.report.findings import explain
 from shardbench.report.pipeline import with_bubbles
+from shardbench.report.traces import with_traces
 from shardbench.report.speed import differing
 from shardbench.store import Store, in_use
 
@@ -394,7 +395,7 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
     runs, meta = load_runs(sweep_dir, skip=out, writing=writing)
-    runs = with_costs(with_bubbles(with_predictions(runs, sweep_dir)), prices)
+    runs = with_costs(with_traces(with_bubbles(with_predictions(runs, sweep_dir)), sweep_dir), prices)
     writable_dir(out, "--out")
     swept = swept_fields(runs)
     complete = sum(r.ok for r in runs)

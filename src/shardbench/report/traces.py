@@ -1,0 +1,95 @@
+"""Where each profiled run's train steps spent their time, read from its profiler trace: the time in collectives
+measured, where the rest of the report can only count their bytes (`shardbench.measure.kernels.trace_time`).
+
+A run trained with --profile records its trace's folder (`profile` in summary.json). A folder of runs copied
+elsewhere is looked up again under its own `tensorboard/plugins/profile/<run>/`, where train and sweep put it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from shardbench.errors import ShardbenchError
+from shardbench.measure.kernels import find_trace, trace_time
+from shardbench.report.content import ReportedRun
+
+PROFILES = Path("tensorboard", "plugins", "profile")  # under a run's (or a sweep's) --out
+WINDOW_STEPS = 3  # --train.profile-steps' default, for a record whose configuration does not give it
+
+
+def _trace_folder(run: ReportedRun, sweep_dir: Path) -> Path | None:
+    """The run's trace folder as recorded, or as found again under the folder the report reads."""
+    recorded = run.rec.profile
+    if not recorded:
+        return None
+    roots = [Path(recorded)] + [root / PROFILES / Path(recorded).name for root in (sweep_dir, run.folder) if root]
+    return next((p for p in roots if p.is_dir() and any(p.rglob("*.xplane.pb"))), None)
+
+
+def with_traces(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedRun]:
+    """The runs with `traced` (their trace's time by kind) where --profile left a trace this report can read,
+    and `trace_error` (why not) where it recorded one that is missing or unreadable."""
+    out = []
+    for run in runs:
+        if not run.ok or not run.rec.profile:
+            out.append(run)
+            continue
+        folder = _trace_folder(run, sweep_dir)
+        if folder is None:
+            out.append(dataclasses.replace(run, trace_error=f"its trace is in neither {run.rec.profile} nor "
+                                                            f"{PROFILES}/{Path(run.rec.profile).name} here"))
+            continue
+        window = run.config.get("train.profile_steps") or WINDOW_STEPS
+        try:
+            out.append(dataclasses.replace(run, traced=trace_time(find_trace(folder), int(window))))
+        except ShardbenchError as err:
+            out.append(dataclasses.replace(run, trace_error=str(err)))
+    return out
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.1f}" if value >= 0.1 else f"{value:.3f}"
+
+
+def trace_findings(runs: list[ReportedRun]) -> list[str]:
+    """Per profiled run: its op time per step on each device, the part in collectives by kind and its largest ops;
+    the span of collective time across the runs; what a simulated device's collective time is; and the traces
+    that could not be read."""
+    traced = [r for r in runs if r.traced is not None]
+    sentences = []
+    for run in traced:
+        t = run.traced
+        assert t is not None
+        where = "kernels" if (run.m.platform or "cpu").lower() != "cpu" else "XLA's ops"
+        steps = f"{t.steps} train step{'' if t.steps == 1 else 's'}" + (
+            "" if t.counted_steps else " (the profile window's length: the trace does not count them)")
+        each = "each device spent" if t.devices > 1 else "it spent"
+        text = (f"{run.name}: {steps} traced on {t.devices} device{'' if t.devices == 1 else 's'}; {each} "
+                f"{_ms(t.op_ms)} ms a step in {where}")
+        if t.collective_ms:
+            kinds = ", ".join(f"{kind} {_ms(ms)}" for kind, ms in t.collective_ms.items())
+            share = 100 * (t.collective_share or 0.0)
+            text += f", {_ms(t.collectives_ms)} ms ({share:.0f}%) of it in collectives ({kinds})"
+        else:
+            text += ", none of it in collectives"
+        top = "; ".join(f"`{name if len(name) <= 60 else name[:57] + '...'}` {_ms(ms)} ms" for name, ms in t.top)
+        sentences.append(text + (f". Its largest: {top}." if top else "."))
+    with_collectives = [r for r in traced if r.traced and r.traced.collective_ms]
+    if len(traced) > 1 and with_collectives:
+        low = min(traced, key=lambda r: r.traced.collectives_ms if r.traced else 0.0)
+        high = max(traced, key=lambda r: r.traced.collectives_ms if r.traced else 0.0)
+        assert low.traced is not None and high.traced is not None
+        least = f"{_ms(low.traced.collectives_ms)} ms" if low.traced.collective_ms else "none"
+        sentences.append(f"Measured in the traces, collectives took from {least} ({low.name}) to "
+                         f"{_ms(high.traced.collectives_ms)} ms ({high.name}) of each device's step.")
+    if any(r.simulated for r in with_collectives):
+        sentences.append("On simulated devices a collective's time in the trace includes its wait for the other "
+                         "devices, which take turns on the host's cores: it measures that rendezvous, not a link, "
+                         "and carries to no real device. Real devices' traces (a GPU's or a TPU's) time the "
+                         "collectives' kernels themselves.")
+    elif any((r.m.platform or "cpu").lower() != "cpu" for r in with_collectives):
+        sentences.append("A collective that XLA overlaps with compute adds its kernels' time here but less to the "
+                         "step: op time per step can exceed the step's.")
+    sentences += [f"{r.name}: was profiled, but {r.trace_error}." for r in runs if r.trace_error]
+    return sentences

@@ -1,0 +1,99 @@
+"""A profiled run's trace read for where its train steps spent their time (`measure.kernels.trace_time`) and the
+report's Profiles section: the collectives' kinds against those the compiled program holds (counted from its HLO,
+another route), their time against a plain count of the trace's events, a one-device run with none, the
+evaluation step's ops left out, and a copied or damaged folder."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from jax.profiler import ProfileData
+
+from shardbench.measure.kernels import collective_of, find_trace, trace_time
+from shardbench.report.write import write_report
+from shardbench.train.loop import run
+
+pytestmark = pytest.mark.slow  # two profiled runs and three reports
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("all-reduce.73", "all-reduce"), ("all-reduce", "all-reduce"), ("all-gather-start.2", "all-gather"),
+    ("all-gather-done", "all-gather"), ("reduce-scatter.1", "reduce-scatter"), ("all-to-all.4", "all-to-all"),
+    ("collective-permute-start.3", "collective-permute"), ("send.1", "send/recv"), ("recv-done.2", "send/recv"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "all-reduce"), ("ncclKernel_AllGather_RING_LL_Sum_int8_t", "all-gather"),
+    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "reduce-scatter"), ("ncclDevKernel_SendRecv", "send/recv"),
+    ("fusion.12", None), ("all-reduce-scatter-fusion", None), ("sender_fusion", None), ("copy_bitcast_fusion", None),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32", None),
+])
+def test_collectives_are_known_by_their_names(name: str, kind: str | None) -> None:
+    assert collective_of(name) == kind
+
+
+def _plain_count(trace: Path) -> tuple[dict[str, int], set[str], int, set[str]]:
+    """Written apart from the reader: the train step's collective ns by kind, its devices, its executions, and
+    every program the trace holds."""
+    ns: dict[str, int] = {}
+    devices, executions, programs = set(), set(), set()
+    for plane in ProfileData.from_file(str(trace)).planes:
+        for line in plane.lines if plane.name == "/host:CPU" else ():
+            for event in line.events:
+                stats = dict(event.stats)
+                if "hlo_op" not in stats:
+                    continue
+                programs.add(stats["hlo_module"])
+                if stats["hlo_module"] != "jit_train_step":
+                    continue
+                devices.add(stats["device_ordinal"])
+                executions.add(stats["run_id"])
+                for kind in ("all-reduce", "all-gather", "reduce-scatter"):
+                    if event.name.startswith(kind):
+                        ns[kind] = ns.get(kind, 0) + int(event.duration_ns)
+    return ns, devices, len(executions), programs
+
+
+def test_a_trace_gives_each_devices_time_in_collectives_and_the_report_says_it(micro, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    window = {"train.profile": True, "train.profile_skip": 2, "train.profile_steps": 3, "train.log_every": 100}
+    # 128 examples, 10% held for validation: 3 steps an epoch, so an evaluation falls inside the window (steps 3-5)
+    sharded = micro(**window, **{"train.steps": 6, "parallel.strategy": "fsdp", "parallel.devices": 2,
+                                 "parallel.mesh": "2", "train.eval": True, "data.synthetic_train": 128,
+                                 "train.batch_size": 32, "train.out": str(runs / "fsdp")})
+    one = micro(**window, **{"train.steps": 6, "parallel.strategy": "single", "parallel.devices": 1,
+                             "parallel.mesh": "none", "train.out": str(runs / "single")})
+    summary = run(sharded)
+    alone_name = run(one)["run_name"]
+
+    trace = find_trace(runs / "fsdp")
+    t = trace_time(trace, window_steps=99)  # the trace counts its steps: the window's length is not used
+    ns, devices, executions, programs = _plain_count(trace)
+    assert "jit_eval_step" in programs  # the evaluation ran inside the window, and is not counted
+    assert (t.steps, t.counted_steps, t.devices) == (executions, True, len(devices)) == (3, True, 2)
+    # the kinds the trace timed are those the compiled step holds, as the record counted them from its HLO
+    assert set(t.collective_ms) == set(summary["measurements"]["comms"]) == set(ns)
+    for kind, total in ns.items():
+        assert t.collective_ms[kind] == pytest.approx(total / 1e6 / (3 * 2), rel=1e-12)
+    assert 0 < t.collectives_ms < t.op_ms and t.collective_share == pytest.approx(t.collectives_ms / t.op_ms)
+    alone = trace_time(find_trace(runs / "single"), window_steps=3)
+    assert alone.collective_ms == {} and alone.devices == 1 and alone.steps == 3
+
+    text = write_report(runs).markdown.read_text()
+    assert "## Profiles" in text and "collectives ms/step (trace)" in text
+    kinds = ", ".join(f"{kind} {ms:,.1f}" if ms >= 0.1 else f"{kind} {ms:.3f}" for kind, ms in t.collective_ms.items())
+    assert f"of it in collectives ({kinds})" in text
+    assert f"{summary['run_name']}: 3 train steps traced on 2 devices" in text
+    assert f"{alone_name}: 3 train steps traced on 1 device; it spent" in text
+    assert f"collectives took from none ({alone_name}) to {t.collectives_ms:,.1f} ms ({summary['run_name']})" in text
+    assert "none of it in collectives" in text
+    assert "On simulated devices a collective's time in the trace includes its wait" in text
+
+    # a folder of runs copied elsewhere finds its traces under itself; a damaged one is named, and the rest stays
+    copy = tmp_path / "copy"
+    shutil.copytree(runs, copy)
+    shutil.rmtree(runs)
+    assert f"of it in collectives ({kinds})" in write_report(copy).markdown.read_text()
+    find_trace(copy / "single").write_bytes(b"not a trace")
+    text = write_report(copy).markdown.read_text()
+    assert f"{alone_name}: was profiled, but" in text and "not a readable profiler trace" in text
+    assert f"of it in collectives ({kinds})" in text
