@@ -143,6 +143,10 @@ def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: in
         ("dp+tp", "4x4", 8, "has 16 devices but 8 devices are in use"),
         ("dp", "4by2", 8, "is not a mesh"),
         ("dp", "\uff18", 8, "is not a mesh"),  # a full-width 8, which int() reads as 8
+        ("dp", "data=-2,model=-4", 8, "a size is negative; every axis needs at least one device"),
+        ("dp", "-8", 8, "a size is negative"),
+        ("dp", "-4x2", 8, "a size is negative"),
+        ("dp", "data=2,model=4,8", 8, "a list of meshes \\(a sweep's\\) is separated by ';'"),
         ("dp", "data=\u0664,model=2", 8, "is not a mesh"),  # an Arabic-Indic 4
         ("single", "8", 8, "strategy single runs on one device"),
         ("fsdp", "none", 8, "--mesh none means one device without a mesh, but strategy fsdp needs a mesh"),

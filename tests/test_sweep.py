@@ -189,6 +189,13 @@ def test_comma_lists_become_axes_and_tuple_fields_take_semicolons() -> None:
                     [{"data.crop_ratio": (0.8, 1.2)}, {"data.crop_ratio": (0.9, 1.1)}]]
     assert split_alternatives("parallel.mesh", "data=4,model=2") == ["data=4,model=2"]
     assert split_alternatives("parallel.mesh", "data=4,model=2;8") == ["data=4,model=2", "8"]
+    # one mesh in several spellings is one run, named by its first spelling; a bare N (its axis the strategy's) and
+    # another mesh stay apart
+    _, axes = axes_from_values({"parallel.mesh": "4x2;data=4,model=2;MODEL=2,DATA=4;8;data=8;model=8"})
+    assert axes == [[{"parallel.mesh": "4x2"}, {"parallel.mesh": "8"}, {"parallel.mesh": "data=8"},
+                     {"parallel.mesh": "model=8"}]]
+    fixed, _ = axes_from_values({"parallel.mesh": "data=2,stage=2,model=2;model=2,stage=2,data=2"})
+    assert fixed == {"parallel.mesh": "data=2,stage=2,model=2"}
     assert run_name({"parallel.mesh": "4x2", "train.batch_size": 1024}) == "mesh_4_2_batch_1024"
     assert run_name({"parallel.strategy": "dp+tp", "data.crop_scale": (0.5, 1.0)}) == \
         "strategy_dp_tp_crop_scale_0.5_1.0"
@@ -454,7 +461,7 @@ def test_one_peak_per_sweep_so_mfu_ranks_runs_as_step_time_does(tmp_path: Path,
 def test_dry_run_marks_the_runs_that_would_be_refused(capsys: pytest.CaptureFixture) -> None:
     args = parse("--preset", "vit-tiny", "--devices", "8", "--strategy", "dp,fsdpp", "--dtype", "float32,bfloat61",
                  "--mesh", "8,3x3", "--dry-run")
-    assert sweep_cmd.run(args) == 0
+    assert sweep_cmd.run(args) == 2  # as the sweep would stop: a dry run checks a sweep file for CI
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "8 run(s) from vit-tiny; fixed: parallel.devices=8; 7 would be refused"
     runs = {line.split()[0]: line for line in lines[1:]}
@@ -462,6 +469,8 @@ def test_dry_run_marks_the_runs_that_would_be_refused(capsys: pytest.CaptureFixt
     assert "REFUSED: unknown --dtype 'bfloat61'" in runs["strategy_dp_dtype_bfloat61_mesh_8"]
     assert "REFUSED: unknown --strategy 'fsdpp'" in runs["strategy_fsdpp_dtype_float32_mesh_8"]
     assert "REFUSED: --mesh 3x3 has 9 devices" in runs["strategy_dp_dtype_float32_mesh_3_3"]
+    assert sweep_cmd.run(parse("--preset", "vit-tiny", "--devices", "8", "--mesh", "8,3x3", "--skip-refused",
+                               "--dry-run")) == 0  # the sweep would run the rest
 
 
 def test_dry_run_refuses_what_a_run_of_several_processes_would_refuse(capsys: pytest.CaptureFixture) -> None:
@@ -469,14 +478,14 @@ def test_dry_run_refuses_what_a_run_of_several_processes_would_refuse(capsys: py
     that is not all of theirs, and pmap across processes all passed, and failed once the sweep ran them."""
     args = parse("--preset", "vit-tiny", "--devices", "3,4,8", "--spmd", "jit,pmap", "--strategy", "dp",
                  "--processes", "2", "--dry-run")
-    assert sweep_cmd.run(args) == 0
+    assert sweep_cmd.run(args) == 2
     runs = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     assert "REFUSED: --devices 3 does not split evenly over 2 processes" in runs["devices_3_spmd_jit"]
     assert "REFUSED: --spmd pmap runs in one process, but this run has 2 processes" in runs["devices_8_spmd_pmap"]
     assert "REFUSED" not in runs["devices_8_spmd_jit"] and "REFUSED" not in runs["devices_4_spmd_jit"]
     args = parse("--preset", "vit-tiny", "--devices", "4,8", "--strategy", "dp", "--processes", "2",
                  "--devices-per-process", "4", "--dry-run")
-    assert sweep_cmd.run(args) == 0
+    assert sweep_cmd.run(args) == 2
     runs = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     assert ("REFUSED: --devices 4: a run of 2 processes uses all of their 8 devices; pass --devices 8 (or 0), or "
             "start fewer processes") in runs["devices_4"]

@@ -128,6 +128,12 @@ def parse_mesh(spec: str, num_devices: int | None, primary: str = DATA) -> MeshS
             if name in sizes:
                 raise ConfigError(f"--mesh '{spec}': axis '{name}' is named twice: name each axis once")
             sizes[name] = int(value)
+    elif re.search(r"(^|[=x,])-\d", text, re.ASCII):  # read as not a mesh, where a zero was named as such
+        raise ConfigError(f"--mesh '{spec}': a size is negative; every axis needs at least one device")
+    elif "," in text and any("=" not in part for part in text.split(",")) and "=" in text:
+        # 'data=2,model=4,8': a sweep's list of meshes, whose alternatives hold commas, is separated by ';'
+        raise ConfigError(f"--mesh '{spec}' is not a mesh: {hint}; a list of meshes (a sweep's) is separated by "
+                          f"';' where its meshes hold commas ('data=2,model=4;8')")
     else:
         raise ConfigError(f"--mesh '{spec}' is not a mesh: {hint}")
     shape = MeshShape.of(**sizes)
@@ -145,6 +151,19 @@ def parse_mesh(spec: str, num_devices: int | None, primary: str = DATA) -> MeshS
             f"equal the device count{more}"
         )
     return shape
+
+
+def same_mesh(spec: str) -> str:
+    """One spelling for every spelling of a mesh that names its sizes ('4x2', 'data=4,model=2', 'MODEL=2,DATA=4'
+    -> '4x2'), so that a sweep runs it once; '', 'auto', 'none', a bare N (whose axis the strategy picks) and what
+    is not a mesh (refused later, in its own words) are kept as written."""
+    text = spec.strip().lower()
+    if text in ("", "auto", "none") or re.fullmatch(r"\d+", text, re.ASCII):
+        return text
+    try:
+        return str(parse_mesh(text, None))
+    except ConfigError:
+        return text
 
 
 def build_mesh(shape: MeshShape, devices: list[jax.Device]) -> Mesh:

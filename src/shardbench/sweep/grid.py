@@ -5,6 +5,7 @@ expanded into named runs (the cartesian product of the axes, first axis outermos
 from __future__ import annotations
 
 import itertools
+import json
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.naming import run_name
+from shardbench.parallel.mesh import same_mesh
 from shardbench.parsing import override, parse_value
 from shardbench.presets import PRESETS, get_preset
 
@@ -130,11 +132,20 @@ def split_alternatives(key: str, text: str) -> list[str]:
     return parts
 
 
-def unique(values: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for v in values:
-        if v not in out:
-            out.append(v)
+def _as_run(entry: Mapping[str, Any]) -> str:
+    """An axis entry as the run it makes: a mesh by its sizes, so that '4x2' and 'data=4,model=2' are one run."""
+    return json.dumps({k: same_mesh(v) if k == "parallel.mesh" and isinstance(v, str) else v
+                       for k, v in entry.items()}, sort_keys=True, default=str)
+
+
+def unique(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The axis entries, each run once: the first spelling of a value kept (see `_as_run`)."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for entry in entries:
+        if (key := _as_run(entry)) not in seen:
+            seen.add(key)
+            out.append(entry)
     return out
 
 
@@ -145,11 +156,11 @@ def axes_from_values(values: Mapping[str, Any]) -> tuple[Override, list[Axis]]:
     for raw_key, value in values.items():
         key = check_key(raw_key)
         texts = split_alternatives(key, value) if isinstance(value, str) else [value]
-        typed = unique([typed_value(key, t) for t in texts])
-        if len(typed) == 1:
-            fixed[key] = typed[0]
+        entries = unique([{key: typed_value(key, t)} for t in texts])
+        if len(entries) == 1:
+            fixed.update(entries[0])
         else:
-            axes.append([{key: v} for v in typed])
+            axes.append(entries)
     return fixed, axes
 
 

@@ -375,9 +375,9 @@ def _run(args: argparse.Namespace) -> int:
             processes = {run.name: run_split(int(run_config(sweep.base_preset, run)["parallel.devices"]), checked)
                          for run in sweep.runs}
         refused = refusals(sweep, options["profile"], processes)
-        if args.dry_run:
+        if args.dry_run:  # exits as the sweep would start: 2 where it would stop on refused runs (a check for CI)
             dry_run(sweep, refused)
-            return 0
+            return 2 if refused and not options["skip_refused"] else 0
         if refused and not options["skip_refused"]:
             raise refused_error(refused, len(sweep.runs))
         out = sweep_dir(args, sweep)
