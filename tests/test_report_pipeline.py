@@ -16,11 +16,11 @@ MIB = 2**20
 
 def _run(name: str, strategy: str, devices: int, step_ms: float, breakdown: tuple[float, float, float, float],
          stages: int | None = None, microbatches: int = 0, per_shard: int = 64,
-         transfers: tuple[int, float] = (0, 0.0), sent: float | None = None) -> Any:
+         transfers: tuple[int, float] = (0, 0.0), sent: float | None = None, mesh: str = "") -> Any:
     """A run of `mlp` at batch 64 (one data shard where it pipelines): `stages` and `microbatches` as the record
     of a pipeline writes them, with GPipe's formula. `transfers`: the permutes' executions and payload (MiB);
     `sent`: the MiB the fullest device sends in them (None: a record written before bytes sent were kept)."""
-    mesh = f"stage={stages}" if stages else str(devices)
+    mesh = mesh or (f"stage={stages}" if stages else str(devices))
     staged = bool(stages and stages > 1)
     rec = record(name, strategy, mesh, devices, breakdown=breakdown, total=sum(breakdown) + 1.0,
                  comms={"collective-permute": (transfers[0], transfers[1])} if staged else {},
@@ -80,7 +80,8 @@ def test_the_measured_bubble_is_one_minus_the_split_one_stage_time_over_the_step
     # (500 / 1000) beside the program's work ((8 + 3) / 8).
     assert "it took 0.50x the one-stage step for the same microbatches, where its program computes 1.38x" in text
     assert "share its cores, so the stages cannot all compute at the same time" in text
-    assert "No one-stage run of the same model at the same microbatch size to measure the bubble of pp_m32" in text
+    assert ("No one-stage run of the same model at the same microbatch size, splitting each layer alike, to measure "
+            "the bubble of pp_m32") in text
 
 
 def test_the_stage_transfers_are_what_the_fullest_device_sends(tmp_path: Path) -> None:
@@ -130,3 +131,43 @@ def test_microbatch_counts_are_compared_only_between_runs_that_differ_in_them_al
     assert ("mlp gpipe (pp_m4 against pp_m8): activations and temporaries 5.0 MiB at M=4 and 4.0 MiB at M=8, with "
             "all else the same") in text
     assert "at M=2" not in text
+
+
+def test_the_bubble_is_measured_against_a_one_stage_run_that_splits_each_layer_alike(tmp_path: Path) -> None:
+    """A pipeline on data=2,stage=2,model=2: its reference is its own layout without stages (2x2) where the report
+    has it, else a one-stage run on another data axis at the same rows per device (4x2), said as such; never one
+    whose model axis differs (2x4 splits each layer four ways: other work per device)."""
+    def report(folder: str, *refs: str) -> str:
+        meshes = {"exact": ("2x2", 4), "data4": ("4x2", 8), "tp4": ("2x4", 8)}
+        rows = [_run("piped", "dp+pp+tp", 8, 500.0, (2.0, 4.0, 2.0, 6.0), stages=2, microbatches=4, per_shard=32,
+                     transfers=(5, 1.0), sent=0.5, mesh="data=2,stage=2,model=2")]
+        rows += [_run(ref, "dp+pp+tp", meshes[ref][1], 600.0, (8.0, 16.0, 8.0, 12.0), stages=1, microbatches=4,
+                      per_shard=32, mesh=meshes[ref][0]) for ref in refs]
+        with Store(tmp_path / folder / "sweep.db") as store:
+            for r in rows:
+                store.add(r)
+        return write_report(tmp_path / folder).markdown.read_text()
+
+    text = report("all", "tp4", "data4", "exact")
+    assert "x 4/4 microbatches / 2 stages, exact)" in text and "another data axis" not in text
+    text = report("no-exact", "tp4", "data4")
+    assert ("x 4/4 microbatches / 2 stages, data4, on mesh 4x2: another data axis than this run's without its "
+            "stages, at the same rows per device)") in text
+    text = report("other-split", "tp4")
+    assert "bubble by the schedule's formula" not in text
+    assert "No one-stage run of the same model at the same microbatch size, splitting each layer alike, to " \
+           "measure the bubble of piped" in text
+
+
+def test_one_strategy_on_two_meshes_is_told_apart_by_its_mesh_in_the_memory_sentence(tmp_path: Path) -> None:
+    """dp+tp on 4x2 and on 2x4 beside a pipeline: each named with its mesh (both were 'dp+tp', with nothing to say
+    which was which)."""
+    rows = [_run("dp", "dp", 8, 100.0, (8.0, 16.0, 8.0, 10.0)),
+            _run("tp2", "dp+tp", 8, 100.0, (4.0, 8.0, 4.0, 10.0), mesh="4x2"),
+            _run("tp4", "dp+tp", 8, 100.0, (2.0, 4.0, 2.0, 10.0), mesh="2x4"),
+            _run("pp", "pp", 4, 500.0, (2.0, 4.0, 2.0, 6.0), stages=4, microbatches=8, transfers=(33, 1.0), sent=0.5)]
+    with Store(tmp_path / "sweep.db") as store:
+        for r in rows:
+            store.add(r)
+    text = write_report(tmp_path).markdown.read_text()
+    assert "; dp+tp on 4x2 12.0 (1/2.0 of dp's); dp+tp on 2x4 6.0 (1/4.0 of dp's); pp gpipe M=8 6.0" in text

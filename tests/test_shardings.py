@@ -15,7 +15,7 @@ from shardbench.parsing import override
 from shardbench.presets import get_preset
 from shardbench.optim import build_optimizer
 from shardbench.models.spec import describe_model
-from shardbench.parallel.checks import check_layout
+from shardbench.parallel.checks import check_layout, unsplit_note
 from shardbench.train.state import init_state
 
 # Expected PartitionSpecs of a few representative parameters (stacked layers lead every block parameter).
@@ -174,6 +174,20 @@ def test_indivisible_dimensions_are_named(overrides: dict, mesh: str, message: s
     layout = make_layout(strategy, mesh.replace("1x4", "model=4"), jax.devices()[: 8 if mesh == "8" else 4])
     with pytest.raises(ConfigError, match=message):
         check_layout(describe_model(cfg), layout)
+
+
+@pytest.mark.parametrize(("strategy", "mesh", "devices", "note"), [
+    ("fsdp+pp+tp", "8", 8, "strategy fsdp+pp+tp on mesh 8x1: its stage and model axes have one device each, so "
+                           "nothing is split over them; a mesh naming their sizes splits them (--mesh "
+                           "data=N,stage=N,model=N)"),
+    ("dp+tp", "8", 8, "strategy dp+tp on mesh 8x1: its model axis has one device, so nothing is split over it; a "
+                      "mesh naming its size splits it (--mesh data=N,model=N)"),
+    ("dp+tp", "4x2", 8, None), ("fsdp+pp+tp", "data=2,stage=2,model=2", 8, None), ("dp", "8", 8, None),
+    ("dp+tp", "1x1", 1, None), ("single", "none", 1, None),
+])
+def test_a_strategy_whose_axes_the_mesh_leaves_whole_says_so(strategy: str, mesh: str, devices: int,
+                                                            note: str | None) -> None:
+    assert unsplit_note(make_layout(strategy, mesh, jax.devices()[:devices])) == note
 
 
 def test_parse_mesh_rejects_unknown_axis() -> None:

@@ -28,7 +28,7 @@ from shardbench.parallel.rules import Layout, flat_by_path
 from shardbench.optim import build_optimizer
 from shardbench.preflight import check_parallel
 from shardbench.models.spec import ModelSpec, describe_model
-from shardbench.parallel.checks import sequence_length
+from shardbench.parallel.checks import sequence_length, unsplit_note
 from shardbench.parallel.context import positions, uses_context
 from shardbench.parallel.pipeline import (
     bubble_fraction, microbatch_count, schedule_repeats, stage_layers, uses_pipeline,
@@ -192,7 +192,7 @@ def inspect(cfg: Config, array: str = "") -> str:
     lines = [
         f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
         f"{layout.shape.size} {layout.device.platform} device(s)",
-        *(f"note: {note}" for note in spec.axis_notes()),  # as train's first line says them
+        *(f"note: {note}" for note in [*spec.axis_notes(), *filter(None, [unsplit_note(layout)])]),  # as train says
         *kernel_lines(cfg, layout),
         "",
         format_table(rows),

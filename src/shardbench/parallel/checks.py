@@ -49,6 +49,21 @@ def check_style(style: str, layout: Layout) -> None:
                               f"{layout.strategy.name}: use --strategy dp, or --spmd shard_map / jit")
 
 
+def unsplit_note(layout: Layout) -> str | None:
+    """A strategy whose name promises axes the mesh gives one device each (`fsdp+pp+tp` on `--mesh 8`: all on its
+    first axis, as documented) splits nothing over them: said as a note, since the run's name still says them.
+    None where every axis it uses is split, or none is (one device)."""
+    axes = layout.strategy.axes
+    whole = [axis for axis in axes if layout.shape[axis] == 1]
+    if not whole or len(whole) == len(axes):
+        return None
+    many = len(whole) > 1
+    return (f"strategy {layout.strategy.name} on mesh {layout.shape}: its {' and '.join(whole)} "
+            f"{'axes have one device each' if many else 'axis has one device'}, so nothing is split over "
+            f"{'them' if many else 'it'}; a mesh naming {'their sizes splits them' if many else 'its size splits it'} "
+            f"(--mesh {','.join(f'{a}=N' for a in axes)})")
+
+
 def check_layout(spec: ModelSpec, layout: Layout) -> None:
     """Every dim of the model's parameters, and of its other variables, that a tactic splits divides by its axis."""
     layout.check_divisible(spec.axes, spec.shapes, spec.axis_fields)

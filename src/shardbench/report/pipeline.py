@@ -2,8 +2,9 @@
 the stage-to-stage transfers per step, and what each layout holds per device.
 
 The measured bubble pairs each run with S > 1 stages and M microbatches (its step time T) with a one-stage run of
-the same model at the same microbatch size (rows per microbatch per data shard) with M1 microbatches (step time
-T1). A stage holds L/S of the stack's L layers, so its useful work in a step is M microbatches through L/S layers,
+the same model at the same microbatch size (rows per microbatch per data shard), splitting each layer alike (the
+same model, expert and seq axes; its own layout without stages where the report has it), with M1 microbatches
+(step time T1). A stage holds L/S of the stack's L layers, so its useful work in a step is M microbatches through L/S layers,
 1/S of a one-stage run's M microbatches through all L; the one-stage run does that in T1 x M/M1. Without a bubble,
 S stages working at once would take
 
@@ -25,7 +26,9 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shardbench.errors import ConfigError
 from shardbench.measure.run_record import Collective
+from shardbench.parallel.mesh import DATA, MESH_AXES, STAGE, parse_mesh
 from shardbench.parallel.pipeline import stack_work
 
 if TYPE_CHECKING:
@@ -93,19 +96,38 @@ def _model(run: ReportedRun) -> str:
     return json.dumps({k: run.config.get(k) for k in [*keys, "optim.optimizer"]}, sort_keys=True, default=str)
 
 
+def _axes(run: ReportedRun) -> dict[str, int]:
+    """The run's mesh as axis sizes, its stage axis left out (a one-device run, 'none': every axis 1)."""
+    text = str(run.field("mesh", "parallel.mesh") or "none")
+    try:
+        sizes = parse_mesh(text, None).as_dict() if text.lower() not in ("none", "") else {}
+    except ConfigError:
+        sizes = {}
+    return {axis: sizes.get(axis, 1) for axis in MESH_AXES if axis != STAGE}
+
+
+def without_stages(run: ReportedRun, ref: ReportedRun) -> bool:
+    """`ref` is `run`'s layout with one stage: the same size on every other axis."""
+    return _axes(ref) == _axes(run)
+
+
 def bubbles(runs: list[ReportedRun]) -> list[Bubble]:
-    """Each timed pipeline run (S > 1) with the one-stage run of its model at its microbatch size (the one with
-    as many microbatches where there are several)."""
+    """Each timed pipeline run (S > 1) with a one-stage run of its model at its microbatch size that splits each
+    layer as it does (the same model, expert and seq axes): its own layout without stages first, then one with
+    as many microbatches. A one-stage run that splits a layer otherwise (a model axis of another size) does other
+    work per device, and is no reference."""
     timed = [r for r in runs if r.ok and r.step_median and stages(r) and passes(r)]
     references = [r for r in timed if stages(r) == 1]
     found = []
     for run in timed:
         if (stages(run) or 1) < 2:
             continue
-        same = [r for r in references if _model(r) == _model(run) and rows(r) == rows(run)]
+        inner = {axis: size for axis, size in _axes(run).items() if axis != DATA}
+        same = [r for r in references if _model(r) == _model(run) and rows(r) == rows(run)
+                and {axis: size for axis, size in _axes(r).items() if axis != DATA} == inner]
         if not same:
             continue
-        ref = next((r for r in same if passes(r) == passes(run)), same[0])
+        ref = min(same, key=lambda r: (not without_stages(run, r), passes(r) != passes(run)))
         found.append(Bubble(run, ref, stages(run) or 1, passes(run) or 1, passes(ref) or 1,
                             run.m.pipeline_bubble))
     return found
@@ -135,7 +157,10 @@ def bubble_findings(runs: list[ReportedRun]) -> list[str]:
         text = (f"{_label(b.run)}: bubble by the schedule's formula {_pct(b.formula)}, measured "
                 f"{_pct(b.measured)} (step {1e3 * (b.run.step_median or 0):,.1f} ms against the ideal "
                 f"{1e3 * b.ideal_s:,.1f} ms: the one-stage run's {1e3 * (b.reference.step_median or 0):,.1f} ms "
-                f"x {b.passes}/{b.reference_passes} microbatches / {b.stages} stages, {b.reference.name})")
+                f"x {b.passes}/{b.reference_passes} microbatches / {b.stages} stages, {b.reference.name}"
+                + ("" if without_stages(b.run, b.reference) else
+                   f", on mesh {b.reference.field('mesh', 'parallel.mesh')}: another data axis than this run's "
+                   f"without its stages, at the same rows per device") + ")")
         if b.run.simulated and b.formula is not None and b.formula < 1:
             # In one SPMD program an idle stage computes on a placeholder, and circular and 1F1B recompute.
             kind = schedule(b.run)
@@ -150,7 +175,8 @@ def bubble_findings(runs: list[ReportedRun]) -> list[str]:
                          "per stage; here the time ratio beside the work ratio is the comparison that applies.")
     unpaired = [r for r in runs if r.ok and (stages(r) or 1) > 1 and r.name not in {b.run.name for b in found}]
     if unpaired:
-        sentences.append(f"No one-stage run of the same model at the same microbatch size to measure the bubble of "
+        sentences.append(f"No one-stage run of the same model at the same microbatch size, splitting each layer alike, "
+                         f"to measure the bubble of "
                          f"{', '.join(r.name for r in unpaired)} against (run pp on one device, --mesh stage=1 "
                          f"--devices 1, with its microbatches; the `pipeline` sweep preset does).")
     return sentences
@@ -193,9 +219,13 @@ def memory_findings(runs: list[ReportedRun]) -> list[str]:
         replica = next((r for r in group if r.strategy == "dp"), None)
         full = None if replica is None else _state(replica)
         held, acts = [], []
-        for run in group:
-            name = run.strategy if (stages(run) or 1) < 2 else (
-                f"{run.strategy} {schedule(run)} M={run.m.pipeline_microbatches}")
+        names = [run.strategy if (stages(run) or 1) < 2 else
+                 f"{run.strategy} {schedule(run)} M={run.m.pipeline_microbatches}" for run in group]
+        # two layouts of one name (a strategy on two meshes) are told apart by their mesh, then by the run's name
+        names = [f"{n} on {r.field('mesh', 'parallel.mesh')}" if names.count(n) > 1 else n
+                 for n, r in zip(names, group, strict=True)]
+        names = [f"{n} ({r.name})" if names.count(n) > 1 else n for n, r in zip(names, group, strict=True)]
+        for run, name in zip(group, names, strict=True):
             state = _state(run)
             if state is not None:
                 share = f" (1/{full / state:.1f} of dp's)" if full and state and run is not replica else ""

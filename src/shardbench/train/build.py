@@ -27,6 +27,7 @@ from shardbench.data.pipeline import make_batches
 from shardbench.jsonfile import write_json_atomic
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.optim import build_optimizer
+from shardbench.parallel.checks import unsplit_note
 from shardbench.preflight import CheckedRun, check_run
 from shardbench.prices import PriceTable, prices_from_flag, row_for
 from shardbench.rundir import shared_out, write_data_record, write_layout_record, write_model_record
@@ -169,7 +170,7 @@ def _check(cfg: Config, given: Collection[str] = ()) -> tuple[CheckedRun, CacheU
                                           timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     if jax.process_index() == 0:
         print(header_line(checked), flush=True)
-        for note in inert_notes(checked.cfg, given):
+        for note in [*inert_notes(checked.cfg, given), *filter(None, [unsplit_note(checked.layout)])]:
             print(f"shardbench: note: {note}", flush=True)
     return checked, cache, tx, abstract
 
