@@ -88,12 +88,105 @@ def test_a_trace_gives_each_devices_time_in_collectives_and_the_report_says_it(m
     assert "none of it in collectives" in text
     assert "On simulated devices a collective's time in the trace includes its wait" in text
 
-    # a folder of runs copied elsewhere finds its traces under itself; a damaged one is named, and the rest stays
+    # a folder of runs copied elsewhere reads its own traces, whatever became of the originals its records name; a
+    # damaged one is named, and the rest stays
     copy = tmp_path / "copy"
     shutil.copytree(runs, copy)
-    shutil.rmtree(runs)
+    for original in runs.rglob("*.xplane.pb"):
+        original.write_bytes(b"replaced since")
     assert f"of it in collectives ({kinds})" in write_report(copy).markdown.read_text()
     find_trace(copy / "single").write_bytes(b"not a trace")
     text = write_report(copy).markdown.read_text()
     assert f"{alone_name}: was profiled, but" in text and "not a readable profiler trace" in text
     assert f"of it in collectives ({kinds})" in text
+
+
+def _programs(trace: Path) -> dict[tuple[str, int], tuple[set[int], int, list[tuple[str, int, int, int]]]]:
+    """Each program's executions, its ops' total ns, and its events (name, thread, start, ns), read plainly."""
+    out: dict[tuple[str, int], tuple[set[int], int, list[tuple[str, int, int, int]]]] = {}
+    for plane in ProfileData.from_file(str(trace)).planes:
+        for thread, line in enumerate(plane.lines if plane.name == "/host:CPU" else ()):
+            for event in line.events:
+                stats = dict(event.stats)
+                if "hlo_op" in stats:
+                    runs, ns, events = out.setdefault((stats["hlo_module"], stats["program_id"]), (set(), 0, []))
+                    runs.add(stats["run_id"])
+                    events.append((event.name, thread, int(event.start_ns), int(event.duration_ns)))
+                    out[stats["hlo_module"], stats["program_id"]] = (runs, ns + int(event.duration_ns), events)
+    return out
+
+
+def _outermost(events: list[tuple[str, int, int, int]]) -> int:
+    """The ns of each thread's outermost ops (a while's span, not its body's ops again): events of one thread nest
+    or are disjoint."""
+    total, end = 0, {}
+    for _, thread, start, ns in sorted(events, key=lambda e: (e[2], -e[3])):
+        if start >= end.get(thread, -1):
+            total, end[thread] = total + ns, start + ns
+    return total
+
+
+def test_pmap_a_pipeline_and_a_ring_are_read_as_their_train_steps(micro, tmp_path: Path) -> None:
+    """pmap names its train and evaluation programs alike (`jit__fun`): the train step is the one compiled first,
+    whose time the reading gives, the evaluation's left out. A pipeline's permutes run inside a while loop whose
+    op spans them: each op counts once (the while's span not again), and the permutes are collectives. A ring's
+    permutes are named by their jax primitive (`ppermute.N`): collectives, of the kinds the record counted."""
+    window = {"train.profile": True, "train.profile_skip": 2, "train.profile_steps": 3, "train.log_every": 100,
+              "train.steps": 6}
+    runs = {
+        "pmap": micro(**window, **{"parallel.strategy": "dp", "parallel.devices": 2, "parallel.mesh": "2",
+                                   "parallel.spmd": "pmap", "train.eval": True, "data.synthetic_train": 128,
+                                   "train.out": str(tmp_path / "pmap")}),
+        "pp": micro(**window, **{"parallel.strategy": "pp", "parallel.devices": 2, "parallel.mesh": "stage=2",
+                                 "parallel.microbatches": 2, "train.out": str(tmp_path / "pp")}),
+        "ring": micro(**window, **{"parallel.strategy": "cp", "parallel.devices": 2, "parallel.mesh": "seq=2",
+                                   "parallel.context": "ring", "model.pool": "mean",
+                                   "train.out": str(tmp_path / "ring")}),
+    }
+    summaries = {name: run(cfg) for name, cfg in runs.items()}
+    for name, summary in summaries.items():
+        t = trace_time(find_trace(tmp_path / name), window_steps=3)
+        assert (t.steps, t.counted_steps, t.devices) == (3, True, 2), name
+        assert set(t.collective_ms) == set(summary["measurements"]["comms"]), name  # as the HLO counts them
+        assert not any(op.startswith("while") for op, _ in t.top), name
+
+    programs = _programs(find_trace(tmp_path / "pmap"))
+    assert {module for module, _ in programs} == {"jit__fun"} and len(programs) == 2  # train and evaluation
+    first, then = sorted(programs)  # the train step, compiled before the first evaluation
+    assert len(programs[first][0]) == 3
+    t = trace_time(find_trace(tmp_path / "pmap"), window_steps=3)
+    assert 0.9 * _outermost(programs[first][2]) <= t.op_ms * 1e6 * 6 <= _outermost(programs[first][2])
+    assert t.op_ms * 1e6 * 6 < _outermost(programs[first][2]) + 0.5 * _outermost(programs[then][2])
+
+    (_, everything, events), = [v for k, v in _programs(find_trace(tmp_path / "pp")).items()
+                                if k[0] == "jit_train_step"]
+    t = trace_time(find_trace(tmp_path / "pp"), window_steps=3)
+    assert any(name.startswith("while") for name, *_ in events) and "collective-permute" in t.collective_ms
+    assert 0.9 * _outermost(events) <= t.op_ms * 1e6 * 6 <= _outermost(events) < everything  # the body once
+    assert "collective-permute" in trace_time(find_trace(tmp_path / "ring"), window_steps=3).collective_ms
+
+
+def test_runs_sharing_a_trace_folder_and_a_launch_are_named_for_what_the_trace_holds(micro, tmp_path: Path) -> None:
+    """Two runs of one name under one profile root: the later trace replaced the earlier, so neither is read and
+    both say why. A run of two processes: only process 0 traces, so its devices are named as some of the run's."""
+    import dataclasses
+
+    from shardbench.measure.kernels import TraceTime
+    from shardbench.report.traces import trace_findings
+
+    shared = {"train.profile": True, "train.profile_skip": 1, "train.profile_steps": 1, "train.steps": 3,
+              "train.profile_root": str(tmp_path / "profiles"), "train.log_every": 100}
+    first = run(micro(**shared, **{"train.out": str(tmp_path / "runs" / "a")}))
+    second = run(micro(**shared, **{"optim.lr": 1e-2, "train.out": str(tmp_path / "runs" / "b")}))
+    assert first["profile"] == second["profile"]
+    text = write_report(tmp_path / "runs").markdown.read_text()
+    assert f"its trace folder {first['profile']} is also" in text and "give each run its own --train.run-name" in text
+    assert "traced on" not in text
+
+    from shardbench.report.write import load_runs
+    (one, *_), _ = load_runs(tmp_path / "runs")
+    launched = dataclasses.replace(one, record=dataclasses.replace(one.rec, measurements=dataclasses.replace(
+        one.m, processes=2, devices=8)), traced=TraceTime(3, 4, 10.0, {"all-reduce": 2.0}, (), True))
+    assert ("1 train step traced" not in (found := trace_findings([launched]))[0]
+            and "3 train steps traced on 4 of its 8 devices (process 0's; its other processes trace nothing)"
+            in found[0])

@@ -35,10 +35,26 @@ def find_trace(root: Path) -> Path:
     return traces[-1]
 
 
-def _events(path: Path) -> Iterable[tuple[str, int, str, str | None, object]]:
-    """(name, duration in ns, device, program, execution) of every kernel in the trace: the device is a GPU
-    plane's name, or on a CPU the op's `device_ordinal` (simulated devices share the host's threads); the program
-    (`hlo_module`) and its execution (`run_id`) where the event's stats name them, else None."""
+@dataclass(frozen=True)
+class _Event:
+    name: str
+    ns: int
+    device: str  # a GPU plane's name, or on a CPU the op's `device_ordinal` (simulated devices share threads)
+    program: tuple[str, object] | None  # (`hlo_module`, `program_id`) where the event names them
+    execution: object  # `run_id`, or None
+
+
+def _leaves(events: list) -> list:
+    """The events of one thread that hold no other: on a CPU a `while` (or a call) op's event spans the ops of its
+    body, run on the same thread, and both would be counted. Events of one thread nest or are disjoint."""
+    ordered = sorted(events, key=lambda e: (int(e.start_ns), -int(e.duration_ns)))
+    return [e for e, after in zip(ordered, [*ordered[1:], None])
+            if after is None or int(after.start_ns) >= int(e.start_ns) + int(e.duration_ns)]
+
+
+def _events(path: Path) -> Iterable[_Event]:
+    """Every kernel in the trace, each counted once: a GPU's stream kernels, or a CPU's XLA ops (those with an
+    `hlo_op` stat), the innermost of each thread (`_leaves`)."""
     from jax.profiler import ProfileData
 
     try:
@@ -51,14 +67,16 @@ def _events(path: Path) -> Iterable[tuple[str, int, str, str | None, object]]:
         for line in plane.lines:
             if gpus and line.name.startswith(_DERIVED_LINES):
                 continue
-            for event in line.events:
-                stats = dict(event.stats)
-                if not gpus and "hlo_op" not in stats:
-                    continue
-                device = plane.name if gpus else str(stats.get("device_ordinal", 0))
+            kept = [(e, dict(e.stats)) for e in line.events]
+            kept = [(e, stats) for e, stats in kept if gpus or "hlo_op" in stats]
+            stats_of = {id(e): stats for e, stats in kept}
+            for event in _leaves([e for e, _ in kept]):
+                stats = stats_of[id(event)]
                 module = stats.get("hlo_module")
-                yield (event.name, int(event.duration_ns), device, None if module is None else str(module),
-                       stats.get("run_id"))
+                yield _Event(event.name, int(event.duration_ns),
+                             plane.name if gpus else str(stats.get("device_ordinal", 0)),
+                             None if module is None else (str(module), stats.get("program_id")),
+                             stats.get("run_id"))
 
 
 def kernel_table(path: Path, top: int = 30) -> tuple[list[Kernel], int, int]:
@@ -66,11 +84,11 @@ def kernel_table(path: Path, top: int = 30) -> tuple[list[Kernel], int, int]:
     every device, and how many devices ran kernels."""
     totals: dict[str, list[int]] = {}
     devices: set[str] = set()
-    for name, duration, device, _, _ in _events(path):
-        entry = totals.setdefault(name, [0, 0])
-        entry[0] += duration
+    for event in _events(path):
+        entry = totals.setdefault(event.name, [0, 0])
+        entry[0] += event.ns
         entry[1] += 1
-        devices.add(device)
+        devices.add(event.device)
     everything = sum(total for total, _ in totals.values())
     ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
     return [Kernel(name, total, count, total / everything if everything else 0.0)
@@ -96,6 +114,10 @@ def render(kernels: list[Kernel], total_ns: int, steps: int, devices: int = 1) -
 # CPU's trace names its ops, and NCCL's kernels by theirs (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`), as a GPU's
 # does. Longest first: `all-reduce-scatter` is no op, but `reduce-scatter` must not be read as `all-reduce`.
 _HLO_COLLECTIVES = ("collective-permute", "reduce-scatter", "all-reduce", "all-gather", "all-to-all", "send", "recv")
+# A CPU's trace may name an op by the jax primitive it came from (a ring's `ppermute.28` under shard_map).
+_JAX_COLLECTIVES = {"ppermute": "collective-permute", "psum_scatter": "reduce-scatter", "reduce_scatter":
+                    "reduce-scatter", "psum": "all-reduce", "pmax": "all-reduce", "pmin": "all-reduce",
+                    "all_gather": "all-gather", "all_to_all": "all-to-all"}
 _NCCL_COLLECTIVES = {"allreduce": "all-reduce", "allgather": "all-gather", "reducescatter": "reduce-scatter",
                      "alltoall": "all-to-all", "sendrecv": "send/recv", "broadcast": "broadcast"}
 
@@ -107,6 +129,9 @@ def collective_of(name: str) -> str | None:
     for op in _HLO_COLLECTIVES:
         if low == op or low.startswith((f"{op}.", f"{op}-start", f"{op}-done")):
             return "send/recv" if op in ("send", "recv") else op
+    for op, kind in _JAX_COLLECTIVES.items():  # psum_scatter before psum
+        if low == op or low.startswith(f"{op}."):
+            return kind
     if "nccl" in low:
         squashed = low.replace("_", "").replace("-", "")
         return next((kind for key, kind in _NCCL_COLLECTIVES.items() if key in squashed), "nccl")
@@ -134,30 +159,40 @@ class TraceTime:
         return self.collectives_ms / self.op_ms if self.op_ms > 0 else None
 
 
-def _train_events(path: Path) -> tuple[list[tuple[str, int, str]], int | None]:
-    """The train step's ops or kernels (name, ns, device), and how many times the step ran in the trace (None
-    where its events do not say). A CPU's op events name their program (`hlo_module`, the train step's holds
-    'train': jit_train_step, pmap_device_train) and its execution (`run_id`); the evaluation step's and other
-    programs' ops are left out. Where no event names its program (a GPU's kernels may not), every event counts."""
+def _train_events(path: Path, window_steps: int) -> tuple[list[_Event], int | None]:
+    """The train step's ops or kernels, and how many times the step ran in the trace (None where the events do not
+    say). A CPU's op events name their program (`hlo_module`, `program_id`) and its execution (`run_id`): the
+    train step is the program named for it (jit_train_step), or, where no name says (pmap's programs are all
+    `jit__fun`), the one that ran once per step of the window, the costliest of several. The evaluation step's and
+    other programs' ops are left out. Where no event names its program (a GPU's kernels may not), every event
+    counts."""
     events = list(_events(path))
-    train = [e for e in events if e[3] is not None and "train" in e[3]]
-    runs = {e[4] for e in train if e[4] is not None}
-    return [(name, ns, device) for name, ns, device, _, _ in train or events], len(runs) or None
+    programs: dict[tuple[str, object], list[_Event]] = {}
+    for e in events:
+        if e.program is not None:
+            programs.setdefault(e.program, []).append(e)
+    named = [p for p in programs if "train" in p[0]]
+    if not named:
+        ran = [p for p, es in programs.items() if len({e.execution for e in es} - {None}) == window_steps]
+        named = [max(ran, key=lambda p: sum(e.ns for e in programs[p]))] if ran else []
+    train = [e for p in named for e in programs[p]]
+    runs = {e.execution for e in train if e.execution is not None}
+    return train or events, len(runs) or None
 
 
 def trace_time(path: Path, window_steps: int, top: int = 3) -> TraceTime:
     """A trace's train-step op time by kind (see `TraceTime`); `window_steps` is the profile window's length,
     used where the trace does not count the step's executions itself."""
-    events, counted = _train_events(path)
-    devices = max(len({device for _, _, device in events}), 1)
+    events, counted = _train_events(path, window_steps)
+    devices = max(len({e.device for e in events}), 1)
     steps = counted or max(window_steps, 1)
     per = 1e6 * steps * devices  # ns summed over steps and devices -> ms per step per device
     totals: dict[str, int] = {}
     kinds: dict[str, int] = {}
-    for name, ns, _ in events:
-        totals[name] = totals.get(name, 0) + ns
-        if (kind := collective_of(name)) is not None:
-            kinds[kind] = kinds.get(kind, 0) + ns
+    for e in events:
+        totals[e.name] = totals.get(e.name, 0) + e.ns
+        if (kind := collective_of(e.name)) is not None:
+            kinds[kind] = kinds.get(kind, 0) + e.ns
     largest = sorted(totals.items(), key=lambda item: -item[1])[:top]
     return TraceTime(steps=steps, devices=devices, op_ms=sum(totals.values()) / per,
                      collective_ms={k: v / per for k, v in sorted(kinds.items(), key=lambda item: -item[1])},

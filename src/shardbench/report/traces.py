@@ -19,27 +19,43 @@ WINDOW_STEPS = 3  # --train.profile-steps' default, for a record whose configura
 
 
 def _trace_folder(run: ReportedRun, sweep_dir: Path) -> Path | None:
-    """The run's trace folder as recorded, or as found again under the folder the report reads."""
+    """The run's trace folder under the folder the report reads (a copy's own, where train and sweep put it),
+    else where its record says it was written."""
     recorded = run.rec.profile
     if not recorded:
         return None
-    roots = [Path(recorded)] + [root / PROFILES / Path(recorded).name for root in (sweep_dir, run.folder) if root]
+    roots = [root / PROFILES / Path(recorded).name for root in (run.folder, sweep_dir) if root] + [Path(recorded)]
     return next((p for p in roots if p.is_dir() and any(p.rglob("*.xplane.pb"))), None)
 
 
 def with_traces(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedRun]:
     """The runs with `traced` (their trace's time by kind) where --profile left a trace this report can read,
-    and `trace_error` (why not) where it recorded one that is missing or unreadable."""
+    and `trace_error` (why not) where it recorded one that is missing or unreadable, or that another run of the
+    same name wrote to the same folder (the later replaced the earlier: whose it holds cannot be told)."""
+    folders = {run.name: _trace_folder(run, sweep_dir) for run in runs if run.ok and run.rec.profile}
+    sharing: dict[Path, list[str]] = {}
+    for name, folder in folders.items():
+        if folder is not None:
+            sharing.setdefault(folder.resolve(), []).append(name)
     out = []
     for run in runs:
-        if not run.ok or not run.rec.profile:
+        if run.name not in folders:
             out.append(run)
             continue
-        folder = _trace_folder(run, sweep_dir)
+        folder = folders[run.name]
+        others = [] if folder is None else [n for n in sharing[folder.resolve()] if n != run.name]
         if folder is None:
-            out.append(dataclasses.replace(run, trace_error=f"its trace is in neither {run.rec.profile} nor "
-                                                            f"{PROFILES}/{Path(run.rec.profile).name} here"))
+            error = f"its trace is in neither {run.rec.profile} nor {PROFILES}/{Path(run.rec.profile).name} here"
+        elif others:
+            error = (f"its trace folder {folder} is also {', '.join(others)}'s (runs of one name under one profile "
+                     f"root): the later trace replaced the earlier, and whose it holds cannot be told; give each "
+                     f"run its own --train.run-name")
+        else:
+            error = None
+        if error is not None:
+            out.append(dataclasses.replace(run, trace_error=error))
             continue
+        assert folder is not None
         window = run.config.get("train.profile_steps") or WINDOW_STEPS
         try:
             out.append(dataclasses.replace(run, traced=trace_time(find_trace(folder), int(window))))
@@ -65,8 +81,10 @@ def trace_findings(runs: list[ReportedRun]) -> list[str]:
         steps = f"{t.steps} train step{'' if t.steps == 1 else 's'}" + (
             "" if t.counted_steps else " (the profile window's length: the trace does not count them)")
         each = "each device spent" if t.devices > 1 else "it spent"
-        text = (f"{run.name}: {steps} traced on {t.devices} device{'' if t.devices == 1 else 's'}; {each} "
-                f"{_ms(t.op_ms)} ms a step in {where}")
+        on = f"{t.devices} device{'' if t.devices == 1 else 's'}"
+        if (run.m.processes or 1) > 1:  # only process 0 traces: its devices alone are in the trace
+            on = f"{t.devices} of its {run.devices or '?'} devices (process 0's; its other processes trace nothing)"
+        text = f"{run.name}: {steps} traced on {on}; {each} {_ms(t.op_ms)} ms a step in {where}"
         if t.collective_ms:
             kinds = ", ".join(f"{kind} {_ms(ms)}" for kind, ms in t.collective_ms.items())
             share = 100 * (t.collective_share or 0.0)
