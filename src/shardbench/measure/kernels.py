@@ -1,4 +1,6 @@
-"""A kernel table from a profiler trace: which device kernels (or, on a CPU, which XLA ops) took the time.
+"""A kernel table from a profiler trace: which device kernels (or, on a CPU, which XLA ops) took the time; and
+`trace_time`, the train step's op time per step on each device and the part of it in collectives, which the
+report's Profiles section reads (`shardbench.report.traces`).
 
 Reads the `.xplane.pb` that `jax.profiler` writes (what `train --profile` leaves under the run's
 `tensorboard/plugins/profile/<run-name>/`) with jax's own `ProfileData`, so no TensorBoard plugin is needed.
