@@ -151,8 +151,8 @@ def test_the_bubble_is_measured_against_a_one_stage_run_that_splits_each_layer_a
     text = report("all", "tp4", "data4", "exact")
     assert "x 4/4 microbatches / 2 stages, exact)" in text and "another data axis" not in text
     text = report("no-exact", "tp4", "data4")
-    assert ("x 4/4 microbatches / 2 stages, data4, on mesh 4x2: another data axis than this run's without its "
-            "stages, at the same rows per device)") in text
+    assert ("x 4/4 microbatches / 2 stages, data4, a one-stage run on mesh 4x2 (data axis 4, this run's 2) at the "
+            "same rows per device)") in text
     text = report("other-split", "tp4")
     assert "bubble by the schedule's formula" not in text
     assert "No one-stage run of the same model at the same microbatch size, splitting each layer alike, to " \

@@ -21,6 +21,7 @@ from shardbench.cli import main
 from shardbench.errors import ConfigError
 from shardbench.sweep import sweep_cmd
 from shardbench.naming import run_name
+from shardbench.parallel.mesh import same_mesh
 from shardbench.sweep.grid import axes_from_values, make_sweep, split_alternatives
 from shardbench.sweep.runner import Options, Outcome, classify, train_command
 from shardbench.store import RunRow, Store
@@ -196,6 +197,9 @@ def test_comma_lists_become_axes_and_tuple_fields_take_semicolons() -> None:
                      {"parallel.mesh": "model=8"}]]
     fixed, _ = axes_from_values({"parallel.mesh": "data=2,stage=2,model=2;model=2,stage=2,data=2"})
     assert fixed == {"parallel.mesh": "data=2,stage=2,model=2"}
+    assert same_mesh("auto") == same_mesh("") == "" and same_mesh(" MODEL=2,Data=4 ") == "4x2"
+    assert axes_from_values({"parallel.mesh": "auto;none;08;8"})[1] == [[{"parallel.mesh": "auto"},
+                                                                         {"parallel.mesh": "none"}, {"parallel.mesh": "08"}]]
     assert run_name({"parallel.mesh": "4x2", "train.batch_size": 1024}) == "mesh_4_2_batch_1024"
     assert run_name({"parallel.strategy": "dp+tp", "data.crop_scale": (0.5, 1.0)}) == \
         "strategy_dp_tp_crop_scale_0.5_1.0"
@@ -462,7 +466,10 @@ def test_dry_run_marks_the_runs_that_would_be_refused(capsys: pytest.CaptureFixt
     args = parse("--preset", "vit-tiny", "--devices", "8", "--strategy", "dp,fsdpp", "--dtype", "float32,bfloat61",
                  "--mesh", "8,3x3", "--dry-run")
     assert sweep_cmd.run(args) == 2  # as the sweep would stop: a dry run checks a sweep file for CI
-    lines = capsys.readouterr().out.splitlines()
+    printed = capsys.readouterr()
+    assert printed.err == ("shardbench: error: 7 of 8 runs would be refused (marked above); the sweep would stop "
+                           "before its first run\n")
+    lines = printed.out.splitlines()
     assert lines[0] == "8 run(s) from vit-tiny; fixed: parallel.devices=8; 7 would be refused"
     runs = {line.split()[0]: line for line in lines[1:]}
     assert "REFUSED" not in runs["strategy_dp_dtype_float32_mesh_8"]

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from jax.profiler import ProfileData
 
-from shardbench.measure.kernels import collective_of, find_trace, trace_time
+from shardbench.errors import ShardbenchError
+from shardbench.measure.kernels import _leaves, collective_of, find_trace, trace_time
 from shardbench.report.write import write_report
 from shardbench.train.loop import run
 
@@ -24,11 +26,69 @@ pytestmark = pytest.mark.slow  # two profiled runs and three reports
     ("collective-permute-start.3", "collective-permute"), ("send.1", "send/recv"), ("recv-done.2", "send/recv"),
     ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "all-reduce"), ("ncclKernel_AllGather_RING_LL_Sum_int8_t", "all-gather"),
     ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL", "reduce-scatter"), ("ncclDevKernel_SendRecv", "send/recv"),
+    ("ragged-all-to-all.2", "ragged-all-to-all"), ("collective-broadcast.1", "collective-broadcast"),
+    ("ppermute.28", "collective-permute"), ("psum_scatter.2", "reduce-scatter"), ("psum.1", "all-reduce"),
     ("fusion.12", None), ("all-reduce-scatter-fusion", None), ("sender_fusion", None), ("copy_bitcast_fusion", None),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", None),
 ])
 def test_collectives_are_known_by_their_names(name: str, kind: str | None) -> None:
     assert collective_of(name) == kind
+
+
+def _event(name: str, start: int, ns: int) -> SimpleNamespace:
+    return SimpleNamespace(name=name, start_ns=start, duration_ns=ns)
+
+
+@pytest.mark.parametrize(("events", "kept"), [
+    ([("while", 0, 100), ("x", 0, 30), ("y", 40, 20), ("z", 70, 30)], ["x", "y", "z"]),  # a loop's span, not again
+    ([("while", 0, 100), ("call", 10, 50), ("x", 10, 20), ("y", 35, 25), ("after", 120, 5)], ["x", "y", "after"]),
+    ([("op", 5, 10), ("marker", 5, 0)], ["op"]),  # an event of no length holds nothing, and adds nothing
+    ([("a", 0, 10), ("b", 9, 10)], ["a", "b"]),  # overlapping by 1 ns is not holding
+    ([("a", 0, 10), ("b", 10, 10)], ["a", "b"]),  # back to back
+    ([], []),
+])
+def test_each_threads_ops_count_once_the_innermost(events: list[tuple[str, int, int]], kept: list[str]) -> None:
+    assert [e.name for e in _leaves([_event(*e) for e in reversed(events)])] == kept
+    assert len(_leaves([_event("outer", 0, 10), _event("same", 0, 10)])) == 1  # one span twice: counted once
+
+
+def test_a_trace_without_ops_and_a_reading_that_cannot_tell_the_train_step_say_so(tmp_path: Path) -> None:
+    """A trace of nothing is no measurement (it read as 0 ms a step); a reading that counts every program says
+    that an evaluation's ops may be among them."""
+    import jax
+
+    from shardbench.measure.kernels import TraceTime
+    from shardbench.report.traces import trace_findings
+    from shardbench.report.content import ReportedRun
+
+    jax.profiler.start_trace(str(tmp_path / "empty"))
+    jax.profiler.stop_trace()
+    with pytest.raises(ShardbenchError, match="the trace holds no ops"):
+        trace_time(find_trace(tmp_path / "empty"), window_steps=3)
+    run = ReportedRun("r", "complete", None, None, {}, {}, None,
+                      traced=TraceTime(3, 1, 5.0, {}, (), counted_steps=False, train_only=False))
+    assert ("r: 3 train steps (the profile window's length: the trace does not count them) (the trace does not "
+            "tell the train step's program from the others, so every op in it counts, an evaluation's too) traced "
+            "on 1 device") in trace_findings([run])[0]
+
+
+def test_a_copied_folder_of_sweeps_finds_each_runs_trace_under_its_sweep(tmp_path: Path) -> None:
+    """A folder holding sweeps: a run's folder is <sweep>/runs/<name>, and the sweep put its trace under
+    <sweep>/tensorboard/plugins/profile/<name>; the copy's own is read, not the path its record names."""
+    from shardbench.measure.run_record import RunRecord
+    from shardbench.report.content import ReportedRun
+    from shardbench.report.traces import PROFILES, _trace_folder
+
+    sweep = tmp_path / "copy" / "sweep-a"
+    trace = sweep / PROFILES / "run-x"
+    trace.mkdir(parents=True)
+    (trace / "vm.xplane.pb").write_bytes(b"")
+    (tmp_path / "original" / PROFILES / "run-x").mkdir(parents=True)  # the original's, still there
+    (tmp_path / "original" / PROFILES / "run-x" / "vm.xplane.pb").write_bytes(b"")
+    record = RunRecord(profile=str(tmp_path / "original" / PROFILES / "run-x"))
+    run = ReportedRun("x", "complete", None, None, {}, {}, record, folder=sweep / "runs" / "run-x")
+    assert _trace_folder(run, tmp_path / "copy") == trace
+    assert _trace_folder(run, tmp_path / "elsewhere") == tmp_path / "original" / PROFILES / "run-x"
 
 
 def _plain_count(trace: Path) -> tuple[dict[str, int], set[str], int, set[str]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from shardbench.errors import ShardbenchError
 
@@ -42,16 +43,35 @@ class _Event:
     name: str
     ns: int
     device: str  # a GPU plane's name, or on a CPU the op's `device_ordinal` (simulated devices share threads)
-    program: tuple[str, object] | None  # (`hlo_module`, `program_id`) where the event names them
-    execution: object  # `run_id`, or None
+    program: tuple[str, int | None] | None  # (`hlo_module`, `program_id`) where the event names them
+    execution: int | None  # `run_id`
 
 
-def _leaves(events: list) -> list:
+class Timed(Protocol):
+    """What `_leaves` reads of a trace's event (jax.profiler's ProfileEvent)."""
+
+    @property
+    def start_ns(self) -> float: ...
+
+    @property
+    def duration_ns(self) -> float: ...
+
+
+E = TypeVar("E", bound=Timed)
+
+
+def _leaves(events: list[E]) -> list[E]:
     """The events of one thread that hold no other: on a CPU a `while` (or a call) op's event spans the ops of its
-    body, run on the same thread, and both would be counted. Events of one thread nest or are disjoint."""
-    ordered = sorted(events, key=lambda e: (int(e.start_ns), -int(e.duration_ns)))
-    return [e for e, after in zip(ordered, [*ordered[1:], None])
-            if after is None or int(after.start_ns) >= int(e.start_ns) + int(e.duration_ns)]
+    body, run on the same thread, and both would be counted. Ordered by start (the longer first where two start
+    together), an event holds another exactly when the next one lies within it; an event of no length holds
+    nothing and is left out (it adds no time)."""
+    ordered = sorted((e for e in events if int(e.duration_ns) > 0),
+                     key=lambda e: (int(e.start_ns), -int(e.duration_ns)))
+    def end(e: E) -> int:
+        return int(e.start_ns) + int(e.duration_ns)
+
+    # the next event starts no earlier; it lies within `e` unless it ends later (after `e`, or overlapping it)
+    return [e for e, after in zip(ordered, [*ordered[1:], None]) if after is None or end(after) > end(e)]
 
 
 def _events(path: Path) -> Iterable[_Event]:
@@ -72,13 +92,14 @@ def _events(path: Path) -> Iterable[_Event]:
             kept = [(e, dict(e.stats)) for e in line.events]
             kept = [(e, stats) for e, stats in kept if gpus or "hlo_op" in stats]
             stats_of = {id(e): stats for e, stats in kept}
-            for event in _leaves([e for e, _ in kept]):
+            # a GPU stream's kernels never nest; a CPU thread's ops do (a while's span holds its body's ops)
+            for event in [e for e, _ in kept] if gpus else _leaves([e for e, _ in kept]):
                 stats = stats_of[id(event)]
-                module = stats.get("hlo_module")
+                module, program, run = stats.get("hlo_module"), stats.get("program_id"), stats.get("run_id")
                 yield _Event(event.name, int(event.duration_ns),
                              plane.name if gpus else str(stats.get("device_ordinal", 0)),
-                             None if module is None else (str(module), stats.get("program_id")),
-                             stats.get("run_id"))
+                             None if module is None else (str(module), None if program is None else int(program)),
+                             None if run is None else int(run))
 
 
 def kernel_table(path: Path, top: int = 30) -> tuple[list[Kernel], int, int]:
@@ -115,7 +136,8 @@ def render(kernels: list[Kernel], total_ns: int, steps: int, devices: int = 1) -
 # XLA's collective ops by their HLO names (`all-reduce.3`, `all-gather-start.1`, `collective-permute-done`), as a
 # CPU's trace names its ops, and NCCL's kernels by theirs (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`), as a GPU's
 # does. Longest first: `all-reduce-scatter` is no op, but `reduce-scatter` must not be read as `all-reduce`.
-_HLO_COLLECTIVES = ("collective-permute", "reduce-scatter", "all-reduce", "all-gather", "all-to-all", "send", "recv")
+_HLO_COLLECTIVES = ("collective-broadcast", "collective-permute", "ragged-all-to-all", "reduce-scatter",
+                    "all-reduce", "all-gather", "all-to-all", "send", "recv")
 # A CPU's trace may name an op by the jax primitive it came from (a ring's `ppermute.28` under shard_map).
 _JAX_COLLECTIVES = {"ppermute": "collective-permute", "psum_scatter": "reduce-scatter", "reduce_scatter":
                     "reduce-scatter", "psum": "all-reduce", "pmax": "all-reduce", "pmin": "all-reduce",
@@ -126,7 +148,8 @@ _NCCL_COLLECTIVES = {"allreduce": "all-reduce", "allgather": "all-gather", "redu
 
 def collective_of(name: str) -> str | None:
     """The collective an op or kernel is, by its name ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all',
-    'collective-permute', 'send/recv', 'broadcast'), or None for an op that is not one."""
+    'ragged-all-to-all', 'collective-permute', 'collective-broadcast', 'send/recv', 'broadcast'), or None for an op
+    that is not one."""
     low = name.lower()
     for op in _HLO_COLLECTIVES:
         if low == op or low.startswith((f"{op}.", f"{op}-start", f"{op}-done")):
@@ -151,6 +174,7 @@ class TraceTime:
     collective_ms: dict[str, float]  # kind -> ms per step per device, the largest first
     top: tuple[tuple[str, float], ...]  # (op or kernel, ms per step per device), the largest first
     counted_steps: bool  # `steps` counted in the trace (the train step's executions), not the window's length
+    train_only: bool = True  # False: the train step's program could not be told from the others, all counted
 
     @property
     def collectives_ms(self) -> float:
@@ -161,31 +185,37 @@ class TraceTime:
         return self.collectives_ms / self.op_ms if self.op_ms > 0 else None
 
 
-def _train_events(path: Path, window_steps: int) -> tuple[list[_Event], int | None]:
-    """The train step's ops or kernels, and how many times the step ran in the trace (None where the events do not
-    say). A CPU's op events name their program (`hlo_module`, `program_id`) and its execution (`run_id`): the
-    train step is the program named for it (jit_train_step), or, where no name says (pmap's programs are all
-    `jit__fun`), the one that ran once per step of the window, the costliest of several. The evaluation step's and
-    other programs' ops are left out. Where no event names its program (a GPU's kernels may not), every event
-    counts."""
+# The train step's program, as jit and shard_map name it (`jit_train_step`); pmap's programs are all `jit__fun`.
+TRAIN_PROGRAMS = ("jit_train_step", "pmap_device_train")
+
+
+def _train_events(path: Path, window_steps: int) -> tuple[list[_Event], int | None, bool]:
+    """The train step's ops or kernels, how many times the step ran in the trace (None where the events do not
+    say), and whether they are the train step's alone. A CPU's op events name their program (`hlo_module`,
+    `program_id`) and its execution (`run_id`): the train step is the program named for it (TRAIN_PROGRAMS), or,
+    where no name says (pmap), the one that ran once per step of the window, the costliest of several. The
+    evaluation step's and other programs' ops are left out. Where no program is told apart (a GPU's kernels may
+    name none), every event counts."""
     events = list(_events(path))
-    programs: dict[tuple[str, object], list[_Event]] = {}
+    if not events:
+        raise ShardbenchError(f"{path}: the trace holds no ops; record it again with --profile")
+    programs: dict[tuple[str, int | None], list[_Event]] = {}
     for e in events:
         if e.program is not None:
             programs.setdefault(e.program, []).append(e)
-    named = [p for p in programs if "train" in p[0]]
+    named = [p for p in programs if p[0] in TRAIN_PROGRAMS]
     if not named:
         ran = [p for p, es in programs.items() if len({e.execution for e in es} - {None}) == window_steps]
         named = [max(ran, key=lambda p: sum(e.ns for e in programs[p]))] if ran else []
     train = [e for p in named for e in programs[p]]
     runs = {e.execution for e in train if e.execution is not None}
-    return train or events, len(runs) or None
+    return (train, len(runs) or None, True) if train else (events, None, False)
 
 
 def trace_time(path: Path, window_steps: int, top: int = 3) -> TraceTime:
     """A trace's train-step op time by kind (see `TraceTime`); `window_steps` is the profile window's length,
     used where the trace does not count the step's executions itself."""
-    events, counted = _train_events(path, window_steps)
+    events, counted, train_only = _train_events(path, window_steps)
     devices = max(len({e.device for e in events}), 1)
     steps = counted or max(window_steps, 1)
     per = 1e6 * steps * devices  # ns summed over steps and devices -> ms per step per device
@@ -198,4 +228,5 @@ def trace_time(path: Path, window_steps: int, top: int = 3) -> TraceTime:
     largest = sorted(totals.items(), key=lambda item: -item[1])[:top]
     return TraceTime(steps=steps, devices=devices, op_ms=sum(totals.values()) / per,
                      collective_ms={k: v / per for k, v in sorted(kinds.items(), key=lambda item: -item[1])},
-                     top=tuple((name, ns / per) for name, ns in largest), counted_steps=counted is not None)
+                     top=tuple((name, ns / per) for name, ns in largest), counted_steps=counted is not None,
+                     train_only=train_only)

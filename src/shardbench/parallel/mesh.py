@@ -154,12 +154,14 @@ def parse_mesh(spec: str, num_devices: int | None, primary: str = DATA) -> MeshS
 
 
 def same_mesh(spec: str) -> str:
-    """One spelling for every spelling of a mesh that names its sizes ('4x2', 'data=4,model=2', 'MODEL=2,DATA=4'
-    -> '4x2'), so that a sweep runs it once; '', 'auto', 'none', a bare N (whose axis the strategy picks) and what
-    is not a mesh (refused later, in its own words) are kept as written."""
+    """One spelling for every spelling of a mesh ('4x2', 'data=4,model=2', 'MODEL=2,DATA=4' -> '4x2'; 'auto' ->
+    '', every device; '08' -> '8'), so that a sweep runs it once. A bare N keeps its own spelling, as its axis is
+    the strategy's ('8' is not '8x1' under pp), as does what is not a mesh (refused later, in its own words)."""
     text = spec.strip().lower()
-    if text in ("", "auto", "none") or re.fullmatch(r"\d+", text, re.ASCII):
-        return text
+    if text in ("", "auto", "none"):
+        return "" if text == "auto" else text
+    if re.fullmatch(r"\d+", text, re.ASCII):
+        return str(int(text))
     try:
         return str(parse_mesh(text, None))
     except ConfigError:

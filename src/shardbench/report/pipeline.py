@@ -159,8 +159,9 @@ def bubble_findings(runs: list[ReportedRun]) -> list[str]:
                 f"{1e3 * b.ideal_s:,.1f} ms: the one-stage run's {1e3 * (b.reference.step_median or 0):,.1f} ms "
                 f"x {b.passes}/{b.reference_passes} microbatches / {b.stages} stages, {b.reference.name}"
                 + ("" if without_stages(b.run, b.reference) else
-                   f", on mesh {b.reference.field('mesh', 'parallel.mesh')}: another data axis than this run's "
-                   f"without its stages, at the same rows per device") + ")")
+                   f", a one-stage run on mesh {b.reference.field('mesh', 'parallel.mesh')} (data axis "
+                   f"{_axes(b.reference)[DATA]}, this run's {_axes(b.run)[DATA]}) at the same rows per device")
+                + ")")
         if b.run.simulated and b.formula is not None and b.formula < 1:
             # In one SPMD program an idle stage computes on a placeholder, and circular and 1F1B recompute.
             kind = schedule(b.run)

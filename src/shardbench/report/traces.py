@@ -19,13 +19,17 @@ WINDOW_STEPS = 3  # --train.profile-steps' default, for a record whose configura
 
 
 def _trace_folder(run: ReportedRun, sweep_dir: Path) -> Path | None:
-    """The run's trace folder under the folder the report reads (a copy's own, where train and sweep put it),
-    else where its record says it was written."""
+    """The run's trace folder under the folder the report reads (a copy's own, where train and sweep put it: under
+    the run's folder, or under a sweep's, which may lie between it and the folder reported), else where its record
+    says it was written."""
     recorded = run.rec.profile
     if not recorded:
         return None
-    roots = [root / PROFILES / Path(recorded).name for root in (run.folder, sweep_dir) if root] + [Path(recorded)]
-    return next((p for p in roots if p.is_dir() and any(p.rglob("*.xplane.pb"))), None)
+    top = sweep_dir.resolve()
+    here = [] if run.folder is None else [run.folder, *run.folder.parents]
+    roots = [p for p in here if p.resolve() == top or top in p.resolve().parents] + [sweep_dir]
+    found = [root / PROFILES / Path(recorded).name for root in dict.fromkeys(roots)] + [Path(recorded)]
+    return next((p for p in found if p.is_dir() and any(p.rglob("*.xplane.pb"))), None)
 
 
 def with_traces(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedRun]:
@@ -80,6 +84,9 @@ def trace_findings(runs: list[ReportedRun]) -> list[str]:
         where = "kernels" if (run.m.platform or "cpu").lower() != "cpu" else "XLA's ops"
         steps = f"{t.steps} train step{'' if t.steps == 1 else 's'}" + (
             "" if t.counted_steps else " (the profile window's length: the trace does not count them)")
+        if not t.train_only:
+            steps += (" (the trace does not tell the train step's program from the others, so every op in it "
+                      "counts, an evaluation's too)")
         each = "each device spent" if t.devices > 1 else "it spent"
         on = f"{t.devices} device{'' if t.devices == 1 else 's'}"
         if (run.m.processes or 1) > 1:  # only process 0 traces: its devices alone are in the trace

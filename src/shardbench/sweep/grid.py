@@ -139,7 +139,8 @@ def _as_run(entry: Mapping[str, Any]) -> str:
 
 
 def unique(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The axis entries, each run once: the first spelling of a value kept (see `_as_run`)."""
+    """The axis entries, each run once: the first spelling of a value kept (see `_as_run`). Entries compare as
+    JSON, so their values must already be typed (`typed_value`): 1 and 1.0 would differ."""
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for entry in entries:

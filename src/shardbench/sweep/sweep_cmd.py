@@ -54,7 +54,8 @@ value fixes the field (taking it out of every axis), a list replaces its axis.
 Before the first run starts, every run is checked as `shardbench train` would check it (choices, mesh and
 device count, strategy against the model, batch against the data axis). A sweep with runs that would be
 refused stops there, naming them; --skip-refused records them as failed and runs the rest. --dry-run lists
-the runs and marks those that would be refused.
+the runs and marks those that would be refused, and exits as the sweep would start: 2 where runs would be
+refused (0 with --skip-refused).
 
 `shardbench sweep --out DIR --resume` finishes a sweep from the plan stored in DIR/sweep.db; arguments given
 with it must match that plan. Exit status: 0 when every run completed, 1 when any failed (each is recorded
@@ -99,7 +100,8 @@ def add_parser(subparsers: Any) -> None:
                        help="record runs whose configuration `train` would refuse as failed, and run the rest "
                             "(default: stop before the first run, naming them)")
     group.add_argument("--dry-run", action="store_true",
-                       help="print the runs and their overrides, marking those that would be refused; run nothing")
+                       help="print the runs and their overrides, marking those that would be refused; run nothing "
+                            "(exit 2 where the sweep would stop on refused runs)")
     group.add_argument("--no-report", action="store_true",
                        help="do not write <out>/report at the end (shardbench report <out> writes it later)")
     slurm_options.add_arguments(parser)
@@ -377,7 +379,11 @@ def _run(args: argparse.Namespace) -> int:
         refused = refusals(sweep, options["profile"], processes)
         if args.dry_run:  # exits as the sweep would start: 2 where it would stop on refused runs (a check for CI)
             dry_run(sweep, refused)
-            return 2 if refused and not options["skip_refused"] else 0
+            if refused and not options["skip_refused"]:
+                print(f"shardbench: error: {len(refused)} of {len(sweep.runs)} runs would be refused (marked above); "
+                      f"the sweep would stop before its first run", file=sys.stderr)
+                return 2
+            return 0
         if refused and not options["skip_refused"]:
             raise refused_error(refused, len(sweep.runs))
         out = sweep_dir(args, sweep)
