@@ -62,11 +62,6 @@ def _layout_text(record: dict[str, object]) -> str:
             f"process(es))")
 
 
-def write_layout_record(out: Path, layout: Layout) -> None:
-    """Write `layout.json` beside config.json: the layout the run started with."""
-    write_json_atomic(out / LAYOUT_RECORD, layout_record(layout))
-
-
 def _saved_layout(out: Path) -> dict[str, object] | None:
     """The layout a run started with, from its layout.json; None for a run from before it was kept."""
     path = out / LAYOUT_RECORD
@@ -149,11 +144,17 @@ def model_record(cfg: Config, spec: ModelSpec) -> dict[str, object] | None:
             "sha256": custom.source_digest(cfg.model.factory), "shapes": shape_tree(spec)}
 
 
-def write_model_record(cfg: Config, out: Path, spec: ModelSpec) -> None:
-    """Write `model.json` beside config.json for a model of your own (nothing for a built-in model)."""
-    record = model_record(cfg, spec)
-    if record is not None:
-        write_json_atomic(out / MODEL_RECORD, record)
+def write_start_records(out: Path, cfg: Config, spec: ModelSpec, layout: Layout, data: str,
+                        fingerprint: str) -> None:
+    """Write what a new run starts with, which `--resume` finds again: config.json (its configuration),
+    layout.json (the layout its flags resolved to), data.json (the dataset `data` and what its splits held,
+    `fingerprint`) and, for a model of your own, model.json (its file's sha256 and its arrays' shapes)."""
+    records: dict[str, object] = {"config.json": cfg.to_dict(), LAYOUT_RECORD: layout_record(layout),
+                                  DATA_RECORD: {"dataset": data, "sha1": fingerprint}}
+    if (model := model_record(cfg, spec)) is not None:
+        records[MODEL_RECORD] = model
+    for name, record in records.items():
+        write_json_atomic(out / name, record)
 
 
 def check_same_model(cfg: Config, out: Path, spec: ModelSpec) -> None:
@@ -178,11 +179,6 @@ def check_same_model(cfg: Config, out: Path, spec: ModelSpec) -> None:
     if digest != now["sha256"]:
         raise ConfigError(f"--resume: {file} changed since {out} was trained with it (sha256 {digest[:12]}..., now "
                           f"{str(now['sha256'])[:12]}...): its shapes are the same, but not its code: {advice}")
-
-
-def write_data_record(out: Path, name: str, fingerprint: str) -> None:
-    """Write `data.json` beside config.json: the dataset's name and what its splits held when the run started."""
-    write_json_atomic(out / DATA_RECORD, {"dataset": name, "sha1": fingerprint})
 
 
 def check_same_data(out: Path, name: str, fingerprint: str) -> None:

@@ -24,13 +24,12 @@ from shardbench.capacity import check_state_fits
 from shardbench.config import Config
 from shardbench.errors import ConfigError
 from shardbench.data.pipeline import make_batches
-from shardbench.jsonfile import write_json_atomic
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.optim import build_optimizer
 from shardbench.parallel.checks import unsplit_note
 from shardbench.preflight import CheckedRun, check_run
 from shardbench.prices import PriceTable, prices_from_flag, row_for
-from shardbench.rundir import shared_out, write_data_record, write_layout_record, write_model_record
+from shardbench.rundir import shared_out, write_start_records
 from shardbench.runtime import CacheUse, start_process
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import header_line
@@ -78,10 +77,7 @@ def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRu
     cache = CacheUse(cache.path, compile_cache.shift(cache.since, before, compile_cache.counts()))
     out.mkdir(parents=True, exist_ok=True)
     if not cfg.train.resume and jax.process_index() == 0:
-        write_json_atomic(out / "config.json", cfg.to_dict())
-        write_model_record(cfg, out, checked.spec)  # a model of your own: its file's sha256 and shapes, for --resume
-        write_data_record(out, checked.dataset.name, checked.data_fingerprint)  # what --resume must find again
-        write_layout_record(out, checked.layout)  # and the layout the flags resolved to
+        write_start_records(out, cfg, checked.spec, checked.layout, checked.dataset.name, checked.data_fingerprint)
     checkpoints = Checkpoints(out / "checkpoints", cfg.train.keep_checkpoints)
     try:
         start = _start_step(checked, checkpoints)
