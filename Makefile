@@ -25,10 +25,12 @@ setup: $(VENV)/.installed
 setup-test: $(VENV)/.installed-test
 
 # The main job on the embedded default: every strategy side by side on a small ViT and built-in synthetic images,
-# 8 simulated CPU devices, each run in its own process; ends with the report's path.
+# 8 simulated CPU devices, each run in its own process with a profiler trace of three steps (which the report reads
+# into its Profiles section); ends with the report's path.
 demo: $(VENV)/.installed
 	$(BIN)/shardbench sweep --preset strategies --base vit-tiny --model.num-heads 8 --data synthetic \
-		--data.synthetic-train 4096 --data.synthetic-test 512 --steps 20 --out runs/demo-$$(date +%Y%m%d-%H%M%S)
+		--data.synthetic-train 4096 --data.synthetic-test 512 --steps 20 --profile \
+		--out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 # The HTML report's browser test drives Debian's chromium (playwright cannot download browsers without internet),
 # and the SLURM executor's tests start a one-node SLURM cluster (slurmctld, slurmd, munge; slurmdbd on mariadb for

@@ -25,7 +25,7 @@ from shardbench.report.content import COLUMNS, ReportedRun, comms_measure, repor
 from shardbench.report.context import context_findings
 from shardbench.report.findings import dtype_role_finding, spmd_findings
 from shardbench.report.plan_chart import plan_findings
-from shardbench.report.speed import speed_findings
+from shardbench.report.speed import NOT_A_CAUSE_TRACED, speed_findings
 from shardbench.report.write import write_report
 from shardbench.store import RunRow, Store
 
@@ -188,6 +188,9 @@ def test_a_slowdown_names_the_time_in_collectives_where_both_traces_give_it() ->
     found = speed_findings([traced(fast, 2.0), traced(slow, 7.5)])
     assert found[1] == ("slow is 2.50x slower (25.0 ms against 10.0 ms); it differs in: train.grad_accum 4 against 1; "
                         "7.5 ms per device per step in collectives in its trace against 2.0 ms.")
+    assert found[2] == NOT_A_CAUSE_TRACED  # the time is measured, and still no cause
+    untraced = dataclasses.replace(fast, traced=TraceTime(3, 1, 20.0, {}, (), True))
+    assert speed_findings([untraced, traced(slow, 7.5)])[1].endswith("in its trace against none.")
     assert "in its trace" not in " ".join(speed_findings([fast, traced(slow, 7.5)]))
     assert "in its trace" not in " ".join(speed_findings([traced(fast, 7.0), traced(slow, 7.5)]))
 

@@ -45,6 +45,11 @@ COMMS_NAMED_REL = 0.1
 # Said once under the slowdowns whenever some are listed with what differs.
 NOT_A_CAUSE = ("What differs beside each slowdown is what the records show, not a measured cause: a run records "
                "how many bytes its collectives move, not how long they take (a profile, --profile, shows that).")
+# Said instead where the ranked runs were profiled: their collective time is measured, but is not the gap either.
+NOT_A_CAUSE_TRACED = ("What differs beside each slowdown is what the records show, not a measured cause: the bytes "
+                      "are counted from each compiled step and the time in collectives is measured in each run's "
+                      "trace (the Profiles section says what that time is on these devices), but neither says how "
+                      "much of the gap it made, as collectives can overlap compute.")
 
 
 def _throughput(run: ReportedRun) -> float | None:
@@ -165,8 +170,9 @@ def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     if run.traced and fastest.traced and not math.isclose(run.traced.collectives_ms, fastest.traced.collectives_ms,
                                                           rel_tol=COMMS_NAMED_REL):
         # timed, not counted: where both runs were profiled, their traces say how long the collectives took
+        theirs_ms = f"{fastest.traced.collectives_ms:,.1f} ms" if fastest.traced.collective_ms else "none"
         out.append(f"{run.traced.collectives_ms:,.1f} ms per device per step in collectives in its trace against "
-                   f"{fastest.traced.collectives_ms:,.1f} ms")
+                   f"{theirs_ms}")
     return out
 
 
@@ -245,8 +251,9 @@ def speed_findings(runs: list[ReportedRun]) -> list[str]:
     models = sorted({_model(r) for r in timed}, key=lambda m: [(k, (len(v), v)) for k, v in m])
     found = [s for m in models
              for s in _ranking([r for r in timed if _model(r) == m], _label(m, models) if len(models) > 1 else "")]
-    if any(NOT_A_CAUSE == s for s in found):
-        found = [s for s in found if s != NOT_A_CAUSE] + [NOT_A_CAUSE]
+    for said in (NOT_A_CAUSE, NOT_A_CAUSE_TRACED):  # once, after every model's ranking
+        if said in found:
+            found = [s for s in found if s != said] + [said]
     unranked = [r for r in runs if r.ok and _throughput(r) is None]
     if unranked:  # a complete run is never left out of the ranking without a word
         found.append("Left out of the ranking: " + "; ".join(
@@ -298,7 +305,7 @@ def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
         listed = listed or differs
         sentences.append(sentence)
     if listed:
-        sentences.append(NOT_A_CAUSE)
+        sentences.append(NOT_A_CAUSE_TRACED if any(r.traced for r in ranked) else NOT_A_CAUSE)
     return sentences
 
 
