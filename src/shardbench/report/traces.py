@@ -36,18 +36,18 @@ def with_traces(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedRun]:
     """The runs with `traced` (their trace's time by kind) where --profile left a trace this report can read,
     and `trace_error` (why not) where it recorded one that is missing or unreadable, or that another run of the
     same name wrote to the same folder (the later replaced the earlier: whose it holds cannot be told)."""
-    folders = {run.name: _trace_folder(run, sweep_dir) for run in runs if run.ok and run.rec.profile}
-    sharing: dict[Path, list[str]] = {}
-    for name, folder in folders.items():
+    profiled = [run.ok and bool(run.rec.profile) for run in runs]
+    folders = [_trace_folder(run, sweep_dir) if p else None for run, p in zip(runs, profiled, strict=True)]
+    sharing: dict[Path, list[int]] = {}
+    for i, folder in enumerate(folders):
         if folder is not None:
-            sharing.setdefault(folder.resolve(), []).append(name)
+            sharing.setdefault(folder.resolve(), []).append(i)
     out = []
-    for run in runs:
-        if run.name not in folders:
+    for i, (run, folder) in enumerate(zip(runs, folders, strict=True)):
+        if not profiled[i]:
             out.append(run)
             continue
-        folder = folders[run.name]
-        others = [] if folder is None else [n for n in sharing[folder.resolve()] if n != run.name]
+        others = [] if folder is None else [runs[j].name for j in sharing[folder.resolve()] if j != i]
         if folder is None:
             error = f"its trace is in neither {run.rec.profile} nor {PROFILES}/{Path(run.rec.profile).name} here"
         elif others:
