@@ -178,8 +178,9 @@ def bubble_findings(runs: list[ReportedRun]) -> list[str]:
     if unpaired:
         sentences.append(f"No one-stage run of the same model at the same microbatch size, splitting each layer alike, "
                          f"to measure the bubble of "
-                         f"{', '.join(r.name for r in unpaired)} against (run pp on one device, --mesh stage=1 "
-                         f"--devices 1, with its microbatches; the `pipeline` sweep preset does).")
+                         f"{', '.join(r.name for r in unpaired)} against (run its strategy on its mesh with "
+                         f"stage=1, as many microbatches of as many rows: for pp alone, --mesh stage=1 --devices 1, "
+                         f"which the `pipeline` sweep preset runs).")
     return sentences
 
 
