@@ -184,10 +184,15 @@ def test_indivisible_dimensions_are_named(overrides: dict, mesh: str, message: s
                       "mesh naming its size splits it (--mesh data=N,model=N)"),
     ("dp+tp", "4x2", 8, None), ("fsdp+pp+tp", "data=2,stage=2,model=2", 8, None), ("dp", "8", 8, None),
     ("dp+tp", "1x1", 1, None), ("single", "none", 1, None),
+    ("pp+tp", "stage=1,model=2", 2, None),  # an axis named at 1 is one on purpose (a one-stage reference)
+    ("dp+tp", "8x1", 8, None),  # as is AxB's model axis
+    ("fsdp+pp+tp", "data=4,stage=1", 4, "strategy fsdp+pp+tp on mesh 4x1: its model axis has one device, so nothing "
+                                       "is split over it; a mesh naming its size splits it (--mesh "
+                                       "data=N,stage=N,model=N)"),
 ])
 def test_a_strategy_whose_axes_the_mesh_leaves_whole_says_so(strategy: str, mesh: str, devices: int,
                                                             note: str | None) -> None:
-    assert unsplit_note(make_layout(strategy, mesh, jax.devices()[:devices])) == note
+    assert unsplit_note(make_layout(strategy, mesh, jax.devices()[:devices]), mesh) == note
 
 
 def test_parse_mesh_rejects_unknown_axis() -> None:

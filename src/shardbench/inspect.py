@@ -189,10 +189,12 @@ def inspect(cfg: Config, array: str = "") -> str:
     two_axes = all(size == 1 for axis, size in layout.shape.items() if axis not in (DATA, MODEL))  # '4x2'
     mesh = "none" if layout.mesh is None else (f"{layout.shape} (data x model)" if two_axes
                                                else f"{layout.shape} ({split})")
+    unsplit = unsplit_note(layout, cfg.parallel.mesh)
+    notes = [*spec.axis_notes(), *([unsplit] if unsplit else [])]
     lines = [
         f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
         f"{layout.shape.size} {layout.device.platform} device(s)",
-        *(f"note: {note}" for note in [*spec.axis_notes(), *filter(None, [unsplit_note(layout)])]),  # as train says
+        *(f"note: {note}" for note in notes),  # as train's first lines say them
         *kernel_lines(cfg, layout),
         "",
         format_table(rows),

@@ -14,7 +14,7 @@ from shardbench.models.axes import EXPERT, LAYERS
 from shardbench.models.spec import ModelSpec, state_shapes
 from shardbench.models.vit import num_tokens
 from shardbench.parallel.mesh import EXPERT as EXPERT_AXIS
-from shardbench.parallel.mesh import MODEL, SEQUENCE, STAGE
+from shardbench.parallel.mesh import DATA, MODEL, SEQUENCE, STAGE
 from shardbench.parallel.rules import STRATEGIES, Layout, flat_by_path
 
 
@@ -49,12 +49,16 @@ def check_style(style: str, layout: Layout) -> None:
                               f"{layout.strategy.name}: use --strategy dp, or --spmd shard_map / jit")
 
 
-def unsplit_note(layout: Layout) -> str | None:
+def unsplit_note(layout: Layout, mesh: str = "") -> str | None:
     """A strategy whose name promises axes the mesh gives one device each (`fsdp+pp+tp` on `--mesh 8`: all on its
     first axis, as documented) splits nothing over them: said as a note, since the run's name still says them.
-    None where every axis it uses is split, or none is (one device)."""
+    None where every axis it uses is split, or none is (one device), or where `mesh` (the --mesh given) names
+    each such axis itself (`stage=1,model=2`: a one-stage reference, on purpose)."""
     axes = layout.strategy.axes
-    whole = [axis for axis in axes if layout.shape[axis] == 1]
+    named = {part.split("=")[0].strip() for part in mesh.lower().split(",") if "=" in part}
+    if "x" in mesh.lower() and "=" not in mesh:  # 'AxB' names data and model ('8x1': a model axis of one)
+        named |= {DATA, MODEL}
+    whole = [axis for axis in axes if layout.shape[axis] == 1 and axis not in named]
     if not whole or len(whole) == len(axes):
         return None
     many = len(whole) > 1

@@ -4,9 +4,9 @@ the stage-to-stage transfers per step, and what each layout holds per device.
 The measured bubble pairs each run with S > 1 stages and M microbatches (its step time T) with a one-stage run of
 the same model at the same microbatch size (rows per microbatch per data shard), splitting each layer alike (the
 same model, expert and seq axes; its own layout without stages where the report has it), with M1 microbatches
-(step time T1). A stage holds L/S of the stack's L layers, so its useful work in a step is M microbatches through L/S layers,
-1/S of a one-stage run's M microbatches through all L; the one-stage run does that in T1 x M/M1. Without a bubble,
-S stages working at once would take
+(step time T1). A stage holds L/S of the stack's L layers, so its useful work in a step is M microbatches through
+L/S layers, 1/S of a one-stage run's M microbatches through all L; the one-stage run does that in T1 x M/M1.
+Without a bubble, S stages working at once would take
 
     ideal = T1 x (M/M1) / S          measured bubble = 1 - ideal / T
 

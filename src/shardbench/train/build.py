@@ -166,7 +166,8 @@ def _check(cfg: Config, given: Collection[str] = ()) -> tuple[CheckedRun, CacheU
                                           timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     if jax.process_index() == 0:
         print(header_line(checked), flush=True)
-        for note in [*inert_notes(checked.cfg, given), *filter(None, [unsplit_note(checked.layout)])]:
+        unsplit = unsplit_note(checked.layout, cfg.parallel.mesh)
+        for note in [*inert_notes(checked.cfg, given), *([unsplit] if unsplit else [])]:
             print(f"shardbench: note: {note}", flush=True)
     return checked, cache, tx, abstract
 
