@@ -1008,8 +1008,9 @@ def kernel_section(run_dir: Path, name: str, sizes: Sizes) -> str:
     t = trace_time(trace, window)
     counted = f"{t.steps} counted in the trace" if t.counted_steps else f"not counted: the window's {t.steps}"
     kinds = ", ".join(f"{k} {ms:.3f}" for k, ms in t.collective_ms.items()) or "none"
-    read = (f"The report's reading of this trace: train steps {counted}; {t.op_ms:.2f} ms of kernels a step on each "
-            f"of {t.devices} device(s); collectives (ms a step): {kinds}.")
+    read = (f"The report's reading of this trace: train steps {counted}; on each of {t.devices} device(s), a traced "
+            f"step of {t.span_ms:.2f} ms, kernels running for {t.busy_ms:.2f} ms of it; collectives (ms a step): "
+            f"{kinds}.")
     return f"### Kernels: {name}\n\n" + render(kernels, total, window, devices) + "\n\n" + read
 
 

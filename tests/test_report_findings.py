@@ -181,15 +181,15 @@ def test_a_slowdown_names_the_time_in_collectives_where_both_traces_give_it() ->
     """Bytes are counted, not timed: where both runs were profiled, the time their traces spent in collectives is
     named beside what differs; where one was not, or the two are within 10%, it is not."""
     def traced(r: ReportedRun, ms: float) -> ReportedRun:
-        return dataclasses.replace(r, traced=TraceTime(steps=3, devices=8, op_ms=20.0, collective_ms={"all-reduce": ms},
-                                                       top=(), counted_steps=True))
+        return dataclasses.replace(r, traced=TraceTime(steps=3, devices=8, span_ms=20.0, busy_ms=18.0, collectives_ms=ms,
+                                                       collective_ms={"all-reduce": ms}, top=(), counted_steps=True))
 
     fast, slow = run("fast", {}, 10.0), run("slow", {"train.grad_accum": 4}, 25.0)
     found = speed_findings([traced(fast, 2.0), traced(slow, 7.5)])
     assert found[1] == ("slow is 2.50x slower (25.0 ms against 10.0 ms); it differs in: train.grad_accum 4 against 1; "
                         "7.5 ms per device per step in collectives in its trace against 2.0 ms.")
     assert found[2] == NOT_A_CAUSE_TRACED  # the time is measured, and still no cause
-    untraced = dataclasses.replace(fast, traced=TraceTime(3, 1, 20.0, {}, (), True))
+    untraced = dataclasses.replace(fast, traced=TraceTime(3, 1, 20.0, 18.0, 0.0, {}, (), True))
     assert speed_findings([untraced, traced(slow, 7.5)])[1].endswith("in its trace against none.")
     assert "in its trace" not in " ".join(speed_findings([fast, traced(slow, 7.5)]))
     assert "in its trace" not in " ".join(speed_findings([traced(fast, 7.0), traced(slow, 7.5)]))

@@ -67,7 +67,7 @@ def test_a_trace_without_ops_and_a_reading_that_cannot_tell_the_train_step_say_s
     with pytest.raises(ShardbenchError, match="the trace holds no ops"):
         trace_time(find_trace(tmp_path / "empty"), window_steps=3)
     run = ReportedRun("r", "complete", None, None, {}, {}, None,
-                      traced=TraceTime(3, 1, 5.0, {}, (), counted_steps=False, train_only=False))
+                      traced=TraceTime(3, 1, 5.0, 4.0, 0.0, {}, (), counted_steps=False, train_only=False))
     assert ("r: 3 train steps (the profile window's length: the trace does not count them) (the trace does not "
             "tell the train step's program from the others, so every op in it counts, an evaluation's too) traced "
             "on 1 device") in trace_findings([run])[0]
@@ -92,26 +92,39 @@ def test_a_copied_folder_of_sweeps_finds_each_runs_trace_under_its_sweep(tmp_pat
     assert _trace_folder(run, tmp_path / "elsewhere") == tmp_path / "original" / PROFILES / "run-x"
 
 
-def _plain_count(trace: Path) -> tuple[dict[str, int], set[str], int, set[str]]:
-    """Written apart from the reader: the train step's collective ns by kind, its devices, its executions, and
-    every program the trace holds."""
-    ns: dict[str, int] = {}
-    devices, executions, programs = set(), set(), set()
+Op = tuple[str, int, int, int, int]  # name, device, execution, start ns, ns
+
+
+def _ops(trace: Path) -> dict[tuple[str, int], list[Op]]:
+    """Written apart from the reader: every XLA op of the trace, by program (its name and id)."""
+    out: dict[tuple[str, int], list[Op]] = {}
     for plane in ProfileData.from_file(str(trace)).planes:
         for line in plane.lines if plane.name == "/host:CPU" else ():
             for event in line.events:
                 stats = dict(event.stats)
-                if "hlo_op" not in stats:
-                    continue
-                programs.add(stats["hlo_module"])
-                if stats["hlo_module"] != "jit_train_step":
-                    continue
-                devices.add(stats["device_ordinal"])
-                executions.add(stats["run_id"])
-                for kind in ("all-reduce", "all-gather", "reduce-scatter"):
-                    if event.name.startswith(kind):
-                        ns[kind] = ns.get(kind, 0) + int(event.duration_ns)
-    return ns, devices, len(executions), programs
+                if "hlo_op" in stats:
+                    out.setdefault((stats["hlo_module"], stats["program_id"]), []).append(
+                        (event.name, stats["device_ordinal"], stats["run_id"], int(event.start_ns),
+                         int(event.duration_ns)))
+    return out
+
+
+def _per_step(ops: list[Op], keep: str = "") -> float:
+    """The ms per step per device during which some op whose name starts with `keep` ran (intervals merged over
+    the threads, a loop's span holding its body's ops), from the plain list."""
+    steps: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for name, device, execution, start, ns in ops:
+        if name.startswith(keep):
+            steps.setdefault((device, execution), []).append((start, start + ns))
+    total = 0
+    for spans in steps.values():
+        covered_to = None
+        for start, end in sorted(spans):
+            if covered_to is None or start > covered_to:
+                total, covered_to = total + end - start, end
+            elif end > covered_to:
+                total, covered_to = total + end - covered_to, end
+    return total / 1e6 / len({(d, e) for _, d, e, _, _ in ops})
 
 
 def test_a_trace_gives_each_devices_time_in_collectives_and_the_report_says_it(micro, tmp_path: Path) -> None:
@@ -128,25 +141,29 @@ def test_a_trace_gives_each_devices_time_in_collectives_and_the_report_says_it(m
 
     trace = find_trace(runs / "fsdp")
     t = trace_time(trace, window_steps=99)  # the trace counts its steps: the window's length is not used
-    ns, devices, executions, programs = _plain_count(trace)
-    assert "jit_eval_step" in programs  # the evaluation ran inside the window, and is not counted
-    assert (t.steps, t.counted_steps, t.devices) == (executions, True, len(devices)) == (3, True, 2)
+    programs = _ops(trace)
+    assert {name for name, _ in programs} == {"jit_train_step", "jit_eval_step"}  # the evaluation ran, uncounted
+    (train,) = [ops for (name, _), ops in programs.items() if name == "jit_train_step"]
+    assert (t.steps, t.counted_steps, t.devices) == (len({o[2] for o in train}), True, len({o[1] for o in train}))
+    assert (t.steps, t.devices) == (3, 2)
     # the kinds the trace timed are those the compiled step holds, as the record counted them from its HLO
-    assert set(t.collective_ms) == set(summary["measurements"]["comms"]) == set(ns)
-    for kind, total in ns.items():
-        assert t.collective_ms[kind] == pytest.approx(total / 1e6 / (3 * 2), rel=1e-12)
-    assert 0 < t.collectives_ms < t.op_ms and t.collective_share == pytest.approx(t.collectives_ms / t.op_ms)
+    assert set(t.collective_ms) == set(summary["measurements"]["comms"]) == {"all-reduce", "all-gather"}
+    for kind in t.collective_ms:
+        assert t.collective_ms[kind] == pytest.approx(_per_step(train, kind), rel=1e-12)
+    assert t.busy_ms == pytest.approx(_per_step(train), rel=1e-12)
+    assert 0 < t.collectives_ms < t.busy_ms <= t.span_ms and t.collective_share == t.collectives_ms / t.span_ms
     alone = trace_time(find_trace(runs / "single"), window_steps=3)
-    assert alone.collective_ms == {} and alone.devices == 1 and alone.steps == 3
+    assert alone.collective_ms == {} and alone.collectives_ms == 0 and alone.devices == 1 and alone.steps == 3
 
     text = write_report(runs).markdown.read_text()
-    assert "## Profiles" in text and "collectives ms/step (trace)" in text
+    assert "## Profiles" in text and "collectives ms/step (trace)" in text and "traced step ms" in text
     kinds = ", ".join(f"{kind} {ms:,.1f}" if ms >= 0.1 else f"{kind} {ms:.3f}" for kind, ms in t.collective_ms.items())
-    assert f"of it in collectives ({kinds})" in text
-    assert f"{summary['run_name']}: 3 train steps traced on 2 devices" in text
-    assert f"{alone_name}: 3 train steps traced on 1 device; it spent" in text
+    said = f"% of the traced step: {kinds})"
+    assert said in text
+    assert f"{summary['run_name']}: 3 train steps traced on 2 devices, {t.span_ms:,.1f} ms each" in text
+    assert f"{alone_name}: 3 train steps traced on 1 device, " in text and "The device ran XLA's ops for" in text
     assert f"collectives took from none ({alone_name}) to {t.collectives_ms:,.1f} ms ({summary['run_name']})" in text
-    assert "none of it in collectives" in text
+    assert "and no collectives" in text and "A traced step runs slower than an untraced one" in text
     assert "On simulated devices a collective's time in the trace includes its wait" in text
 
     # a folder of runs copied elsewhere reads its own traces, whatever became of the originals its records name; a
@@ -155,36 +172,11 @@ def test_a_trace_gives_each_devices_time_in_collectives_and_the_report_says_it(m
     shutil.copytree(runs, copy)
     for original in runs.rglob("*.xplane.pb"):
         original.write_bytes(b"replaced since")
-    assert f"of it in collectives ({kinds})" in write_report(copy).markdown.read_text()
+    assert said in write_report(copy).markdown.read_text()
     find_trace(copy / "single").write_bytes(b"not a trace")
     text = write_report(copy).markdown.read_text()
     assert f"{alone_name}: was profiled, but" in text and "not a readable profiler trace" in text
-    assert f"of it in collectives ({kinds})" in text
-
-
-def _programs(trace: Path) -> dict[tuple[str, int], tuple[set[int], int, list[tuple[str, int, int, int]]]]:
-    """Each program's executions, its ops' total ns, and its events (name, thread, start, ns), read plainly."""
-    out: dict[tuple[str, int], tuple[set[int], int, list[tuple[str, int, int, int]]]] = {}
-    for plane in ProfileData.from_file(str(trace)).planes:
-        for thread, line in enumerate(plane.lines if plane.name == "/host:CPU" else ()):
-            for event in line.events:
-                stats = dict(event.stats)
-                if "hlo_op" in stats:
-                    runs, ns, events = out.setdefault((stats["hlo_module"], stats["program_id"]), (set(), 0, []))
-                    runs.add(stats["run_id"])
-                    events.append((event.name, thread, int(event.start_ns), int(event.duration_ns)))
-                    out[stats["hlo_module"], stats["program_id"]] = (runs, ns + int(event.duration_ns), events)
-    return out
-
-
-def _outermost(events: list[tuple[str, int, int, int]]) -> int:
-    """The ns of each thread's outermost ops (a while's span, not its body's ops again): events of one thread nest
-    or are disjoint."""
-    total, end = 0, {}
-    for _, thread, start, ns in sorted(events, key=lambda e: (e[2], -e[3])):
-        if start >= end.get(thread, -1):
-            total, end[thread] = total + ns, start + ns
-    return total
+    assert said in text
 
 
 def test_pmap_a_pipeline_and_a_ring_are_read_as_their_train_steps(micro, tmp_path: Path) -> None:
@@ -211,19 +203,19 @@ def test_pmap_a_pipeline_and_a_ring_are_read_as_their_train_steps(micro, tmp_pat
         assert set(t.collective_ms) == set(summary["measurements"]["comms"]), name  # as the HLO counts them
         assert not any(op.startswith("while") for op, _ in t.top), name
 
-    programs = _programs(find_trace(tmp_path / "pmap"))
-    assert {module for module, _ in programs} == {"jit__fun"} and len(programs) == 2  # train and evaluation
-    first, then = sorted(programs)  # the train step, compiled before the first evaluation
-    assert len(programs[first][0]) == 3
+    programs = _ops(find_trace(tmp_path / "pmap"))
+    assert {name for name, _ in programs} == {"jit__fun"} and len(programs) == 2  # train and evaluation
+    first = min(programs)  # the train step, compiled before the first evaluation
+    assert len({o[2] for o in programs[first]}) == 3
     t = trace_time(find_trace(tmp_path / "pmap"), window_steps=3)
-    assert 0.9 * _outermost(programs[first][2]) <= t.op_ms * 1e6 * 6 <= _outermost(programs[first][2])
-    assert t.op_ms * 1e6 * 6 < _outermost(programs[first][2]) + 0.5 * _outermost(programs[then][2])
+    assert t.busy_ms == pytest.approx(_per_step(programs[first]), rel=1e-12)
+    assert t.collective_ms["all-reduce"] == pytest.approx(_per_step(programs[first], "all-reduce"), rel=1e-12)
 
-    (_, everything, events), = [v for k, v in _programs(find_trace(tmp_path / "pp")).items()
-                                if k[0] == "jit_train_step"]
+    (train,) = [ops for (name, _), ops in _ops(find_trace(tmp_path / "pp")).items() if name == "jit_train_step"]
     t = trace_time(find_trace(tmp_path / "pp"), window_steps=3)
-    assert any(name.startswith("while") for name, *_ in events) and "collective-permute" in t.collective_ms
-    assert 0.9 * _outermost(events) <= t.op_ms * 1e6 * 6 <= _outermost(events) < everything  # the body once
+    assert any(o[0].startswith("while") for o in train) and "collective-permute" in t.collective_ms
+    assert t.busy_ms == pytest.approx(_per_step(train), rel=1e-12)
+    assert t.collective_ms["collective-permute"] == pytest.approx(_per_step(train, "collective-permute"), rel=1e-12)
     assert "collective-permute" in trace_time(find_trace(tmp_path / "ring"), window_steps=3).collective_ms
 
 
@@ -247,7 +239,7 @@ def test_runs_sharing_a_trace_folder_and_a_launch_are_named_for_what_the_trace_h
     from shardbench.report.write import load_runs
     (one, *_), _ = load_runs(tmp_path / "runs")
     launched = dataclasses.replace(one, record=dataclasses.replace(one.rec, measurements=dataclasses.replace(
-        one.m, processes=2, devices=8)), traced=TraceTime(3, 4, 10.0, {"all-reduce": 2.0}, (), True))
+        one.m, processes=2, devices=8)), traced=TraceTime(3, 4, 10.0, 9.0, 2.0, {"all-reduce": 2.0}, (), True))
     assert ("1 train step traced" not in (found := trace_findings([launched]))[0]
             and "3 train steps traced on 4 of its 8 devices (process 0's; its other processes trace nothing)"
             in found[0])

@@ -42,9 +42,11 @@ def find_trace(root: Path) -> Path:
 class _Event:
     name: str
     ns: int
+    start: int  # ns, on the trace's clock
     device: str  # a GPU plane's name, or on a CPU the op's `device_ordinal` (simulated devices share threads)
     program: tuple[str, int | None] | None  # (`hlo_module`, `program_id`) where the event names them
     execution: int | None  # `run_id`
+    leaf: bool = True  # holds no other event of its thread (a while's span holds its body's ops: not a leaf)
 
 
 class Timed(Protocol):
@@ -75,8 +77,8 @@ def _leaves(events: list[E]) -> list[E]:
 
 
 def _events(path: Path) -> Iterable[_Event]:
-    """Every kernel in the trace, each counted once: a GPU's stream kernels, or a CPU's XLA ops (those with an
-    `hlo_op` stat), the innermost of each thread (`_leaves`)."""
+    """Every kernel in the trace: a GPU's stream kernels, or a CPU's XLA ops (those with an `hlo_op` stat), each
+    marked whether it is the innermost of its thread (`_leaves`): only those are summed, each op once."""
     from jax.profiler import ProfileData
 
     try:
@@ -93,13 +95,14 @@ def _events(path: Path) -> Iterable[_Event]:
             kept = [(e, stats) for e, stats in kept if gpus or "hlo_op" in stats]
             stats_of = {id(e): stats for e, stats in kept}
             # a GPU stream's kernels never nest; a CPU thread's ops do (a while's span holds its body's ops)
-            for event in [e for e, _ in kept] if gpus else _leaves([e for e, _ in kept]):
+            leaves = {id(e) for e in ([e for e, _ in kept] if gpus else _leaves([e for e, _ in kept]))}
+            for event, _ in kept:
                 stats = stats_of[id(event)]
                 module, program, run = stats.get("hlo_module"), stats.get("program_id"), stats.get("run_id")
-                yield _Event(event.name, int(event.duration_ns),
+                yield _Event(event.name, int(event.duration_ns), int(event.start_ns),
                              plane.name if gpus else str(stats.get("device_ordinal", 0)),
                              None if module is None else (str(module), None if program is None else int(program)),
-                             None if run is None else int(run))
+                             None if run is None else int(run), id(event) in leaves)
 
 
 def kernel_table(path: Path, top: int = 30) -> tuple[list[Kernel], int, int]:
@@ -107,7 +110,7 @@ def kernel_table(path: Path, top: int = 30) -> tuple[list[Kernel], int, int]:
     every device, and how many devices ran kernels."""
     totals: dict[str, list[int]] = {}
     devices: set[str] = set()
-    for event in _events(path):
+    for event in (e for e in _events(path) if e.leaf):
         entry = totals.setdefault(event.name, [0, 0])
         entry[0] += event.ns
         entry[1] += 1
@@ -165,24 +168,37 @@ def collective_of(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class TraceTime:
-    """Where a profiled run's train steps spent their op (kernel) time, per step on each device (the devices'
-    mean): the ops in all, the collectives among them by kind, and the largest ops."""
+    """Where a profiled run's train steps spent their time, per step on each device (the devices' mean), as its
+    trace holds it: the step's span there (from its first op to its last; a traced step runs slower than an
+    untraced one), the time some op ran (`busy_ms`: ops that overlap, on a CPU's threads or a GPU's streams,
+    counted once), the time some collective ran, in all and by kind, and the longest ops (their time summed over
+    the threads or streams that ran them)."""
 
     steps: int  # train steps in the trace
     devices: int
-    op_ms: float
+    span_ms: float
+    busy_ms: float
+    collectives_ms: float
     collective_ms: dict[str, float]  # kind -> ms per step per device, the largest first
-    top: tuple[tuple[str, float], ...]  # (op or kernel, ms per step per device), the largest first
+    top: tuple[tuple[str, float], ...]  # (op or kernel, summed ms per step per device), the largest first
     counted_steps: bool  # `steps` counted in the trace (the train step's executions), not the window's length
     train_only: bool = True  # False: the train step's program could not be told from the others, all counted
 
     @property
-    def collectives_ms(self) -> float:
-        return sum(self.collective_ms.values())
-
-    @property
     def collective_share(self) -> float | None:
-        return self.collectives_ms / self.op_ms if self.op_ms > 0 else None
+        """The part of the traced step some collective ran."""
+        return self.collectives_ms / self.span_ms if self.span_ms > 0 else None
+
+
+def _union(events: Iterable[_Event]) -> int:
+    """The ns during which at least one of `events` ran."""
+    total, end = 0, None
+    for e in sorted(events, key=lambda e: e.start):
+        if end is None or e.start >= end:
+            total, end = total + e.ns, e.start + e.ns
+        elif e.start + e.ns > end:
+            total, end = total + e.start + e.ns - end, e.start + e.ns
+    return total
 
 
 # The train step's program, as jit and shard_map name it (`jit_train_step`); pmap's programs are all `jit__fun`.
@@ -213,20 +229,28 @@ def _train_events(path: Path, window_steps: int) -> tuple[list[_Event], int | No
 
 
 def trace_time(path: Path, window_steps: int, top: int = 3) -> TraceTime:
-    """A trace's train-step op time by kind (see `TraceTime`); `window_steps` is the profile window's length,
-    used where the trace does not count the step's executions itself."""
+    """A trace's train steps by their time (see `TraceTime`); `window_steps` is the profile window's length, used
+    where the trace does not count the step's executions itself."""
     events, counted, train_only = _train_events(path, window_steps)
     devices = max(len({e.device for e in events}), 1)
     steps = counted or max(window_steps, 1)
     per = 1e6 * steps * devices  # ns summed over steps and devices -> ms per step per device
-    totals: dict[str, int] = {}
-    kinds: dict[str, int] = {}
+    # One step on one device: its execution's ops (where the trace names no execution, the device's whole window).
+    groups: dict[tuple[str, int | None], list[_Event]] = {}
     for e in events:
-        totals[e.name] = totals.get(e.name, 0) + e.ns
-        if (kind := collective_of(e.name)) is not None:
-            kinds[kind] = kinds.get(kind, 0) + e.ns
+        groups.setdefault((e.device, e.execution), []).append(e)
+    span = sum(max(e.start + e.ns for e in g) - min(e.start for e in g) for g in groups.values())
+    kinds = {e.name: collective_of(e.name) for e in events}
+    by_kind = {kind: sum(_union(e for e in g if kinds[e.name] == kind) for g in groups.values())
+               for kind in set(kinds.values()) - {None}}
+    totals: dict[str, int] = {}
+    for e in events:
+        if e.leaf:  # summed: a loop's span would count its body's ops again
+            totals[e.name] = totals.get(e.name, 0) + e.ns
     largest = sorted(totals.items(), key=lambda item: -item[1])[:top]
-    return TraceTime(steps=steps, devices=devices, op_ms=sum(totals.values()) / per,
-                     collective_ms={k: v / per for k, v in sorted(kinds.items(), key=lambda item: -item[1])},
+    return TraceTime(steps=steps, devices=devices, span_ms=span / per,
+                     busy_ms=sum(_union(g) for g in groups.values()) / per,
+                     collectives_ms=sum(_union(e for e in g if kinds[e.name]) for g in groups.values()) / per,
+                     collective_ms={k: v / per for k, v in sorted(by_kind.items(), key=lambda item: -item[1]) if k},
                      top=tuple((name, ns / per) for name, ns in largest), counted_steps=counted is not None,
                      train_only=train_only)

@@ -432,7 +432,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("activations_mib", "activations MiB", True, lambda r: r.part("activations_temporaries")),
     Column("comms_mib", "comms/step MiB", True, lambda r: r.comms_mib, 2),
     Column("stage_mib", "stage-to-stage MiB/step", True, lambda r: r.stage_mib, 2, optional=True),
-    Column("trace_op_ms", "op ms/step (trace)", True, lambda r: r.traced.op_ms if r.traced else None,
+    Column("trace_step_ms", "traced step ms", True, lambda r: r.traced.span_ms if r.traced else None,
            optional=True),
     Column("trace_collective_ms", "collectives ms/step (trace)", True,
            lambda r: r.traced.collectives_ms if r.traced else None, digits=2, optional=True),

@@ -73,9 +73,9 @@ def _ms(value: float) -> str:
 
 
 def trace_findings(runs: list[ReportedRun]) -> list[str]:
-    """Per profiled run: its op time per step on each device, the part in collectives by kind and its largest ops;
-    the span of collective time across the runs; what a simulated device's collective time is; and the traces
-    that could not be read."""
+    """Per profiled run: its traced step (beside its untraced median), the part some op ran and the part some
+    collective ran, by kind, and its longest ops; the span of collective time across the runs; what a simulated
+    device's collective time is; and the traces that could not be read."""
     traced = [r for r in runs if r.traced is not None]
     sentences = []
     for run in traced:
@@ -87,19 +87,22 @@ def trace_findings(runs: list[ReportedRun]) -> list[str]:
         if not t.train_only:
             steps += (" (the trace does not tell the train step's program from the others, so every op in it "
                       "counts, an evaluation's too)")
-        each = "each device spent" if t.devices > 1 else "it spent"
         on = f"{t.devices} device{'' if t.devices == 1 else 's'}"
         if (run.m.processes or 1) > 1:  # only process 0 traces: its devices alone are in the trace
             on = f"{t.devices} of its {run.devices or '?'} devices (process 0's; its other processes trace nothing)"
-        text = f"{run.name}: {steps} traced on {on}; {each} {_ms(t.op_ms)} ms a step in {where}"
+        untraced = f"; untraced, its median step is {_ms(1e3 * run.step_median)} ms" if run.step_median else ""
+        text = (f"{run.name}: {steps} traced on {on}, {_ms(t.span_ms)} ms each from first op to last{untraced}. "
+                f"{'Each device' if t.devices > 1 else 'The device'} ran {where} for {_ms(t.busy_ms)} ms of it")
         if t.collective_ms:
             kinds = ", ".join(f"{kind} {_ms(ms)}" for kind, ms in t.collective_ms.items())
             share = 100 * (t.collective_share or 0.0)
-            text += f", {_ms(t.collectives_ms)} ms ({share:.0f}%) of it in collectives ({kinds})"
+            text += f" and collectives for {_ms(t.collectives_ms)} ms ({share:.0f}% of the traced step: {kinds})"
         else:
-            text += ", none of it in collectives"
+            text += " and no collectives"
         top = "; ".join(f"`{name if len(name) <= 60 else name[:57] + '...'}` {_ms(ms)} ms" for name, ms in t.top)
-        sentences.append(text + (f". Its largest: {top}." if top else "."))
+        ran = "streams" if where == "kernels" else "threads"
+        sentences.append(text + (f". The longest ops, their time summed over the {ran} that ran them: {top}."
+                                 if top else "."))
     with_collectives = [r for r in traced if r.traced and r.traced.collective_ms]
     if len(traced) > 1 and with_collectives:
         low = min(traced, key=lambda r: r.traced.collectives_ms if r.traced else 0.0)
@@ -107,14 +110,18 @@ def trace_findings(runs: list[ReportedRun]) -> list[str]:
         assert low.traced is not None and high.traced is not None
         least = f"{_ms(low.traced.collectives_ms)} ms" if low.traced.collective_ms else "none"
         sentences.append(f"Measured in the traces, collectives took from {least} ({low.name}) to "
-                         f"{_ms(high.traced.collectives_ms)} ms ({high.name}) of each device's step.")
+                         f"{_ms(high.traced.collectives_ms)} ms ({high.name}) of each device's traced step.")
+    if traced:
+        sentences.append("A traced step runs slower than an untraced one (the profiler records every op), so these "
+                         "times are parts of the traced step, set beside the median step rather than subtracted "
+                         "from it.")
     if any(r.simulated for r in with_collectives):
         sentences.append("On simulated devices a collective's time in the trace includes its wait for the other "
                          "devices, which take turns on the host's cores: it measures that rendezvous, not a link, "
-                         "and carries to no real device. Real devices' traces (a GPU's or a TPU's) time the "
-                         "collectives' kernels themselves.")
+                         "varies with the order in which the host runs the devices, and carries to no real device. "
+                         "Real devices' traces (a GPU's or a TPU's) time the collectives' kernels themselves.")
     elif any((r.m.platform or "cpu").lower() != "cpu" for r in with_collectives):
-        sentences.append("A collective that XLA overlaps with compute adds its kernels' time here but less to the "
-                         "step: op time per step can exceed the step's.")
+        sentences.append("A collective that XLA overlaps with compute runs in the same part of the step as the "
+                         "kernels it overlaps: the collectives' and the ops' times are not to be added.")
     sentences += [f"{r.name}: was profiled, but {r.trace_error}." for r in runs if r.trace_error]
     return sentences
