@@ -191,7 +191,8 @@ def test_a_slowdown_names_the_time_in_collectives_where_both_traces_give_it() ->
     assert found[2] == NOT_A_CAUSE_TRACED  # the time is measured, and still no cause
     untraced = dataclasses.replace(fast, traced=TraceTime(3, 1, 20.0, 18.0, 0.0, {}, (), True))
     assert speed_findings([untraced, traced(slow, 7.5)])[1].endswith("in its trace against none.")
-    assert "in its trace" not in " ".join(speed_findings([fast, traced(slow, 7.5)]))
+    assert "in its trace" not in " ".join(untimed := speed_findings([fast, traced(slow, 7.5)]))
+    assert NOT_A_CAUSE_TRACED not in untimed  # no traced time was named: the bytes' sentence
     assert "in its trace" not in " ".join(speed_findings([traced(fast, 7.0), traced(slow, 7.5)]))
 
 

@@ -10,7 +10,8 @@ On a GPU the kernels are the events of each `/device:GPU:N` plane's stream lines
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import statistics
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -168,11 +169,13 @@ def collective_of(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class TraceTime:
-    """Where a profiled run's train steps spent their time, per step on each device (the devices' mean), as its
-    trace holds it: the step's span there (from its first op to its last; a traced step runs slower than an
-    untraced one), the time some op ran (`busy_ms`: ops that overlap, on a CPU's threads or a GPU's streams,
-    counted once), the time some collective ran, in all and by kind, and the longest ops (their time summed over
-    the threads or streams that ran them)."""
+    """Where a profiled run's train steps spent their time, per step on each device, as its trace holds it: the
+    step's span there (from its first op to its last; a traced step usually runs slower than an untraced one), the
+    time some op ran (`busy_ms`: ops that overlap, on a CPU's threads or a GPU's streams, counted once), the time
+    some collective ran, in all and by kind (kinds that overlap each count), each the median over the traced steps
+    of a device, then the devices' mean; and the longest ops (their time summed over the threads or streams that
+    ran them, per step). Where the trace numbers no executions (`counted_steps` False), each device's window is
+    one span, divided by the window's steps: it holds the gaps between steps."""
 
     steps: int  # train steps in the trace
     devices: int
@@ -222,7 +225,7 @@ def _train_events(path: Path, window_steps: int) -> tuple[list[_Event], int | No
     named = [p for p in programs if p[0] in TRAIN_PROGRAMS]
     if not named:
         ran = [p for p, es in programs.items() if len({e.execution for e in es} - {None}) == window_steps]
-        named = [max(ran, key=lambda p: sum(e.ns for e in programs[p]))] if ran else []
+        named = [max(ran, key=lambda p: sum(e.ns for e in programs[p] if e.leaf))] if ran else []
     train = [e for p in named for e in programs[p]]
     runs = {e.execution for e in train if e.execution is not None}
     return (train, len(runs) or None, True) if train else (events, None, False)
@@ -239,18 +242,33 @@ def trace_time(path: Path, window_steps: int, top: int = 3) -> TraceTime:
     groups: dict[tuple[str, int | None], list[_Event]] = {}
     for e in events:
         groups.setdefault((e.device, e.execution), []).append(e)
-    span = sum(max(e.start + e.ns for e in g) - min(e.start for e in g) for g in groups.values())
     kinds = {e.name: collective_of(e.name) for e in events}
-    by_kind = {kind: sum(_union(e for e in g if kinds[e.name] == kind) for g in groups.values())
-               for kind in set(kinds.values()) - {None}}
+    measures: dict[str, Callable[[list[_Event]], int]] = {
+        "span": lambda g: max(e.start + e.ns for e in g) - min(e.start for e in g),
+        "busy": _union,
+        "collectives": lambda g: _union(e for e in g if kinds[e.name]),
+        **{kind: (lambda g, kind=kind: _union(e for e in g if kinds[e.name] == kind))
+           for kind in {k for k in kinds.values() if k}},
+    }
+
+    def per_step_ms(measure: Callable[[list[_Event]], int]) -> float:
+        """The median over a device's steps, the devices' mean, in ms (a device's window / its steps, uncounted)."""
+        by_device: dict[str, list[int]] = {}
+        for (device, _), g in groups.items():
+            by_device.setdefault(device, []).append(measure(g))
+        if counted is None:
+            return sum(sum(v) for v in by_device.values()) / per
+        return sum(statistics.median(v) for v in by_device.values()) / len(by_device) / 1e6
+
+    ms = {name: per_step_ms(measure) for name, measure in measures.items()}
+    by_kind = {k: v for k, v in ms.items() if k not in ("span", "busy", "collectives")}
     totals: dict[str, int] = {}
     for e in events:
         if e.leaf:  # summed: a loop's span would count its body's ops again
             totals[e.name] = totals.get(e.name, 0) + e.ns
     largest = sorted(totals.items(), key=lambda item: -item[1])[:top]
-    return TraceTime(steps=steps, devices=devices, span_ms=span / per,
-                     busy_ms=sum(_union(g) for g in groups.values()) / per,
-                     collectives_ms=sum(_union(e for e in g if kinds[e.name]) for g in groups.values()) / per,
-                     collective_ms={k: v / per for k, v in sorted(by_kind.items(), key=lambda item: -item[1]) if k},
+    return TraceTime(steps=steps, devices=devices, span_ms=ms["span"], busy_ms=ms["busy"],
+                     collectives_ms=ms["collectives"],
+                     collective_ms=dict(sorted(by_kind.items(), key=lambda item: -item[1])),
                      top=tuple((name, ns / per) for name, ns in largest), counted_steps=counted is not None,
                      train_only=train_only)

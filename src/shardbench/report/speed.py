@@ -305,7 +305,8 @@ def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
         listed = listed or differs
         sentences.append(sentence)
     if listed:
-        sentences.append(NOT_A_CAUSE_TRACED if any(r.traced for r in ranked) else NOT_A_CAUSE)
+        timed = fastest.traced is not None and any(r.traced for r in ranked[1:])  # a traced time was named
+        sentences.append(NOT_A_CAUSE_TRACED if timed else NOT_A_CAUSE)
     return sentences
 
 

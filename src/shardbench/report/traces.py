@@ -91,10 +91,14 @@ def trace_findings(runs: list[ReportedRun]) -> list[str]:
         if (run.m.processes or 1) > 1:  # only process 0 traces: its devices alone are in the trace
             on = f"{t.devices} of its {run.devices or '?'} devices (process 0's; its other processes trace nothing)"
         untraced = f"; untraced, its median step is {_ms(1e3 * run.step_median)} ms" if run.step_median else ""
-        text = (f"{run.name}: {steps} traced on {on}, {_ms(t.span_ms)} ms each from first op to last{untraced}. "
+        span = (f"their median {_ms(t.span_ms)} ms from first op to last" if t.counted_steps else
+                f"{_ms(t.span_ms)} ms a step from the window's first op to its last (the gaps between steps in it)")
+        text = (f"{run.name}: {steps} traced on {on}, {span}{untraced}. "
                 f"{'Each device' if t.devices > 1 else 'The device'} ran {where} for {_ms(t.busy_ms)} ms of it")
         if t.collective_ms:
             kinds = ", ".join(f"{kind} {_ms(ms)}" for kind, ms in t.collective_ms.items())
+            if sum(t.collective_ms.values()) > 1.01 * t.collectives_ms:
+                kinds += "; the kinds overlap in time"
             share = 100 * (t.collective_share or 0.0)
             text += f" and collectives for {_ms(t.collectives_ms)} ms ({share:.0f}% of the traced step: {kinds})"
         else:
@@ -111,10 +115,12 @@ def trace_findings(runs: list[ReportedRun]) -> list[str]:
         least = f"{_ms(low.traced.collectives_ms)} ms" if low.traced.collective_ms else "none"
         sentences.append(f"Measured in the traces, collectives took from {least} ({low.name}) to "
                          f"{_ms(high.traced.collectives_ms)} ms ({high.name}) of each device's traced step.")
-    if traced:
-        sentences.append("A traced step runs slower than an untraced one (the profiler records every op), so these "
-                         "times are parts of the traced step, set beside the median step rather than subtracted "
-                         "from it.")
+    beside = [r for r in traced if r.step_median and r.traced]
+    if beside:
+        slower = sum(1 for r in beside if r.traced and 1e3 * (r.step_median or 0.0) < r.traced.span_ms)
+        sentences.append(f"A traced step usually runs slower than an untraced one, as the profiler records every op "
+                         f"(here the traced step was the longer in {slower} of {len(beside)} runs), so these times "
+                         f"are parts of the traced step, set beside the median step rather than subtracted from it.")
     if any(r.simulated for r in with_collectives):
         sentences.append("On simulated devices a collective's time in the trace includes its wait for the other "
                          "devices, which take turns on the host's cores: it measures that rendezvous, not a link, "
