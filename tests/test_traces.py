@@ -54,6 +54,18 @@ def test_each_threads_ops_count_once_the_innermost(events: list[tuple[str, int, 
     assert len(_leaves([_event("outer", 0, 10), _event("same", 0, 10)])) == 1  # one span twice: counted once
 
 
+def test_collectives_of_two_kinds_overlap_only_when_they_run_at_once() -> None:
+    from shardbench.measure.kernels import _Event, _kinds_overlap
+
+    def op(name: str, start: int, ns: int) -> _Event:
+        return _Event(name, ns, start, "0", None, None)
+
+    after = [op("all-reduce.1", 0, 10), op("all-gather.2", 10, 5), op("fusion.3", 2, 20)]
+    assert not _kinds_overlap(after)  # one after the other; a fusion beside them is no collective
+    assert _kinds_overlap([op("all-reduce.1", 0, 10), op("all-gather.2", 9, 5)])
+    assert not _kinds_overlap([op("all-reduce.1", 0, 10), op("all-reduce.2", 5, 10)])  # one kind
+
+
 def test_a_trace_without_ops_and_a_reading_that_cannot_tell_the_train_step_say_so(tmp_path: Path) -> None:
     """A trace of nothing is no measurement (it read as 0 ms a step); a reading that counts every program says
     that an evaluation's ops may be among them."""
@@ -166,7 +178,11 @@ def test_a_trace_gives_each_devices_time_in_collectives_and_the_report_says_it(m
     text = write_report(runs).markdown.read_text()
     assert "## Profiles" in text and "collectives ms/step (trace)" in text and "traced step ms" in text
     kinds = ", ".join(f"{kind} {ms:,.1f}" if ms >= 0.1 else f"{kind} {ms:.3f}" for kind, ms in t.collective_ms.items())
-    said = f"% of the traced step: {kinds})"
+    # kinds overlap where, in some step, an all-reduce and an all-gather ran at once (on two threads)
+    overlap = any(a[3] < g[3] + g[4] and g[3] < a[3] + a[4] for a in train if a[0].startswith("all-reduce")
+                  for g in train if g[0].startswith("all-gather") and (g[1], g[2]) == (a[1], a[2]))
+    assert t.kinds_overlap == overlap
+    said = f"% of the traced step: {kinds}{'; the kinds overlap in time' if overlap else ''})"
     assert said in text
     assert f"{summary['run_name']}: 3 train steps traced on 2 devices, their median {t.span_ms:,.1f} ms from" in text
     assert f"{alone_name}: 3 train steps traced on 1 device, " in text and "The device ran XLA's ops for" in text

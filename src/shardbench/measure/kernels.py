@@ -70,6 +70,7 @@ def _leaves(events: list[E]) -> list[E]:
     nothing and is left out (it adds no time)."""
     ordered = sorted((e for e in events if int(e.duration_ns) > 0),
                      key=lambda e: (int(e.start_ns), -int(e.duration_ns)))
+
     def end(e: E) -> int:
         return int(e.start_ns) + int(e.duration_ns)
 
@@ -92,13 +93,10 @@ def _events(path: Path) -> Iterable[_Event]:
         for line in plane.lines:
             if gpus and line.name.startswith(_DERIVED_LINES):
                 continue
-            kept = [(e, dict(e.stats)) for e in line.events]
-            kept = [(e, stats) for e, stats in kept if gpus or "hlo_op" in stats]
-            stats_of = {id(e): stats for e, stats in kept}
+            kept = [(e, stats) for e, stats in ((e, dict(e.stats)) for e in line.events) if gpus or "hlo_op" in stats]
             # a GPU stream's kernels never nest; a CPU thread's ops do (a while's span holds its body's ops)
             leaves = {id(e) for e in ([e for e, _ in kept] if gpus else _leaves([e for e, _ in kept]))}
-            for event, _ in kept:
-                stats = stats_of[id(event)]
+            for event, stats in kept:
                 module, program, run = stats.get("hlo_module"), stats.get("program_id"), stats.get("run_id")
                 yield _Event(event.name, int(event.duration_ns), int(event.start_ns),
                              plane.name if gpus else str(stats.get("device_ordinal", 0)),
@@ -186,11 +184,21 @@ class TraceTime:
     top: tuple[tuple[str, float], ...]  # (op or kernel, summed ms per step per device), the largest first
     counted_steps: bool  # `steps` counted in the trace (the train step's executions), not the window's length
     train_only: bool = True  # False: the train step's program could not be told from the others, all counted
+    kinds_overlap: bool = False  # collectives of two kinds ran at once in some step (their times add to more)
 
     @property
     def collective_share(self) -> float | None:
         """The part of the traced step some collective ran."""
         return self.collectives_ms / self.span_ms if self.span_ms > 0 else None
+
+
+def _kinds_overlap(events: list[_Event]) -> bool:
+    """Whether collectives of two kinds ran at once among `events` (one step on one device)."""
+    kinds: dict[str, list[_Event]] = {}
+    for e in events:
+        if (kind := collective_of(e.name)) is not None:
+            kinds.setdefault(kind, []).append(e)
+    return sum(_union(es) for es in kinds.values()) > _union(e for es in kinds.values() for e in es)
 
 
 def _union(events: Iterable[_Event]) -> int:
@@ -261,7 +269,7 @@ def trace_time(path: Path, window_steps: int, top: int = 3) -> TraceTime:
         return sum(statistics.median(v) for v in by_device.values()) / len(by_device) / 1e6
 
     ms = {name: per_step_ms(measure) for name, measure in measures.items()}
-    by_kind = {k: v for k, v in ms.items() if k not in ("span", "busy", "collectives")}
+    by_kind = {k: ms[k] for k in measures if k not in ("span", "busy", "collectives")}
     totals: dict[str, int] = {}
     for e in events:
         if e.leaf:  # summed: a loop's span would count its body's ops again
@@ -271,4 +279,4 @@ def trace_time(path: Path, window_steps: int, top: int = 3) -> TraceTime:
                      collectives_ms=ms["collectives"],
                      collective_ms=dict(sorted(by_kind.items(), key=lambda item: -item[1])),
                      top=tuple((name, ns / per) for name, ns in largest), counted_steps=counted is not None,
-                     train_only=train_only)
+                     train_only=train_only, kinds_overlap=any(_kinds_overlap(g) for g in groups.values()))

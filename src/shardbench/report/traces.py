@@ -97,7 +97,7 @@ def trace_findings(runs: list[ReportedRun]) -> list[str]:
                 f"{'Each device' if t.devices > 1 else 'The device'} ran {where} for {_ms(t.busy_ms)} ms of it")
         if t.collective_ms:
             kinds = ", ".join(f"{kind} {_ms(ms)}" for kind, ms in t.collective_ms.items())
-            if sum(t.collective_ms.values()) > 1.01 * t.collectives_ms:
+            if t.kinds_overlap:
                 kinds += "; the kinds overlap in time"
             share = 100 * (t.collective_share or 0.0)
             text += f" and collectives for {_ms(t.collectives_ms)} ms ({share:.0f}% of the traced step: {kinds})"
