@@ -468,7 +468,7 @@ def test_dry_run_marks_the_runs_that_would_be_refused(capsys: pytest.CaptureFixt
     assert sweep_cmd.run(args) == 2  # as the sweep would stop: a dry run checks a sweep file for CI
     printed = capsys.readouterr()
     assert printed.err == ("shardbench: error: 7 of 8 runs would be refused (marked above); the sweep would stop "
-                           "before its first run\n")
+                           "before its first run: fix them, or pass --skip-refused to run the rest\n")
     lines = printed.out.splitlines()
     assert lines[0] == "8 run(s) from vit-tiny; fixed: parallel.devices=8; 7 would be refused"
     runs = {line.split()[0]: line for line in lines[1:]}

@@ -381,7 +381,8 @@ def _run(args: argparse.Namespace) -> int:
             dry_run(sweep, refused)
             if refused and not options["skip_refused"]:
                 print(f"shardbench: error: {len(refused)} of {len(sweep.runs)} runs would be refused (marked above); "
-                      f"the sweep would stop before its first run", file=sys.stderr)
+                      f"the sweep would stop before its first run: fix them, or pass --skip-refused to run the rest",
+                      file=sys.stderr)
                 return 2
             return 0
         if refused and not options["skip_refused"]:
