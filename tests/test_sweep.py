@@ -198,8 +198,8 @@ def test_comma_lists_become_axes_and_tuple_fields_take_semicolons() -> None:
     fixed, _ = axes_from_values({"parallel.mesh": "data=2,stage=2,model=2;model=2,stage=2,data=2"})
     assert fixed == {"parallel.mesh": "data=2,stage=2,model=2"}
     assert same_mesh("auto") == same_mesh("") == "" and same_mesh(" MODEL=2,Data=4 ") == "4x2"
-    assert axes_from_values({"parallel.mesh": "auto;none;08;8"})[1] == [[{"parallel.mesh": "auto"},
-                                                                         {"parallel.mesh": "none"}, {"parallel.mesh": "08"}]]
+    assert axes_from_values({"parallel.mesh": "auto;none;08;8"})[1] == [
+        [{"parallel.mesh": "auto"}, {"parallel.mesh": "none"}, {"parallel.mesh": "08"}]]
     assert run_name({"parallel.mesh": "4x2", "train.batch_size": 1024}) == "mesh_4_2_batch_1024"
     assert run_name({"parallel.strategy": "dp+tp", "data.crop_scale": (0.5, 1.0)}) == \
         "strategy_dp_tp_crop_scale_0.5_1.0"
