@@ -1,4 +1,5 @@
-"""The package's shape: no module imports one that imports it back, directly or through others.
+"""The package's shape: no module imports one that imports it back, directly or through others, and no class
+name means two things.
 
 Every import counts, at the top of a module, inside a function, or only for type checking: a cycle of any
 kind means two modules that cannot be read, changed or tested one without the other.
@@ -7,6 +8,7 @@ kind means two modules that cannot be read, changed or tested one without the ot
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "shardbench"
@@ -78,3 +80,29 @@ def test_the_import_graph_has_no_cycle() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def class_homes(paths: list[Path]) -> dict[str, list[str]]:
+    """Each class name defined in more than one module of `paths` (nested classes included), with those modules."""
+    homes: dict[str, set[str]] = defaultdict(set)
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                homes[node.name].add(str(path))
+    return {name: sorted(where) for name, where in homes.items() if len(where) > 1}
+
+
+def test_no_class_name_is_defined_in_two_modules() -> None:
+    # Two classes of one name (the record's Breakdown and the memory module's, once) are two declarations of one
+    # thing, or two things a reader takes for one.
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert len(paths) > 50
+    assert class_homes(paths) == {}
+
+
+def test_the_class_name_check_finds_a_name_defined_twice(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("class Run:\n    pass\n")
+    (tmp_path / "b.py").write_text("def f():\n    class Run:\n        pass\n")
+    (tmp_path / "c.py").write_text("class Other:\n    pass\n")
+    found = class_homes([tmp_path / n for n in ("a.py", "b.py", "c.py")])
+    assert list(found) == ["Run"] and len(found["Run"]) == 2

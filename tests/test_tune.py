@@ -22,8 +22,8 @@ from shardbench.parallel.rules import STRATEGIES
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.predict import Prediction
 from shardbench.report.kendall import kendall_tau
-from shardbench.tune.select import (OBJECTIVES, START_S, Measured, Planned, check_budget_floor, outcome, rank, regret,
-                                    select)
+from shardbench.tune.select import (OBJECTIVES, START_S, MeasuredFigures, Planned, check_budget_floor, outcome, rank,
+                                    regret, select)
 from shardbench.tune.space import Dropped, Point, Space, enumerate_space
 from shardbench.tune.tune_cmd import nothing_fits
 
@@ -289,7 +289,7 @@ def test_regret_and_tau_by_hand() -> None:
     """Plan order dp, fsdp, tp (predicted 10, 20, 30 ms); measured 12, 10, 15 ms. Winner fsdp; the plan's top (dp)
     regrets (12 - 10) / 10 = 20%. Pairs (dp,fsdp) discordant, (dp,tp) and (fsdp,tp) concordant: tau = (2-1)/3."""
     chosen = [planned("dp", 0.010), planned("fsdp", 0.020), planned("tp", 0.030)]
-    measured = {p.point.name: Measured(s, 1e6) for p, s in zip(chosen, (0.012, 0.010, 0.015))}
+    measured = {p.point.name: MeasuredFigures(s, 1e6) for p, s in zip(chosen, (0.012, 0.010, 0.015))}
     v = outcome(chosen, measured, OBJECTIVES["time"])
     assert v is not None and v.winner is chosen[1] and v.plan_top is chosen[0]
     assert v.winner_value == pytest.approx(0.010 / 64)
@@ -310,7 +310,7 @@ def test_tau_is_taken_within_each_batch_size() -> None:
     pair = [planned("dp", 0.010, batch=8), planned("tp", 0.020, batch=8)]
     chosen = small + large + pair
     steps = (0.012, 0.010, 0.015, 0.060, 0.050, 0.040, 0.001, 0.002)
-    measured = {p.point.name: Measured(s, 1e6) for p, s in zip(chosen, steps)}
+    measured = {p.point.name: MeasuredFigures(s, 1e6) for p, s in zip(chosen, steps)}
     v = outcome(chosen, measured, OBJECTIVES["time"])
     assert v is not None
     assert v.taus() == {8: None, 16: pytest.approx(1 / 3), 64: pytest.approx(-1.0)}
@@ -562,7 +562,7 @@ def test_the_cost_objective_prices_the_step_on_the_targets_devices() -> None:
     hourly = table.lookup("h100").on_demand
     p = dataclasses.replace(planned("dp", 0.5), target=h100)
     assert cost.predicted(p) == pytest.approx(0.5 * 8 * hourly / 3600 / 64)
-    assert cost.measured(p, Measured(0.25, None)) == pytest.approx(0.25 * 8 * hourly / 3600 / 64)
+    assert cost.measured(p, MeasuredFigures(0.25, None)) == pytest.approx(0.25 * 8 * hourly / 3600 / 64)
     wider = dataclasses.replace(planned("dp", 0.5), target=parse_target("2x8xh100"))
     assert cost.predicted(wider) == pytest.approx(2 * cost.predicted(p))
     assert rank([wider, p], cost)[0] is p  # time ranks them level; cost puts the half-price one first
@@ -593,7 +593,7 @@ def test_tunes_report_prices_an_epoch_of_each_measured_layout(tmp_path: Path) ->
     target = parse_target("cpu", cpu_devices=8)
     dp = dataclasses.replace(planned("dp", 0.5), target=target)
     tuning = Tuning(cfg, target, OBJECTIVES["time"], Space(), 1, 10.0, 10, tmp_path, chosen=[dp],
-                    measured={dp.point.name: Measured(0.4, None, Cost(on_demand_usd=0.125, kwh=0.5))})
+                    measured={dp.point.name: MeasuredFigures(0.4, None, Cost(on_demand_usd=0.125, kwh=0.5))})
     rows, how = cost_table(tuning)
     steps = steps_per_epoch(epoch_examples(cfg), dp.point.batch)  # the layout's batch, not the preset's
     hourly = load_prices().lookup("cpu").on_demand
@@ -623,7 +623,7 @@ def stop_while_the_verdict_is_written(out: Path, signal_name: str) -> int:
     dp = dataclasses.replace(planned("dp", 0.5), target=target)
     tuning = Tuning(get_preset("mlp-small"), target, OBJECTIVES["time"], Space(), 1, 10.0, 10, out, chosen=[dp])
     tune_cmd.run_measurements = lambda *a, **k: 0  # the runs, measured
-    tune_cmd.measured_runs = lambda out, names: {dp.point.name: Measured(0.4, None, None)}
+    tune_cmd.measured_runs = lambda out, names: {dp.point.name: MeasuredFigures(0.4, None, None)}
 
     def stopped(out: Path, **how: object) -> None:
         os.kill(os.getpid(), getattr(signal, signal_name))
@@ -754,7 +754,7 @@ def test_the_verdicts_table_has_one_column_per_figure(tmp_path: Path, objective:
     target = parse_target("cpu", cpu_devices=8)
     dp = dataclasses.replace(planned("dp", 0.5), target=target)
     tuning = Tuning(get_preset("mlp-small"), target, OBJECTIVES[objective], Space(), 1, 10.0, 10, tmp_path,
-                    chosen=[dp], measured={dp.point.name: Measured(0.4, 3 * 2**20, None)})
+                    chosen=[dp], measured={dp.point.name: MeasuredFigures(0.4, 3 * 2**20, None)})
     head, row = table(tuning)
     assert len(head) == len(set(head)) == len(row)
     assert ("measured time" in head) == (objective == "time")

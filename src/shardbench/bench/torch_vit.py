@@ -93,7 +93,7 @@ def _vit_class() -> type[nn.Module]:
             x = x + self.attn(self.ln1(x))
             return x + self.mlp(self.ln2(x))
 
-    class VisionTransformer(nn.Module):
+    class TorchVisionTransformer(nn.Module):
         def __init__(self, cfg: ModelConfig, image_size: int) -> None:
             super().__init__()
             e, p = cfg.embed_dim, cfg.patch_size
@@ -110,7 +110,7 @@ def _vit_class() -> type[nn.Module]:
             x = self.blocks(x)
             return self.head(self.norm(x[:, 0]))
 
-    return VisionTransformer
+    return TorchVisionTransformer
 
 
 def _xavier_uniform_(weight: torch.Tensor, fan_in: int, fan_out: int) -> None:

@@ -47,7 +47,7 @@ ERASE_UNIFORMS = 5  # per image: erase?, area, aspect, top, left
 Progress = tuple[jax.Array | int, int]
 
 
-class Space(NamedTuple):
+class AugmentSpace(NamedTuple):
     """Each op's strongest setting (at level 1). Level 0 is the identity for every op that has a level, except
     solarize where `solarize_from` is 255 (torchvision's: pixels at 255 are inverted even at level 0)."""
 
@@ -62,10 +62,10 @@ class Space(NamedTuple):
 
 
 # TrivialAugment's ranges as this recipe has always used them (shears about the centre).
-TRIVIAL = Space(ENHANCE, ROTATE_DEG, SHEAR, TRANSLATE, False, POSTERIZE_BITS, 256.0)
+TRIVIAL = AugmentSpace(ENHANCE, ROTATE_DEG, SHEAR, TRANSLATE, False, POSTERIZE_BITS, 256.0)
 # torchvision's AutoAugment and RandAugment ranges (_augmentation_space), shearing as its _apply_op does: about the
 # image's top-left corner, as the AutoAugment paper's PIL code (1, level, 0, 0, 1, 0).
-TORCHVISION = Space(0.9, 30.0, 0.3, 150.0 / 331.0, True, (4, 8), 255.0, True)
+TORCHVISION = AugmentSpace(0.9, 30.0, 0.3, 150.0 / 331.0, True, (4, 8), 255.0, True)
 
 
 def pad_crop_flip(image: jax.Array, u: jax.Array, pad: int, flip: bool) -> jax.Array:
@@ -129,7 +129,7 @@ def _equalize(x: jax.Array) -> jax.Array:
 
 
 def apply_op(image: jax.Array, op: jax.Array, level: jax.Array | float, sign: jax.Array | float,
-             ops: tuple[str, ...], space: Space) -> jax.Array:
+             ops: tuple[str, ...], space: AugmentSpace) -> jax.Array:
     """Op number `op` of `ops` on a float32 (H, W, C) image in [0, 255], at `level` in [0, 1] of its strongest
     setting in `space`, towards `sign` (+1 or -1) where it has a direction. Every op of `ops` is computed with
     parameters that make it the identity unless it is the chosen one."""

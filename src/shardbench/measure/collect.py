@@ -112,12 +112,6 @@ def not_credible(steps: StepTimes, mfu: float) -> StepTimes:
         f"not the steps: train more steps (--steps) for a step time"))
 
 
-def step_times(timer: StepTimer) -> StepTimes:
-    """The timer's statistics as the record's `StepTimes`."""
-    stats = timer.stats()
-    return stats if isinstance(stats, StepTimes) else StepTimes(**stats)
-
-
 def _throughput(setup: RunSetup, steps: StepTimes, clocks: Clocks) -> Throughput:
     # Throughput is the steady state, from the same median step MFU divides by, so every speed figure of a run
     # ranks it alike; the wall-clock rate (data and checkpoints included, evaluation not, and the train step's
@@ -189,7 +183,7 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
                        host_peak: HostPeak | None = None) -> Measurements:
     """Every measurement of one run (`step` None: this invocation trained no step)."""
     layout = setup.layout
-    steps = step_times(clocks.timer)
+    steps = clocks.timer.stats()
     compiled = None if step is None else step.compiled
     comms = count_collectives(compiled.as_text()) if compiled is not None else None
     devices_here = layout_devices(layout)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from shardbench.measure.run_record import CompileTimes
+from shardbench.measure.run_record import CompileTimes, StepTimes
 
 
 def compile_timed(jitted: Any, *args: Any) -> tuple[Any, CompileTimes]:
@@ -56,18 +56,18 @@ class StepTimer:
         """These steps' intervals (ended by their results, still to come) are not counted as training steps."""
         self._left_out.update(steps)
 
-    def stats(self) -> dict[str, Any]:
-        """Median and p90 of the kept intervals; with none kept, `not_measured` says why."""
+    def stats(self) -> StepTimes:
+        """Median and p90 of the kept intervals, as the record's `StepTimes`; with none kept, `not_measured`
+        says why."""
         counts = {"measured_steps": len(self.intervals), "excluded_steps": self.excluded, "warmup": self.warmup}
         if not self.intervals:
             steps = self._seen + (self._last is not None)
             others = self.excluded - min(self._seen, self.warmup)
             why = (f"not measured: {steps} step(s) give {self._seen} interval(s); timing warm-up {self.warmup}"
                    + (f", {others} more excluded (evaluation, checkpoint or profiler)" if others else ""))
-            return {"median": None, "p90": None, **counts, "not_measured": why}
+            return StepTimes(median=None, p90=None, **counts, not_measured=why)
         arr = np.asarray(self.intervals)
-        return {"median": float(np.median(arr)), "p90": float(np.percentile(arr, 90)), **counts,
-                "not_measured": None}
+        return StepTimes(median=float(np.median(arr)), p90=float(np.percentile(arr, 90)), **counts)
 
 
 def fit_warmup(warmup: int, steps: int) -> tuple[int, str | None]:

@@ -17,7 +17,7 @@ from shardbench.measure.run_record import Cost, RunRecord
 from shardbench.prices import PriceTable, load_prices, row_basis, run_cost
 
 
-class ReportedRun(Protocol):
+class PricedRun(Protocol):
     """What pricing reads of a `report.content.ReportedRun` (a dataclass; named here by its shape, so that this
     module, which `content` reads its columns from, need not import it back)."""
 
@@ -31,14 +31,14 @@ class ReportedRun(Protocol):
     def ok(self) -> bool: ...
 
 
-Run = TypeVar("Run", bound=ReportedRun)
+Run = TypeVar("Run", bound=PricedRun)
 
 
-def cost(run: ReportedRun) -> Cost:
+def cost(run: PricedRun) -> Cost:
     return run.rec.cost or Cost()
 
 
-def steps_per_epoch(run: ReportedRun) -> int | None:
+def steps_per_epoch(run: PricedRun) -> int | None:
     """Steps in a whole epoch: as the record's cost or partial epoch says, else its steps over its whole epochs."""
     if run.rec.cost is not None and run.rec.cost.steps_per_epoch:
         return run.rec.cost.steps_per_epoch
@@ -78,7 +78,7 @@ def with_costs(runs: list[Run], table: PriceTable | None = None) -> list[Run]:
     return [r if r.rec.cost is not None or not r.ok else priced(r, packaged) for r in runs]
 
 
-def _energy(run: ReportedRun) -> str | None:
+def _energy(run: PricedRun) -> str | None:
     """'measured (312 W)' or 'estimated (700 W)': how the kWh were had, and the power per device they used."""
     c = cost(run)
     if c.energy is None or not c.watts_per_device:
@@ -86,8 +86,8 @@ def _energy(run: ReportedRun) -> str | None:
     return f"{c.energy} ({c.watts_per_device:,.0f} W)"
 
 
-def _per(label: str, get: Callable[[Cost], float | None]) -> Callable[[ReportedRun], float | None]:
-    def value(run: ReportedRun) -> float | None:
+def _per(label: str, get: Callable[[Cost], float | None]) -> Callable[[PricedRun], float | None]:
+    def value(run: PricedRun) -> float | None:
         c = cost(run)
         return get(c) if c.per == label else None
 
@@ -97,7 +97,7 @@ def _per(label: str, get: Callable[[Cost], float | None]) -> Callable[[ReportedR
 # (key, label, numeric, significant digits, value) of the report's cost columns; `report.content.COLUMNS` makes
 # them optional columns, shown where some run has a cost. Significant digits, not decimals: a small CPU run's
 # epoch costs a few hundred-thousandths of a dollar, which fixed decimals showed as 0.0000.
-COST_COLUMNS: tuple[tuple[str, str, bool, int, Callable[[ReportedRun], object]], ...] = (
+COST_COLUMNS: tuple[tuple[str, str, bool, int, Callable[[PricedRun], object]], ...] = (
     ("usd_epoch", "$/epoch on-demand", True, 3, lambda r: cost(r).on_demand_usd),
     ("usd_epoch_spot", "$/epoch spot", True, 3, lambda r: cost(r).spot_usd),
     ("kwh_epoch", "kWh/epoch", True, 3, lambda r: cost(r).kwh),
@@ -115,7 +115,7 @@ def priced_by(row: str, table: PriceTable) -> str:
     return row_basis(row, price.per if price is not None else "device")
 
 
-def cost_note(runs: list[ReportedRun], table: PriceTable | None = None) -> str:
+def cost_note(runs: list[PricedRun], table: PriceTable | None = None) -> str:
     """The table note's sentence on cost: which price table and rows, what each row's price is for (as each record
     priced it; for an older record, as `table`, the --prices table, else the packaged one, has it), and how energy
     was had. Where no run has a cost, why not."""

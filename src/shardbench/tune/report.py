@@ -16,7 +16,7 @@ from shardbench import config as config_lib
 from shardbench.errors import ConfigError, DataError
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.target import Target
-from shardbench.tune.select import MIB, Measured, Objective, Outcome, Planned, outcome
+from shardbench.tune.select import MIB, MeasuredFigures, Objective, Planned, Verdict, outcome
 from shardbench.tune.space import LIST_FLAGS, Dropped, Space, layout_settings, user_settings
 
 TUNE_JSON = "tune.json"
@@ -40,7 +40,7 @@ class Tuning:
     estimate: dict[str, float] = field(default_factory=dict)  # layout name -> estimated run wall, s
     chosen: list[Planned] = field(default_factory=list)  # in the plan's order
     runs: dict[str, str] = field(default_factory=dict)  # run name -> layout name
-    measured: dict[str, Measured] = field(default_factory=dict)  # layout name -> measured figures
+    measured: dict[str, MeasuredFigures] = field(default_factory=dict)  # layout name -> measured figures
     measure_wall_s: float | None = None
 
     @property
@@ -64,7 +64,7 @@ def _layout_row(t: Tuning, p: Planned, rank: dict[str, int]) -> dict[str, Any]:
             "measured_step_s": m.step_s if m else None, "measured_memory_bytes": m.memory_bytes if m else None}
 
 
-def summary(t: Tuning) -> Outcome | None:
+def summary(t: Tuning) -> Verdict | None:
     return outcome(t.chosen, t.measured, t.objective) if t.measured else None
 
 
@@ -330,7 +330,7 @@ def no_verdict_line(t: Tuning) -> str:
             f"error: report/report.md; its output: runs/<run>.log)")
 
 
-def verdict_lines(t: Tuning, v: Outcome | None) -> list[str]:
+def verdict_lines(t: Tuning, v: Verdict | None) -> list[str]:
     lines = [planned_line(t)]
     if v is None:
         return [*lines, no_verdict_line(t)]
@@ -357,7 +357,7 @@ def dropped_counts(t: Tuning) -> list[tuple[int, str]]:
     return sorted(((n, r) for r, n in counts.items()), key=lambda pair: -pair[0])
 
 
-def render_markdown(t: Tuning, v: Outcome | None, chart: str | None) -> str:
+def render_markdown(t: Tuning, v: Verdict | None, chart: str | None) -> str:
     """tune.md: the verdict (or why there is none), predicted against measured, the cost of an epoch, the winner's
     command where there is a winner, and what was dropped."""
     model = t.cfg.model.factory or t.cfg.preset

@@ -57,7 +57,7 @@ class Planned:
 
 
 @dataclass(frozen=True)
-class Measured:
+class MeasuredFigures:
     """What a measured run gives an objective: its median step and its memory per device (None: not measured),
     and its record's cost of an epoch."""
 
@@ -74,7 +74,7 @@ class Objective:
     name: str
     what: str
     predicted: Callable[[Planned], float]
-    measured: Callable[[Planned, Measured], float | None]
+    measured: Callable[[Planned, MeasuredFigures], float | None]
     show: Callable[[float], str]
 
 
@@ -190,7 +190,7 @@ def regret(top: float, best: float) -> float | None:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Verdict:
     """The measured verdict over the chosen layouts (those whose run measured the objective)."""
 
     winner: Planned
@@ -213,7 +213,7 @@ class Outcome:
         return {batch: describe_tau(*pair) for batch, pair in self.orders.items()}
 
 
-def outcome(chosen: Sequence[Planned], measured: dict[str, Measured], objective: Objective) -> Outcome | None:
+def outcome(chosen: Sequence[Planned], measured: dict[str, MeasuredFigures], objective: Objective) -> Verdict | None:
     """The winner (best measured objective), the regret of the plan's top choice (`chosen[0]`) against it, and
     per batch size the predicted and measured step times of the runs with one (for Kendall's tau). `measured` is
     keyed by `Point.name`; None when no run measured."""
@@ -234,5 +234,5 @@ def outcome(chosen: Sequence[Planned], measured: dict[str, Measured], objective:
             predicted, steps = orders.setdefault(p.point.batch, ([], []))
             predicted.append(p.predicted.step_s)
             steps.append(step)
-    return Outcome(winner, best, top, top_value, None if top_value is None else regret(top_value, best),
+    return Verdict(winner, best, top, top_value, None if top_value is None else regret(top_value, best),
                    dict(sorted(orders.items())), len(values))

@@ -22,8 +22,8 @@ from shardbench.plan.candidates import PER_STAGE, USES
 from shardbench.plan.target import HINT, Target, ignored_layout_notes, parse_target
 from shardbench.prices import prices_from_flag
 from shardbench.store import lock_runs
-from shardbench.tune.select import (OBJECTIVE_NAMES, OBJECTIVES, Measured, Planned, check_budget_floor, compile_each_s,
-                                    estimate_run_s, rank, select)
+from shardbench.tune.select import (OBJECTIVE_NAMES, OBJECTIVES, MeasuredFigures, Planned, check_budget_floor,
+                                    compile_each_s, estimate_run_s, rank, select)
 from shardbench.tune.select import objective as select_objective
 from shardbench.tune.space import (LAYOUT_KEYS, LIST_FLAGS, Dropped, Point, Space, enumerate_space, layout_settings,
                                    parse_ints, parse_names, user_settings)
@@ -304,18 +304,18 @@ def run_measurements(args: argparse.Namespace, sweep: Any, out: Path, resume: bo
         return run_sweep(sweep, store, opts, out=lambda line: print(line, flush=True))
 
 
-def measured_runs(out: Path, names: dict[str, str]) -> dict[str, Measured]:
+def measured_runs(out: Path, names: dict[str, str]) -> dict[str, MeasuredFigures]:
     """Each measured layout's figures (keyed by layout name) from the sweep's store."""
     from shardbench.report.content import reported
     from shardbench.store import Store
 
-    found: dict[str, Measured] = {}
+    found: dict[str, MeasuredFigures] = {}
     with Store(out / "sweep.db") as store:
         for row in store.runs():
             run = reported(row)
             if row.name in names and run.ok:
                 mib = run.memory[0]
-                found[names[row.name]] = Measured(run.step_median, None if mib is None else mib * 2**20,
+                found[names[row.name]] = MeasuredFigures(run.step_median, None if mib is None else mib * 2**20,
                                                   run.rec.cost)
     return found
 
