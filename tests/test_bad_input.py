@@ -175,9 +175,9 @@ CONF, DATA = "configuration", "data"
 # or a folder with nothing to report is configuration.
 VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: a seed of 2^63", lambda t: ["train", *TINY, "--seed", str(2**63), "--out", str(t / "o")],
-     "--train.seed must be in [0, 2^32)", CONF),
+     "--seed must be in [0, 2^32)", CONF),
     ("train: 400 digits of steps", lambda t: ["train", *TINY, "--steps", "9" * 400, "--out", str(t / "o")],
-     "--train.steps must be in [0, 2^31); 0 = train by --epochs, got a number of 400 digits", CONF),
+     "--steps must be in [0, 2^31); 0 = train by --epochs, got a number of 400 digits", CONF),
     ("train: a width past 2^31", lambda t: ["train", *TINY, "--model.mlp-dim", "99999999999999999999", "--out",
                                             str(t / "o")], "--model.mlp-dim must be in (0, 2^31)", CONF),
     ("train: generated examples past 2^31", lambda t: ["train", *TINY, "--data.synthetic-train", "9" * 30, "--out",
@@ -312,7 +312,7 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     # Was a case that errored (8 TiB allocated) after the others ran, exit 1, with bench.json written.
     ("bench: a batch past the field's range", lambda t: ["bench", "--groups", "batch", "--batches", "3000000000",
                                                          "--preset", "vit-tiny", "--out", str(t / "o")],
-     "--batches 3000000000: --train.batch-size must be in (0, 2^31)", CONF),
+     "--batches 3000000000: --batch-size must be in (0, 2^31)", CONF),
     ("bench: a language model", lambda t: ["bench", "--preset", "lm-tiny", "--out", str(t / "o")], "lm-tiny", CONF),
     ("launch: no processes", lambda t: ["launch", "--processes", "0", "train", *TINY], "--processes", CONF),
     # inf was taken, and crashed the launcher (OverflowError, exit 70) once its processes had started.

@@ -446,6 +446,12 @@ def test_the_baselines_are_refused_a_step_with_a_recipe_they_do_not_run(monkeypa
     (["--windows", "0"], "--windows 0: give a whole number >= 1"),
     (["--warmup", "-1"], "--warmup -1: give a whole number >= 0"),
     (["--steps-per-window", "-2"], "--steps-per-window -2: give a whole number >= 0"),
+    # Each value as the configuration field it sets declares it, in the words train uses.
+    (["--dtype", "float32,float8"], "unknown --dtype 'float8': choose one of float32, bfloat16, float16"),
+    (["--matmul-precision", "max"], "unknown --matmul-precision 'max': choose one of default, high, highest"),
+    (["--groups", "step,speed"], "unknown --groups 'speed': choose one of step, batch,"),
+    (["--groups", "batch", "--batches", "8,x"], "--batches 'x' is not a whole number"),
+    (["--groups", "batch", "--batches", "8,0"], "--batches 0: --batch-size must be in (0, 2^31), got 0"),
 ])
 def test_bench_refuses_in_one_line_what_would_fail_or_mislead_after_the_compiles(monkeypatch, argv: list[str],
                                                                                    says: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 
@@ -75,7 +76,7 @@ def test_config_round_trips_through_json() -> None:
         ({"model.num_heads": 5}, "not divisible by 5 heads"),
         ({"model.patch_size": 5}, "not divisible by patch size 5"),
         ({"train.batch_size": "many"}, "'many' is not a valid int"),
-        ({"model.dropout": 1.5}, "--model.dropout must be in [0, 1), got 1.5"),
+        ({"model.dropout": 1.5}, "--dropout must be in [0, 1), got 1.5"),
         ({"data.crop_scale": "0.5,1.5"}, "--data.crop-scale 0.5,1.5 is invalid"),
         # Adam's epsilon is 0 in float16 and its second moment underflows: the first update was NaN, exit 3.
         ({"precision.param_dtype": "float16"}, "--param-dtype float16 with --optim.optimizer adamw: Adam's epsilon "
@@ -136,7 +137,7 @@ def test_every_numeric_field_has_a_range_checked_before_anything_runs(key: str) 
     lowest = allowed.low + (1 if kind is int else 1e-3) * allowed.low_open
     check_ranges(override(base, {key: kind(lowest)}))
     for value in _outside(allowed, kind):
-        with pytest.raises(ConfigError, match=re.escape(f"--{key.replace('_', '-')} must be in {allowed.text()}")):
+        with pytest.raises(ConfigError, match=re.escape(f"{config_lib.flag_name(key)} must be in {allowed.text()}")):
             check_ranges(override(base, {key: value}))
     assert f"range {allowed.text()}" in _train_help()
 
@@ -316,3 +317,25 @@ def test_sgd_without_momentum_keeps_no_momentum_buffer() -> None:
         return sum(np.size(leaf) for leaf in jax.tree.leaves(build_optimizer(cfg, 10).init(params)))
 
     assert state_elements(0.9) - state_elements(0.0) == 100 * 10 + 10  # the buffer, and only it
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    ({"precision.dtype": "float32,float8"}, "unknown --dtype 'float8': choose one of float32, bfloat16, float16"),
+    ({"model.remat": "none,most"}, "unknown --remat 'most': choose one of none, block, full (a comma list)"),
+    ({"train.batch_size": "64,3000000000"}, "--batch-size must be in (0, 2^31), got 3000000000"),
+    ({"train.grad_accum": "2,0"}, "--grad-accum must be in [1, 2^31); 1 = off, got 0"),
+    ({"train.grad_accum": "2,-1"}, "--grad-accum '-1' is not a whole number"),
+    ({"train.batch_size": " , "}, "--batch-size ' , ': give one value or a comma list"),
+])
+def test_a_comma_list_of_a_fields_values_is_checked_as_the_field_declares(given: dict[str, str], says: str) -> None:
+    """plan and tune take several values of a field where train takes one: each is refused in train's words, from
+    the field's own declaration (its choices, or its range for a whole number), not from a check of their own."""
+    from shardbench.flags import comma_lists
+
+    names = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.batch_size": "--batch-size",
+             "train.grad_accum": "--grad-accum"}
+    with pytest.raises(ConfigError, match=f"^{re.escape(says)}"):
+        comma_lists(argparse.Namespace(**given), names)
+    args = argparse.Namespace(**{"precision.dtype": "bfloat16,float32", "train.batch_size": "64,128"})
+    assert comma_lists(args, names) == {"precision.dtype": ["bfloat16", "float32"], "train.batch_size": ["64", "128"]}
+    assert (getattr(args, "precision.dtype"), getattr(args, "train.batch_size")) == ("bfloat16", "64")

@@ -64,12 +64,12 @@ def _image_tree(root: Path, *, splits: tuple[str, ...] = ("train", "test"), corr
          "model.mlp_dim = 60 is not divisible by the model axis"),
         (["--strategy", "zero3"], "unknown --strategy 'zero3'"),
         # Mistakes a new user makes: each names its flag before anything compiles.
-        (["--steps", "-5"], "--train.steps must be in [0, 2^31); 0 = train by --epochs, got -5"),
-        (["--lr", "nan"], "--optim.lr must be in (0, inf), got nan"),
+        (["--steps", "-5"], "--steps must be in [0, 2^31); 0 = train by --epochs, got -5"),
+        (["--lr", "nan"], "--lr must be in (0, inf), got nan"),
         (["--train.eval-batch-size", "-3"], "--train.eval-batch-size must be in [0, 2^31); 0 = --batch-size, got -3"),
         (["--optim.weight-decay", "-1"], "--optim.weight-decay must be in [0, inf), got -1.0"),
         (["--train.checkpoint-every", "-1"], "--train.checkpoint-every must be in [0, 2^31); 0 = only at the end"),
-        (["--devices", "-1"], "--parallel.devices must be in [0, 2^31); 0 = every device, got -1"),
+        (["--devices", "-1"], "--devices must be in [0, 2^31); 0 = every device, got -1"),
         (["--dtype", "float8"], "unknown --dtype 'float8'"),
     ],
 )

@@ -92,6 +92,21 @@ def unknown_choice(flag: str, value: str, choices: Sequence[str], *, comma_list:
     return None
 
 
+def list_refusal(flag: str, items: Sequence[str], *, choices: Sequence[str] = (), range: Range | None = None,  # noqa: A002
+                 integers: bool = False) -> str | None:
+    """The one line for the first item of a comma list (a command that tries several values of one field, or a
+    flag of its own) that is not among `choices`, not a whole number where `integers`, or outside `range`; None
+    when every item is. The same wording as a single value's refusal."""
+    for item in items:
+        if choices and item not in choices:
+            return unknown_choice(flag, item, choices, comma_list=True)
+        if integers and not (item.isascii() and item.isdigit()):
+            return f"{flag} '{item}' is not a whole number: give whole numbers, comma separated"
+        if range is not None and not range.holds(int(item) if integers else float(item)):
+            return f"{flag} must be in {range.text()}, got {item}"
+    return None
+
+
 def setting(default: T, help: str, *, choices: tuple[str, ...] = (), range: Range | None = None,  # noqa: A002
             short: str = "", comma_list: bool = False, repeatable: bool = False) -> T:
     """A dataclass field with its default and its declaration (`Spec`); the field's type is its annotation."""
@@ -108,5 +123,5 @@ def spec_of(f: dataclasses.Field[Any]) -> Spec:
     return spec
 
 
-__all__ = ["FRACTION", "INT_LIMIT", "POSITIVE", "POSITIVE_COUNT", "Range", "Spec", "count", "setting", "spec_of",
-           "unknown_choice"]
+__all__ = ["FRACTION", "INT_LIMIT", "POSITIVE", "POSITIVE_COUNT", "Range", "Spec", "count", "list_refusal", "setting",
+           "spec_of", "unknown_choice"]

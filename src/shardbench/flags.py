@@ -14,7 +14,7 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.fields import Spec
+from shardbench.fields import Spec, list_refusal
 from shardbench.parsing import override
 from shardbench.presets import PRESETS, get_preset
 
@@ -76,8 +76,10 @@ def given_fields(args: argparse.Namespace) -> frozenset[str]:
 
 def comma_lists(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, list[str]]:
     """The comma lists given to the configuration fields `flags` names (key -> its flag), for commands that take
-    several values where a run takes one (plan, tune); `args` is left holding the first value of each."""
+    several values where a run takes one (plan, tune), each value checked against the field's declaration (its
+    choices, or a whole number in its range); `args` is left holding the first value of each."""
     out: dict[str, list[str]] = {}
+    declared = config_lib.declarations()
     for key, flag in flags.items():
         given = getattr(args, key, None)
         if given is None:
@@ -85,6 +87,10 @@ def comma_lists(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, li
         values = [v.strip() for v in str(given).split(",") if v.strip()]
         if not values:
             raise ConfigError(f"{flag} '{given}': give one value or a comma list")
+        kind, _, spec = declared[key]
+        refusal = list_refusal(flag, values, choices=spec.choices, range=spec.range, integers=kind is int)
+        if refusal:
+            raise ConfigError(refusal)
         out[key] = values
         setattr(args, key, values[0])
     return out

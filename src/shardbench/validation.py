@@ -30,7 +30,7 @@ def check_ranges(cfg: Config) -> None:
     values = flatten(cfg)
     for key, allowed in config_lib.RANGES.items():
         if not allowed.holds(values[key]):
-            raise ConfigError(f"--{key.replace('_', '-')} must be in {allowed.text()}, got {_shown(values[key])}")
+            raise ConfigError(f"{config_lib.flag_name(key)} must be in {allowed.text()}, got {_shown(values[key])}")
 
 
 def _shown(value: float) -> str:

@@ -50,6 +50,7 @@ from shardbench import malloc
 from shardbench.bench.matmul import jax_matmul
 from shardbench.bench.tables import busy_host, render
 from shardbench.errors import ConfigError, writable_dir
+from shardbench.fields import list_refusal
 from shardbench.parsing import override
 from shardbench.presets import PRESETS, get_preset
 from shardbench.subprocs import interrupted_code, start, terminated_as_interrupt
@@ -109,7 +110,7 @@ def add_parser(subparsers: Any) -> None:
                    help="depths of the layers group (default: 6,12,24 on a CPU; 6,12 on an accelerator, where the "
                         "24-layer unrolled compile did not finish within a 10-minute run on an H100: pass --layers "
                         "6,12,24 to run it)")
-    p.add_argument("--matmul-precision", default=None, type=_matmul_precision,
+    p.add_argument("--matmul-precision", default=None,
                    metavar="|".join(config_lib.MATMUL_PRECISIONS),
                    help="float32 matmul arithmetic of both sides (default: the preset's, 'default'): default or high "
                         "= TF32 on an NVIDIA GPU for JAX and PyTorch alike, highest = full float32; the CPU is "
@@ -134,12 +135,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _ints(text: str, flag: str, unique: bool = False) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag} '{text}' is not a comma list of integers, e.g. 32,64,128") from None
-    if not values or min(values) <= 0:
-        raise ConfigError(f"{flag} '{text}' needs positive integers, e.g. 32,64,128")
+    """A comma list of whole numbers; each is then checked as the field it sets declares (`validate`)."""
+    items = [v.strip() for v in text.split(",") if v.strip()]
+    refusal = list_refusal(flag, items, integers=True) if items else (
+        f"{flag} '{text}': give one value or a comma list, e.g. 32,64,128")
+    if refusal:
+        raise ConfigError(refusal)
+    values = [int(v) for v in items]
     if unique:
         _once(values, flag, text)
     return values
@@ -151,12 +153,6 @@ def _once(values: list[Any], flag: str, text: str) -> None:
     twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
     if twice is not None:
         raise ConfigError(f"{flag} '{text}' names {twice} twice: name each once")
-
-
-def _matmul_precision(text: str) -> str:
-    if text not in config_lib.MATMUL_PRECISIONS:
-        raise argparse.ArgumentTypeError(f"'{text}': choose one of {', '.join(config_lib.MATMUL_PRECISIONS)}")
-    return text
 
 
 # The largest matmul-peak side taken: three float32 matrices of 32,768^2 are 12 GiB, more than a laptop holds;
@@ -183,9 +179,10 @@ def unlike_the_baselines(cfg: config_lib.Config) -> list[str]:
 
 def _names(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(allowed))
-    if unknown or not names:
-        raise ConfigError(f"{flag} '{text}': choose from {','.join(allowed)}")
+    refusal = list_refusal(flag, names, choices=allowed) if names else (
+        f"{flag} '{text}': give one value or a comma list of {', '.join(allowed)}")
+    if refusal:
+        raise ConfigError(refusal)
     _once(names, flag, text)
     return names
 
@@ -237,9 +234,9 @@ def settings(dtypes: str, batches: str, platform: str) -> list[tuple[str, int]]:
         return list(default)
     names = [d.strip() for d in dtypes.split(",") if d.strip()] or [default[0][0]]
     sizes = _ints(batches, "--batch-size") if batches.strip() else [default[0][1]]
-    bad = sorted(set(names) - set(config_lib.DTYPES))
-    if bad:
-        raise ConfigError(f"--dtype '{dtypes}': {bad[0]} is not a dtype; choose from {','.join(config_lib.DTYPES)}")
+    refusal = list_refusal("--dtype", names, choices=config_lib.SPECS["precision.dtype"].choices)
+    if refusal:
+        raise ConfigError(refusal)
     if len(names) == 1:
         names = names * len(sizes)
     if len(sizes) == 1:

@@ -11,6 +11,7 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
+from shardbench.fields import list_refusal
 from shardbench.parallel.mesh import EXPERT, MeshShape, parse_mesh
 from shardbench.parallel.rules import STRATEGIES, batch_shards
 
@@ -75,9 +76,9 @@ def candidates(devices: int, batch: int, strategies: list[str], remats: list[str
     M = k x S (k in `per_stage`) that divides each accumulated microbatch's examples per data shard, x every
     schedule. A one-line ConfigError when no mesh uses `devices`, no layout divides `batch`, or a K divides no
     layout's share."""
-    unknown = sorted(set(strategies) - set(USES))
-    if unknown:
-        raise ConfigError(f"--candidates: unknown strategy '{unknown[0]}': choose from {', '.join(USES)}")
+    refusal = list_refusal("--candidates", strategies, choices=tuple(USES))
+    if refusal:
+        raise ConfigError(refusal)
     layouts: list[tuple[str, str, int]] = []  # (strategy, mesh, data-parallel size)
     for strategy in strategies:
         if strategy == "single":

@@ -12,6 +12,7 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
+from shardbench.fields import count, list_refusal
 from shardbench.parallel.rules import STRATEGIES, batch_shards
 from shardbench.parsing import override
 from shardbench.plan.candidates import (PER_STAGE, USES, Candidate, candidate_config, candidates, meshes,
@@ -191,19 +192,20 @@ def user_settings(cfg: config_lib.Config) -> dict[str, Any]:
 
 
 def parse_ints(flag: str, text: str) -> tuple[int, ...]:
-    """A comma list of whole numbers of at least 1, or one line naming the flag."""
-    values = [v.strip() for v in str(text).split(",") if v.strip()]
-    if not values or not all(v.isdigit() and int(v) >= 1 for v in values):
-        raise ConfigError(f"{flag} '{text}': give whole numbers, 1 or more, comma separated")
-    return tuple(dict.fromkeys(int(v) for v in values))
+    """A comma list of whole numbers from 1 to below 2^31, each once, or one line naming the flag."""
+    values = tuple(dict.fromkeys(v.strip() for v in str(text).split(",") if v.strip()))
+    refusal = list_refusal(flag, values, range=count(1), integers=True) if values else (
+        f"{flag} '{text}': give one value or a comma list")
+    if refusal:
+        raise ConfigError(refusal)
+    return tuple(int(v) for v in values)
 
 
 def parse_names(flag: str, text: str, choices: Sequence[str]) -> tuple[str, ...]:
-    """A comma list of names from `choices`, or one line naming the flag and the choices."""
+    """A comma list of names from `choices`, each once, or one line naming the flag and the choices."""
     values = tuple(dict.fromkeys(v.strip() for v in str(text).split(",") if v.strip()))
-    if not values:
-        raise ConfigError(f"{flag} '{text}': give one value or a comma list")
-    for v in values:
-        if v not in choices:
-            raise ConfigError(f"{flag} {v}: choose from {', '.join(choices)}")
+    refusal = list_refusal(flag, values, choices=choices) if values else (
+        f"{flag} '{text}': give one value or a comma list")
+    if refusal:
+        raise ConfigError(refusal)
     return values

@@ -93,10 +93,10 @@ def make_space(cfg: config_lib.Config, args: argparse.Namespace, lists: dict[str
                   else tuple(USES))
     return Space(
         strategies=strategies, remats=tuple(plan_cmd.remat_choices(cfg, lists)),
-        dtypes=parse_names("--dtype", ",".join(lists.get("precision.dtype", [cfg.precision.dtype])),
-                           config_lib.DTYPES),
-        accums=parse_ints("--grad-accum", ",".join(lists.get("train.grad_accum", [str(cfg.train.grad_accum)]))),
-        batches=parse_ints("--batch-size", ",".join(lists.get("train.batch_size", [str(cfg.train.batch_size)]))),
+        # --dtype, --grad-accum and --batch-size were checked as their fields declare (`comma_lists`)
+        dtypes=tuple(dict.fromkeys(lists.get("precision.dtype", [cfg.precision.dtype]))),
+        accums=tuple(dict.fromkeys(int(v) for v in lists.get("train.grad_accum", [cfg.train.grad_accum]))),
+        batches=tuple(dict.fromkeys(int(v) for v in lists.get("train.batch_size", [cfg.train.batch_size]))),
         per_stage=parse_ints("--microbatches-per-stage", args.microbatches_per_stage),
         schedules=parse_names("--schedules", args.schedules, config_lib.PIPELINE_SCHEDULES),
         examples=train_examples(cfg), repeats=cfg.data.repeat_augment)
@@ -348,7 +348,7 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, Space,
     validate(cfg)
     check_dataset(cfg)  # a dataset train would refuse: one line, not a space of layouts refused one by one
     if "train.batch_size" in lists:  # each batch size of the space as train would check it, not the first alone
-        validate_batches(cfg, parse_ints("--batch-size", ",".join(lists["train.batch_size"])))
+        validate_batches(cfg, tuple(dict.fromkeys(int(v) for v in lists["train.batch_size"])))
     target = parse_target(default_target(args.target), cpu_devices=cfg.parallel.devices or 8)
     executor, _, _ = slurm_options.resolve(args, None)
     if executor == "slurm":
