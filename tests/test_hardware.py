@@ -13,7 +13,7 @@ from shardbench.measure.flops import table_peak
     ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H200", "h200"),
     ("NVIDIA B200", "b200"), ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA L4", "l4"), ("Tesla V100-SXM2-32GB", "v100"),
     ("TPU v4", "tpu-v4"), ("TPU v5 lite", "tpu-v5e"), ("TPU v5", "tpu-v5p"), ("TPU v6 lite", "tpu-v6e"),
-    ("TPU v3", "tpu-v3"), ("TPU v2", "tpu-v2"), ("NVIDIA H200 NVL", "h200"), ("NVIDIA H100 NVL", "h100"),
+    ("TPU v3", "tpu-v3"), ("TPU v2", "tpu-v2"), ("NVIDIA H200 NVL", "h200-nvl"), ("NVIDIA H100 NVL", "h100-nvl"),
     ("NVIDIA A100 80GB PCIe", "a100"), ("Tesla V100S-PCIE-32GB", "v100"), ("TPU v5e", "tpu-v5e"),
     ("TPU v5p", "tpu-v5p"), ("TPU v6e", "tpu-v6e"),
 ])
@@ -48,6 +48,14 @@ DATASHEET: dict[str, dict[str, float | str | None]] = {
     # Same sheet, H100 PCIe column: BF16 1,513 TF*, TF32 756 TF*, FP32 51 TF, 80 GB, 2 TB/s, NVLink bridge 600 GB/s.
     "h100-pcie": {"bf16": 1513e12 * SPARSE, "tf32": 756e12 * SPARSE, "f32": 51e12, "memory": 80 * GB,
                   "bandwidth": 2 * TB, "nvlink_bidir": 600 * GB, "nic_per_chip": 400e9 / 8, "per_node": 8},
+    # Same sheet, H100 NVL column: BF16 1,671 TF*, TF32 835 TF*, FP32 60 TF, 94 GB, 3.9 TB/s, NVLink 600 GB/s
+    # (a bridge between pairs of cards). One 400 Gb/s NIC per GPU and 8 per node are the table's assumption.
+    "h100-nvl": {"bf16": 1671e12 * SPARSE, "tf32": 835e12 * SPARSE, "f32": 60e12, "memory": 94 * GB,
+                 "bandwidth": 3.9 * TB, "nvlink_bidir": 600 * GB, "nic_per_chip": 400e9 / 8, "per_node": 8},
+    # NVIDIA H200 Tensor Core GPU data sheet, H200 NVL column: BF16 1,671 TF*, TF32 835 TF*, FP32 60 TF, 141 GB,
+    # 4.8 TB/s, 2- or 4-way NVLink bridge 900 GB/s per GPU. NIC and node as for the H100 NVL.
+    "h200-nvl": {"bf16": 1671e12 * SPARSE, "tf32": 835e12 * SPARSE, "f32": 60e12, "memory": 141 * GB,
+                 "bandwidth": 4.8 * TB, "nvlink_bidir": 900 * GB, "nic_per_chip": 400e9 / 8, "per_node": 8},
     # NVIDIA H200 Tensor Core GPU data sheet, H200 SXM column: BF16 1,979 TF*, TF32 989 TF*, FP32 67 TF, 141 GB,
     # 4.8 TB/s, NVLink 900 GB/s; HGX H200: 8 GPUs, one 400 Gb/s ConnectX-7 per GPU.
     "h200": {"bf16": 1979e12 * SPARSE, "tf32": 989e12 * SPARSE, "f32": 67e12, "memory": 141 * GB, "bandwidth": 4.8 * TB,

@@ -84,10 +84,21 @@ class Chip:
 
 
 CHIPS: tuple[Chip, ...] = (
+    # The NVL parts are PCIe cards whose NVLink bridge joins 2 (H100 NVL) or up to 4 (H200 NVL) of them; a node's
+    # other cards talk over PCIe Gen5 (128 GB/s bidirectional). The planner has one link inside a node, so, as for
+    # the H100 PCIe, it takes the bridge's for all 8: optimistic for a collective over more cards than a bridge
+    # joins. NVIDIA H200 data sheet, H200 NVL column: 1,671 TF BF16, 835 TF TF32 (with sparsity: 835 and 418
+    # dense), 60 TF FP32, 141 GB HBM3e at 4.8 TB/s, NVLink bridge 900 GB/s per GPU (bidirectional), up to 600 W.
+    Chip("h200-nvl", r"\bh200 nvl\b", {"bf16": 835.5e12, "tf32": 417.5e12, "f32": 60e12}, 141 * GB, 4.8e12, 450 * GB,
+         50 * GB, 8, "NVIDIA H200 Tensor Core GPU data sheet (NVL)"),
     # NVIDIA H200 SXM data sheet: 989 TF BF16, 494 TF TF32, 67 TF FP32 (dense), 141 GB HBM3e at 4.8 TB/s, NVLink
     # 900 GB/s (bidirectional); HGX H200: 8 GPUs, one 400 Gb/s ConnectX-7 NIC per GPU.
     Chip("h200", r"\bh200\b", {"bf16": 989e12, "tf32": 494e12, "f32": 67e12}, 141 * GB, 4.8e12, 450 * GB, 50 * GB, 8,
          "NVIDIA H200 Tensor Core GPU data sheet (SXM); HGX H200"),
+    # NVIDIA H100 data sheet, H100 NVL column: 1,671 TF BF16, 835 TF TF32 (with sparsity), 60 TF FP32, 94 GB HBM3
+    # at 3.9 TB/s, NVLink bridge 600 GB/s (bidirectional), 350-400 W.
+    Chip("h100-nvl", r"\bh100 nvl\b", {"bf16": 835.5e12, "tf32": 417.5e12, "f32": 60e12}, 94 * GB, 3.9e12, 300 * GB,
+         50 * GB, 8, "NVIDIA H100 Tensor Core GPU data sheet (NVL)"),
     # NVIDIA H100 PCIe: 756 TF BF16, 378 TF TF32, 51 TF FP32, 80 GB HBM2e at 2.0 TB/s; NVLink bridge 600 GB/s.
     Chip("h100-pcie", r"\bh100 pcie\b", {"bf16": 756e12, "tf32": 378e12, "f32": 51e12}, 80 * GB, 2.0e12, 300 * GB,
          50 * GB, 8, "NVIDIA H100 Tensor Core GPU data sheet (PCIe)"),
