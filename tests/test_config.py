@@ -330,12 +330,17 @@ def test_sgd_without_momentum_keeps_no_momentum_buffer() -> None:
 def test_a_comma_list_of_a_fields_values_is_checked_as_the_field_declares(given: dict[str, str], says: str) -> None:
     """plan and tune take several values of a field where train takes one: each is refused in train's words, from
     the field's own declaration (its choices, or its range for a whole number), not from a check of their own."""
+    from shardbench.fields import list_refusal
     from shardbench.flags import comma_lists
 
     names = {"precision.dtype": "--dtype", "model.remat": "--remat", "train.batch_size": "--batch-size",
              "train.grad_accum": "--grad-accum"}
     with pytest.raises(ConfigError, match=f"^{re.escape(says)}"):
         comma_lists(argparse.Namespace(**given), names)
+    # a field of real numbers, as a command of its own might list them
+    assert list_refusal("--lr", ["0.1", "x"], range=config_lib.RANGES["optim.lr"]) == (
+        "--lr 'x' is not a number: give numbers, comma separated")
+    assert list_refusal("--lr", ["0.1", "-1"], range=config_lib.RANGES["optim.lr"]).startswith("--lr must be in (0")
     args = argparse.Namespace(**{"precision.dtype": "bfloat16,float32", "train.batch_size": "64,128"})
     assert comma_lists(args, names) == {"precision.dtype": ["bfloat16", "float32"], "train.batch_size": ["64", "128"]}
     assert (getattr(args, "precision.dtype"), getattr(args, "train.batch_size")) == ("bfloat16", "64")

@@ -102,8 +102,13 @@ def list_refusal(flag: str, items: Sequence[str], *, choices: Sequence[str] = ()
             return unknown_choice(flag, item, choices, comma_list=True)
         if integers and not (item.isascii() and item.isdigit()):
             return f"{flag} '{item}' is not a whole number: give whole numbers, comma separated"
-        if range is not None and not range.holds(int(item) if integers else float(item)):
-            return f"{flag} must be in {range.text()}, got {item}"
+        if range is not None:
+            try:
+                value: float = int(item) if integers else float(item)
+            except ValueError:
+                return f"{flag} '{item}' is not a number: give numbers, comma separated"
+            if not range.holds(value):
+                return f"{flag} must be in {range.text()}, got {item}"
     return None
 
 
