@@ -349,3 +349,17 @@ def test_a_composite_strategy_with_an_axis_of_one_device_says_so(micro, strategy
         assert "axis has size 1" not in line, line
     else:
         assert f" | {note}" in line, line
+
+
+def test_an_unknown_strategy_name_is_refused_in_the_flags_words() -> None:
+    """The strategies' table is looked up by the name the configuration declares; any other name gets the same line
+    `--strategy` gives, listing the table's names (the planner and tune reach the table without the flag)."""
+    from shardbench.parallel.rules import STRATEGIES, get_strategy
+    from shardbench.tune.space import Space, enumerate_space
+
+    assert get_strategy("fsdp").name == "fsdp"
+    with pytest.raises(ConfigError, match=r"^unknown --strategy 'zero3': choose one of single, dp, ") as err:
+        get_strategy("zero3")
+    assert all(name in str(err.value) for name in STRATEGIES)
+    with pytest.raises(ConfigError, match=r"^unknown --candidates 'zero3': choose one of .* \(a comma list\)$"):
+        enumerate_space(8, Space(strategies=("dp", "zero3")))

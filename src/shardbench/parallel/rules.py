@@ -31,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceShardin
 from shardbench import config as config_lib
 from shardbench.devices import process_count
 from shardbench.errors import ConfigError
+from shardbench.fields import unknown_choice
 from shardbench.models.axes import BATCH, EMBED, EXPERT, HEADS, LAYERS, MLP, NORM_SEQ, SEQ, Axes
 from shardbench.parallel.mesh import (
     DATA, MESH_AXES, MODEL, SEQUENCE, STAGE, MeshShape, build_mesh, parse_mesh,
@@ -214,7 +215,7 @@ if set(STRATEGIES) != set(config_lib.STRATEGIES) - {"auto"}:
 
 def get_strategy(name: str) -> Strategy:
     if name not in STRATEGIES:
-        raise ConfigError(f"unknown strategy '{name}': choose one of {', '.join(STRATEGIES)}")
+        raise ConfigError(unknown_choice("--strategy", name, tuple(STRATEGIES)) or name)
     return STRATEGIES[name]
 
 

@@ -135,9 +135,9 @@ def enumerate_space(devices: int, space: Space) -> tuple[list[Point], list[Dropp
     """Every layout of `space` on `devices` devices that the planner can consider, one per distinct layout (on one
     device dp, fsdp, tp, ... are `single`'s layout: planned and measured once), and what was dropped before
     planning with its reason. A one-line ConfigError for an unknown strategy."""
-    unknown = sorted(set(space.strategies) - set(USES))
-    if unknown:
-        raise ConfigError(f"--candidates: unknown strategy '{unknown[0]}': choose from {', '.join(USES)}")
+    refusal = list_refusal("--candidates", space.strategies, choices=tuple(USES))
+    if refusal:
+        raise ConfigError(refusal)
     layouts: list[Point] = []
     dropped: list[Dropped] = []
     for batch in space.batches:
