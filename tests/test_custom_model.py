@@ -156,6 +156,20 @@ BAD_PLUGINS = [
     ("import not_a_module_anywhere\n", "does not import: ModuleNotFoundError"),
     ("def build(cfg):\n    return None\n", "build(cfg) must take (cfg, rngs)"),
     ("def make(cfg, rngs):\n    return None\n", "has no function build (it has: make)"),
+    # the functions it offers are the file's own, not those it imported
+    ("from math import sqrt\nfrom flax.nnx import with_partitioning as P\ndef make(cfg, rngs):\n    return None\n",
+     "has no function build (it has: make)"),
+    # a parameter naming fewer axes than it has dimensions: its names were dropped, and nothing said so
+    ("from flax import nnx\n"
+     "class Short(nnx.Module):\n"
+     "    def __init__(self, rngs):\n"
+     "        init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ('embed',))\n"
+     "        self.dense = nnx.Linear(32 * 32 * 3, 10, kernel_init=init, rngs=rngs)\n"
+     "    def __call__(self, x):\n"
+     "        return self.dense(x.reshape(x.shape[0], -1))\n"
+     "def build(cfg, rngs):\n    return Short(rngs)\n",
+     "your model's parameter dense/kernel names 1 axes ('embed',) for its 2 dimensions (3072, 10): give one name "
+     "per dimension (None for one kept whole)"),
     ("def build(cfg, rngs):\n    return 3\n", "returned a int, not an nnx.Module"),
     ("from flax import nnx\n"
      "class Wrong(nnx.Module):\n"
@@ -332,3 +346,17 @@ def test_ep_on_a_model_of_your_own_without_experts_says_how_to_name_them(micro) 
     with pytest.raises(ConfigError) as err:
         check_runnable(cfg)
     assert "name a parameter dim 'expert'" in str(err.value) and "--model.num-experts" not in str(err.value)
+
+
+def test_a_dataset_for_another_task_is_named_by_the_task_not_a_built_in_kind() -> None:
+    """A model of your own with --task regress and no --data got the preset's synthetic images, refused as "a
+    dataset for the vit model, not mlp": two built-in kinds its user never chose. It names the tasks."""
+    from shardbench.data.sources import check_model_kind
+    from shardbench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--data synthetic is a dataset for --task classify, not --task regress: "
+                                          r"give --data, one of regression, arrays:PATH$"):
+        check_model_kind("synthetic", "mlp", "regress")
+    with pytest.raises(ConfigError, match=r"^--data synthetic is a dataset for the vit model, not mlp"):
+        check_model_kind("synthetic", "mlp")
+    check_model_kind("regression", "mlp", "regress")

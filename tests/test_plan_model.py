@@ -382,6 +382,11 @@ def test_each_link_is_called_what_the_chips_data_sheet_calls_it(tmp_path: Path) 
 
     l4 = hardware(parse_target("8xl4"), "bfloat16", "default", tmp_path)
     assert l4.bandwidth["intra"] == 32e9 and l4.link_name("intra") == "PCIe"
+    # no bandwidth across nodes on its sheet: infinite (not timed) in the plan, null in plan.json, strict JSON
+    from shardbench.jsonfile import finite
+
+    assert l4.bandwidth["inter"] == float("inf") and finite(l4.__dict__)["bandwidth"]["inter"] is None
+    json.dumps(finite(l4.__dict__), allow_nan=False)
     assert hardware(parse_target("8xh100"), "bfloat16", "default", tmp_path).link_name("intra") == "NVLink"
     assert hardware(parse_target("tpu-v5e:2x2"), "bfloat16", "default", tmp_path).link_name("intra") == "ICI"
     # Two layouts on the L4 node, one moving five times the other's bytes over the link: the recommendation says

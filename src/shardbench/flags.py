@@ -14,7 +14,7 @@ from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.fields import Spec, list_refusal
+from shardbench.fields import Spec, count, list_refusal
 from shardbench.parsing import override
 from shardbench.presets import PRESETS, get_preset
 
@@ -94,6 +94,26 @@ def comma_lists(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, li
         out[key] = values
         setattr(args, key, values[0])
     return out
+
+
+def parse_ints(flag: str, text: str) -> tuple[int, ...]:
+    """A comma list of whole numbers from 1 to below 2^31, each once, or one line naming the flag."""
+    values = tuple(dict.fromkeys(v.strip() for v in str(text).split(",") if v.strip()))
+    refusal = list_refusal(flag, values, range=count(1), integers=True) if values else (
+        f"{flag} '{text}': give one value or a comma list")
+    if refusal:
+        raise ConfigError(refusal)
+    return tuple(int(v) for v in values)
+
+
+def parse_names(flag: str, text: str, choices: Sequence[str]) -> tuple[str, ...]:
+    """A comma list of names from `choices`, each once, or one line naming the flag and the choices."""
+    values = tuple(dict.fromkeys(v.strip() for v in str(text).split(",") if v.strip()))
+    refusal = list_refusal(flag, values, choices=choices) if values else (
+        f"{flag} '{text}': give one value or a comma list")
+    if refusal:
+        raise ConfigError(refusal)
+    return values
 
 
 def setup_devices(cfg: config_lib.Config) -> None:

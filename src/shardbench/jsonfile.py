@@ -4,9 +4,22 @@ reader, or a later run, never sees half a file), and read back as a dict or noth
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
+
+
+def finite(value: Any) -> Any:
+    """`value` with every non-finite float inside it (an untimed link's infinite bandwidth) as None, which strict
+    JSON readers take; Python's json would write Infinity, which they refuse."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -52,7 +52,7 @@ def check_dataset(cfg: Config) -> None:
     """The dataset's name, its PATH's existence, and whether it feeds this kind of model, reading no data (what a
     plan or tune asks before planning)."""
     validate_spec(cfg.data.dataset)
-    check_model_kind(cfg.data.dataset, cfg.model.kind)
+    check_model_kind(cfg.data.dataset, cfg.model.kind, cfg.model.task if cfg.model.factory else "")
 
 
 def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tuple[Task, Layout, ModelSpec]:

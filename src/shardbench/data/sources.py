@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from shardbench.config import Config
+from shardbench.config import TASK_KINDS, Config
 from shardbench.data.arrays import Dataset, ImageDataset
 from shardbench.data.cifar10 import IMAGE_SIZE as CIFAR10_IMAGE_SIZE
 from shardbench.data.cifar10 import load_cifar10
@@ -97,12 +97,17 @@ def load_dataset(
     return ds
 
 
-def check_model_kind(spec: str, model_kind: str) -> None:
-    """A dataset feeds one kind of model: say which datasets fit if it is the wrong one."""
+def check_model_kind(spec: str, model_kind: str, task: str = "") -> None:
+    """A dataset feeds one kind of model: say which datasets fit if it is the wrong one. A model of your own is
+    named by its `task` (whose data it shares), not by a built-in kind its user never chose."""
     kind, _ = _parse(spec)
     if DATASETS[kind] not in (model_kind, ANY):
         fits = ", ".join(k + (":PATH" if k in _PATH_KINDS and k != "cifar10" else "")
                          for k, m in DATASETS.items() if m in (model_kind, ANY))
+        if task:
+            feeds = next((t for t, m in TASK_KINDS.items() if m == DATASETS[kind]), DATASETS[kind])
+            raise ConfigError(f"--data {spec} is a dataset for --task {feeds}, not --task {task}: give --data, one "
+                              f"of {fits}")
         raise ConfigError(f"--data {spec} is a dataset for the {DATASETS[kind]} model, not {model_kind}: "
                           f"use one of {fits}")
 
@@ -124,7 +129,7 @@ def known_train_rows(cfg: Config) -> int | None:
 def load_for(cfg: Config, cache_dir: Path) -> ImageDataset | Dataset:
     """The dataset `cfg.data.dataset` names, checked against the model `cfg.model` describes."""
     d, m = cfg.data, cfg.model
-    check_model_kind(d.dataset, m.kind)
+    check_model_kind(d.dataset, m.kind, m.task if m.factory else "")
     kind, path = _parse(d.dataset)
     if kind == "tokens-uniform":
         return uniform_tokens(d.synthetic_train, d.synthetic_test, seq_len=m.seq_len, vocab_size=m.vocab_size,

@@ -25,8 +25,8 @@ module's own `__call__` parameter of such a name is found without it.
 
 Optional functions in the same file: `loss(outputs, batch)` returns the per-example loss (summed over an
 example's targets) in place of the task's own; `flops_per_example(cfg)` returns the training FLOPs of one
-example (forward + backward) for MFU. Without it, FLOPs come from XLA's cost analysis of the compiled step,
-which counts a loop body once (a model that scans over its layers is undercounted by about the layer count).
+example (forward + backward) for MFU. Without it, FLOPs are counted from the model's forward and backward traced
+on one device, unsharded (docs/own-model.md, "Its loss and FLOPs").
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def load(spec: str) -> Plugin:
         raise ConfigError(f"--model {spec}: {target} does not import: {type(err).__name__}: {first}") from None
     build = getattr(module, name, None)
     if not callable(build):
-        offered = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
+        offered = sorted(n for n, v in vars(module).items()  # its own functions, not those it imported
+                         if inspect.isfunction(v) and not n.startswith("_") and v.__module__ == module.__name__)
         raise ConfigError(f"--model {spec}: {target} has no function {name} (it has: {', '.join(offered) or 'none'})")
     try:
         inspect.signature(build).bind(object(), object())
@@ -250,10 +251,15 @@ def logical_axes(abstract: nnx.State, rules: Mapping[str, str]) -> tuple[dict[st
     for path, var in nnx.to_flat_state(abstract):
         meta = var.get_metadata()
         given = next((meta[k] for k in METADATA_KEYS if meta.get(k)), None)
-        ndim = len(var.get_value().shape)
-        if given is None or len(tuple(given)) != ndim:
+        shape = tuple(var.get_value().shape)
+        ndim = len(shape)
+        if given is None:
             flat[path] = (None,) * ndim
             continue
+        if len(tuple(given)) != ndim:  # flax would refuse it only once a mesh is used; it was dropped unsaid
+            raise ConfigError(f"your model's parameter {'/'.join(map(str, path))} names {len(tuple(given))} axes "
+                              f"{tuple(given)} for its {ndim} dimensions {shape}: give one name per dimension "
+                              f"(None for one kept whole)")
         axes = []
         for name in tuple(given):
             mapped = _map(name, rules)

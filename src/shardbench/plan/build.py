@@ -13,7 +13,7 @@ from shardbench import config as config_lib
 from shardbench import models
 from shardbench.capacity import format_bytes
 from shardbench.errors import ConfigError
-from shardbench.jsonfile import write_json_atomic
+from shardbench.jsonfile import finite, write_json_atomic
 from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.candidates import Candidate, candidate_config, folded_line
 from shardbench.plan.predict import Hardware, predict
@@ -158,7 +158,8 @@ class Plan:
     def to_dict(self) -> dict[str, object]:
         return {
             "target": self.target.spec, "devices": self.target.devices, "config": config_lib.flatten(self.cfg),
-            "hardware": {d: h.__dict__ for d, h in self.hardware.items()},
+            # a link or memory bandwidth the data sheet lacks is infinite (not timed): null in the file
+            "hardware": {d: finite(h.__dict__) for d, h in self.hardware.items()},
             "coefficients": to_dict(self.coefficients), "recommendation": self.line, "compilers": self.compilers,
             "sources": self.assumptions(),
             "compile_s": self.compile_s, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

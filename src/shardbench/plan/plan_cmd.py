@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
-from shardbench.flags import add_config_arguments, comma_lists, config_from_args, given_fields
+from shardbench.flags import (add_config_arguments, comma_lists, config_from_args, given_fields, parse_ints,
+                              parse_names)
 from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.candidates import (DEFAULT, EXPERT_PARALLEL, PER_STAGE, USES, Candidate, candidates,
                                         default_strategies, one_per_layout)
@@ -74,7 +75,7 @@ def _lists(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 def _choices(cfg: config_lib.Config, lists: dict[str, list[str]]) -> tuple[list[str], list[str]]:
-    return lists.get("precision.dtype", [cfg.precision.dtype]), remat_choices(cfg, lists)
+    return list(dict.fromkeys(lists.get("precision.dtype", [cfg.precision.dtype]))), remat_choices(cfg, lists)
 
 
 def remat_choices(cfg: config_lib.Config, lists: dict[str, list[str]]) -> list[str]:
@@ -115,13 +116,10 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
         check_available(target.spec)
     dtypes, remats = _choices(cfg, lists)
     accums = list(dict.fromkeys(int(k) for k in lists.get("train.grad_accum", [str(cfg.train.grad_accum)])))
-    strategies = [s.strip() for s in args.candidates.split(",") if s.strip()] or default_strategies(cfg)
-    given = str(args.microbatches_per_stage)
-    per_stage = [v.strip() for v in given.split(",") if v.strip()]
-    if not per_stage or not all(v.isdigit() and int(v) >= 1 for v in per_stage):
-        raise ConfigError(f"--microbatches-per-stage '{given}': give whole numbers, 1 or more, comma separated")
-    found = candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes, accums,
-                       [int(v) for v in per_stage])
+    strategies = (list(parse_names("--candidates", args.candidates, list(USES))) if args.candidates.strip()
+                  else default_strategies(cfg))
+    per_stage = list(parse_ints("--microbatches-per-stage", str(args.microbatches_per_stage)))
+    found = candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes, accums, per_stage)
     return cfg, target, *one_per_layout(found, target.devices)
 
 

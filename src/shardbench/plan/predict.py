@@ -67,7 +67,7 @@ class Prediction:
     total_bytes: float
     memory_bytes: float  # usable per device
     fits: bool
-    comm_bytes: dict[str, int]  # link -> bytes per device per step (payload)
+    comm_bytes: dict[str, int]  # link -> bytes the fullest device sends on it per step (a ring's share)
     compute_s: float  # matmuls and memory traffic together (`StepTime.compute_s`)
     bound: str  # which: "compute" or "memory"
     kernels_s: float  # kernel launches and the step's fixed cost
@@ -206,7 +206,8 @@ def predict(result: dict[str, Any], hw: Hardware, coeff: Coefficients, *, batch:
     comm_bytes: dict[str, int] = {}
     stage_bytes: dict[str, int] = {}
     for c in result["collectives"]:
-        comm_bytes[c["link"]] = comm_bytes.get(c["link"], 0) + int(c["bytes"])
+        # what the fullest device sends on the link, as the step time counts it and the run record's comms
+        comm_bytes[c["link"]] = comm_bytes.get(c["link"], 0) + round(collective_sent(c))
         if c.get("stage"):  # what the fullest device sends between stages, as the record's pipeline_transfers
             stage_bytes[c["link"]] = stage_bytes.get(c["link"], 0) + round(collective_sent(c))
     staged = result.get("pipeline")

@@ -72,7 +72,7 @@ def recommendation(ranked: list[Row], hw: Hardware, untimed: tuple[str, ...] = (
                  f"{usable})")
     other = next((r for r in fitting[1:] if _layout(r.candidate) != _layout(best.candidate)), None)
     if other is None:
-        alone = len(ranked) > 1 and len({_layout(r.candidate) for r in ranked}) == 1  # remat, dtype, K alone vary
+        alone = len({_layout(r.candidate) for r in ranked}) == 1  # one candidate, or remat, dtype, K alone vary
         return line + (", the only layout planned" if alone else
                        ", the only layout that fits" if len(predicted) > 1 else "")
     q = other.prediction

@@ -6,13 +6,12 @@ data shards, microbatches that do not divide a shard) is kept with its reason, n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.fields import count, list_refusal
+from shardbench.fields import list_refusal
 from shardbench.parallel.rules import STRATEGIES, batch_shards
 from shardbench.parsing import override
 from shardbench.plan.candidates import (PER_STAGE, USES, Candidate, candidate_config, candidates, meshes,
@@ -191,21 +190,3 @@ def user_settings(cfg: config_lib.Config) -> dict[str, Any]:
             if preset.get(k) != v and k not in SWEEP_OWNED and k != "preset" and k not in LAYOUT_KEYS}
 
 
-def parse_ints(flag: str, text: str) -> tuple[int, ...]:
-    """A comma list of whole numbers from 1 to below 2^31, each once, or one line naming the flag."""
-    values = tuple(dict.fromkeys(v.strip() for v in str(text).split(",") if v.strip()))
-    refusal = list_refusal(flag, values, range=count(1), integers=True) if values else (
-        f"{flag} '{text}': give one value or a comma list")
-    if refusal:
-        raise ConfigError(refusal)
-    return tuple(int(v) for v in values)
-
-
-def parse_names(flag: str, text: str, choices: Sequence[str]) -> tuple[str, ...]:
-    """A comma list of names from `choices`, each once, or one line naming the flag and the choices."""
-    values = tuple(dict.fromkeys(v.strip() for v in str(text).split(",") if v.strip()))
-    refusal = list_refusal(flag, values, choices=choices) if values else (
-        f"{flag} '{text}': give one value or a comma list")
-    if refusal:
-        raise ConfigError(refusal)
-    return values

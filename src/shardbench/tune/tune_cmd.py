@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, writable_dir
-from shardbench.flags import add_config_arguments, comma_lists, config_from_args, given_fields
+from shardbench.flags import (add_config_arguments, comma_lists, config_from_args, given_fields, parse_ints,
+                              parse_names)
 from shardbench.parsing import override
 from shardbench.plan import plan_cmd
 from shardbench.plan.candidates import PER_STAGE, USES
@@ -26,7 +27,7 @@ from shardbench.tune.select import (OBJECTIVE_NAMES, OBJECTIVES, MeasuredFigures
                                     compile_each_s, estimate_run_s, rank, select)
 from shardbench.tune.select import objective as select_objective
 from shardbench.tune.space import (LAYOUT_KEYS, LIST_FLAGS, Dropped, Point, Space, enumerate_space, layout_settings,
-                                   parse_ints, parse_names, user_settings)
+                                   user_settings)
 
 if TYPE_CHECKING:
     from shardbench.tune.report import Tuning
