@@ -310,3 +310,11 @@ def test_a_slice_larger_than_its_chips_pod_is_refused(spec: str, says: str) -> N
     with pytest.raises(ConfigError, match=f"^--target {spec}: {says}: give a slice of at most that many$"):
         parse_target(spec)
     parse_target(spec.split(":")[0] + (":16x16" if "v6e" in spec else ":16x16x16"))
+
+
+def test_a_target_is_kept_as_it_is_spelt_in_lower_case_without_spaces() -> None:
+    """`--target ' 8XH100'` was taken, and its spaces and capitals carried into the plan's folder name and file."""
+    from shardbench.plan.target import parse_target
+
+    assert parse_target(" 8XH100 ").spec == "8xh100"
+    assert parse_target("TPU-V5E:2x4").spec == "tpu-v5e:2x4" and parse_target(" CPU", 8).spec == "cpu"

@@ -73,7 +73,7 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
     """The target `spec` names, or one line saying what is wrong and what would be right."""
     text = spec.strip().lower()
     if text == "cpu":
-        return Target(spec, None, cpu_devices, cpu_devices)
+        return Target(text, None, cpu_devices, cpu_devices)
     if ":" in text:
         name, _, shape = text.partition(":")
         if not re.fullmatch(r"\d+(x\d+){1,2}", shape):
@@ -91,7 +91,7 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
         if chip.pod_chips and chips > chip.pod_chips:  # libtpu describes any shape, a 32x32 v6e too
             raise ConfigError(f"--target {spec}: {chips:,} chips, and a whole {chip.name} pod holds "
                               f"{chip.pod_chips:,}: give a slice of at most that many")
-        return Target(spec, chip, chips * chip.devices_per_chip, chip.devices_per_node, dims)
+        return Target(text, chip, chips * chip.devices_per_chip, chip.devices_per_node, dims)
     found = re.fullmatch(r"(?:(\d+)x)?(\d+)x([a-z0-9\-]+)", text)
     if not found:
         raise ConfigError(f"--target '{spec}' is not a target ({HINT})")
@@ -105,7 +105,7 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
     if per_node > chip.devices_per_node:
         raise ConfigError(f"--target {spec}: one {name} node holds {chip.devices_per_node}; write "
                           f"{_in_nodes(nodes * per_node, chip.devices_per_node)}x{name}")
-    target = Target(spec, chip, nodes * per_node, per_node)
+    target = Target(text, chip, nodes * per_node, per_node)  # as written, without spaces or capitals
     if unlinked(target):
         raise ConfigError(f"--target {spec}: the {name}'s data sheet gives no bandwidth between nodes; plan one node "
                           f"({per_node}x{name})")
