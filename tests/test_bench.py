@@ -452,6 +452,7 @@ def test_the_baselines_are_refused_a_step_with_a_recipe_they_do_not_run(monkeypa
     (["--groups", "step,speed"], "unknown --groups 'speed': choose one of step, batch,"),
     (["--groups", "batch", "--batches", "8,x"], "--batches 'x' is not a whole number"),
     (["--groups", "batch", "--batches", "8,0"], "--batches 0: --batch-size must be in (0, 2^31), got 0"),
+    (["--batch-size", "0"], "--batch-size must be in (0, 2^31), got 0"),
 ])
 def test_bench_refuses_in_one_line_what_would_fail_or_mislead_after_the_compiles(monkeypatch, argv: list[str],
                                                                                    says: str) -> None:
