@@ -183,6 +183,10 @@ def test_tables_name_the_matmul_arithmetic_and_what_was_trimmed() -> None:
     assert "Trimmed on an accelerator: layers 6,12,24 -> 6,12" in text
     assert "| 12 | - | timed out: no answer within 120 s" in text
     assert "| pytorch compile | - | timed out:" in text
+    # PyTorch's arithmetic is said where a PyTorch contender ran (float32 b128), not where none did
+    assert "PyTorch given the closest" in text
+    record["cases"] = [c for c in record["cases"] if not c["label"].startswith("pytorch")]
+    assert "Matmul precision default" in render(record) and "PyTorch" not in render(record)
 
 
 def test_the_remat_table_gives_each_policys_time_and_memory_against_none() -> None:
@@ -341,8 +345,40 @@ def test_a_bench_of_scaling_groups_only_is_titled_by_them_and_a_busy_host_is_war
     assert "load average 4.5 at the start." in text
     assert ("**Warning:** the host's load average was 4.5 over 2 cores when the bench started: other processes "
             "were using the CPU") in text
+    # the step group did not run: its windows and warm-up are not described
+    assert "Throughput: median of at most 3 timed windows after 1 warm-up step;" in text
     record["machine"]["load_average"] = 0.2
     assert "Warning" not in render(record)
+
+
+def test_the_allocator_lines_say_when_the_two_sides_windows_overlap() -> None:
+    """The committed CPU bench's allocator group: tuned windows 24.3, 24.3, 27.1 images/s against the default's
+    18.7, 25.6, 17.6. Medians 24.3 and 18.7 (1.30x), but a default window (25.6) lies inside the tuned range, so the
+    lines say that no difference was measured; with the default's windows all below 24.3 they do not."""
+    def alloc(label: str, rates: list[float]) -> dict:
+        return {"group": "alloc", "label": label, "case": "shardbench", "kwargs": {}, "setting": None,
+                "result": {"rates": rates, "compile_s": 6.0}}
+
+    record = {"machine": {}, "preset": "vit-seed", "dtype": "float32", "batch_size": 128,
+              "matmul_precision": "default", "settings": ["float32 b128"], "timing": {"warmup": 3, "windows": 5},
+              "cases": [alloc("tuned allocator", [24.3, 24.3, 27.1]),
+                        alloc("glibc default allocator", [18.7, 25.6, 17.6])]}
+    text = render(record)
+    assert "24.3 images/s; with glibc's default: 18.7 images/s (1.30x), timed in alternation (windows 24.3 - 27.1 " \
+           "and 17.6 - 25.6)" in text
+    assert "windows overlap: this run measured no difference" in text
+    record["cases"][1]["result"]["rates"] = [18.7, 19.0, 17.6]
+    assert "overlap" not in render(record)
+
+
+def test_a_bench_stopped_before_any_group_finished_is_titled_by_the_groups_asked() -> None:
+    """Stopped (SIGTERM) while the pipeline and layers groups ran, no case finished: the title names those groups,
+    not the step group's setting ('float32 b128'), which was never asked for."""
+    record = _failed_part_way_record()
+    record.update(cases=[], groups=["pipeline", "layers"], finished=False, stopped="SIGTERM")
+    text = render(record)
+    assert text.splitlines()[0] == "# shardbench bench: vit-seed, float32, layers, pipeline"
+    assert "**Not finished (stopped by SIGTERM):** the group(s) pipeline, layers did not run" in text
 
 
 def _fake_pool(monkeypatch, ready: dict, answer, *, steps_per_window: int, min_window_s: float, windows: int
@@ -389,8 +425,27 @@ def test_windows_without_warm_up_are_sized_by_a_step_after_the_first(monkeypatch
     got, asked = _fake_pool(monkeypatch, {"work_per_step": 16, "first_step_s": 7.8},
                             lambda command, n: {"seconds": 0.125 * int(command.split()[1])},
                             steps_per_window=0, min_window_s=1.0, windows=2)
-    assert asked == ["steps 1", "steps 8", "steps 8", "memory"] and got["steps_per_window"] == 8
+    # the untimed sizing window of 8 steps lasted 1 s: the timed windows are 8 steps
+    assert asked == ["steps 1", "steps 8", "steps 8", "steps 8", "memory"] and got["steps_per_window"] == 8
     assert got["rates"] == [128.0, 128.0]
+
+
+def test_windows_are_grown_until_one_lasts_min_window_s(monkeypatch) -> None:
+    """A step after the first took 0.5 s (a recompilation, first calls), the steady ones 0.01 s: sized by it alone a
+    window was 2 steps, 0.02 s of timing. Untimed windows grow it (2 steps: 0.02 s, so 100 steps: 1.0 s) until one
+    lasts the 1 s asked; the timed windows are then 100 steps. A fake worker stands in for the process."""
+    got, asked = _fake_pool(monkeypatch, {"work_per_step": 16, "first_step_s": 7.8},
+                            lambda command, n: {"seconds": 0.5 if n == 1 else 0.01 * int(command.split()[1])},
+                            steps_per_window=0, min_window_s=1.0, windows=2)
+    assert asked == ["steps 1", "steps 2", "steps 100", "steps 100", "steps 100", "memory"]
+    assert got["steps_per_window"] == 100 and got["rates"] == [1600.0, 1600.0]
+
+
+def test_a_worker_that_fails_while_its_windows_are_sized_is_a_failed_contender(monkeypatch) -> None:
+    got, _ = _fake_pool(monkeypatch, {"work_per_step": 16, "first_step_s": 7.8},
+                        lambda command, n: {"error": "timed out"} if n == 2 else {"seconds": 0.01},
+                        steps_per_window=0, min_window_s=1.0, windows=2)
+    assert got["error"] == "timed out" and "rates" not in got
 
 
 @pytest.mark.parametrize("flag", ["--timeout", "--min-window-s", "--pipeline-seconds"])
@@ -448,6 +503,12 @@ def test_the_baselines_are_refused_a_step_with_a_recipe_they_do_not_run(monkeypa
     (["--steps-per-window", "-2"], "--steps-per-window -2: give a whole number >= 0"),
     # Each value as the configuration field it sets declares it, in the words train uses.
     (["--dtype", "float32,float8"], "unknown --dtype 'float8': choose one of float32, bfloat16, float16"),
+    # A list given empty is a mistake, not the default (a whole default bench ran for --dtype '' or ',').
+    (["--dtype", ","], "--dtype ',': give one value or a comma list"),
+    (["--dtype", ""], "--dtype '': give one value or a comma list"),
+    (["--batch-size", ""], "--batch-size '': give one value or a comma list"),
+    (["--groups", "batch", "--batches", " "], "--batches ' ': give one value or a comma list"),
+    (["--groups", "layers", "--layers", ","], "--layers ',': give one value or a comma list"),
     (["--matmul-precision", "max"], "unknown --matmul-precision 'max': choose one of default, high, highest"),
     (["--groups", "step,speed"], "unknown --groups 'speed': choose one of step, batch,"),
     (["--groups", "batch", "--batches", "8,x"], "--batches 'x' is not a whole number"),

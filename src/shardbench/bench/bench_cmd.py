@@ -85,10 +85,10 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--preset", default="vit-seed", choices=sorted(PRESETS),
                    help="model to benchmark (default: vit-seed)")
-    p.add_argument("--batch-size", default="",
+    p.add_argument("--batch-size", default=None,
                    help="batch of the step group, or a comma list paired with --dtype's (default: 128 on a CPU, "
                         "128,1024 on an accelerator)")
-    p.add_argument("--dtype", default="",
+    p.add_argument("--dtype", default=None,
                    help=f"compute dtype of the step group and its matmul peak, or a comma list paired with "
                         f"--batch-size's, from {','.join(config_lib.DTYPES)} (default: float32 on a CPU, "
                         f"float32,bfloat16 on an accelerator)")
@@ -103,10 +103,10 @@ def add_parser(subparsers: Any) -> None:
                    help=f"side of the matmul-peak matrices (default 0: 4096 on CPU, 8192 on accelerators; at most "
                         f"{MAX_PEAK_SIZE:,})")
     p.add_argument("--pipeline-seconds", type=float, default=5.0, help="how long to run the host pipeline")
-    p.add_argument("--batches", default="",
+    p.add_argument("--batches", default=None,
                    help="batch sizes of the batch group (default: 64,256 on a CPU, 256 on an accelerator; the step "
                         "group gives --batch-size's row)")
-    p.add_argument("--layers", default="",
+    p.add_argument("--layers", default=None,
                    help="depths of the layers group (default: 6,12,24 on a CPU; 6,12 on an accelerator, where the "
                         "24-layer unrolled compile did not finish within a 10-minute run on an H100: pass --layers "
                         "6,12,24 to run it)")
@@ -122,7 +122,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--steps-per-window", type=int, default=0,
                    help="steps per timed window (default 0: enough steps for --min-window-s)")
     p.add_argument("--min-window-s", type=float, default=1.0,
-                   help="with --steps-per-window 0, the shortest window in seconds (default: 1)")
+                   help="with --steps-per-window 0, the shortest window in seconds (default: 1): untimed "
+                        "windows, grown until one lasts that long, size the timed ones")
     p.add_argument("--timeout", type=float, default=0.0,
                    help="seconds allowed for any one answer of a worker (preparing, a window); a case past it "
                         "is stopped and becomes a 'timed out' row (default 0: 600 s, and 120 s for the "
@@ -225,16 +226,17 @@ Entry = dict[str, Any]
 DEFAULT_SETTINGS = {"cpu": [("float32", 128)], "accelerator": [("float32", 128), ("bfloat16", 1024)]}
 
 
-def settings(dtypes: str, batches: str, platform: str) -> list[tuple[str, int]]:
+def settings(dtypes: str | None, batches: str | None, platform: str) -> list[tuple[str, int]]:
     """The step group's (dtype, batch) pairs: the two comma lists paired (a single value pairs with every
-    value of the other list); where both are empty, the platform's default pairs; where one is empty, the
-    default's first value for it."""
+    value of the other list); where neither is given, the platform's default pairs; where one is not given, the
+    default's first value for it. A list given empty is refused, not taken for the default."""
     default = DEFAULT_SETTINGS["cpu" if platform == "cpu" else "accelerator"]
-    if not dtypes.strip() and not batches.strip():
+    if dtypes is None and batches is None:
         return list(default)
-    names = [d.strip() for d in dtypes.split(",") if d.strip()] or [default[0][0]]
-    sizes = _ints(batches, "--batch-size") if batches.strip() else [default[0][1]]
-    refusal = list_refusal("--dtype", names, choices=config_lib.SPECS["precision.dtype"].choices)
+    names = [d.strip() for d in dtypes.split(",") if d.strip()] if dtypes is not None else [default[0][0]]
+    sizes = _ints(batches, "--batch-size") if batches is not None else [default[0][1]]
+    refusal = list_refusal("--dtype", names, choices=config_lib.SPECS["precision.dtype"].choices) if names else (
+        f"--dtype '{dtypes}': give one value or a comma list, e.g. float32,bfloat16")
     if refusal:
         raise ConfigError(refusal)
     if len(names) == 1:
@@ -306,8 +308,8 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     args.matmul_precision = override(get_preset(args.preset), extra).precision.matmul_precision
     defaults = CPU_DEFAULTS if where == "cpu" else ACCELERATOR_DEFAULTS
     args.trimmed = trimmed(args, groups, where)
-    batches = _ints(args.batches or defaults["batches"], "--batches", unique=True)
-    depths = _ints(args.layers or defaults["layers"], "--layers", unique=True)
+    batches = _ints(defaults["batches"] if args.batches is None else args.batches, "--batches", unique=True)
+    depths = _ints(defaults["layers"] if args.layers is None else args.layers, "--layers", unique=True)
     # Each batch and depth as the run would take it, in one line now, not a case that errors (a batch of 3e9
     # allocated 8 TiB) after the others ran.
     for key, values, group, flag in (("train.batch_size", batches, "batch", "--batches"),
@@ -369,11 +371,11 @@ def trimmed(args: argparse.Namespace, groups: list[str], where: str) -> list[str
     if where == "cpu":
         return []
     notes = []
-    if "layers" in groups and not args.layers:
+    if "layers" in groups and args.layers is None:
         notes.append(f"layers {CPU_DEFAULTS['layers']} -> {ACCELERATOR_DEFAULTS['layers']}: the 24-layer compiles, "
                      f"whose unrolled one was still compiling when a run reached 550 s on an H100; pass --layers "
                      f"{CPU_DEFAULTS['layers']} to run them")
-    if "batch" in groups and not args.batches:
+    if "batch" in groups and args.batches is None:
         notes.append(f"batches {CPU_DEFAULTS['batches']} -> {ACCELERATOR_DEFAULTS['batches']} (the step group "
                      f"gives its own batch's row); pass --batches {CPU_DEFAULTS['batches']} to run them")
     if "layers" in groups and not args.timeout:
@@ -487,7 +489,13 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: 
                 del workers[i]
                 continue
             per_step = answer["seconds"] / probe if probe else 1.0
-            spw[i] = args.steps_per_window or max(1, math.ceil(args.min_window_s / max(per_step, 1e-9)))
+            sized = args.steps_per_window or _sized_window(worker, args.min_window_s, per_step)
+            if isinstance(sized, dict):
+                results[i] = _failed(results[i], sized)
+                worker.close()
+                del workers[i]
+                continue
+            spw[i] = sized
         for round_ in range(windows if workers else 0):
             order = list(workers)
             order = order[round_ % len(order):] + order[:round_ % len(order)] if order else order
@@ -512,6 +520,27 @@ def run_pool(entries: list[Entry], args: argparse.Namespace, log: IO[str], say: 
         for worker in workers.values():
             worker.close()
     return results
+
+
+SIZING_TRIES = 4  # untimed windows at most, each grown from the one before, to reach --min-window-s
+
+
+def _sized_window(worker: Worker, min_window_s: float, per_step: float) -> int | dict[str, Any]:
+    """The steps of a window that lasts at least `min_window_s`, found as `timeit.autorange` finds its count: a
+    first guess from the warm-up's time per step (`per_step`), then untimed windows, each grown by what the one
+    before fell short, until one lasts long enough. The warm-up's steps can be far slower than the steady ones
+    (first calls, a recompilation), which sized windows of one step. A worker's error is returned as it came."""
+    steps = max(1, math.ceil(min_window_s / max(per_step, 1e-9)))
+    if min_window_s <= 0:
+        return steps
+    for _ in range(SIZING_TRIES):
+        answer = worker.ask(f"steps {steps}")
+        if "error" in answer:
+            return answer
+        if answer["seconds"] >= min_window_s:
+            break
+        steps = max(steps + 1, math.ceil(steps * min_window_s / max(answer["seconds"], 1e-9)))
+    return steps
 
 
 def _failed(result: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:

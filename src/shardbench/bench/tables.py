@@ -96,12 +96,14 @@ def step_table(record: dict[str, Any], setting: str | None = None) -> list[str]:
     lines = [f"Matmul peak ({dtype}, {p.get('size', '?')}^2 through JAX, median of the windows, "
              f"timed in the same rounds as the steps): {_status(p) or _fmt(pk and pk / 1e9, ',.1f', ' GFLOP/s')}"
              + ("" if pk else "; no MFU against the measured peak"), ""]
-    if dtype == "float32":
-        lines += [f"Matmul precision {precision}: float32 matmuls computed in {setting_matmul(record, setting) or '?'} "
-                  f"(JAX's precision '{precision}'; PyTorch given the closest: TF32 allowed for default and high "
-                  f"on CUDA, full float32 for highest and on the CPU).", ""]
     contenders = [c for c in record["cases"] if c["group"] == "step" and c["case"] != "matmul-peak"
                   and c.get("setting") == setting]
+    if dtype == "float32":  # PyTorch's side is said only where a PyTorch contender ran
+        torch = any(c["label"].startswith("pytorch") and not _status(c["result"]) for c in contenders)
+        lines += [f"Matmul precision {precision}: float32 matmuls computed in {setting_matmul(record, setting) or '?'} "
+                  f"(JAX's precision '{precision}'"
+                  + ("; PyTorch given the closest: TF32 allowed for default and high on CUDA, full float32 for "
+                     "highest and on the CPU" if torch else "") + ").", ""]
     baselines = [c for c in contenders if c["label"] != "shardbench"]
     header = ("| step | matmul | images/s (median) | min - max | MFU (measured peak) | MFU (data sheet) | "
               + " | ".join(f"x {c['label']}" for c in baselines) + " | first step s (compile incl.) | peak MiB |")
@@ -227,10 +229,17 @@ def alloc_lines(record: dict[str, Any]) -> list[str]:
         return failed
     a, b = median_rate(tuned), median_rate(default)
     ca, cb = tuned.get("compile_s"), default.get("compile_s")
-    return [f"shardbench step with the tuned glibc allocator: {_fmt(a, ',.1f')} images/s; with glibc's default: "
-            f"{_fmt(b, ',.1f')} images/s ({_fmt(a / b if a and b else None, '.2f', 'x')}), timed in alternation",
-            f"compile (lower + compile, cache off): {_fmt(ca, '.1f', ' s')} tuned, {_fmt(cb, '.1f', ' s')} default "
-            f"({_fmt(ca / cb if ca and cb else None, '.2f', 'x')})"]
+    ra, rb = tuned.get("rates") or [], default.get("rates") or []
+    spread = (f" (windows {min(ra):,.1f} - {max(ra):,.1f} and {min(rb):,.1f} - {max(rb):,.1f})" if ra and rb else "")
+    lines = [f"shardbench step with the tuned glibc allocator: {_fmt(a, ',.1f')} images/s; with glibc's default: "
+             f"{_fmt(b, ',.1f')} images/s ({_fmt(a / b if a and b else None, '.2f', 'x')}), timed in "
+             f"alternation{spread}",
+             f"compile (lower + compile, cache off): {_fmt(ca, '.1f', ' s')} tuned, {_fmt(cb, '.1f', ' s')} default "
+             f"({_fmt(ca / cb if ca and cb else None, '.2f', 'x')})"]
+    if ra and rb and max(min(ra), min(rb)) <= min(max(ra), max(rb)):  # one window of each could be the other's
+        lines.append("The two sides' windows overlap: this run measured no difference between the allocators' "
+                     "steps; rerun with more --windows on an idle machine to tell them apart.")
+    return lines
 
 
 SECTIONS = (
@@ -268,18 +277,23 @@ def render(record: dict[str, Any]) -> str:
     t = record["timing"]
     settings = record.get("settings") or [f"{record['dtype']} b{record['batch_size']}"]
     present = {c["group"] for c in record["cases"]}
-    # The step group runs the settings; without it the title names the groups that ran, not a setting none ran.
-    titles = [setting_title(record, s) for s in settings] if "step" in present or not present else \
-        [f"{record['dtype']}, " + ", ".join(group for group, _, _ in SECTIONS if group in present)]
+    # The step group runs the settings; without it the title names the groups that ran (or, where none finished,
+    # those asked for), not a setting none ran.
+    named = present or set(record.get("groups") or ["step"])
+    step = "step" in named
+    titles = [setting_title(record, s) for s in settings] if step else \
+        [f"{record['dtype']}, " + ", ".join(group for group, _, _ in SECTIONS if group in named)]
+    others = f"at most 3 timed windows after {_count(min(t['warmup'], 1), 'warm-up step')}"
+    throughput = (f"median of {t['windows']} timed windows after {_count(t['warmup'], 'warm-up step')} (other "
+                  f"groups: {others})" if step else f"median of {others}")
     busy = busy_host(m)
     lines = [f"# shardbench bench: {record['preset']}, {' and '.join(titles)}", "",
              f"Machine: {m.get('cpu', '?')}, {m.get('cpu_count')} cores, {m.get('system')}; jax {m.get('jax')}; "
              f"allocator: {m.get('allocator') or 'default'}"
              + (f"; load average {m['load_average']:g} at the start" if "load_average" in m else "") + ".",
              *([f"**Warning:** {busy}"] if busy else []),
-             f"Throughput: median of {t['windows']} timed windows after {_count(t['warmup'], 'warm-up step')} "
-             f"(other groups: at most 3 windows after {_count(min(t['warmup'], 1), 'warm-up step')}); each case in "
-             f"its own process; within a group the contenders' windows alternate, round by round.", ""]
+             f"Throughput: {throughput}; each case in its own process; within a group the contenders' windows "
+             f"alternate, round by round.", ""]
     if not record.get("finished", True):  # records from before the mark say nothing either way
         ran = {c["group"] for c in record.get("cases", [])}
         missing = [g for g in record.get("groups") or [] if g not in ran]
