@@ -14,6 +14,17 @@ QUICK_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_e
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 "
                            + QUICK_COMPILE_FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Hermetic: a run given no --data.cache-dir caches under $SHARDBENCH_CACHE, else ~/.cache/shardbench, the user's
+# own. The tests' runs (and the processes they start, which inherit it) use a folder of this test process's,
+# removed at its end: they neither fill the user's cache nor read what an earlier run left there (the host's
+# peak, decoded images, compiled programs). A SHARDBENCH_CACHE set by the caller is kept.
+if "SHARDBENCH_CACHE" not in os.environ:
+    import atexit  # noqa: E402
+    import shutil  # noqa: E402
+    import tempfile  # noqa: E402
+
+    os.environ["SHARDBENCH_CACHE"] = tempfile.mkdtemp(prefix="shardbench-tests-cache-")
+    atexit.register(shutil.rmtree, os.environ["SHARDBENCH_CACHE"], ignore_errors=True)
 
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402

@@ -199,15 +199,16 @@ def test_allocator_is_tuned_only_for_cpu_training_long_enough_to_repay_it() -> N
 
 
 def test_bench_settings_pair_dtypes_with_batches() -> None:
-    assert settings("", "", "cpu") == [("float32", 128)]
-    assert settings("", "", "gpu") == [("float32", 128), ("bfloat16", 1024)]
-    assert settings("bfloat16", "", "gpu") == [("bfloat16", 128)]
+    assert settings(None, None, "cpu") == [("float32", 128)]  # neither given: the platform's default pairs
+    assert settings(None, None, "gpu") == [("float32", 128), ("bfloat16", 1024)]
+    assert settings("bfloat16", None, "gpu") == [("bfloat16", 128)]
     assert settings("float32,bfloat16", "64", "cpu") == [("float32", 64), ("bfloat16", 64)]
     assert settings("float32,bfloat16", "128,1024", "cpu") == [("float32", 128), ("bfloat16", 1024)]
     # (a batch of 0 is a whole number, refused by the batch size's declared range when bench validates each
     # setting: tests/test_bench.py)
-    for dtypes, batches, words in (("float32,bfloat16", "1,2,3", "same length"), ("bfloat61", "", "bfloat61"),
-                                   ("", "x", "'x' is not a whole number")):
+    for dtypes, batches, words in (("float32,bfloat16", "1,2,3", "same length"), ("bfloat61", None, "bfloat61"),
+                                   (None, "x", "'x' is not a whole number"), ("", None, "--dtype ''"),
+                                   (None, ",", "--batch-size ','")):
         with pytest.raises(ConfigError, match=words):
             settings(dtypes, batches, "cpu")
 
