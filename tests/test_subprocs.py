@@ -39,6 +39,22 @@ def test_a_started_child_takes_the_stop_signals_and_the_parent_gets_its_handlers
         proc.wait()
 
 
+def test_a_stop_signal_the_parent_ignores_stays_ignored_in_the_child() -> None:
+    """A command started with SIGINT ignored (a shell's `&`, nohup) starts its children so: a Ctrl-C sent to the
+    group stops neither. The handler held while forking was reset to the default by exec, and a bench's worker
+    died of the SIGINT its bench ignored."""
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, flush=True)"
+    was = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = start([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        signal.signal(signal.SIGINT, was)
+    assert out.strip() == "True"
+    proc = start([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)  # not ignored: not in the child
+    assert proc.communicate(timeout=30)[0].strip() == "False"
+
+
 def test_a_started_child_dies_with_its_parent() -> None:
     """A parent killed outright (SIGKILL: no handler runs) takes its child with it."""
     code = ("import subprocess, sys, time\n"

@@ -49,8 +49,17 @@ def start(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
         return subprocess.Popen(argv, preexec_fn=_die_with_parent, **kwargs)
     held: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in STOP_SIGNALS}
+    # A stop signal this process ignores (started in the background by a shell, or under nohup) stays ignored in
+    # the child, as it would through a plain fork: exec resets the holding handler above to the default instead.
+    ignored = tuple(sig for sig, handler in previous.items() if handler == signal.SIG_IGN)
+
+    def in_child() -> None:
+        _die_with_parent()
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)
+
     try:
-        proc = subprocess.Popen(argv, preexec_fn=_die_with_parent, **kwargs)
+        proc = subprocess.Popen(argv, preexec_fn=in_child, **kwargs)
     except BaseException:
         _restore(previous, held)  # a stop held meanwhile is raised instead
         raise
