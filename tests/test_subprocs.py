@@ -3,11 +3,13 @@ only while it forks, and delivered after."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,18 @@ def test_a_started_child_takes_the_stop_signals_and_the_parent_gets_its_handlers
         proc.wait()
 
 
+@contextlib.contextmanager
+def ctrl_c_as_from_a_terminal() -> Iterator[None]:
+    """SIGINT raising KeyboardInterrupt in this process while the block runs, as in a command started from a
+    terminal, so that a child started in it takes Ctrl-C. A suite started in the background by a shell (`&`) runs
+    with SIGINT ignored, and a child keeps an ignored stop signal ignored (`start`)."""
+    was = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, was)
+
+
 def test_a_stop_signal_the_parent_ignores_stays_ignored_in_the_child() -> None:
     """A command started with SIGINT ignored (a shell's `&`, nohup) starts its children so: a Ctrl-C sent to the
     group stops neither. The handler held while forking was reset to the default by exec, and a bench's worker
@@ -51,7 +65,8 @@ def test_a_stop_signal_the_parent_ignores_stays_ignored_in_the_child() -> None:
     finally:
         signal.signal(signal.SIGINT, was)
     assert out.strip() == "True"
-    proc = start([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)  # not ignored: not in the child
+    with ctrl_c_as_from_a_terminal():  # not ignored here: not in the child (the suite may run with it ignored)
+        proc = start([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.communicate(timeout=30)[0].strip() == "False"
 
 
@@ -129,10 +144,11 @@ def test_a_stopped_command_ends_without_pythons_shutdown(tmp_path: Path) -> None
                           timeout=120).returncode == 0
     assert marker.exists()  # the handler runs where Python shuts down
     marker.unlink()
-    proc = start([sys.executable, "-m", "shardbench", "train", "--preset", "mlp-small", "--steps", "500",
-                  "--devices", "1", "--mesh", "none", "--no-train.progress", "--out", str(tmp_path / "run"),
-                  "--data.cache-dir", str(tmp_path / "cache")],
-                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with ctrl_c_as_from_a_terminal():
+        proc = start([sys.executable, "-m", "shardbench", "train", "--preset", "mlp-small", "--steps", "500",
+                      "--devices", "1", "--mesh", "none", "--no-train.progress", "--out", str(tmp_path / "run"),
+                      "--data.cache-dir", str(tmp_path / "cache")],
+                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().startswith("shardbench: mlp-small")
         proc.send_signal(signal.SIGINT)
