@@ -128,6 +128,19 @@ def test_accelerator_defaults_are_trimmed_and_say_so(monkeypatch) -> None:
     assert [e["label"] for e in groups["batch"]] == ["batch 64", "batch 256"] and args.trimmed == []
 
 
+def test_one_layer_is_named_in_the_singular_and_read_back_by_the_layers_table(monkeypatch) -> None:
+    """A depth of 1 was labelled "1 layers scan"; the layers table reads the depth and the kind back from the
+    label, so both spellings must give the row of 1."""
+    from shardbench.bench.tables import layers_table
+
+    _, groups = _planned(monkeypatch, "cpu", "--groups", "layers", "--layers", "1,2")
+    labels = [e["label"] for e in groups["layers"]]
+    assert labels == ["1 layer scan", "1 layer unrolled", "2 layers scan", "2 layers unrolled"]
+    record = {"cases": [{"group": "layers", "label": label, "result": {"compile_s": float(i + 1)}}
+                        for i, label in enumerate(labels)]}
+    assert layers_table(record)[2:] == ["| 1 | 1.0 | 2.0 | - / - |", "| 2 | 3.0 | 4.0 | - / - |"]
+
+
 def test_cpu_defaults_stay(monkeypatch) -> None:
     args, groups = _planned(monkeypatch, "cpu")
     assert [e["label"] for e in groups["layers"]][-1] == "24 layers unrolled"
@@ -512,7 +525,8 @@ def test_the_baselines_are_refused_a_step_with_a_recipe_they_do_not_run(monkeypa
     (["--matmul-precision", "max"], "unknown --matmul-precision 'max': choose one of default, high, highest"),
     (["--groups", "step,speed"], "unknown --groups 'speed': choose one of step, batch,"),
     (["--groups", "batch", "--batches", "8,x"], "--batches 'x' is not a whole number"),
-    (["--groups", "batch", "--batches", "8,0"], "--batches 0: --batch-size must be in (0, 2^31), got 0"),
+    (["--groups", "batch", "--batches", "8,0"], "--batches 0: each value must be in (0, 2^31), got 0"),
+    (["--groups", "layers", "--layers", "6,0"], "--layers 0: each value must be in (0, 2^31), got 0"),
     (["--batch-size", "0"], "--batch-size must be in (0, 2^31), got 0"),
 ])
 def test_bench_refuses_in_one_line_what_would_fail_or_mislead_after_the_compiles(monkeypatch, argv: list[str],

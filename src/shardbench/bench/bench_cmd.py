@@ -312,13 +312,16 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
     depths = _ints(defaults["layers"] if args.layers is None else args.layers, "--layers", unique=True)
     # Each batch and depth as the run would take it, in one line now, not a case that errors (a batch of 3e9
     # allocated 8 TiB) after the others ran.
-    for key, values, group, flag in (("train.batch_size", batches, "batch", "--batches"),
-                                     ("model.num_layers", depths, "layers", "--layers")):
+    for key, values, group, flag, field_flag in (
+            ("train.batch_size", batches, "batch", "--batches", "--batch-size"),
+            ("model.num_layers", depths, "layers", "--layers", "--model.num-layers")):
         for value in values if group in groups else ():
             try:
                 validate(override(get_preset(args.preset), {**base, key: value}))
-            except ConfigError as err:
-                raise ConfigError(f"{flag} {value}: {err}") from None
+            except ConfigError as err:  # said of --batches' value, not of the --batch-size the user did not give
+                said = str(err)
+                said = f"each value{said[len(field_flag):]}" if said.startswith(f"{field_flag} ") else said
+                raise ConfigError(f"{flag} {value}: {said}") from None
     compile_timeout = args.timeout or defaults["compile_timeout"]
     args.timeout = args.timeout or defaults["timeout"]
 
@@ -348,7 +351,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, list[Entry]]]:
                                   if b != args.batch_size or "step" not in groups]))
     if "layers" in groups:
         planned.append(("layers", [
-            {**entry(f"{n} layers {how}", "compile", "other", preset=args.preset,
+            {**entry(f"{n} layer{'' if n == 1 else 's'} {how}", "compile", "other", preset=args.preset,
                      overrides={**base, "model.num_layers": n, "model.unroll": unroll}), "timeout": compile_timeout}
             for n in depths for unroll, how in ((1, "scan"), (n, "unrolled"))
         ]))

@@ -177,7 +177,7 @@ def layers_table(record: dict[str, Any]) -> list[str]:
     depth: dict[int, dict[str, dict[str, Any]]] = {}
     for c in record["cases"]:
         if c["group"] == "layers":
-            n, how = c["label"].split(" layers ")
+            n, _, how = c["label"].split(" ")  # "12 layers scan", "1 layer unrolled"
             depth.setdefault(int(n), {})[how] = c["result"]
     lines = ["| layers | compile s, rolled scan | compile s, unrolled | temporaries MiB rolled / unrolled |",
              "|---:|---:|---:|---:|"]
