@@ -312,7 +312,7 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     # Was a case that errored (8 TiB allocated) after the others ran, exit 1, with bench.json written.
     ("bench: a batch past the field's range", lambda t: ["bench", "--groups", "batch", "--batches", "3000000000",
                                                          "--preset", "vit-tiny", "--out", str(t / "o")],
-     "--batches 3000000000: --batch-size must be in (0, 2^31)", CONF),
+     "--batches 3000000000: each value must be in (0, 2^31)", CONF),
     ("bench: a language model", lambda t: ["bench", "--preset", "lm-tiny", "--out", str(t / "o")], "lm-tiny", CONF),
     ("launch: no processes", lambda t: ["launch", "--processes", "0", "train", *TINY], "--processes", CONF),
     # inf was taken, and crashed the launcher (OverflowError, exit 70) once its processes had started.

@@ -61,25 +61,30 @@ TRAIN = ["--data", "synthetic", "--data.synthetic-train", "512", "--data.synthet
          "--no-train.progress"]
 REFUSED_BY_TRAIN = [
     (["--strategy", "dp", "--mesh", "8", "--batch-size", "30"],
-     "--batch-size 30 is not divisible by the data-parallel size 8"),  # was IndivisibleError, exit 70
+     "--batch-size 30 is not divisible by the data-parallel size 8", 2),  # was IndivisibleError, exit 70
     (["--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--batch-size", "32", "--train.grad-accum", "3"],
-     "--train.grad-accum 3 does not divide the 32 examples per data shard"),  # was 2 microbatches of 5 examples
+     "--train.grad-accum 3 does not divide the 32 examples per data shard", 2),  # was 2 microbatches of 5 examples
     (["--strategy", "fsdp", "--mesh", "8", "--spmd", "pmap", "--batch-size", "32"],
-     "--spmd pmap replicates parameters on every device"),
+     "--spmd pmap replicates parameters on every device", 2),
     (["--strategy", "pp", "--mesh", "stage=2", "--devices", "2", "--batch-size", "32", "--model.dropout", "0.1"],
-     "--model.dropout would draw the same masks for every microbatch"),
+     "--model.dropout would draw the same masks for every microbatch", 2),
+    # the dataset's checks, which read no data: inspect printed a layout for each of these, exit 0
+    (["--data", "bogus"], "unknown dataset 'bogus'", 2),
+    (["--data", "tokens-uniform"], "--data tokens-uniform is a dataset for the lm model, not vit", 2),
+    (["--data", "text:/nonexistent.txt"], "/nonexistent.txt does not exist", 4),
+    (["--data", "cifar10", "--data.image-size", "64"], "cifar10 images are 32x32 but the model expects 64x64", 4),
 ]
 
 
-@pytest.mark.parametrize(("flags", "says"), REFUSED_BY_TRAIN, ids=[s for _, s in REFUSED_BY_TRAIN])
-def test_inspect_refuses_what_train_refuses_in_the_same_line(flags: list[str], says: str, tmp_path: Path,
+@pytest.mark.parametrize(("flags", "says", "code"), REFUSED_BY_TRAIN, ids=[s for _, s, _ in REFUSED_BY_TRAIN])
+def test_inspect_refuses_what_train_refuses_in_the_same_line(flags: list[str], says: str, code: int, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
     train = main(["train", *MODEL, *TRAIN, *flags, "--out", str(out), "--data.cache-dir", str(tmp_path / "cache")])
     said_by_train = capsys.readouterr().err.strip()
     inspected = main(["inspect", *MODEL, *flags])
     said_by_inspect = capsys.readouterr().err.strip()
-    assert train == inspected == 2, (said_by_train, said_by_inspect)
+    assert train == inspected == code, (said_by_train, said_by_inspect)
     assert said_by_inspect == said_by_train and says in said_by_inspect
     assert "\n" not in said_by_inspect and not out.exists()
 
@@ -104,3 +109,31 @@ def test_inspect_names_the_training_options_it_never_reads(capsys) -> None:
                    "batch, and trains, measures, saves and prices nothing"]
     assert main(["inspect", "--preset", "vit-tiny", "--batch-size", "64"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_inspect_says_when_fsdp_leaves_most_of_the_model_whole(capsys) -> None:
+    """mlp-small with a hidden width of 500 on 8 devices: no dim of hidden_kernel (23 x 500 x 500; its layers dim is
+    never split) divides by 8, and neither do the biases' or out_kernel's, so fsdp leaves them whole on every
+    device, all but in_kernel (its input dim of 256 divides): counted by hand, 5,895,010 - 256 x 500 elements of
+    5,895,010 are 98%. With the preset's width of 512, 8 divides everything large and nothing is said."""
+    assert main(["inspect", "--preset", "mlp-small", "--strategy", "fsdp", "--mesh", "8",
+                 "--model.mlp-dim", "500"]) == 0
+    out = capsys.readouterr().out
+    kept = (5_895_010 - 256 * 500) / 5_895_010
+    assert f"{kept:.0%}" == "98%"
+    assert ("note: fsdp splits hidden_kernel (23, 500, 500), hidden_bias (23, 500), out_kernel (500, 10) and 2 more "
+            "over data in no dim, since no dim it may split divides by 8, so they stay whole in every device's "
+            "parameters, optimizer state and gradients (98% of the model's elements)") in out
+    assert main(["inspect", "--preset", "mlp-small", "--strategy", "zero1", "--mesh", "8",
+                 "--model.mlp-dim", "500"]) == 0
+    assert "so they stay whole in every device's optimizer state (98%" in capsys.readouterr().out
+    assert main(["inspect", "--preset", "mlp-small", "--strategy", "fsdp", "--mesh", "8"]) == 0
+    assert "stay whole" not in capsys.readouterr().out
+
+
+def test_a_microbatch_count_that_does_not_divide_is_answered_with_the_counts_nearest_it(capsys) -> None:
+    """mlp-small's 1,024 examples over 4 stages, 3 microbatches asked: the divisors of 1,024 nearest 3 are 2, 4, 8,
+    16 and 32 (the advice named the five largest, 64 to 1,024: microbatches of 16 examples down to one)."""
+    assert main(["inspect", "--preset", "mlp-small", "--mesh", "stage=4", "--strategy", "pp", "--model.num-layers",
+                 "25", "--parallel.microbatches", "3"]) == 2
+    assert "use --parallel.microbatches 2 or 4 or 8 or 16 or 32, or a batch of 1026" in capsys.readouterr().err

@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(inspect)
     inspect.add_argument("--array", default="",
                          help="parameter to picture over the mesh (default: encoder/mlp2_kernel for vit, "
-                              "blocks/mlp2_kernel for lm, hidden_kernel for mlp)")
+                              "blocks/mlp2_kernel for lm, blocks/expert2_kernel for an lm with experts, "
+                              "hidden_kernel for mlp, the largest parameter of a model of your own)")
     from shardbench import launch  # the launch, sweep, report and bench commands live with their code
     from shardbench.bench import bench_cmd
     from shardbench.plan import plan_cmd

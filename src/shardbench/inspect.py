@@ -17,7 +17,6 @@ from flax import nnx
 
 from shardbench import config as config_lib
 from shardbench import models
-from shardbench.tasks import validate
 from shardbench.config import Config
 from shardbench.errors import ConfigError
 from shardbench.measure.memory import gradient_buffers, per_device_bytes
@@ -26,9 +25,9 @@ from shardbench.models.axes import EXPERT, LAYERS
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL, SEQUENCE, STAGE
 from shardbench.parallel.rules import Layout, flat_by_path
 from shardbench.optim import build_optimizer
-from shardbench.preflight import check_parallel
-from shardbench.models.spec import ModelSpec, describe_model
-from shardbench.parallel.checks import sequence_length, unsplit_note
+from shardbench.preflight import check_runnable
+from shardbench.models.spec import ModelSpec
+from shardbench.parallel.checks import sequence_length, unsplit_note, whole_arrays_note
 from shardbench.parallel.context import positions, uses_context
 from shardbench.parallel.pipeline import (
     bubble_fraction, microbatch_count, schedule_repeats, stage_layers, uses_pipeline,
@@ -178,9 +177,9 @@ def unread_notes(given: Collection[str]) -> list[str]:
 
 def inspect(cfg: Config, array: str = "") -> str:
     """The parameter table, one array's picture (`array`, '' = the model's default) and the batch's."""
-    validate(cfg)
-    spec = describe_model(cfg)
-    layout = check_parallel(cfg, spec)  # train's checks of the layout and the batch: what it refuses, refused here
+    # train's checks that read no data and compile nothing (the dataset's name, path and kind, your model's outputs,
+    # the layout and the batch): what it refuses, refused here in the same line
+    _, layout, spec = check_runnable(cfg)
     rows = param_table(spec.axes, spec.shapes, cfg.precision.param_dtype, layout)
     tx: optax.GradientTransformation = build_optimizer(cfg.optim, 100)
     target = abstract_train_state(spec, layout, tx)
@@ -189,8 +188,8 @@ def inspect(cfg: Config, array: str = "") -> str:
     two_axes = all(size == 1 for axis, size in layout.shape.items() if axis not in (DATA, MODEL))  # '4x2'
     mesh = "none" if layout.mesh is None else (f"{layout.shape} (data x model)" if two_axes
                                                else f"{layout.shape} ({split})")
-    unsplit = unsplit_note(layout, cfg.parallel.mesh)
-    notes = [*spec.axis_notes(), *([unsplit] if unsplit else [])]
+    notes = [*spec.axis_notes(), *(note for note in (unsplit_note(layout, cfg.parallel.mesh),
+                                                     whole_arrays_note(spec, layout)) if note)]
     lines = [
         f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
         f"{layout.shape.size} {layout.device.platform} device(s)",

@@ -18,7 +18,7 @@ from shardbench.capacity import check_fits
 from shardbench.config import Config
 from shardbench.data.arrays import Dataset, ImageDataset, fingerprint
 from shardbench.data.pipeline import steps_per_epoch
-from shardbench.data.sources import check_model_kind, load_for, validate_spec
+from shardbench.data.sources import check_known_shape, check_model_kind, load_for, validate_spec
 from shardbench.devices import select_devices
 from shardbench.errors import ConfigError, DataError, writable_dir
 from shardbench.models.spec import ModelSpec, check_outputs, describe_model
@@ -53,11 +53,12 @@ def check_dataset(cfg: Config) -> None:
     plan or tune asks before planning)."""
     validate_spec(cfg.data.dataset)
     check_model_kind(cfg.data.dataset, cfg.model.kind, cfg.model.task if cfg.model.factory else "")
+    check_known_shape(cfg.data.dataset, cfg.data.image_size)
 
 
 def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tuple[Task, Layout, ModelSpec]:
     """Every check that needs neither the data nor a compilation (what a sweep asks of each run before the
-    first starts): raises ConfigError/DataError in one line. `devices`: lay the run over these (a planner's
+    first starts, and `shardbench inspect` of its layout): raises ConfigError/DataError in one line. `devices`: lay the run over these (a planner's
     target devices) instead of this process's."""
     validate(cfg)
     task = get_task(cfg)
@@ -74,8 +75,7 @@ def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tupl
 def check_parallel(cfg: Config, spec: ModelSpec, devices: list[jax.Device] | None = None) -> Layout:
     """The layout's checks: the mesh against the strategy and the devices, the SPMD style, pipeline, experts and
     context against the model, every split dim's divisibility, and the batch (and its accumulated and mixed parts)
-    against the data axis. `shardbench inspect` makes these too, so that it refuses what train refuses, in the
-    same words, without the task's or the dataset's checks. `devices`: as `check_runnable`'s."""
+    against the data axis. `devices`: as `check_runnable`'s."""
     if devices is None:
         devices = select_devices(cfg.parallel.devices)
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices, cfg.parallel.sequence_parallel)

@@ -82,10 +82,7 @@ def load_dataset(
     if DATASETS[kind] != "vit":
         raise DataError(f"dataset '{spec}' holds no images: {SPEC_HELP}")
     if kind == "cifar10":
-        # Checked before any download: CIFAR-10 images are always 32x32.
-        if image_size != CIFAR10_IMAGE_SIZE:
-            raise DataError(f"cifar10 images are {CIFAR10_IMAGE_SIZE}x{CIFAR10_IMAGE_SIZE} but the model "
-                            f"expects {image_size}x{image_size}; pass --data.image-size 32")
+        check_known_shape(spec, image_size)  # before any download
         ds = load_cifar10(path, cache_dir, val_fraction=val_fraction, seed=seed)
     elif kind == "imagefolder":
         assert path is not None  # _parse guarantees a path for imagefolder
@@ -95,6 +92,14 @@ def load_dataset(
                             num_classes=num_classes, seed=seed, val_fraction=val_fraction)
     _check_shape(ds, image_size=image_size, num_classes=num_classes)
     return ds
+
+
+def check_known_shape(spec: str, image_size: int) -> None:
+    """A dataset whose image size is known without reading it (CIFAR-10's are always 32x32) against the model's."""
+    kind, _ = _parse(spec)
+    if kind == "cifar10" and image_size != CIFAR10_IMAGE_SIZE:
+        raise DataError(f"cifar10 images are {CIFAR10_IMAGE_SIZE}x{CIFAR10_IMAGE_SIZE} but the model "
+                        f"expects {image_size}x{image_size}; pass --data.image-size 32")
 
 
 def check_model_kind(spec: str, model_kind: str, task: str = "") -> None:

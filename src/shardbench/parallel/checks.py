@@ -15,7 +15,7 @@ from shardbench.models.spec import ModelSpec, state_shapes
 from shardbench.models.vit import num_tokens
 from shardbench.parallel.mesh import EXPERT as EXPERT_AXIS
 from shardbench.parallel.mesh import DATA, MODEL, SEQUENCE, STAGE
-from shardbench.parallel.rules import STRATEGIES, Layout, flat_by_path
+from shardbench.parallel.rules import STRATEGIES, Largest, Layout, flat_by_path
 
 
 def check_style(style: str, layout: Layout) -> None:
@@ -66,6 +66,42 @@ def unsplit_note(layout: Layout, mesh: str = "") -> str | None:
             f"{'axes have one device each' if many else 'axis has one device'}, so nothing is split over "
             f"{'them' if many else 'it'}; a mesh naming {'their sizes splits them' if many else 'its size splits it'} "
             f"(--mesh {','.join(f'{a}=N' for a in axes)})")
+
+
+# Arrays a splitting tactic leaves whole are said where they hold at least this part of the parameters: a bias of 10
+# classes is not worth a line, a kernel that 8 divides in no dim is.
+WHOLE_SHARE = 0.05
+
+
+def whole_arrays_note(spec: ModelSpec, layout: Layout) -> str | None:
+    """Parameters that an FSDP or ZeRO tactic (`Largest`) would split over its axis but that no dim of theirs the
+    axis divides: they stay whole on every device, which only their PartitionSpec would show. Said where they hold
+    at least WHOLE_SHARE of the parameters' elements; None elsewhere."""
+    axes, shapes = flat_by_path(spec.axes), flat_by_path(spec.shapes)
+    total = sum(math.prod(shape) for shape in shapes.values()) or 1
+    strategy = layout.strategy
+    found: list[tuple[str, str, dict[str, tuple[int, ...]]]] = []  # (what, axis, the arrays left whole)
+    for what, tactics in (("parameters", strategy.params), ("optimizer state", strategy.optimizer_tactics),
+                          ("gradients", strategy.gradient_tactics)):
+        axis = next((t.axis for t in tactics if isinstance(t, Largest) and layout.shape[t.axis] > 1), None)
+        if axis is not None:
+            whole = {path: tuple(shapes[path]) for path in axes
+                     if axis not in layout.placed(tactics, axes[path], tuple(shapes[path]))}
+            if sum(math.prod(shape) for shape in whole.values()) / total >= WHOLE_SHARE:
+                found.append((what, axis, whole))
+    if not found:
+        return None
+    _, axis, whole = found[0]
+    size, one = layout.shape[axis], len(whole) == 1
+    part = sum(math.prod(shape) for shape in whole.values()) / total
+    largest = sorted(whole, key=lambda p: -math.prod(whole[p]))
+    named = ", ".join(f"{p} {whole[p]}" for p in largest[:3]) + (f" and {len(largest) - 3} more"
+                                                                if len(largest) > 3 else "")
+    kinds = [what for what, _, _ in found]
+    kinds = ", ".join(kinds[:-1]) + (" and " if len(kinds) > 1 else "") + kinds[-1]
+    return (f"{strategy.name} splits {named} over {axis} in no dim, since no dim it may split divides by {size}, "
+            f"so {'it stays' if one else 'they stay'} whole in every device's {kinds} ({part:.0%} of the model's "
+            f"elements); sizes divisible by {size} would split {'it' if one else 'them'}")
 
 
 def check_layout(spec: ModelSpec, layout: Layout) -> None:
@@ -236,8 +272,8 @@ def check_pipeline(microbatches: int, batch: int, grad_accum: int, spec: ModelSp
     # A batch that does not split over the data shards is said by the batch's own checks (check_batch,
     # check_accumulation), in their words.
     if batch % (layout.data_size * grad_accum) == 0 and per % m:
-        works = [str(d) for d in _divisors(per)]
-        instead = f"--parallel.microbatches {' or '.join(works[-5:])}" if works else "--parallel.microbatches 1"
+        near = sorted(sorted(_divisors(per), key=lambda d: (abs(d - m), d))[:5])  # the counts nearest the one asked
+        instead = f"--parallel.microbatches {' or '.join(map(str, near))}" if near else "--parallel.microbatches 1"
         default = "" if microbatches else " (one per stage)"
         accumulated = f" and {grad_accum} accumulated microbatches" if grad_accum > 1 else ""
         raise ConfigError(f"--parallel.microbatches {m}{default} does not divide the {per} examples per data shard "
