@@ -421,6 +421,16 @@ def test_an_sbatch_option_the_executor_sets_itself_is_refused(item: str, own: st
         "hold": True}
 
 
+def test_an_sbatch_option_that_begins_several_of_the_executors_is_refused_naming_them_all() -> None:
+    """'t=3' was refused as sbatch --tasks-per-node (the first of shardbench's own options it begins), though a
+    reader of sbatch's short options means --time by it."""
+    with pytest.raises(ConfigError) as err:
+        slurm_options.check_options(SlurmOptions(sbatch=("t=3",)))
+    assert str(err.value) == (
+        "--slurm-option 't=3' names no one sbatch option: it begins --tasks-per-node, --time, which shardbench sets "
+        "itself; write an option's whole name (sbatch's own one-letter options are not taken)")
+
+
 def test_a_sweep_with_an_sbatch_option_the_executor_sets_is_refused_before_anything_is_submitted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("submitit")
@@ -472,6 +482,58 @@ def test_cancel_and_a_local_resume_read_slurms_states_not_the_stores(
     assert said[0] == "resuming: 1 of 2 runs already recorded"
     assert rows[first.name].error == "refused before running: (this test)"  # taken up again
     assert rows[second.name].status == "complete"
+    # The run recorded here has no SLURM job any more: --status credited the job that did not complete with it.
+    with Store(out / "sweep.db") as store:
+        assert set(store.jobs()) == {second.name}
+        assert "LOCAL (failed)" in slurm_lib.status_lines(store, sweep)[1]
+
+
+def test_a_job_slurm_keeps_no_record_of_has_ended_and_is_submitted_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM 22.05 keeps no trace of a queued element of a job array cancelled with scancel: squeue, sacct and
+    scontrol all answer without it. Such a job, submitted an hour ago, was counted live by --status, --cancel and
+    a local resume (refused forever), and a SLURM resume waited out two graces, recorded it as a crash and did not
+    submit it again. It has ended: --status says LOST, --cancel scancels nothing, a local resume may run, and a
+    SLURM resume records it as killed and submits it again (the sbatch here notes that it was called, and refuses).
+    A job submitted a moment ago that squeue does not list yet is still live."""
+    out = tmp_path / "s"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for command in ("squeue", "sacct", "scontrol"):
+        _script(bin_dir / command, "true\n")  # known to none
+    _script(bin_dir / "scancel", f'echo "$@" >> {tmp_path / "scancelled"}\n')
+    _script(bin_dir / "sbatch", f"touch {tmp_path / 'sbatch-called'}; echo 'sbatch: error: not in this test' >&2; "
+                                f"exit 1\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_lib, "OUTCOME_GRACE_S", 0.3)  # 60 s in use
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8,16"})
+    first, second = sweep.runs
+    with Store(out / "sweep.db") as store:
+        for key, value in plan_meta(sweep, {}).items():
+            store.set_meta(key, value)
+        store.set_job(first.name, JOBS[0], "PENDING", "JobArrayTaskLimit", submitted=time.time() - 3600)
+        store.add(RunRow(second.name, "complete", None, None, second.overrides, {}, {}, 1.0, 2.0, 1.0))
+        lines = slurm_lib.status_lines(store, sweep)
+        assert lines[1].split()[1:3] == [JOBS[0], "LOST"], lines
+        assert slurm_lib.cancel(store, [first.name]) == []
+    assert not (tmp_path / "scancelled").exists()
+    slurm_lib.check_no_live_jobs(out)  # nothing live: a local resume may run
+    with Store(out / "sweep.db") as store:
+        store.set_job(first.name, JOBS[0], "PENDING", submitted=time.time())  # just submitted: not listed yet
+    with pytest.raises(ConfigError, match=r"has SLURM job\(s\) 41_0 still queued or running"):
+        slurm_lib.check_no_live_jobs(out)
+    # The driver's clock: a tenth of a second at every reading, no sleeping. A resume's first pass ends at the grace
+    # (0.3 s); it had read the clock apart from the job's own wait, and returned one reading before that wait
+    # ended, leaving the job followed rather than recorded and submitted again.
+    clock = iter(time.time() + 0.1 * i for i in range(10**6))
+    monkeypatch.setattr(slurm_lib, "time", SimpleNamespace(time=lambda: next(clock), sleep=lambda seconds: None))
+    with Store(out / "sweep.db") as store:
+        store.set_job(first.name, JOBS[0], "PENDING", submitted=time.time() - 3600)
+        with pytest.raises(ConfigError, match="sbatch refused the jobs"):
+            slurm_lib.run_slurm_sweep(sweep, store, Options(out), SlurmOptions(poll_s=0.05), out=lambda _: None)
+        row = {r.name: r for r in store.runs()}[first.name]
+    assert (row.status, row.error_kind) == ("failed", "killed") and f"SLURM job {JOBS[0]} LOST" in row.error, row
+    assert (tmp_path / "sbatch-called").exists()  # submitted again, by the same resume
 
 
 def test_sbatchs_refusal_of_an_option_names_the_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -485,6 +547,38 @@ def test_sbatchs_refusal_of_an_option_names_the_option(tmp_path: Path, monkeypat
     with pytest.raises(ConfigError, match=r"1 task\(s\): sbatch: unrecognized option '--foo=bar'$"):
         slurm_options.check_submittable({"run": slurm_options.Shape(1, 1, 0, 0)}, Options(tmp_path),
                                         SlurmOptions(sbatch=("comment=x",)))
+
+
+def test_sbatchs_refusal_of_a_partition_names_the_option_and_the_partitions_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """'Invalid partition name specified' named neither --slurm-partition nor what would be right: sinfo lists the
+    partitions (the default one starred)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "sbatch", "echo 'sbatch: error: Batch job submission failed: Invalid partition name "
+                                "specified' >&2\nexit 1\n")
+    _script(bin_dir / "sinfo", "printf 'debug*\\ngpu\\ndebug*\\n'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(ConfigError) as err:
+        slurm_options.check_submittable({"run": slurm_options.Shape(1, 1, 0, 0)}, Options(tmp_path),
+                                        SlurmOptions(partition="gpux"))
+    assert str(err.value).endswith(": sbatch: error: Batch job submission failed: Invalid partition name specified "
+                                   "(--slurm-partition gpux; partitions here: debug, gpu)"), str(err.value)
+
+
+def test_a_slurm_conf_that_is_no_file_is_said_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch, read without its configuration, said "ClusterName needs to be specified", which the sweep reported
+    as a job SLURM would not take."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for command in ("sbatch", "squeue", "scancel"):
+        _script(bin_dir / command, "true\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "nonexistent.conf"))
+    with pytest.raises(ConfigError, match=rf"SLURM_CONF={re.escape(str(tmp_path))}/nonexistent.conf is no file"):
+        slurm_options.check_available()
+    (tmp_path / "nonexistent.conf").write_text("ClusterName=here\n")
+    slurm_options.check_available()
 
 
 def test_status_names_a_run_that_ran_here_apart_from_slurms_states(

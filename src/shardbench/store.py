@@ -180,6 +180,12 @@ class Store:
                 (name, job_id, state, reason, submitted if submitted is not None else now, now, submitted),
             )
 
+    def drop_job(self, name: str) -> None:
+        """Forget a run's job: the run was recorded since by a run here (a SLURM sweep resumed locally), so the job's
+        state is no longer the run's."""
+        with self._db:
+            self._db.execute("DELETE FROM jobs WHERE name = ?", (name,))
+
     def jobs(self) -> dict[str, JobRow]:
         """{run name: its latest job}."""
         rows = self._db.execute("SELECT name, job_id, state, reason, submitted, updated FROM jobs")

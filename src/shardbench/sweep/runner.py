@@ -295,6 +295,8 @@ def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], No
             row = refused_row(sweep, run, refused[run.name]) if run.name in (refused or {}) else execute(
                 sweep, run, opts)
             store.add(row)
+            if run.name in jobs:  # its SLURM job's state would be read as this run's (`--status`)
+                store.drop_job(run.name)
             out(progress_line(i, total, row))
     except KeyboardInterrupt as err:
         print(f"shardbench: sweep {'stopped by SIGTERM' if isinstance(err, Terminated) else 'interrupted'}; "

@@ -34,7 +34,7 @@ from shardbench.sweep.grid import PlannedRun, Sweep, run_config, stored_sweep
 from shardbench.sweep.runner import (Options, Outcome, _one_line, _read_json, classify, refused_row, run_process,
                                      train_command)
 from shardbench.sweep.slurm_jobs import (KILLED_KINDS, LIVE_STATES, REQUEUED_AFTER, JobState, ReadFailed, job_states,
-                                         run_command)
+                                         lost_state, run_command)
 from shardbench.sweep.slurm_options import (SIGNAL_MARGIN_S, Shape, SlurmOptions, check_shapes, parse_sbatch,
                                             run_timeout_s, time_limit_min)
 
@@ -346,7 +346,7 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
         if failing:
             out("sweep: squeue answers again")
             failing = False
-        ending = False
+        ending, now = False, time.time()
         for name, job_id in list(pending.items()):
             state = states.get(job_id)
             if state is not None and state.live:
@@ -366,16 +366,18 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
             # filesystem): wait a little for the full story before recording what is known.
             settled = state is not None and (state.word != "COMPLETED" or has_outcome)
             if not settled:
-                if time.time() - unsettled.setdefault(name, time.time()) < OUTCOME_GRACE_S:
+                # (`once` ends at the grace: what is still unsettled then is recorded, not left followed unread)
+                if now - unsettled.setdefault(name, now) < OUTCOME_GRACE_S and not (
+                        once and now - started >= OUTCOME_GRACE_S):
                     ending = True
                     continue
-                state = state or JobState("UNKNOWN", f"not found by {source}")
+                state = state or lost_state(source)
             row = row_for(sweep, by_name[name], opts, job_id, state)
             store.add(row)
             store.set_job(name, job_id, state.state or state.word, state.reason or None)
             del pending[name]
             out(progress_line_for(_done(store, by_name, since), total, row, job_id))
-        if once and (not ending or time.time() - started >= OUTCOME_GRACE_S):
+        if once and (not ending or now - started >= OUTCOME_GRACE_S):
             return
         if pending:
             time.sleep(slurm.poll_s)
@@ -391,10 +393,11 @@ def status_lines(store: Store, sweep: Sweep) -> list[str]:
     jobs = store.jobs()
     rows = {r.name: r for r in store.runs()}
     live = {n: j.job_id for n, j in jobs.items() if j.state in LIVE_STATES}
+    read = True
     try:
         states, source = job_states(list(live.values())) if live else ({}, "")
     except ReadFailed as err:
-        states, source = {}, f"the store, as last recorded: {err}"
+        states, source, read = {}, f"the store, as last recorded: {err}", False
     width = max((len(r.name) for r in sweep.runs), default=4)
     lines = []
     counts: dict[str, int] = {}
@@ -406,6 +409,8 @@ def status_lines(store: Store, sweep: Sweep) -> list[str]:
             state, reason, jid = (f"LOCAL ({row.status})" if row is not None else "UNSUBMITTED"), "", "-"
         else:
             now = states.get(job.job_id) if job.name in live else None
+            if job.name in live and now is None and read and _lost(job):
+                now = lost_state(source)
             state = now.state if now is not None else job.state
             reason = (now.reason if now is not None else job.reason) or ""
             jid = job.job_id
@@ -421,23 +426,31 @@ def status_lines(store: Store, sweep: Sweep) -> list[str]:
     return [head, *lines]
 
 
-def still_live(recorded: dict[str, str]) -> dict[str, str]:
-    """Of the jobs {run: job id} the store last recorded as queued or running, those SLURM still holds: only a
-    driver writes states to the store, so a job cancelled or ended since is still recorded live there. A job SLURM
-    cannot place (just submitted) counts as live; where squeue cannot be read, every recorded one does."""
+def _lost(job: JobRow) -> bool:
+    """Whether a job no source knows now was submitted long enough ago to have ended without a record
+    (`lost_state`), rather than to be too new for squeue."""
+    return time.time() - job.submitted >= OUTCOME_GRACE_S
+
+
+def still_live(recorded: dict[str, JobRow]) -> dict[str, str]:
+    """Of the jobs {run: job} the store last recorded as queued or running, those SLURM still holds ({run: job id}):
+    only a driver writes states to the store, so a job cancelled or ended since is still recorded live there. A
+    job no source knows counts as live while it may be too new for squeue, and as ended after (`_lost`); where
+    squeue cannot be read, every recorded one counts as live."""
     if not recorded:
         return {}
     try:
-        states, _ = job_states(list(recorded.values()))
+        states, _ = job_states([j.job_id for j in recorded.values()])
     except ReadFailed:
-        return recorded
-    return {n: j for n, j in recorded.items() if j not in states or states[j].word in LIVE_STATES}
+        return {n: j.job_id for n, j in recorded.items()}
+    return {n: j.job_id for n, j in recorded.items()
+            if (states[j.job_id].word in LIVE_STATES if j.job_id in states else not _lost(j))}
 
 
 def cancel(store: Store, names: Iterable[str]) -> list[str]:
     """scancel every job of `names` still queued or running, as SLURM says now; the job ids cancelled."""
     jobs = store.jobs()
-    ids = list(still_live({n: jobs[n].job_id for n in names if n in jobs and jobs[n].state in LIVE_STATES}).values())
+    ids = list(still_live({n: jobs[n] for n in names if n in jobs and jobs[n].state in LIVE_STATES}).values())
     if ids:
         done = run_command(["scancel", *ids])
         if done.returncode != 0:
@@ -451,7 +464,7 @@ def check_no_live_jobs(out: Path) -> None:
     if not path.exists():
         return
     with Store(path) as store:
-        recorded = {n: j.job_id for n, j in store.jobs().items() if j.state in LIVE_STATES}
+        recorded = {n: j for n, j in store.jobs().items() if j.state in LIVE_STATES}
     live = sorted(still_live(recorded).values())
     if live:
         raise ConfigError(f"--executor local: {out} has SLURM job(s) {_ranges(live)} still queued or running; "

@@ -21,8 +21,10 @@ LIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQU
 # Endings SLURM may follow with a requeue of the same job id (PreemptMode=REQUEUE, a failed node or boot): final
 # only once squeue no longer lists the job, since a requeued job stays in the queue, PENDING again.
 REQUEUED_AFTER = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
+# LOST: a job squeue, sacct and scontrol all no longer know, long after it was submitted (`lost_state`).
 KILLED_KINDS = {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "oom", "CANCELLED": "killed",
-                "PREEMPTED": "killed", "NODE_FAIL": "killed", "BOOT_FAIL": "killed", "REVOKED": "killed"}
+                "PREEMPTED": "killed", "NODE_FAIL": "killed", "BOOT_FAIL": "killed", "REVOKED": "killed",
+                "LOST": "killed"}
 
 
 # ------------------------------------------------------------------------------------------------ job states
@@ -43,6 +45,13 @@ class JobState:
     @property
     def live(self) -> bool:
         return self.word in LIVE_STATES
+
+
+def lost_state(source: str) -> JobState:
+    """A job no source knows long after its submission has ended without a record: SLURM 22.05 keeps none of a
+    queued element of a job array cancelled with scancel, in squeue, sacct or scontrol alike."""
+    return JobState("LOST", f"known to none of {source}: it left SLURM without a record, as a queued job "
+                            f"cancelled does on some SLURM versions")
 
 
 def _expand(job_id: str) -> list[str]:

@@ -93,7 +93,12 @@ def parse_sbatch(items: Iterable[str]) -> dict[str, Any]:
             raise ConfigError(f"--slurm-option {item!r} is not an sbatch option: write it as KEY=VALUE (mem=64G) "
                               f"or a lone flag (exclusive)")
         name = key.replace("_", "-")
-        own = name if name in OWN_SBATCH else next((o for o in OWN_SBATCH if o.startswith(name)), None)
+        mine = [name] if name in OWN_SBATCH else [o for o in OWN_SBATCH if o.startswith(name)]
+        if len(mine) > 1:  # 't': --time to a reader of sbatch's short options, one of several long ones to sbatch
+            raise ConfigError(f"--slurm-option {item!r} names no one sbatch option: it begins "
+                              f"{', '.join('--' + o for o in mine)}, which shardbench sets itself; write an "
+                              f"option's whole name (sbatch's own one-letter options are not taken)")
+        own = mine[0] if mine else None
         if own is not None:
             raise ConfigError(f"--slurm-option {item!r} would replace sbatch --{own} of the job shardbench plans: "
                               f"{OWN_SBATCH[own]}")
@@ -120,6 +125,10 @@ def check_available() -> None:
     if missing:
         raise ConfigError(f"--executor slurm: {', '.join(missing)} not found on PATH; run the sweep on a host that "
                           f"submits SLURM jobs (a login node)")
+    conf = os.environ.get("SLURM_CONF", "")
+    if conf and not os.path.isfile(conf):  # sbatch would say only "ClusterName needs to be specified"
+        raise ConfigError(f"--executor slurm: SLURM_CONF={conf} is no file; point it at the cluster's slurm.conf, or "
+                          f"unset it for /etc/slurm/slurm.conf")
 
 
 # ------------------------------------------------------------------------------------------ command line
@@ -272,7 +281,23 @@ def check_submittable(shapes: dict[str, Shape], opts: Options, slurm: SlurmOptio
                                   f"cluster's slurm.conf")
             raise ConfigError(f"SLURM would not take the job of run {names[0]}"
                               + (f" (and {len(names) - 1} more)" if len(names) > 1 else "")
-                              + f", {shape.nodes} node(s) x {shape.tasks_per_node} task(s): {_one_line(why)[:300]}")
+                              + f", {shape.nodes} node(s) x {shape.tasks_per_node} task(s): {_one_line(why)[:300]}"
+                              + _what_was_asked(why, slurm))
+
+
+def _what_was_asked(why: str, slurm: SlurmOptions) -> str:
+    """The option behind sbatch's refusal of a partition, account or QOS, and the partitions there are (sinfo)."""
+    said = why.lower()
+    if "partition" in said:
+        listed = run_command(["sinfo", "--noheader", "--format", "%P"]) if shutil.which("sinfo") else None
+        names = sorted({p.strip().rstrip("*") for p in listed.stdout.split()} if listed and listed.returncode == 0
+                       else set())
+        asked = f"--slurm-partition {slurm.partition}" if slurm.partition else "no --slurm-partition (the default)"
+        return f" ({asked}" + (f"; partitions here: {', '.join(names)})" if names else ")")
+    for word, flag, value in (("account", "--slurm-account", slurm.account), ("qos", "--slurm-qos", slurm.qos)):
+        if word in said and value:
+            return f" ({flag} {value})"
+    return ""
 
 
 def time_limit_min(slurm: SlurmOptions, opts: Options) -> int:
