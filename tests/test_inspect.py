@@ -109,6 +109,11 @@ def test_inspect_names_the_training_options_it_never_reads(capsys) -> None:
                    "batch, and trains, measures, saves and prices nothing"]
     assert main(["inspect", "--preset", "vit-tiny", "--batch-size", "64"]) == 0
     assert capsys.readouterr().err == ""
+    # An option this layout never reads is said as train says it (inspect said nothing of --devices 2 under single)
+    assert main(["inspect", "--preset", "vit-tiny", "--devices", "2", "--strategy", "single"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("shardbench: note: --parallel.devices 2 does nothing here: strategy "
+                                               "single trains on one device"), err
 
 
 def test_inspect_says_when_fsdp_leaves_most_of_the_model_whole(capsys) -> None:

@@ -149,7 +149,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     setup_devices(cfg)
     from shardbench.inspect import inspect, unread_notes  # JAX once the devices are set up
 
-    for note in unread_notes(given_fields(args)):
+    for note in unread_notes(cfg, given_fields(args)):
         print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
     print(inspect(cfg, args.array))
     return 0

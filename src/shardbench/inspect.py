@@ -18,6 +18,7 @@ from flax import nnx
 from shardbench import config as config_lib
 from shardbench import models
 from shardbench.config import Config
+from shardbench.validation import inert_notes
 from shardbench.errors import ConfigError
 from shardbench.measure.memory import gradient_buffers, per_device_bytes
 from shardbench.measure.params import ParamRow, format_placements, format_table, param_table, picture
@@ -163,16 +164,18 @@ def kernel_lines(cfg: Config, layout: Layout) -> list[str]:
 READ_TRAIN = frozenset({"train.batch_size", "train.grad_accum", "train.eval_batch_size"})
 
 
-def unread_notes(given: Collection[str]) -> list[str]:
-    """One line naming the training options given (`given`: the fields the command line named) that inspect never
-    reads, as train's `note:` lines name an option its configuration never reads; none when there are none."""
+def unread_notes(cfg: Config, given: Collection[str]) -> list[str]:
+    """train's `note:` lines for the options this configuration never reads (`--devices 2` under single), then one
+    line naming the training options given (`given`: the fields the command line named) that inspect never reads;
+    none when there are none."""
+    inert = [note for note in inert_notes(cfg, given) if not note.startswith("--train.")]  # train's: said below
     declared = config_lib.declarations()
     unread = [declared[key][2].short or "--" + key.replace("_", "-") for key in sorted(given)
               if key.startswith("train.") and key not in READ_TRAIN and key in declared]
     if not unread:
-        return []
-    return [f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} nothing here: inspect lays out the "
-            f"parameters and the batch, and trains, measures, saves and prices nothing"]
+        return inert
+    return [*inert, f"{', '.join(unread)} {'does' if len(unread) == 1 else 'do'} nothing here: inspect lays out the "
+                    f"parameters and the batch, and trains, measures, saves and prices nothing"]
 
 
 def inspect(cfg: Config, array: str = "") -> str:
@@ -218,7 +221,7 @@ def inspect(cfg: Config, array: str = "") -> str:
                             f"sequence over model, {length // layout.shape.model} of {length} tokens per device; "
                             f"q/k/v and the MLP's hidden width over model as tp splits them"]
     if jax.tree.leaves(target.model_state):
-        lines[-1:-1] = model_state_lines(spec, target.model_state)
+        lines[-1:-1] = ["", *model_state_lines(spec, target.model_state)]
     by_path = {r.path: r for r in rows}
     if not array and cfg.model.factory:  # a model of your own: its largest parameter
         array = max(rows, key=lambda r: math.prod(r.shape)).path
