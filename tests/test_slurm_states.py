@@ -618,6 +618,9 @@ def test_a_resubmitted_run_counts_once_and_a_run_recorded_now_counts_in_the_over
         assert slurm_lib._done(store, by_name, since=10.0) == 2
         timing = sweep_cmd.overhead(store, started=10.0, wall_s=30.0)
     assert timing["runs"] == 1 and timing["runs_wall_s"] == 15.0  # begun at 5 by an earlier driver's job
+    # A run recorded with no process time (a job SLURM cancelled before it started) is a run recorded all the same
+    line = sweep_cmd.overhead_line({"wall_s": 30.0, "runs": 1, "runs_wall_s": 0.0, "ratio": None})
+    assert line == "sweep: 30.0 s, 1 run(s) recorded, none of whose processes ran for a measurable time"
 
 
 def test_a_timeout_names_the_limit_its_task_ran_under_not_todays_timeout(tmp_path: Path) -> None:

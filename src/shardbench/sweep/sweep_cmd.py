@@ -256,8 +256,11 @@ def overhead(store: Store, started: float, wall_s: float) -> dict[str, Any]:
 
 
 def overhead_line(timing: dict[str, Any]) -> str:
-    if not timing["runs"] or timing["ratio"] is None:  # none, or only runs that never started a process
+    if not timing["runs"]:
         return f"sweep: {timing['wall_s']:.1f} s, no run was recorded"
+    if timing["ratio"] is None:  # only runs that never started a process here (refused, or a SLURM job's ending)
+        return (f"sweep: {timing['wall_s']:.1f} s, {timing['runs']} run(s) recorded, none of whose processes ran "
+                f"for a measurable time")
     return (f"sweep: {timing['wall_s']:.1f} s wall for {timing['runs']} run(s) whose processes took "
             f"{timing['runs_wall_s']:.1f} s, start-up included: {timing['ratio']:.3f}x")
 
