@@ -152,6 +152,22 @@ def test_a_squeue_that_does_not_answer_is_a_failed_read(tmp_path: Path, monkeypa
         slurm_jobs.job_states(["41_0"])
 
 
+def test_an_ended_jobs_last_reason_for_waiting_is_not_its_story(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sacct keeps an array element's last reason for waiting after it ends: --status showed
+    "COMPLETED (JobArrayTaskLimit)". A reason is kept where it says why SLURM ended the job, or why it waits."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "sacct", "echo '7_0|COMPLETED|JobArrayTaskLimit|0:0|2024-01-01T00:00:00|2024-01-01T00:05:00'\n"
+                               "echo '7_1|CANCELLED by 0|JobArrayTaskLimit|0:0|2024-01-01T00:00:00|None'\n"
+                               "echo '7_2|NODE_FAIL|NodeDown|0:9|2024-01-01T00:00:00|2024-01-01T00:05:00'\n"
+                               "echo '7_3|PENDING|JobArrayTaskLimit|0:0|None|None'\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    states = slurm_jobs.sacct_states(["7_0", "7_1", "7_2", "7_3"])
+    assert {j: (s.word, s.reason) for j, s in states.items()} == {
+        "7_0": ("COMPLETED", ""), "7_1": ("CANCELLED", ""), "7_2": ("NODE_FAIL", "NodeDown"),
+        "7_3": ("PENDING", "JobArrayTaskLimit")}
+
+
 def test_sacct_running_counts_for_a_job_squeue_does_not_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """sacct's live states are taken where squeue is silent on a job, never over squeue's own word."""
     bin_dir = tmp_path / "bin"

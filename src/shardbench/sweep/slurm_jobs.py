@@ -109,8 +109,18 @@ def sacct_states(job_ids: list[str]) -> dict[str, JobState] | None:
             continue
         jid, state, reason, code, start, end = parts[:6]
         for one in _expand(jid):
-            out[one] = JobState(state, "" if reason == "None" else reason, code, _clock(start), _clock(end))
+            out[one] = JobState(state, _reason(state, reason), code, _clock(start), _clock(end))
     return out
+
+
+def _reason(state: str, reason: str) -> str:
+    """sacct's reason where it tells something of the state: a queued or running job's, or why SLURM ended one
+    (NODE_FAIL's NodeDown). An array element that waited keeps its last reason for waiting after it ends
+    ("COMPLETED (JobArrayTaskLimit)"), which says nothing of its end: left out, as for every job that ended
+    completed, failed or cancelled, whose story is the run's own or scancel's."""
+    word = state.split()[0] if state else ""
+    ended_by_slurm = word in KILLED_KINDS and word != "CANCELLED"
+    return reason if reason != "None" and (word in LIVE_STATES or ended_by_slurm) else ""
 
 
 class ReadFailed(Exception):

@@ -20,9 +20,10 @@ def check(cfg: Config) -> None:
         raise ConfigError(f"--model.top-k {m.top_k} routes each token to more experts than the "
                           f"{m.num_experts} there are (--model.num-experts): use a top-k of at most {m.num_experts}")
     if m.embed_dim % m.num_heads:
-        raise ConfigError(f"embed dim {m.embed_dim} is not divisible by {m.num_heads} heads")
+        raise ConfigError(f"--model.embed-dim {m.embed_dim} is not divisible by --model.num-heads {m.num_heads}: "
+                          f"give a width that is a multiple of the heads")
     if m.embed_dim % 2:
-        raise ConfigError(f"embed dim {m.embed_dim} must be even for the sine/cosine position table")
+        raise ConfigError(f"--model.embed-dim {m.embed_dim} must be even for the sine/cosine position table")
 
 
 def inputs(cfg: Config, batch: Batch, key: jax.Array, train: bool, rows: Rows) -> jax.Array:

@@ -18,10 +18,11 @@ from shardbench.tasks.base import Batch, Rows, Task, Terms
 def check(cfg: Config) -> None:
     m = cfg.model
     if m.stem != "conv" and cfg.data.image_size % m.patch_size:  # the conv stem's max-pools round the side up
-        raise ConfigError(f"image size {cfg.data.image_size} is not divisible by patch size {m.patch_size}: pick a "
-                          f"patch size that divides it")
+        raise ConfigError(f"--data.image-size {cfg.data.image_size} is not divisible by --model.patch-size "
+                          f"{m.patch_size}: pick a patch size that divides it")
     if m.embed_dim % m.num_heads:
-        raise ConfigError(f"embed dim {m.embed_dim} is not divisible by {m.num_heads} heads")
+        raise ConfigError(f"--model.embed-dim {m.embed_dim} is not divisible by --model.num-heads {m.num_heads}: "
+                          f"give a width that is a multiple of the heads")
 
 
 def inputs(cfg: Config, batch: Batch, key: jax.Array, train: bool, rows: Rows,
