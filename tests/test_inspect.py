@@ -95,7 +95,11 @@ def test_inspect_names_the_axes_a_mesh_splits(capsys) -> None:
     first = capsys.readouterr().out.splitlines()[0]
     assert "mesh data=2,expert=4 (data x expert);" in first, first
     assert main(["inspect", "--preset", "vit-tiny", "--mesh", "4x2", "--strategy", "dp+tp"]) == 0
-    assert "mesh 4x2 (data x model);" in capsys.readouterr().out.splitlines()[0]
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "mesh 4x2 (data x model);" in first and "--spmd" not in first
+    # a style other than jit is named: the layout is the same, the programs are not
+    assert main(["inspect", "--preset", "vit-tiny", "--mesh", "4x2", "--strategy", "dp+tp", "--spmd", "shard_map"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("; 8 cpu device(s); --spmd shard_map")
 
 
 def test_inspect_names_the_training_options_it_never_reads(capsys) -> None:
@@ -142,3 +146,19 @@ def test_a_microbatch_count_that_does_not_divide_is_answered_with_the_counts_nea
     assert main(["inspect", "--preset", "mlp-small", "--mesh", "stage=4", "--strategy", "pp", "--model.num-layers",
                  "25", "--parallel.microbatches", "3"]) == 2
     assert "use --parallel.microbatches 2 or 4 or 8 or 16 or 32, or a batch of 1026" in capsys.readouterr().err
+
+
+def test_the_optimizer_line_says_when_it_holds_an_ema_of_the_weights(capsys) -> None:
+    """--optim.ema adds a copy of the weights to the optimizer's state (mlp-small: 24,711,208 bytes of float32
+    parameters, and a 4-byte count), which the line credited to Adam alone."""
+    assert main(["inspect", "--preset", "mlp-small"]) == 0
+    plain = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("optimizer state"))
+    assert main(["inspect", "--preset", "mlp-small", "--optim.ema", "0.999"]) == 0
+    ema = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("optimizer state"))
+    assert plain.startswith("optimizer state (adam): ") and ema.startswith(
+        "optimizer state (adam, with an EMA of the weights): ")
+
+    def opt_bytes(line: str) -> int:
+        return int(line.split(": ")[1].split(" bytes")[0].replace(",", ""))
+
+    assert opt_bytes(ema) - opt_bytes(plain) == 24_711_208 + 4

@@ -195,13 +195,15 @@ def inspect(cfg: Config, array: str = "") -> str:
                                                      whole_arrays_note(spec, layout)) if note)]
     lines = [
         f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
-        f"{layout.shape.size} {layout.device.platform} device(s)",
+        f"{layout.shape.size} {layout.device.platform} device(s)"
+        + ("" if cfg.parallel.spmd == "jit" else f"; --spmd {cfg.parallel.spmd}"),  # jit: as every doc shows it
         *(f"note: {note}" for note in notes),  # as train's first lines say them
         *kernel_lines(cfg, layout),
         "",
         format_table(rows),
         "",
-        f"optimizer state ({cfg.optim.optimizer}): {per_device_bytes(target.opt_state):,} bytes per device; "
+        f"optimizer state ({cfg.optim.optimizer}{', with an EMA of the weights' if cfg.optim.ema else ''}): "
+        f"{per_device_bytes(target.opt_state):,} bytes per device; "
         f"parameters: {per_device_bytes(target.params):,} bytes per device; "
         f"gradients: {per_device_bytes(gradients):,} bytes per device",
         "",
