@@ -437,6 +437,35 @@ def test_an_sbatch_option_the_executor_sets_itself_is_refused(item: str, own: st
         "hold": True}
 
 
+def test_a_job_that_ends_as_a_resumes_first_pass_ends_keeps_its_own_grace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume's first pass ends at the grace (0.3 s here, on a clock that moves a tenth of a second at every
+    reading): a job squeue listed COMPLETING until then (SLURM cleaning up), which the accounting now calls
+    COMPLETED while its outcome file has not come through the shared filesystem yet, stays followed for its own
+    grace; recorded then without its outcome, it would count as failed and be submitted again."""
+    out = tmp_path / "s"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "squeue-calls"
+    calls.write_text("0")
+    _script(bin_dir / "squeue", f"""n=$(cat {calls}); echo $((n + 1)) > {calls}
+if [ "$n" -lt 2 ]; then echo '{JOBS[0]}|COMPLETING|None'; fi
+""")
+    _script(bin_dir / "sacct", f"""if [ "$(cat {calls})" -ge 3 ]; then
+  echo '{JOBS[0]}|COMPLETED|None|0:0|2024-01-01T00:00:00|2024-01-01T00:05:00'; fi
+""")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_lib, "OUTCOME_GRACE_S", 0.3)
+    clock = iter(time.time() + 0.1 * i for i in range(10**6))
+    monkeypatch.setattr(slurm_lib, "time", SimpleNamespace(time=lambda: next(clock), sleep=lambda seconds: None))
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8,16"})
+    pending = {sweep.runs[0].name: JOBS[0]}
+    with Store(out / "sweep.db") as store:
+        slurm_lib._follow(sweep, store, Options(out), SlurmOptions(poll_s=0.05), pending, lambda _: None, once=True)
+        assert store.runs() == [] and pending == {sweep.runs[0].name: JOBS[0]}
+    assert int(calls.read_text()) == 3  # it ended at the third read, the pass's last
+
+
 def test_an_sbatch_option_that_begins_several_of_the_executors_is_refused_naming_them_all() -> None:
     """'t=3' was refused as sbatch --tasks-per-node (the first of shardbench's own options it begins), though a
     reader of sbatch's short options means --time by it."""

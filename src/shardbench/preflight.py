@@ -58,8 +58,8 @@ def check_dataset(cfg: Config) -> None:
 
 def check_runnable(cfg: Config, devices: list[jax.Device] | None = None) -> tuple[Task, Layout, ModelSpec]:
     """Every check that needs neither the data nor a compilation (what a sweep asks of each run before the
-    first starts, and `shardbench inspect` of its layout): raises ConfigError/DataError in one line. `devices`: lay the run over these (a planner's
-    target devices) instead of this process's."""
+    first starts, and `shardbench inspect` of its layout): raises ConfigError/DataError in one line. `devices`: lay
+    the run over these (a planner's target devices) instead of this process's."""
     validate(cfg)
     task = get_task(cfg)
     check_dataset(cfg)

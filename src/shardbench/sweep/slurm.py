@@ -330,6 +330,7 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
     unsettled: dict[str, float] = {}  # since when a job has been ending without a final word
     out_of_queue: set[str] = set()  # runs whose job squeue did not list at the last read, ended as REQUEUED_AFTER
     started = time.time()
+    first_read: float | None = None  # the clock at the first read squeue answered
     failing = False  # squeue could not be read at the last poll
     while pending:
         try:
@@ -347,6 +348,7 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
             out("sweep: squeue answers again")
             failing = False
         ending, now = False, time.time()
+        first_read = now if first_read is None else first_read
         for name, job_id in list(pending.items()):
             state = states.get(job_id)
             if state is not None and state.live:
@@ -366,9 +368,10 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
             # filesystem): wait a little for the full story before recording what is known.
             settled = state is not None and (state.word != "COMPLETED" or has_outcome)
             if not settled:
-                # (`once` ends at the grace: what is still unsettled then is recorded, not left followed unread)
-                if now - unsettled.setdefault(name, now) < OUTCOME_GRACE_S and not (
-                        once and now - started >= OUTCOME_GRACE_S):
+                # `once` ends at the grace: a job unsettled since the first read has waited it out and is recorded
+                # then, not left followed unrecorded; one that ended since keeps its own grace (its outcome coming)
+                waited_out = once and unsettled.setdefault(name, now) == first_read and now - started >= OUTCOME_GRACE_S
+                if now - unsettled.setdefault(name, now) < OUTCOME_GRACE_S and not waited_out:
                     ending = True
                     continue
                 state = state or lost_state(source)

@@ -166,7 +166,8 @@ def _check(cfg: Config, given: Collection[str] = ()) -> tuple[CheckedRun, CacheU
                                           timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     if jax.process_index() == 0:
         print(header_line(checked), flush=True)
-        layout_notes = (unsplit_note(checked.layout, cfg.parallel.mesh), whole_arrays_note(checked.spec, checked.layout))
+        layout_notes = (unsplit_note(checked.layout, cfg.parallel.mesh),
+                        whole_arrays_note(checked.spec, checked.layout))
         for note in [*inert_notes(checked.cfg, given), *(note for note in layout_notes if note)]:
             print(f"shardbench: note: {note}", flush=True)
     return checked, cache, tx, abstract
