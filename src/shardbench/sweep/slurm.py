@@ -370,8 +370,9 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
             if not settled:
                 # `once` ends at the grace: a job unsettled since the first read has waited it out and is recorded
                 # then, not left followed unrecorded; one that ended since keeps its own grace (its outcome coming)
-                waited_out = once and unsettled.setdefault(name, now) == first_read and now - started >= OUTCOME_GRACE_S
-                if now - unsettled.setdefault(name, now) < OUTCOME_GRACE_S and not waited_out:
+                since = unsettled.setdefault(name, now)
+                waited_out = once and since == first_read and now - started >= OUTCOME_GRACE_S
+                if now - since < OUTCOME_GRACE_S and not waited_out:
                     ending = True
                     continue
                 state = state or lost_state(source)
