@@ -168,7 +168,7 @@ def unread_notes(cfg: Config, given: Collection[str]) -> list[str]:
     """train's `note:` lines for the options this configuration never reads (`--devices 2` under single), then one
     line naming the training options given (`given`: the fields the command line named) that inspect never reads;
     none when there are none."""
-    inert = [note for note in inert_notes(cfg, given) if not note.startswith("--train.")]  # train's: said below
+    inert = inert_notes(cfg, given, sections=[s for s in config_lib.SECTIONS if s != "train"])  # train's: below
     declared = config_lib.declarations()
     unread = [declared[key][2].short or "--" + key.replace("_", "-") for key in sorted(given)
               if key.startswith("train.") and key not in READ_TRAIN and key in declared]

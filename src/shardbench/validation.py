@@ -151,17 +151,18 @@ def check_model_options(cfg: Config) -> None:
         vit.check_options(m)
 
 
-def inert_notes(cfg: Config, given: Collection[str] = ()) -> list[str]:
+def inert_notes(cfg: Config, given: Collection[str] = (), sections: Collection[str] | None = None) -> list[str]:
     """One line for each field that this configuration never reads and that was set away from its preset's value,
     or given at all (`given`: the fields the command line named, 'train.epochs', even at the preset's value), so
     that a setting that does nothing is said rather than silently accepted (nothing is said for a preset of unknown
-    name)."""
+    name). `sections`: only fields of these sections ('parallel', 'data', ...); None: every one."""
     if cfg.preset not in PRESETS:
         return []
     base = flatten(PRESETS[cfg.preset]())
     now = flatten(cfg)
     return [f"--{key.replace('_', '-')} {now[key]} does nothing here: {why}"
-            for key, why in inert_fields(cfg).items() if now[key] != base.get(key) or key in given]
+            for key, why in inert_fields(cfg).items()
+            if (now[key] != base.get(key) or key in given) and (sections is None or key.split(".")[0] in sections)]
 
 
 def inert_fields(cfg: Config) -> dict[str, str]:
