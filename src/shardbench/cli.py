@@ -16,7 +16,7 @@ import typing
 from collections.abc import Sequence
 
 from shardbench import config as config_lib
-from shardbench import malloc
+from shardbench import malloc, startup
 from shardbench.errors import EXIT_CODES, ShardbenchError, end_process, run_reported
 from shardbench.flags import add_config_arguments, config_from_args, given_fields, setup_devices
 from shardbench.parsing import override
@@ -127,10 +127,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         xla_presets.check_known(xla_presets.apply(cfg.train.xla_presets))
     _join_or_setup(args, cfg)
-    import jax
+    with startup.quiet_imports():
+        import jax
 
-    from shardbench.train.console import summary_line
-    from shardbench.train.loop import run
+        from shardbench.train.console import summary_line
+        from shardbench.train.loop import run
 
     summary = run(cfg, given_fields(args))
     if jax.process_index() == 0:
@@ -147,7 +148,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if size:
             cfg = override(cfg, {"parallel.devices": size})
     setup_devices(cfg)
-    from shardbench.inspect import inspect, unread_notes  # JAX once the devices are set up
+    with startup.quiet_imports():
+        from shardbench.inspect import inspect, unread_notes  # JAX once the devices are set up
 
     for note in unread_notes(cfg, given_fields(args)):
         print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
@@ -224,19 +226,22 @@ def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.Ar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parse(parser, argv)
-    if argv is None:  # run as a program (not called from Python): the allocator, before JAX is imported
-        malloc.maybe_reexec(_train_steps(args))
-    from shardbench.devices import leave_out_absent_tpu
+    if argv is None:  # run as a program (not called from Python): its imports with the collector quiet
+        startup.begin_program()
+    with startup.quiet_imports():
+        parser = build_parser()
+        args = parse(parser, argv)
+        if argv is None:  # the allocator, before JAX starts its backends
+            malloc.maybe_reexec(_train_steps(args))
+        from shardbench.devices import leave_out_absent_tpu
 
-    leave_out_absent_tpu()  # before any command asks JAX for its devices
-    from shardbench import launch
-    from shardbench.bench import bench_cmd
-    from shardbench.plan import plan_cmd
-    from shardbench.report import report_cmd
-    from shardbench.sweep import sweep_cmd
-    from shardbench.tune import tune_cmd
+        leave_out_absent_tpu()  # before any command asks JAX for its devices
+        from shardbench import launch
+        from shardbench.bench import bench_cmd
+        from shardbench.plan import plan_cmd
+        from shardbench.report import report_cmd
+        from shardbench.sweep import sweep_cmd
+        from shardbench.tune import tune_cmd
 
     commands = {"train": cmd_train, "inspect": cmd_inspect, "sweep": sweep_cmd.run, "report": report_cmd.run,
                 "presets": cmd_presets, "bench": bench_cmd.run, "launch": launch.run,

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from shardbench import config as config_lib
+from shardbench import startup
 from shardbench.devices import check_split, planned_processes
 from shardbench.errors import ConfigError
 from shardbench.parsing import override
@@ -70,11 +71,12 @@ def check_in_processes(configs: dict[str, dict[str, Any]], env: dict[str, str] |
 
 def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
     """In this process (whose devices are not set up yet): each configuration's refusal, if any."""
-    from shardbench.capacity import check_fits
-    from shardbench.data.sources import known_train_rows
-    from shardbench.errors import ShardbenchError
-    from shardbench.flags import setup_devices
-    from shardbench.preflight import check_batch_fits_data, check_runnable
+    with startup.quiet_imports():
+        from shardbench.capacity import check_fits
+        from shardbench.data.sources import known_train_rows
+        from shardbench.errors import ShardbenchError
+        from shardbench.flags import setup_devices
+        from shardbench.preflight import check_batch_fits_data, check_runnable
 
     processes = {name: int(flat.pop(PROCESSES, 1)) for name, flat in configs.items()}
     cfgs = {name: override(config_lib.Config(), flat) for name, flat in configs.items()}
@@ -95,6 +97,7 @@ def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
 
 
 def main() -> int:
+    startup.begin_program()
     configs = json.loads(sys.stdin.read())
     channel = sys.stdout
     sys.stdout = sys.stderr  # anything a library prints stays out of the answer

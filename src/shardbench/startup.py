@@ -1,0 +1,41 @@
+"""A program's start: the collector waits while it imports.
+
+Importing what a command needs (JAX, flax, optax, orbax, grain and shardbench's own modules) makes about 300,000
+objects that live as long as the process. Python's cyclic garbage collector walks them again and again while they
+are being made, and again at each of its later full collections: about 0.4 CPU seconds of a small training run
+on a 2-core host (benchmarks/startup-cpu.md). Inside `quiet_imports` the collector waits; at its end, what the
+imports made goes to the permanent generation (`gc.freeze`) and the collector runs again, walking only what the
+run itself makes from then on.
+
+Only a program does this (`shardbench ...`, `python -m shardbench...`, after `begin_program`): a Python process
+that calls `shardbench.cli.main` keeps its collector as it was, as its own objects are not ours to freeze.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+
+_program = False
+
+
+def begin_program() -> None:
+    """This process is a shardbench program: later `quiet_imports` blocks quiet the collector."""
+    global _program
+    _program = True
+
+
+@contextlib.contextmanager
+def quiet_imports() -> Iterator[None]:
+    """In a program whose collector runs: no collection while the block imports, and what it made frozen at its
+    end (also when it raises). Elsewhere, or nested in another, nothing changes."""
+    if not (_program and gc.isenabled()):
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()

@@ -1,0 +1,64 @@
+"""A program's imports run with the collector quiet, and what they made is frozen; a Python caller's collector is
+left as it was. Each check runs in a process of its own: freezing the test worker's objects would keep them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.slow  # processes of their own
+
+
+def _run(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_quiet_imports_waits_and_freezes_only_in_a_program() -> None:
+    out = _run("""
+        import gc
+        from shardbench import startup
+
+        with startup.quiet_imports():  # not a program: nothing changes
+            print("caller", gc.isenabled(), gc.get_freeze_count())
+        startup.begin_program()
+        with startup.quiet_imports():
+            print("inside", gc.isenabled())
+            with startup.quiet_imports():  # nested: the outer block's
+                print("nested", gc.isenabled())
+            print("after nested", gc.isenabled(), gc.get_freeze_count())
+            import json.decoder  # noqa: F401
+        print("after", gc.isenabled(), gc.get_freeze_count() > 0)
+        gc.unfreeze()
+        try:
+            with startup.quiet_imports():
+                raise ValueError
+        except ValueError:
+            print("raised", gc.isenabled(), gc.get_freeze_count() > 0)
+        gc.disable()  # a program whose collector is off keeps it off
+        with startup.quiet_imports():
+            pass
+        print("off", gc.isenabled())
+    """)
+    assert out.split("\n") == ["caller True 0", "inside False", "nested False", "after nested False 0",
+                               "after True True", "raised True True", "off False", ""]
+
+
+def test_the_command_line_imports_with_the_collector_quiet_and_a_python_caller_does_not() -> None:
+    out = _run("""
+        import gc, sys
+        from shardbench.cli import main
+
+        main(["presets"])  # called from Python: the caller's collector
+        print("gc:", gc.isenabled(), gc.get_freeze_count())
+        sys.argv = ["shardbench", "presets"]
+        main()  # as the `shardbench` program runs it
+        print("gc:", gc.isenabled(), gc.get_freeze_count() > 10000)
+    """)
+    assert [line for line in out.split("\n") if line.startswith("gc:")] == ["gc: True 0", "gc: True True"], out[-2000:]
