@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,21 @@ def test_the_command_line_imports_with_the_collector_quiet_and_a_python_caller_d
         print("gc:", gc.isenabled(), gc.get_freeze_count() > 10000)
     """)
     assert [line for line in out.split("\n") if line.startswith("gc:")] == ["gc: True 0", "gc: True True"], out[-2000:]
+
+
+def test_a_worker_started_through_startup_imports_its_module_quiet_then_runs_its_main(tmp_path: Path) -> None:
+    """`python -m shardbench.startup MODULE` (how shardbench starts a sweep's configuration check and the plan's
+    compile workers): MODULE is imported with the collector off, its main runs with it on and the imports frozen,
+    and main's return is the exit status."""
+    (tmp_path / "a_worker.py").write_text(textwrap.dedent("""
+        import gc
+        print("importing", gc.isenabled())
+
+        def main():
+            print("main", gc.isenabled(), gc.get_freeze_count() > 0)
+            return 3
+    """))
+    done = subprocess.run([sys.executable, "-m", "shardbench.startup", "a_worker"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
+                          timeout=300)
+    assert (done.returncode, done.stdout) == (3, "importing False\nmain True True\n"), done.stderr[-2000:]

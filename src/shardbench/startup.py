@@ -7,14 +7,17 @@ on a 2-core host (benchmarks/startup-cpu.md). Inside `quiet_imports` the collect
 imports made goes to the permanent generation (`gc.freeze`) and the collector runs again, walking only what the
 run itself makes from then on.
 
-Only a program does this (`shardbench ...`, `python -m shardbench...`, after `begin_program`): a Python process
-that calls `shardbench.cli.main` keeps its collector as it was, as its own objects are not ours to freeze.
+Only a program does this (`shardbench ...`, and the worker processes shardbench starts as `python -m
+shardbench.startup MODULE`, after `begin_program`): a Python process that calls `shardbench.cli.main` keeps its
+collector as it was, as its own objects are not ours to freeze.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
+import sys
 from collections.abc import Iterator
 
 _program = False
@@ -39,3 +42,17 @@ def quiet_imports() -> Iterator[None]:
     finally:
         gc.freeze()
         gc.enable()
+
+
+def main(argv: list[str]) -> int:
+    """`python -m shardbench.startup MODULE`: MODULE's `main()` as this program, MODULE imported with the collector
+    quiet. The worker processes shardbench starts for itself (a sweep's configuration check, the plan's compile
+    workers) run so."""
+    begin_program()
+    with quiet_imports():
+        module = importlib.import_module(argv[0])
+    return module.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

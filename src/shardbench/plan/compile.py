@@ -3,7 +3,7 @@ state per device (exact), the compiled memory, every collective with its device 
 
 The step is the one `shardbench train` compiles (`make_steps` on the abstract state and an abstract batch),
 so a plan's figures are the run's figures, not a re-implementation of them. Runs in a worker process set up
-with the target's device count (`python -m shardbench.plan.compile`, see `shardbench.plan.workers`).
+with the target's device count (`python -m shardbench.startup shardbench.plan.compile`, see `shardbench.plan.workers`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Compile many candidates at once: worker processes (`python -m shardbench.plan.compile`), each set up with
-the device count its candidates need, sharing the persistent compilation cache; candidates are dealt out
-round-robin and each result comes back as a JSON line as soon as it is compiled."""
+"""Compile many candidates at once: worker processes (`python -m shardbench.startup shardbench.plan.compile`),
+each set up with the device count its candidates need, sharing the persistent compilation cache; candidates are
+dealt out round-robin and each result comes back as a JSON line as soon as it is compiled."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Any
 
 from shardbench import malloc
 from shardbench.subprocs import kill_group, start
+
+COMPILE_WORKER = "shardbench.plan.compile"  # run as `python -m shardbench.startup` runs a worker
 
 Job = dict[str, Any]  # {name, config (flattened), link_span, topology?}
 
@@ -71,7 +73,7 @@ def compile_all(jobs: list[Job], workers: int, on_result: Callable[[dict[str, An
         try:
             # The child's stderr goes to a file: a pipe nobody reads until the end could fill and stall it.
             with tempfile.TemporaryFile(mode="w+") as log:
-                proc = start([sys.executable, "-m", "shardbench.plan.compile"], stdin=subprocess.PIPE,
+                proc = start([sys.executable, "-m", "shardbench.startup", COMPILE_WORKER], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=log, text=True, env=_environ(share[0]),
                              start_new_session=True)
                 try:

@@ -5,8 +5,8 @@ examples where the configuration gives their count), so that a typo or an imposs
 an hour into the sweep.
 
 The checks need JAX and the devices a run would see, so they run in a child process per distinct device count
-(`python -m shardbench.sweep.preflight`, configurations on stdin, {run name: refusal} on stdout), set up as a
-run's own process would be.
+(`python -m shardbench.startup shardbench.sweep.preflight`, configurations on stdin, {run name: refusal} on
+stdout), set up as a run's own process would be.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def check_in_processes(configs: dict[str, dict[str, Any]], env: dict[str, str] |
         by_devices.setdefault(int(flat["parallel.devices"]), {})[name] = flat
     found: dict[str, str] = {}
     for group in by_devices.values():
-        done = subprocess.run([sys.executable, "-m", "shardbench.sweep.preflight"], input=json.dumps(group),
+        done = subprocess.run([sys.executable, "-m", "shardbench.startup", "shardbench.sweep.preflight"],
+                              input=json.dumps(group),
                               capture_output=True, text=True, env=env if env is not None else os.environ.copy())
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -97,7 +98,6 @@ def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
 
 
 def main() -> int:
-    startup.begin_program()
     configs = json.loads(sys.stdin.read())
     channel = sys.stdout
     sys.stdout = sys.stderr  # anything a library prints stays out of the answer
