@@ -572,12 +572,17 @@ def test_a_job_slurm_keeps_no_record_of_has_ended_and_is_submitted_again(
     # ended, leaving the job followed rather than recorded and submitted again.
     clock = iter(time.time() + 0.1 * i for i in range(10**6))
     monkeypatch.setattr(slurm_lib, "time", SimpleNamespace(time=lambda: next(clock), sleep=lambda seconds: None))
+    said: list[str] = []
     with Store(out / "sweep.db") as store:
         store.set_job(first.name, JOBS[0], "PENDING", submitted=time.time() - 3600)
         with pytest.raises(ConfigError, match="sbatch refused the jobs"):
-            slurm_lib.run_slurm_sweep(sweep, store, Options(out), SlurmOptions(poll_s=0.05), out=lambda _: None)
+            slurm_lib.run_slurm_sweep(sweep, store, Options(out), SlurmOptions(poll_s=0.05), out=said.append)
         row = {r.name: r for r in store.runs()}[first.name]
     assert (row.status, row.error_kind) == ("failed", "killed") and f"SLURM job {JOBS[0]} LOST" in row.error, row
+    # said as what the resume found, not as progress: it printed "[1/2]", then counted the run again when its
+    # new job ended
+    assert said[0].startswith(f"resuming: SLURM job {JOBS[0]} of {first.name} ended: FAILED (killed): "), said
+    assert not any(line.startswith("[") for line in said), said
     assert (tmp_path / "sbatch-called").exists()  # submitted again, by the same resume
 
 
@@ -646,6 +651,31 @@ def test_status_names_a_run_that_ran_here_apart_from_slurms_states(
         lines = slurm_lib.status_lines(store, sweep)
     assert lines[0].startswith("2 run(s): 1 LOCAL, 1 COMPLETED"), lines[0]
     assert "LOCAL (complete)" in lines[1]
+
+
+def test_the_progress_line_counts_a_run_recorded_while_another_job_waits_for_its_outcome(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs followed to their end: 41_1 FAILED (the accounting says so at once, its end long ago), 41_0 known to
+    none until the grace is over (then LOST). Each run counts once, in the order they are recorded: [1/2], then
+    [2/2]. 41_1 was counted [0/2]: the wait of 41_0 had taken the place of the driver's own start."""
+    out = tmp_path / "s"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _script(bin_dir / "squeue", "true\n")
+    _script(bin_dir / "sacct", f"echo '{JOBS[1]}|FAILED|None|1:0|2024-01-01T00:00:00|2024-01-01T00:05:00'\n")
+    _script(bin_dir / "scontrol", "true\n")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_lib, "OUTCOME_GRACE_S", 0.3)
+    clock = iter(time.time() + 0.1 * i for i in range(10**6))
+    monkeypatch.setattr(slurm_lib, "time", SimpleNamespace(time=lambda: next(clock), sleep=lambda seconds: None))
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8,16"})
+    first, second = sweep.runs
+    said: list[str] = []
+    with Store(out / "sweep.db") as store:
+        slurm_lib._follow(sweep, store, Options(out), SlurmOptions(poll_s=0.05),
+                          {first.name: JOBS[0], second.name: JOBS[1]}, said.append)
+        assert {r.name: r.status for r in store.runs()} == {first.name: "failed", second.name: "failed"}
+    assert [line.split("  ")[0] for line in said] == [f"[1/2] {second.name}", f"[2/2] {first.name}"], said
 
 
 def test_a_resubmitted_run_counts_once_and_a_run_recorded_now_counts_in_the_overhead(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.parsing import from_dict
-from shardbench.report.terminal import progress_line, summary_table
+from shardbench.report.terminal import progress_line, status_text, summary_table
 from shardbench.store import JobRow, RunRow, Store
 from shardbench.sweep.grid import PlannedRun, Sweep, run_config, stored_sweep
 from shardbench.sweep.runner import (Options, Outcome, _one_line, _read_json, classify, refused_row, run_process,
@@ -370,9 +370,9 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
             if not settled:
                 # `once` ends at the grace: a job unsettled since the first read has waited it out and is recorded
                 # then, not left followed unrecorded; one that ended since keeps its own grace (its outcome coming)
-                since = unsettled.setdefault(name, now)
-                waited_out = once and since == first_read and now - started >= OUTCOME_GRACE_S
-                if now - since < OUTCOME_GRACE_S and not waited_out:
+                ending_since = unsettled.setdefault(name, now)
+                waited_out = once and ending_since == first_read and now - started >= OUTCOME_GRACE_S
+                if now - ending_since < OUTCOME_GRACE_S and not waited_out:
                     ending = True
                     continue
                 state = state or lost_state(source)
@@ -380,7 +380,11 @@ def _follow(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptions, pend
             store.add(row)
             store.set_job(name, job_id, state.state or state.word, state.reason or None)
             del pending[name]
-            out(progress_line_for(_done(store, by_name, since), total, row, job_id))
+            if once and row.status != "complete":  # a resume's first pass: the run is not done, it is submitted
+                # again (or refused) next, and counted when that ends
+                out(f"resuming: SLURM job {job_id} of {row.name} ended: {status_text(row)}: {row.error}")
+            else:
+                out(progress_line_for(_done(store, by_name, since), total, row, job_id))
         if once and (not ending or now - started >= OUTCOME_GRACE_S):
             return
         if pending:
