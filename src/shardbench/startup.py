@@ -1,9 +1,9 @@
 """A program's start: the collector waits while it imports.
 
-Importing what a command needs (JAX, flax, optax, orbax, grain and shardbench's own modules) makes about 300,000
-objects that live as long as the process. Python's cyclic garbage collector walks them again and again while they
-are being made, and again at each of its later full collections: about 0.4 CPU seconds of a small training run
-on a 2-core host (benchmarks/startup-cpu.md). Inside `quiet_imports` the collector waits; at its end, what the
+Importing what a command needs (JAX, flax, optax, orbax, grain and shardbench's own modules) makes hundreds of
+thousands of objects that live as long as the process. Python's cyclic garbage collector walks them again and again
+while they are being made, and again at each of its later full collections: 0.5 to 0.7 CPU seconds of a short
+command on a 2-core host (benchmarks/startup-cpu.md). Inside `quiet_imports` the collector waits; at its end, what the
 imports made goes to the permanent generation (`gc.freeze`) and the collector runs again, walking only what the
 run itself makes from then on.
 

@@ -16,7 +16,7 @@ from typing import Any
 from shardbench import malloc
 from shardbench.subprocs import kill_group, start
 
-COMPILE_WORKER = "shardbench.plan.compile"  # run as `python -m shardbench.startup` runs a worker
+COMPILE_WORKER = "shardbench.plan.compile"  # what a worker runs: `python -m shardbench.startup COMPILE_WORKER`
 
 Job = dict[str, Any]  # {name, config (flattened), link_span, topology?}
 
