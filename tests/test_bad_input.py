@@ -291,6 +291,11 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
         "sweep", "--sweep-file", str(t / "s.toml"), "--dry-run"], "preset '['vit-tiny']' is not a run preset", CONF),
     ("sweep: a sweep file that does not exist", lambda t: ["sweep", "--sweep-file", str(t / "no.toml")], "no.toml",
      CONF),
+    ("sweep: a sweep file that sweeps one field in two axes", lambda t: (t / "s.toml").write_text(
+        'preset = "mlp-small"\naxes = [[{"parallel.strategy" = "dp"}, {"parallel.strategy" = "fsdp"}]]\n'
+        'grid = {"parallel.strategy" = ["zero1", "zero2"]}\n') and [
+        "sweep", "--sweep-file", str(t / "s.toml"), "--out", str(t / "o")],
+     "'parallel.strategy' is swept by axes[0] and by grid entry 'parallel.strategy'", CONF),
     ("sweep: --profile with a window of no steps", lambda t: ["sweep", *TINY, "--batch-size", "16,32", "--profile",
                                                               "--train.profile-steps", "0", "--out", str(t / "o")],
      "--train.profile-steps 0", CONF),

@@ -268,6 +268,38 @@ train.steps = 20
         load_sweep_file(path)
 
 
+@pytest.mark.parametrize(("text", "said"), [
+    # two axes setting one field: the later replaced the earlier's values, so dp and fsdp were never run
+    ('axes = [[{"parallel.strategy" = "dp"}, {"parallel.strategy" = "fsdp"}]]\n'
+     'grid = {"parallel.strategy" = ["zero1", "zero2"]}',
+     "'parallel.strategy' is swept by axes[0] and by grid entry 'parallel.strategy': the second would replace"),
+    ('grid = {"parallel.strategy" = ["dp", "fsdp"], "train.batch_size" = [8, 16, 8]}',
+     "grid entry 'train.batch_size' lists train.batch_size = 8 twice"),
+    ('axes = [[{"parallel.mesh" = "4x2"}, {"parallel.mesh" = "data=4,model=2"}]]',
+     "axes[0] lists parallel.mesh = 'data=4,model=2' twice (or as two spellings of one run)"),
+    # a [base] value every run replaces: the dry run called it fixed
+    ('grid = {"train.batch_size" = [64, 128]}\n[base]\ntrain.batch_size = 64',
+     "'train.batch_size' is fixed in [base] and swept by grid entry 'train.batch_size', which sets it in every run"),
+    ('grid = {"train.batch_size" = [64, 128]}\n[base]\npreset = "mlp-small"',
+     "'preset' is inside [base]: a TOML key written after a [base] header belongs to that table"),
+])
+def test_a_sweep_file_that_would_run_other_runs_than_it_lists_is_refused(tmp_path: Path, text: str, said: str) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as refused:
+        load_sweep_file(path)
+    assert str(refused.value).startswith(f"--sweep-file {path}: {said}") and "\n" not in str(refused.value)
+
+
+def test_a_base_value_an_axis_sets_in_some_entries_only_is_their_default(tmp_path: Path) -> None:
+    """[base] strategy dp, and an axis whose second entry alone sets a strategy: the first entry runs dp."""
+    path = tmp_path / "s.toml"
+    path.write_text('axes = [[{"parallel.mesh" = "8x1"}, {"parallel.mesh" = "4x2", "parallel.strategy" = "dp+tp"}]]\n'
+                    '[base]\nparallel.strategy = "dp"')
+    s = make_sweep(sweep_file=load_sweep_file(path))
+    assert [r.settings["parallel.strategy"] for r in s.runs] == ["dp", "dp+tp"]
+
+
 def test_dry_run_prints_runs_and_starts_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert sweep_cmd.run(parse("--preset", "mesh-grid", "--dry-run", "--out", str(tmp_path / "s"))) == 0
     lines = capsys.readouterr().out.splitlines()

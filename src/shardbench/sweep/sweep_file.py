@@ -54,15 +54,52 @@ def parse_sweep(data: Any, label: str) -> SweepFile:
     raw_axes = data.get("axes", [])
     if not isinstance(raw_axes, list) or not all(isinstance(a, list) and a for a in raw_axes):
         raise ConfigError("axes must be a list of non-empty lists of tables")
-    axes: list[Axis] = [unique([_typed_table(entry) for entry in axis]) for axis in raw_axes]
+    named: list[tuple[str, Axis]] = [(f"axes[{i}]", _once(f"axes[{i}]", [_typed_table(entry) for entry in axis]))
+                                     for i, axis in enumerate(raw_axes)]
     grid = data.get("grid", {})
     if not isinstance(grid, Mapping):
         raise ConfigError("grid must be a table of field = [values]")
     for key, values in _flatten(grid).items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid entry '{key}' must be a non-empty list of values")
-        axes.append(unique([{key: typed_value(key, v)} for v in values]))
-    return SweepFile(label=label, preset=preset, base=_typed_table(data.get("base", {})), axes=axes)
+        where = f"grid entry '{key}'"
+        named.append((where, _once(where, [{key: typed_value(key, v)} for v in values])))
+    raw_base = data.get("base", {})
+    if isinstance(raw_base, Mapping) and "preset" in raw_base:
+        raise ConfigError("'preset' is inside [base]: a TOML key written after a [base] header belongs to that table; "
+                          "put `preset = ...` above [base]")
+    base = _typed_table(raw_base)
+    _check_one_place(named, base)
+    return SweepFile(label=label, preset=preset, base=base, axes=[axis for _, axis in named])
+
+
+def _once(where: str, entries: list[dict[str, Any]]) -> Axis:
+    """An axis of the file whose every entry is a run of its own: one listed twice (or as another spelling of
+    the same run, '4x2' and 'data=4,model=2') is refused, not run once without a word."""
+    kept = unique(entries)
+    if len(kept) < len(entries):
+        twice = next(e for i, e in enumerate(entries) if len(unique(entries[: i + 1])) <= i)
+        raise ConfigError(f"{where} lists {_entry(twice)} twice (or as two spellings of one run): list each once")
+    return kept
+
+
+def _check_one_place(named: list[tuple[str, Axis]], base: Override) -> None:
+    """Each field is swept by one axis: where two set it, the later replaced the earlier's values in every run, and
+    a [base] value that every entry of an axis sets is never used."""
+    first: dict[str, str] = {}
+    for where, axis in named:
+        for key in dict.fromkeys(k for entry in axis for k in entry):
+            if key in first:
+                raise ConfigError(f"'{key}' is swept by {first[key]} and by {where}: the second would replace the "
+                                  f"first's values in every run; list all its values in one of them")
+            first[key] = where
+            if key in base and all(key in entry for entry in axis):
+                raise ConfigError(f"'{key}' is fixed in [base] and swept by {where}, which sets it in every run: "
+                                  f"keep it in one of them")
+
+
+def _entry(entry: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k} = {v!r}" for k, v in entry.items())
 
 
 def load_sweep_file(path: Path) -> SweepFile:
