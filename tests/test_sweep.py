@@ -72,6 +72,53 @@ def test_settings_given_alone_with_resume_apply_to_the_stored_plan() -> None:
         "base preset 'lm-tiny' in the store, 'vit-seed' now")  # what it said, from a plan started from nothing
 
 
+def test_a_dry_run_refuses_an_out_folder_the_sweep_would_refuse(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """--dry-run "exits as the sweep would start": on an --out that holds a sweep (without --resume), or one whose
+    stored plan differs (with it), it answered 0 and listed runs the sweep would refuse to start."""
+    from shardbench.sweep.sweep_cmd import open_store, plan_meta
+
+    out = tmp_path / "s"
+    stored = make_sweep("mlp-small", None, None, {"parallel.strategy": "dp,fsdp", "train.steps": 3})
+    open_store(out, False, plan_meta(stored, {})).close()
+    common = ("--preset", "mlp-small", "--out", str(out), "--dry-run")
+
+    def refusal(*argv: str) -> str:
+        assert sweep_cmd.run(parse(*common, *argv)) == 2
+        said = capsys.readouterr()
+        assert said.out == ""  # refused before listing a run
+        return said.err.strip()
+
+    assert refusal("--strategy", "dp,fsdp", "--steps", "3") == (
+        f"shardbench: error: --out {out} already holds a sweep: pass --resume to finish it, or choose another --out")
+    differs = refusal("--resume", "--strategy", "dp,fsdp,zero1", "--steps", "3")
+    assert f"--resume: {out} holds a different sweep (run strategy_zero1 new); resume it with" in differs
+    assert "sweep them into a folder beside it, and `shardbench report` the folder holding both" in differs
+    assert "(train.steps=3 in the store, 5 now)" in refusal("--resume", "--strategy", "dp,fsdp", "--steps", "5")
+    assert sweep_cmd.run(parse(*common, "--resume", "--strategy", "dp,fsdp", "--steps", "3")) == 0
+    assert "2 run(s) from mlp-small" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_resume_runs_failed_runs_again_only_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs that timed out at 1 s are recorded failed; `--resume --timeout 300` printed that the timeout was
+    replaced and ran nothing, so it now says they did not complete and how to run them again; with
+    --retry-failed they run again (their folders started afresh) and complete."""
+    out = tmp_path / "s"
+    args = ("--batch-size", "16,32", "--out", str(out))
+    assert sweep(tmp_path, *args, "--timeout", "1") == 1
+    assert [r.error_kind for r in rows(out).values()] == ["timeout", "timeout"]
+    capsys.readouterr()
+    assert sweep(tmp_path, *args, "--resume", "--timeout", "300") == 1
+    assert ("resuming: 2 of 2 runs already recorded (2 of them did not complete: --retry-failed runs them again)"
+            in capsys.readouterr().out)
+    assert sweep(tmp_path, *args, "--retry-failed") == 2  # without --resume: one line
+    assert "--retry-failed runs again the failed runs of a sweep being resumed: add --resume" in capsys.readouterr().err
+    assert sweep(tmp_path, *args, "--resume", "--retry-failed", "--timeout", "300") == 0
+    assert [r.status for r in rows(out).values()] == ["complete", "complete"]
+    assert "[1/2] batch_16  complete" in capsys.readouterr().out
+
+
 def test_a_sweep_keeps_what_its_name_names() -> None:
     from shardbench.sweep.sweep_file import parse_sweep
 

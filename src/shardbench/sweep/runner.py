@@ -277,15 +277,20 @@ def refused_row(sweep: Sweep, run: PlannedRun, why: str) -> RunRow:
 
 
 def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], None] = print,
-              refused: dict[str, str] | None = None) -> int:
+              refused: dict[str, str] | None = None, retry_failed: bool | None = None) -> int:
     """Run every run not yet in the store (recording `refused` ones as failed without running them), and every run
-    that ran as a SLURM job and did not complete, as a SLURM resume submits it again; returns 0 when each is
-    recorded, 130 on Ctrl-C."""
+    that ran as a SLURM job and did not complete, as a SLURM resume submits it again, or (`retry_failed`) every
+    run that did not complete (None: the caller offers no such choice, and the resume line does not name it);
+    returns 0 when each is recorded, 130 on Ctrl-C."""
     jobs = store.jobs()
-    done = {r.name for r in store.runs() if r.status == "complete" or r.name not in jobs}
+    rows = [r for r in store.runs() if r.name in {p.name for p in sweep.runs}]
+    done = {r.name for r in rows if r.status == "complete" or (r.name not in jobs and not retry_failed)}
     todo = [r for r in sweep.runs if r.name not in done]
     if done:
-        out(f"resuming: {len(sweep.runs) - len(todo)} of {len(sweep.runs)} runs already recorded")
+        left = sum(r.status != "complete" for r in rows if r.name in done)
+        out(f"resuming: {len(sweep.runs) - len(todo)} of {len(sweep.runs)} runs already recorded"
+            + (f" ({left} of them did not complete: --retry-failed runs them again)"
+               if left and retry_failed is not None else ""))
     total = len(sweep.runs)
     try:
         for i, run in enumerate(todo, start=total - len(todo) + 1):

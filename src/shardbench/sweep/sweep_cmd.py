@@ -86,6 +86,9 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--out", default="", help="sweep directory ('' = runs/sweep-<preset>-<time>)")
     group.add_argument("--resume", action="store_true",
                        help="finish the sweep in --out: skip recorded runs, re-run interrupted ones")
+    group.add_argument("--retry-failed", action="store_true",
+                       help="with --resume: also run again every recorded run that did not complete (a SLURM resume "
+                            "always submits them again)")
     group.add_argument("--timeout", type=float, default=None,
                        help=f"seconds each run may take (default {DEFAULT_OPTIONS['timeout']:g})")
     group.add_argument("--profile", action="store_true", default=None,
@@ -168,13 +171,18 @@ def plan_difference(stored: dict[str, Any], meta: dict[str, Any]) -> str | None:
     new = {r["name"]: r["settings"] for r in meta["runs"]}
     if list(old) != list(new):
         gone, added = [n for n in old if n not in new], [n for n in new if n not in old]
-        return (f"runs {', '.join(gone[:3]) or '-'} in the store only, {', '.join(added[:3]) or '-'} now only"
-                if gone or added else "the runs' order")
+        parts = ([f"{_names(gone)} in the store only"] if gone else []) + ([f"{_names(added)} new"] if added else [])
+        return "; ".join(parts) if parts else "the runs' order"
     for name in old:
         found = _first_difference(old[name], new[name])
         if found:
             return f"run {name}: {found}"
     return None
+
+
+def _names(runs: list[str]) -> str:
+    return f"run{'s' if len(runs) > 1 else ''} {', '.join(runs[:3])}" + (f" and {len(runs) - 3} more" if len(runs) > 3
+                                                                         else "")
 
 
 def sweep_dir(args: argparse.Namespace, sweep: Sweep) -> Path:
@@ -186,21 +194,28 @@ def sweep_dir(args: argparse.Namespace, sweep: Sweep) -> Path:
 def open_store(out: Path, resume: bool, meta: dict[str, Any], from_store: bool = False) -> Store:
     """A new store, or with --resume the store of the same sweep (run() has checked which exists); a plan read
     from the store itself (`from_store`) is that sweep by construction."""
+    if resume and not from_store:
+        check_same_plan(out, meta)
     store = Store(out / "sweep.db")
-    if resume and from_store:
-        return store
     if resume:
-        stored = {key: store.get_meta(key) for key in ("base_preset", "base_config", "runs")}
-        differs = plan_difference(stored, meta)
-        if differs:
-            store.close()
-            raise ConfigError(f"--resume: {out} holds a different sweep ({differs}); resume it with "
-                              f"`shardbench sweep --out {out} --resume` alone, or start a new one with another --out")
         return store
     for key, value in meta.items():
         store.set_meta(key, value)
     store.set_meta("created", time.time())
     return store
+
+
+def check_same_plan(out: Path, meta: dict[str, Any]) -> None:
+    """--resume: the store in `out` holds the sweep `meta` plans (its preset, fixed fields and runs), or this is one
+    line naming the first difference."""
+    with Store(out / "sweep.db") as store:
+        stored = {key: store.get_meta(key) for key in ("base_preset", "base_config", "runs")}
+    differs = plan_difference(stored, meta)
+    if differs:
+        raise ConfigError(f"--resume: {out} holds a different sweep ({differs}); resume it with "
+                          f"`shardbench sweep --out {out} --resume` alone, or start a new one with another --out "
+                          f"(runs to add to a sweep: sweep them into a folder beside it, and `shardbench report` the "
+                          f"folder holding both)")
 
 
 def resolve_options(args: argparse.Namespace, stored: dict[str, Any] | None) -> dict[str, Any]:
@@ -357,6 +372,8 @@ def _run(args: argparse.Namespace) -> int:
             prices_from_flag(table)  # a bad --prices table is one line now, not a failure in every run
         options = resolve_options(args, stored_options)
         executor, slurm_meta, slurm_opts = slurm_options.resolve(args, _stored_slurm(args))
+        if getattr(args, "retry_failed", False) and not args.resume:
+            raise ConfigError("--retry-failed runs again the failed runs of a sweep being resumed: add --resume")
         if executor == "local" and args.resume and args.out:
             slurm_lib.check_no_live_jobs(Path(args.out))
         if options["profile"] and not has_field("train.profile_root"):
@@ -381,6 +398,10 @@ def _run(args: argparse.Namespace) -> int:
                          for run in sweep.runs}
         refused = refusals(sweep, options["profile"], processes)
         if args.dry_run:  # exits as the sweep would start: 2 where it would stop on refused runs (a check for CI)
+            if args.out:  # and where --out could not take it (the real run's checks, reading only)
+                check_out(Path(args.out), args.resume)
+                if args.resume and not from_store:
+                    check_same_plan(Path(args.out), plan_meta(sweep, options))
             dry_run(sweep, refused)
             if refused and not options["skip_refused"]:
                 print(f"shardbench: error: {len(refused)} of {len(sweep.runs)} runs would be refused (marked above); "
@@ -411,7 +432,7 @@ def _run(args: argparse.Namespace) -> int:
                                                      out=lambda line: print(line, flush=True), refused=refused)
                 else:
                     code = run_sweep(sweep, store, run_opts, out=lambda line: print(line, flush=True),
-                                     refused=refused)
+                                     refused=refused, retry_failed=args.retry_failed)
                 if code == 0 and not args.no_report:
                     from shardbench.report.write import write_report  # matplotlib only for a report
 
