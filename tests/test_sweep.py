@@ -119,6 +119,19 @@ def test_a_resume_runs_failed_runs_again_only_when_asked(tmp_path: Path, capsys:
     assert "[1/2] batch_16  complete" in capsys.readouterr().out
 
 
+def test_a_swept_field_no_run_reads_is_noted(capsys: pytest.CaptureFixture[str]) -> None:
+    """--model.num-heads swept on the MLP made runs that computed the same, which the report ranked apart, with
+    a word only in each run's log. Weight decay swept beside adam and adamw is read by the adamw runs: no note."""
+    assert sweep_cmd.run(parse("--preset", "mlp-small", "--model.num-heads", "2,4", "--strategy", "dp,fsdp",
+                               "--dry-run")) == 0
+    assert [line for line in capsys.readouterr().err.splitlines() if "note" in line] == [
+        "shardbench: note: --model.num-heads is swept, but no run reads it (the mlp model has no attention): runs that "
+        "differ only in it compute the same"]
+    assert sweep_cmd.run(parse("--preset", "mlp-small", "--optim.optimizer", "adam,adamw", "--optim.weight-decay",
+                               "0,0.1", "--dry-run")) == 0
+    assert "note" not in capsys.readouterr().err
+
+
 def test_a_sweep_keeps_what_its_name_names() -> None:
     from shardbench.sweep.sweep_file import parse_sweep
 
@@ -595,6 +608,27 @@ def test_a_run_past_its_time_limit_is_recorded_as_timeout(tmp_path: Path) -> Non
     assert time.perf_counter() - t0 < 30
     (row,) = rows(out).values()
     assert (row.status, row.error_kind) == ("failed", "timeout") and "1 s time limit" in (row.error or "")
+
+
+def test_a_run_stopped_at_its_limit_after_writing_its_record_is_complete(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run writes summary.json last, whole or not at all. One stopped by the time limit after writing it (its
+    exit slow) was recorded as "no result within the limit" while its folder said complete, and a report of the
+    folders counted it so; it is complete. One stopped before writing it is a timeout."""
+    from shardbench.sweep import runner
+
+    s = make_sweep("mlp-small", values={"train.batch_size": "8,16"})
+    opts = Options(tmp_path / "s", timeout_s=1.0)
+    for run, writes in zip(s.runs, (True, False), strict=True):
+        folder = opts.sweep_dir / "runs" / run.name
+        write = f"import json, pathlib; pathlib.Path({str(folder)!r}).mkdir(parents=True); " + (
+            f"pathlib.Path({str(folder / 'summary.json')!r}).write_text(json.dumps({{'steps': 2}})); " if writes
+            else "")
+        monkeypatch.setattr(runner, "train_command", lambda *_, w=write: [sys.executable, "-c",
+                                                                          w + "import time; time.sleep(60)"])
+        row = runner.execute(s, run, opts)
+        assert (row.status, row.error_kind, row.record) == (
+            ("complete", None, {"steps": 2}) if writes else ("failed", "timeout", None)), row
 
 
 @pytest.mark.slow

@@ -437,6 +437,22 @@ def run_config(base_preset: str, run: PlannedRun) -> dict[str, Any]:
     return config_lib.flatten(override(get_preset(base_preset), run.settings))
 
 
+def inert_swept(sweep: Sweep) -> list[str]:
+    """A note for each swept field that no run of the sweep reads (`validation.inert_fields`: --model.num-heads on
+    the MLP): the runs that differ only in it compute the same, and a report would rank them apart."""
+    from shardbench.validation import inert_fields  # the models' rules, imported only to plan a sweep
+
+    swept = [k for k in dict.fromkeys(k for g in sweep.grids for axis in g.axes for entry in axis for k in entry)
+             if len({json.dumps(r.settings.get(k), default=str) for r in sweep.runs}) > 1]
+    why: dict[str, set[str]] = {k: set() for k in swept}
+    for run in sweep.runs:
+        inert = inert_fields(override(get_preset(sweep.base_preset), run.settings))
+        for key in swept:
+            why[key].add(inert.get(key, ""))
+    return [f"--{key.replace('_', '-')} is swept, but no run reads it ({'; '.join(sorted(reasons))}): runs that "
+            f"differ only in it compute the same" for key, reasons in why.items() if "" not in reasons]
+
+
 def stored_sweep(store: Store) -> Sweep:
     """The sweep a store holds, as planned when it started."""
     runs = [PlannedRun(r["name"], r["overrides"], {k: v for k, v in r["settings"].items() if k not in r["overrides"]})

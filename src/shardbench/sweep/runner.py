@@ -255,7 +255,9 @@ def execute(sweep: Sweep, run: PlannedRun, opts: Options) -> RunRow:
     outcome = run_process(train_command(sweep.base_preset, run, opts), log_path, opts.timeout_s, opts.env)
     finished = outcome.started + outcome.wall_s
     planned = run_config(sweep.base_preset, run)
-    record = _read_json(run_dir / "summary.json") if outcome.returncode == 0 else None
+    # A run stopped at its time limit after writing its record (written last, after its checkpoints, and whole or
+    # not at all) did its work within the limit: only its exit came after. Its folder says complete; so does the row.
+    record = _read_json(run_dir / "summary.json") if outcome.returncode in (0, None) else None
     if record is not None:
         saved = _read_json(run_dir / "config.json")
         try:

@@ -25,7 +25,8 @@ from shardbench.store import Store, lock_runs
 from shardbench.subprocs import interrupted_code, terminated_as_interrupt
 from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_options
-from shardbench.sweep.grid import SWEEP_OWNED, SWEEP_PRESETS, Sweep, make_sweep, run_config, stored_sweep
+from shardbench.sweep.grid import (SWEEP_OWNED, SWEEP_PRESETS, Sweep, inert_swept, make_sweep, run_config,
+                                   stored_sweep)
 from shardbench.sweep.preflight import refusals
 from shardbench.sweep.runner import Options, check_process_split, has_field, run_split, run_sweep
 from shardbench.sweep.sweep_file import load_sweep_file
@@ -397,6 +398,8 @@ def _run(args: argparse.Namespace) -> int:
             processes = {run.name: run_split(int(run_config(sweep.base_preset, run)["parallel.devices"]), checked)
                          for run in sweep.runs}
         refused = refusals(sweep, options["profile"], processes)
+        for note in inert_swept(sweep):
+            print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
         if args.dry_run:  # exits as the sweep would start: 2 where it would stop on refused runs (a check for CI)
             if args.out:  # and where --out could not take it (the real run's checks, reading only)
                 check_out(Path(args.out), args.resume)
