@@ -323,6 +323,9 @@ train.steps = 20
     path.write_text('grid = {"train.batch_size" = [128, "big"]}')
     with pytest.raises(ConfigError, match="grid.toml: --train.batch-size: 'big' is not a valid int"):
         load_sweep_file(path)
+    path.write_text('grid = {"train.steps" = [2, true]}')  # said as the file says it, not as Python's True
+    with pytest.raises(ConfigError, match="grid.toml: --train.steps: true is not a valid int"):
+        load_sweep_file(path)
     path.write_text('[base]\nmodel.width = 3')
     with pytest.raises(ConfigError, match="unknown configuration field 'model.width'"):
         load_sweep_file(path)

@@ -103,7 +103,8 @@ def typed_value(key: str, value: Any) -> Any:
     elif kind is str and (number or isinstance(value, str)):  # TOML writes `mesh = 8` naturally
         return str(value)
     name = "pair of numbers" if typing.get_origin(kind) is tuple else getattr(kind, "__name__", str(kind))
-    raise ConfigError(f"--{key.replace('_', '-')}: {value!r} is not a valid {name}")
+    shown = json.dumps(value) if isinstance(value, bool) else repr(value)  # as a sweep file writes it: true, false
+    raise ConfigError(f"--{key.replace('_', '-')}: {shown} is not a valid {name}")
 
 
 def check_key(key: str) -> str:
