@@ -165,6 +165,13 @@ def cudnn_config_problem(cfg: ModelConfig, dtype: str) -> str | None:
     return None
 
 
+def check_heads(cfg: ModelConfig) -> None:
+    """The width splits evenly into the heads: every attention block's rule, the ViT's and the LM's."""
+    if cfg.embed_dim % cfg.num_heads:
+        raise ConfigError(f"--model.embed-dim {cfg.embed_dim} is not divisible by --model.num-heads {cfg.num_heads}: "
+                          f"give a width that is a multiple of the heads")
+
+
 def check_cudnn_config(cfg: ModelConfig, dtype: str) -> None:
     """Refuse --model.attention cudnn in one line where the configuration alone shows cuDNN cannot run it
     (`cudnn_config_problem`)."""

@@ -10,6 +10,7 @@ from shardbench.config import Config
 from shardbench.errors import ConfigError
 from shardbench.models.lm import flops_per_example
 from shardbench.models.moe import MoEOutputs
+from shardbench.models.transformer import check_heads
 from shardbench.tasks.base import Batch, MoETerms, Rows, Task, Terms
 from shardbench.tasks.vision import cross_entropy
 
@@ -19,9 +20,7 @@ def check(cfg: Config) -> None:
     if m.num_experts and m.top_k > m.num_experts:
         raise ConfigError(f"--model.top-k {m.top_k} routes each token to more experts than the "
                           f"{m.num_experts} there are (--model.num-experts): use a top-k of at most {m.num_experts}")
-    if m.embed_dim % m.num_heads:
-        raise ConfigError(f"--model.embed-dim {m.embed_dim} is not divisible by --model.num-heads {m.num_heads}: "
-                          f"give a width that is a multiple of the heads")
+    check_heads(m)
     if m.embed_dim % 2:
         raise ConfigError(f"--model.embed-dim {m.embed_dim} must be even for the sine/cosine position table")
 

@@ -11,6 +11,7 @@ from shardbench.config import Config
 from shardbench.data import recipe
 from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD, augment, normalize, normalize_float
 from shardbench.errors import ConfigError
+from shardbench.models.transformer import check_heads
 from shardbench.models.vit import flops_per_example
 from shardbench.tasks.base import Batch, Rows, Task, Terms
 
@@ -20,9 +21,7 @@ def check(cfg: Config) -> None:
     if m.stem != "conv" and cfg.data.image_size % m.patch_size:  # the conv stem's max-pools round the side up
         raise ConfigError(f"--data.image-size {cfg.data.image_size} is not divisible by --model.patch-size "
                           f"{m.patch_size}: pick a patch size that divides it")
-    if m.embed_dim % m.num_heads:
-        raise ConfigError(f"--model.embed-dim {m.embed_dim} is not divisible by --model.num-heads {m.num_heads}: "
-                          f"give a width that is a multiple of the heads")
+    check_heads(m)
 
 
 def inputs(cfg: Config, batch: Batch, key: jax.Array, train: bool, rows: Rows,
