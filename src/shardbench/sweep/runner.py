@@ -285,7 +285,8 @@ def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], No
     run that did not complete (None: the caller offers no such choice, and the resume line does not name it);
     returns 0 when each is recorded, 130 on Ctrl-C."""
     jobs = store.jobs()
-    rows = [r for r in store.runs() if r.name in {p.name for p in sweep.runs}]
+    planned = {p.name for p in sweep.runs}
+    rows = [r for r in store.runs() if r.name in planned]
     done = {r.name for r in rows if r.status == "complete" or (r.name not in jobs and not retry_failed)}
     todo = [r for r in sweep.runs if r.name not in done]
     if done:

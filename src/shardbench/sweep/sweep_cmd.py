@@ -373,7 +373,7 @@ def _run(args: argparse.Namespace) -> int:
             prices_from_flag(table)  # a bad --prices table is one line now, not a failure in every run
         options = resolve_options(args, stored_options)
         executor, slurm_meta, slurm_opts = slurm_options.resolve(args, _stored_slurm(args))
-        if getattr(args, "retry_failed", False) and not args.resume:
+        if args.retry_failed and not args.resume:
             raise ConfigError("--retry-failed runs again the failed runs of a sweep being resumed: add --resume")
         if executor == "local" and args.resume and args.out:
             slurm_lib.check_no_live_jobs(Path(args.out))
