@@ -296,6 +296,10 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
         'grid = {"parallel.strategy" = ["zero1", "zero2"]}\n') and [
         "sweep", "--sweep-file", str(t / "s.toml"), "--out", str(t / "o")],
      "'parallel.strategy' is swept by axes[0] and by grid entry 'parallel.strategy'", CONF),
+    # Was one run for 64 and 064 (the same value), without a word, as a sweep file's duplicate is refused.
+    ("sweep: a command-line list naming one value twice", lambda t: [
+        "sweep", *TINY, "--batch-size", "16,32,016", "--out", str(t / "o")],
+     "--train.batch-size '16,32,016' lists train.batch_size = 16 twice (or as two spellings of one run)", CONF),
     ("sweep: --profile with a window of no steps", lambda t: ["sweep", *TINY, "--batch-size", "16,32", "--profile",
                                                               "--train.profile-steps", "0", "--out", str(t / "o")],
      "--train.profile-steps 0", CONF),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -250,16 +251,21 @@ def test_comma_lists_become_axes_and_tuple_fields_take_semicolons() -> None:
                     [{"data.crop_ratio": (0.8, 1.2)}, {"data.crop_ratio": (0.9, 1.1)}]]
     assert split_alternatives("parallel.mesh", "data=4,model=2") == ["data=4,model=2"]
     assert split_alternatives("parallel.mesh", "data=4,model=2;8") == ["data=4,model=2", "8"]
-    # one mesh in several spellings is one run, named by its first spelling; a bare N (its axis the strategy's) and
-    # another mesh stay apart
-    _, axes = axes_from_values({"parallel.mesh": "4x2;data=4,model=2;MODEL=2,DATA=4;8;data=8;model=8"})
+    # one mesh in several spellings is one run: listed twice, it is refused as a sweep file's duplicate is (it
+    # was run once, under its first spelling, without a word); a bare N (its axis the strategy's) and another mesh
+    # stay apart
+    _, axes = axes_from_values({"parallel.mesh": "4x2;8;data=8;model=8"})
     assert axes == [[{"parallel.mesh": "4x2"}, {"parallel.mesh": "8"}, {"parallel.mesh": "data=8"},
                      {"parallel.mesh": "model=8"}]]
-    fixed, _ = axes_from_values({"parallel.mesh": "data=2,stage=2,model=2;model=2,stage=2,data=2"})
-    assert fixed == {"parallel.mesh": "data=2,stage=2,model=2"}
+    for spelled, twice in [("4x2;data=4,model=2;8", "'data=4,model=2'"), ("8;MODEL=2,DATA=4;4x2", "'4x2'"),
+                           ("data=2,stage=2,model=2;model=2,stage=2,data=2", "'model=2,stage=2,data=2'"),
+                           ("auto;none;08;8", "'8'")]:
+        with pytest.raises(ConfigError, match=f"^--parallel.mesh '{re.escape(spelled)}' lists parallel.mesh = "
+                                              f"{re.escape(twice)} twice"):
+            axes_from_values({"parallel.mesh": spelled})
+    with pytest.raises(ConfigError, match="^--train.batch-size '64,064' lists train.batch_size = 64 twice"):
+        axes_from_values({"train.batch_size": "64,064"})
     assert same_mesh("auto") == same_mesh("") == "" and same_mesh(" MODEL=2,Data=4 ") == "4x2"
-    assert axes_from_values({"parallel.mesh": "auto;none;08;8"})[1] == [
-        [{"parallel.mesh": "auto"}, {"parallel.mesh": "none"}, {"parallel.mesh": "08"}]]
     assert run_name({"parallel.mesh": "4x2", "train.batch_size": 1024}) == "mesh_4_2_batch_1024"
     assert run_name({"parallel.strategy": "dp+tp", "data.crop_scale": (0.5, 1.0)}) == \
         "strategy_dp_tp_crop_scale_0.5_1.0"

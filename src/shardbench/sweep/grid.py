@@ -151,6 +151,17 @@ def unique(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def once(where: str, entries: list[dict[str, Any]]) -> Axis:
+    """An axis whose every entry is a run of its own: one listed twice (or as another spelling of the same run,
+    '4x2' and 'data=4,model=2'; 64 and 064) is refused, not run once without a word."""
+    kept = unique(entries)
+    if len(kept) < len(entries):
+        twice = next(e for i, e in enumerate(entries) if len(unique(entries[: i + 1])) <= i)
+        said = ", ".join(f"{k} = {v!r}" for k, v in twice.items())
+        raise ConfigError(f"{where} lists {said} twice (or as two spellings of one run): list each once")
+    return kept
+
+
 def axes_from_values(values: Mapping[str, Any]) -> tuple[Override, list[Axis]]:
     """Command-line values -> (fixed overrides, axes): a value listing several alternatives becomes an axis."""
     fixed: Override = {}
@@ -158,7 +169,8 @@ def axes_from_values(values: Mapping[str, Any]) -> tuple[Override, list[Axis]]:
     for raw_key, value in values.items():
         key = check_key(raw_key)
         texts = split_alternatives(key, value) if isinstance(value, str) else [value]
-        entries = unique([{key: typed_value(key, t)} for t in texts])
+        entries = once(f"--{key.replace('_', '-')} {value!r}" if isinstance(value, str) else f"--{key}",
+                       [{key: typed_value(key, t)} for t in texts])
         if len(entries) == 1:
             fixed.update(entries[0])
         else:

@@ -19,7 +19,7 @@ from typing import Any
 
 from shardbench.errors import ConfigError, DataError
 from shardbench.presets import PRESETS
-from shardbench.sweep.grid import Axis, Override, SweepFile, check_key, typed_value, unique
+from shardbench.sweep.grid import Axis, Override, SweepFile, check_key, once, typed_value
 
 KEYS = ("preset", "base", "axes", "grid")
 
@@ -54,7 +54,7 @@ def parse_sweep(data: Any, label: str) -> SweepFile:
     raw_axes = data.get("axes", [])
     if not isinstance(raw_axes, list) or not all(isinstance(a, list) and a for a in raw_axes):
         raise ConfigError("axes must be a list of non-empty lists of tables")
-    named: list[tuple[str, Axis]] = [(f"axes[{i}]", _once(f"axes[{i}]", [_typed_table(entry) for entry in axis]))
+    named: list[tuple[str, Axis]] = [(f"axes[{i}]", once(f"axes[{i}]", [_typed_table(entry) for entry in axis]))
                                      for i, axis in enumerate(raw_axes)]
     grid = data.get("grid", {})
     if not isinstance(grid, Mapping):
@@ -63,7 +63,7 @@ def parse_sweep(data: Any, label: str) -> SweepFile:
         if not isinstance(values, list) or not values:
             raise ConfigError(f"grid entry '{key}' must be a non-empty list of values")
         where = f"grid entry '{key}'"
-        named.append((where, _once(where, [{key: typed_value(key, v)} for v in values])))
+        named.append((where, once(where, [{key: typed_value(key, v)} for v in values])))
     raw_base = data.get("base", {})
     if isinstance(raw_base, Mapping) and "preset" in raw_base:
         raise ConfigError("'preset' is inside [base]: a TOML key written after a [base] header belongs to that table; "
@@ -71,16 +71,6 @@ def parse_sweep(data: Any, label: str) -> SweepFile:
     base = _typed_table(raw_base)
     _check_one_place(named, base)
     return SweepFile(label=label, preset=preset, base=base, axes=[axis for _, axis in named])
-
-
-def _once(where: str, entries: list[dict[str, Any]]) -> Axis:
-    """An axis of the file whose every entry is a run of its own: one listed twice (or as another spelling of
-    the same run, '4x2' and 'data=4,model=2') is refused, not run once without a word."""
-    kept = unique(entries)
-    if len(kept) < len(entries):
-        twice = next(e for i, e in enumerate(entries) if len(unique(entries[: i + 1])) <= i)
-        raise ConfigError(f"{where} lists {_entry(twice)} twice (or as two spellings of one run): list each once")
-    return kept
 
 
 def _check_one_place(named: list[tuple[str, Axis]], base: Override) -> None:
@@ -96,10 +86,6 @@ def _check_one_place(named: list[tuple[str, Axis]], base: Override) -> None:
             if key in base and all(key in entry for entry in axis):
                 raise ConfigError(f"'{key}' is fixed in [base] and swept by {where}, which sets it in every run: "
                                   f"keep it in one of them")
-
-
-def _entry(entry: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k} = {v!r}" for k, v in entry.items())
 
 
 def load_sweep_file(path: Path) -> SweepFile:
