@@ -321,7 +321,7 @@ class TrainConfig:
     keep_checkpoints: int = setting(2, "checkpoints to keep", range=POSITIVE_COUNT)
     log_every: int = setting(50, "steps between scalar logs", range=POSITIVE_COUNT)
     eval: bool = setting(True, "validate each epoch and test at the end")
-    progress: bool = setting(True, "show a progress bar")
+    progress: bool = setting(True, "show a progress bar (where the output is a terminal)")
     run_name: str = setting(
         "", "name of the run in reports and profiles: one folder name, no path separator, not . or .. ('' = from the "
         "configuration, e.g. mesh_4_2_batch_1024)")

@@ -60,7 +60,9 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     checked, steps, start = built.checked, built.steps, built.start
     cfg, total, layout = checked.cfg, checked.total_steps, checked.layout
     is_main = jax.process_index() == 0  # only process 0 prints and traces
-    bar = tqdm(total=total, initial=start, disable=not cfg.train.progress or not is_main, unit="step",
+    # None: tqdm's own test, a bar only where stderr is a terminal; a log file or a pipe gets the epoch lines
+    # without the bar's carriage-return redraws
+    bar = tqdm(total=total, initial=start, disable=None if cfg.train.progress and is_main else True, unit="step",
                dynamic_ncols=True)
     epochs = hooks.EpochEnd(
         (lambda st: evaluate(steps, st, checked.dataset.val, cfg, checked.task, layout)) if cfg.train.eval else None,
