@@ -401,7 +401,7 @@ def test_plan_ranks_every_candidate_and_writes_json_and_markdown(tmp_path: Path)
     assert by["fsdp 8x1"]["comm_bytes"].get("inter", 0) > 0
     assert by["fsdp 8x1"]["params_bytes"] == MLP_PARAM_BYTES // 8 and by["dp 8x1"]["params_bytes"] == MLP_PARAM_BYTES
     md = (out / "plan.md").read_text()
-    assert plan["recommendation"] in md and "InfiniBand MB" in md and "Assumptions and sources" in md
+    assert plan["recommendation"] in md and "InfiniBand MiB" in md and "Assumptions and sources" in md
 
 
 @pytest.mark.slow
@@ -442,7 +442,7 @@ def test_tpu_slice_compiles_with_the_tpu_compiler(tmp_path: Path) -> None:
     by = {c["strategy"]: c["prediction"] for c in plan["candidates"]}
     assert by["fsdp"]["params_bytes"] == MLP_PARAM_BYTES // 8 and by["dp"]["params_bytes"] == MLP_PARAM_BYTES
     assert by["dp"]["sources"]["activations"] == "the TPU compiler's own temporaries"
-    assert "ICI MB" in (out / "plan.md").read_text()
+    assert "ICI MiB" in (out / "plan.md").read_text()
 
 
 @pytest.mark.slow
@@ -472,12 +472,12 @@ def test_a_plan_whose_links_are_not_timed_says_what_its_ranking_leaves_out(tmp_p
     dp over ICI here (its all-gathers and reduce-scatter against dp's all-reduce, each device's ring share), was
     recommended as faster with no word of them. The line names the bytes the ranking left out."""
     done, plan = _plan(tmp_path / "plan", "tpu-v4:2x2x2", "dp,fsdp")
-    moved = {c["strategy"]: c["prediction"]["comm_bytes"]["intra"] / 1e6 for c in plan["candidates"]}
+    moved = {c["strategy"]: c["prediction"]["comm_bytes"]["intra"] / 2**20 for c in plan["candidates"]}
     assert moved["fsdp"] > 1.2 * moved["dp"] > 0
     first, second = (c["strategy"] for c in plan["candidates"])
-    assert (f"; not counted: ICI transfers (no ICI bandwidth on the chip's data sheet), {moved[first]:.1f} MB for "
+    assert (f"; not counted: ICI transfers (no ICI bandwidth on the chip's data sheet), {moved[first]:.1f} MiB for "
             f"{first} ") in plan["recommendation"]
-    assert f"against {moved[second]:.1f} MB" in plan["recommendation"]
+    assert f"against {moved[second]:.1f} MiB" in plan["recommendation"]
     assert "an assumed 10 us per collective, unmeasured" in done.stdout
 
 

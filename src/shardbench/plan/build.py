@@ -17,7 +17,7 @@ from shardbench.jsonfile import finite, write_json_atomic
 from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.candidates import Candidate, candidate_config, folded_line
 from shardbench.plan.predict import Hardware, predict
-from shardbench.plan.recommend import MB, Row, rank, recommendation
+from shardbench.plan.recommend import MIB, Row, rank, recommendation
 from shardbench.plan.steptime import FORMULA
 from shardbench.plan.target import Target
 
@@ -107,12 +107,12 @@ class Plan:
         names = {link: first.link_name(link) for link in ("intra", "inter")}
         two_links = names["inter"] != names["intra"]  # a CPU's simulated devices have one: memory copies
         head = ["#", "candidate", "memory/device", "fits", "params+opt+grads", "activations",
-                f"{names['intra']} MB", *([f"{names['inter']} MB"] if two_links else []),
+                f"{names['intra']} MiB", *([f"{names['inter']} MiB"] if two_links else []),
                 "compute ms", "bound", "comms ms", "step ms", "examples/s", "MFU"]
         # Pipelines: the bubble by the schedule's formula (in the step time) and the stage-to-stage bytes per
         # link they cross, shown where some candidate has stages.
         staged = any(r.prediction is not None and r.candidate.microbatches for r in self.rows)
-        head += ["bubble", "stage-to-stage MB"] if staged else []
+        head += ["bubble", "stage-to-stage MiB"] if staged else []
         rows = [head]
         for i, r in enumerate(self.rows, 1):
             p = r.prediction
@@ -125,12 +125,12 @@ class Plan:
                 str(i), r.candidate.name, format_bytes(p.total_bytes),
                 f"yes ({p.headroom:.0%} free)" if p.fits else f"no ({p.total_bytes / p.memory_bytes:.1f}x)",
                 format_bytes(state), format_bytes(p.activations_bytes),
-                f"{p.comm_bytes.get('intra', 0) / MB:.1f}",
-                *([f"{p.comm_bytes.get('inter', 0) / MB:.1f}"] if two_links else []),
+                f"{p.comm_bytes.get('intra', 0) / MIB:.1f}",
+                *([f"{p.comm_bytes.get('inter', 0) / MIB:.1f}"] if two_links else []),
                 f"{p.compute_s * 1e3:.3g}", p.bound, f"{p.exposed_comm_s * 1e3:.3g}", f"{p.step_s * 1e3:.3g}",
                 f"{p.examples_per_s:,.0f}", f"{p.mfu:.1%}",
                 *([f"{p.bubble:.1%}" if r.candidate.microbatches else "-",
-                   ", ".join(f"{v / MB:.2f} {names[k]}" for k, v in sorted(p.stage_bytes.items())) or "-"]
+                   ", ".join(f"{v / MIB:.2f} {names[k]}" for k, v in sorted(p.stage_bytes.items())) or "-"]
                   if staged else [])])
         return rows
 

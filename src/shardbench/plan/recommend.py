@@ -9,7 +9,8 @@ from shardbench.capacity import format_bytes
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.predict import Hardware, Prediction
 
-GB, MB = 1e9, 1e6  # the plan's figures are in decimal units
+# Bytes in binary units, as the report gives a run's (comms/step MiB); bandwidths stay the data sheets' GB/s
+MIB = 2**20
 
 
 @dataclass(frozen=True)
@@ -83,8 +84,8 @@ def recommendation(ranked: list[Row], hw: Hardware, untimed: tuple[str, ...] = (
            f" ({q.step_s * 1e3:.3g} ms against {p.step_s * 1e3:.3g} ms per step)")
     line = f"{line}, {q.step_s / p.step_s:.2f}x faster than {other.candidate.name}{why}"
     for link in untimed:
-        mine, theirs = (r.prediction.comm_bytes.get(link, 0) / MB for r in (best, other))
+        mine, theirs = (r.prediction.comm_bytes.get(link, 0) / MIB for r in (best, other))
         if abs(mine - theirs) > 0.05 * max(mine, theirs, 1e-9):  # the ranking leaves the difference out
             line += (f"; not counted: {names[link]} transfers (no {names[link]} bandwidth on the chip's data "
-                     f"sheet), {mine:.1f} MB for {best.candidate.name} against {theirs:.1f} MB")
+                     f"sheet), {mine:.1f} MiB for {best.candidate.name} against {theirs:.1f} MiB")
     return line
