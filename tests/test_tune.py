@@ -501,7 +501,7 @@ def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accept
     (["--budget-min", "0.05"], "--budget-min 0.05 (3.0 s) is too small for one run: a run takes about", False),
     (["--candidates", "ep,dp+ep", "--budget-min", "5"],
      "nothing fits: of 3 layouts, 3 were refused (the commonest reason, 2 of them: refused: --strategy dp+ep ", False),
-    (["--candidates", "dp", "--budget-min", "0.5", "--measure-steps", "10000"],
+    (["--candidates", "dp", "--budget-min", "0.5", "--measure-steps", "1000000"],
      "--budget-min 0.5 is too small for one run: the plan's top choice, dp 8x1 remat=none float32 batch=64", True),
 ])
 def test_refusals_are_one_line_and_exit_2(args: list[str], expected: str, compiled: bool, tmp_path: Path) -> None:
