@@ -26,12 +26,14 @@ MICRO = ["--preset", "vit-tiny", "--data", "synthetic", "--data.synthetic-train"
          "--devices", "8", "--strategy", "fsdp"]
 
 
-def _train(out: Path, cache: Path, *extra: str, kill_at: int | None = None) -> subprocess.CompletedProcess:
+def _train(out: Path, cache: Path, *extra: str, kill_at: int | None = None,
+           signal_name: str = "KILL") -> subprocess.CompletedProcess:
     # Its own devices, and the quick compilation of this process (tests/conftest.py): every run here compiles alike.
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
         "JAX_PLATFORMS": "cpu", "XLA_FLAGS": QUICK_COMPILE_FLAGS}
     if kill_at is not None:
         env["SHARDBENCH_FAULT_KILL_AT_STEP"] = str(kill_at)
+        env["SHARDBENCH_FAULT_KILL_SIGNAL"] = signal_name
     cmd = [sys.executable, "-m", "shardbench", "train", *MICRO, "--out", str(out),
            "--data.cache-dir", str(cache), *extra]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -98,6 +100,25 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
     assert flat_a.keys() == flat_b.keys()
     for key in flat_a:
         np.testing.assert_array_equal(np.asarray(flat_a[key]), np.asarray(flat_b[key]), err_msg=key)
+
+
+def test_sigterm_stops_the_run_as_ctrl_c_does_and_it_resumes_to_the_same_result(tmp_path: Path) -> None:
+    """SIGTERM, as a scheduler preempts a job or scancel ends one: the run stops in one line, exit 143, with the
+    checkpoint it had begun (step 8's, begun two steps before) written whole. Its default ended the process
+    silently (exit -15), the save in flight left unfinished."""
+    whole = _train(tmp_path / "whole", tmp_path / "cache")
+    assert whole.returncode == 0, whole.stderr
+    stopped = _train(tmp_path / "stopped", tmp_path / "cache", kill_at=10, signal_name="TERM")
+    assert stopped.returncode == 143, stopped.stderr[-2000:]
+    assert stopped.stderr.strip().splitlines()[-1] == "shardbench: stopped by SIGTERM"
+    assert not (tmp_path / "stopped" / "summary.json").exists()
+    assert sorted(p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir()) == ["4", "8"]
+    resumed = _train(tmp_path / "stopped", tmp_path / "cache", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((tmp_path / "stopped" / "summary.json").read_text())["resumed_from"] == 8
+    a, b = _final_params(tmp_path / "whole"), _final_params(tmp_path / "stopped")
+    for key, value in dict(_flatten(a["params"])).items():
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(dict(_flatten(b["params"]))[key]), err_msg=key)
 
 
 def _logged_losses(run: Path) -> list[tuple[int, float]]:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shardbench.subprocs import STOP_SIGNALS, Terminated, interrupted_code, start, terminated_as_interrupt
+from shardbench.subprocs import (STOP_SIGNALS, Terminated, interrupted_code, start, stops_held,
+                                  terminated_as_interrupt)
 
 
 def _mask(pid: int, field: str) -> int:
@@ -203,3 +204,20 @@ def test_a_stop_raised_where_python_drops_it_stops_the_command(stop: type[Keyboa
     done = subprocess.run([sys.executable, "-c", DROPPED_STOP, stop.__name__], capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.stdout.split() == [str(interrupted_code(stop())), "True"], done.stdout + done.stderr
+
+
+def test_a_stop_held_while_a_block_runs_is_raised_as_it_ends() -> None:
+    """`stops_held` (a checkpoint's start): a SIGTERM landing inside the block lets it finish, then stops the
+    command; without one the block ends plainly and the handlers are the caller's again."""
+    finished = []
+    with terminated_as_interrupt():
+        before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        with pytest.raises(Terminated):
+            with stops_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # where an unheld SIGTERM would already have raised
+                finished.append("the block's end")
+        assert finished == ["the block's end"]
+        with stops_held():
+            finished.append("again")
+        assert finished[-1] == "again" and {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before

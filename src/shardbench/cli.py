@@ -126,14 +126,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         from shardbench import xla_presets
 
         xla_presets.check_known(xla_presets.apply(cfg.train.xla_presets))
-    _join_or_setup(args, cfg)
-    with startup.quiet_imports():
-        import jax
+    from shardbench.subprocs import terminated_as_interrupt
 
-        from shardbench.train.console import summary_line
-        from shardbench.train.loop import run
+    # SIGTERM (a scheduler's preemption, scancel, kill) stops the run as Ctrl-C does: the checkpoint being written
+    # is finished, one line says so, exit 143. Its default ended the process silently, losing that checkpoint.
+    with terminated_as_interrupt():
+        _join_or_setup(args, cfg)
+        with startup.quiet_imports():
+            import jax
 
-    summary = run(cfg, given_fields(args))
+            from shardbench.train.console import summary_line
+            from shardbench.train.loop import run
+
+        summary = run(cfg, given_fields(args))
     if jax.process_index() == 0:
         print(summary_line(summary))
     return 0

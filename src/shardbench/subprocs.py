@@ -47,29 +47,39 @@ def start(argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
     the main thread: a child started from another thread is started plainly, as a stop cannot land in its hooks.)"""
     if threading.current_thread() is not threading.main_thread():
         return subprocess.Popen(argv, preexec_fn=_die_with_parent, **kwargs)
-    held: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in STOP_SIGNALS}
-    # A stop signal this process ignores (started in the background by a shell, or under nohup) stays ignored in
-    # the child, as it would through a plain fork: exec resets the holding handler above to the default instead.
-    ignored = tuple(sig for sig, handler in previous.items() if handler == signal.SIG_IGN)
-
-    def in_child() -> None:
-        _die_with_parent()
-        for sig in ignored:
-            signal.signal(sig, signal.SIG_IGN)
-
+    proc: subprocess.Popen[Any] | None = None
     try:
-        proc = subprocess.Popen(argv, preexec_fn=in_child, **kwargs)
-    except BaseException:
-        _restore(previous, held)  # a stop held meanwhile is raised instead
-        raise
-    try:
-        _restore(previous, held)
-    except BaseException:
-        proc.kill()
-        proc.wait()
+        with stops_held() as ignored:
+            # A stop signal this process ignores (started in the background by a shell, or under nohup) stays
+            # ignored in the child, as it would through a plain fork: exec resets the holding handler to the default.
+            def in_child() -> None:
+                _die_with_parent()
+                for sig in ignored:
+                    signal.signal(sig, signal.SIG_IGN)
+
+            proc = subprocess.Popen(argv, preexec_fn=in_child, **kwargs)
+    except BaseException:  # a stop held meanwhile, raised as the block ended: the child it started is stopped first
+        if proc is not None:
+            proc.kill()
+            proc.wait()
         raise
     return proc
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[tuple[int, ...]]:
+    """Meanwhile a Ctrl-C or SIGTERM is held back, and delivered (raised) as the block ends, so that it cannot land
+    in the middle of what the block does (a fork's after-hooks, a checkpoint's start); gives the stop signals this
+    process ignores. Only the main thread holds them: elsewhere the block runs plainly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield ()
+        return
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        yield tuple(sig for sig, handler in previous.items() if handler == signal.SIG_IGN)
+    finally:
+        _restore(previous, held)
 
 
 def _restore(previous: dict[int, Any], held: list[int]) -> None:

@@ -18,6 +18,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from shardbench.errors import ConfigError, DataError, debugging
+from shardbench.subprocs import stops_held
 from shardbench.train.state import TrainState
 
 
@@ -76,7 +77,10 @@ class Checkpoints:
         items = {STATE: ocp.args.StandardSave(state)}
         if meter is not None:
             items[METER] = ocp.args.JsonSave(copy.deepcopy(meter))
-        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        # A stop (Ctrl-C, SIGTERM) that landed while orbax starts the save left its folder half made, never
+        # finalised: it is held back and raised once the save is under way, and the loop's end waits for it.
+        with stops_held():
+            self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def restore(self, target: TrainState, step: int) -> Restored:
         """The checkpoint of `step` restored into `target`'s shardings, with its meter where it holds one."""

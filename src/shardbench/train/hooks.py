@@ -34,6 +34,7 @@ from shardbench.train.events import ScalarWriter
 
 KILL_AT_STEP_ENV = "SHARDBENCH_FAULT_KILL_AT_STEP"
 KILL_PROCESS_ENV = "SHARDBENCH_FAULT_KILL_PROCESS"
+KILL_SIGNAL_ENV = "SHARDBENCH_FAULT_KILL_SIGNAL"  # the signal's name, KILL (the default) or TERM (a preemption)
 
 
 def scalar(value: Any) -> float:
@@ -270,16 +271,19 @@ class Checkpoint:
 
 def fault_injection() -> Every | None:
     """Tests: SIGKILL this process after the step `SHARDBENCH_FAULT_KILL_AT_STEP` names (in the process
-    `SHARDBENCH_FAULT_KILL_PROCESS` names, default every one), as a crash or an OOM kill would; None (no hook)
-    where neither asks for it, so an ordinary run has no hook that runs every step."""
+    `SHARDBENCH_FAULT_KILL_PROCESS` names, default every one), as a crash or an OOM kill would, or send it the
+    signal `SHARDBENCH_FAULT_KILL_SIGNAL` names (TERM: a scheduler's preemption); None (no hook) where neither
+    asks for it, so an ordinary run has no hook that runs every step."""
     at = os.environ.get(KILL_AT_STEP_ENV, "")
     if not at.isdigit() or int(at) == 0 or os.environ.get(
             KILL_PROCESS_ENV, str(jax.process_index())) != str(jax.process_index()):
         return None
 
+    sig = signal.Signals[f"SIG{os.environ.get(KILL_SIGNAL_ENV, 'KILL')}"]
+
     def kill(run: LoopState) -> None:
         if run.done == int(at):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), sig)
 
     return Every(kill, Phase.FAULT, steps=int(at))
 
