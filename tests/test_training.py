@@ -68,3 +68,23 @@ def test_the_progress_bar_draws_on_a_terminal_and_a_pipe_gets_the_epoch_lines_al
         assert "epoch 1 (step 3)" in said and "epoch 4 (step 12)" in said
     assert "12/12" in terminal and "step/s" in terminal and "\r" in terminal  # the bar, redrawn in place
     assert "step/s" not in pipe and "\r" not in pipe
+
+
+@pytest.mark.slow
+def test_a_closed_output_pipe_stops_the_run_in_one_line_that_says_so(tmp_path: Path) -> None:
+    """`shardbench train ... | head -1`: the reader ends after the first line. The run stops at its next line, and
+    says why, with the status a shell gives a command SIGPIPE ended (141). It said "a file: Broken pipe", exit 6:
+    a path that cannot be used, naming none."""
+    argv = [sys.executable, "-m", "shardbench", "train", "--preset", "mlp-small", "--model.num-layers", "2",
+            "--model.mlp-dim", "16", "--model.input-dim", "8", "--batch-size", "16", "--data.synthetic-train", "640",
+            "--data.synthetic-test", "16", "--steps", "400", "--devices", "1", "--data.cache-dir",
+            str(tmp_path / "cache"), "--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith("shardbench: mlp-small")
+    proc.stdout.close()  # as `head -1` exits
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("shardbench: stopped: its output was closed (a pipe whose reader "
+                                                   "ended"), err[-2000:]
+    assert not (tmp_path / "run" / "summary.json").exists()

@@ -252,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "presets": cmd_presets, "bench": bench_cmd.run, "launch": launch.run,
                 "plan": plan_cmd.run, "tune": tune_cmd.run}
     code = run_reported(lambda: commands[args.command](args), args.debug)
-    if argv is None and code in (EXIT_CODES["interrupted"], EXIT_CODES["stopped by SIGTERM"]):
+    if argv is None and code in (EXIT_CODES["interrupted"], EXIT_CODES["stopped by SIGTERM"],
+                                 EXIT_CODES["output closed"]):
         # Stopped, with every file closed and every worker ended on the way out: the process ends here. Python's
         # shutdown after a stop during the first compilation sometimes crashed (exit -11, after "interrupted")
         # in XLA's threads, which it tears down under them.

@@ -8,16 +8,19 @@ corrupt npz/tar/JSON/SQLite) is turned into one line naming the path, what is wr
 
 Exit statuses: 1 some runs of a sweep failed, 2 configuration, 3 diverged, 4 data, 5 processes, 6 a file or folder
 the run needs, 70 an internal error (a bug), 130 interrupted (143 stopped by SIGTERM, where a command takes it as an
-interrupt).
+interrupt), 141 its output closed (a pipe whose reader ended, as `| head` does: what a shell reports for SIGPIPE).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
+import select
 import sqlite3
+import stat
 import sys
 import tarfile
 import zipfile
@@ -54,7 +57,7 @@ class FileFault(ShardbenchError):
 
 
 EXIT_CODES = {"sweep runs failed": 1, "configuration": 2, "diverged": 3, "data": 4, "processes": 5, "files": 6,
-              "internal error": 70, "interrupted": 130, "stopped by SIGTERM": 143}
+              "internal error": 70, "interrupted": 130, "output closed": 141, "stopped by SIGTERM": 143}
 DEBUG_ENV = "SHARDBENCH_DEBUG"
 
 
@@ -258,12 +261,46 @@ def run_reported(command: Callable[[], int], debug: bool = False) -> int:
         print(f"shardbench: {'stopped by SIGTERM' if isinstance(err, Terminated) else 'interrupted'}",
               file=sys.stderr)
         return _finish(interrupted_code(err))
+    except BrokenPipeError as err:
+        if debug or not _output_closed():
+            return _reported_fault(err, debug)
+        _quiet_output()
+        with contextlib.suppress(OSError):
+            print("shardbench: stopped: its output was closed (a pipe whose reader ended, as `| head` does); send "
+                  "the output to a file, or through `tee`, to keep it (a training resumes with --resume)",
+                  file=sys.stderr, flush=True)
+        return _finish(EXIT_CODES["output closed"], err)
     except Exception as err:  # noqa: BLE001 - the one place where every other failure becomes a line
-        if debug:
-            raise
-        fault = describe_fault(err)
-        if fault is not None:
-            return _finish(report(fault), err)
-        print(f"shardbench: internal error: {type(err).__name__}: {one_line(err)} (a bug in shardbench: run again "
-              f"with --debug or {DEBUG_ENV}=1 for the traceback, and report it)", file=sys.stderr)
-        return _finish(70, err)
+        return _reported_fault(err, debug)
+
+
+def _reported_fault(err: Exception, debug: bool) -> int:
+    """A failure that is neither shardbench's own nor a stop, as one line and its exit status."""
+    if debug:
+        raise err
+    fault = describe_fault(err)
+    if fault is not None:
+        return _finish(report(fault), err)
+    print(f"shardbench: internal error: {type(err).__name__}: {one_line(err)} (a bug in shardbench: run again "
+          f"with --debug or {DEBUG_ENV}=1 for the traceback, and report it)", file=sys.stderr)
+    return _finish(70, err)
+
+
+def _output_closed() -> bool:
+    """This process's stdout is a pipe whose reading end has closed (poll says so without writing)."""
+    try:
+        if not stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode):
+            return False
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no stdout, or one that is not a file
+        return False
+
+
+def _quiet_output() -> None:
+    """Point stdout at /dev/null, so that Python's flush of what it still holds at exit cannot fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
