@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -648,3 +649,23 @@ def test_a_launched_commands_own_argument_error_is_the_launchers_last_line(tmp_p
     assert done.returncode == EXIT_CODES["configuration"], done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("shardbench: error: process ") and "unrecognized arguments: --bogus-flag 3" in last, last
+
+
+@pytest.mark.parametrize(("spoil", "says"), [
+    (lambda tb: shutil.rmtree(tb) or tb.write_text("x"), "tensorboard is a file where a folder is needed"),
+    (lambda tb: (tb / "metrics.jsonl").unlink() or (tb / "metrics.jsonl").mkdir(),
+     "metrics.jsonl is a folder where the run's log of metrics (a file) goes"),
+])
+def test_a_resumed_runs_logs_spoiled_are_refused_before_it_resumes(spoil: Callable[[Path], object], says: str,
+                                                                   tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A file where the run's TensorBoard folder was, or a folder for its metrics log: a resume failed only after
+    restoring its checkpoint ("already exists as something else"); it is refused up front, naming the path."""
+    out = tmp_path / "run"
+    assert _invoke(["train", *TINY, "--train.checkpoint-every", "1", "--out", str(out)], capsys)[0] == 0
+    (out / "summary.json").unlink()  # as a run stopped after its last checkpoint leaves it
+    spoil(out / "tensorboard")
+    code, printed, err = _invoke(["train", *TINY, "--train.checkpoint-every", "1", "--resume", "--out", str(out)],
+                                 capsys)
+    assert code == EXIT_CODES["files"] and says in err and len(err.strip().splitlines()) == 1, err
+    assert "resuming" not in printed and not (out / "summary.json").exists()

@@ -116,6 +116,10 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_it_resumes_to_the_same_result(
     resumed = _train(tmp_path / "stopped", tmp_path / "cache", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads((tmp_path / "stopped" / "summary.json").read_text())["resumed_from"] == 8
+    # its time and step statistics are this invocation's, and the last line says how many steps they cover
+    done = resumed.stdout.strip().splitlines()[-1]
+    assert done.startswith("done: ") and ": 12 steps (4 after resuming from step 8) on 8 device(s)" in done, done
+    assert ": 12 steps on 8 device(s)" in whole.stdout.strip().splitlines()[-1]
     a, b = _final_params(tmp_path / "whole"), _final_params(tmp_path / "stopped")
     for key, value in dict(_flatten(a["params"])).items():
         np.testing.assert_array_equal(np.asarray(value), np.asarray(dict(_flatten(b["params"]))[key]), err_msg=key)

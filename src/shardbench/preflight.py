@@ -20,7 +20,7 @@ from shardbench.data.arrays import Dataset, ImageDataset, fingerprint
 from shardbench.data.pipeline import steps_per_epoch
 from shardbench.data.sources import check_known_shape, check_model_kind, load_for, validate_spec
 from shardbench.devices import select_devices
-from shardbench.errors import ConfigError, DataError, writable_dir
+from shardbench.errors import ConfigError, DataError, FileFault, writable_dir
 from shardbench.models.spec import ModelSpec, check_outputs, describe_model
 from shardbench.parallel.checks import (
     check_accumulation, check_batch, check_context, check_experts, check_layout, check_pipeline, check_style,
@@ -142,6 +142,11 @@ def check_run(cfg: Config) -> CheckedRun:
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
     writable_dir(out, "--out", create=False)  # made once the train state is known to fit (`train.build`)
+    # the logs a resumed run appends to: a file or a folder in their place failed only once training had begun
+    writable_dir(out / "tensorboard", "--out", create=False)
+    if (metrics := out / "tensorboard" / "metrics.jsonl").is_dir():
+        raise FileFault(f"--out {out}: {metrics} is a folder where the run's log of metrics (a file) goes: remove "
+                        f"it, or start a new run with another --out")
     if cfg.train.checkpoint_every > 0:  # a resumed run's checkpoints: written to mid-run, after steps it could lose
         writable_dir(out / "checkpoints", "--out", create=False)
     if cfg.train.profile and cfg.train.profile_root:  # the trace is filed there after its window, mid-run

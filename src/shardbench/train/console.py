@@ -98,10 +98,14 @@ def summary_line(summary: dict[str, Any]) -> str:
     rate, unit = throughput.get("units_per_s"), throughput.get("unit", "examples")
     timing = m.get("step_time_s") or {}
     step = timing.get("median")
-    parts = [f"done: {summary['run_name']}: {summary['steps']} steps on {summary['devices']} device(s) "
+    # A resumed run's time and step statistics are this invocation's: the line says how many steps they cover.
+    resumed = summary.get("resumed_from")
+    here = f" ({summary['steps'] - resumed} after resuming from step {resumed})" if resumed else ""
+    few = timing.get("measured_steps")
+    parts = [f"done: {summary['run_name']}: {summary['steps']} steps{here} on {summary['devices']} device(s) "
              f"({summary['strategy']}, mesh {summary['mesh']}, {summary.get('spmd', 'jit')}) in "
              f"{summary['time_s']:.1f}s" + (f", {rate:,.0f} {unit}/s" if rate else "")
-             + (f", step {1000 * step:.1f} ms" if step else
+             + (f", step {1000 * step:.1f} ms" + (f" (over {few} step(s))" if few and few < 5 else "") if step else
                 f", step time {timing['not_measured']}" if timing.get("not_measured") else "")]
     mfu = m.get("mfu") or {}
     if mfu.get("mfu") is not None:
