@@ -301,3 +301,12 @@ def test_a_damaged_stored_peak_is_measured_again_not_a_crash_of_every_run(tmp_pa
     assert peak.origin == "measured now" and peak.flops_per_s > 0
     again = host_peak("float32", tmp_path)
     assert again.origin.startswith("host cache ") and again.flops_per_s == peak.flops_per_s
+
+
+def test_the_last_line_says_what_few_steps_its_step_time_is_the_median_of() -> None:
+    """A median over a few intervals reads like any other: under five, the line says how many."""
+    base = {"run_name": "r", "steps": 12, "devices": 1, "strategy": "single", "mesh": "none", "time_s": 1.0,
+            "out": "o", "measurements": {"step_time_s": {"median": 0.0775, "measured_steps": 2}}}
+    assert ", step 77.5 ms (over 2 step(s))" in summary_line(base)
+    base["measurements"]["step_time_s"]["measured_steps"] = 5
+    assert ", step 77.5 ms;" in summary_line(base) + ";" and "over" not in summary_line(base)
