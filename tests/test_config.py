@@ -75,7 +75,7 @@ def test_config_round_trips_through_json() -> None:
         ({"precision.matmul_precision": "max"}, "unknown --matmul-precision 'max'"),
         ({"model.num_heads": 5}, "--model.embed-dim 128 is not divisible by --model.num-heads 5"),
         ({"model.patch_size": 5}, "--data.image-size 32 is not divisible by --model.patch-size 5"),
-        ({"train.batch_size": "many"}, "'many' is not a valid int"),
+        ({"train.batch_size": "many"}, "'many' is not a valid int: give one in (0, 2^31)"),
         ({"model.dropout": 1.5}, "--dropout must be in [0, 1), got 1.5"),
         ({"data.crop_scale": "0.5,1.5"}, "--data.crop-scale 0.5,1.5 is invalid"),
         # Adam's epsilon is 0 in float16 and its second moment underflows: the first update was NaN, exit 3.

@@ -327,7 +327,8 @@ train.steps = 20
                                         "mesh_4_2_strategy_dp_tp_batch_1024_crop_scale_0.5_1.0"]
     assert s.runs[0].overrides["data.crop_scale"] == (0.5, 1.0)
     path.write_text('grid = {"train.batch_size" = [128, "big"]}')
-    with pytest.raises(ConfigError, match="grid.toml: --train.batch-size: 'big' is not a valid int"):
+    with pytest.raises(ConfigError,
+                       match=r"grid.toml: --train.batch-size: 'big' is not a valid int: give one in \(0, 2\^31\)"):
         load_sweep_file(path)
     path.write_text('grid = {"train.steps" = [2, true]}')  # said as the file says it, not as Python's True
     with pytest.raises(ConfigError, match="grid.toml: --train.steps: true is not a valid int"):

@@ -8,7 +8,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from shardbench.config import SECTIONS, TASK_KINDS, Config, field_types
+from shardbench.config import RANGES, SECTIONS, TASK_KINDS, Config, field_types
 from shardbench.errors import ConfigError
 
 
@@ -34,7 +34,9 @@ def parse_value(key: str, text: str, kind: Any) -> Any:
         return str(text)
     except ValueError:
         name = getattr(kind, "__name__", str(kind))
-        raise ConfigError(f"--{key.replace('_', '-')}: '{text}' is not a valid {name}") from None
+        allowed = RANGES.get(key)  # the field's range, where it has one: what would be right
+        raise ConfigError(f"--{key.replace('_', '-')}: '{text}' is not a valid {name}"
+                          + (f": give one in {allowed.text()}" if allowed is not None else "")) from None
 
 
 def override(cfg: Config, values: Mapping[str, Any]) -> Config:

@@ -104,7 +104,9 @@ def typed_value(key: str, value: Any) -> Any:
         return str(value)
     name = "pair of numbers" if typing.get_origin(kind) is tuple else getattr(kind, "__name__", str(kind))
     shown = json.dumps(value) if isinstance(value, bool) else repr(value)  # as a sweep file writes it: true, false
-    raise ConfigError(f"--{key.replace('_', '-')}: {shown} is not a valid {name}")
+    allowed = config_lib.RANGES.get(key)
+    raise ConfigError(f"--{key.replace('_', '-')}: {shown} is not a valid {name}"
+                      + (f": give one in {allowed.text()}" if allowed is not None else ""))
 
 
 def check_key(key: str) -> str:
