@@ -171,7 +171,8 @@ def axes_from_values(values: Mapping[str, Any]) -> tuple[Override, list[Axis]]:
     for raw_key, value in values.items():
         key = check_key(raw_key)
         texts = split_alternatives(key, value) if isinstance(value, str) else [value]
-        entries = once(f"--{key.replace('_', '-')} {value!r}" if isinstance(value, str) else f"--{key}",
+        flag = f"--{key.replace('_', '-')}"
+        entries = once(f"{flag} {value!r}" if isinstance(value, str) else flag,
                        [{key: typed_value(key, t)} for t in texts])
         if len(entries) == 1:
             fixed.update(entries[0])
