@@ -286,6 +286,12 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: microbatches without pipeline stages", lambda t: [
         "train", *TINY, "--parallel.microbatches", "4", "--out", str(t / "o")],
      "--parallel.microbatches 4 splits the batch for pipeline stages", CONF),
+    # Was "the mlp model cannot be built from this configuration: ZeroDivisionError: float division by zero".
+    ("train: an mlp of one layer", lambda t: ["train", "--preset", "mlp-small", "--model.num-layers", "1", "--steps",
+                                              "1", "--out", str(t / "o")],
+     "--model.num-layers 1: the mlp is an input layer and a stack of square layers", CONF),
+    ("inspect: an mlp of one layer", lambda t: ["inspect", "--preset", "mlp-small", "--model.num-layers", "1"],
+     "--model.num-layers 1: the mlp is an input layer and a stack of square layers", CONF),
     ("sweep: a sweep file with no axes", _empty_sweep_file, "no axes", CONF),
     ("sweep: a sweep file whose preset is a list", lambda t: (t / "s.toml").write_text(
         'preset = ["vit-tiny"]\ngrid = {"train.batch_size" = [8, 16]}\n') and [

@@ -911,3 +911,25 @@ def test_the_table_note_explains_the_epoch_column_and_payloads_where_the_table_h
     note = write_report(directory).markdown.read_text()
     assert "Epoch time is the mean wall time per whole epoch" in note
     assert '("payload": the collectives\' buffers, from a record written before bytes sent were kept)' in note
+
+
+def test_a_tick_label_beyond_the_view_is_not_taken_for_a_clipped_text() -> None:
+    """A log axis spanning less than a decade labels its minor ticks; those past the view (6 on an axis from 6.7 to
+    45) are kept by matplotlib but never drawn. They were reported as clipped; a text really past the edge is."""
+    from matplotlib.figure import Figure
+
+    from shardbench.report.plots import clipped_texts
+
+    fig = Figure(figsize=(6.0, 4.0), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    ax.plot([7.0, 40.0], [7.0, 40.0])
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(6.7, 45.0)
+    ax.set_ylim(6.7, 45.0)
+    beyond = [t.get_text() for t, loc in zip(ax.xaxis.get_minorticklabels(), ax.xaxis.get_minorticklocs(),
+                                             strict=False) if t.get_text() and not 6.7 <= loc <= 45.0]
+    assert beyond  # the case itself: a labelled minor tick outside the view
+    assert clipped_texts(fig) == ()
+    fig.text(0.98, 0.5, "a note running past the right edge", ha="left")
+    assert clipped_texts(fig) == ("a note running past the right edge",)

@@ -11,7 +11,7 @@ from shardbench import config as config_lib
 from shardbench.config import SPECS, TASK_KINDS, Config, TrainConfig, check_choice, flatten
 from shardbench.errors import ConfigError
 from shardbench import models
-from shardbench.models import transformer, vit
+from shardbench.models import mlp, transformer, vit
 from shardbench.presets import PRESETS
 
 SYNTHETIC_DATASETS = ("synthetic", "tokens-uniform", "regression")
@@ -136,7 +136,8 @@ def check_recipe(cfg: Config) -> None:
 
 def check_model_options(cfg: Config) -> None:
     """The model options only some models have (the vit's pool, stem and LSA) on a model that has them, then each
-    built-in model's own rules: cuDNN attention's dtype and head dim, the vit's stems and LSA. One line each."""
+    built-in model's own rules: cuDNN attention's dtype and head dim, the vit's stems and LSA, the mlp's depth. One
+    line each."""
     m = cfg.model
     vit_only = [flag for flag, on in ((f"--model.pool {m.pool}", m.pool != "cls"),
                                       (f"--model.stem {m.stem}", m.stem != "patch"), ("--model.lsa", m.lsa)) if on]
@@ -149,6 +150,8 @@ def check_model_options(cfg: Config) -> None:
         transformer.check_cudnn_config(m, cfg.precision.dtype)
     if m.kind == "vit":
         vit.check_options(m)
+    if m.kind == "mlp":
+        mlp.check_options(m)
 
 
 def inert_notes(cfg: Config, given: Collection[str] = (), sections: Collection[str] | None = None) -> list[str]:

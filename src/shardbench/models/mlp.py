@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from shardbench.config import ModelConfig
+from shardbench.errors import ConfigError
 from shardbench.models.axes import BATCH, CLASSES, EMBED, FEATURES, LAYERS, MLP, constrain
 from shardbench.models.transformer import dropout, kernel_init, layers_per_iteration, param, scan_layers
 
@@ -59,6 +60,15 @@ class DeepMLP(nnx.Module):
         x = scan_layers(layer, x, stacked, remat=self.remat, unroll=self.unroll)
         out = jnp.einsum("bw,wc->bc", x, self.out_kernel[...].astype(dtype), precision=precision)
         return (out + self.out_bias[...].astype(dtype)).astype(jnp.float32)
+
+
+def check_options(cfg: ModelConfig) -> None:
+    """The MLP's own rule: its layers are the input layer and a stack of square ones, at least one (a stack of
+    none failed in its initialiser, "float division by zero")."""
+    if cfg.num_layers < 2:
+        raise ConfigError(f"--model.num-layers {cfg.num_layers}: the mlp is an input layer and a stack of square "
+                          f"layers of width --model.mlp-dim after it (its output layer comes on top), so it needs at "
+                          f"least 2: give 2 or more")
 
 
 def flops_per_example(cfg: ModelConfig) -> dict[str, int]:

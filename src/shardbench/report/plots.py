@@ -46,11 +46,14 @@ def clipped_texts(fig: Figure) -> tuple[str, ...]:
     renderer = canvas.get_renderer()
     frame = fig.bbox
     # Tick labels of ticks beyond an axis' view are kept by matplotlib but never drawn: not a text anyone sees.
+    # Minor ones too: a log axis spanning less than a decade labels its minor ticks ("6x10^0" beyond the view).
     undrawn = set()
     for ax in fig.axes:
         for axis in (ax.xaxis, ax.yaxis):
             low, high = sorted(axis.get_view_interval())
-            for loc, label in zip(axis.get_majorticklocs(), axis.get_majorticklabels(), strict=False):
+            ticks = [*zip(axis.get_majorticklocs(), axis.get_majorticklabels(), strict=False),
+                     *zip(axis.get_minorticklocs(), axis.get_minorticklabels(), strict=False)]
+            for loc, label in ticks:
                 if not low - 1e-9 * abs(high - low) <= loc <= high + 1e-9 * abs(high - low):
                     undrawn.add(id(label))
     cut = []
