@@ -219,6 +219,9 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
     ("train: a batch the data cannot fill", lambda t: ["train", *TINY, "--batch-size", "4096", "--out", str(t / "o")],
      "4096", CONF),
     ("train: --resume of nothing", lambda t: ["train", *TINY, "--resume", "--out", str(t / "o")], "--resume", CONF),
+    # not "runs/<preset>-<strategy>-<time> holds no run": with no --out a run gets a new folder of that name
+    ("train: --resume without --out", lambda t: ["train", *TINY, "--resume"],
+     "--resume needs --out: the folder of the run to resume", CONF),
     ("train: arrays that do not exist", lambda t: ["train", *TINY, "--data", f"arrays:{t / 'none.npz'}",
                                                    "--out", str(t / "o")], "none.npz", DATA),
     ("train: arrays given as a folder", lambda t: ["train", *TINY, "--data", f"arrays:{t}", "--out", str(t / "o")],
@@ -658,7 +661,8 @@ def test_a_launched_commands_own_argument_error_is_the_launchers_last_line(tmp_p
 
 
 @pytest.mark.parametrize(("spoil", "says"), [
-    (lambda tb: shutil.rmtree(tb) or tb.write_text("x"), "tensorboard is a file where a folder is needed"),
+    (lambda tb: shutil.rmtree(tb) or tb.write_text("x"),
+     "tensorboard is a file where the run's TensorBoard logs (a folder) go"),
     (lambda tb: (tb / "metrics.jsonl").unlink() or (tb / "metrics.jsonl").mkdir(),
      "metrics.jsonl is a folder where the run's log of metrics (a file) goes"),
 ])

@@ -222,7 +222,10 @@ def test_mixing_needs_pairs_on_one_device(micro) -> None:
 def test_recipe_flags_are_refused_where_they_mean_nothing() -> None:
     for preset, overrides, flag in [("lm-tiny", {"data.mixup": 1.0}, "--data.mixup"),
                                     ("mlp-small", {"train.label_smoothing": 0.1}, "--train.label-smoothing"),
-                                    ("mlp-small", {"model.drop_path": 0.1}, "--model.drop-path")]:
+                                    ("mlp-small", {"model.drop_path": 0.1}, "--model.drop-path"),
+                                    # cutmix alone on the mlp: refused as image-only, not sent to add --data.mixup
+                                    # (which the mlp then refuses too)
+                                    ("mlp-small", {"data.cutmix": 1.0}, "--data.cutmix applies to image")]:
         from shardbench.errors import ConfigError
 
         with pytest.raises(ConfigError, match=flag):

@@ -110,7 +110,10 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_it_resumes_to_the_same_result(
     assert whole.returncode == 0, whole.stderr
     stopped = _train(tmp_path / "stopped", tmp_path / "cache", kill_at=10, signal_name="TERM")
     assert stopped.returncode == 143, stopped.stderr[-2000:]
-    assert stopped.stderr.strip().splitlines()[-1] == "shardbench: stopped by SIGTERM"
+    # the one line says the way on: this folder's last checkpoint, step 8
+    assert stopped.stderr.strip().splitlines()[-1] == (
+        f"shardbench: stopped by SIGTERM; the same command with --resume --out {tmp_path / 'stopped'} goes on from "
+        f"the checkpoint of step 8")
     assert not (tmp_path / "stopped" / "summary.json").exists()
     assert sorted(p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir()) == ["4", "8"]
     resumed = _train(tmp_path / "stopped", tmp_path / "cache", "--resume")
@@ -123,6 +126,12 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_it_resumes_to_the_same_result(
     a, b = _final_params(tmp_path / "whole"), _final_params(tmp_path / "stopped")
     for key, value in dict(_flatten(a["params"])).items():
         np.testing.assert_array_equal(np.asarray(value), np.asarray(dict(_flatten(b["params"]))[key]), err_msg=key)
+    # With checkpoints off, the line says there is nothing to resume from, rather than pointing at --resume.
+    bare = _train(tmp_path / "bare", tmp_path / "cache", "--train.checkpoint-every", "0", kill_at=3,
+                  signal_name="TERM")
+    assert bare.returncode == 143 and bare.stderr.strip().splitlines()[-1] == (
+        "shardbench: stopped by SIGTERM; no checkpoint to resume from: checkpoints are off "
+        "(--train.checkpoint-every 0); the same command starts the run over"), bare.stderr[-2000:]
 
 
 def _logged_losses(run: Path) -> list[tuple[int, float]]:

@@ -258,8 +258,9 @@ def run_reported(command: Callable[[], int], debug: bool = False) -> int:
             raise
         return _finish(report(err), err)
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM where a command takes it as one (`subprocs.Terminated`)
-        print(f"shardbench: {'stopped by SIGTERM' if isinstance(err, Terminated) else 'interrupted'}",
-              file=sys.stderr)
+        said = "stopped by SIGTERM" if isinstance(err, Terminated) else "interrupted"
+        way_on = str(err)  # where a command raised it again with the way on (a training's checkpoint to resume)
+        print(f"shardbench: {said}{'; ' + way_on if way_on else ''}", file=sys.stderr)
         return _finish(interrupted_code(err))
     except BrokenPipeError as err:
         if debug or not _output_closed():

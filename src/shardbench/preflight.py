@@ -143,8 +143,12 @@ def check_run(cfg: Config) -> CheckedRun:
     check_profile_window(cfg.train, total)
     writable_dir(out, "--out", create=False)  # made once the train state is known to fit (`train.build`)
     # the logs a resumed run appends to: a file or a folder in their place failed only once training had begun
-    writable_dir(out / "tensorboard", "--out", create=False)
-    if (metrics := out / "tensorboard" / "metrics.jsonl").is_dir():
+    if (logs := out / "tensorboard").exists():
+        if not logs.is_dir():
+            raise FileFault(f"--out {out}: {logs} is a file where the run's TensorBoard logs (a folder) go: remove "
+                            f"it, or start a new run with another --out")
+        writable_dir(logs, "the run's TensorBoard logs")
+    if (metrics := logs / "metrics.jsonl").is_dir():
         raise FileFault(f"--out {out}: {metrics} is a folder where the run's log of metrics (a file) goes: remove "
                         f"it, or start a new run with another --out")
     if cfg.train.checkpoint_every > 0:  # a resumed run's checkpoints: written to mid-run, after steps it could lose

@@ -81,6 +81,8 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None, layout: 
     (`spec`) only with the file and shapes it was started with. Where the run kept its layout (layout.json) and
     `layout` is this one's, the layouts are compared as resolved, not the flags that chose them: 8 devices
     given as --devices 8 resume a run of --devices 0 on 8, and 4 devices do not."""
+    if cfg.train.resume and not cfg.train.out:  # `out` is then a new folder, runs/<preset>-<strategy>-<time>
+        raise ConfigError("--resume needs --out: the folder of the run to resume")
     if out.exists() and not out.is_dir():
         raise FileFault(f"--out {out} is a file: give a folder for the run (it holds config.json, checkpoints, ...)")
     saved_path = out / "config.json"

@@ -55,7 +55,8 @@ def validate(cfg: Config) -> None:
     if cfg.parallel.rules and not m.factory:
         raise ConfigError(f"--rules {cfg.parallel.rules} is for a model of your own (the built-in models name "
                           f"shardbench's axes themselves): give --model FILE.py:FUNCTION too, or drop it")
-    image_only = {"--data.mixup": cfg.data.mixup > 0, "--data.trivial-augment": cfg.data.trivial_augment,
+    image_only = {"--data.mixup": cfg.data.mixup > 0, "--data.cutmix": cfg.data.cutmix > 0,
+                  "--data.trivial-augment": cfg.data.trivial_augment,
                   "--data.crop pad": cfg.data.crop != "resized", "--train.label-smoothing": cfg.train.label_smoothing > 0,
                   "--data.randaugment": cfg.data.randaugment > 0, "--data.autoaugment": cfg.data.autoaugment,
                   "--data.random-erasing": cfg.data.random_erasing > 0,

@@ -47,6 +47,9 @@ def train(built: BuiltRun) -> dict[str, Any]:
                           resumed_from=built.start if built.checked.cfg.train.resume else None)
     try:
         summary = _loop(built, writer)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (`subprocs.Terminated`): said with the way on
+        built.checkpoints.wait()  # the checkpoint being written is finished first
+        raise type(err)(_way_on(built)) from None
     finally:
         writer.close()
         built.checkpoints.close()
@@ -54,6 +57,18 @@ def train(built: BuiltRun) -> dict[str, Any]:
     if jax.process_index() == 0:
         write_json_atomic(built.checked.out / "summary.json", summary)
     return summary
+
+
+def _way_on(built: BuiltRun) -> str:
+    """What a stopped run's user can do next: resume from its last checkpoint, or start over without one."""
+    cfg, out = built.checked.cfg, built.checked.out
+    step = built.checkpoints.latest_step()
+    if step is None:
+        every = cfg.train.checkpoint_every
+        why = (f"none had been written yet (--train.checkpoint-every {every})" if every > 0 else
+               "checkpoints are off (--train.checkpoint-every 0)")
+        return f"no checkpoint to resume from: {why}; the same command starts the run over"
+    return f"the same command with --resume --out {out} goes on from the checkpoint of step {step}"
 
 
 def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
