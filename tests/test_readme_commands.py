@@ -147,12 +147,12 @@ def test_every_readme_command_runs_as_written(workdir: Path, monkeypatch: pytest
 
     may_refuse: set[str] = set()  # runs of a sweep given --skip-refused, which runs the others
 
-    def gather(current: str, skip_refused: bool) -> Callable[..., dict[str, str]]:
-        def check_later(runs: dict[str, dict[str, object]], env: object = None) -> dict[str, str]:
+    def gather(current: str, skip_refused: bool) -> Callable[..., preflight.Checked]:
+        def check_later(runs: dict[str, dict[str, object]], env: object = None) -> preflight.Checked:
             named = {f"{current} (run {name})": flat for name, flat in runs.items()}
             configs.update(named)
             may_refuse.update(named if skip_refused else ())
-            return {}
+            return preflight.Checked({}, {})
         return check_later
 
     for command in doc_commands():
@@ -207,7 +207,7 @@ def test_every_readme_command_runs_as_written(workdir: Path, monkeypatch: pytest
             except ShardbenchError as err:
                 if not ("needs libtpu" in str(err) and not libtpu_installed()):
                     problems.append(f"{command}: {err}")
-    refused = check_in_processes(configs, env=_clean_env())
+    refused = check_in_processes(configs, env=_clean_env()).refused
     problems += [f"{command}: {why}" for command, why in refused.items() if command not in may_refuse]
     assert not problems, "\n".join(problems)
 

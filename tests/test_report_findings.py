@@ -395,6 +395,29 @@ def test_dp_and_zero2_compare_by_the_bytes_each_device_sends_and_older_records_b
             ) in mixed, mixed
 
 
+def test_a_strategy_sentence_says_which_of_its_axes_no_run_split() -> None:
+    """fsdp+tp on 8 devices with no --mesh runs on 8x1: the sentence said it shards "over both mesh axes" where
+    nothing was split over model. Said where every run of the strategy left the axis whole; a run that split it
+    makes the axis split; pipeline axes are read from named meshes, and dp (one axis) gets no clause."""
+    from shardbench.report.findings import strategy_findings
+
+    def said(*runs: tuple[str, str]) -> str:
+        made = [run(f"r{i}", {"parallel.strategy": strategy}, 10.0, strategy=strategy, mesh=mesh)
+                for i, (strategy, mesh) in enumerate(runs)]
+        return strategy_findings(made)[0]
+
+    assert said(("fsdp+tp", "8x1")).startswith(
+        "FSDP+TP shards parameters and optimizer state over the data and model axes (here its model axis has one "
+        "device, so nothing is split over it): ")
+    assert said(("fsdp+tp", "4x2")).startswith(
+        "FSDP+TP shards parameters and optimizer state over the data and model axes: ")
+    assert said(("fsdp+tp", "8x1"), ("fsdp+tp", "4x2")).startswith(
+        "FSDP+TP shards parameters and optimizer state over the data and model axes: ")
+    assert "(here its stage and model axes have one device each, so nothing is split over them)" in said(
+        ("dp+pp+tp", "data=8"))
+    assert "(here" not in said(("dp", "8x1")) + said(("single", "none"))
+
+
 def test_a_record_that_never_counted_its_collectives_is_not_said_to_have_none() -> None:
     """A record written before collectives were counted (no comms, no total) read as "none", a claim that the run
     moved nothing between devices; one that counted them and found none still reads "none"."""

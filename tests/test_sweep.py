@@ -133,6 +133,22 @@ def test_a_swept_field_no_run_reads_is_noted(capsys: pytest.CaptureFixture[str])
     assert "note" not in capsys.readouterr().err
 
 
+def test_a_runs_layout_note_is_said_before_the_sweep_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    """fsdp+tp on 8 devices with no --mesh runs on 8x1 (every device on its first axis, as documented): nothing is
+    split over model. `shardbench train` says so in each run's log; the sweep said nothing, and its report then
+    read as if both axes were split. The note is said once, naming its runs; a mesh that splits both axes gets
+    none, and nor does dp, whose one axis is split."""
+    assert sweep_cmd.run(parse("--preset", "mlp-small", "--strategy", "dp,fsdp+tp", "--batch-size", "256,512",
+                               "--dry-run")) == 0
+    assert [line for line in capsys.readouterr().err.splitlines() if "note" in line] == [
+        "shardbench: note: runs strategy_fsdp_tp_batch_256, strategy_fsdp_tp_batch_512: strategy fsdp+tp on mesh "
+        "8x1: its model axis has one device, so nothing is split over it; a mesh naming its size splits it "
+        "(--mesh data=N,model=N)"]
+    assert sweep_cmd.run(parse("--preset", "mlp-small", "--strategy", "dp+tp,fsdp+tp", "--mesh", "data=4,model=2",
+                               "--dry-run")) == 0
+    assert "note" not in capsys.readouterr().err
+
+
 def test_a_sweep_keeps_what_its_name_names() -> None:
     from shardbench.sweep.sweep_file import parse_sweep
 
@@ -208,7 +224,7 @@ def test_the_pipeline_preset_runs_every_schedule_beside_a_one_stage_run_at_its_m
 def test_every_run_of_the_pipeline_preset_passes_trains_checks() -> None:
     from shardbench.sweep.preflight import refusals
 
-    assert refusals(make_sweep("pipeline")) == {}
+    assert refusals(make_sweep("pipeline")).refused == {}
 
 
 def test_the_long_context_preset_runs_six_layouts_to_8k_and_the_ring_to_16k() -> None:
@@ -231,7 +247,7 @@ def test_the_long_context_preset_runs_six_layouts_to_8k_and_the_ring_to_16k() ->
 def test_every_run_of_the_long_context_preset_passes_trains_checks() -> None:
     from shardbench.sweep.preflight import refusals
 
-    assert refusals(make_sweep("long-context")) == {}
+    assert refusals(make_sweep("long-context")).refused == {}
 
 
 def test_command_line_values_override_a_sweep_preset() -> None:
@@ -843,7 +859,7 @@ def test_the_sweeps_check_refuses_a_batch_past_the_examples_and_parameters_past_
                for name, b in (("fits", 16), ("past", 128))}
     configs["huge"] = config_lib.flatten(override(base, {"model.embed_dim": 65536, "model.mlp_dim": 262144,
                                                          "model.num_heads": 1}))
-    refused = check(configs)
+    refused = check(configs).refused
     assert "fits" not in refused
     assert refused["past"] == "--batch-size 128 is larger than the 58 training examples"
     assert "the parameters alone are" in refused["huge"], refused

@@ -28,7 +28,7 @@ from shardbench.parallel.rules import Layout, flat_by_path
 from shardbench.optim import build_optimizer
 from shardbench.preflight import check_runnable
 from shardbench.models.spec import ModelSpec
-from shardbench.parallel.checks import sequence_length, unsplit_note, whole_arrays_note
+from shardbench.parallel.checks import layout_notes, sequence_length
 from shardbench.parallel.context import positions, uses_context
 from shardbench.parallel.pipeline import (
     bubble_fraction, microbatch_count, schedule_repeats, stage_layers, uses_pipeline,
@@ -191,8 +191,7 @@ def inspect(cfg: Config, array: str = "") -> str:
     two_axes = all(size == 1 for axis, size in layout.shape.items() if axis not in (DATA, MODEL))  # '4x2'
     mesh = "none" if layout.mesh is None else (f"{layout.shape} (data x model)" if two_axes
                                                else f"{layout.shape} ({split})")
-    notes = [*spec.axis_notes(), *(note for note in (unsplit_note(layout, cfg.parallel.mesh),
-                                                     whole_arrays_note(spec, layout)) if note)]
+    notes = [*spec.axis_notes(), *layout_notes(spec, layout, cfg.parallel.mesh)]
     lines = [
         f"{cfg.model.factory or cfg.preset}: strategy {layout.strategy.name} ({layout.strategy.description}); mesh {mesh}; "
         f"{layout.shape.size} {layout.device.platform} device(s)"

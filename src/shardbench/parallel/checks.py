@@ -68,6 +68,11 @@ def unsplit_note(layout: Layout, mesh: str = "") -> str | None:
             f"(--mesh {','.join(f'{a}=N' for a in axes)})")
 
 
+def layout_notes(spec: ModelSpec, layout: Layout, mesh: str = "") -> list[str]:
+    """The notes a run's layout gets before it trains (`unsplit_note`, `whole_arrays_note`), those that apply."""
+    return [note for note in (unsplit_note(layout, mesh), whole_arrays_note(spec, layout)) if note]
+
+
 # Arrays a splitting tactic leaves whole are said where they hold at least this part of the parameters: a bias of 10
 # classes is not worth a line, a kernel that 8 divides in no dim is.
 WHOLE_SHARE = 0.05

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.config import REPORTING_ONLY
+from shardbench.errors import ConfigError
 from shardbench.measure.kernels import TraceTime
 from shardbench.measure.run_record import (
     Breakdown, Collective, CompileTimes, Measurements, Memory, Mfu, RunRecord, StepTimes, Throughput, from_json,
 )
+from shardbench.parallel.mesh import MESH_AXES, parse_mesh
 from shardbench.report.cost import COST_COLUMNS
 from shardbench.store import RunRow
 
@@ -169,6 +171,17 @@ class ReportedRun:
     @property
     def strategy(self) -> str:
         return str(self.field("strategy", "parallel.strategy") or "?")
+
+    @property
+    def mesh_sizes(self) -> dict[str, int]:
+        """The mesh it ran on as {axis: size} over every mesh axis: 1 where an axis is not split, and on every axis
+        for one device ('none') or a mesh the report cannot read."""
+        text = str(self.field("mesh", "parallel.mesh") or "none")
+        try:
+            sizes = parse_mesh(text, None).as_dict() if text.lower() not in ("none", "") else {}
+        except ConfigError:
+            sizes = {}
+        return {axis: sizes.get(axis, 1) for axis in MESH_AXES}
 
     @property
     def devices(self) -> int | None:

@@ -10,6 +10,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
+from shardbench.parallel.rules import STRATEGIES
 from shardbench.report.content import comms_measure, comms_phrase
 from shardbench.report.context import context_findings
 from shardbench.report.pipeline import pipeline_findings
@@ -33,7 +34,7 @@ STRATEGY_ROLES: dict[str, str] = {
     "fsdp": "FSDP shards parameters and optimizer state over the data axis",
     "tp": "TP splits the weight matrices over the model axis",
     "dp+tp": "DP+TP splits the weight matrices over the model axis and replicates them over the data axis",
-    "fsdp+tp": "FSDP+TP shards parameters and optimizer state over both mesh axes",
+    "fsdp+tp": "FSDP+TP shards parameters and optimizer state over the data and model axes",
     "pp": "PP splits the stacked layers into stages over the stage axis and replicates the rest",
     "dp+pp": "DP+PP splits the stacked layers into stages and replicates them over the data axis",
     "fsdp+pp": "FSDP+PP splits the stacked layers into stages and shards every parameter over the data axis",
@@ -47,6 +48,20 @@ STRATEGY_ROLES: dict[str, str] = {
     "fsdp+cp": "FSDP+CP shards parameters and optimizer state over the data axis and splits the sequence over seq",
     "cp+tp": "CP+TP splits the sequence over the seq axis and the weight matrices over the model axis",
 }
+
+
+def _role(strategy: str, group: list[ReportedRun]) -> str:
+    """What the strategy holds where (STRATEGY_ROLES), and the axes it names that no run of `group` split: fsdp+tp
+    on 8 devices with no --mesh runs on 8x1, where nothing is split over model."""
+    role = STRATEGY_ROLES.get(strategy, strategy)
+    if (known := STRATEGIES.get(strategy)) is None:
+        return role
+    whole = [axis for axis in known.axes if all(run.mesh_sizes[axis] == 1 for run in group)]
+    if not whole or len(whole) == len(known.axes):  # every axis split, or one device
+        return role
+    many = len(whole) > 1
+    return (f"{role} (here its {' and '.join(whole)} {'axes have' if many else 'axis has'} one device"
+            f"{' each' if many else ''}, so nothing is split over {'them' if many else 'it'})")
 
 
 def _span(values: list[float], unit: str = "", digits: int = 1) -> str:
@@ -220,7 +235,7 @@ def strategy_findings(runs: list[ReportedRun]) -> list[str]:
             continue
         devices = sorted({r.devices for r in group if r.devices})
         count = "/".join(map(str, devices)) or "?"
-        text = (f"{STRATEGY_ROLES.get(strategy, strategy)}: {_span(held, ' MiB')} of parameters + optimizer "
+        text = (f"{_role(strategy, group)}: {_span(held, ' MiB')} of parameters + optimizer "
                 f"state per device on {count} device{'' if devices == [1] else 's'}")
         if ratios and strategy != "single":
             replica = _span(sorted({replicas[_replica_key(r)] for r in group if _replica_key(r) in replicas}))
@@ -265,7 +280,7 @@ def spmd_findings(runs: list[ReportedRun]) -> list[str]:
     for key, group in groups.items():
         where = _group_name(key, keys)
         strategy = group[0].strategy
-        sentences.append(f"{STRATEGY_ROLES.get(strategy, strategy)}{f' ({where})' if where else ''} in each SPMD "
+        sentences.append(f"{_role(strategy, group)}{f' ({where})' if where else ''} in each SPMD "
                          f"style: " + "; ".join(_style_part(run, group) for run in group) + ".")
     return sentences
 

@@ -26,9 +26,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shardbench.errors import ConfigError
 from shardbench.measure.run_record import Collective
-from shardbench.parallel.mesh import DATA, MESH_AXES, STAGE, parse_mesh
+from shardbench.parallel.mesh import DATA, STAGE
 from shardbench.parallel.pipeline import stack_work
 
 if TYPE_CHECKING:
@@ -98,12 +97,7 @@ def _model(run: ReportedRun) -> str:
 
 def _axes(run: ReportedRun) -> dict[str, int]:
     """The run's mesh as axis sizes, its stage axis left out (a one-device run, 'none': every axis 1)."""
-    text = str(run.field("mesh", "parallel.mesh") or "none")
-    try:
-        sizes = parse_mesh(text, None).as_dict() if text.lower() not in ("none", "") else {}
-    except ConfigError:
-        sizes = {}
-    return {axis: sizes.get(axis, 1) for axis in MESH_AXES if axis != STAGE}
+    return {axis: size for axis, size in run.mesh_sizes.items() if axis != STAGE}
 
 
 def without_stages(run: ReportedRun, ref: ReportedRun) -> bool:

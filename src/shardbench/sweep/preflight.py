@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from shardbench import config as config_lib
 from shardbench import startup
@@ -26,12 +26,21 @@ from shardbench.parsing import override
 from shardbench.sweep.grid import Sweep, run_config
 
 
+class Checked(NamedTuple):
+    """What the checks found: {run name: why `shardbench train` would refuse it}, and {run name: the notes its
+    layout gets} (`shardbench train` prints them: a strategy's axis the mesh gives one device, arrays an FSDP
+    tactic leaves whole) for the runs that would start."""
+
+    refused: dict[str, str]
+    notes: dict[str, list[str]]
+
+
 def refusals(sweep: Sweep, profile: bool = False, processes: Mapping[str, tuple[int, int]] | None = None
-             ) -> dict[str, str]:
-    """{run name: why `shardbench train` would refuse it} for every run of `sweep` that would be refused;
-    `profile`: the sweep's --profile, which each run is given when it starts, so its window is checked now;
-    `processes`: {run name: (its processes, the devices of each, 0 for its devices split evenly)} where the sweep
-    runs it in several, checked as they would check it once joined."""
+             ) -> Checked:
+    """What `shardbench train` would refuse, and note, of every run of `sweep`; `profile`: the sweep's --profile,
+    which each run is given when it starts, so its window is checked now; `processes`: {run name: (its processes,
+    the devices of each, 0 for its devices split evenly)} where the sweep runs it in several, checked as they
+    would check it once joined."""
     extra = {"train.profile": True} if profile else {}
     found: dict[str, str] = {}
     configs: dict[str, dict[str, Any]] = {}
@@ -44,21 +53,24 @@ def refusals(sweep: Sweep, profile: bool = False, processes: Mapping[str, tuple[
             found[run.name] = str(err)
             continue
         configs[run.name] = flat | {PROCESSES: count}
-    found.update(check_in_processes(configs))
-    return {run.name: found[run.name] for run in sweep.runs if run.name in found}
+    checked = check_in_processes(configs)
+    found.update(checked.refused)
+    return Checked({run.name: found[run.name] for run in sweep.runs if run.name in found},
+                   {run.name: checked.notes[run.name] for run in sweep.runs if checked.notes.get(run.name)})
 
 
 PROCESSES = "_processes"  # beside a configuration sent to the check: the processes its run will have
 
 
-def check_in_processes(configs: dict[str, dict[str, Any]], env: dict[str, str] | None = None) -> dict[str, str]:
-    """{name: refusal} for the flattened configurations that `shardbench train` would refuse, each checked in a
-    child process (environment `env`, default this one's) set up with the devices that configuration asks for,
-    and with its run's process count (PROCESSES, default 1) for the checks that depend on it."""
+def check_in_processes(configs: dict[str, dict[str, Any]], env: dict[str, str] | None = None) -> Checked:
+    """The refusals and layout notes of the flattened configurations, as `shardbench train` would give them, each
+    checked in a child process (environment `env`, default this one's) set up with the devices that configuration
+    asks for, and with its run's process count (PROCESSES, default 1) for the checks that depend on it."""
     by_devices: dict[int, dict[str, dict[str, Any]]] = {}
     for name, flat in configs.items():
         by_devices.setdefault(int(flat["parallel.devices"]), {})[name] = flat
     found: dict[str, str] = {}
+    notes: dict[str, list[str]] = {}
     for group in by_devices.values():
         done = subprocess.run([sys.executable, "-m", "shardbench.startup", "shardbench.sweep.preflight"],
                               input=json.dumps(group),
@@ -66,17 +78,22 @@ def check_in_processes(configs: dict[str, dict[str, Any]], env: dict[str, str] |
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"the sweep's configuration check failed: {last}")
-        found.update(json.loads(done.stdout))
-    return {name: found[name] for name in configs if name in found}
+        answer = Checked(*json.loads(done.stdout))
+        found.update(answer.refused)
+        notes.update(answer.notes)
+    return Checked({name: found[name] for name in configs if name in found},
+                   {name: notes[name] for name in configs if notes.get(name)})
 
 
-def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
-    """In this process (whose devices are not set up yet): each configuration's refusal, if any."""
+def check(configs: dict[str, dict[str, Any]]) -> Checked:
+    """In this process (whose devices are not set up yet): each configuration's refusal, if any, and the notes on
+    its layout of one that passes."""
     with startup.quiet_imports():
         from shardbench.capacity import check_fits
         from shardbench.data.sources import known_train_rows
         from shardbench.errors import ShardbenchError
         from shardbench.flags import setup_devices
+        from shardbench.parallel.checks import layout_notes
         from shardbench.preflight import check_batch_fits_data, check_runnable
 
     processes = {name: int(flat.pop(PROCESSES, 1)) for name, flat in configs.items()}
@@ -84,6 +101,7 @@ def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
     if cfgs:
         setup_devices(next(iter(cfgs.values())))  # one device count per process (see `refusals`)
     out: dict[str, str] = {}
+    notes: dict[str, list[str]] = {}
     for name, cfg in cfgs.items():
         try:
             with planned_processes(processes[name]):
@@ -94,7 +112,9 @@ def check(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
                 check_batch_fits_data(cfg, rows, cfg.data.dataset)
         except ShardbenchError as err:
             out[name] = str(err)
-    return out
+            continue
+        notes[name] = layout_notes(spec, layout, cfg.parallel.mesh)
+    return Checked(out, notes)
 
 
 def main() -> int:

@@ -129,6 +129,17 @@ def dry_run(sweep: Sweep, refused: dict[str, str]) -> None:
               + (f"  REFUSED: {refused[run.name]}" if run.name in refused else ""))
 
 
+def layout_notes(notes: dict[str, list[str]]) -> list[str]:
+    """The runs' layout notes (`sweep.preflight.Checked.notes`), each once, naming the runs it is about: those
+    `shardbench train` prints in each run's log, said before the sweep starts."""
+    runs: dict[str, list[str]] = {}
+    for name, said in notes.items():
+        for note in said:
+            runs.setdefault(note, []).append(name)
+    return [f"run{'s' if len(names) > 1 else ''} {', '.join(names[:3])}"
+            f"{f' and {len(names) - 3} more' if len(names) > 3 else ''}: {note}" for note, names in runs.items()]
+
+
 def refused_error(refused: dict[str, str], total: int) -> ConfigError:
     """One line naming the refused runs and why (the first reason in full), what would be right first: a long
     reason is what the line's length limit cuts (`errors.one_line`), never the way out."""
@@ -397,8 +408,9 @@ def _run(args: argparse.Namespace) -> int:
         else:
             processes = {run.name: run_split(int(run_config(sweep.base_preset, run)["parallel.devices"]), checked)
                          for run in sweep.runs}
-        refused = refusals(sweep, options["profile"], processes)
-        for note in inert_swept(sweep):
+        checked = refusals(sweep, options["profile"], processes)
+        refused = checked.refused
+        for note in [*inert_swept(sweep), *layout_notes(checked.notes)]:
             print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
         if args.dry_run:  # exits as the sweep would start: 2 where it would stop on refused runs (a check for CI)
             if args.out:  # and where --out could not take it (the real run's checks, reading only)

@@ -26,7 +26,7 @@ from shardbench.errors import ConfigError
 from shardbench.data.pipeline import make_batches
 from shardbench.measure.peak import HostPeak, host_peak
 from shardbench.optim import build_optimizer
-from shardbench.parallel.checks import unsplit_note, whole_arrays_note
+from shardbench.parallel.checks import layout_notes
 from shardbench.preflight import CheckedRun, check_run
 from shardbench.prices import PriceTable, prices_from_flag, row_for
 from shardbench.rundir import shared_out, write_start_records
@@ -166,9 +166,8 @@ def _check(cfg: Config, given: Collection[str] = ()) -> tuple[CheckedRun, CacheU
                                           timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     if jax.process_index() == 0:
         print(header_line(checked), flush=True)
-        layout_notes = (unsplit_note(checked.layout, cfg.parallel.mesh),
-                        whole_arrays_note(checked.spec, checked.layout))
-        for note in [*inert_notes(checked.cfg, given), *(note for note in layout_notes if note)]:
+        for note in [*inert_notes(checked.cfg, given), *layout_notes(checked.spec, checked.layout,
+                                                                    cfg.parallel.mesh)]:
             print(f"shardbench: note: {note}", flush=True)
     return checked, cache, tx, abstract
 
