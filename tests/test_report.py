@@ -287,6 +287,21 @@ def test_what_the_sweep_set_for_every_run_is_said_as_held_fixed(tmp_path: Path) 
     assert "<code>train.steps</code> = 8" in paths.html.read_text()
 
 
+def test_a_field_held_fixed_that_a_run_never_reads_names_that_run(tmp_path: Path) -> None:
+    """`sweep --strategy single,dp --devices 8`: --devices 8 is set for every run, and single trains on one device
+    (its record says 1). "Set the same for every run: `parallel.devices` = 8" read as if single had 8."""
+    with Store(tmp_path / "sweep.db") as store:
+        store.set_meta("base", {"train.steps": 8, "parallel.devices": 8})
+        for name, strategy, devices in (("strategy_single", "single", 1), ("strategy_dp", "dp", 8)):
+            store.add(row(name, {"parallel.strategy": strategy, "parallel.devices": 8, "parallel.mesh": ""}, record(
+                name, strategy, "none" if devices == 1 else "8", devices, breakdown=(40.1, 80.2, 40.1, 6.0),
+                total=170.0, comms={}, epochs=[4.0], step_ms=30.0, img_s=4200.0, mfu=0.12, acc=0.40)))
+    paths = write_report(tmp_path)
+    fixed = next(line for line in paths.markdown.read_text().splitlines() if line.startswith("Set the same for "))
+    assert "`parallel.devices` = 8 (not read by strategy_single), `train.steps` = 8," in fixed, fixed
+    assert "<code>parallel.devices</code> = 8 (not read by strategy_single)" in paths.html.read_text()
+
+
 def test_markdown_explains_precision_and_strategies_from_the_data(written: ReportPaths) -> None:
     text = written.markdown.read_text()
     assert "`precision.dtype`: float32, bfloat16" in text and "`parallel.strategy`: single, dp, fsdp, dp+tp" in text

@@ -13,15 +13,17 @@ from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any
 
-from shardbench.config import REPORTING_ONLY
-from shardbench.errors import ConfigError
+from shardbench.config import REPORTING_ONLY, Config
+from shardbench.errors import ConfigError, ShardbenchError
 from shardbench.measure.kernels import TraceTime
 from shardbench.measure.run_record import (
     Breakdown, Collective, CompileTimes, Measurements, Memory, Mfu, RunRecord, StepTimes, Throughput, from_json,
 )
 from shardbench.parallel.mesh import MESH_AXES, parse_mesh
+from shardbench.parsing import override
 from shardbench.report.cost import COST_COLUMNS
 from shardbench.store import RunRow
+from shardbench.validation import inert_fields
 
 MIB = 1024 * 1024
 DASH = "-"
@@ -514,3 +516,28 @@ class ReportContent:
         overridden fields with one value over these runs (e.g. a sweep stopped before its second value)."""
         return {**{k: v for k, v in self.base.items() if k not in self.varied and k not in NOISE},
                 **{k: v[0] for k, v in self.swept.items() if len(v) == 1}}
+
+    def unread(self, key: str) -> list[str]:
+        """The runs that never read the field `key` (`validation.inert_fields`): a sweep's --devices 8 is set for
+        single's run too, which trains on one device. Runs whose configuration is not known are left out."""
+        names = []
+        for run in self.runs:
+            if not run.configured:
+                continue
+            try:
+                cfg = override(Config(), {k: v for k, v in run.config.items() if k != "preset"})
+            except (ShardbenchError, TypeError, ValueError):  # an older record's fields: nothing said of it
+                continue
+            if key in inert_fields(cfg):
+                names.append(run.name)
+        return names
+
+    def fixed_text(self) -> list[tuple[str, str]]:
+        """Each field set the same for every run, and its value as shown, with the runs that never read it."""
+        shown = []
+        for key, value in self.fixed.items():
+            unread = self.unread(key)
+            more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
+            shown.append((key, setting_text(value) + (f" (not read by {', '.join(unread[:3])}{more})" if unread
+                                                      else "")))
+        return shown

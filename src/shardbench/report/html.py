@@ -133,7 +133,7 @@ def render(content: ReportContent) -> str:
         parts.append("<p>Nothing: the runs share one configuration.</p>")
     if content.fixed:
         parts.append("<p>Set the same for every run: " + ", ".join(
-            f"<code>{html.escape(k)}</code> = {html.escape(setting_text(v))}" for k, v in content.fixed.items())
+            f"<code>{html.escape(k)}</code> = {html.escape(text)}" for k, text in content.fixed_text())
             + "</p>")
     parts.append("</section>")
     if content.findings:

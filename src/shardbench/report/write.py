@@ -356,8 +356,8 @@ def render_markdown(content: ReportContent) -> str:
     lines += [f"- `{key}`: {', '.join(map(setting_text, values))}" for key, values in content.varied.items()] or [
         "Nothing: the runs share one configuration."]
     if content.fixed:
-        lines += ["", "Set the same for every run: " + ", ".join(f"`{k}` = {setting_text(v)}"
-                                                                  for k, v in content.fixed.items())]
+        lines += ["", "Set the same for every run: " + ", ".join(f"`{k}` = {md_text(text)}"
+                                                                  for k, text in content.fixed_text())]
     if content.findings:
         lines += ["", "## What the numbers say"]
         for heading, sentences in content.findings.items():
