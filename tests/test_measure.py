@@ -310,3 +310,11 @@ def test_the_last_line_says_what_few_steps_its_step_time_is_the_median_of() -> N
     assert ", step 77.5 ms (over 2 step(s))" in summary_line(base)
     base["measurements"]["step_time_s"]["measured_steps"] = 5
     assert ", step 77.5 ms;" in summary_line(base) + ";" and "over" not in summary_line(base)
+
+
+def test_the_last_line_calls_its_train_loss_the_last_steps() -> None:
+    """The epoch lines' "train loss" is the epoch's mean; the last line's is the last step's alone, and says so
+    (both were "train loss", two figures under one name)."""
+    base = {"run_name": "r", "steps": 12, "devices": 1, "strategy": "single", "mesh": "none", "time_s": 1.0,
+            "out": "o", "measurements": {}, "train_loss": 1.01834}
+    assert "; last step's train loss 1.0183" in summary_line(base)

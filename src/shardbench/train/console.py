@@ -113,7 +113,7 @@ def summary_line(summary: dict[str, Any]) -> str:
     elif mfu.get("not_measured") and step:
         parts.append(f"MFU not measured: {mfu['not_measured']}")
     if summary.get("train_loss") is not None:
-        parts.append(f"train loss {summary['train_loss']:.4f}")
+        parts.append(f"last step's train loss {summary['train_loss']:.4f}")
     if summary.get("test_accuracy") is not None:
         parts.append(f"test acc {summary['test_accuracy']:.4f}")
     if summary.get("test_perplexity") is not None:
