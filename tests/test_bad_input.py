@@ -613,8 +613,10 @@ def test_a_damaged_checkpoint_is_named_and_the_last_good_one_used(tmp_path: Path
     (out / "summary.json").unlink()
     for chunk in (out / "checkpoints").rglob("d/*"):
         chunk.write_bytes(b"")
+    (out / "checkpoints" / "4" / "default" / "_METADATA").unlink()  # orbax: "pytree structure error"
     code, _, err = _invoke([*args, "--resume"], capsys)
     assert code == EXIT_CODES["data"] and "no checkpoint in" in err and "Traceback" not in err
+    assert "the checkpoint of step 4 in" in err and "is damaged (its file default/_METADATA is missing)" in err
     assert not (out / "summary.json").exists()
 
 

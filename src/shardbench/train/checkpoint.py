@@ -110,10 +110,9 @@ class Checkpoints:
             try:
                 restored = self.restore(target, step)
             except Exception as err:  # noqa: BLE001 - orbax raises many kinds on a damaged file
-                detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
                 damaged.append(step)
                 print(f"shardbench: --resume: the checkpoint of step {step} in {self._directory} is damaged "
-                      f"({type(err).__name__}: {detail}); trying the one before it", file=sys.stderr, flush=True)
+                      f"({self._damage(step, err)}); trying the one before it", file=sys.stderr, flush=True)
                 continue
             if damaged:
                 self.remove(damaged)
@@ -124,6 +123,15 @@ class Checkpoints:
         raise DataError(f"--resume: no checkpoint in {self._directory} restores (damaged: "
                         f"{', '.join(f'step {s}' for s in damaged)}): remove that folder to train again from step 0, "
                         f"or put back a copy of it")
+
+    def _damage(self, step: int, err: Exception) -> str:
+        """How the checkpoint of `step` is damaged: the file every checkpoint holds that it lacks (its tree's
+        metadata: orbax then says only "pytree structure error"), else the first line of orbax's error."""
+        for part in (f"{STATE}/_METADATA", "_CHECKPOINT_METADATA"):
+            if not (self._directory / str(step) / part).exists():
+                return f"its file {part} is missing"
+        detail = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        return f"{type(err).__name__}: {detail}"
 
     def remove(self, steps: list[int]) -> None:
         """Delete the checkpoints of `steps` through the manager, so its list of steps (what `save` skips and what
