@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,8 +61,16 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run(tmp_path: Path) -> Non
     assert "was trained with optim.lr=0.001, not 0.5" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
 
+    # A checkpoint the kill left half-written (orbax's N.orbax-checkpoint-tmp, made here for step 12 whatever the
+    # kill cut short): said in shardbench's words, not orbax's raw "WARNING:absl:... not finalized" as it replaces it.
+    shutil.copytree(tmp_path / "killed" / "checkpoints" / "4", tmp_path / "killed" / "checkpoints" /
+                    "12.orbax-checkpoint-tmp")
     resumed = _train(tmp_path / "killed", tmp_path / "cache", "--resume")
     assert resumed.returncode == 0, resumed.stderr
+    said = [line for line in resumed.stdout.splitlines() if "half-written" in line]
+    assert len(said) == 1 and said[0].startswith("shardbench: --resume: the checkpoint") and "12 " in said[0], said
+    assert "not finalized" not in resumed.stderr and "WARNING:absl" not in resumed.stderr, resumed.stderr[-2000:]
+    assert not (tmp_path / "killed" / "checkpoints" / "12.orbax-checkpoint-tmp").exists()
     summary = json.loads((tmp_path / "killed" / "summary.json").read_text())
     # Saves are asynchronous and one waits for the previous: step 4's is final by the time step 8's starts;
     # step 8's may have been cut short by the kill at step 10, in which case orbax never finalised it.

@@ -94,6 +94,8 @@ def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRu
             # which goes, to be written again at the end: `save` keeps a step it holds, and a damaged one would
             # stay under a record that says complete.
             checkpoints.remove([s for s in checkpoints.all_steps() if s > start])
+            if (unfinished := checkpoints.unfinished_note()) and jax.process_index() == 0:
+                print(f"shardbench: --resume: {unfinished}", flush=True)
         else:
             state = init_state(cfg, checked.spec, checked.layout, tx)
         steps = make_steps(cfg, checked.task, checked.spec, checked.layout, tx,

@@ -44,6 +44,18 @@ def _write_whole_shards_on_cpu() -> None:
 
 
 STATE, METER = "default", "meter"  # the items of a checkpoint: the train state, the epoch's running sums
+UNFINISHED = ".orbax-checkpoint-tmp"  # the folder orbax writes a step's checkpoint into before it is final
+
+
+class _SaidUnfinished(logging.Filter):
+    """Keeps off orbax's warning that it removes a half-written checkpoint before saving that step again
+    (`WARNING:absl:Attempted to create temporary directory ...`): `Checkpoints.unfinished_note` says it on resume."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "since it is not finalized" not in record.getMessage()
+
+
+_SAID_UNFINISHED = _SaidUnfinished()
 
 
 class Restored(NamedTuple):
@@ -57,6 +69,8 @@ class Checkpoints:
 
     def __init__(self, directory: Path, keep: int) -> None:
         _write_whole_shards_on_cpu()
+        if not debugging():
+            logging.getLogger("absl").addFilter(_SAID_UNFINISHED)  # once: a filter is added only where absent
         options = ocp.CheckpointManagerOptions(max_to_keep=max(keep, 1), create=True,
                                                enable_async_checkpointing=True)
         self._directory = directory.absolute()
@@ -64,6 +78,17 @@ class Checkpoints:
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def unfinished_note(self) -> str | None:
+        """A line on the checkpoints a stopped run left half-written (orbax's `N.orbax-checkpoint-tmp` folders,
+        never restored from): orbax replaces each as it saves that step again, with a raw warning that this line
+        stands for (`_SaidUnfinished`). None where there are none."""
+        left = sorted(int(step) for p in self._directory.glob(f"*{UNFINISHED}")
+                      if (step := p.name.removesuffix(UNFINISHED)).isdigit())
+        if not left:
+            return None
+        return (f"the {_steps(left)} half-written (the run stopped while writing {_it(left)}); written again as "
+                f"training reaches {'its step' if len(left) == 1 else 'their steps'}")
 
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
