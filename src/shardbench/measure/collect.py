@@ -19,7 +19,7 @@ from shardbench.measure.peak import HostPeak
 from shardbench.measure.run_record import (
     CompileTimes, Flops, Measurements, Mfu, PartialEpoch, StepTimes, Throughput,
 )
-from shardbench.measure.timing import StepTimer
+from shardbench.measure.timing import MIN_MEASURED_STEPS, StepTimer
 from shardbench.models.spec import ModelSpec, example_input
 from shardbench.naming import config_run_name
 from shardbench.parallel.context import uses_context
@@ -96,9 +96,30 @@ def _mfu_missing(peak: float | None, steps: StepTimes, layout: Layout) -> str | 
 
 
 def credible_steps(steps: StepTimes, mfu: float | None) -> StepTimes:
-    """The step times as they are, or, where they put the step's FLOPs above the devices' peak (MFU > 100%),
-    none, with the reason (`not_credible`)."""
-    return steps if mfu is None or mfu <= 1.0 else not_credible(steps, mfu)
+    """The step times as they are, or, where fewer than MIN_MEASURED_STEPS intervals put the step's FLOPs above
+    the devices' peak (MFU > 100%), none, with the reason (`not_credible`). From more intervals the median stands,
+    and the peak is what is wrong (`peak_too_low`)."""
+    if mfu is None or mfu <= 1.0 or (steps.measured_steps or 0) >= MIN_MEASURED_STEPS:
+        return steps
+    return not_credible(steps, mfu)
+
+
+def peak_too_low(mfu: Mfu, steps: StepTimes) -> Mfu:
+    """An MFU over 100% from a median of MIN_MEASURED_STEPS intervals or more: the steps are timed alike, so the
+    peak divided by is what reads low. A host's matmul peak is measured (a sweep measures it as it starts): one
+    measured while other work loaded the cores reads low, and a run that ran later, on quieter cores, then beats
+    it. The step time and throughput stand; the MFU is dropped, saying so."""
+    if mfu.mfu is None or mfu.mfu <= 1.0:
+        return mfu
+    peak = mfu.peak_flops_per_s_per_device or 0.0
+    measured = f", measured {mfu.peak_measured_at}" if mfu.peak_measured_at else ""
+    why = ("so that peak reads low: a host's, measured while other work loaded its cores, does; "
+           "--train.recalibrate-peak measures it again" if mfu.peak_origin else
+           "so the step's FLOP count or that peak is wrong")
+    return replace(mfu, mfu=None, not_measured=(
+        f"above the peak: the median of {steps.measured_steps} step(s), {(steps.median or 0) * 1e3:.3g} ms, runs the "
+        f"step's FLOPs at {mfu.mfu:.0%} of the peak divided by ({peak / 1e9:.3g} GFLOP/s per device, "
+        f"{mfu.peak_source}{measured}), {why}"))
 
 
 def not_credible(steps: StepTimes, mfu: float) -> StepTimes:
@@ -206,6 +227,7 @@ def build_measurements(setup: RunSetup, step: CompiledStep | None, clocks: Clock
     if credible is not steps:
         steps = credible
         flops, mfu = _flops_and_mfu(setup, compiled, steps, host_peak, hosts)
+    mfu = peak_too_low(mfu, steps)
     # Whole epochs only: a run cut short by --steps (or resumed mid-epoch) ends with a partial one.
     epochs = list(zip(clocks.epoch_times, clocks.epoch_steps, strict=False))
     return Measurements(

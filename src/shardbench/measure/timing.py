@@ -15,6 +15,11 @@ import numpy as np
 
 from shardbench.measure.run_record import CompileTimes, StepTimes
 
+# Fewer timed intervals than this give a median with no spread to judge it by (one interval: p90 = median): the
+# report calls a small gap between such figures undecided, a run's last line says how few it timed, and a step
+# time above the peak from so few is dropped as the host's artefact (`measure.collect.credible_steps`).
+MIN_MEASURED_STEPS = 5
+
 
 def compile_timed(jitted: Any, *args: Any) -> tuple[Any, CompileTimes]:
     """Lower and compile `jitted` for `args`, timing each phase (the record's own `CompileTimes`); the compiled

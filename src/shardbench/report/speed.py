@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from shardbench.measure.timing import MIN_MEASURED_STEPS
 from shardbench.report.content import comms_phrase, number
 
 if TYPE_CHECKING:
@@ -32,11 +33,10 @@ LAYOUT_ONLY = frozenset({
 # across devices (measured: 1e-6 to 1e-5 over 20 steps of vit-tiny); bfloat16 rounds every activation.
 LOSS_RTOL = {"float32": 2e-3, "bfloat16": 5e-2, "float16": 5e-2}
 COMPARED_STEPS = 200  # losses logged after this many steps may drift apart chaotically, and are not compared
-# A step figure from fewer timed steps than this has no spread to judge a difference by (one interval: p90 =
-# median). Between such runs a gap within FEW_STEPS_MARGIN is called undecided: 15% lies above the upper quartile
-# (13%) of the p90-over-median spreads of the 64 CPU records under benchmarks/data timed over 7 to 17 steps (their
-# median is 6.9%), so a gap within it is within what one step's noise can be.
-MIN_MEASURED_STEPS = 5
+# A step figure from fewer timed steps than MIN_MEASURED_STEPS has no spread to judge a difference by (one
+# interval: p90 = median). Between such runs a gap within FEW_STEPS_MARGIN is called undecided: 15% lies above the
+# upper quartile (13%) of the p90-over-median spreads of the 64 CPU records under benchmarks/data timed over 7 to
+# 17 steps (their median is 6.9%), so a gap within it is within what one step's noise can be.
 FEW_STEPS_MARGIN = 0.15
 COMMS_NAMED_MIB = 1.0  # collectives below this per step are not named as a difference
 # Bytes are counted from the compiled program, not timed: any gap is a fact, and one over this share of the larger

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 
+from shardbench.measure.timing import MIN_MEASURED_STEPS
 from shardbench.optim import warmup_note
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ def summary_line(summary: dict[str, Any]) -> str:
     parts = [f"done: {summary['run_name']}: {summary['steps']} steps{here} on {summary['devices']} device(s) "
              f"({summary['strategy']}, mesh {summary['mesh']}, {summary.get('spmd', 'jit')}) in "
              f"{summary['time_s']:.1f}s" + (f", {rate:,.0f} {unit}/s" if rate else "")
-             + (f", step {1000 * step:.1f} ms" + (f" (over {few} step(s))" if few and few < 5 else "") if step else
+             + (f", step {1000 * step:.1f} ms" + (f" (over {few} step(s))" if few and few < MIN_MEASURED_STEPS else "") if step else
                 f", step time {timing['not_measured']}" if timing.get("not_measured") else "")]
     mfu = m.get("mfu") or {}
     if mfu.get("mfu") is not None:
