@@ -464,6 +464,15 @@ def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accept
         runs = store.runs()
     assert sorted(r.name for r in runs) == sorted(row["run"] for row in chosen)
     assert all(r.status == "complete" for r in runs)
+    # One host peak for the plan and both runs, the resumed one too: <out>/peak.json, measured as the tune began
+    # (the plan read the host's cached figure, the runs one the sweep measured later).
+    peak = json.loads((out / "peak.json").read_text())["float32"]["flops_per_s"]
+    planned = json.loads((out / "plan" / "plan.json").read_text())["hardware"]["float32"]
+    assert planned["peak_flops"] * 8 == pytest.approx(peak, rel=1e-12)
+    for r in runs:
+        mfu = r.record["measurements"]["mfu"]
+        assert mfu["peak_origin"] == f"handed over in {(out / 'peak.json').resolve()}", mfu
+        assert mfu["peak_flops_per_s_per_device"] * 8 == pytest.approx(peak, rel=1e-12)
     md = (out / "tune.md").read_text()
     assert "2 runs, too few for Kendall's tau" in md and "regret" in md and "report/plan_vs_measured.png" in md
     assert (out / "report" / "plan_vs_measured.png").exists()

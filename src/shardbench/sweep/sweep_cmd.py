@@ -295,16 +295,22 @@ def overhead_line(timing: dict[str, Any]) -> str:
 def share_peak(sweep: Sweep, out: Path) -> dict[str, str]:
     """On a CPU, measure the host's matmul peak once for the sweep (kept in <out>/peak.json, so a resumed sweep
     divides by the same figure); returns the environment that hands it to every run's processes."""
+    configs = [run_config(sweep.base_preset, r) for r in sweep.runs]
+    dtypes = sorted({c["precision.dtype"] for c in configs if c["precision.dtype"] in config_lib.DTYPES})
+    return peak_file(out, dtypes, config_lib.cache_root(override(config_lib.Config(), configs[0])), "sweep")
+
+
+def peak_file(out: Path, dtypes: list[str], cache: Path, who: str) -> dict[str, str]:
+    """On a CPU, the host's matmul peak in each of `dtypes`, measured once into <out>/peak.json (a dtype it holds
+    is kept), and the environment that hands it over (`peak.PEAK_FILE_ENV`); {} on an accelerator, whose peaks
+    are its data sheet's. `who` names the command in the line that says what was measured."""
     if malloc.target_platform(os.environ) != "cpu":
         return {}
     path = out / "peak.json"
-    configs = [run_config(sweep.base_preset, r) for r in sweep.runs]
-    dtypes = sorted({c["precision.dtype"] for c in configs if c["precision.dtype"] in config_lib.DTYPES})
     have = set(json.loads(path.read_text())) if path.exists() else set()
     if set(dtypes) - have:
-        cache = config_lib.cache_root(override(config_lib.Config(), configs[0]))
         measured = peak_lib.measure_into(path, dtypes, cache)
-        print("sweep: host matmul peak " + ", ".join(f"{d} {v['flops_per_s'] / 1e9:.1f} GFLOP/s"
+        print(f"{who}: host matmul peak " + ", ".join(f"{d} {v['flops_per_s'] / 1e9:.1f} GFLOP/s"
                                                       for d, v in measured.items()) + f" -> {path}", flush=True)
     return {peak_lib.PEAK_FILE_ENV: str(path.resolve())}
 

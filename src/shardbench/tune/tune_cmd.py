@@ -5,6 +5,7 @@ and report predicted against measured, the winner and the plan's regret (`tune.r
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -386,6 +387,7 @@ def run(args: argparse.Namespace) -> int:
         if not points:
             report.write_json(tuning)
             raise nothing_fits([], dropped, out)
+        one_peak(args, cfg, target, points, out)
         print(f"tune: planning {len(points)} layout(s) on {target.spec} ({len(dropped)} dropped before planning)",
               file=sys.stderr, flush=True)
         tuning.planned, compile_s = plan_space(cfg, target, points, args.workers, args.calibrate, out)
@@ -399,6 +401,20 @@ def run(args: argparse.Namespace) -> int:
         finally:
             report.write_json(tuning)  # what was planned is kept, whether or not the budget holds a run
         return measure(args, tuning, resume=False)
+
+
+def one_peak(args: argparse.Namespace, cfg: config_lib.Config, target: Target, points: list[Point],
+             out: Path) -> None:
+    """A CPU tune measured here plans and measures with one host peak: measured once into <out>/peak.json, read
+    by the plan in this process and handed to the runs (`sweep_cmd.share_peak` keeps it). The plan read the host's
+    cached figure and the sweep measured its own, on cores that other work may have loaded since: the predicted
+    and the measured steps, and the MFU, then rested on two figures."""
+    from shardbench.sweep import slurm_options
+    from shardbench.sweep.sweep_cmd import peak_file
+
+    if target.chip is None and slurm_options.resolve(args, None)[0] == "local":
+        dtypes = sorted({p.candidate.dtype for p in points})
+        os.environ.update(peak_file(out, dtypes, config_lib.cache_root(cfg), "tune"))
 
 
 def measure(args: argparse.Namespace, tuning: Tuning, resume: bool) -> int:
