@@ -266,6 +266,45 @@ def test_the_runtime_bytes_are_the_median_of_the_runs(tmp_path: Path, monkeypatc
     assert found.activation_sources["gpu"] == f"fitted to 3 gpu run(s) in {tmp_path}"
 
 
+@dataclass(frozen=True)
+class _Timed(_Measured):
+    """A recompiled CPU run with a step time: what the step-time fit reads."""
+
+    result: dict[str, Any] = field(default_factory=lambda: {"compiled": True, "platform": "cpu"})
+    hardware: Any = field(default_factory=lambda: SimpleNamespace(platform="cpu"))
+
+    def features(self) -> Any:
+        from shardbench.plan.steptime import StepFeatures
+
+        return StepFeatures(compute_s=self.step_s or 0.0, traffic_s=0.0, kernels=0.0, collectives=0.0, link_s={})
+
+
+def test_calibrate_says_when_it_has_too_few_runs_to_fit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three measured CPU runs are fewer than a fit takes: the defaults are kept, as before, and now said (the
+    plan printed "recompiling 3 measured run(s)" and then the default coefficients, as if fitted). Four are fitted,
+    with no note. (< 1 s: nothing is compiled)"""
+    import io
+
+    from shardbench.plan import measured
+    from shardbench.plan.calibration import DEFAULTS
+
+    for count, fitted in ((3, False), (4, True), (0, False)):
+        runs = [_Timed(runtime=0.0, peak=0.0, step_s=0.01 * (i + 1)) for i in range(count)]
+        monkeypatch.setattr(measured, "measured_runs", lambda *args, **kw: runs)
+        said = io.StringIO()
+        found = measured.calibrate([tmp_path], workers=1, progress=said)
+        notes = [line for line in said.getvalue().splitlines() if "note:" in line]
+        if fitted:
+            assert found.coefficients["cpu"] != DEFAULTS["cpu"] and not notes, notes
+        elif count:
+            assert found.coefficients["cpu"] == DEFAULTS["cpu"]
+            assert notes == [f"shardbench: note: --calibrate {tmp_path}: 3 cpu run(s) with a step time, fewer than "
+                             f"the 4 a fit takes: the cpu default coefficients are used"]
+        else:
+            assert notes == [f"shardbench: note: --calibrate {tmp_path}: no run there has a step time to fit to "
+                             f"(failed, refused or unmeasured runs only): the default coefficients are used"]
+
+
 def test_the_held_out_runs_are_the_stated_rules_draw() -> None:
     """runs/held-out.txt names what its own rule draws (a third of each model's runs, at random with the
     records' date as the seed), so the split cannot have been picked by hand after scoring it. (< 1 s)"""

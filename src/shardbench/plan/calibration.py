@@ -153,11 +153,14 @@ class _NNLS:
         return best
 
 
+MIN_FIT_RUNS = 4  # fewer measured runs than this keep the defaults: too few to fit the model honestly
+
+
 def fit(samples: list[tuple[StepFeatures, float]], base: Coefficients, source: str) -> Coefficients:
     """Coefficients fitted to (features, measured step seconds) pairs, minimising the mean relative error of
     `step_time`; overlap is kept from `base`, and so is the 16-bit traffic factor when no sample is 16-bit on a
-    borrowed compiler. Fewer than 4 samples keep `base` (too few to fit the model honestly)."""
-    if len(samples) < 4:
+    borrowed compiler. Fewer than MIN_FIT_RUNS samples keep `base`."""
+    if len(samples) < MIN_FIT_RUNS:
         return base
     measured = np.asarray([m for _, m in samples])
     # The linear coefficients' columns do not depend on the others: one `linear_split` each.

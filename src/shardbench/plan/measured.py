@@ -21,7 +21,7 @@ from shardbench.errors import ConfigError
 from shardbench.hardware import chip_for_kind
 from shardbench.measure.memory import compiled_total
 from shardbench.parsing import override
-from shardbench.plan.calibration import DEFAULTS, HELD_OUT, Calibration, fit, fit_activations, held_out
+from shardbench.plan.calibration import DEFAULTS, HELD_OUT, MIN_FIT_RUNS, Calibration, fit, fit_activations, held_out
 from shardbench.plan.predict import Hardware, memory, step_features
 from shardbench.plan.steptime import StepFeatures
 from shardbench.plan.target import Target, unlinked
@@ -160,6 +160,16 @@ def measured_runs(directory: Path, workers: int, progress: TextIO | None = sys.s
     return out
 
 
+def too_few_notes(samples: dict[str, list[tuple[StepFeatures, float]]], names: str) -> list[str]:
+    """What --calibrate leaves as it was: a platform with fewer measured step times than a fit takes, or none."""
+    if not samples:
+        return [f"--calibrate {names}: no run there has a step time to fit to (failed, refused or unmeasured runs "
+                f"only): the default coefficients are used"]
+    return [f"--calibrate {names}: {len(pairs)} {platform} run(s) with a step time, fewer than the "
+            f"{MIN_FIT_RUNS} a fit takes: the {platform} default coefficients are used"
+            for platform, pairs in samples.items() if len(pairs) < MIN_FIT_RUNS]
+
+
 def calibrate(directories: list[Path], workers: int, progress: TextIO | None = sys.stderr) -> Calibration:
     """The model's coefficients per platform, fitted to the runs below `directories` (but those each names in its
     held-out.txt) where they hold at least
@@ -191,6 +201,9 @@ def calibrate(directories: list[Path], workers: int, progress: TextIO | None = s
     for platform, pairs in samples.items():
         found.coefficients[platform] = fit(pairs, DEFAULTS[platform],
                                            f"fitted to {len(pairs)} {platform} run(s) in {names}")
+    if progress is not None:
+        for note in too_few_notes(samples, names):
+            print(f"shardbench: note: {note}", file=progress, flush=True)
     for platform, values in extra.items():
         # First the runtime's own bytes (their median), then the ratio that best predicts the peaks with them.
         found.runtime_bytes[platform] = runtime = float(statistics.median(values))
