@@ -350,3 +350,26 @@ def test_a_loop_of_another_form_is_of_unknown_length_not_guessed(condition: str)
     report = count_collectives(UNCOUNTED_LOOP.replace("compare(%n, %bound), direction=LT", condition))
     assert report.unknown_trip_counts == 1
     assert report.by_kind["all-reduce"].count == 1
+
+
+def test_a_loop_of_unknown_length_without_a_collective_leaves_the_counts_exact() -> None:
+    """A ring attention's loops over key tiles have no recorded trip count and hold no collective: the counts are
+    exact, and the report said every ring run undercounted ("32 loops of its step ran an unknown number of
+    times"). The same loop holding the psum is reported; one calling it through another computation too."""
+    quiet = UNCOUNTED_LOOP.replace(
+        "%sum = f32[1024]{0} all-reduce(%x), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add",
+        "%sum = f32[1024]{0} add(%x, %x)").replace("compare(%n, %bound), direction=LT",
+                                                   "compare(%n, %bound), direction=LE")
+    report = count_collectives(quiet)
+    assert report.unknown_trip_counts == 0 and report.by_kind == {}
+    loud = UNCOUNTED_LOOP.replace("compare(%n, %bound), direction=LT", "compare(%n, %bound), direction=LE")
+    assert count_collectives(loud).unknown_trip_counts == 1
+    # the psum one call further down: the loop's body calls a computation that holds it
+    nested = loud.replace(
+        "%sum = f32[1024]{0} all-reduce(%x), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add",
+        "%sum = f32[1024]{0} call(%x), to_apply=%inner").replace(
+        "%body (p:", "%inner (y: f32[1024]) -> f32[1024] {\n  %y = f32[1024]{0} parameter(0)\n  ROOT %r = "
+                     "f32[1024]{0} all-reduce(%y), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, "
+                     "to_apply=%add\n}\n\n%body (p:")
+    assert count_collectives(nested).unknown_trip_counts == 1
+    assert count_collectives(nested).by_kind["all-reduce"].count == 1

@@ -14,7 +14,7 @@ gradients 2S, while each device sends 2(N-1)/N x S in both.
 
 Collectives inside a `while` body (the layer scan) run once per iteration, so counts are multiplied
 by the loop's known trip count, recursively from the entry computation; a loop whose trip count is not known
-is counted once, and `CommsReport.unknown_trip_counts` says how many there were.
+is counted once, and `CommsReport.unknown_trip_counts` says how many such loops held a collective.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class CommsReport:
     payload and bytes sent per device), and every instruction with its device groups."""
 
     by_kind: dict[str, Collective] = field(default_factory=dict)
-    unknown_trip_counts: int = 0  # loops whose trip count XLA did not record: counted once
+    unknown_trip_counts: int = 0  # loops holding a collective whose trip count XLA did not record: counted once
     ops: list[CollectiveOp] = field(default_factory=list)  # every collective instruction, for link assignment
 
     @property
@@ -368,6 +368,18 @@ def count_collectives(hlo: str) -> CommsReport:
     if entry is None:
         return report
     devices = module_devices(hlo)
+    holding: dict[str, bool] = {}
+
+    def holds_collective(name: str, depth: int = 0) -> bool:
+        """Whether computation `name`, or one it calls, runs a collective: a loop of unknown length without one
+        leaves every count exact (a ring attention's loops over key tiles hold none)."""
+        if name not in holding:
+            holding[name] = False  # a computation reached again while it is being read adds nothing
+            insts = comps.get(name, []) if depth <= 64 else []
+            holding[name] = any(_kind(i.opcode) is not None for i in insts) or any(
+                holds_collective(n.strip().lstrip("%"), depth + 1)
+                for i in insts for m in _CALLEES.finditer(i.rest) for n in m.group(1).split(",") if n.strip())
+        return holding[name]
 
     def visit(name: str, times: int, depth: int) -> None:
         if depth > 64 or name not in comps:
@@ -388,7 +400,7 @@ def count_collectives(hlo: str) -> CommsReport:
                 found = trip_count(inst, comps)
                 if found is not None:
                     trips = found
-                else:
+                elif any(holds_collective(callee) for callee in callees if callee):
                     report.unknown_trip_counts += 1
             for callee in callees:
                 if callee:
