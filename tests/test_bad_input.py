@@ -662,6 +662,39 @@ def test_a_launched_commands_own_argument_error_is_the_launchers_last_line(tmp_p
     assert last.startswith("shardbench: error: process ") and "unrecognized arguments: --bogus-flag 3" in last, last
 
 
+def test_a_stop_before_the_first_step_says_the_way_on(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C or SIGTERM while a run compiles (here raised where it makes its batches, just before compiling)
+    said only "stopped by SIGTERM", where a stop in training names the way on. A fresh run's folder then holds its
+    records, so the plain command is refused there: the line says --resume, which starts from step 0; a resumed
+    run's line names the checkpoint it goes on from."""
+    from shardbench.train import build
+
+    out = tmp_path / "run"
+    args = ["train", *TINY, "--train.checkpoint-every", "1", "--out", str(out)]
+
+    def stopped(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(build, "_batches", stopped)
+        code, _, err = _invoke(args, capsys)
+    assert code == EXIT_CODES["interrupted"] and err.strip().splitlines()[-1] == (
+        f"shardbench: interrupted; no step was trained: the same command with --resume --out {out} starts it from "
+        f"step 0"), err
+    assert _invoke([*args, "--resume"], capsys)[0] == 0  # as the line says
+    # As if stopped after its last checkpoint, step 2: the resume restores step 1's, to time step 2 again, and has
+    # removed step 2's by the time it compiles; the line names what the folder holds then.
+    (out / "summary.json").unlink()
+    with monkeypatch.context() as patched:
+        patched.setattr(build, "_batches", stopped)
+        code, _, err = _invoke([*args, "--resume"], capsys)
+    assert code == EXIT_CODES["interrupted"] and err.strip().splitlines()[-1] == (
+        f"shardbench: interrupted; the same command with --resume --out {out} goes on from the checkpoint of "
+        f"step 1"), err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.isdigit()) == ["1"]
+
+
 @pytest.mark.parametrize(("spoil", "says"), [
     (lambda tb: shutil.rmtree(tb) or tb.write_text("x"),
      "tensorboard is a file where the run's TensorBoard logs (a folder) go"),

@@ -35,10 +35,27 @@ from shardbench.train.events import ScalarWriter
 def run(cfg: Config, given: Collection[str] = ()) -> dict[str, Any]:
     """Train as `cfg` says; returns the summary also written to <out>/summary.json. `given`: the fields the command
     line named (a note says each that does nothing here, even at its preset's value)."""
-    built = build_run(cfg, given)
+    try:
+        built = build_run(cfg, given)
+    except KeyboardInterrupt as err:  # while it checked, restored or compiled: said with the way on, as in training
+        raise type(err)(_way_on_unbuilt(cfg)) from None
     if isinstance(built, FinishedRun):
         return built.summary
     return train(built)
+
+
+def _way_on_unbuilt(cfg: Config) -> str:
+    """What a run stopped before its first step can do next: resume from the checkpoints its --out holds, or
+    start again (with --resume once its folder holds the run's records, which a plain command refuses)."""
+    if not cfg.train.out:  # every command without --out makes a new folder
+        return "no step was trained: the same command starts the run over"
+    out = Path(cfg.train.out)
+    steps = sorted(int(p.name) for p in (out / "checkpoints").glob("*") if p.name.isdigit())
+    if steps:
+        return f"the same command with --resume --out {out} goes on from the checkpoint of step {steps[-1]}"
+    if (out / "config.json").exists():
+        return f"no step was trained: the same command with --resume --out {out} starts it from step 0"
+    return "no step was trained: the same command starts the run over"
 
 
 def train(built: BuiltRun) -> dict[str, Any]:
@@ -66,7 +83,7 @@ def _way_on(built: BuiltRun) -> str:
     if step is None:
         every = cfg.train.checkpoint_every
         why = (f"none had been written yet (--train.checkpoint-every {every})" if every > 0 else
-               "checkpoints are off (--train.checkpoint-every 0)")
+               "--train.checkpoint-every 0 writes one only at the end")
         return f"no checkpoint to resume from: {why}; the same command starts the run over"
     return f"the same command with --resume --out {out} goes on from the checkpoint of step {step}"
 
