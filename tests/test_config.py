@@ -103,9 +103,10 @@ def test_a_warm_up_past_the_run_is_cut_and_said(micro) -> None:
     optim = override(get_preset("vit-tiny"), {"optim.warmup_steps": 50, "optim.lr": 1e-3}).optim
     schedule = learning_rate(optim, 10)
     assert float(schedule(9)) == pytest.approx(1e-3) and float(schedule(1)) == pytest.approx(1e-3 / 9)
-    assert warmup_note(optim, 10) == ("--optim.warmup-steps 50 is past the run's 10 steps: the warm-up is cut to 9, "
-                                      "so the learning rate peaks at the last step (and the decay after it never "
-                                      "runs)")
+    # the preset's value or the user's: said as the warm-up's length, then the flag that sets it
+    assert warmup_note(optim, 10) == ("the warm-up of 50 steps (--optim.warmup-steps) is past the run's 10 steps: it "
+                                      "is cut to 9, so the learning rate peaks at the last step (and the decay after "
+                                      "it never runs)")
     assert warmup_note(optim, 100) == "" and float(learning_rate(optim, 100)(50)) == pytest.approx(1e-3)
     from shardbench.preflight import check_run
     from shardbench.train.console import header_line

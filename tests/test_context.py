@@ -153,7 +153,10 @@ REFUSED = [
       "parallel.context_order": "contiguous"}, "does not split into 8 blocks"),
     # Each model's way to a sequence that splits, in its own flags: a vit user sets no sequence length
     ({"parallel.strategy": "cp", "parallel.mesh": "seq=8", "model.seq_len": 20,
-      "parallel.context_order": "contiguous"}, "use a --model.seq-len that is a multiple of 8"),
+      "parallel.context_order": "contiguous"}, "use a --model.seq-len that is a multiple of 8 or another seq size$"),
+    # where contiguous blocks would fit, the line offers them as a third way
+    ({"parallel.strategy": "cp", "parallel.mesh": "seq=8", "model.seq_len": 24},
+     "use a --model.seq-len that is a multiple of 16, another seq size, or --parallel.context-order contiguous$"),
     ({"preset": "vit-tiny", "parallel.strategy": "cp", "parallel.mesh": "seq=8",
       "parallel.context_order": "contiguous"},
      "a sequence of 65 rows does not split into 8 blocks .*: use --model.pool mean .64 rows: its patches, without "

@@ -139,7 +139,9 @@ def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: in
     ("strategy", "mesh", "devices", "message"),
     [
         ("dp", "4x2", 8, "strategy dp does not use the model axis"),
-        ("dp", "4", 8, "--mesh 4x1 has 4 devices but 8 devices are in use"),
+        # the mesh as it was written, not its 4x1 or 1x4
+        ("dp", "4", 8, "--mesh 4 has 4 devices but 8 devices are in use"),
+        ("tp", "model=4", 8, "--mesh model=4 has 4 devices but 8 devices are in use"),
         ("dp+tp", "4x4", 8, "has 16 devices but 8 devices are in use"),
         ("dp", "4by2", 8, "is not a mesh"),
         ("dp", "\uff18", 8, "is not a mesh"),  # a full-width 8, which int() reads as 8

@@ -111,13 +111,18 @@ def test_a_resume_runs_failed_runs_again_only_when_asked(tmp_path: Path, capsys:
     assert [r.error_kind for r in rows(out).values()] == ["timeout", "timeout"]
     capsys.readouterr()
     assert sweep(tmp_path, *args, "--resume", "--timeout", "300") == 1
-    assert ("resuming: 2 of 2 runs already recorded (2 of them did not complete: --retry-failed runs them again)"
-            in capsys.readouterr().out)
+    assert ("resuming: 2 of 2 runs already recorded (2 of them did not complete: --retry-failed runs them again); "
+            "nothing left to run" in capsys.readouterr().out)
     assert sweep(tmp_path, *args, "--retry-failed") == 2  # without --resume: one line
     assert "--retry-failed runs again the failed runs of a sweep being resumed: add --resume" in capsys.readouterr().err
     assert sweep(tmp_path, *args, "--resume", "--retry-failed", "--timeout", "300") == 0
     assert [r.status for r in rows(out).values()] == ["complete", "complete"]
     assert "[1/2] batch_16  complete" in capsys.readouterr().out
+    # A finished sweep resumed says it has nothing left to run ("no run was recorded" read as a failure).
+    assert sweep(tmp_path, *args, "--resume") == 0
+    said = capsys.readouterr().out
+    assert "resuming: 2 of 2 runs already recorded; nothing left to run" in said
+    assert "no run recorded by this invocation" in said
 
 
 def test_a_swept_field_no_run_reads_is_noted(capsys: pytest.CaptureFixture[str]) -> None:

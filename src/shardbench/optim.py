@@ -40,8 +40,8 @@ def warmup_note(cfg: OptimConfig, total_steps: int) -> str:
     cut = warmup_steps(cfg, total_steps)
     if cfg.warmup_steps <= cut:
         return ""
-    return (f"--optim.warmup-steps {cfg.warmup_steps} is past the run's {total_steps} steps: the warm-up is cut to "
-            f"{cut}, so the learning rate peaks at the last step (and the decay after it never runs)")
+    return (f"the warm-up of {cfg.warmup_steps} steps (--optim.warmup-steps) is past the run's {total_steps} steps: "
+            f"it is cut to {cut}, so the learning rate peaks at the last step (and the decay after it never runs)")
 
 
 def learning_rate(cfg: OptimConfig, total_steps: int) -> optax.Schedule:

@@ -37,6 +37,8 @@ RESUME_MAY_CHANGE = config_lib.REPORTING_ONLY | {"train.compile_cache", "train.p
 def resolve_out(cfg: Config) -> Path:
     if cfg.train.out:
         return Path(cfg.train.out)
+    if cfg.train.resume:  # a run without --out gets a new folder, runs/<preset>-<strategy>-<time>: none to resume
+        raise ConfigError("--resume needs --out: the folder of the run to resume")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{cfg.preset}-{cfg.parallel.strategy.replace('+', '_')}-{stamp}"
 
@@ -81,8 +83,6 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None, layout: 
     (`spec`) only with the file and shapes it was started with. Where the run kept its layout (layout.json) and
     `layout` is this one's, the layouts are compared as resolved, not the flags that chose them: 8 devices
     given as --devices 8 resume a run of --devices 0 on 8, and 4 devices do not."""
-    if cfg.train.resume and not cfg.train.out:  # `out` is then a new folder, runs/<preset>-<strategy>-<time>
-        raise ConfigError("--resume needs --out: the folder of the run to resume")
     if out.exists() and not out.is_dir():
         raise FileFault(f"--out {out} is a file: give a folder for the run (it holds config.json, checkpoints, ...)")
     saved_path = out / "config.json"

@@ -173,7 +173,8 @@ def check_context(cfg: Config, layout: Layout) -> None:
             what = f"2 x seq = {chunks} chunks (head-tail)" if order == "head-tail" else f"{chunks} blocks"
             contiguous_fits = order == "head-tail" and sequence % shape.seq == 0  # else that advice is refused too
             raise ConfigError(f"--strategy {name}: a sequence of {sequence} rows does not split into {what} "
-                              f"(mesh {shape}): use {_sequence_advice(cfg, sequence, chunks)}, another seq size"
+                              f"(mesh {shape}): use {_sequence_advice(cfg, sequence, chunks)}"
+                              f"{', another seq size' if contiguous_fits else ' or another seq size'}"
                               f"{', or --parallel.context-order contiguous' if contiguous_fits else ''}")
     if layout.sequence_parallel:
         if MODEL not in layout.strategy.axes or shape.model == 1:

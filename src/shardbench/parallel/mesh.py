@@ -146,9 +146,9 @@ def parse_mesh(spec: str, num_devices: int | None, primary: str = DATA) -> MeshS
         are = "device is" if num_devices == 1 else "devices are"
         # --devices simulates CPU devices up to MAX_SIMULATED; past it only a mesh over the devices there is right.
         more = f", or pass --devices {shape.size}" if shape.size <= MAX_SIMULATED else ""
-        raise ConfigError(
-            f"--mesh {shape} has {shape.size} devices but {num_devices} {are} in use: make the mesh's product "
-            f"equal the device count{more}"
+        raise ConfigError(  # the mesh as the user wrote it ('model=4', not its '1x4')
+            f"--mesh {spec.strip()} has {shape.size} devices but {num_devices} {are} in use: make the mesh's "
+            f"product equal the device count{more}"
         )
     return shape
 

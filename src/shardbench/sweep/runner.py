@@ -293,7 +293,7 @@ def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], No
         left = sum(r.status != "complete" for r in rows if r.name in done)
         out(f"resuming: {len(sweep.runs) - len(todo)} of {len(sweep.runs)} runs already recorded"
             + (f" ({left} of them did not complete: --retry-failed runs them again)"
-               if left and retry_failed is not None else ""))
+               if left and retry_failed is not None else "") + ("; nothing left to run" if not todo else ""))
     total = len(sweep.runs)
     try:
         for i, run in enumerate(todo, start=total - len(todo) + 1):

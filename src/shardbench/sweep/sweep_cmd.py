@@ -284,7 +284,7 @@ def overhead(store: Store, started: float, wall_s: float) -> dict[str, Any]:
 
 def overhead_line(timing: dict[str, Any]) -> str:
     if not timing["runs"]:
-        return f"sweep: {timing['wall_s']:.1f} s, no run was recorded"
+        return f"sweep: {timing['wall_s']:.1f} s, no run recorded by this invocation"
     if timing["ratio"] is None:  # only runs that never started a process here (refused, or a SLURM job's ending)
         return (f"sweep: {timing['wall_s']:.1f} s, {timing['runs']} run(s) recorded, none of whose processes ran "
                 f"for a measurable time")
