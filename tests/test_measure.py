@@ -339,3 +339,29 @@ def test_the_last_line_calls_its_train_loss_the_last_steps() -> None:
     base = {"run_name": "r", "steps": 12, "devices": 1, "strategy": "single", "mesh": "none", "time_s": 1.0,
             "out": "o", "measurements": {}, "train_loss": 1.01834}
     assert "; last step's train loss 1.0183" in summary_line(base)
+
+
+@pytest.mark.slow
+def test_a_peak_measured_on_a_busy_host_says_it_may_read_low(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep's (or tune's) peak measured while other work loads the cores reads low, and every MFU above it
+    high: a load average above half the cores is said beside the figure; a quiet host gets no note, and a peak
+    already measured into the folder is kept without a word. (A real measurement, in its own process.)"""
+    import os
+
+    from shardbench.sweep.sweep_cmd import peak_file
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores * 2.0, 0.0, 0.0))
+    handed = peak_file(tmp_path / "busy", ["float32"], tmp_path / "cache", "sweep")
+    said = capsys.readouterr()
+    assert handed and "sweep: host matmul peak float32 " in said.out
+    assert said.err.strip() == (f"shardbench: note: the host's load average was {cores * 2.0:.1f} on {cores} core(s) "
+                                f"as its matmul peak was measured: other work on them reads the peak low and MFU "
+                                f"high; measure on a quiet host (a lone run: --train.recalibrate-peak)")
+    assert peak_file(tmp_path / "busy", ["float32"], tmp_path / "cache", "sweep") == handed  # kept: no word
+    assert capsys.readouterr() == ("", "")
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores / 4, 0.0, 0.0))
+    peak_file(tmp_path / "quiet", ["float32"], tmp_path / "cache", "tune")
+    said = capsys.readouterr()
+    assert "tune: host matmul peak float32 " in said.out and said.err == ""

@@ -109,6 +109,21 @@ def host_peak(dtype: str, cache_dir: Path, recalibrate: bool = False) -> HostPea
     return peak
 
 
+def busy_host() -> str | None:
+    """What to say of a peak just measured on a host whose last minute's load average is above half its usable
+    cores: other work on them slows the matmul, so the peak reads low and every MFU divided by it high. None on
+    a quiet host, or where the OS keeps none."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if load <= cores / 2:
+        return None
+    return (f"the host's load average was {load:.1f} on {cores} core(s) as its matmul peak was measured: other work "
+            f"on them reads the peak low and MFU high; measure on a quiet host (a lone run: --train.recalibrate-peak)")
+
+
 def measure_into(path: Path, dtypes: list[str], cache_dir: Path) -> dict[str, dict[str, Any]]:
     """Measure each dtype's peak afresh in a clean CPU process, write them to `path` (for SHARDBENCH_PEAK_FILE)
     and into the host cache; returns what was written."""

@@ -312,6 +312,8 @@ def peak_file(out: Path, dtypes: list[str], cache: Path, who: str) -> dict[str, 
         measured = peak_lib.measure_into(path, dtypes, cache)
         print(f"{who}: host matmul peak " + ", ".join(f"{d} {v['flops_per_s'] / 1e9:.1f} GFLOP/s"
                                                       for d, v in measured.items()) + f" -> {path}", flush=True)
+        if busy := peak_lib.busy_host():
+            print(f"shardbench: note: {busy}", file=sys.stderr, flush=True)
     return {peak_lib.PEAK_FILE_ENV: str(path.resolve())}
 
 
