@@ -522,6 +522,27 @@ def test_refusals_are_one_line_and_exit_2(args: list[str], expected: str, compil
     assert last.startswith("shardbench: error: ") and expected in last, done.stderr[-2000:]
     assert ("compiled:" in done.stderr) == compiled
     assert not (tmp_path / "t" / "sweep.db").exists()
+    if "plan's top choice" in expected:  # refused after planning: the folder holds the plan, and the line says so
+        assert last.endswith(f"; the plan is kept in {tmp_path / 't'} (tune.json, plan/): tune again with another "
+                             f"--out"), last
+    elif "a run takes about" in expected:  # before planning: the floor is the start-up's, not the whole run's
+        assert "give more than 0.1 (that holds the start-up alone: the plan's estimate of its top choice" in last
+
+
+def test_a_folder_a_stopped_tune_left_only_its_lock_in_takes_a_new_one(tmp_path: Path) -> None:
+    """Ctrl-C while a tune planned left `--out` holding its lock file alone, and the same command there was
+    refused ("is not empty: choose a new directory for the sweep", naming a sweep besides). A lone lock is no
+    content; anything else is, and the line names the command."""
+    from shardbench.store import LOCK
+    from shardbench.sweep.sweep_cmd import check_out
+
+    out = tmp_path / "t"
+    out.mkdir()
+    (out / LOCK).write_text("")
+    check_out(out, resume=False, command="tune")
+    (out / "tune.json").write_text("{}")
+    with pytest.raises(ConfigError, match=f"^--out {out} is not empty: choose a new directory for the tune$"):
+        check_out(out, resume=False, command="tune")
 
 
 @pytest.mark.slow

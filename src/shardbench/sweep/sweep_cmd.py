@@ -21,7 +21,7 @@ from shardbench.measure import peak as peak_lib
 from shardbench.parsing import override
 from shardbench.presets import PRESETS, get_preset
 from shardbench.prices import prices_from_flag
-from shardbench.store import Store, lock_runs
+from shardbench.store import LOCK, Store, lock_runs
 from shardbench.subprocs import interrupted_code, terminated_as_interrupt
 from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_options
@@ -263,15 +263,17 @@ def failed_summary(store: Store, names: list[str]) -> str | None:
             + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: -kv[1])))
 
 
-def check_out(out: Path, resume: bool) -> None:
-    """Without --resume a sweep starts in a new or empty directory; with it, in one holding a sweep."""
+def check_out(out: Path, resume: bool, command: str = "sweep") -> None:
+    """Without --resume a sweep (or tune) starts in a new or empty directory; with it, in one holding a sweep.
+    The lock file a sweep or tune stopped before writing anything leaves is no content (`store.lock_runs`
+    refuses a folder whose lock is still held)."""
     has_db = (out / "sweep.db").exists()
     if resume and not has_db:
         raise ConfigError(f"--resume: {out} holds no sweep to resume (no sweep.db); drop --resume to start one")
     if not resume and has_db:
         raise ConfigError(f"--out {out} already holds a sweep: pass --resume to finish it, or choose another --out")
-    if not resume and out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} is not empty: choose a new directory for the sweep")
+    if not resume and out.exists() and any(p.name != LOCK for p in out.iterdir()):
+        raise ConfigError(f"--out {out} is not empty: choose a new directory for the {command}")
 
 
 def overhead(store: Store, started: float, wall_s: float) -> dict[str, Any]:

@@ -160,8 +160,9 @@ def check_budget_floor(budget_min: float) -> None:
         raise ConfigError(f"--budget-min {budget_min:g}: give the minutes the measured runs may take, more than 0")
     if budget_min * 60 < START_S:
         raise ConfigError(f"--budget-min {budget_min:g} ({budget_min * 60:.1f} s) is too small for one run: a run "
-                          f"takes about {START_S:.0f} s to start before it compiles or steps; give at least "
-                          f"{math.ceil(START_S / 60 * 10) / 10:g}")
+                          f"takes about {START_S:.0f} s to start before it compiles or steps; give more than "
+                          f"{math.ceil(START_S / 60 * 10) / 10:g} (that holds the start-up alone: the plan's estimate "
+                          f"of its top choice, compilation and steps included, is what the budget must hold)")
 
 
 def select(ranked: Sequence[Planned], k: int, budget_s: float, estimate: Callable[[Planned], float]) -> list[Planned]:

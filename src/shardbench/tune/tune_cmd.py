@@ -381,7 +381,7 @@ def run(args: argparse.Namespace) -> int:
         resumed = report.resumed(tuning)
         with lock_runs(out, "tune"):
             return measure(args, resumed, resume=True)
-    check_out(out, resume=False)
+    check_out(out, resume=False, command="tune")
     writable_dir(out, "--out")
     with lock_runs(out, "tune"):  # a second tune, or a sweep, in the same folder is refused while it runs
         if not points:
@@ -398,6 +398,9 @@ def run(args: argparse.Namespace) -> int:
         tuning.estimate = {p.point.name: estimate_run_s(p, args.measure_steps, compile_s) for p in ranked}
         try:
             tuning.chosen = select(ranked, args.top_k, args.budget_min * 60, lambda p: tuning.estimate[p.point.name])
+        except ConfigError as err:  # the folder now holds the plan: the same command there would be refused
+            raise ConfigError(f"{err}; the plan is kept in {out} (tune.json, plan/): tune again with another "
+                              f"--out") from None
         finally:
             report.write_json(tuning)  # what was planned is kept, whether or not the budget holds a run
         return measure(args, tuning, resume=False)
