@@ -427,6 +427,10 @@ def test_an_interrupted_tune_resumed_measures_k_and_writes_a_winner_train_accept
     assert proc.returncode == 143, text[-3000:]
     assert (f"tune: interrupted; finish it with the same shardbench tune command and --resume (its --out is {out})"
             in text)
+    # The one way on is tune's: the sweep inside it no longer says "continue with --resume --out", which, taken,
+    # ran the runs and left the tune without its verdict.
+    assert "shardbench: sweep stopped by SIGTERM; 1 of 2 runs are recorded in " in text
+    assert "continue with --resume" not in text
     with Store(out / "sweep.db") as store:
         assert len(store.names()) == 1
     assert not (out / "tune.md").exists() and json.loads((out / "tune.json").read_text())["result"] is None

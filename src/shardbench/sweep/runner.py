@@ -50,6 +50,7 @@ class Options:
     processes: int = 1
     devices_per_process: int = 0
     env: dict[str, str] = field(default_factory=dict)  # added to each run's environment (the shared peak)
+    way_on: bool = True  # a stop says how to continue: False where the caller says it (tune: its own --resume)
 
 
 def has_field(key: str) -> bool:
@@ -308,8 +309,8 @@ def run_sweep(sweep: Sweep, store: Store, opts: Options, out: Callable[[str], No
             out(progress_line(i, total, row))
     except KeyboardInterrupt as err:
         print(f"shardbench: sweep {'stopped by SIGTERM' if isinstance(err, Terminated) else 'interrupted'}; "
-              f"{len(store.names())} of {total} runs are recorded in {store.path}: continue with --resume --out "
-              f"{opts.sweep_dir}", file=sys.stderr)
+              f"{len(store.names())} of {total} runs are recorded in {store.path}"
+              + (f": continue with --resume --out {opts.sweep_dir}" if opts.way_on else ""), file=sys.stderr)
         return interrupted_code(err)
     rows = {r.name: r for r in store.runs()}
     out(summary_table([rows[r.name] for r in sweep.runs if r.name in rows]))

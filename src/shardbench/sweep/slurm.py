@@ -291,9 +291,10 @@ def run_slurm_sweep(sweep: Sweep, store: Store, opts: Options, slurm: SlurmOptio
         _follow(sweep, store, opts, slurm, followed, out, since=since)
     except KeyboardInterrupt:
         live = [j.job_id for n, j in store.jobs().items() if n in by_name and j.state in LIVE_STATES]
+        resume = (f"record them and submit what did not complete with `shardbench sweep --out {opts.sweep_dir} "
+                  f"--resume`; " if opts.way_on else "")  # else the caller says how (tune: its own --resume)
         print(f"shardbench: sweep interrupted; its {len(live)} SLURM job(s) go on. Watch them with "
-              f"`shardbench sweep --out {opts.sweep_dir} --status`; record them and submit what did not complete "
-              f"with `shardbench sweep --out {opts.sweep_dir} --resume`; stop them with "
+              f"`shardbench sweep --out {opts.sweep_dir} --status`; {resume}stop them with "
               f"`shardbench sweep --out {opts.sweep_dir} --cancel`", file=sys.stderr)
         return 130
     rows = {r.name: r for r in store.runs()}

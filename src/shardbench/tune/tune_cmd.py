@@ -298,7 +298,7 @@ def run_measurements(args: argparse.Namespace, sweep: Any, out: Path, resume: bo
         slurm_options.check_submittable(shapes, checked, slurm_opts)
     with open_store(out, resume and (out / "sweep.db").exists(), plan_meta(sweep, options)) as store:
         env = share_peak(sweep, out) if executor == "local" else {}
-        opts = Options(out, args.timeout, env=env)
+        opts = Options(out, args.timeout, env=env, way_on=False)  # `measure` says how to finish the tune
         print(f"tune: measuring {len(sweep.runs)} layout(s) -> {out}", flush=True)
         if executor == "slurm":
             store.set_meta("slurm", slurm_meta)
