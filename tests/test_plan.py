@@ -588,3 +588,12 @@ def test_a_plan_where_no_candidate_compiled_says_so_on_stderr_and_exits_1(tmp_pa
     assert captured.err.strip().splitlines()[-1] == (
         f"shardbench plan: no candidate compiled for --target cpu: each one's reason is above and in {out / 'plan.md'}")
     assert "XlaRuntimeError (fsdp)" in captured.out and "XlaRuntimeError (dp)" in (out / "plan.md").read_text()
+
+
+def test_step_milliseconds_are_never_written_in_exponent_form() -> None:
+    """A CPU plan's second-long steps read "1.01e+03" in its table and its recommendation; three significant
+    figures below a second, whole milliseconds with separators above."""
+    from shardbench.plan.recommend import ms
+
+    assert [ms(s) for s in (1.0107, 0.9996, 0.1234, 0.01234, 0.001234, 12.3456)] == [
+        "1,011", "1,000", "123", "12.3", "1.23", "12,346"]

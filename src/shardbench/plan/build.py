@@ -17,7 +17,7 @@ from shardbench.jsonfile import finite, write_json_atomic
 from shardbench.plan.calibration import Coefficients, to_dict
 from shardbench.plan.candidates import Candidate, candidate_config, folded_line
 from shardbench.plan.predict import Hardware, predict
-from shardbench.plan.recommend import MIB, Row, rank, recommendation
+from shardbench.plan.recommend import MIB, Row, ms, rank, recommendation
 from shardbench.plan.steptime import FORMULA
 from shardbench.plan.target import Target
 
@@ -127,7 +127,7 @@ class Plan:
                 format_bytes(state), format_bytes(p.activations_bytes),
                 f"{p.comm_bytes.get('intra', 0) / MIB:.1f}",
                 *([f"{p.comm_bytes.get('inter', 0) / MIB:.1f}"] if two_links else []),
-                f"{p.compute_s * 1e3:.3g}", p.bound, f"{p.exposed_comm_s * 1e3:.3g}", f"{p.step_s * 1e3:.3g}",
+                ms(p.compute_s), p.bound, ms(p.exposed_comm_s), ms(p.step_s),
                 f"{p.examples_per_s:,.0f}", f"{p.mfu:.1%}",
                 *([f"{p.bubble:.1%}" if r.candidate.microbatches else "-",
                    ", ".join(f"{v / MIB:.2f} {names[k]}" for k, v in sorted(p.stage_bytes.items())) or "-"]

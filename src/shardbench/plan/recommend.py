@@ -13,6 +13,12 @@ from shardbench.plan.predict import Hardware, Prediction
 MIB = 2**20
 
 
+def ms(seconds: float) -> str:
+    """Milliseconds to three significant figures, never in exponent form ('1,010', not '1.01e+03')."""
+    value = seconds * 1e3
+    return f"{value:,.0f}" if abs(value) >= 999.5 else f"{value:.3g}"
+
+
 @dataclass(frozen=True)
 class Row:
     """One candidate's outcome: a prediction, or why there is none (refused before compiling, or failed)."""
@@ -81,7 +87,7 @@ def recommendation(ranked: list[Row], hw: Hardware, untimed: tuple[str, ...] = (
     link = q.main_link
     why = (f", which spends {q.comm_share:.0%} of its step communicating over {names[link]}"
            if link and q.comm_share >= 0.05 else
-           f" ({q.step_s * 1e3:.3g} ms against {p.step_s * 1e3:.3g} ms per step)")
+           f" ({ms(q.step_s)} ms against {ms(p.step_s)} ms per step)")
     line = f"{line}, {q.step_s / p.step_s:.2f}x faster than {other.candidate.name}{why}"
     for link in untimed:
         mine, theirs = (r.prediction.comm_bytes.get(link, 0) / MIB for r in (best, other))
