@@ -335,6 +335,8 @@ def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "pass"
     (["--target", "8xh100", "--grad-accum", "2,0"], "--grad-accum must be in [1, 2^31); 1 = off, got 0"),
     (["--target", "8xh100", "--grad-accum", "2,x"], "--grad-accum 'x' is not a whole number"),
     (["--target", "8xh100", "--candidates", ","], "--candidates ',': give one value or a comma list"),
+    # given empty, it planned every strategy without a word, as if left out
+    (["--target", "8xh100", "--candidates", ""], "--candidates '': give one value or a comma list"),
     (["--target", "8xh100", "--microbatches-per-stage", "2,0"], "--microbatches-per-stage must be in [1, 2^31), got 0"),
     (["--target", "8xh100", "--workers", "-1"], "--workers -1: give a number of processes"),
     (["--target", "16xh100"], "--target 16xh100: one h100 node holds 8; write 2x8xh100"),

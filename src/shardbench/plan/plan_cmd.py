@@ -47,7 +47,7 @@ def add_parser(subparsers: Any) -> None:
     add_config_arguments(parser, LIST_HELP)
     group = parser.add_argument_group("plan options")
     group.add_argument("--target", default="", help=f"the hardware: {HINT}")
-    group.add_argument("--candidates", default="", metavar="S,S",
+    group.add_argument("--candidates", default=None, metavar="S,S",
                        help=f"strategies to consider (default: {','.join(DEFAULT)}, and for a model with experts "
                             f"{','.join(EXPERT_PARALLEL)} too; also the pipelines "
                             f"{','.join(sorted(set(USES) - set(DEFAULT) - set(EXPERT_PARALLEL)))}, each of which "
@@ -116,7 +116,7 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
         check_available(target.spec)
     dtypes, remats = _choices(cfg, lists)
     accums = list(dict.fromkeys(int(k) for k in lists.get("train.grad_accum", [str(cfg.train.grad_accum)])))
-    strategies = (list(parse_names("--candidates", args.candidates, list(USES))) if args.candidates.strip()
+    strategies = (list(parse_names("--candidates", args.candidates, list(USES))) if args.candidates is not None
                   else default_strategies(cfg))
     per_stage = list(parse_ints("--microbatches-per-stage", str(args.microbatches_per_stage)))
     found = candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes, accums, per_stage)

@@ -60,7 +60,7 @@ def add_parser(subparsers: Any) -> None:
     group = parser.add_argument_group("tune options")
     group.add_argument("--target", default="", help=f"the hardware to plan for: {HINT} (default on a CPU host: cpu, "
                                                       f"this host with --devices simulated devices, 8 unless given)")
-    group.add_argument("--candidates", default="", metavar="S,S",
+    group.add_argument("--candidates", default=None, metavar="S,S",
                        help=f"strategies to consider (default: every one in the table: {','.join(USES)})")
     group.add_argument("--grad-accum", dest="train.grad_accum", default=argparse.SUPPRESS, metavar="K,K",
                        help="microbatches per update to consider, a comma list (default: the configuration's, 1)")
@@ -91,7 +91,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def make_space(cfg: config_lib.Config, args: argparse.Namespace, lists: dict[str, list[str]]) -> Space:
-    strategies = (parse_names("--candidates", args.candidates, list(USES)) if args.candidates.strip()
+    strategies = (parse_names("--candidates", args.candidates, list(USES)) if args.candidates is not None
                   else tuple(USES))
     return Space(
         strategies=strategies, remats=tuple(plan_cmd.remat_choices(cfg, lists)),
