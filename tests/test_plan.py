@@ -335,6 +335,9 @@ def shardbench(*args: str, env: dict[str, str] | None = None, code: str = "pass"
     (["--target", "8xh100", "--grad-accum", "2,0"], "--grad-accum must be in [1, 2^31); 1 = off, got 0"),
     (["--target", "8xh100", "--grad-accum", "2,x"], "--grad-accum 'x' is not a whole number"),
     (["--target", "8xh100", "--candidates", ","], "--candidates ',': give one value or a comma list"),
+    # the CPU's devices are --devices, not a slice's shape (it was answered with the TPU slice's form)
+    (["--target", "cpu:8"], "--target cpu:8: the CPU target is 'cpu', its devices counted by --devices (--target "
+                            "cpu --devices 8)"),
     # given empty, it planned every strategy without a word, as if left out
     (["--target", "8xh100", "--candidates", ""], "--candidates '': give one value or a comma list"),
     (["--target", "8xh100", "--microbatches-per-stage", "2,0"], "--microbatches-per-stage must be in [1, 2^31), got 0"),

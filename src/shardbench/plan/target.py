@@ -76,6 +76,9 @@ def parse_target(spec: str, cpu_devices: int = 1) -> Target:
         return Target(text, None, cpu_devices, cpu_devices)
     if ":" in text:
         name, _, shape = text.partition(":")
+        if name == "cpu":  # not a slice: this host, with as many simulated devices as --devices gives
+            raise ConfigError(f"--target {spec}: the CPU target is 'cpu', its devices counted by --devices "
+                              f"(--target cpu --devices {shape if shape.isdigit() else 8})")
         if not re.fullmatch(r"\d+(x\d+){1,2}", shape):
             raise ConfigError(f"--target {spec}: a TPU slice is CHIP:AxB or CHIP:AxBxC ({HINT})")
         chip = _chip(name, spec)
