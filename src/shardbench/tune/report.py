@@ -15,7 +15,9 @@ from typing import Any
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError, DataError
 from shardbench.jsonfile import write_json_atomic
+from shardbench.measure.timing import MIN_MEASURED_STEPS
 from shardbench.plan.target import Target
+from shardbench.report.speed import FEW_STEPS_MARGIN
 from shardbench.tune.select import MIB, MeasuredFigures, Objective, Planned, Verdict, outcome
 from shardbench.tune.space import LIST_FLAGS, Dropped, Space, layout_settings, user_settings
 
@@ -342,11 +344,26 @@ def verdict_lines(t: Tuning, v: Verdict | None) -> list[str]:
     else:
         lines.append(f"the plan's top choice, {v.plan_top.point.name}, measured "
                      f"{t.objective.show(v.plan_top_value)}: regret {_pct(v.regret)} against the best measured")
+    if few := few_steps_line(t):
+        lines.append(few)
     texts = v.tau_texts()
     lines.append("predicted against measured step time, per batch size (one batch's runs are one piece of work): "
                  + ("no run measured a step time" if not texts else
                     "; ".join(f"batch {batch}: {text}" for batch, text in texts.items())))
     return lines
+
+
+def few_steps_line(t: Tuning) -> str:
+    """Where measured steps rest on fewer than MIN_MEASURED_STEPS timed steps, what that leaves of the verdict (as
+    the sweep's report says of such runs: a gap within FEW_STEPS_MARGIN is within one step's noise); else ''."""
+    counts = sorted({m.timed_steps for m in t.measured.values()
+                     if m.step_s is not None and m.timed_steps is not None and m.timed_steps < MIN_MEASURED_STEPS})
+    if not counts:
+        return ""
+    steps = " or ".join(map(str, counts))
+    return (f"the measured step times rest on {steps} timed step(s) (fewer than {MIN_MEASURED_STEPS}): a gap within "
+            f"{FEW_STEPS_MARGIN:.0%} between them is within one step's noise, so the winner and the regret may not "
+            f"hold; a larger --measure-steps ({t.steps} now) times more")
 
 
 def dropped_counts(t: Tuning) -> list[tuple[int, str]]:

@@ -64,6 +64,7 @@ class MeasuredFigures:
     step_s: float | None
     memory_bytes: float | None
     cost: Cost | None = None
+    timed_steps: int | None = None  # the intervals its median step rests on (None: the record does not say)
 
 
 @dataclass(frozen=True)

@@ -318,7 +318,7 @@ def measured_runs(out: Path, names: dict[str, str]) -> dict[str, MeasuredFigures
             if row.name in names and run.ok:
                 mib = run.memory[0]
                 found[names[row.name]] = MeasuredFigures(run.step_median, None if mib is None else mib * 2**20,
-                                                  run.rec.cost)
+                                                         run.rec.cost, run.measured_steps)
     return found
 
 
