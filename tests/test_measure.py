@@ -306,6 +306,10 @@ def test_a_runs_default_name_tells_remat_and_the_context_parallel_attention_apar
     assert names == {"mesh_seq4_batch_32", "mesh_seq4_batch_32_ring", "mesh_seq4_batch_32_contiguous",
                      "mesh_seq4_batch_32_ring_contiguous"}
     assert default_run_name(override(cfg, {"parallel.context": "ring"}), dp) == "mesh_2_1_batch_32"  # no cp
+    # tp with and without Megatron's sequence parallelism: named alike, one trace replaced the other
+    tp = make_layout("tp", "model=4", jax.devices()[:4])
+    assert default_run_name(override(cfg, {"parallel.sequence_parallel": True}), tp) == "mesh_1_4_batch_32_seqpar"
+    assert default_run_name(cfg, tp) == "mesh_1_4_batch_32"
 
 
 def test_a_damaged_stored_peak_is_measured_again_not_a_crash_of_every_run(tmp_path: Path, monkeypatch) -> None:

@@ -333,24 +333,25 @@ def test_parse_mesh_refuses_an_axis_named_twice() -> None:
 
 
 @pytest.mark.parametrize(("strategy", "mesh", "devices", "note"), [
-    ("dp+tp", "8x1", 8, "dp+tp on mesh 8x1: its model axis has size 1, so it splits nothing over it; give --mesh "
-                        "with model=N to split there"),
+    ("dp+tp", "", 8, "strategy dp+tp on mesh 8x1: its model axis has one device, so nothing is split over it; a "
+                     "mesh naming its size splits it (--mesh data=N,model=N)"),
+    ("dp+tp", "8x1", 8, None),  # a model axis of one, named: on purpose
     ("dp+tp", "4x2", 8, None),
     ("dp", "8x1", 8, None),  # one axis: the strategy is what it says
 ])
 def test_a_composite_strategy_with_an_axis_of_one_device_says_so(micro, strategy: str, mesh: str, devices: int,
                                                                  note: str | None) -> None:
     """`--strategy dp+ep` on 2 devices with no mesh ran as dp on mesh 2x1 under its composite name, with nothing
-    said; the header now says which of its axes splits nothing."""
+    said; its layout's notes now say which of its axes splits nothing (once: the header said it too, in other
+    words)."""
+    from shardbench.parallel.checks import layout_notes
     from shardbench.preflight import check_run
     from shardbench.train.console import header_line
 
-    line = header_line(check_run(micro(**{"parallel.strategy": strategy, "parallel.mesh": mesh,
-                                          "parallel.devices": devices})))
-    if note is None:
-        assert "axis has size 1" not in line, line
-    else:
-        assert f" | {note}" in line, line
+    checked = check_run(micro(**{"parallel.strategy": strategy, "parallel.mesh": mesh, "parallel.devices": devices}))
+    notes = layout_notes(checked.spec, checked.layout, mesh)
+    assert notes == ([] if note is None else [note]), notes
+    assert "split" not in header_line(checked)
 
 
 def test_an_unknown_strategy_name_is_refused_in_the_flags_words() -> None:
@@ -365,3 +366,15 @@ def test_an_unknown_strategy_name_is_refused_in_the_flags_words() -> None:
     assert all(name in str(err.value) for name in STRATEGIES)
     with pytest.raises(ConfigError, match=r"^unknown --candidates 'zero3': choose one of .* \(a comma list\)$"):
         enumerate_space(8, Space(strategies=("dp", "zero3")))
+
+
+def test_the_header_says_sequence_parallelism(micro) -> None:
+    """--parallel.sequence-parallel changes what tp splits (its LayerNorm and dropout regions, along the
+    sequence) and was said neither in the first line nor in the run's name (`test_measure`)."""
+    from shardbench.preflight import check_run
+    from shardbench.train.console import header_line
+
+    args = {"parallel.strategy": "tp", "parallel.mesh": "model=4", "parallel.devices": 4, "model.pool": "mean"}
+    assert "| tp with sequence parallelism on mesh 1x4, jit (4 cpu device(s)) |" in header_line(
+        check_run(micro(**args, **{"parallel.sequence_parallel": True})))
+    assert "| tp on mesh 1x4, jit (4 cpu device(s)) |" in header_line(check_run(micro(**args)))

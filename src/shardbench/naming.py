@@ -67,6 +67,8 @@ def config_run_name(cfg: Config, mesh: str, strategy: str, implied: str) -> str:
         parts.append(f"accum_{cfg.train.grad_accum}")
     if cfg.model.remat != "none":  # the same layout keeping fewer activations: another run's memory and time
         parts.append(f"remat_{cfg.model.remat}")
+    if cfg.parallel.sequence_parallel:  # tp's LayerNorm and dropout regions split along the sequence
+        parts.append("seqpar")
     if "cp" in strategy.split("+"):  # how the sequence's attention was reached, where the default is not
         if cfg.parallel.context != "all-gather":
             parts.append(cfg.parallel.context)

@@ -60,12 +60,6 @@ def header_line(checked: "CheckedRun") -> str:
                   f"{cfg.parallel.spmd} each device normalises its {per} examples with their own statistics "
                   f"(running averages are averaged over devices); name one, e.g. axis_name='batch', for "
                   f"global statistics")
-    idle = [axis for axis in checked.layout.strategy.axes if checked.layout.shape[axis] == 1]
-    if len(checked.layout.strategy.axes) > 1 and idle and checked.layout.shape.size > 1:
-        many = len(idle) > 1
-        notes += (f" | {checked.layout.strategy.name} on mesh {mesh}: its {' and '.join(idle)} "
-                  f"{'axes have' if many else 'axis has'} size 1, so it splits nothing over {'them' if many else 'it'}; "
-                  f"give --mesh with {', '.join(f'{a}=N' for a in idle)} to split there")
     cut = warmup_note(cfg.optim, checked.total_steps)
     if cut:
         notes += f" | {cut}"
@@ -75,8 +69,8 @@ def header_line(checked: "CheckedRun") -> str:
                   "undercounted")
     return (
         f"shardbench: {cfg.preset if not cfg.model.factory else 'model'} ({model}, {params:,} params) | "
-        f"{checked.layout.strategy.name} on mesh "
-        f"{mesh}, {cfg.parallel.spmd} "
+        f"{checked.layout.strategy.name}{' with sequence parallelism' if checked.layout.sequence_parallel else ''} "
+        f"on mesh {mesh}, {cfg.parallel.spmd} "
         f"({where}) | {cfg.precision.param_dtype} params, "
         f"{cfg.precision.dtype} compute | data {ds.name}: {len(ds.train):,} train / "
         f"{len(ds.val):,} val / {len(ds.test):,} test | batch {cfg.train.batch_size}{_microbatches(checked)}, "
