@@ -349,10 +349,12 @@ def test_the_last_line_calls_its_train_loss_the_last_steps() -> None:
 def test_a_peak_measured_on_a_busy_host_says_it_may_read_low(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     """A sweep's (or tune's) peak measured while other work loads the cores reads low, and every MFU above it
-    high: a load average above half the cores is said beside the figure; a quiet host gets no note, and a peak
-    already measured into the folder is kept without a word. (A real measurement, in its own process.)"""
+    high: a load average above half the cores is said beside the figure, and the figure is not kept as the host's
+    cached one, which lone runs divide by; a quiet host's is, with no note; a peak already measured into the folder
+    is kept without a word. (A real measurement, in its own process.)"""
     import os
 
+    from shardbench.measure.peak import CACHE_NAME, host_key
     from shardbench.sweep.sweep_cmd import peak_file
 
     cores = len(os.sched_getaffinity(0))
@@ -362,10 +364,16 @@ def test_a_peak_measured_on_a_busy_host_says_it_may_read_low(tmp_path: Path, mon
     assert handed and "sweep: host matmul peak float32 " in said.out
     assert said.err.strip() == (f"shardbench: note: the host's load average was {cores * 2.0:.1f} on {cores} core(s) "
                                 f"as its matmul peak was measured: other work on them reads the peak low and MFU "
-                                f"high; measure on a quiet host (a lone run: --train.recalibrate-peak)")
+                                f"high, so it is not kept as the host's cached figure; measure on a quiet host (a "
+                                f"lone run: --train.recalibrate-peak)")
     assert peak_file(tmp_path / "busy", ["float32"], tmp_path / "cache", "sweep") == handed  # kept: no word
     assert capsys.readouterr() == ("", "")
+    # the busy host's figure stands for the sweep's runs alone; a lone run's cache never saw it
+    assert not (tmp_path / "cache" / CACHE_NAME).exists()
     monkeypatch.setattr(os, "getloadavg", lambda: (cores / 4, 0.0, 0.0))
     peak_file(tmp_path / "quiet", ["float32"], tmp_path / "cache", "tune")
     said = capsys.readouterr()
     assert "tune: host matmul peak float32 " in said.out and said.err == ""
+    quiet = json.loads((tmp_path / "quiet" / "peak.json").read_text())["float32"]
+    cached = json.loads((tmp_path / "cache" / CACHE_NAME).read_text())
+    assert cached == {f"{host_key()} | float32": quiet}  # a quiet host's is kept for lone runs

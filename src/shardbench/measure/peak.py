@@ -121,15 +121,17 @@ def busy_host() -> str | None:
     if load <= cores / 2:
         return None
     return (f"the host's load average was {load:.1f} on {cores} core(s) as its matmul peak was measured: other work "
-            f"on them reads the peak low and MFU high; measure on a quiet host (a lone run: --train.recalibrate-peak)")
+            f"on them reads the peak low and MFU high, so it is not kept as the host's cached figure; measure on a "
+            f"quiet host (a lone run: --train.recalibrate-peak)")
 
 
-def measure_into(path: Path, dtypes: list[str], cache_dir: Path) -> dict[str, dict[str, Any]]:
+def measure_into(path: Path, dtypes: list[str], cache_dir: Path, keep: bool = True) -> dict[str, dict[str, Any]]:
     """Measure each dtype's peak afresh in a clean CPU process, write them to `path` (for SHARDBENCH_PEAK_FILE)
-    and into the host cache; returns what was written."""
+    and, with `keep`, into the host cache; returns what was written."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop(PEAK_FILE_ENV, None)
-    done = subprocess.run([sys.executable, "-m", "shardbench.measure.peak", str(cache_dir), *sorted(set(dtypes))],
+    done = subprocess.run([sys.executable, "-m", "shardbench.measure.peak", str(cache_dir),
+                           *([] if keep else ["--no-cache"]), *sorted(set(dtypes))],
                           capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"measuring the host's matmul peak failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -168,10 +170,18 @@ def host_bandwidth(cache_dir: Path) -> tuple[float, str]:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m shardbench.measure.peak CACHE_DIR DTYPE...`: measure, cache, print {dtype: peak} as JSON."""
-    cache_dir, dtypes = Path(argv[0]), argv[1:]
-    print(json.dumps({d: {k: v for k, v in host_peak(d, cache_dir, recalibrate=True).to_dict().items()
-                          if k != "origin"} for d in dtypes}))
+    """`python -m shardbench.measure.peak CACHE_DIR [--no-cache] DTYPE...`: measure, print {dtype: peak} as JSON,
+    and keep each as the host's cached figure, unless --no-cache (a busy host's, `busy_host`: read low, it would
+    stand for every later lone run's MFU on the host)."""
+    cache_dir, dtypes = Path(argv[0]), [d for d in argv[1:] if d != "--no-cache"]
+    measured = {d: measure(d) for d in dtypes}
+    if "--no-cache" not in argv[1:]:
+        cache = cache_dir / CACHE_NAME
+        entries = read_json_dict(cache)
+        for dtype, peak in measured.items():
+            entries[f"{host_key()} | {dtype}"] = {k: v for k, v in peak.to_dict().items() if k != "origin"}
+        write_json_atomic(cache, entries)
+    print(json.dumps({d: {k: v for k, v in p.to_dict().items() if k != "origin"} for d, p in measured.items()}))
     return 0
 
 
