@@ -302,6 +302,23 @@ def test_a_field_held_fixed_that_a_run_never_reads_names_that_run(tmp_path: Path
     assert "<code>parallel.devices</code> = 8 (not read by strategy_single)" in paths.html.read_text()
 
 
+def test_a_sweep_of_a_model_of_your_own_names_that_model(tmp_path: Path) -> None:
+    """A sweep of `--model mymlp.py:build`: the report said "preset vit-seed" and gave the model as the kind its
+    task implies ("mlp"), naming no file. The source line and the table's model column name it."""
+    factory = str(tmp_path / "mymlp.py:build")
+    with Store(tmp_path / "sweep.db") as store:
+        store.set_meta("preset", "vit-seed")
+        store.set_meta("base", {"model.factory": factory, "model.task": "regress"})
+        for name, strategy in (("strategy_dp", "dp"), ("strategy_fsdp", "fsdp")):
+            store.add(row(name, {"parallel.strategy": strategy, "model.factory": factory, "model.kind": "mlp"},
+                          record(name, strategy, "8", 8, breakdown=(1.0, 2.0, 1.0, 1.0), total=5.0, comms={},
+                                 epochs=[1.0], step_ms=10.0, img_s=100.0, mfu=0.1, acc=0.5)))
+    text = write_report(tmp_path).markdown.read_text()
+    assert "Read from `sweep.db` (preset vit-seed, with the model mymlp.py:build) in " in text
+    table = markdown_table(text)
+    assert {r["model"] for r in table} == {"mymlp.py:build"}, table
+
+
 def test_markdown_explains_precision_and_strategies_from_the_data(written: ReportPaths) -> None:
     text = written.markdown.read_text()
     assert "`precision.dtype`: float32, bfloat16" in text and "`parallel.strategy`: single, dp, fsdp, dp+tp" in text

@@ -355,6 +355,12 @@ def _mib(value: Any) -> float | None:
 EMPTY = RunRecord()
 
 
+def model_name(run: ReportedRun) -> str:
+    """The model a run trained: its kind (vit, lm, mlp), or a model of your own's file and function."""
+    factory = run.config.get("model.factory")
+    return Path(str(factory)).name if factory else str(run.config.get("model.kind") or run.rec.model or "")
+
+
 def setting_text(value: Any) -> str:
     """A setting as both renderings show it: '' (a field left at its default, such as the mesh) as "(default)"."""
     return "(default)" if value == "" else str(value)
@@ -413,8 +419,7 @@ def _scaled(get: Callable[[ReportedRun], float | None], factor: float) -> Callab
 COLUMNS: tuple[Column, ...] = (
     Column("run", "run", False, lambda r: r.name),
     Column("status", "status", False, lambda r: r.label),
-    Column("model", "model", False, lambda r: r.config.get("model.kind") or r.rec.model, optional=True,
-           usual="vit"),
+    Column("model", "model", False, lambda r: model_name(r), optional=True, usual="vit"),
     Column("strategy", "strategy", False, lambda r: r.strategy),
     Column("spmd", "spmd", False, lambda r: r.config.get("parallel.spmd") or r.rec.spmd, optional=True,
            usual="jit"),

@@ -381,10 +381,13 @@ def render_markdown(content: ReportContent) -> str:
 
 def _origin(meta: dict[str, Any]) -> str:
     """What a sweep's label names: 'preset lm-tiny', 'sweep preset strategies on vit-tiny', 'sweep file lm on
-    lm-tiny', 'tune on vit-tiny' (a store from before the origin was kept: 'preset' and its label)."""
+    lm-tiny', 'tune on vit-tiny' (a store from before the origin was kept: 'preset' and its label), and a model of
+    your own ('preset vit-seed, with the model mymlp.py:build')."""
     label, origin, start = meta["preset"], meta.get("origin") or "preset", meta.get("base_preset")
     named = origin if origin == label else f"{origin} {label}"
-    return named + (f" on {start}" if origin != "preset" and start else "")
+    factory = (meta.get("base") or {}).get("model.factory")  # a model of your own: the preset gave the rest
+    return (named + (f" on {start}" if origin != "preset" and start else "")
+            + (f", with the model {Path(str(factory)).name}" if factory else ""))
 
 
 def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTable | None = None,
