@@ -79,23 +79,32 @@ def test_the_one_device_count_is_had_where_the_backend_cannot_analyse_an_uncompi
     assert lowered is not None and compiled is not None and abs(compiled - lowered) <= 0.02 * lowered
 
 
-def test_the_first_line_says_when_tp_splits_nothing_and_a_rule_names_nothing(micro, tmp_path: Path) -> None:
-    """A Linear whose kernel names no axes, under tp on 8 devices: tp splits none of its parameters, which the
-    first line says (it ran as 8 copies, saying only "tp on mesh 1x8"); --rules foo=mlp names an axis no variable
-    of the model names, said too. Under dp, or with its axes named (the convnet), neither is said."""
+def test_a_note_says_when_tp_splits_nothing_and_a_rule_names_nothing(micro, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A Linear whose kernel names no axes, under tp on 8 devices: tp splits none of its parameters, which a note
+    says (it ran as 8 copies, saying only "tp on mesh 1x8"), in train's first lines and in inspect's (which said
+    nothing); --rules foo=mlp names an axis no variable of the model names, said too. Under dp, or with its axes
+    named (the convnet), neither is said."""
+    from shardbench.cli import main
+    from shardbench.parallel.checks import layout_notes
     from shardbench.preflight import check_run
     from shardbench.train.console import header_line
 
     tp = {"parallel.strategy": "tp", "parallel.mesh": "model=8", "parallel.devices": 8,
           "train.out": str(tmp_path / "o")}
     bare = {"model.factory": _plugin(tmp_path, LINEAR), "model.task": "classify"}
-    line = header_line(check_run(_cfg(micro, bare, **tp, **{"parallel.rules": "foo=mlp"})))
-    assert ("| tp splits none of this model's parameters over the model axis: none names an axis its table maps "
-            "(name them with nnx.with_partitioning, or map yours with --rules NAME=AXIS)") in line
-    assert "| --rules names what no variable of this model names, so it does nothing: foo" in line
+    checked = check_run(_cfg(micro, bare, **tp, **{"parallel.rules": "foo=mlp"}))
+    note = ("tp splits none of this model's parameters over the model axis: none names an axis its table maps "
+            "(name them with nnx.with_partitioning, or map yours with --rules NAME=AXIS)")
+    assert layout_notes(checked.spec, checked.layout, "model=8") == [note]
+    assert "| --rules names what no variable of this model names, so it does nothing: foo" in header_line(checked)
+    assert main(["inspect", "--model", bare["model.factory"], "--task", "classify", "--strategy", "tp", "--mesh",
+                 "model=8", "--devices", "8"]) == 0
+    assert f"note: {note}" in capsys.readouterr().out
     for cfg in (_cfg(micro, bare, **{**tp, "parallel.strategy": "dp", "parallel.mesh": "8"}), _cfg(micro, CONVNET, **tp)):
-        line = header_line(check_run(cfg))
-        assert "splits none" not in line and "--rules names" not in line
+        checked = check_run(cfg)
+        assert not layout_notes(checked.spec, checked.layout, cfg.parallel.mesh)
+        assert "--rules names" not in header_line(checked)
 
 
 def test_inspect_says_what_the_first_line_says_of_the_models_axis_names(micro) -> None:

@@ -69,8 +69,23 @@ def unsplit_note(layout: Layout, mesh: str = "") -> str | None:
 
 
 def layout_notes(spec: ModelSpec, layout: Layout, mesh: str = "") -> list[str]:
-    """The notes a run's layout gets before it trains (`unsplit_note`, `whole_arrays_note`), those that apply."""
-    return [note for note in (unsplit_note(layout, mesh), whole_arrays_note(spec, layout)) if note]
+    """The notes a run's layout gets before it trains, and inspect and a sweep give too (`unsplit_note`,
+    `nothing_over_model_note`, `whole_arrays_note`), those that apply."""
+    return [note for note in (unsplit_note(layout, mesh), nothing_over_model_note(spec, layout),
+                              whole_arrays_note(spec, layout)) if note]
+
+
+def nothing_over_model_note(spec: ModelSpec, layout: Layout) -> str | None:
+    """A model of your own none of whose parameters names an axis the strategy's table maps to the model axis:
+    split over more than one device there, it splits nothing (it ran as copies, saying only "tp on mesh 1x8")."""
+    if not spec.custom or MODEL not in layout.strategy.axes or layout.shape.model <= 1:
+        return None
+    shapes = flat_by_path(spec.shapes)
+    if any(MODEL in jax.tree.leaves(tuple(layout.param_spec(axes, tuple(shapes[path]))))
+           for path, axes in flat_by_path(spec.axes).items()):
+        return None
+    return (f"{layout.strategy.name} splits none of this model's parameters over the model axis: none names an axis "
+            f"its table maps (name them with nnx.with_partitioning, or map yours with --rules NAME=AXIS)")
 
 
 # Arrays a splitting tactic leaves whole are said where they hold at least this part of the parameters: a bias of 10

@@ -24,19 +24,6 @@ def epoch_line(r: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def splits_over_model(checked: "CheckedRun") -> bool:
-    """Whether the layout splits some parameter over the model axis, where its strategy has one of more than one
-    device (True where it has none: nothing to say)."""
-    from shardbench.parallel.mesh import MODEL
-    from shardbench.parallel.rules import flat_by_path
-
-    layout = checked.layout
-    if MODEL not in layout.strategy.axes or layout.shape.model <= 1:
-        return True
-    shapes = flat_by_path(checked.spec.shapes)
-    return any(MODEL in jax.tree.leaves(tuple(layout.param_spec(axes, tuple(shapes[path]))))
-               for path, axes in flat_by_path(checked.spec.axes).items())
-
 
 def header_line(checked: "CheckedRun") -> str:
     """The one line printed before training: what, where, on which data, for how long."""
@@ -49,10 +36,6 @@ def header_line(checked: "CheckedRun") -> str:
         where += f" in {jax.process_count()} processes"
     model = f"{cfg.model.factory}, task {cfg.model.task}" if cfg.model.factory else cfg.model.kind
     notes = "".join(f" | {note}" for note in checked.spec.axis_notes())
-    if checked.spec.custom and not splits_over_model(checked):
-        notes += (f" | {checked.layout.strategy.name} splits none of this model's parameters over the model axis: "
-                  f"none names an axis its table maps (name them with nnx.with_partitioning, or map yours with "
-                  f"--rules NAME=AXIS)")
     if (checked.spec.has_statistics and not checked.spec.axis_names and cfg.parallel.spmd != "jit"
             and checked.layout.shape.data > 1):
         per = cfg.train.batch_size // checked.layout.shape.data
