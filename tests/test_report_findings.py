@@ -947,3 +947,15 @@ def test_a_half_written_line_in_a_metrics_log_loses_that_line_only(tmp_path: Pat
                    '\n{"step": 3, "train/loss": 1.25}\n[4]\n')
     assert _read_losses(log) == ((1, 2.0), (2, 1.5), (3, 1.25))
     assert _read_losses(tmp_path / "missing.jsonl") is None
+
+
+def test_figures_below_one_keep_three_significant_figures() -> None:
+    """A small model's runs read "1.36x slower (0.2 ms against 0.2 ms)" and "1/7.9 of the 0.0 MiB a full replica
+    holds": figures below 1 keep three significant figures."""
+    from shardbench.report.findings import strategy_findings
+
+    fast, slow = run("fast", {"parallel.strategy": "dp"}, 0.15), run("slow", {"parallel.strategy": "dp"}, 0.204)
+    assert "slow is 1.36x slower (0.204 ms against 0.15 ms)" in " ".join(speed_findings([fast, slow]))
+    tiny = run("tiny", {"parallel.strategy": "dp"}, 10.0, breakdown=(0.0123, 0.0246, 0.0123, 1.0))
+    assert strategy_findings([tiny])[0].startswith(
+        "DP replicates parameters and optimizer state on every device: 0.0369 MiB of parameters + optimizer state")

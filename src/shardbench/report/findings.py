@@ -65,9 +65,16 @@ def _role(strategy: str, group: list[ReportedRun]) -> str:
 
 
 def _span(values: list[float], unit: str = "", digits: int = 1) -> str:
+    """One figure, or the range of several, to `digits` decimals; below 1 to three significant figures (a small
+    model's replica of 0.04 MiB read "0.0 MiB")."""
     lo, hi = min(values), max(values)
-    same = math.isclose(lo, hi, rel_tol=0.01, abs_tol=10 ** -digits)
-    return f"{lo:,.{digits}f}{unit}" if same else f"{lo:,.{digits}f}–{hi:,.{digits}f}{unit}"
+    small = 0 < abs(hi) < 1
+
+    def show(value: float) -> str:
+        return f"{value:.3g}" if small else f"{value:,.{digits}f}"
+
+    same = math.isclose(lo, hi, rel_tol=0.01, abs_tol=0.0 if small else 10 ** -digits)
+    return f"{show(lo)}{unit}" if same else f"{show(lo)}–{show(hi)}{unit}"
 
 
 def _dtypes(run: ReportedRun) -> tuple[str, str]:
