@@ -522,6 +522,18 @@ def test_runs_past_the_compared_steps_without_logged_losses_are_said_not_compare
         (again / "runs" / name / "metrics.jsonl").write_text('{"step": 10, "train/loss": 2.0}\n')
     assert ("full, res are the same computation in one layout (repeats of one run): their losses differ by at most "
             "0.0e+00") in write_report(again).markdown.read_text()
+    # The mesh left to its default in one sweep and written out in another: one layout, as their records say it
+    # ran (the report of both sweeps called them "different layouts").
+    spelled = tmp_path / "spelled"
+    with Store(spelled / "sweep.db") as store:
+        store.add(row("default", {"parallel.mesh": "", "train.steps": 1000},
+                      rec("default", 10.0, mesh="8x1") | {"steps": 1000, "test_loss": 2.0}))
+        store.add(long_run("named", "8x1", 2.0))
+    for name in ("default", "named"):
+        (spelled / "runs" / name).mkdir(parents=True)
+        (spelled / "runs" / name / "metrics.jsonl").write_text('{"step": 10, "train/loss": 2.0}\n')
+    assert ("default, named are the same computation in one layout (repeats of one run)"
+            in write_report(spelled).markdown.read_text())
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])

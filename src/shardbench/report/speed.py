@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shardbench.measure.timing import MIN_MEASURED_STEPS
 from shardbench.report.content import comms_phrase, number
@@ -418,8 +418,7 @@ def equivalences(runs: list[ReportedRun]) -> list[Equivalence]:
         common = sorted(set.intersection(*(set(s) for s in series)))
         dtype = str(group[0].config.get("precision.dtype", "float32"))
         names, tolerance = tuple(r.name for r in group), LOSS_RTOL.get(dtype, 5e-2)
-        layouts = {json.dumps({k: r.settings.get(k) for k in sorted(LAYOUT_ONLY | {"train.grad_accum"})}, default=str)
-                   for r in group}  # accumulation is a layout too, where it groups runs (`_computation`)
+        layouts = {_layout(r) for r in group}
         if not common:
             found.append(Equivalence(names, 0.0, "", tolerance, dtype, 0, _not_compared(group)))
             continue
@@ -432,6 +431,17 @@ def equivalences(runs: list[ReportedRun]) -> list[Equivalence]:
                 largest, where = gap, key
         found.append(Equivalence(names, largest, where, tolerance, dtype, len(common), one_layout=len(layouts) == 1))
     return found
+
+
+def _layout(run: ReportedRun) -> str:
+    """A run's layout, for telling repeats of one run from layouts: its layout settings (accumulation among them,
+    where it groups runs, `_computation`), with the strategy, mesh and devices as its record says they resolved: a
+    mesh left to its default and the same one written out ('' and '8x1') are one layout."""
+    values: dict[str, Any] = {k: run.settings.get(k) for k in LAYOUT_ONLY | {"train.grad_accum"}}
+    if run.rec.mesh:  # what ran; a record that does not say keeps the settings
+        values.update({"parallel.strategy": run.strategy, "parallel.mesh": run.mesh_sizes,
+                       "parallel.devices": run.devices})
+    return json.dumps(values, sort_keys=True, default=str)
 
 
 def equivalence_findings(runs: list[ReportedRun]) -> list[str]:
