@@ -971,3 +971,24 @@ def test_figures_below_one_keep_three_significant_figures() -> None:
     tiny = run("tiny", {"parallel.strategy": "dp"}, 10.0, breakdown=(0.0123, 0.0246, 0.0123, 1.0))
     assert strategy_findings([tiny])[0].startswith(
         "DP replicates parameters and optimizer state on every device: 0.0369 MiB of parameters + optimizer state")
+
+
+def test_runs_dividing_mfu_by_different_host_peaks_are_said_to_rank_unlike_their_steps() -> None:
+    """Two sweeps reported together, each with the peak it measured on a busy host (60 and 180 GFLOP/s): the
+    slower run showed the higher MFU, with only a chart caption naming both peaks. One peak among the runs: no
+    sentence."""
+    from shardbench.report.findings import peak_findings
+
+    def measured(name: str, step_ms: float, host_gflops: float) -> ReportedRun:
+        made = run(name, {"parallel.strategy": "dp"}, step_ms)
+        mfu = dataclasses.replace(made.mfu, peak_flops_per_s_per_device=host_gflops * 1e9 / 8,
+                                  peak_origin="handed over in peak.json")
+        return dataclasses.replace(made, record=dataclasses.replace(
+            made.rec, measurements=dataclasses.replace(made.m, mfu=mfu)))
+
+    runs = [measured("s1/dp", 92.0, 60.0), measured("s2/dp", 57.8, 180.0), measured("s2/fsdp", 60.0, 180.0)]
+    assert peak_findings(runs) == [
+        "MFU of the float32 runs divides by 2 different host peaks, each measured by its own sweep or run (60.0 GFLOP/s "
+        "for s1/dp, 180.0 GFLOP/s for s2/dp, s2/fsdp): across them MFU does not rank runs as their step times do; "
+        "compare their step times or throughput."]
+    assert peak_findings(runs[1:]) == []

@@ -443,9 +443,29 @@ def comms_findings(runs: list[ReportedRun]) -> list[str]:
     return out
 
 
+def peak_findings(runs: list[ReportedRun]) -> list[str]:
+    """Where runs of one compute dtype divide MFU by different measured host peaks (runs of several sweeps, each of
+    which measured its own), MFU no longer ranks them as their step times do: said, with the peaks."""
+    peaks: dict[str, dict[float, list[str]]] = {}
+    for run in runs:
+        mfu = run.mfu
+        if run.ok and mfu.mfu is not None and mfu.peak_origin and mfu.peak_flops_per_s_per_device and run.devices:
+            whole = round(mfu.peak_flops_per_s_per_device * run.devices / 1e9, 1)  # the host's, in GFLOP/s
+            peaks.setdefault(str(run.config.get("precision.dtype", "float32")), {}).setdefault(whole, []).append(
+                run.name)
+    return [f"MFU of the {dtype} runs divides by {len(found)} different host peaks, each measured by its own sweep "
+            f"or run ({', '.join(f'{p:,.1f} GFLOP/s for {_names_of(names)}' for p, names in sorted(found.items()))}): "
+            f"across them MFU does not rank runs as their step times do; compare their step times or throughput."
+            for dtype, found in peaks.items() if len(found) > 1]
+
+
+def _names_of(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
     """Sentences under their section heading; sections the runs give nothing to say about are left out."""
-    sections = {"Speed": speed_findings(runs),
+    sections = {"Speed": speed_findings(runs) + peak_findings(runs),
                 "Simulated devices": simulated_findings(runs),
                 "The same computation?": equivalence_findings(runs),
                 "Precision and memory": precision_findings(runs, swept) + dtype_role_finding(runs),
