@@ -653,6 +653,19 @@ def test_runs_of_one_name_from_two_sweeps_are_each_named_by_their_folder_and_a_d
     assert "- `parallel.mesh`: (default), 8\n" in text
 
 
+def test_a_report_of_two_sweeps_says_what_both_held_fixed(tmp_path: Path) -> None:
+    """Two sweeps reported together, both given --steps 6 and --model.embed-dim 32, one --devices 8 too: the report
+    of each says what it held fixed, and the report of both said nothing. It says what both held alike."""
+    for sweep, base, strategy in (("s1", {"train.steps": 6, "model.embed_dim": 32}, "dp"),
+                                  ("s2", {"train.steps": 6, "model.embed_dim": 32, "parallel.devices": 8}, "fsdp")):
+        with Store(tmp_path / "both" / sweep / "sweep.db") as store:
+            store.set_meta("base", base)
+            store.add(row(f"strategy_{strategy}", {"parallel.strategy": strategy}, rec(strategy, 10.0)))
+    text = write_report(tmp_path / "both").markdown.read_text()
+    fixed = next(line for line in text.splitlines() if line.startswith("Set the same for every run: "))
+    assert fixed == "Set the same for every run: `model.embed_dim` = 32, `train.steps` = 6", fixed
+
+
 def test_a_speed_sentence_gives_throughput_in_the_tables_unit() -> None:
     """Two LM runs at batch 16 and 32 (so ranked by throughput), 1,024 tokens an example: 16 / 0.5 s = 32
     examples/s = 32,768 tokens/s against 32 / 0.8 s = 40 = 40,960 tokens/s, as the table's tokens/s column counts

@@ -111,6 +111,7 @@ class Found:
     runs: list[ReportedRun]
     sweeps: list[str]
     skipped: list[str]
+    base: dict[str, Any] = dataclass_field(default_factory=dict)  # what every run was given alike (`_held_fixed`)
 
 
 def _below(folder: Path, places: list[Path]) -> bool:
@@ -123,16 +124,19 @@ def _from_folders(root: Path, skip: Path) -> Found:
     # is read from its folders, as DIR is.
     sweeps: list[Path] = []
     placed: list[tuple[ReportedRun, str]] = []  # each run, and where it lies (its name where names clash)
+    bases: list[dict[str, Any]] = []  # what each sweep held fixed
     for db in sorted(root.rglob("sweep.db")):
         if db.parent == root or skip in db.parents:
             continue
-        stored, _ = _from_store(db)
+        stored, meta = _from_store(db)
         if stored:
             sweeps.append(db.parent)
+            bases.append(meta.get("base") or {})
             for run in stored:
                 folder = db.parent / "runs" / run.name
                 placed.append((dataclasses.replace(run, folder=folder if folder.is_dir() else None),
                                f"{_relative(db.parent, root)}/{run.name}"))
+    from_sweeps = len(placed)  # the runs read from a sweep's store come first; those after lie outside any
     for summary in sorted(root.rglob("summary.json")):
         if skip in summary.parents or _below(summary.parent, sweeps):
             continue
@@ -168,7 +172,19 @@ def _from_folders(root: Path, skip: Path) -> Found:
                                      if r.configured or k in r.config}) > 1]
     return Found([dataclasses.replace(r, overrides={k: r.config.get(k) for k in swept
                                                     if r.configured or k in r.config}) for r in runs],
-                 [_relative(s, root) for s in sweeps], skipped)
+                 [_relative(s, root) for s in sweeps], skipped,
+                 _held_fixed(bases, runs[from_sweeps:], set(swept)))
+
+
+def _held_fixed(bases: list[dict[str, Any]], loose: list[ReportedRun], swept: set[str]) -> dict[str, Any]:
+    """What a folder's runs were all given alike: the settings every sweep below it held fixed (its store's base:
+    `--steps 6` given to two sweeps reported together) with one value, which every run found outside a sweep,
+    with its config.json, shares too. Nothing for a folder of loose runs alone: no run says what it was given."""
+    if not bases:
+        return {}
+    fixed = {k: v for k, v in bases[0].items()
+             if k not in swept and k not in NOISE and all(k in b and b[k] == v for b in bases[1:])}
+    return {k: v for k, v in fixed.items() if all(r.config.get(k) == v for r in loose if r.configured)}
 
 
 def _metrics(folder: Path) -> Path | None:
@@ -231,7 +247,7 @@ def load_runs(sweep_dir: Path, skip: Path | None = None,
             f"ended; finish it with 'shardbench sweep --out {sweep_dir} --resume', then report it")
     if not runs:
         found = _from_folders(sweep_dir, skip or sweep_dir / "report")
-        runs, meta = found.runs, {"sweeps": found.sweeps, "skipped": found.skipped}
+        runs, meta = found.runs, {"sweeps": found.sweeps, "skipped": found.skipped, "base": found.base}
     if runs and not any(r.ok for r in runs) and all(r.error_kind == INCOMPLETE for r in runs):
         # Nothing but unfinished folders is nothing to report; they are named all the same.
         names = [r.name for r in runs]
