@@ -1005,3 +1005,23 @@ def test_runs_dividing_mfu_by_different_host_peaks_are_said_to_rank_unlike_their
         "for s1/dp, 180.0 GFLOP/s for s2/dp, s2/fsdp): across them MFU does not rank runs as their step times do; "
         "compare their step times or throughput."]
     assert peak_findings(runs[1:]) == []
+
+
+def test_runs_over_other_data_are_another_computation_not_a_layout_whose_results_differ(tmp_path: Path) -> None:
+    """dp, then the data file regenerated, then fsdp: the report said they "should be the same computation but
+    differ ... Check the layouts' results" and that fsdp "differs in: parallel.strategy". Each run's data.json
+    keeps its data's digest: the runs are not one computation, and the data is named among what differs."""
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+
+    for name, strategy, digest, loss in (("dp", "dp", "a" * 40, 1.0), ("fsdp", "fsdp", "b" * 40, 1.5)):
+        folder = tmp_path / "runs" / name
+        folder.mkdir(parents=True)
+        made = rec(name, 10.0 if name == "dp" else 20.0, strategy=strategy) | {"model": "vit", "test_loss": loss}
+        (folder / "summary.json").write_text(json.dumps(made))
+        cfg = override(get_preset("vit-tiny"), {"parallel.strategy": strategy})
+        (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+        (folder / "data.json").write_text(json.dumps({"dataset": "arrays:x.npz", "sha1": digest}))
+    text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
+    assert "should be the same computation" not in text and "same computation in different layouts" not in text
+    assert "it differs in: parallel.strategy fsdp against dp; the data it read (data.json's digest)" in text, text

@@ -64,6 +64,9 @@ class ReportedRun:
     configured: bool = True
     traced: TraceTime | None = None  # its profiler trace's op time by kind (report.traces), where --profile left one
     trace_error: str | None = None  # why a trace it recorded could not be read
+    # What it read that its settings do not say (`report.write._inputs`): {"data": data.json's sha1, "model": a
+    # model of your own's file's sha256}, where its folder keeps them
+    inputs: dict[str, str] = dataclass_field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

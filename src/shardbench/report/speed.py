@@ -156,6 +156,10 @@ def _differences(run: ReportedRun, fastest: ReportedRun) -> list[str]:
     mine, theirs = run.settings, fastest.settings
     keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
     out = [f"{k} {_named_setting(run, k)} against {_named_setting(fastest, k)}" for k in keys]
+    for what, said in (("data", "the data it read (data.json's digest)"),
+                       ("model", "its model file (model.json's digest)")):
+        if run.inputs.get(what) and fastest.inputs.get(what) and run.inputs[what] != fastest.inputs[what]:
+            out.append(said)
     if (run.devices or 1) != (fastest.devices or 1) and "parallel.devices" not in keys:
         out.append(f"{run.devices or 1} device(s) against {fastest.devices or 1}")
     if (run.m.processes or 1) != (fastest.m.processes or 1):  # not a setting: the launch's (or the sweep's)
@@ -361,7 +365,10 @@ def _computation(run: ReportedRun) -> str:
     whole batch's, up to the order of its sums (docs/training.md)."""
     masks = run.settings.get("model.factory") or any(number(run.settings.get(k)) for k in RANDOM_LAYERS)
     ignored = LAYOUT_ONLY if masks else LAYOUT_ONLY | {"train.grad_accum"}
-    return json.dumps({k: v for k, v in run.settings.items() if k not in ignored}, sort_keys=True, default=str)
+    # The data and a model file, where its folder says what they held: the same flags over regenerated data, or
+    # an edited model file, are another computation, not a layout whose results differ.
+    return json.dumps({**{k: v for k, v in run.settings.items() if k not in ignored}, "inputs": run.inputs},
+                      sort_keys=True, default=str)
 
 
 RANDOM_LAYERS = ("model.dropout", "model.drop_path")  # masks a microbatch draws of its own under accumulation

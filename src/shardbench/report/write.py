@@ -213,6 +213,21 @@ def _read_losses(metrics: Path) -> tuple[tuple[int, float], ...] | None:
     return tuple(losses)
 
 
+def _inputs(run: ReportedRun, sweep_dir: Path) -> dict[str, str]:
+    """What a run read that its settings do not say, as its folder's records give it: the data's digest
+    (data.json's sha1) and a model of your own's file's (model.json's sha256). Found where its losses are."""
+    places = [run.folder] if run.folder is not None else [sweep_dir / "runs" / run.name, sweep_dir / run.name]
+    folder = next((p for p in places if (p / "data.json").is_file()), None)
+    if folder is None:
+        return {}
+    found: dict[str, str] = {}
+    for name, key in (("data.json", "sha1"), ("model.json", "sha256")):
+        record = _read_json(folder / name) if (folder / name).is_file() else None
+        if isinstance(record, dict) and isinstance(record.get(key), str):
+            found[name.removesuffix(".json")] = record[key]
+    return found
+
+
 def _logged_losses(run: ReportedRun, sweep_dir: Path) -> tuple[tuple[int, float], ...] | None:
     """The run's logged train losses. A run read from a folder of runs has them in the folder its summary.json
     lies in and nowhere else: the record's `out` and the config's `train.out` name where it was first written,
@@ -260,7 +275,8 @@ def load_runs(sweep_dir: Path, skip: Path | None = None,
                  if meta.get("skipped") else "")
         raise ShardbenchError(f"{sweep_dir}: no runs to report (no runs in a sweep.db and no summary.json below "
                               f"it{other})")
-    return [dataclasses.replace(r, losses=_logged_losses(r, sweep_dir)) if r.ok else r for r in runs], meta
+    return [dataclasses.replace(r, losses=_logged_losses(r, sweep_dir), inputs=_inputs(r, sweep_dir)) if r.ok else r
+            for r in runs], meta
 
 
 PREDICTIONS = "plan-validation.json"  # written by `shardbench plan --validate DIR`
