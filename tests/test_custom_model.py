@@ -180,6 +180,9 @@ BAD_PLUGINS = [
      "your model's parameter dense/kernel names 1 axes ('embed',) for its 2 dimensions (3072, 10): give one name "
      "per dimension (None for one kept whole)"),
     ("def build(cfg, rngs):\n    return 3\n", "returned a int, not an nnx.Module"),
+    # an array, traced: not "returned a DynamicJaxprTracer"
+    ("import jax.numpy as jnp\ndef build(cfg, rngs):\n    return jnp.zeros((3,))\n",
+     "returned an array, not an nnx.Module"),
     ("from flax import nnx\n"
      "class Wrong(nnx.Module):\n"
      "    def __init__(self, rngs):\n"

@@ -711,3 +711,17 @@ def test_a_timeout_names_the_limit_its_task_ran_under_not_todays_timeout(tmp_pat
     kind, said = slurm_lib._own_ending(stopped, {"timeout_s": 35 * 60.0 - 180, "job_limit_s": 35 * 60.0}, log,
                                        resumed)
     assert said.endswith("(the job's 35-minute time limit less 180 s, which came before the run's --timeout)")
+
+
+def test_a_local_sweeps_unrecorded_run_is_not_called_unsubmitted(tmp_path: Path) -> None:
+    """`--status` of a local sweep stopped during its second run called that run UNSUBMITTED, SLURM's word for a
+    job never sent; a sweep with no jobs says it was not recorded (UNRECORDED)."""
+    sweep = make_sweep("mlp-small", values={"train.batch_size": "8,16"})
+    first, second = sweep.runs
+    with Store(tmp_path / "sweep.db") as store:
+        for key, value in plan_meta(sweep, {}).items():
+            store.set_meta(key, value)
+        store.add(RunRow(first.name, "complete", None, None, first.overrides, {}, {}, 1.0, 2.0, 1.0))
+        lines = slurm_lib.status_lines(store, sweep)
+    assert lines[0].startswith("2 run(s): 1 LOCAL, 1 UNRECORDED"), lines[0]
+    assert any(line.split()[:3] == [second.name, "-", "UNRECORDED"] for line in lines[1:]), lines

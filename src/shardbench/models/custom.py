@@ -141,7 +141,8 @@ def build(cfg: Config, rngs: nnx.Rngs) -> nnx.Module:
     with nnx.use_eager_sharding(False):
         module = plugin.build(cfg, rngs)
     if not isinstance(module, nnx.Module):
-        raise ConfigError(f"--model {plugin.source} returned a {type(module).__name__}, not an nnx.Module (a linen "
+        what = "an array" if hasattr(module, "shape") and hasattr(module, "dtype") else f"a {type(module).__name__}"
+        raise ConfigError(f"--model {plugin.source} returned {what}, not an nnx.Module (a linen "
                           f"module can be wrapped with flax.nnx.bridge.ToNNX)")
     return module
 

@@ -414,8 +414,10 @@ def status_lines(store: Store, sweep: Sweep) -> list[str]:
         job: JobRow | None = jobs.get(run.name)
         row = rows.get(run.name)
         if job is None:
-            # a run recorded without a job ran here (a local sweep resumed on SLURM): not SLURM's COMPLETED
-            state, reason, jid = (f"LOCAL ({row.status})" if row is not None else "UNSUBMITTED"), "", "-"
+            # a run recorded without a job ran here (a local sweep resumed on SLURM): not SLURM's COMPLETED; one
+            # not recorded is unsubmitted where the sweep has jobs, else a local run that never ended (stopped)
+            state = (f"LOCAL ({row.status})" if row is not None else "UNSUBMITTED" if jobs else "UNRECORDED")
+            reason, jid = "", "-"
         else:
             now = states.get(job.job_id) if job.name in live else None
             if job.name in live and now is None and read and _lost(job):
