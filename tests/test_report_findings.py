@@ -1025,3 +1025,6 @@ def test_runs_over_other_data_are_another_computation_not_a_layout_whose_results
     text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
     assert "should be the same computation" not in text and "same computation in different layouts" not in text
     assert "it differs in: parallel.strategy fsdp against dp; the data it read (data.json's digest)" in text, text
+    # a damaged data.json leaves the run reported, its data unknown (the report stopped on it)
+    (tmp_path / "runs" / "fsdp" / "data.json").write_text("{")
+    assert "the data it read" not in write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()

@@ -222,7 +222,10 @@ def _inputs(run: ReportedRun, sweep_dir: Path) -> dict[str, str]:
         return {}
     found: dict[str, str] = {}
     for name, key in (("data.json", "sha1"), ("model.json", "sha256")):
-        record = _read_json(folder / name) if (folder / name).is_file() else None
+        try:
+            record = _read_json(folder / name) if (folder / name).is_file() else None
+        except DataError:  # damaged: the run is reported, its inputs unknown (as a folder without them)
+            continue
         if isinstance(record, dict) and isinstance(record.get(key), str):
             found[name.removesuffix(".json")] = record[key]
     return found
