@@ -525,10 +525,10 @@ class ReportContent:
         return {**{k: v for k, v in self.base.items() if k not in self.varied and k not in NOISE},
                 **{k: v[0] for k, v in self.swept.items() if len(v) == 1}}
 
-    def unread(self, key: str) -> list[str]:
-        """The runs that never read the field `key` (`validation.inert_fields`): a sweep's --devices 8 is set for
+    def unread(self) -> dict[str, list[str]]:
+        """{field: the runs that never read it} (`validation.inert_fields`): a sweep's --devices 8 is set for
         single's run too, which trains on one device. Runs whose configuration is not known are left out."""
-        names = []
+        found: dict[str, list[str]] = {}
         for run in self.runs:
             if not run.configured:
                 continue
@@ -536,15 +536,16 @@ class ReportContent:
                 cfg = override(Config(), {k: v for k, v in run.config.items() if k != "preset"})
             except (ShardbenchError, TypeError, ValueError):  # an older record's fields: nothing said of it
                 continue
-            if key in inert_fields(cfg):
-                names.append(run.name)
-        return names
+            for key in inert_fields(cfg):
+                found.setdefault(key, []).append(run.name)
+        return found
 
     def fixed_text(self) -> list[tuple[str, str]]:
         """Each field set the same for every run, and its value as shown, with the runs that never read it."""
         shown = []
+        never = self.unread() if self.fixed else {}
         for key, value in self.fixed.items():
-            unread = self.unread(key)
+            unread = never.get(key, [])
             more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
             shown.append((key, setting_text(value) + (f" (not read by {', '.join(unread[:3])}{more})" if unread
                                                       else "")))
