@@ -47,6 +47,12 @@ STATE, METER = "default", "meter"  # the items of a checkpoint: the train state,
 UNFINISHED = ".orbax-checkpoint-tmp"  # the folder orbax writes a step's checkpoint into before it is final
 
 
+def saved_steps(directory: Path) -> list[int]:
+    """The steps whose checkpoint orbax finalised in `directory` (a folder named for its step; one it left
+    half-written is named `N.orbax-checkpoint-tmp`), read from the folder alone, without a manager."""
+    return sorted(int(p.name) for p in directory.glob("*") if p.name.isdigit() and p.is_dir())
+
+
 class _SaidUnfinished(logging.Filter):
     """Keeps off orbax's warning that it removes a half-written checkpoint before saving that step again
     (`WARNING:absl:Attempted to create temporary directory ...`): `Checkpoints.unfinished_note` says it on resume."""

@@ -28,6 +28,7 @@ from shardbench.prices import run_cost
 from shardbench import compile_cache
 from shardbench.train import hooks
 from shardbench.train.build import BuiltRun, FinishedRun, build_run
+from shardbench.train.checkpoint import saved_steps
 from shardbench.train.evaluation import evaluate
 from shardbench.train.events import ScalarWriter
 
@@ -50,7 +51,7 @@ def _way_on_unbuilt(cfg: Config) -> str:
     if not cfg.train.out:  # every command without --out makes a new folder
         return "no step was trained: the same command starts the run over"
     out = Path(cfg.train.out)
-    steps = sorted(int(p.name) for p in (out / "checkpoints").glob("*") if p.name.isdigit())
+    steps = saved_steps(out / "checkpoints")
     if steps:
         return f"the same command with --resume --out {out} goes on from the checkpoint of step {steps[-1]}"
     if (out / "config.json").exists():
