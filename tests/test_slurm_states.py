@@ -641,14 +641,7 @@ def test_status_names_a_run_that_ran_here_apart_from_slurms_states(
     _script(bin_dir / "squeue", "true\n")
     _script(bin_dir / "sacct", "echo '41_1|COMPLETED|None|0:0|2024-01-01T00:00:00|2024-01-01T00:05:00'\n")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    sweep = make_sweep("mlp-small", values={"train.batch_size": "8,16"})
-    first, second = sweep.runs
-    with Store(out / "sweep.db") as store:
-        for key, value in plan_meta(sweep, {}).items():
-            store.set_meta(key, value)
-        store.add(RunRow(first.name, "complete", None, None, first.overrides, {}, {}, 1.0, 2.0, 1.0))
-        store.set_job(second.name, "41_1", "RUNNING")
-        lines = slurm_lib.status_lines(store, sweep)
+    lines, _ = _status_of_two_runs_the_first_local(out, job="41_1")
     assert lines[0].startswith("2 run(s): 1 LOCAL, 1 COMPLETED"), lines[0]
     assert "LOCAL (complete)" in lines[1]
 
@@ -716,12 +709,20 @@ def test_a_timeout_names_the_limit_its_task_ran_under_not_todays_timeout(tmp_pat
 def test_a_local_sweeps_unrecorded_run_is_not_called_unsubmitted(tmp_path: Path) -> None:
     """`--status` of a local sweep stopped during its second run called that run UNSUBMITTED, SLURM's word for a
     job never sent; a sweep with no jobs says it was not recorded (UNRECORDED)."""
+    lines, second = _status_of_two_runs_the_first_local(tmp_path)
+    assert lines[0].startswith("2 run(s): 1 LOCAL, 1 UNRECORDED"), lines[0]
+    assert any(line.split()[:3] == [second, "-", "UNRECORDED"] for line in lines[1:]), lines
+
+
+def _status_of_two_runs_the_first_local(out: Path, job: str | None = None) -> tuple[list[str], str]:
+    """`--status` lines of a two-run sweep whose first run was recorded here, with no job, and whose second has
+    SLURM job `job` running (None: none); and the second run's name."""
     sweep = make_sweep("mlp-small", values={"train.batch_size": "8,16"})
     first, second = sweep.runs
-    with Store(tmp_path / "sweep.db") as store:
+    with Store(out / "sweep.db") as store:
         for key, value in plan_meta(sweep, {}).items():
             store.set_meta(key, value)
         store.add(RunRow(first.name, "complete", None, None, first.overrides, {}, {}, 1.0, 2.0, 1.0))
-        lines = slurm_lib.status_lines(store, sweep)
-    assert lines[0].startswith("2 run(s): 1 LOCAL, 1 UNRECORDED"), lines[0]
-    assert any(line.split()[:3] == [second.name, "-", "UNRECORDED"] for line in lines[1:]), lines
+        if job is not None:
+            store.set_job(second.name, job, "RUNNING")
+        return slurm_lib.status_lines(store, sweep), second.name
