@@ -394,6 +394,45 @@ def test_charts_are_valid_pngs(written: ReportPaths) -> None:
         assert width >= 600 and height >= 150 and len(data) > 10_000, (name, width, height, len(data))
 
 
+def _charts_named(markdown: Path) -> set[str]:
+    return set(re.findall(r"\]\(([\w.]+\.png)\)", markdown.read_text()))
+
+
+def test_an_interrupted_report_leaves_the_last_whole_report_or_none(sweep_dir: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while a report is written (here, as its last file is written) leaves the folder's earlier report as
+    it was, every chart it names in place, and a new folder without report.md or charts: nothing half-written."""
+    first = write_report(sweep_dir)
+    before = first.markdown.read_text()
+    assert _charts_named(first.markdown) == {f"{name}.png" for name in CHARTS}
+    with Store(sweep_dir / "sweep.db") as store:  # a run more: the next report differs
+        store.add(dataclasses.replace(sweep_rows()[0], name="once_more"))
+
+    def interrupted(*args: Any, **kwargs: Any) -> Path:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("shardbench.report.runs_csv.write_csv", interrupted)
+    fresh = tmp_path / "fresh"
+    for out in (None, fresh):
+        with pytest.raises(KeyboardInterrupt):
+            write_report(sweep_dir, out)
+    assert first.markdown.read_text() == before
+    assert all((first.directory / name).is_file() for name in _charts_named(first.markdown))
+    assert not list(first.directory.glob(".*")) and not list(fresh.iterdir())
+
+
+def test_a_new_report_removes_the_charts_it_left_out_and_what_killed_writers_left(written: ReportPaths) -> None:
+    out = written.directory
+    (out / "plan_vs_measured.png").write_bytes(b"an earlier report's chart")  # this sweep has no plan
+    (out / "notes.txt").write_text("the user's own")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / f".writing-{int(gone.stdout)}").mkdir()  # a writer killed before it finished
+    (out / f".writing-{int(gone.stdout)}" / "report.md").write_text("half")
+    again = write_report(out.parent)
+    assert sorted(again.charts) == sorted(CHARTS) and not (out / "plan_vs_measured.png").exists()
+    assert (out / "notes.txt").read_text() == "the user's own" and not list(out.glob(".writing-*"))
+
+
 def test_long_run_names_fit_the_charts_and_stay_whole_in_the_table(tmp_path: Path) -> None:
     """Two runs of 200-character names (a sweep's longest, differing only in their last characters): each chart
     shows their start and end, so they stay apart and nothing runs past the chart's edge; the table names them

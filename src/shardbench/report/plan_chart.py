@@ -102,9 +102,11 @@ def plan_vs_measured(runs: list[ReportedRun], out: Path) -> Chart | str:
     return _save(fig, out, "plan_vs_measured", "Predicted against measured step time", note)
 
 
+FILE = "plan_vs_measured.png"
+
+
 def write_chart(runs: list[ReportedRun], out: Path) -> list[Chart]:
-    """The chart where the planner predicted the runs (none otherwise, and none left from an earlier report)."""
-    (out / "plan_vs_measured.png").unlink(missing_ok=True)
+    """The chart where the planner predicted the runs (none otherwise)."""
     made = plan_vs_measured(runs, out)
     return [made] if isinstance(made, Chart) else []
 

@@ -456,6 +456,9 @@ def memory_breakdown(runs: list[ReportedRun], out: Path) -> Chart | str:
 
 CHARTS: tuple[Callable[[list[ReportedRun], Path], Chart | str], ...] = (
     step_time, throughput, epoch_time, mesh_batch_epoch, mesh_batch_memory, peak_memory, mfu, comms, memory_breakdown)
+# The files CHARTS can write: an earlier report's that this one leaves out are removed when it is published.
+FILES = tuple(f"{stem}.png" for stem in ("epoch_time", "step_time", "mesh_batch_epoch_time", "mesh_batch_memory",
+                                         "peak_memory", "throughput", "mfu", "comms", "memory_breakdown"))
 
 
 def write_charts(runs: list[ReportedRun], out: Path) -> tuple[list[Chart], list[str]]:
@@ -464,9 +467,6 @@ def write_charts(runs: list[ReportedRun], out: Path) -> tuple[list[Chart], list[
     charts of a sweep that varies no mesh and batch) is left out without a line."""
     charts: list[Chart] = []
     omitted: list[str] = []
-    for stale in ("epoch_time", "step_time", "mesh_batch_epoch_time", "mesh_batch_memory", "peak_memory",
-                  "throughput", "mfu", "comms", "memory_breakdown"):
-        (out / f"{stale}.png").unlink(missing_ok=True)  # a chart left out this time must not linger from the last
     for draw in CHARTS:
         made = draw(runs, out)
         if isinstance(made, Chart):

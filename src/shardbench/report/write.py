@@ -18,7 +18,7 @@ from shardbench.errors import DataError, ShardbenchError, writable_dir
 from shardbench.measure.run_record import Measurements, RunRecord, from_json
 from shardbench.prices import PriceTable
 from shardbench.report import html as html_page
-from shardbench.report import plan_chart, plots, runs_csv
+from shardbench.report import plan_chart, plots, runs_csv, staging
 from shardbench.report.content import (
     COLUMNS, INCOMPLETE, NOISE, Column, ReportContent, ReportedRun, reported, setting_text, shown,
 )
@@ -458,19 +458,21 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
     if skipped:
         source += (f" Left out, as their config.json is not a shardbench run's: "
                    f"{', '.join(f'`{n}`' for n in skipped)}.")
-    charts, omitted = plots.write_charts(runs, out)
-    charts += plan_chart.write_chart(runs, out)  # where the planner predicted these runs
-    columns = shown(COLUMNS, runs)
-    content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source, runs=runs,
-                            columns=columns, swept=swept, findings=explain(runs, swept), charts=charts,
-                            table_note=table_note(columns, runs) + wall_note(runs) + cost_note(runs, prices)
-                            + runs_csv.NOTE,
-                            omitted=tuple(omitted), base=meta.get("base") or {})
-    markdown, page = out / "report.md", out / "report.html"
-    markdown.write_text(render_markdown(content), encoding="utf-8")
-    page.write_text(html_page.render(content), encoding="utf-8")
-    table = runs_csv.write_csv(content.runs, list(swept), out / runs_csv.FILE)
-    return ReportPaths(out, markdown, page, table, {c.name: c.path for c in content.charts},
+    with staging.staged(out) as stage:  # no interruption leaves a half-written report (report.md comes last)
+        charts, omitted = plots.write_charts(runs, stage)
+        charts += plan_chart.write_chart(runs, stage)  # where the planner predicted these runs
+        columns = shown(COLUMNS, runs)
+        content = ReportContent(title=f"shardbench sweep report: {sweep_dir.resolve().name}", source=source,
+                                runs=runs, columns=columns, swept=swept, findings=explain(runs, swept),
+                                charts=charts, table_note=table_note(columns, runs) + wall_note(runs)
+                                + cost_note(runs, prices) + runs_csv.NOTE,
+                                omitted=tuple(omitted), base=meta.get("base") or {})
+        (stage / "report.md").write_text(render_markdown(content), encoding="utf-8")
+        (stage / "report.html").write_text(html_page.render(content), encoding="utf-8")
+        runs_csv.write_csv(content.runs, list(swept), stage / runs_csv.FILE)
+        staging.publish(stage, out, last="report.md", stale=(*plots.FILES, plan_chart.FILE))
+    markdown, page, table = out / "report.md", out / "report.html", out / runs_csv.FILE
+    return ReportPaths(out, markdown, page, table, {c.name: out / c.path.name for c in content.charts},
                        {c.name: c.clipped for c in content.charts if c.clipped},
                        incomplete=tuple(r.name for r in content.runs if r.error_kind == INCOMPLETE),
                        pending=tuple(pending), skipped=tuple(skipped),
