@@ -182,7 +182,12 @@ def _stats_entry(value: list[list[float]]) -> tuple[tuple[float, ...], tuple[flo
       np.uint8), "y_test": np.zeros(2)}, {}, "has 40x40 images but the model expects 32x32; pass --data.image-size 40"),
     ({"x_train": np.zeros((4, 17), np.int32), "y_train": np.zeros(4), "x_test": np.full((2, 17), 600, np.int32),
       "y_test": np.zeros(2)}, {"model.kind": "lm", "model.seq_len": 16, "model.vocab_size": 512},
-     "token ids must be in [0, 512) (--model.vocab-size) in every split"),
+     "x_test[0, 0] is token id 600, outside --model.vocab-size's [0, 512): --model.vocab-size 601 or more takes "
+     "every id of x_test"),
+    ({"x_train": np.zeros((4, 17), np.int32), "y_train": np.zeros(4), "x_test": np.zeros((2, 17), np.int32),
+      "y_test": np.zeros(2)} | {"x_train": np.array([[0] * 16 + [-3]] * 4, np.int32)},
+     {"model.kind": "lm", "model.seq_len": 16, "model.vocab_size": 512},
+     "x_train[0, 16] is token id -3, outside --model.vocab-size's [0, 512): ids are never negative"),
     # Arrays that are no rows of numbers: named by key and file, not a TypeError or ValueError inside numpy.
     ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.array(3, np.int64), "x_test": np.zeros(
       (2, 32, 32, 3), np.uint8), "y_test": np.zeros(2)}, {},

@@ -147,8 +147,15 @@ def load_arrays(path: Path, kind: str, *, num_classes: int, seq_len: int, vocab_
         if not np.issubdtype(x.dtype, np.integer) or x.ndim != 2 or x.shape[1] != seq_len + 1:
             raise DataError(f"{name}: token sequences must be integers (N, --model.seq-len + 1 = {seq_len + 1}), got "
                             f"{x.dtype} {x.shape}")
-        if any(v.min() < 0 or v.max() >= vocab_size for k, v in arrays.items() if k.startswith("x_") and v.size):
-            raise DataError(f"{name}: token ids must be in [0, {vocab_size}) (--model.vocab-size) in every split")
+        for key, tokens in arrays.items():
+            outside = (tokens < 0) | (tokens >= vocab_size) if key.startswith("x_") else None
+            if outside is not None and outside.any():
+                row, col = (int(i[0]) for i in np.nonzero(outside))
+                bad = int(tokens[row, col])
+                mend = ("ids are never negative" if bad < 0 else
+                        f"--model.vocab-size {int(tokens.max()) + 1} or more takes every id of {key}")
+                raise DataError(f"{name}: {key}[{row}, {col}] is token id {bad}, outside --model.vocab-size's [0, "
+                                f"{vocab_size}): {mend}")
         arrays.update({k: v.astype(np.int32) for k, v in arrays.items() if k.startswith("x_")})
         train, val, test = _column_splits(arrays, "tokens", None, val_fraction, seed)
         return Dataset(name, train, val, test, {"vocab_size": vocab_size})
