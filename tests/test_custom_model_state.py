@@ -337,11 +337,27 @@ class Net(nnx.Module):
 def build(cfg, rngs):
     return Net(rngs)
 ''', "calling it in evaluation mode on classify input of shape (2, 32, 32, 3) failed: ValueError: no evaluation path"),
+    ('''
+import flax.linen as nn
+from flax import nnx
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(10)(x.reshape(x.shape[0], -1))
+
+
+def build(cfg, rngs):
+    return nnx.bridge.ToNNX(Net(), rngs=rngs)  # no lazy_init: no parameters yet
+''', "the linen module through nnx.bridge.ToNNX has no parameters: call nnx.bridge.lazy_init(model, example_input) "
+     "in build, as examples/linen_mlp.py does"),
 ]
 
 
 @pytest.mark.parametrize(("source", "message"), REFUSED, ids=["not-an-array", "nested-bridge", "unknown-mode",
-                                                              "linen-batchnorm-without-mode", "eval-only-failure"])
+                                                              "linen-batchnorm-without-mode", "eval-only-failure",
+                                                              "bridge-without-lazy-init"])
 def test_what_cannot_be_carried_stops_with_one_line(tmp_path: Path, capsys, source: str, message: str) -> None:
     """(under 1 s each.)"""
     out = tmp_path / "run"

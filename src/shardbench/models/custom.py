@@ -222,6 +222,13 @@ def bridge_collections(cfg: Config, model: nnx.Module) -> tuple[str, ...]:
     return tuple(sorted(set(found)))
 
 
+def uninitialised_bridges(model: nnx.Module) -> list[str]:
+    """Where `model` holds a linen module through the bridge with no parameters yet ('' for `model` itself):
+    `nnx.bridge.ToNNX` makes them only when `nnx.bridge.lazy_init` calls it once."""
+    return ["/".join(map(str, path)) for path, m in nnx.iter_modules(model)
+            if isinstance(m, nnx.bridge.ToNNX) and not nnx.to_flat_state(nnx.state(m, nnx.Param))]
+
+
 def linen_collections(held: nnx.State) -> list[str]:
     """The linen collection names of the bridge's non-parameter variables (BatchStat -> 'batch_stats')."""
     from flax.nnx import variablelib

@@ -58,6 +58,8 @@ class ModelSpec:
     # How many stacks of layers its call hands to `models.axes.run_stack` (the built-in models one; a model of
     # your own as many as tracing its call counts): what a pipeline splits into stages.
     stacks: int = 1
+    # A model of your own: where it holds a linen module through the bridge with no parameters yet ('' = itself).
+    bare_bridges: tuple[str, ...] = ()
     unused_rules: tuple[str, ...] = ()  # a model of your own: --rules names that none of its variables give
 
     def axis_notes(self) -> list[str]:
@@ -202,7 +204,8 @@ def describe_model(cfg: Config) -> ModelSpec:
     spec = ModelSpec(graphdef, abstract, axes, param_shapes(abstract), axis_fields(cfg), custom.takes_rng(model),
                      unmapped, rest, state_axes, state_stored, kinds, custom=True,
                      takes_rngs=custom.takes_rngs(model), mode=custom.mode_argument(cfg, model),
-                     mutable=custom.bridge_collections(cfg, model), axis_names=custom.axis_names(model))
+                     mutable=custom.bridge_collections(cfg, model), axis_names=custom.axis_names(model),
+                     bare_bridges=tuple(custom.uninitialised_bridges(model)))
     spec = replace(spec, unused_rules=tuple(sorted(set(rules) - custom.declared_names(abstract, rest))))
     _check_mode_declared(cfg, spec)
     spec = _with_traced_axis_names(cfg, spec)
@@ -338,8 +341,12 @@ def _traced_call(cfg: Config, spec: ModelSpec, example: jax.ShapeDtypeStruct, tr
     try:
         return spec.trace_outputs(nnx.to_pure_dict(spec.abstract), example, train=train)
     except (Exception, SystemExit) as err:  # noqa: BLE001 - the user's code: one line (Ctrl-C stays an interrupt)
+        bare = spec.bare_bridges
+        hint = (f"; the linen module {'at ' + bare[0] + ' ' if bare[0] else ''}through nnx.bridge.ToNNX has no "
+                f"parameters: call nnx.bridge.lazy_init(model, example_input) in build, as examples/linen_mlp.py "
+                f"does" if bare else "")
         raise ConfigError(f"--model {cfg.model.factory}: calling it{'' if train else ' in evaluation mode'} on "
-                          f"{cfg.model.task} input of shape {example.shape} failed: {first_line(err)}") from None
+                          f"{cfg.model.task} input of shape {example.shape} failed: {first_line(err)}{hint}") from None
 
 
 def first_line(err: BaseException) -> str:
