@@ -144,6 +144,10 @@ def test_axis_names_come_from_flax_metadata_and_rules_map_the_rest(micro) -> Non
     assert mapped.axes["conv2"]["kernel"] == (None, None, None, "mlp") and mapped.unmapped == ()
     with pytest.raises(ConfigError, match="--rules conv_out=model: model is not one of shardbench's logical axes"):
         describe_model(override(cfg, {"parallel.rules": "conv_out=model"}))
+    with pytest.raises(ConfigError, match="^--rules maps conv_out twice, to mlp and to none: give conv_out one axis$"):
+        describe_model(override(cfg, {"parallel.rules": "conv_out=mlp,conv_in=none,conv_out=none"}))
+    repeated = describe_model(override(cfg, {"parallel.rules": "conv_out=mlp,conv_out=mlp"}))  # the same, twice
+    assert repeated.axes["conv2"]["kernel"] == (None, None, None, "mlp")
 
 
 def _plugin(tmp_path: Path, source: str) -> str:

@@ -248,7 +248,10 @@ def parse_rules(text: str) -> dict[str, str]:
         if axis not in KNOWN and axis != "none":
             raise ConfigError(f"--rules {item}: {axis} is not one of shardbench's logical axes: choose from "
                               f"{', '.join(sorted(KNOWN))} or none")
-        rules[name.strip()] = axis
+        name = name.strip()
+        if rules.get(name, axis) != axis:
+            raise ConfigError(f"--rules maps {name} twice, to {rules[name]} and to {axis}: give {name} one axis")
+        rules[name] = axis
     return rules
 
 
