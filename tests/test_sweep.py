@@ -316,7 +316,8 @@ def test_a_run_whose_values_make_a_long_name_runs_in_a_folder_of_a_short_one(tmp
 
 
 def test_unknown_fields_and_malformed_values_stop_the_sweep(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    with pytest.raises(ConfigError, match="unknown configuration field 'train.batchsize'"):
+    with pytest.raises(ConfigError, match=r"^unknown configuration field 'train.batchsize' \(did you mean "
+                                          r"'train.batch_size'\?\): see 'shardbench train --help'$"):
         make_sweep("vit-tiny", values={"train.batchsize": "1,2"})
     with pytest.raises(ConfigError, match="'many' is not a valid int"):
         make_sweep("vit-tiny", values={"train.batch_size": "32,many"})
@@ -355,7 +356,11 @@ train.steps = 20
     with pytest.raises(ConfigError, match="grid.toml: --train.steps: true is not a valid int"):
         load_sweep_file(path)
     path.write_text('[base]\nmodel.width = 3')
-    with pytest.raises(ConfigError, match="unknown configuration field 'model.width'"):
+    with pytest.raises(ConfigError, match=r"unknown configuration field 'model.width': see"):  # near to nothing
+        load_sweep_file(path)
+    path.write_text('[grid]\nstrategy = ["dp", "fsdp"]')  # a short flag's spelling names its field
+    with pytest.raises(ConfigError, match=r"unknown configuration field 'strategy' \(did you mean "
+                                          r"'parallel.strategy'\?\)"):
         load_sweep_file(path)
 
 

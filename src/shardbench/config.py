@@ -8,6 +8,7 @@ presets are `shardbench.presets`; text to values is `shardbench.parsing`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import typing
@@ -394,6 +395,16 @@ def declarations() -> dict[str, tuple[Any, Any, Spec]]:
 
 
 SPECS: dict[str, Spec] = {key: spec for key, (_, _, spec) in declarations().items()}
+
+
+def unknown_field(key: str) -> ConfigError:
+    """The one line for a 'section.field' key no section declares, with the field it was likely meant to be: the
+    one whose short flag it spells ('strategy' for parallel.strategy), or one a typo away ('train.stepz')."""
+    spelled = key.strip().lstrip("-").replace("_", "-")
+    meant = [k for k, spec in SPECS.items() if spec.short and spec.short.lstrip("-") == spelled]
+    meant = meant or difflib.get_close_matches(key.replace("-", "_"), list(SPECS), n=1, cutoff=0.8)
+    hint = f" (did you mean '{meant[0]}'?)" if meant else ""
+    return ConfigError(f"unknown configuration field '{key}'{hint}: see 'shardbench train --help'")
 # The range of every numeric field, as declared; `shardbench.validation.check_ranges` checks them all.
 RANGES: dict[str, Range] = {key: spec.range for key, spec in SPECS.items() if spec.range is not None}
 

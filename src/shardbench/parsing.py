@@ -8,6 +8,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from shardbench import config as config_lib
 from shardbench.config import RANGES, SECTIONS, TASK_KINDS, Config, field_types
 from shardbench.errors import ConfigError
 
@@ -49,7 +50,7 @@ def override(cfg: Config, values: Mapping[str, Any]) -> Config:
             continue
         section, _, name = key.partition(".")
         if section not in sections or name not in field_types(type(sections[section])):
-            raise ConfigError(f"unknown configuration field '{key}': see 'shardbench train --help'")
+            raise config_lib.unknown_field(key)
         kind = field_types(type(sections[section]))[name]
         typed = parse_value(key, value, kind) if isinstance(value, str) and kind is not str else value
         if typing.get_origin(kind) is tuple and isinstance(typed, list):

@@ -78,7 +78,7 @@ def field_kind(key: str) -> Any:
         kinds = config_lib.field_types(type(getattr(config_lib.Config(), section)))
         if name in kinds:
             return kinds[name]
-    raise ConfigError(f"unknown configuration field '{key}': see 'shardbench train --help'")
+    raise config_lib.unknown_field(key)
 
 
 def normalize_key(key: str) -> str:
