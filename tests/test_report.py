@@ -240,6 +240,40 @@ def test_a_stopped_sweeps_report_says_which_planned_runs_are_not_recorded(tmp_pa
 
 
 
+def test_a_stopped_sweeps_report_names_what_its_runs_not_recorded_yet_would_sweep(tmp_path: Path) -> None:
+    """Stopped after its first run, a sweep over the batch size has one configuration so far: the report says so
+    of the runs recorded, and names the values still planned (it said that nothing was swept)."""
+    first = sweep_rows()[2]
+    later = [{"name": f"dp_8_batch_{b}", "overrides": {**first.overrides, "train.batch_size": b}, "settings": {}}
+             for b in (256, 512)]
+    with Store(tmp_path / "sweep.db") as store:
+        store.set_meta("runs", [{"name": first.name, "overrides": first.overrides, "settings": {}}, *later])
+        store.add(first)
+    paths = write_report(tmp_path)
+    text = paths.markdown.read_text()
+    assert ("## What was swept\n\nNothing among the runs recorded so far: they share one configuration.\n\n"
+            "Planned but not recorded yet: `train.batch_size` = 256, 512.\n") in text
+    assert "Planned but not recorded yet: <code>train.batch_size</code> = 256, 512." in paths.html.read_text()
+    with Store(tmp_path / "sweep.db") as store:  # once every run is recorded, the plan adds nothing
+        for planned in later:
+            store.add(dataclasses.replace(first, name=planned["name"], overrides=planned["overrides"]))
+    text = write_report(tmp_path).markdown.read_text()
+    assert "- `train.batch_size`: 128, 256, 512\n" in text and "not recorded yet" not in text
+
+
+def test_a_mesh_left_to_its_default_says_what_it_ran_as(tmp_path: Path) -> None:
+    """Beside the same mesh written out, a default mesh is shown with the mesh its record says it ran as."""
+    dp = sweep_rows()[2]
+    default = dataclasses.replace(dp, name="dp_default", overrides={**dp.overrides, "parallel.mesh": ""},
+                                  config={**dp.config, "parallel.mesh": ""})
+    with Store(tmp_path / "sweep.db") as store:
+        store.add(dp)
+        store.add(default)
+    paths = write_report(tmp_path)
+    assert "- `parallel.mesh`: 8, (default, ran as 8)\n" in paths.markdown.read_text()
+    assert "<code>parallel.mesh</code>: 8, (default, ran as 8)</li>" in paths.html.read_text()
+
+
 def test_a_running_sweeps_report_says_it_is_running_not_how_to_finish_it(tmp_path: Path) -> None:
     """A report of a sweep still running (another process holds the folder's lock) says so and shows the runs so
     far; it said "--resume finishes it", which a second sweep there would refuse. The same folder once the

@@ -637,7 +637,7 @@ def test_runs_of_one_name_from_two_sweeps_are_each_named_by_their_folder_and_a_d
     """Folders a/dp and b/dp both hold a run named strategy_dp, and b/fsdp one named strategy_fsdp: the two of one
     name are each named by their folder (the first kept its record's name, so a/dp's row could not be told from
     one of b's), the third keeps its own. a/dp ran on the default mesh (''), which what was swept calls
-    "(default)" as the fixed settings do (it was an empty item)."""
+    "(default, ran as 8)", with the mesh its record says (an empty item before; "(default)" beside 8 after)."""
     from shardbench.presets import get_preset
 
     base = get_preset("vit-tiny")
@@ -650,7 +650,7 @@ def test_runs_of_one_name_from_two_sweeps_are_each_named_by_their_folder_and_a_d
         (tmp_path / "runs" / folder / "config.json").write_text(json.dumps(cfg.to_dict()))
     text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
     assert [r["run"] for r in markdown_table(text)] == ["a/dp", "b/dp", "strategy_fsdp"]
-    assert "- `parallel.mesh`: (default), 8\n" in text
+    assert "- `parallel.mesh`: (default, ran as 8), 8\n" in text
 
 
 def test_a_report_of_two_sweeps_says_what_both_held_fixed(tmp_path: Path) -> None:

@@ -508,6 +508,8 @@ class ReportContent:
     table_note: str
     omitted: tuple[str, ...] = ()  # one line per chart left out because it would have nothing to show
     base: dict[str, Any] = dataclass_field(default_factory=dict)  # what the sweep set for every run (its store's base)
+    # A stopped sweep: per field, the values its runs not recorded yet would set that no recorded run has.
+    unrecorded: dict[str, list[Any]] = dataclass_field(default_factory=dict)
 
     @property
     def failed(self) -> list[ReportedRun]:
@@ -517,6 +519,30 @@ class ReportContent:
     def varied(self) -> dict[str, list[Any]]:
         """The swept fields that took more than one value."""
         return {k: v for k, v in self.swept.items() if len(v) > 1}
+
+    def varied_text(self) -> dict[str, str]:
+        """Each field that took more than one value, with its values as shown: a mesh left to its default says the
+        mesh it ran as, which may be one the sweep also wrote out ('(default, ran as 8x1), 8x1')."""
+        shown = {}
+        for key, values in self.varied.items():
+            texts = []
+            for value in values:
+                ran = sorted({str(r.rec.mesh) for r in self.runs if key == "parallel.mesh" and value == "" and
+                              r.rec.mesh and r.overrides.get(key, r.config.get(key)) == ""})
+                texts.append(f"(default, ran as {', '.join(ran)})" if ran else setting_text(value))
+            shown[key] = ", ".join(texts)
+        return shown
+
+    def nothing_varied(self) -> str:
+        return ("Nothing among the runs recorded so far: they share one configuration." if self.unrecorded else
+                "Nothing: the runs share one configuration.")
+
+    def unrecorded_text(self, code: Callable[[str], str], text: Callable[[str], str]) -> str:
+        """The sentence naming what the runs not recorded yet would sweep, each field through `code` and each
+        value through `text` (the renderer's quoting)."""
+        return "Planned but not recorded yet: " + "; ".join(
+            f"{code(key)} = {text(', '.join(map(setting_text, values)))}" for key, values in self.unrecorded.items()
+        ) + "."
 
     @property
     def fixed(self) -> dict[str, Any]:

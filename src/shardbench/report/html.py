@@ -9,7 +9,6 @@ import html
 import re
 from typing import TYPE_CHECKING
 
-from shardbench.report.content import setting_text
 
 if TYPE_CHECKING:
     from shardbench.report.content import Chart, Column, ReportContent, ReportedRun
@@ -126,11 +125,12 @@ def render(content: ReportContent) -> str:
     parts = [f'<h1 id="title">{html.escape(content.title)}</h1>', f'<p id="source">{_inline(content.source)}</p>',
              '<section id="swept"><h2>What was swept</h2>']
     if content.varied:
-        parts.append("<ul>" + "".join(
-            f"<li><code>{html.escape(k)}</code>: {html.escape(', '.join(map(setting_text, v)))}</li>"
-            for k, v in content.varied.items()) + "</ul>")
+        parts.append("<ul>" + "".join(f"<li><code>{html.escape(k)}</code>: {html.escape(text)}</li>"
+                                      for k, text in content.varied_text().items()) + "</ul>")
     else:
-        parts.append("<p>Nothing: the runs share one configuration.</p>")
+        parts.append(f"<p>{html.escape(content.nothing_varied())}</p>")
+    if content.unrecorded:
+        parts.append(f"<p>{content.unrecorded_text(lambda key: f'<code>{html.escape(key)}</code>', html.escape)}</p>")
     if content.fixed:
         parts.append("<p>Set the same for every run: " + ", ".join(
             f"<code>{html.escape(k)}</code> = {html.escape(text)}" for k, text in content.fixed_text())

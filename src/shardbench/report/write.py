@@ -20,7 +20,7 @@ from shardbench.prices import PriceTable
 from shardbench.report import html as html_page
 from shardbench.report import plan_chart, plots, runs_csv, staging
 from shardbench.report.content import (
-    COLUMNS, INCOMPLETE, NOISE, Column, ReportContent, ReportedRun, reported, setting_text, shown,
+    COLUMNS, INCOMPLETE, NOISE, Column, ReportContent, ReportedRun, reported, shown,
 )
 from shardbench.report.cost import cost_note, with_costs
 from shardbench.report.findings import explain
@@ -66,9 +66,11 @@ def _from_store(db: Path, writing: bool = False) -> tuple[list[ReportedRun], dic
     with Store(db, read_only=True) as store:
         rows = store.runs()
         meta = {key: store.get_meta(key) for key in ("preset", "origin", "base_preset", "base", "axes", "created")}
-        planned = [r.get("name") for r in store.get_meta("runs") or [] if isinstance(r, dict)]
+        planned = [r for r in store.get_meta("runs") or [] if isinstance(r, dict)]
     done = {r.name for r in rows}
-    meta["pending"] = [name for name in planned if name not in done]  # a stopped or running sweep's runs to run
+    left = [r for r in planned if r.get("name") not in done]
+    meta["pending"] = [r.get("name") for r in left]  # a stopped or running sweep's runs to run
+    meta["pending_overrides"] = [r.get("overrides") for r in left if isinstance(r.get("overrides"), dict)]
     meta["running"] = not writing and in_use(db.parent)  # another process writes the folder: runs to come
     return [reported(r, f"{db}: run {r.name}") for r in rows], meta
 
@@ -299,6 +301,16 @@ def with_predictions(runs: list[ReportedRun], sweep_dir: Path) -> list[ReportedR
     return [dataclasses.replace(r, predicted=predicted.get(r.name)) for r in runs]
 
 
+def unrecorded_values(pending: list[dict[str, Any]], swept: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The values a stopped sweep's runs not recorded yet would set, per field, that no recorded run has."""
+    found: dict[str, list[Any]] = {}
+    for overrides in pending:
+        for key, value in overrides.items():
+            if key not in NOISE and value not in swept.get(key, []) and value not in found.get(key, []):
+                found.setdefault(key, []).append(value)
+    return found
+
+
 def swept_fields(runs: list[ReportedRun]) -> dict[str, list[Any]]:
     """Each swept field with its distinct values: numbers ascending, others in the order the runs first use them.
     A run folder without config.json gives only the few settings its record holds: it adds no value (no None) for
@@ -388,8 +400,10 @@ def md_sentence(text: str) -> str:
 
 def render_markdown(content: ReportContent) -> str:
     lines = [f"# {content.title}", "", content.source, "", "## What was swept", ""]
-    lines += [f"- `{key}`: {', '.join(map(setting_text, values))}" for key, values in content.varied.items()] or [
-        "Nothing: the runs share one configuration."]
+    lines += [f"- `{key}`: {md_text(text)}" for key, text in content.varied_text().items()] or [
+        content.nothing_varied()]
+    if content.unrecorded:
+        lines += ["", content.unrecorded_text(lambda key: f"`{key}`", md_text)]
     if content.fixed:
         lines += ["", "Set the same for every run: " + ", ".join(f"`{k}` = {md_text(text)}"
                                                                   for k, text in content.fixed_text())]
@@ -466,7 +480,8 @@ def write_report(sweep_dir: Path, out_dir: Path | None = None, prices: PriceTabl
                                 runs=runs, columns=columns, swept=swept, findings=explain(runs, swept),
                                 charts=charts, table_note=table_note(columns, runs) + wall_note(runs)
                                 + cost_note(runs, prices) + runs_csv.NOTE,
-                                omitted=tuple(omitted), base=meta.get("base") or {})
+                                omitted=tuple(omitted), base=meta.get("base") or {},
+                                unrecorded=unrecorded_values(meta.get("pending_overrides") or [], swept))
         (stage / "report.md").write_text(render_markdown(content), encoding="utf-8")
         (stage / "report.html").write_text(html_page.render(content), encoding="utf-8")
         runs_csv.write_csv(content.runs, list(swept), stage / runs_csv.FILE)
