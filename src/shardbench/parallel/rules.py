@@ -154,7 +154,8 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("fsdp", (Largest(DATA),), {BATCH: DATA}, (DATA,), DATA,
                  "parameters and optimizer state sharded over data (ZeRO-3); batch split over data"),
         Strategy("tp", (ByName(_TP),), {BATCH: DATA, **_TP}, (MODEL,), MODEL,
-                 "Megatron tensor parallelism: heads and MLP hidden split over model"),
+                 "Megatron tensor parallelism: attention heads and MLP hidden units split over model, where the "
+                 "model has them"),
         Strategy("dp+tp", (ByName(_TP),), {BATCH: DATA, **_TP}, (DATA, MODEL), DATA,
                  "batch split over data, Megatron tensor parallelism over model"),
         Strategy("zero1", (), {BATCH: DATA}, (DATA,), DATA,
