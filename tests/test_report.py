@@ -628,7 +628,7 @@ def test_a_complete_run_without_a_step_time_is_named_with_its_reason_where_it_is
         (tmp_path / "runs" / name / "config.json").write_text(get_preset("vit-tiny").to_json())
         (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(rec))
     text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
-    assert "Fastest: timed, 10.0 ms per step." in text
+    assert "The only timed run: timed, 10.0 ms per step." in text
     assert f"Left out of the ranking: dropped (no step time: {why})." in text
     assert f"Omitted, no MFU: dropped (no step time: {why})." in text
 

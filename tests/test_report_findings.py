@@ -199,8 +199,8 @@ def test_a_slowdown_names_the_time_in_collectives_where_both_traces_give_it() ->
 # ----------------------------------------------------------------------------- 4: image sizes
 def test_vit_runs_at_different_image_sizes_are_ranked_apart() -> None:
     found = speed_findings([run("img32", {"data.image_size": 32}, 10.0), run("img64", {"data.image_size": 64}, 40.0)])
-    assert found == ["Fastest run at image_size 32: img32, 10.0 ms per step.",
-                     "Fastest run at image_size 64: img64, 40.0 ms per step."]
+    assert found == ["The only timed run at image_size 32: img32, 10.0 ms per step.",
+                     "The only timed run at image_size 64: img64, 40.0 ms per step."]
 
 
 # ----------------------------------------------------------------------------- 5, 6: compared with their own kind
@@ -316,7 +316,7 @@ def test_an_old_record_with_a_zero_median_step_is_reported(tmp_path: Path) -> No
         store.add(row("z", {"parallel.mesh": "4x2"}, zero))
     text = write_report(directory).markdown.read_text()
     speed = text.split("### Speed", 1)[1].split("###", 1)[0]
-    assert "Fastest: good, 12.0 ms per step." in speed and "z is" not in speed
+    assert "The only timed run: good, 12.0 ms per step." in speed and "z is" not in speed
 
 
 def test_a_folder_of_runs_compares_the_losses_logged_beside_each_summary(tmp_path: Path) -> None:
@@ -595,9 +595,9 @@ def test_a_folder_mixing_runs_with_and_without_config_json_names_each_group_by_w
     text = write_report(tmp_path / "runs", out_dir=tmp_path / "out").markdown.read_text()
     assert text.split("## What was swept\n\n")[1].split("\n\n")[0] == "- `model.embed_dim`: 64, 128"
     speed = text.split("### Speed\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert speed == ["- Fastest run without config.json: c, 30.0 ms per step.",
-                     "- Fastest run at embed_dim 64: a, 10.0 ms per step.",
-                     "- Fastest run at embed_dim 128: b, 20.0 ms per step."]
+    assert speed == ["- The only timed run without config.json: c, 30.0 ms per step.",
+                     "- The only timed run at embed_dim 64: a, 10.0 ms per step.",
+                     "- The only timed run at embed_dim 128: b, 20.0 ms per step."]
     precision = text.split("### Precision and memory\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert [line.split(":")[0] for line in precision] == ["- embed_dim 64", "- embed_dim 128",
                                                            "- without config.json"]

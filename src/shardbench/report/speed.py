@@ -302,7 +302,8 @@ def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
     same_batch = len({r.batch for r in ranked}) == 1
     unit = "step time" if same_batch else "throughput (batch / median step)"
     few = steps_note([fastest])
-    head = (f"Fastest{f' {model}' if model else ''}: {fastest.name}, {_ms(fastest.step_median)} per step"
+    lead = f"Fastest{f' {model}' if model else ''}" if len(ranked) > 1 else f"The only timed {model or 'run'}"
+    head = (f"{lead}: {fastest.name}, {_ms(fastest.step_median)} per step"
             + ("" if same_batch else f" at batch {fastest.batch}, {_rates(fastest)}")
             + (f" ({few})" if few else "")
             + (f" (ranked by median {unit})" if len(ranked) > 1 else ""))
