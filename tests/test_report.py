@@ -358,7 +358,7 @@ def test_markdown_explains_precision_and_strategies_from_the_data(written: Repor
     assert "`precision.dtype`: float32, bfloat16" in text and "`parallel.strategy`: single, dp, fsdp, dp+tp" in text
     assert ("Compute dtype bfloat16 vs float32 at strategy single, mesh 1, devices 1, batch 128: "
             "activations/temporaries 41.2 -> 22.0 MiB, while parameters + optimizer state + gradients stay "
-            "160.4 MiB (they are stored in the parameter dtype, float32), so the compiled total per device moves "
+            "160.4 MiB (they are stored in the parameter dtype, float32), so the compiled total per device shrinks "
             "only 9% (210.0 -> 191.0 MiB).") in text
     assert "The parameter dtype sets the bytes of parameters, optimizer state and gradients" in text
     assert "FSDP shards parameters and optimizer state over the data axis: 15.0 MiB" in text
@@ -517,7 +517,7 @@ def test_plain_folder_of_runs_is_reported_and_empty_folder_is_an_error(tmp_path:
     text = paths.markdown.read_text()
     assert [r["run"] for r in markdown_table(text)] == ["tiny_bfloat16", "tiny_float32"]
     assert "`precision.dtype`: bfloat16, float32" in text
-    assert "activations/temporaries 30.0 -> 15.0 MiB" in text and "moves 21% (70.0 -> 55.0 MiB)" in text
+    assert "activations/temporaries 30.0 -> 15.0 MiB" in text and "shrinks 21% (70.0 -> 55.0 MiB)" in text
     assert ("Model FLOPs utilisation per run: left out, as no run reports an MFU (no peak FLOP/s is known for device "
             "kind cpu).") in text
     assert "Communication per step: left out, as no run moves bytes between devices." in text
@@ -646,7 +646,7 @@ def test_parameter_dtype_pair_says_the_state_bytes_move() -> None:
     assert precision_findings([run("float32", 160.0), run("bfloat16", 80.0)], {}) == [
         "Parameter dtype bfloat16 vs float32: parameters + optimizer state + gradients 160.0 -> 80.0 MiB (they "
         "follow the parameter dtype) and activations/temporaries 10.0 -> 10.0 MiB, so the compiled total per "
-        "device moves 47% (170.0 -> 90.0 MiB)."]
+        "device shrinks 47% (170.0 -> 90.0 MiB)."]
 
 
 def test_terminal_lines_of_a_sweep() -> None:

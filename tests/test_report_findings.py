@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from test_report import markdown_table, record, row
+from test_report import MIB, markdown_table, record, row
 
 from shardbench.measure.kernels import TraceTime
 from shardbench.plan.validate import Check, render, summary
 from shardbench.report import plots
 from shardbench.report.content import COLUMNS, ReportedRun, comms_measure, reported, shown
 from shardbench.report.context import context_findings
-from shardbench.report.findings import dtype_role_finding, spmd_findings
+from shardbench.report.findings import dtype_role_finding, precision_findings, spmd_findings
 from shardbench.report.plan_chart import plan_findings
 from shardbench.report.speed import NOT_A_CAUSE_TRACED, speed_findings
 from shardbench.report.write import write_report
@@ -257,11 +257,40 @@ def test_dtype_role_sentence_bounds_from_every_share_and_groups_models() -> None
     assert len(found) == 2
     vit = next(s for s in found if s.startswith("vit: "))
     assert ("which are 40–90% of the per-device breakdown at batch 64; 70–80% at batch 256, so they dominate in 3 "
-            "of the 4 runs here. Halving them (float32 -> bfloat16 compute) can therefore save at most about 45% "
-            "of it.") in vit
+            "of the 4 runs here. Were 16-bit compute to halve them (not measured here), it would save at most about "
+            "45% of it.") in vit
     mlp = next(s for s in found if s.startswith("mlp: "))
     assert "20% of the per-device breakdown at batch 64, so they do not dominate at this batch size" in mlp
     assert "save at most about 10% of it" in mlp
+
+
+def test_a_precision_pair_says_which_way_memory_moved_in_figures_that_show_it() -> None:
+    """bfloat16 compute that grew a small model's activations (as XLA's CPU compiler can): the total "grows", in
+    figures that differ (it said "moves only 13% (0.5 -> 0.6 MiB)", and for another pair "0.6 -> 0.6"), and the
+    role sentence points to the measured pair rather than bounding an assumed halving beside it."""
+    def at(dtype: str, activations: float) -> ReportedRun:
+        return run(dtype, {"model.kind": "mlp", "train.batch_size": 64, "precision.dtype": dtype}, 10.0,
+                   breakdown=(0.1, 0.2, 0.1, activations))
+
+    pair = [at("float32", 0.13), at("bfloat16", 0.2)]
+    (said,) = precision_findings(pair, {})
+    assert said == ("Compute dtype bfloat16 vs float32: activations/temporaries 0.13 -> 0.2 MiB, while parameters + "
+                    "optimizer state + gradients stay 0.4 MiB (they are stored in the parameter dtype, float32), so "
+                    "the compiled total per device grows only 13% (0.53 -> 0.6 MiB).")
+    (said,) = precision_findings([at("float32", 0.2), at("bfloat16", 0.1)], {})
+    assert said.endswith("shrinks 17% (0.6 -> 0.5 MiB).")
+    (role,) = dtype_role_finding(pair)
+    assert role.endswith("What 16-bit compute did to them here is measured: see the compute dtype comparisons.")
+    assert "halve" not in role
+
+
+def test_the_activation_share_is_of_the_whole_breakdown_its_other_bytes_included() -> None:
+    """Parameters, optimizer state, gradients and activations of 1 MiB each and 1 MiB of other bytes (the batch,
+    the outputs): activations are 20% of the breakdown the chart shows, not 25% of four of its parts."""
+    made = rec("r", 10.0, breakdown=(1, 1, 1, 1))
+    made["measurements"]["memory"]["breakdown"]["other_bytes"] = MIB
+    (role,) = dtype_role_finding([reported(row("r", {"train.batch_size": 64}, made))])
+    assert "which are 20% of the per-device breakdown at batch 64" in role
 
 
 def test_dtype_role_sentence_bounds_the_saving_from_float32_compute_runs_only() -> None:

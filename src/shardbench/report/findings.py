@@ -97,20 +97,34 @@ def _precision_sentence(a: ReportedRun, b: ReportedRun, swept: dict[str, list[An
     state_a, state_b = a.state_mib, b.state_mib
     if act_a is None or act_b is None or state_a is None or state_b is None:
         return None
-    acts = f"activations/temporaries {act_a:.1f} -> {act_b:.1f} MiB"
+    acts = f"activations/temporaries {_pair(act_a, act_b)} MiB"
     if math.isclose(state_a, state_b, rel_tol=0.005):
-        body = (f"{acts}, while parameters + optimizer state + gradients stay {state_a:.1f} MiB "
+        body = (f"{acts}, while parameters + optimizer state + gradients stay {_mib(state_a)} MiB "
                 f"(they are stored in the parameter dtype, {pa})")
     else:
-        body = (f"parameters + optimizer state + gradients {state_a:.1f} -> {state_b:.1f} MiB "
+        body = (f"parameters + optimizer state + gradients {_pair(state_a, state_b)} MiB "
                 f"(they follow the parameter dtype) and {acts}")
     (total_a, source_a), (total_b, source_b) = a.memory, b.memory
     if total_a and total_b is not None:
-        change = abs(total_b - total_a) / total_a * 100
+        change = (total_b - total_a) / total_a * 100
         name = MEMORY_NAMES[source_a] if source_a == source_b else "memory per device"
-        body += (f", so the {name} moves {'only ' if change < 15 else ''}{change:.0f}% "
-                 f"({total_a:.1f} -> {total_b:.1f} MiB)")
+        moves = ("stays within 1%" if abs(change) < 1 else
+                 f"{'grows' if change > 0 else 'shrinks'} {'only ' if abs(change) < 15 else ''}{abs(change):.0f}%")
+        body += f", so the {name} {moves} ({_pair(total_a, total_b)} MiB)"
     return f"{what}{_context(a, swept)}: {body}."
+
+
+def _mib(value: float) -> str:
+    """MiB to one decimal, or three significant figures below 1 (0.579, not 0.6)."""
+    return f"{value:.3g}" if 0 < abs(value) < 1 else f"{value:,.1f}"
+
+
+def _pair(before: float, after: float) -> str:
+    """'0.579 -> 0.647', '1.80 -> 1.84': enough figures to show a change of 1% or more where there is one."""
+    shown = _mib(before), _mib(after)
+    if shown[0] == shown[1] and not math.isclose(before, after, rel_tol=0.01):
+        return f"{before:.4g} -> {after:.4g}"
+    return f"{shown[0]} -> {shown[1]}"
 
 
 def precision_findings(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> list[str]:
@@ -138,20 +152,22 @@ Shares = tuple[dict[int, list[float]], list[float], list[float]]
 
 
 def _shares(runs: list[ReportedRun]) -> dict[Model, Shares]:
-    """Per model (`speed._model`): the activation share (%) of each complete run's breakdown by batch size, the
-    bytes of parameters + optimizer state + gradients (MiB) of every such run, and the shares of those that
-    compute in float32 (what bfloat16 compute could halve)."""
+    """Per model (`speed._model`): the activation share (%) of each complete run's whole breakdown (its other
+    bytes and a model's own state included, as the breakdown chart shows them) by batch size, the bytes of
+    parameters + optimizer state + gradients (MiB) of every such run, and the shares of those that compute in
+    float32 (what 16-bit compute could halve)."""
     out: dict[Model, Shares] = {}
     for run in runs:
         parts = [run.part(p) for p in ("params", "optimizer", "gradients", "activations_temporaries")]
+        rest = [run.part(p) or 0.0 for p in ("model_state", "other")]  # absent from older records
         batch = run.batch
         if not run.ok or None in parts or batch is None or not sum(p or 0.0 for p in parts):
             continue
-        total = sum(p or 0.0 for p in parts)
+        state = sum(p or 0.0 for p in parts[:3])
         shares, states, wide = out.setdefault(_model(run), ({}, [], []))
-        share = (parts[3] or 0.0) / total * 100
+        share = (parts[3] or 0.0) / (state + (parts[3] or 0.0) + sum(rest)) * 100
         shares.setdefault(batch, []).append(share)
-        states.append(total - (parts[3] or 0.0))
+        states.append(state)
         if run.config.get("precision.dtype", "float32") == "float32":
             wide.append(share)
     return out
@@ -176,6 +192,18 @@ def _dominance(shares: dict[int, list[float]]) -> str:
     return f", so they dominate in {count} of the {len(every)} runs here"
 
 
+def _compute_compared(runs: list[ReportedRun], model: Model) -> bool:
+    """Whether two complete runs of `model` differ in their precision alone, one computing in float32 and one in
+    16 bits: a comparison the precision sentences measure."""
+    groups: dict[str, set[bool]] = {}
+    for run in runs:
+        if run.ok and run.configured and run.settings and _model(run) == model:
+            rest = {k: v for k, v in run.settings.items() if k not in PRECISION_KEYS}
+            groups.setdefault(json.dumps(rest, sort_keys=True, default=str), set()).add(
+                run.config.get("precision.dtype", "float32") == "float32")
+    return any(wide == {True, False} for wide in groups.values())
+
+
 def dtype_role_finding(runs: list[ReportedRun]) -> list[str]:
     """Which bytes each dtype governs, with the activation share of the breakdown measured per batch size: one
     sentence per model the sweep trains (a model's share says nothing of another's)."""
@@ -193,17 +221,22 @@ def dtype_role_finding(runs: list[ReportedRun]) -> list[str]:
         sentences.append(
             f"{f'{name}: ' if name else ''}The parameter dtype sets the bytes of parameters, optimizer state and "
             f"gradients (here {_span(states, ' MiB')} per device); the compute dtype changes only activations and "
-            f"temporaries, which are {described}{_dominance(shares)}. " + _halving(wide))
+            f"temporaries, which are {described}{_dominance(shares)}. "
+            + _halving(wide, measured=_compute_compared(runs, key)))
     return sentences
 
 
-def _halving(wide: list[float]) -> str:
+def _halving(wide: list[float], measured: bool) -> str:
     """What 16-bit compute could save, bounded by the float32-compute runs' activation shares; nothing to halve
-    where every run already computes in 16 bits."""
+    where every run already computes in 16 bits. Where runs of both compute dtypes were measured, what 16-bit
+    compute did is in the precision sentences: no bound from an assumed halving is put beside it (on a CPU the
+    compiler may hold 16-bit work in float32, and activations grow)."""
     if not wide:
         return "Every run here already computes in 16 bits, so no further halving of them is in reach."
-    return (f"Halving them (float32 -> bfloat16 compute) can therefore save at most about {max(wide) / 2:.0f}% of "
-            f"it.")
+    if measured:
+        return "What 16-bit compute did to them here is measured: see the compute dtype comparisons."
+    return (f"Were 16-bit compute to halve them (not measured here), it would save at most about "
+            f"{max(wide) / 2:.0f}% of it.")
 
 
 def _replica_key(run: ReportedRun) -> str:
