@@ -216,6 +216,8 @@ def test_every_run_records_its_measurements(micro, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_lone_run_uses_the_hosts_cached_peak_until_asked_to_recalibrate(micro, monkeypatch) -> None:
     monkeypatch.delenv("SHARDBENCH_PEAK_FILE")  # handed to the other tests' runs by tests/conftest.py
+    # A quiet host: a peak measured while the suite's other worker loads the cores is, rightly, not cached.
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
     out = micro().train.out
     first = run(micro(**{"train.steps": 3}))["measurements"]["mfu"]
     second = run(micro(**{"train.steps": 3, "train.out": out + "-2"}))["measurements"]["mfu"]
@@ -318,6 +320,7 @@ def test_a_damaged_stored_peak_is_measured_again_not_a_crash_of_every_run(tmp_pa
     measured again, and the cache mended."""
     from shardbench.measure.peak import CACHE_NAME, PEAK_FILE_ENV, host_key, host_peak
 
+    monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))  # a quiet host's measurement is cached
     handed = tmp_path / "peak.json"
     handed.write_text(json.dumps({"float32": 5}))
     monkeypatch.setenv(PEAK_FILE_ENV, str(handed))
@@ -354,7 +357,7 @@ def test_a_peak_measured_on_a_busy_host_says_it_may_read_low(tmp_path: Path, mon
     is kept without a word. (A real measurement, in its own process.)"""
     import os
 
-    from shardbench.measure.peak import CACHE_NAME, host_key
+    from shardbench.measure.peak import CACHE_NAME, PEAK_FILE_ENV, host_key, host_peak
     from shardbench.sweep.sweep_cmd import peak_file
 
     cores = len(os.sched_getaffinity(0))
@@ -362,10 +365,14 @@ def test_a_peak_measured_on_a_busy_host_says_it_may_read_low(tmp_path: Path, mon
     handed = peak_file(tmp_path / "busy", ["float32"], tmp_path / "cache", "sweep")
     said = capsys.readouterr()
     assert handed and "sweep: host matmul peak float32 " in said.out
-    assert said.err.strip() == (f"shardbench: note: the host's load average was {cores * 2.0:.1f} on {cores} core(s) "
-                                f"as its matmul peak was measured: other work on them reads the peak low and MFU "
-                                f"high, so it is not kept as the host's cached figure; measure on a quiet host (a "
+    load = f"load average {cores * 2.0:.1f} on {cores} core(s)"
+    assert said.err.strip() == (f"shardbench: note: the host was at {load} as its matmul peak was measured: other "
+                                f"work on the cores reads the peak low and MFU high, so it is not kept as the host's "
+                                f"cached figure, and the runs' records and report say so; measure on a quiet host (a "
                                 f"lone run: --train.recalibrate-peak)")
+    # the figure handed to the runs carries the load, which their records keep (`Mfu.peak_busy`)
+    monkeypatch.setenv(PEAK_FILE_ENV, handed[PEAK_FILE_ENV])
+    assert host_peak("float32", tmp_path / "cache").busy == load
     assert peak_file(tmp_path / "busy", ["float32"], tmp_path / "cache", "sweep") == handed  # kept: no word
     assert capsys.readouterr() == ("", "")
     # the busy host's figure stands for the sweep's runs alone; a lone run's cache never saw it
@@ -377,3 +384,9 @@ def test_a_peak_measured_on_a_busy_host_says_it_may_read_low(tmp_path: Path, mon
     quiet = json.loads((tmp_path / "quiet" / "peak.json").read_text())["float32"]
     cached = json.loads((tmp_path / "cache" / CACHE_NAME).read_text())
     assert cached == {f"{host_key()} | float32": quiet}  # a quiet host's is kept for lone runs
+    # A lone run measuring its own peak on a busy host neither caches it nor hides the load.
+    monkeypatch.delenv(PEAK_FILE_ENV)
+    monkeypatch.setattr(os, "getloadavg", lambda: (cores * 2.0, 0.0, 0.0))
+    lone = host_peak("bfloat16", tmp_path / "cache")
+    assert lone.busy == load and lone.origin == "measured now"
+    assert list(json.loads((tmp_path / "cache" / CACHE_NAME).read_text())) == [f"{host_key()} | float32"]

@@ -23,7 +23,7 @@ from shardbench.plan.validate import Check, render, summary
 from shardbench.report import plots
 from shardbench.report.content import COLUMNS, ReportedRun, comms_measure, reported, shown
 from shardbench.report.context import context_findings
-from shardbench.report.findings import dtype_role_finding, precision_findings, spmd_findings
+from shardbench.report.findings import dtype_role_finding, explain, precision_findings, spmd_findings
 from shardbench.report.plan_chart import plan_findings
 from shardbench.report.speed import NOT_A_CAUSE_TRACED, speed_findings
 from shardbench.report.write import write_report
@@ -282,6 +282,23 @@ def test_a_precision_pair_says_which_way_memory_moved_in_figures_that_show_it() 
     (role,) = dtype_role_finding(pair)
     assert role.endswith("What 16-bit compute did to them here is measured: see the compute dtype comparisons.")
     assert "halve" not in role
+
+
+def test_mfu_from_a_peak_measured_on_a_busy_host_is_said_to_read_high() -> None:
+    """Runs whose records say their peak was measured while other work loaded the host (`Mfu.peak_busy`): the
+    report's speed section says their MFU may read high, naming the load; a run with a quiet host's peak is not
+    named."""
+    def at(name: str, busy: str | None) -> ReportedRun:
+        made = rec(name, 10.0)
+        made["measurements"]["mfu"]["peak_busy"] = busy
+        return reported(row(name, {"parallel.mesh": name}, made))
+
+    found = explain([at("a", "load average 5.1 on 2 core(s)"), at("b", "load average 5.1 on 2 core(s)"),
+                     at("c", None)], {})["Speed"]
+    busy = [s for s in found if "busy" in s or "load average" in s]
+    assert busy == ["MFU of a, b divides by a host peak measured with the host at load average 5.1 on 2 core(s): "
+                    "other work on the cores reads a peak low, so these MFUs may read high; step times and "
+                    "throughput do not rest on it (measure the peak on a quiet host: --train.recalibrate-peak)."]
 
 
 def test_the_activation_share_is_of_the_whole_breakdown_its_other_bytes_included() -> None:

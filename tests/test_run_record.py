@@ -88,8 +88,13 @@ def test_records_of_the_previous_layout_are_read_and_newer_ones_refused() -> Non
     # Version 7, written before the q/k/v layout was kept: read as None, the rest as written.
     v7 = from_json({"schema_version": 7, "measurements": {"attention": "cudnn"}})
     assert v7.measurements.qkv_layout is None and v7.measurements.attention == "cudnn"
-    assert SCHEMA_VERSION == 8 and from_json({"schema_version": 8, "measurements": {
+    assert from_json({"schema_version": 8, "measurements": {
         "qkv_layout": "seq-major"}}).measurements.qkv_layout == "seq-major"
+    # Version 8, written before a busy host's load was kept beside its peak: read as None.
+    v8 = from_json({"schema_version": 8, "measurements": {"mfu": {"peak_origin": "measured now"}}})
+    assert v8.measurements.mfu.peak_busy is None and v8.measurements.mfu.peak_origin == "measured now"
+    assert SCHEMA_VERSION == 9 and from_json({"schema_version": 9, "measurements": {"mfu": {
+        "peak_busy": "load average 5.1 on 2 core(s)"}}}).measurements.mfu.peak_busy == "load average 5.1 on 2 core(s)"
 
 
 def test_every_field_is_documented_with_its_unit_in_one_place() -> None:

@@ -553,12 +553,13 @@ def test_an_impossible_run_stops_the_sweep_before_it_starts_unless_skipped(tmp_p
 
 
 @pytest.mark.slow
-def test_one_peak_per_sweep_so_mfu_ranks_runs_as_step_time_does(tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture) -> None:
+def test_one_peak_per_sweep_so_mfu_ranks_runs_as_step_time_does(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs of equal FLOPs: the sweep measures the host's peak once and every run divides by it, so MFU
     orders them exactly inversely to their step times. The 2-step runs still have a step time: the warm-up
     is lowered, with a line saying so."""
     out = tmp_path / "s"
+    monkeypatch.setattr("os.getloadavg", lambda: (64.0, 0.0, 0.0))  # a busy host, as the sweep measures its peak
     assert sweep(tmp_path, "--strategy", "dp,fsdp", "--mesh", "8", "--out", str(out)) == 0
     assert "host matmul peak float32" in capsys.readouterr().out
     shared = json.loads((out / "peak.json").read_text())["float32"]
@@ -567,6 +568,9 @@ def test_one_peak_per_sweep_so_mfu_ranks_runs_as_step_time_does(tmp_path: Path,
     peaks = {r["measurements"]["mfu"]["peak_flops_per_s_per_device"] for r in records}
     assert peaks == {shared["flops_per_s"] / 8}
     assert {r["measurements"]["mfu"]["peak_measured_at"] for r in records} == {shared["measured_at"]}
+    # the busy host's load travels with the figure into each record
+    assert {r["measurements"]["mfu"]["peak_busy"] for r in records} == {shared["busy"]}
+    assert shared["busy"].startswith("load average 64.0 on ")
     steps = [r["measurements"]["step_time_s"]["median"] for r in records]
     mfus = [r["measurements"]["mfu"]["mfu"] for r in records]
     assert records[0]["measurements"]["flops"]["analytic_per_step"] == records[1]["measurements"]["flops"][

@@ -172,6 +172,7 @@ def _flops_and_mfu(setup: RunSetup, compiled: Any, steps: StepTimes, host_peak: 
               peak_flops_per_s_per_device=peak, peak_source=source,
               peak_measured_at=host_peak.measured_at if host_peak and peak else None,
               peak_origin=host_peak.origin if host_peak and peak else None,
+              peak_busy=(host_peak.busy or None) if host_peak and peak else None,
               not_measured=_mfu_missing(peak, steps, layout))
     return flops, mfu
 

@@ -14,6 +14,7 @@ The record says which figure was used, where it came from and when it was measur
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -41,6 +42,7 @@ class HostPeak:
     measured_at: str  # UTC, ISO 8601
     host: str  # host name, CPU model, usable cores
     origin: str = ""  # how this process got it: measured now, the host cache, or handed over by a sweep/launch
+    busy: str = ""  # measured while other work loaded the host ('load average 5.1 on 2 core(s)'): it may read low
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,7 +85,7 @@ def _from(entry: Any, origin: str) -> HostPeak | None:
     than every run of a sweep failing on it)."""
     try:
         peak = HostPeak(str(entry["dtype"]), float(entry["flops_per_s"]), str(entry["measured_at"]),
-                        str(entry["host"]), origin)
+                        str(entry["host"]), origin, str(entry.get("busy") or ""))
     except (TypeError, KeyError, ValueError):
         return None
     return peak if math.isfinite(peak.flops_per_s) and peak.flops_per_s > 0 else None
@@ -91,7 +93,8 @@ def _from(entry: Any, origin: str) -> HostPeak | None:
 
 def host_peak(dtype: str, cache_dir: Path, recalibrate: bool = False) -> HostPeak:
     """The figure this process uses: handed over by a sweep or launch, else the host cache, else measured
-    (and cached). `recalibrate` measures afresh and replaces the cached figure."""
+    (and cached, unless other work loaded the host: then it carries the load, `host_load`). `recalibrate`
+    measures afresh and replaces the cached figure."""
     handed = os.environ.get(PEAK_FILE_ENV)
     if handed and not recalibrate:
         handed_peak = _from(read_json_dict(Path(handed)).get(dtype), f"handed over in {handed}")
@@ -103,31 +106,40 @@ def host_peak(dtype: str, cache_dir: Path, recalibrate: bool = False) -> HostPea
     cached = _from(entries.get(key), f"host cache {cache}") if not recalibrate else None
     if cached is not None:
         return cached
+    busy = host_load()
     peak = measure(dtype)
-    entries[key] = {k: v for k, v in peak.to_dict().items() if k != "origin"}
+    if busy:
+        return dataclasses.replace(peak, busy=busy)
+    entries[key] = {k: v for k, v in peak.to_dict().items() if k not in ("origin", "busy")}
     write_json_atomic(cache, entries)
     return peak
 
 
-def busy_host() -> str | None:
-    """What to say of a peak just measured on a host whose last minute's load average is above half its usable
-    cores: other work on them slows the matmul, so the peak reads low and every MFU divided by it high. None on
-    a quiet host, or where the OS keeps none."""
+def host_load() -> str | None:
+    """'load average 5.1 on 2 core(s)' where the host's last minute's load average is above half its usable
+    cores: other work on them slows a matmul, so a peak measured now reads low and every MFU divided by it high.
+    None on a quiet host, or where the OS keeps none."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if load <= cores / 2:
-        return None
-    return (f"the host's load average was {load:.1f} on {cores} core(s) as its matmul peak was measured: other work "
-            f"on them reads the peak low and MFU high, so it is not kept as the host's cached figure; measure on a "
-            f"quiet host (a lone run: --train.recalibrate-peak)")
+    return f"load average {load:.1f} on {cores} core(s)" if load > cores / 2 else None
 
 
-def measure_into(path: Path, dtypes: list[str], cache_dir: Path, keep: bool = True) -> dict[str, dict[str, Any]]:
+def busy_note(load: str) -> str:
+    """The line for a peak measured at `load` (`host_load`)."""
+    return (f"the host was at {load} as its matmul peak was measured: other work on the cores reads the peak low "
+            f"and MFU high, so it is not kept as the host's cached figure, and the runs' records and report say so; "
+            f"measure on a quiet host (a lone run: --train.recalibrate-peak)")
+
+
+def measure_into(path: Path, dtypes: list[str], cache_dir: Path, busy: str | None = None
+                 ) -> dict[str, dict[str, Any]]:
     """Measure each dtype's peak afresh in a clean CPU process, write them to `path` (for SHARDBENCH_PEAK_FILE)
-    and, with `keep`, into the host cache; returns what was written."""
+    and, on a quiet host, into the host cache; on a busy one (`busy`: `host_load`'s words) each figure written
+    to `path` carries them, so the runs dividing by it say so. Returns what was written."""
+    keep = busy is None
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop(PEAK_FILE_ENV, None)
     done = subprocess.run([sys.executable, "-m", "shardbench.measure.peak", str(cache_dir),
@@ -135,7 +147,7 @@ def measure_into(path: Path, dtypes: list[str], cache_dir: Path, keep: bool = Tr
                           capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"measuring the host's matmul peak failed: {done.stderr.strip().splitlines()[-1:]}")
-    data = json.loads(done.stdout)
+    data = {dtype: {**entry, **({"busy": busy} if busy else {})} for dtype, entry in json.loads(done.stdout).items()}
     write_json_atomic(path, data)
     return data
 
@@ -171,7 +183,7 @@ def host_bandwidth(cache_dir: Path) -> tuple[float, str]:
 
 def main(argv: list[str]) -> int:
     """`python -m shardbench.measure.peak CACHE_DIR [--no-cache] DTYPE...`: measure, print {dtype: peak} as JSON,
-    and keep each as the host's cached figure, unless --no-cache (a busy host's, `busy_host`: read low, it would
+    and keep each as the host's cached figure, unless --no-cache (a busy host's, `host_load`: read low, it would
     stand for every later lone run's MFU on the host)."""
     cache_dir, dtypes = Path(argv[0]), [d for d in argv[1:] if d != "--no-cache"]
     measured = {d: measure(d) for d in dtypes}
@@ -179,9 +191,11 @@ def main(argv: list[str]) -> int:
         cache = cache_dir / CACHE_NAME
         entries = read_json_dict(cache)
         for dtype, peak in measured.items():
-            entries[f"{host_key()} | {dtype}"] = {k: v for k, v in peak.to_dict().items() if k != "origin"}
+            entries[f"{host_key()} | {dtype}"] = {k: v for k, v in peak.to_dict().items()
+                                                  if k not in ("origin", "busy")}
         write_json_atomic(cache, entries)
-    print(json.dumps({d: {k: v for k, v in p.to_dict().items() if k != "origin"} for d, p in measured.items()}))
+    print(json.dumps({d: {k: v for k, v in p.to_dict().items() if k not in ("origin", "busy")}
+                      for d, p in measured.items()}))
     return 0
 
 

@@ -6,7 +6,9 @@ modules return these types (`measure.timing.compile_timed` a `CompileTimes`, `me
 every reader (the store's rows, the report, its findings and charts, the planner's measured runs) reads them
 back through `from_json`, so a renamed field fails loudly in one place instead of silently in four.
 
-Versions: 8 is this layout: version 7's, with the q/k/v projection's layout a run's blocks ran
+Versions: 9 is this layout: version 8's, with the host's load where a measured peak was measured on a busy host
+(`Mfu.peak_busy`: the peak may read low, and the MFU high); version 8 records read with it None.
+Version 8 is version 7's, with the q/k/v projection's layout a run's blocks ran
 (`Measurements.qkv_layout`, once `--model.qkv-layout auto` could pick seq-major); version 7 records read with it None.
 Version 7 is version 6's, with what the price row's hourly price is for (`Cost.priced_per`: per
 host, per device, or per chip of N JAX devices), which a report's cost note names from the record, not from
@@ -50,7 +52,7 @@ from typing import Any
 
 from shardbench.errors import DataError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 class RecordError(DataError):
@@ -126,6 +128,8 @@ class Mfu:
     peak_source: str | None = _f("", "where the peak comes from (data sheet, or the host's measured matmul)")
     peak_measured_at: str | None = _f("UTC", "when a measured peak was measured")
     peak_origin: str | None = _f("", "how this run got a measured peak: measured now, host cache, handed over")
+    peak_busy: str | None = _f("", "a measured peak taken while other work loaded the host: its load ('load "
+                                   "average 5.1 on 2 core(s)'); the peak may read low, and the MFU high")
     not_measured: str | None = _f("", "why there is no MFU, when there is none")
 
 

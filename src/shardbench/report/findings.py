@@ -492,13 +492,26 @@ def peak_findings(runs: list[ReportedRun]) -> list[str]:
             for dtype, found in peaks.items() if len(found) > 1]
 
 
+def busy_peak_findings(runs: list[ReportedRun]) -> list[str]:
+    """Runs whose MFU divides by a host peak measured while other work loaded the host (their record's
+    `peak_busy`): the peak may read low and their MFU high, said with the load."""
+    busy: dict[str, list[str]] = {}
+    for run in runs:
+        if run.ok and run.mfu.mfu is not None and run.mfu.peak_busy:
+            busy.setdefault(run.mfu.peak_busy, []).append(run.name)
+    return [f"MFU of {_names_of(names)} divides by a host peak measured with the host at {load}: other work on the "
+            f"cores reads a peak low, so {'these MFUs' if len(names) > 1 else 'its MFU'} may read high; step times "
+            f"and throughput do not rest on it (measure the peak on a quiet host: --train.recalibrate-peak)."
+            for load, names in busy.items()]
+
+
 def _names_of(names: list[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def explain(runs: list[ReportedRun], swept: dict[str, list[Any]]) -> dict[str, list[str]]:
     """Sentences under their section heading; sections the runs give nothing to say about are left out."""
-    sections = {"Speed": speed_findings(runs) + peak_findings(runs),
+    sections = {"Speed": speed_findings(runs) + peak_findings(runs) + busy_peak_findings(runs),
                 "Simulated devices": simulated_findings(runs),
                 "The same computation?": equivalence_findings(runs),
                 "Precision and memory": precision_findings(runs, swept) + dtype_role_finding(runs),

@@ -311,12 +311,12 @@ def peak_file(out: Path, dtypes: list[str], cache: Path, who: str) -> dict[str, 
     path = out / "peak.json"
     have = set(json.loads(path.read_text())) if path.exists() else set()
     if set(dtypes) - have:
-        busy = peak_lib.busy_host()  # as it starts: other work on the cores, not this measurement
-        measured = peak_lib.measure_into(path, dtypes, cache, keep=busy is None)
+        busy = peak_lib.host_load()  # as it starts: other work on the cores, not this measurement
+        measured = peak_lib.measure_into(path, dtypes, cache, busy)
         print(f"{who}: host matmul peak " + ", ".join(f"{d} {v['flops_per_s'] / 1e9:.1f} GFLOP/s"
                                                       for d, v in measured.items()) + f" -> {path}", flush=True)
         if busy:
-            print(f"shardbench: note: {busy}", file=sys.stderr, flush=True)
+            print(f"shardbench: note: {peak_lib.busy_note(busy)}", file=sys.stderr, flush=True)
     return {peak_lib.PEAK_FILE_ENV: str(path.resolve())}
 
 
