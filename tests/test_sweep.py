@@ -136,6 +136,13 @@ def test_a_swept_field_no_run_reads_is_noted(capsys: pytest.CaptureFixture[str])
     assert sweep_cmd.run(parse("--preset", "mlp-small", "--optim.optimizer", "adam,adamw", "--optim.weight-decay",
                                "0,0.1", "--dry-run")) == 0
     assert "note" not in capsys.readouterr().err
+    # The profile window's size is read by every run of a sweep that traces them all (--profile, the sweep's own
+    # option): no note there ("--profile is off" was said); without it, the note.
+    window = ["--preset", "mlp-small", "--steps", "10", "--train.profile-steps", "2,3", "--dry-run"]
+    assert sweep_cmd.run(parse(*window, "--profile")) == 0
+    assert "note" not in capsys.readouterr().err
+    assert sweep_cmd.run(parse(*window)) == 0
+    assert "--train.profile-steps is swept, but no run reads it" in capsys.readouterr().err
 
 
 def test_a_runs_layout_note_is_said_before_the_sweep_starts(capsys: pytest.CaptureFixture[str]) -> None:

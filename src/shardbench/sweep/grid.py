@@ -453,16 +453,18 @@ def run_config(base_preset: str, run: PlannedRun) -> dict[str, Any]:
     return config_lib.flatten(override(get_preset(base_preset), run.settings))
 
 
-def inert_swept(sweep: Sweep) -> list[str]:
+def inert_swept(sweep: Sweep, profile: bool = False) -> list[str]:
     """A note for each swept field that no run of the sweep reads (`validation.inert_fields`: --model.num-heads on
-    the MLP): the runs that differ only in it compute the same, and a report would rank them apart."""
+    the MLP): the runs that differ only in it compute the same, and a report would rank them apart. `profile`:
+    the sweep's --profile, which traces every run (so every run reads the profile window's fields)."""
     from shardbench.validation import inert_fields  # the models' rules, imported only to plan a sweep
 
     swept = [k for k in dict.fromkeys(k for g in sweep.grids for axis in g.axes for entry in axis for k in entry)
              if len({json.dumps(r.settings.get(k), default=str) for r in sweep.runs}) > 1]
     why: dict[str, set[str]] = {k: set() for k in swept}
     for run in sweep.runs:
-        inert = inert_fields(override(get_preset(sweep.base_preset), run.settings))
+        traced = {"train.profile": True} if profile else {}
+        inert = inert_fields(override(get_preset(sweep.base_preset), {**run.settings, **traced}))
         for key in swept:
             why[key].add(inert.get(key, ""))
     return [f"--{key.replace('_', '-')} is swept, but no run reads it ({'; '.join(sorted(reasons))}): runs that "

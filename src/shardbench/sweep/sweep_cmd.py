@@ -421,7 +421,7 @@ def _run(args: argparse.Namespace) -> int:
                          for run in sweep.runs}
         checked = refusals(sweep, options["profile"], processes)
         refused = checked.refused
-        for note in [*inert_swept(sweep), *layout_notes(checked.notes)]:
+        for note in [*inert_swept(sweep, options["profile"]), *layout_notes(checked.notes)]:
             print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
         if args.dry_run:  # exits as the sweep would start: 2 where it would stop on refused runs (a check for CI)
             if args.out:  # and where --out could not take it (the real run's checks, reading only)
