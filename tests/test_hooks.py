@@ -22,8 +22,8 @@ def test_hooks_due_after_a_step_run_in_the_order_of_their_phase() -> None:
         hooks.Every(lambda r: ran.append("never"), hooks.Phase.CHECKPOINT, steps=3),
     ]
     phases = [every.phase for every in hooks.run_due(schedule, state)]
-    assert ran == ["log", "checkpoint", "epoch"]
-    assert phases == [hooks.Phase.LOG, hooks.Phase.CHECKPOINT, hooks.Phase.EPOCH_END]
+    assert ran == ["log", "epoch", "checkpoint"]
+    assert phases == [hooks.Phase.LOG, hooks.Phase.EPOCH_END, hooks.Phase.CHECKPOINT]
 
 
 def test_steps_with_a_checkpoint_or_an_epoch_end_are_not_timed_as_training_steps(micro) -> None:
@@ -177,3 +177,38 @@ def test_an_epoch_the_run_ends_inside_says_how_many_of_its_steps_it_trained(micr
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
     assert [line.split(" |")[0] for line in lines] == ["epoch 1 (step 14)", "epoch 2 (step 18)"]
     assert lines[1].endswith(" | 4 of its 14 steps: the run ends inside this epoch") and "of its" not in lines[0]
+
+
+def test_a_resume_from_a_checkpoint_at_an_epochs_end_keeps_that_epoch_in_the_record(micro) -> None:
+    """Checkpoints every 4 steps at 4 steps an epoch: the checkpoint of step 4 comes at epoch 1's end. Stopped
+    after step 6 and resumed from step 4, the record held epochs [2, 3]: epoch 1 had ended before the resume,
+    but its checkpoint was written before its record was made, so it carried none. The resumed record holds
+    every epoch, as the uninterrupted run's does."""
+    import dataclasses
+    from collections.abc import Iterator
+
+    import pytest
+
+    from shardbench.parsing import override
+    from shardbench.train.build import build_run
+    from shardbench.train.loop import train
+
+    # 144 synthetic images, 16 held out for validation: 128 train, 4 steps of 32 an epoch.
+    settings = {"train.steps": 12, "data.synthetic_train": 144, "train.checkpoint_every": 4, "train.eval": True}
+    whole = run(micro(**settings, **{"train.out": micro().train.out + "-whole"}))
+    cfg = micro(**settings)
+    built = build_run(cfg)
+
+    def stopped(batches: Iterator[object]) -> Iterator[object]:
+        for _ in range(6):
+            yield next(batches)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(dataclasses.replace(built, batches=stopped(built.batches)))
+    resumed = run(override(cfg, {"train.resume": True}))
+    assert resumed["resumed_from"] == 4
+    assert [e["step"] for e in resumed["epochs"]] == [e["step"] for e in whole["epochs"]] == [4, 8, 12]
+    for mine, theirs in zip(resumed["epochs"], whole["epochs"]):
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-6)
+        assert mine["val_loss"] == pytest.approx(theirs["val_loss"], rel=1e-6)

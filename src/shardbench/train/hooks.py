@@ -190,9 +190,12 @@ class Phase(IntEnum):
     settled step, and, unless `Every.light`, is work outside training that the loop leaves out of the step times."""
 
     LOG = 1
-    CHECKPOINT = 2
-    FAULT = 3  # after the checkpoint of its step, as a crash would come
-    EPOCH_END = 4  # evaluation, the epoch's record and line: last, on the state the checkpoint holds
+    # Evaluation, the epoch's record and line, before the checkpoint of the same step: a checkpoint at an epoch's
+    # end carries that epoch's record, so a run resumed from it keeps the epoch (it was lost when the epoch's end
+    # came after the checkpoint).
+    EPOCH_END = 2
+    CHECKPOINT = 3
+    FAULT = 4  # after the checkpoint of its step, as a crash would come
 
     @property
     def outside_training(self) -> bool:

@@ -103,9 +103,9 @@ def _loop(built: BuiltRun, writer: ScalarWriter) -> dict[str, Any]:
     schedule = [
         hooks.Every(hooks.Log(writer, bar, cfg.train.batch_size * checked.task.units_per_example(cfg),
                               checked.task.unit), hooks.Phase.LOG, cfg.train.log_every, epoch_end=True),
+        hooks.Every(epochs, hooks.Phase.EPOCH_END, epoch_end=True, light=not cfg.train.eval),
         hooks.Every(hooks.Checkpoint(built.checkpoints, steps.release), hooks.Phase.CHECKPOINT,
                     cfg.train.checkpoint_every),
-        hooks.Every(epochs, hooks.Phase.EPOCH_END, epoch_end=True, light=not cfg.train.eval),
         *filter(None, [hooks.fault_injection()]),
     ]
     run_name = cfg.train.run_name or default_run_name(cfg, layout)
