@@ -208,6 +208,8 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
      "holds a path separator (/ or \\)", CONF),
     ("train: a blank run name", lambda t: ["train", *TINY, "--train.run-name", "  ", "--out", str(t / "o")],
      "--train.run-name '  ' is blank", CONF),
+    ("train: one class for the vit", lambda t: ["train", *TINY, "--model.num-classes", "1", "--out", str(t / "o")],
+     "--model.num-classes 1: the vit classifies, which needs at least 2 classes", CONF),
     ("train: --rules for a built-in model", lambda t: ["train", *TINY, "--rules", "conv_out=mlp", "--out",
                                                       str(t / "o")],
      "--rules conv_out=mlp is for a model of your own", CONF),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -307,6 +308,13 @@ def test_imagefolder_spec(tmp_path: Path) -> None:
     assert ds.class_names == CLASSES
     with pytest.raises(DataError, match=r"has 3 classes but the model is set up for 10; pass --model.num-classes 3"):
         load_dataset(f"imagefolder:{tree}", num_classes=10, **kw)
+    # One class is no classification: said as such, not "pass --model.num-classes 1" (whose run scored 100%).
+    one = tmp_path / "one"
+    for split in ("train", "test"):
+        shutil.copytree(tree / split / CLASSES[0], one / split / CLASSES[0])
+    with pytest.raises(DataError, match=rf"^dataset imagefolder:one has 1 class \({CLASSES[0]}\): classifying needs "
+                                        r"at least 2 to tell apart; give it a folder of images per class$"):
+        load_dataset(f"imagefolder:{one}", num_classes=1, **kw)
     validate_spec(f"imagefolder:{tree}")
     with pytest.raises(DataError, match=r"dataset 'imagefolder:.*/nope': .*nope does not exist"):
         validate_spec(f"imagefolder:{tmp_path}/nope")

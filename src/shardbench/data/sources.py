@@ -56,6 +56,9 @@ def validate_spec(spec: str) -> None:
 
 
 def _check_shape(ds: ImageDataset, *, image_size: int, num_classes: int) -> None:
+    if ds.num_classes < 2:  # before the class count, whose advice would be --model.num-classes 1
+        raise DataError(f"dataset {ds.name} has {ds.num_classes} class ({', '.join(ds.class_names) or 'none'}): "
+                        f"classifying needs at least 2 to tell apart; give it a folder of images per class")
     if ds.num_classes != num_classes:
         raise DataError(
             f"dataset {ds.name} has {ds.num_classes} classes but the model is set up for {num_classes}; "

@@ -48,8 +48,12 @@ AXIS_FIELDS: dict[str, str] = {
 
 
 def check_options(cfg: ModelConfig) -> None:
-    """The vit's own rules for its tokenizer and attention options, one line each: Locality Self-Attention runs on
-    the einsum attention only (it changes the softmax), and shifted patches need a patch with a half."""
+    """The vit's own rules for its classes, tokenizer and attention options, one line each: it tells at least two
+    classes apart, Locality Self-Attention runs on the einsum attention only (it changes the softmax), and shifted
+    patches need a patch with a half."""
+    if cfg.num_classes < 2:
+        raise ConfigError(f"--model.num-classes {cfg.num_classes}: the vit classifies, which needs at least 2 classes "
+                          f"(with one, every prediction is right and the loss is 0 from the first step)")
     if cfg.lsa and cfg.attention in ("fused", "cudnn"):
         raise ConfigError(f"--model.lsa (a learned scale and a masked diagonal in the softmax) runs on the einsum "
                           f"attention only, not --model.attention {cfg.attention}: use --model.attention einsum (or "
