@@ -208,6 +208,11 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
      "holds a path separator (/ or \\)", CONF),
     ("train: a blank run name", lambda t: ["train", *TINY, "--train.run-name", "  ", "--out", str(t / "o")],
      "--train.run-name '  ' is blank", CONF),
+    ("train: a list of dtypes", lambda t: ["train", *TINY, "--dtype", "float32,bfloat16", "--out", str(t / "o")],
+     "unknown --dtype 'float32,bfloat16': choose one of float32, bfloat16, float16; several values are a sweep: "
+     "shardbench sweep takes a comma list and runs each", CONF),
+    ("train: a list of batch sizes", lambda t: ["train", *TINY, "--batch-size", "32,64", "--out", str(t / "o")],
+     "'32,64' is not a valid int: give one in (0, 2^31); several values are a sweep", CONF),
     ("train: one class for the vit", lambda t: ["train", *TINY, "--model.num-classes", "1", "--out", str(t / "o")],
      "--model.num-classes 1: the vit classifies, which needs at least 2 classes", CONF),
     ("train: --rules for a built-in model", lambda t: ["train", *TINY, "--rules", "conv_out=mlp", "--out",

@@ -119,7 +119,9 @@ def test_cudnn_path_gives_the_einsum_models_outputs_and_gradients(kind: str) -> 
 def test_cudnn_refusals_are_one_line() -> None:
     vit = get_preset("vit-seed")
     cases = {
-        "float32": ({"model.attention": "cudnn"}, r"needs a 16-bit compute dtype, not --dtype float32"),
+        "float32": ({"model.attention": "cudnn"}, r"cudnn \(an NVIDIA GPU's fused attention\) needs a 16-bit compute "
+                                                  r"dtype, not --dtype float32: on an NVIDIA GPU add --dtype bfloat16 "
+                                                  r"\(or float16\); elsewhere use --model.attention fused"),
         "head dim 12": ({"model.attention": "cudnn", "precision.dtype": "bfloat16", "model.num_heads": 32},
                         r"multiple of 8 and at most 256, not 384/32 = 12"),
         "head dim 384": ({"model.attention": "cudnn", "precision.dtype": "float16", "model.num_heads": 1},

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -88,8 +88,18 @@ def unknown_choice(flag: str, value: str, choices: Sequence[str], *, comma_list:
     for item in items:
         if item not in choices:
             shown = ", ".join(c or repr(c) for c in choices)
-            return f"unknown {flag} '{item}': choose one of {shown}" + (" (a comma list)" if comma_list else "")
+            return (f"unknown {flag} '{item}': choose one of {shown}" + (" (a comma list)" if comma_list else "")
+                    + (SWEEP_HINT if not comma_list and a_list_of(item, lambda v: v in choices) else ""))
     return None
+
+
+SWEEP_HINT = "; several values are a sweep: shardbench sweep takes a comma list and runs each"
+
+
+def a_list_of(text: str, valid: Callable[[str], bool]) -> bool:
+    """Whether `text` is a comma list of two or more values each `valid` alone ('float32,bfloat16')."""
+    items = [v.strip() for v in text.split(",")]
+    return len(items) > 1 and all(items) and all(valid(v) for v in items)
 
 
 def list_refusal(flag: str, items: Sequence[str], *, choices: Sequence[str] = (), range: Range | None = None,  # noqa: A002

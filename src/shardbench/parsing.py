@@ -11,6 +11,7 @@ from typing import Any
 from shardbench import config as config_lib
 from shardbench.config import RANGES, SECTIONS, TASK_KINDS, Config, field_types
 from shardbench.errors import ConfigError
+from shardbench.fields import SWEEP_HINT, a_list_of
 
 
 def parse_value(key: str, text: str, kind: Any) -> Any:
@@ -37,7 +38,16 @@ def parse_value(key: str, text: str, kind: Any) -> Any:
         name = getattr(kind, "__name__", str(kind))
         allowed = RANGES.get(key)  # the field's range, where it has one: what would be right
         raise ConfigError(f"--{key.replace('_', '-')}: '{text}' is not a valid {name}"
-                          + (f": give one in {allowed.text()}" if allowed is not None else "")) from None
+                          + (f": give one in {allowed.text()}" if allowed is not None else "")
+                          + (SWEEP_HINT if a_list_of(text, lambda item: _parses(key, item, kind)) else "")) from None
+
+
+def _parses(key: str, text: str, kind: Any) -> bool:
+    try:
+        parse_value(key, text, kind)
+    except ConfigError:
+        return False
+    return True
 
 
 def override(cfg: Config, values: Mapping[str, Any]) -> Config:

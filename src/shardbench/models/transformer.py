@@ -154,8 +154,9 @@ def cudnn_config_problem(cfg: ModelConfig, dtype: str) -> str | None:
     not 16 bits, or a head dim cuDNN does not take. The devices are checked where the model is built
     (`shardbench.models.cudnn_device_problem`)."""
     if dtype not in CUDNN_DTYPES:
-        return (f"--model.attention cudnn needs a 16-bit compute dtype, not --dtype {dtype}: add "
-                f"--dtype bfloat16 (or float16), or use --model.attention fused")
+        return (f"--model.attention cudnn (an NVIDIA GPU's fused attention) needs a 16-bit compute dtype, not "
+                f"--dtype {dtype}: on an NVIDIA GPU add --dtype bfloat16 (or float16); elsewhere use "
+                f"--model.attention fused")
     if cfg.num_heads > 0 and cfg.embed_dim % cfg.num_heads == 0:  # an uneven split is the task's shape check
         head_dim = cfg.embed_dim // cfg.num_heads
         if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
