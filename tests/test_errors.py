@@ -264,6 +264,19 @@ def test_a_resume_does_not_hold_a_setting_the_run_never_reads_against_it(tmp_pat
                  tmp_path)
 
 
+def test_a_resume_names_first_what_the_run_read(tmp_path) -> None:
+    """A run by --steps 8 resumed with --epochs 8 instead: the line named train.epochs=3, a field that run never
+    read, and hid --steps in "(and 1 more)". What the run read comes first."""
+    from shardbench.errors import ConfigError
+    from shardbench.parsing import override
+    from shardbench.presets import get_preset
+    from shardbench.rundir import check_resume
+
+    (tmp_path / "config.json").write_text(override(get_preset("vit-tiny"), {"train.steps": 8}).to_json())
+    with pytest.raises(ConfigError, match=re.escape("was trained with train.steps=8, not 0 (and 1 more)")):
+        check_resume(override(get_preset("vit-tiny"), {"train.epochs": 8, "train.resume": True}), tmp_path)
+
+
 def test_a_resume_compares_the_layout_the_flags_resolved_to(micro, tmp_path) -> None:
     """A run of --devices 0 (every device: 8 here) resumed on 4 devices went on without a word (its record then
     said 4 devices had trained it all), while the same 8 devices named as --devices 8 were refused ("trained with

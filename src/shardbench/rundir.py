@@ -94,7 +94,8 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None, layout: 
             missing = [s for s in config_lib.SECTIONS if s not in data] if isinstance(data, dict) else []
             if missing:  # `{}` read as the defaults claimed the run "was trained with" them
                 raise ConfigError(f"it lacks the section(s) {', '.join(missing)} that every run's config.json holds")
-            saved = config_lib.flatten(from_dict(data))
+            saved_cfg = from_dict(data)
+            saved = config_lib.flatten(saved_cfg)
         except (ValueError, ConfigError) as err:
             raise ConfigError(f"--resume: {saved_path} is unreadable ({err}); start a new run with another "
                               f"--out") from None
@@ -109,6 +110,8 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None, layout: 
             inert = {*inert, *LAYOUT_FIELDS}  # compared as resolved, just now
         diffs = [k for k in current if k not in RESUME_MAY_CHANGE and k not in inert
                  and saved.get(k) != current[k]]
+        unread_then = inert_fields(saved_cfg)  # named last: a run by --steps never read its --epochs
+        diffs.sort(key=lambda k: k in unread_then)
         if diffs:
             k = diffs[0]
             more = f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else ""
