@@ -149,6 +149,13 @@ def test_corrupt_image_is_named(tmp_path: Path) -> None:
     (tree / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
     with pytest.raises(DataError, match=r"tree/train/dog/broken.png: cannot be decoded as an image"):
         load(tree, tmp_path)
+    # A file of no image format: Pillow's words without the address of its in-memory buffer ("cannot identify
+    # image file <_io.BytesIO object at 0x7f...>").
+    (tree / "train" / "dog" / "broken.png").write_text("notes")
+    with pytest.raises(DataError) as err:
+        load(tree, tmp_path)
+    assert str(err.value).endswith("broken.png: cannot be decoded as an image (UnidentifiedImageError: cannot "
+                                   "identify image file); replace or remove it"), str(err.value)
     tar = make_tar(tree, tmp_path / "t.tar.gz")
     with pytest.raises(DataError, match=r"t.tar.gz:wrapped/train/dog/broken.png: cannot be decoded"):
         load(tar, tmp_path)

@@ -10,6 +10,7 @@ import io
 import logging
 import multiprocessing
 import os
+import re
 import tarfile
 import zlib
 from collections.abc import Iterable, Iterator
@@ -203,7 +204,8 @@ def _decode(file: _File, image_size: int) -> np.ndarray:
     except DataError:
         raise
     except Exception as e:  # Pillow raises OSError, ValueError, SyntaxError... for broken files
-        raise DataError(f"{file.where}: cannot be decoded as an image ({type(e).__name__}: {e}); "
+        said = re.sub(r" ?<[^<>]* object at 0x[0-9a-fA-F]+>", "", str(e))  # Pillow names its in-memory buffer
+        raise DataError(f"{file.where}: cannot be decoded as an image ({type(e).__name__}: {said}); "
                         "replace or remove it") from e
 
 
