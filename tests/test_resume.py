@@ -135,12 +135,18 @@ def test_sigterm_stops_the_run_as_ctrl_c_does_and_it_resumes_to_the_same_result(
     a, b = _final_params(tmp_path / "whole"), _final_params(tmp_path / "stopped")
     for key, value in dict(_flatten(a["params"])).items():
         np.testing.assert_array_equal(np.asarray(value), np.asarray(dict(_flatten(b["params"]))[key]), err_msg=key)
-    # With checkpoints off, the line says there is nothing to resume from, rather than pointing at --resume.
+    # With checkpoints off, the line says there is no checkpoint to resume from, and how to start again: with
+    # --resume, as the folder holds the run's records (it said "the same command", which then refused: "already
+    # holds a run: pass --resume").
     bare = _train(tmp_path / "bare", tmp_path / "cache", "--train.checkpoint-every", "0", kill_at=3,
                   signal_name="TERM")
     assert bare.returncode == 143 and bare.stderr.strip().splitlines()[-1] == (
-        "shardbench: stopped by SIGTERM; no checkpoint to resume from: --train.checkpoint-every 0 writes one only "
-        "at the end; the same command starts the run over"), bare.stderr[-2000:]
+        f"shardbench: stopped by SIGTERM; no checkpoint to resume from: --train.checkpoint-every 0 writes one only "
+        f"at the end; the same command with --resume --out {tmp_path / 'bare'} starts it from step 0"
+    ), bare.stderr[-2000:]
+    assert "already holds a run: pass --resume" in _train(tmp_path / "bare", tmp_path / "cache").stderr
+    again = _train(tmp_path / "bare", tmp_path / "cache", "--train.checkpoint-every", "0", "--resume")
+    assert again.returncode == 0 and json.loads((tmp_path / "bare" / "summary.json").read_text())["resumed_from"] == 0
 
 
 def _logged_losses(run: Path) -> list[tuple[int, float]]:

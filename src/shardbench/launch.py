@@ -236,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
         return _watch(children, ended, args.timeout, stopping)
     except (KeyboardInterrupt, _Stopped) as stop:
         _stop(children)
+        for child in children:
+            for t in child.readers:
+                t.join(timeout=2)  # each process's last words (its stop line) before the launch's own
         how = "stopped (SIGTERM)" if isinstance(stop, _Stopped) else "interrupted"
         print(f"shardbench: launch {how}; stopped all {len(children)} processes", file=sys.stderr)
         return 143 if isinstance(stop, _Stopped) else 130  # as a shell reports a command ended by either signal

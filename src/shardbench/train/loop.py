@@ -48,15 +48,18 @@ def run(cfg: Config, given: Collection[str] = ()) -> dict[str, Any]:
 def _way_on_unbuilt(cfg: Config) -> str:
     """What a run stopped before its first step can do next: resume from the checkpoints its --out holds, or
     start again (with --resume once its folder holds the run's records, which a plain command refuses)."""
-    if not cfg.train.out:  # every command without --out makes a new folder
-        return "no step was trained: the same command starts the run over"
-    out = Path(cfg.train.out)
-    steps = saved_steps(out / "checkpoints")
-    if steps:
-        return f"the same command with --resume --out {out} goes on from the checkpoint of step {steps[-1]}"
-    if (out / "config.json").exists():
-        return f"no step was trained: the same command with --resume --out {out} starts it from step 0"
-    return "no step was trained: the same command starts the run over"
+    if cfg.train.out and (steps := saved_steps(Path(cfg.train.out) / "checkpoints")):
+        return f"the same command with --resume --out {cfg.train.out} goes on from the checkpoint of step {steps[-1]}"
+    return f"no step was trained: {_start_again(cfg)}"
+
+
+def _start_again(cfg: Config) -> str:
+    """How a run with no checkpoint starts again: with --resume where its folder holds the run's records, which
+    a plain command refuses ('already holds a run'); else the same command (one without --out makes a new
+    folder each time)."""
+    if cfg.train.out and (Path(cfg.train.out) / "config.json").exists():
+        return f"the same command with --resume --out {cfg.train.out} starts it from step 0"
+    return "the same command starts the run over"
 
 
 def train(built: BuiltRun) -> dict[str, Any]:
@@ -85,7 +88,7 @@ def _way_on(built: BuiltRun) -> str:
         every = cfg.train.checkpoint_every
         why = (f"none had been written yet (--train.checkpoint-every {every})" if every > 0 else
                "--train.checkpoint-every 0 writes one only at the end")
-        return f"no checkpoint to resume from: {why}; the same command starts the run over"
+        return f"no checkpoint to resume from: {why}; {_start_again(cfg)}"
     return f"the same command with --resume --out {out} goes on from the checkpoint of step {step}"
 
 
