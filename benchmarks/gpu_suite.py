@@ -172,7 +172,8 @@ SWITCHES: list[tuple[str, tuple[str, ...], bool, str]] = [
 # Switches that are the baseline itself at float32: there auto runs XLA's attention, and so the fused projection.
 BF16_ONLY = ("qkv fused",)
 # The one-line refusals (exit 2) a switch may answer with where the device or the dtype cannot run it.
-CUDNN_REFUSALS = ("--model.attention cudnn needs ", "--model.attention cudnn takes a head dim")
+CUDNN_REFUSALS = ("--model.attention cudnn needs ", "--model.attention cudnn (an NVIDIA GPU's fused attention) needs ",
+                  "--model.attention cudnn takes a head dim")
 XLA_REFUSALS = ("this jaxlib refuses",)
 
 
