@@ -395,6 +395,8 @@ def declarations() -> dict[str, tuple[Any, Any, Spec]]:
 
 
 SPECS: dict[str, Spec] = {key: spec for key, (_, _, spec) in declarations().items()}
+# The range of every numeric field, as declared; `shardbench.validation.check_ranges` checks them all.
+RANGES: dict[str, Range] = {key: spec.range for key, spec in SPECS.items() if spec.range is not None}
 
 
 def unknown_field(key: str) -> ConfigError:
@@ -405,8 +407,6 @@ def unknown_field(key: str) -> ConfigError:
     meant = meant or difflib.get_close_matches(key.replace("-", "_"), list(SPECS), n=1, cutoff=0.8)
     hint = f" (did you mean '{meant[0]}'?)" if meant else ""
     return ConfigError(f"unknown configuration field '{key}'{hint}: see 'shardbench train --help'")
-# The range of every numeric field, as declared; `shardbench.validation.check_ranges` checks them all.
-RANGES: dict[str, Range] = {key: spec.range for key, spec in SPECS.items() if spec.range is not None}
 
 
 def flag_name(key: str) -> str:

@@ -9,7 +9,6 @@ import html
 import re
 from typing import TYPE_CHECKING
 
-
 if TYPE_CHECKING:
     from shardbench.report.content import Chart, Column, ReportContent, ReportedRun
 
