@@ -138,9 +138,8 @@ def test_logging_a_step_does_not_wait_for_it(tmp_path: Path) -> None:
     writer.close()
 
 
-def test_a_run_stopped_by_an_error_keeps_the_line_of_the_step_it_logged_last(micro) -> None:
-    """An interrupt while the loop fetches step 4's batch: step 3 was logged and still in flight (logging does not
-    wait for it), and its line is written before the interrupt goes on up, as it was when logging waited."""
+def _interrupted_after(cfg, steps: int) -> None:  # type: ignore[no-untyped-def]
+    """Train `cfg` in this process and stop it with Ctrl-C as the loop fetches the batch of step `steps` + 1."""
     import dataclasses
     from collections.abc import Iterator
 
@@ -149,16 +148,22 @@ def test_a_run_stopped_by_an_error_keeps_the_line_of_the_step_it_logged_last(mic
     from shardbench.train.build import build_run
     from shardbench.train.loop import train
 
-    cfg = micro(**{"train.steps": 6, "train.log_every": 1})
     built = build_run(cfg)
 
     def interrupted(batches: Iterator[object]) -> Iterator[object]:
-        for _ in range(3):
+        for _ in range(steps):
             yield next(batches)
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         train(dataclasses.replace(built, batches=interrupted(built.batches)))
+
+
+def test_a_run_stopped_by_an_error_keeps_the_line_of_the_step_it_logged_last(micro) -> None:
+    """An interrupt while the loop fetches step 4's batch: step 3 was logged and still in flight (logging does not
+    wait for it), and its line is written before the interrupt goes on up, as it was when logging waited."""
+    cfg = micro(**{"train.steps": 6, "train.log_every": 1})
+    _interrupted_after(cfg, 3)
     lines = (Path(cfg.train.out) / "tensorboard" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
 
@@ -184,28 +189,15 @@ def test_a_resume_from_a_checkpoint_at_an_epochs_end_keeps_that_epoch_in_the_rec
     after step 6 and resumed from step 4, the record held epochs [2, 3]: epoch 1 had ended before the resume,
     but its checkpoint was written before its record was made, so it carried none. The resumed record holds
     every epoch, as the uninterrupted run's does."""
-    import dataclasses
-    from collections.abc import Iterator
-
     import pytest
 
     from shardbench.parsing import override
-    from shardbench.train.build import build_run
-    from shardbench.train.loop import train
 
     # 144 synthetic images, 16 held out for validation: 128 train, 4 steps of 32 an epoch.
     settings = {"train.steps": 12, "data.synthetic_train": 144, "train.checkpoint_every": 4, "train.eval": True}
     whole = run(micro(**settings, **{"train.out": micro().train.out + "-whole"}))
     cfg = micro(**settings)
-    built = build_run(cfg)
-
-    def stopped(batches: Iterator[object]) -> Iterator[object]:
-        for _ in range(6):
-            yield next(batches)
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train(dataclasses.replace(built, batches=stopped(built.batches)))
+    _interrupted_after(cfg, 6)
     resumed = run(override(cfg, {"train.resume": True}))
     assert resumed["resumed_from"] == 4
     assert [e["step"] for e in resumed["epochs"]] == [e["step"] for e in whole["epochs"]] == [4, 8, 12]
