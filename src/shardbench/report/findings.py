@@ -99,7 +99,7 @@ def _precision_sentence(a: ReportedRun, b: ReportedRun, swept: dict[str, list[An
         return None
     acts = f"activations/temporaries {_pair(act_a, act_b)} MiB"
     if math.isclose(state_a, state_b, rel_tol=0.005):
-        body = (f"{acts}, while parameters + optimizer state + gradients stay {_mib(state_a)} MiB "
+        body = (f"{acts}, while parameters + optimizer state + gradients stay {_span([state_a])} MiB "
                 f"(they are stored in the parameter dtype, {pa})")
     else:
         body = (f"parameters + optimizer state + gradients {_pair(state_a, state_b)} MiB "
@@ -114,14 +114,10 @@ def _precision_sentence(a: ReportedRun, b: ReportedRun, swept: dict[str, list[An
     return f"{what}{_context(a, swept)}: {body}."
 
 
-def _mib(value: float) -> str:
-    """MiB to one decimal, or three significant figures below 1 (0.579, not 0.6)."""
-    return f"{value:.3g}" if 0 < abs(value) < 1 else f"{value:,.1f}"
-
-
 def _pair(before: float, after: float) -> str:
-    """'0.579 -> 0.647', '1.80 -> 1.84': enough figures to show a change of 1% or more where there is one."""
-    shown = _mib(before), _mib(after)
+    """'0.579 -> 0.647', '1.80 -> 1.84': each as `_span` shows one figure, with more where that hides a change of
+    1% or more."""
+    shown = _span([before]), _span([after])
     if shown[0] == shown[1] and not math.isclose(before, after, rel_tol=0.01):
         return f"{before:.4g} -> {after:.4g}"
     return f"{shown[0]} -> {shown[1]}"
