@@ -24,7 +24,6 @@ def epoch_line(r: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-
 def header_line(checked: "CheckedRun") -> str:
     """The one line printed before training: what, where, on which data, for how long."""
     cfg, ds = checked.cfg, checked.dataset
