@@ -23,7 +23,8 @@ from shardbench.errors import ConfigError
 from shardbench.sweep import sweep_cmd
 from shardbench.naming import run_name
 from shardbench.parallel.mesh import same_mesh
-from shardbench.sweep.grid import axes_from_values, make_sweep, split_alternatives
+from shardbench.presets import get_preset
+from shardbench.sweep.grid import axes_from_values, make_sweep, run_config, split_alternatives
 from shardbench.sweep.runner import Options, Outcome, classify, train_command
 from shardbench.store import RunRow, Store
 from shardbench.sweep.sweep_file import load_sweep_file
@@ -179,14 +180,31 @@ def test_mesh_grid_gives_the_seeds_runs() -> None:
     assert s.runs[7].overrides == {"parallel.mesh": "4x2", "train.batch_size": 1024}
 
 
-def test_precision_grid_concatenates_its_sub_grids() -> None:
-    runs = {r.name: r for r in make_sweep("precision-grid").runs}
-    assert list(runs) == ["pdtype_float32", "pdtype_bfloat16", "dtype_float32_batch_128",
-                          "dtype_float32_batch_4096", "dtype_bfloat16_batch_128", "dtype_bfloat16_batch_4096",
-                          "matmul_default", "matmul_high", "matmul_highest"]
+def test_precision_grid_concatenates_its_sub_grids_and_runs_their_shared_baseline_once() -> None:
+    """Its three sub-grids each hold vit-seed's own float32 run at batch 128 (float32 parameters and compute,
+    default matmul precision): planned three times under three names, it ran three times."""
+    sweep = make_sweep("precision-grid")
+    runs = {r.name: r for r in sweep.runs}
+    assert list(runs) == ["pdtype_float32", "pdtype_bfloat16", "dtype_float32_batch_4096",
+                          "dtype_bfloat16_batch_128", "dtype_bfloat16_batch_4096", "matmul_high", "matmul_highest"]
     assert runs["pdtype_bfloat16"].settings == {"parallel.strategy": "auto", "precision.dtype": "float32",
                                                 "train.batch_size": 128, "precision.param_dtype": "bfloat16"}
     assert runs["dtype_bfloat16_batch_4096"].settings["precision.param_dtype"] == "float32"
+    assert sweep.same == {"pdtype_float32": ["dtype_float32_batch_128", "matmul_default"]}
+    # no two runs left make the same configuration, and none of the sub-grids' configurations went missing
+    configs = [json.dumps(run_config("vit-seed", r), sort_keys=True) for r in sweep.runs]
+    assert len(set(configs)) == len(configs)
+    seed, kept = config_lib.flatten(get_preset("vit-seed")), run_config("vit-seed", runs["pdtype_float32"])
+    assert [kept[k] for k in ("precision.dtype", "precision.param_dtype", "train.batch_size")] == ["float32"] * 2 + [128]
+    assert kept["precision.matmul_precision"] == seed["precision.matmul_precision"] == "default"
+
+
+def test_runs_two_grids_plan_alike_run_once_and_the_sweep_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert sweep_cmd.run(parse("--preset", "precision-grid", "--dry-run")) == 0
+    captured = capsys.readouterr()
+    assert ("shardbench: note: dtype_float32_batch_128 and matmul_default make the same configuration as "
+            "pdtype_float32: run once, as pdtype_float32") in captured.err.splitlines()
+    assert captured.out.startswith("7 run(s) from vit-seed") and "matmul_default" not in captured.out
 
 
 def test_the_strategies_preset_runs_every_strategy_on_a_mesh_it_takes() -> None:

@@ -68,6 +68,8 @@ class Sweep:
     grids: list[Grid]
     runs: list[PlannedRun]
     origin: str = "preset"  # what the label names: "sweep preset", "sweep file" or (run) "preset"
+    # runs planned by two grids that make the same configuration: the one kept -> the names it stands for
+    same: dict[str, list[str]] = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------- values
@@ -440,12 +442,33 @@ def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_
              for g in grids]
     base = {**{k: v for k, v in base.items() if k not in replaced}, **fixed}
     label = label or start
-    runs = expand(grids, base)
     # Every run must make a Config (known fields, right types); whether it can run is its own process's
     # business: an impossible mesh is a result, recorded as failed, not a reason to stop the sweep.
+    runs, same = distinct(start, expand(grids, base))
+    return Sweep(label, start, base, grids, runs, origin, same)
+
+
+def distinct(base_preset: str, runs: list[PlannedRun]) -> tuple[list[PlannedRun], dict[str, list[str]]]:
+    """The runs whose configurations differ, each first as planned, and for each run kept the later names
+    that make its configuration (two grids can meet: precision-grid's float32 at batch 128 is in three)."""
+    first: dict[str, str] = {}
+    kept: list[PlannedRun] = []
+    same: dict[str, list[str]] = {}
     for run in runs:
-        run_config(start, run)
-    return Sweep(label, start, base, grids, runs, origin)
+        key = json.dumps(run_config(base_preset, run), sort_keys=True, default=str)
+        if key in first:
+            same.setdefault(first[key], []).append(run.name)
+        else:
+            first[key] = run.name
+            kept.append(run)
+    return kept, same
+
+
+def same_notes(sweep: Sweep) -> list[str]:
+    """A note for each run that stands for others: the sweep runs it once, under its first name."""
+    return [f"{' and '.join([', '.join(names[:-1]), names[-1]] if len(names) > 1 else names)} "
+            f"{'make' if len(names) > 1 else 'makes'} the same configuration as {name}: run once, as {name}"
+            for name, names in sweep.same.items()]
 
 
 def run_config(base_preset: str, run: PlannedRun) -> dict[str, Any]:

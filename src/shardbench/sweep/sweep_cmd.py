@@ -25,7 +25,7 @@ from shardbench.store import LOCK, Store, lock_runs
 from shardbench.subprocs import interrupted_code, terminated_as_interrupt
 from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_options
-from shardbench.sweep.grid import (SWEEP_OWNED, SWEEP_PRESETS, Sweep, inert_swept, make_sweep, run_config,
+from shardbench.sweep.grid import (SWEEP_OWNED, SWEEP_PRESETS, Sweep, inert_swept, make_sweep, run_config, same_notes,
                                    stored_sweep)
 from shardbench.sweep.preflight import refusals
 from shardbench.sweep.runner import Options, check_process_split, has_field, run_split, run_sweep
@@ -421,7 +421,7 @@ def _run(args: argparse.Namespace) -> int:
                          for run in sweep.runs}
         checked = refusals(sweep, options["profile"], processes)
         refused = checked.refused
-        for note in [*inert_swept(sweep, options["profile"]), *layout_notes(checked.notes)]:
+        for note in [*same_notes(sweep), *inert_swept(sweep, options["profile"]), *layout_notes(checked.notes)]:
             print(f"shardbench: note: {note}", file=sys.stderr, flush=True)
         if args.dry_run:  # exits as the sweep would start: 2 where it would stop on refused runs (a check for CI)
             if args.out:  # and where --out could not take it (the real run's checks, reading only)
