@@ -178,8 +178,6 @@ def _stats_entry(value: list[list[float]]) -> tuple[tuple[float, ...], tuple[flo
 @pytest.mark.parametrize(("arrays", "overrides", "message"), [
     ({"x_train": np.zeros((4, 32, 32, 3), np.uint8), "y_train": np.zeros(4), "x_test": np.zeros((2, 40, 40, 3),
       np.uint8), "y_test": np.zeros(2)}, {}, "x_test is uint8 (2, 40, 40, 3) but x_train is uint8 (4, 32, 32, 3)"),
-    ({"x_train": np.zeros((4, 40, 40, 3), np.uint8), "y_train": np.zeros(4), "x_test": np.zeros((2, 40, 40, 3),
-      np.uint8), "y_test": np.zeros(2)}, {}, "has 40x40 images but the model expects 32x32; pass --data.image-size 40"),
     ({"x_train": np.zeros((4, 17), np.int32), "y_train": np.zeros(4), "x_test": np.full((2, 17), 600, np.int32),
       "y_test": np.zeros(2)}, {"model.kind": "lm", "model.seq_len": 16, "model.vocab_size": 512},
      "x_test[0, 0] is token id 600, outside --model.vocab-size's [0, 512): --model.vocab-size 601 or more takes "
@@ -239,6 +237,16 @@ def test_every_split_is_checked_against_the_model(micro, tmp_path: Path, arrays:
     cfg = micro(**{"data.dataset": f"arrays:{path}", **overrides})
     with pytest.raises(DataError, match=re.escape(message)):
         load_for(cfg, tmp_path / "cache")
+
+
+def test_whole_images_of_another_size_than_the_model_takes_are_the_configurations_to_mend(micro,
+                                                                                         tmp_path: Path) -> None:
+    """Exit 2 (a configuration that cannot run), not 4 (a corrupt file): the file is whole, a flag mends it."""
+    path = _npz(tmp_path / "big.npz", x_train=np.zeros((4, 40, 40, 3), np.uint8), y_train=np.zeros(4),
+                x_test=np.zeros((2, 40, 40, 3), np.uint8), y_test=np.zeros(2))
+    with pytest.raises(ConfigError, match=re.escape("has 40x40 images but the model expects 32x32; pass "
+                                                    "--data.image-size 40")):
+        load_for(micro(**{"data.dataset": f"arrays:{path}"}), tmp_path / "cache")
 
 
 def test_token_splits_of_any_integer_dtype_load_alike(micro, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from PIL import Image
 from shardbench.data import imagefolder
 from shardbench.data.imagefolder import load_imagefolder
 from shardbench.data.sources import load_dataset, validate_spec
-from shardbench.errors import DataError
+from shardbench.errors import ConfigError, DataError
 
 CLASSES = ("cat", "dog", "frog")
 SIZE = 8
@@ -313,7 +313,7 @@ def test_imagefolder_spec(tmp_path: Path) -> None:
     kw: dict = {"cache_dir": tmp_path / "cache", "image_size": SIZE, "val_fraction": 0.25, "seed": 0}
     ds = load_dataset(f"imagefolder:{tree}", num_classes=3, **kw)
     assert ds.class_names == CLASSES
-    with pytest.raises(DataError, match=r"has 3 classes but the model is set up for 10; pass --model.num-classes 3"):
+    with pytest.raises(ConfigError, match=r"has 3 classes but the model is set up for 10; pass --model.num-classes 3"):
         load_dataset(f"imagefolder:{tree}", num_classes=10, **kw)
     # One class is no classification: said as such, not "pass --model.num-classes 1" (whose run scored 100%).
     one = tmp_path / "one"

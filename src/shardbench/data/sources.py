@@ -59,14 +59,15 @@ def _check_shape(ds: ImageDataset, *, image_size: int, num_classes: int) -> None
     if ds.num_classes < 2:  # before the class count, whose advice would be --model.num-classes 1
         raise DataError(f"dataset {ds.name} has {ds.num_classes} class ({', '.join(ds.class_names) or 'none'}): "
                         f"classifying needs at least 2 to tell apart; give it a folder of images per class")
+    # the data are whole, the configuration asks for another shape of them: a flag mends it (exit 2, not 4)
     if ds.num_classes != num_classes:
-        raise DataError(
+        raise ConfigError(
             f"dataset {ds.name} has {ds.num_classes} classes but the model is set up for {num_classes}; "
             f"pass --model.num-classes {ds.num_classes}"
         )
     if ds.image_size != image_size:
-        raise DataError(f"dataset {ds.name} has {ds.image_size}x{ds.image_size} images but the model "
-                        f"expects {image_size}x{image_size}; pass --data.image-size {ds.image_size}")
+        raise ConfigError(f"dataset {ds.name} has {ds.image_size}x{ds.image_size} images but the model "
+                          f"expects {image_size}x{image_size}; pass --data.image-size {ds.image_size}")
 
 
 def load_dataset(
@@ -101,8 +102,8 @@ def check_known_shape(spec: str, image_size: int) -> None:
     """A dataset whose image size is known without reading it (CIFAR-10's are always 32x32) against the model's."""
     kind, _ = _parse(spec)
     if kind == "cifar10" and image_size != CIFAR10_IMAGE_SIZE:
-        raise DataError(f"cifar10 images are {CIFAR10_IMAGE_SIZE}x{CIFAR10_IMAGE_SIZE} but the model "
-                        f"expects {image_size}x{image_size}; pass --data.image-size 32")
+        raise ConfigError(f"cifar10 images are {CIFAR10_IMAGE_SIZE}x{CIFAR10_IMAGE_SIZE} but the model "
+                          f"expects {image_size}x{image_size}; pass --data.image-size 32")
 
 
 def check_model_kind(spec: str, model_kind: str, task: str = "") -> None:
