@@ -24,7 +24,7 @@ from conftest import QUICK_COMPILE_FLAGS
 from shardbench import cluster
 from shardbench.cli import build_parser, config_from_args
 from shardbench.errors import ConfigError
-from shardbench.launch import free_port
+from shardbench.launch import _way_on, free_port
 from shardbench.train.loop import run
 
 pytestmark = pytest.mark.slow  # every test here starts processes or trains for tens of seconds
@@ -134,15 +134,33 @@ def test_killed_process_stops_the_launch_and_the_run_resumes_to_the_same_result(
     assert "internal error" not in killed.stderr, killed.stderr[-3000:]
     assert not (out / "summary.json").exists()
     assert not _running(str(out))  # process 0 was stopped too, not left waiting in a collective
+    # The way on is said: by process 0 as it is stopped, else by the launch (the killed process says nothing, and
+    # the other's line can be cut off by its own end), naming the step the resume then starts from.
+    assert "--resume" in killed.stderr, killed.stderr[-3000:]
+    way_on = _way_on(["train", *STRATEGIES["dp"], "--out", str(out)], [])
+    assert way_on is not None
+    said_step = int(re.fullmatch(r"the same launch with --resume goes on from the checkpoint of step (\d+) in (.+)",
+                                 way_on)[1])
+    again = _way_on(["train", "--out", str(out), "--resume"], []) or ""  # a launch that was itself a resume
+    assert again.startswith("the same launch goes on from the checkpoint of step")
+    assert _way_on(["train", "--out", str(out)], [_Said(["shardbench: stopped by SIGTERM; the same command with "
+                                                        f"--resume --out {out} goes on from ..."])]) is None
 
     resumed = _launch(out, cache, *STRATEGIES["dp"], "--resume")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["resumed_from"] in (2, 4)
+    assert summary["resumed_from"] == said_step and said_step in (2, 4)
     whole = json.loads((runs["dp"]["two"] / "summary.json").read_text())
     np.testing.assert_allclose(summary["train_loss"], whole["train_loss"], rtol=1e-6)
     np.testing.assert_allclose(summary["test_loss"], whole["test_loss"], rtol=1e-6)
     assert summary["test_accuracy"] == whole["test_accuracy"]
+
+
+class _Said:
+    """What the launch keeps of a process: its last stderr lines."""
+
+    def __init__(self, said: list[str]) -> None:
+        self.said = deque(said)
 
 
 def test_when_process_0_dies_the_survivor_does_not_bury_the_reason(tmp_path: Path) -> None:
@@ -223,9 +241,14 @@ def test_a_hanging_launch_is_stopped_at_its_time_limit(tmp_path: Path) -> None:
     assert not _running(str(tmp_path / "run"))
 
 
-def test_one_launched_process_has_its_devices_and_sigterm_stops_the_launch(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code", "launch_says", "process_says"), [
+    ("SIGTERM", 143, "launch stopped (SIGTERM)", "stopped by SIGTERM"),
+    ("SIGINT", 130, "launch interrupted", "interrupted")])
+def test_one_launched_process_has_its_devices_and_a_stop_is_passed_on_as_it_came(
+        tmp_path: Path, sig: str, code: int, launch_says: str, process_says: str) -> None:
     """`--processes 1 --devices-per-process 4` is one process of 4 devices (it ran on 1: one process joins no
-    cluster, and the count went with the cluster); SIGTERM to the launcher stops it as a shell reports (143)."""
+    cluster, and the count went with the cluster); SIGTERM to the launcher stops it as a shell reports (143), and
+    a user's Ctrl-C (SIGINT) as 130, its process saying "interrupted", not "stopped by SIGTERM"."""
     cmd = [sys.executable, "-m", "shardbench", "launch", "--processes", "1", "--devices-per-process", "4", "--",
            "train", *MICRO, "--steps", "100000", "--out", str(tmp_path / "run"), "--data.cache-dir",
            str(tmp_path / "cache")]
@@ -234,12 +257,14 @@ def test_one_launched_process_has_its_devices_and_sigterm_stops_the_launch(tmp_p
         assert proc.stdout is not None
         header = proc.stdout.readline()
         assert header.startswith("[p0] shardbench:") and "(4 cpu device(s))" in header, header
-        proc.send_signal(subprocess.signal.SIGTERM)
+        proc.send_signal(getattr(subprocess.signal, sig))
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 143 and "launch stopped (SIGTERM); stopped all 1 processes" in err, err
+    assert proc.returncode == code and f"{launch_says}; stopped all 1 processes" in err, err
+    said = [line for line in err.splitlines() if line.startswith("[p0] shardbench:")]
+    assert said and said[-1].startswith(f"[p0] shardbench: {process_says}"), err
     assert not (tmp_path / "run" / "summary.json").exists() and not _running(str(tmp_path / "run"))
 
 

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 from shardbench import cluster
@@ -233,9 +234,10 @@ def run(args: argparse.Namespace) -> int:
             # One waiter per process: the first to end is known exactly, not by polling order.
             threading.Thread(target=lambda c=child: ended.put((c.index, c.proc.wait())), daemon=True).start()
             children.append(child)
-        return _watch(children, ended, args.timeout, stopping)
+        return _watch(children, ended, args.timeout, stopping, argv)
     except (KeyboardInterrupt, _Stopped) as stop:
-        _stop(children)
+        # passed on as it came: after a Ctrl-C each process says "interrupted", not "stopped by SIGTERM"
+        _stop(children, signal.SIGTERM if isinstance(stop, _Stopped) else signal.SIGINT)
         for child in children:
             for t in child.readers:
                 t.join(timeout=2)  # each process's last words (its stop line) before the launch's own
@@ -246,7 +248,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _watch(children: list[Child], ended: queue.Queue[tuple[int, int]], timeout: float, stopping: Stopping) -> int:
+def _watch(children: list[Child], ended: queue.Queue[tuple[int, int]], timeout: float, stopping: Stopping,
+           argv: list[str]) -> int:
     deadline = time.monotonic() + timeout if timeout > 0 else None
     running = {c.index for c in children}
     while running:
@@ -276,6 +279,9 @@ def _watch(children: list[Child], ended: queue.Queue[tuple[int, int]], timeout: 
             stopped = f"; stopped the other {len(others)}{held}" if others else ""
             print(f"shardbench: error: {_failed(index, len(children), child.reason(code))}{stopped}",
                   file=sys.stderr, flush=True)
+            way_on = _way_on(argv, children) if code < 0 else None  # a process that ended itself said why
+            if way_on:
+                print(f"shardbench: {way_on}", file=sys.stderr, flush=True)
             if code < 0:  # end by the same signal, so whoever started the launch sees what a single process shows
                 sys.stdout.flush()
                 with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP cannot be handled anyway
@@ -288,9 +294,39 @@ def _watch(children: list[Child], ended: queue.Queue[tuple[int, int]], timeout: 
     return 0
 
 
-def _stop(children: list[Child]) -> None:
-    """Stop every process still running, in parallel so the bound is one grace period, not one each."""
-    threads = [threading.Thread(target=kill_group, args=(c.proc, STOP_GRACE_S)) for c in children
+def _out_folder(argv: list[str]) -> str | None:
+    """The --out (--train.out) the launched command names, as given; None where it names none."""
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in ("--out", "--train.out"):
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
+
+
+def _way_on(argv: list[str], children: list[Child]) -> str | None:
+    """After a process of a training was killed by a signal: how to go on, where no process said it (the killed one
+    said nothing, and the others' lines can be cut short by their own stop). None where one did, or nothing can go
+    on."""
+    if argv[0] != "train" or any("--resume" in line for c in children for line in c.said):
+        return None
+    again = "the same launch" + ("" if "--resume" in argv else " with --resume")
+    out = _out_folder(argv)
+    if out is None:  # its name was made by process 0, and printed at the end of its first line
+        return (f"{again} --out <the run's folder, named at the end of [p0]'s first line> goes on from its last "
+                f"checkpoint")
+    from shardbench.train.checkpoint import saved_steps  # orbax, imported only after a failure
+
+    if steps := saved_steps(Path(out) / "checkpoints"):
+        return f"{again} goes on from the checkpoint of step {steps[-1]} in {out}"
+    if (Path(out) / "config.json").exists():
+        return f"no checkpoint to resume from in {out}; {again} starts the run from step 0"
+    return None
+
+
+def _stop(children: list[Child], first: signal.Signals = signal.SIGTERM) -> None:
+    """Stop every process still running (`first`, then SIGKILL after a grace period), in parallel so the bound is
+    one grace period, not one each."""
+    threads = [threading.Thread(target=kill_group, args=(c.proc, STOP_GRACE_S, first)) for c in children
                if c.proc.poll() is None]
     for t in threads:
         t.start()

@@ -96,10 +96,11 @@ def _restore(previous: dict[int, Any], held: list[int]) -> None:
         os.kill(os.getpid(), held[0])
 
 
-def kill_group(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM the child's process group (it was started in a session of its own), then SIGKILL what is
-    left after a grace period."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, None)):
+def kill_group(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S,
+               first: signal.Signals = signal.SIGTERM) -> None:
+    """`first` (SIGTERM; SIGINT to pass on a user's Ctrl-C) to the child's process group (it was started in a
+    session of its own), then SIGKILL what is left after a grace period."""
+    for sig, wait in ((first, grace_s), (signal.SIGKILL, None)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
