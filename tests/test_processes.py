@@ -193,6 +193,14 @@ def test_what_others_print_while_they_are_stopped_is_held_back_and_counted() -> 
         "[p1] epoch 1", "[p1] shardbench: error: another process of this run stopped", "[p0] its last words"]
     assert stopping.held == 3 and len(said) == 4  # kept for the reason all the same
     assert not Stopping(failed=0, show_all=True).holds(1, b"anything\n")  # --debug
+    # A process that ended in failure holds back what the others print from then on, before its waiter has told
+    # the launch: process 1's gRPC lines about the coordinator it lost came through.
+    killed = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    killed.wait()
+    early = Stopping(procs=[killed, subprocess.Popen([sys.executable, "-c", "pass"])])
+    assert early.holds(1, b':UNKNOWN:Error received from peer  {grpc_message:"Socket closed"}\n')
+    assert early.failed == 0 and not early.holds(0, b"its last words\n")
+    early.procs[1].wait()
 
 
 def test_a_sweep_runs_each_configuration_as_two_processes(runs: dict[str, Any]) -> None:

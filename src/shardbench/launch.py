@@ -115,8 +115,13 @@ class Stopping:
     failed: int | None = None
     held: int = 0
     show_all: bool = False  # --debug: nothing is held back
+    # the processes, by index: one that ended in failure is seen here before its waiter reports it, so the lines a
+    # survivor prints at once (gRPC's "Socket closed" from the lost coordinator) are held back too
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def holds(self, index: int, line: bytes) -> bool:
+        if self.failed is None:
+            self.failed = next((i for i, p in enumerate(self.procs) if p.poll() not in (None, 0)), None)
         if self.show_all or self.failed is None or self.failed == index or line.startswith(b"shardbench"):
             return False
         self.held += 1
@@ -221,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
                          env=child_environ(i, n, port, args.devices_per_process, args.join_timeout),
                          start_new_session=True)
             child = Child(i, proc)
+            stopping.procs.append(proc)
             prefix = f"[p{i}] ".encode()
             assert proc.stdout is not None and proc.stderr is not None
             hold = functools.partial(stopping.holds, i)
