@@ -117,17 +117,6 @@ def _summary_over(tmp: Path, fill: Callable[[Path], None]) -> Path:
     return tmp / "runs"
 
 
-def _three_classes(tmp: Path) -> Path:
-    """An image folder that loads whole: 32x32 images of 3 classes in train/ and test/."""
-    from PIL import Image
-
-    for split, label in [(split, label) for split in ("train", "test") for label in ("cat", "dog", "owl")]:
-        (tmp / "three" / split / label).mkdir(parents=True)
-        for i in range(24 if split == "train" else 12):
-            Image.new("RGB", (32, 32), (i, 8 * i, 0)).save(tmp / "three" / split / label / f"{i}.png")
-    return tmp / "three"
-
-
 def _file(tmp: Path, name: str, fill: Callable[[Path], None]) -> Path:
     fill(tmp / name)
     return tmp / name
@@ -244,10 +233,6 @@ VALUES: list[tuple[str, Callable[[Path], list[str]], str, str]] = [
                                                    "--out", str(t / "o")], "none.npz", DATA),
     ("train: arrays given as a folder", lambda t: ["train", *TINY, "--data", f"arrays:{t}", "--out", str(t / "o")],
      "is a folder; give a .npz file after 'arrays:'", DATA),
-    # whole images of 3 classes for the vit's 10: the file is sound and a flag mends it, so configuration (exit 2)
-    ("train: images of 3 classes for a model of 10", lambda t: ["train", *TINY, "--data", f"imagefolder:{_three_classes(t)}",
-                                                                "--out", str(t / "o")],
-     "has 3 classes but the model is set up for 10; pass --model.num-classes 3", CONF),
     ("train: a model file that does not exist", lambda t: ["train", *TINY, "--model", f"{t / 'm.py'}:make",
                                                            "--task", "classify", "--out", str(t / "o")], "m.py", CONF),
     ("train: a negative learning rate", lambda t: ["train", *TINY, "--lr", "-1", "--out", str(t / "o")],

@@ -72,7 +72,7 @@ REFUSED_BY_TRAIN = [
     (["--data", "bogus"], "unknown dataset 'bogus'", 2),
     (["--data", "tokens-uniform"], "--data tokens-uniform is a dataset for the lm model, not vit", 2),
     (["--data", "text:/nonexistent.txt"], "/nonexistent.txt does not exist", 4),
-    (["--data", "cifar10", "--data.image-size", "64"], "cifar10 images are 32x32 but the model expects 64x64", 4),
+    (["--data", "cifar10", "--data.image-size", "64"], "cifar10 images are 32x32 but the model expects 64x64", 2),
 ]
 
 
