@@ -29,6 +29,7 @@ if "SHARDBENCH_CACHE" not in os.environ:
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
@@ -172,3 +173,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for variable, what in SKIP_VARIABLES.items():
         if skipped_on_request(variable):
             terminalreporter.write_line(f"skipped on request: {variable}=1 ({what})", yellow=True)
+
+
+def as_from_a_terminal() -> None:
+    """In a child before it starts (`preexec_fn`): Ctrl-C delivered and handled as from a user's shell. A suite
+    started in the background by a shell (`&`) runs with SIGINT ignored, and a child keeps that (the driver of a
+    SLURM sweep, a launch: they never saw the test's SIGINT and ran on to their end or time limit), while the same
+    test alone got it."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

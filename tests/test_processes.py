@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import QUICK_COMPILE_FLAGS
+from conftest import QUICK_COMPILE_FLAGS, as_from_a_terminal
 from shardbench import cluster
 from shardbench.cli import build_parser, config_from_args
 from shardbench.errors import ConfigError
@@ -260,7 +260,8 @@ def test_one_launched_process_has_its_devices_and_a_stop_is_passed_on_as_it_came
     cmd = [sys.executable, "-m", "shardbench", "launch", "--processes", "1", "--devices-per-process", "4", "--",
            "train", *MICRO, "--steps", "100000", "--out", str(tmp_path / "run"), "--data.cache-dir",
            str(tmp_path / "cache")]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_from_a_terminal)  # the suite may run with SIGINT ignored
     try:
         assert proc.stdout is not None
         header = proc.stdout.readline()

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import as_from_a_terminal
 from shardbench.errors import ConfigError
 from shardbench.sweep import slurm as slurm_lib
 from shardbench.sweep import slurm_jobs, slurm_options
@@ -369,14 +370,6 @@ def _env(cluster: LocalSlurm | None = None) -> dict[str, str]:
     return env | ({"SLURM_CONF": str(cluster.conf)} if cluster else {})
 
 
-def _as_from_a_terminal() -> None:
-    """In the child before it starts: Ctrl-C delivered and handled as from a user's shell. Inside the full suite
-    the driver started from a pytest-xdist worker never saw the SIGINT (it ran both jobs to the end and exited 0,
-    twice), while the same test alone got it: the worker's signal state is not a terminal's."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def _sweep_cmd(*argv: str) -> list[str]:
     return [sys.executable, "-m", "shardbench", "sweep", *argv]
 
@@ -525,7 +518,7 @@ def test_a_cancelled_job_is_recorded_and_resumed_and_a_live_one_is_not_submitted
     driver = subprocess.Popen(_sweep_cmd(*argv, "--executor", "slurm", "--slurm-max-running", "1", "--slurm-poll",
                                          "1", "--out", str(out)),
                               env=_env(slurm), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              preexec_fn=_as_from_a_terminal)
+                              preexec_fn=as_from_a_terminal)
     try:
         _wait("both jobs queued", lambda: len(_jobs(out)) == 2)
         first, second = (_jobs(out)[n].job_id for n in ("strategy_dp", "strategy_fsdp"))
