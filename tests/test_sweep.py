@@ -251,6 +251,21 @@ def test_the_pipeline_preset_runs_every_schedule_beside_a_one_stage_run_at_its_m
 
 
 @pytest.mark.slow
+def test_a_value_the_preset_already_sets_leaves_the_runs_that_set_their_own(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--devices 8`, as the docs pass it to the zero and moe presets, given to the pipeline preset (which runs on
+    8) put its one-stage reference runs on 8 devices too: refused, and the report had no bubble to measure. It
+    confirms the preset's 8; another count replaces every run's, as a single value does."""
+    plain = {r.name: r.settings for r in make_sweep("pipeline").runs}
+    assert make_sweep("pipeline", values={"parallel.devices": "8"}).runs == make_sweep("pipeline").runs
+    assert [n for n, r in plain.items() if r["parallel.devices"] == 1] == [
+        n for n, r in plain.items() if r["parallel.mesh"] == "stage=1"] != []
+    assert sweep_cmd.run(parse("--preset", "pipeline", "--devices", "8", "--dry-run")) == 0
+    assert "REFUSED" not in capsys.readouterr().out
+    four = make_sweep("pipeline", values={"parallel.devices": "4"}).runs
+    assert {r.settings["parallel.devices"] for r in four} == {4}
+
+
 def test_every_run_of_the_pipeline_preset_passes_trains_checks() -> None:
     from shardbench.sweep.preflight import refusals
 

@@ -437,7 +437,10 @@ def make_sweep(preset: str | None = None, base_preset: str | None = None, sweep_
             raise ConfigError(f"--base '{base_preset}' is not a run preset: choose one of "
                               f"{', '.join(PRESETS)}")
         start = base_preset
-    replaced = set(fixed) | {k for axis in cli_axes for entry in axis for k in entry}
+    # A single value the sweep's own base already sets (`--devices 8` on the pipeline preset, which runs on 8)
+    # confirms it: the entries that set their own (the one-stage reference runs, on 1 device) keep it.
+    replaced = ({k for k, v in fixed.items() if k not in base or base[k] != v}
+                | {k for axis in cli_axes for entry in axis for k in entry})
     grids = [Grid(_strip(g.axes, replaced) + cli_axes, {k: v for k, v in g.base.items() if k not in replaced})
              for g in grids]
     base = {**{k: v for k, v in base.items() if k not in replaced}, **fixed}
