@@ -156,6 +156,12 @@ def test_mesh_specs(spec: str, strategy: str, devices: int, data: int, model: in
         ("fsdp+pp", "data=2,stage=2,model=2", 8, "strategy fsdp\\+pp does not use the model axis .* use --strategy "
                                                 "fsdp\\+pp\\+tp"),
         ("pp", "stage=4,model=2", 8, "use --strategy pp\\+tp"),
+        # ZeRO with a model or stage axis: the strategy that keeps the optimizer state split (not dp+tp, which
+        # would silently replicate it), saying that it splits the parameters too
+        ("zero2", "4x2", 8, "use --strategy fsdp\\+tp \\(no ZeRO strategy uses the model axis: fsdp\\+tp keeps the "
+                            "optimizer state and gradients split over data, and splits the parameters too\\)"),
+        ("zero1", "data=2,stage=2", 4, "use --strategy fsdp\\+pp \\(no ZeRO strategy uses the stage axis: fsdp\\+pp "
+                                       "keeps the optimizer state split over data"),
     ],
 )
 def test_bad_meshes(strategy: str, mesh: str, devices: int, message: str) -> None:

@@ -454,7 +454,7 @@ def make_layout(strategy_name: str, mesh_spec: str, devices: list[jax.Device],
     for axis, size in shape.items():
         if size > 1 and axis not in strategy.axes:
             wider = wider_strategy(strategy, split_axes(shape))
-            instead = (f": use --strategy {wider}, or" if wider else
+            instead = (f": use --strategy {wider}{_what_it_splits_too(strategy, wider, axis)}, or" if wider else
                        f", and no strategy splits {_axes_words(split_axes(shape))} together:")
             raise ConfigError(
                 f"strategy {strategy.name} does not use the {axis} axis but --mesh {shape} gives it {size} "
@@ -470,7 +470,26 @@ def wider_strategy(strategy: Strategy, split: tuple[str, ...]) -> str | None:
     wanted = set(strategy.axes) | set(split)
     over = sorted((s for s in STRATEGIES.values() if set(split) <= set(s.axes)),
                   key=lambda s: (set(s.axes) != wanted, len(s.axes)))
-    # The same kinds of tactic (fsdp's Largest) and more: fsdp+pp on a model axis is fsdp+pp+tp, not dp+pp+tp.
-    same = [s for s in over if {type(t) for t in strategy.params} <= {type(t) for t in s.params}]
+    # The same kinds of tactic (fsdp's Largest) and more, for the parameters, the optimizer state and the
+    # gradients: fsdp+pp on a model axis is fsdp+pp+tp, not dp+pp+tp; zero1 is fsdp+tp, which keeps its split
+    # optimizer state, not dp+tp.
+    same = [s for s in over if all(_kinds(mine) <= _kinds(theirs) for mine, theirs in zip(
+        (strategy.params, strategy.optimizer_tactics, strategy.gradient_tactics),
+        (s.params, s.optimizer_tactics, s.gradient_tactics)))]
     pick = (same or over)[:1]
     return pick[0].name if pick else None
+
+
+def _kinds(tactics: tuple[Tactic, ...]) -> set[type]:
+    return {type(t) for t in tactics}
+
+
+def _what_it_splits_too(strategy: Strategy, wider: str, axis: str) -> str:
+    """Where `strategy` splits its optimizer state apart from its parameters (ZeRO-1/2) and `wider` cannot: no
+    ZeRO strategy takes `axis`, and the one named splits the parameters too."""
+    other = STRATEGIES[wider]
+    if strategy.optimizer is None or other.optimizer is not None:
+        return ""
+    return (f" (no ZeRO strategy uses the {axis} axis: {wider} keeps the optimizer state"
+            f"{' and gradients' if strategy.gradients is not None else ''} split over data, and splits the "
+            f"parameters too)")
