@@ -217,7 +217,13 @@ def tiny(tmp: Path, name: str, **overrides: object) -> config_lib.Config:
 
 
 @pytest.mark.parametrize(("overrides", "words"), [
-    ({"parallel.strategy": "ep", "parallel.mesh": "expert=8", "model.num_experts": 0}, "has none"),
+    ({"parallel.strategy": "ep", "parallel.mesh": "expert=8", "model.num_experts": 0},
+     "has none .*: use --preset lm-moe or --model.num-experts N, or a strategy without ep$"),
+    # the vit's blocks take no experts: --model.num-experts, advised to it, was refused next
+    ({"parallel.strategy": "ep", "parallel.mesh": "expert=8", "model.num_experts": 0, "model.kind": "vit",
+      "data.dataset": "synthetic"},
+     "has none .*: only the lm's blocks take experts \\(--model.num-experts\\), not the vit's: use --preset lm-moe, "
+     "or a strategy without ep$"),
     ({"model.top_k": 9}, "--model.top-k 9"),
     ({"parallel.strategy": "ep", "parallel.mesh": "expert=8", "model.num_experts": 12},
      "model.num_experts = 12 is not divisible by the expert axis"),

@@ -81,7 +81,7 @@ def check_parallel(cfg: Config, spec: ModelSpec, devices: list[jax.Device] | Non
     layout = make_layout(cfg.parallel.strategy, cfg.parallel.mesh, devices, cfg.parallel.sequence_parallel)
     # A mixture of experts runs under jit alone: said before the style's own refusals, whose advice (another
     # strategy, shard_map) it would refuse in turn.
-    check_experts(spec, layout, cfg.parallel.spmd)
+    check_experts(spec, layout, cfg.parallel.spmd, cfg.model.kind)
     check_style(cfg.parallel.spmd, layout)
     # Before the layout's divisibility: a stack that does not split into stages is said in the pipeline's words.
     # (The built-in models' dropout flags: a model of your own draws its own, and passes none into its stack.)

@@ -340,14 +340,16 @@ def _check_chunks(depths: dict[str, int], stages: int, repeats: int, name: str, 
                               f"multiple of {stages * repeats} ({stack})")
 
 
-def check_experts(spec: ModelSpec, layout: Layout, style: str) -> None:
+def check_experts(spec: ModelSpec, layout: Layout, style: str, kind: str) -> None:
     """Expert parallelism needs experts, and a mixture of experts runs where its routing statistics reach the
-    step: under jit, outside pipeline stages (the stages pass activations alone from one to the next)."""
+    step: under jit, outside pipeline stages (the stages pass activations alone from one to the next). `kind`: the
+    built-in model's (only the lm's blocks take experts)."""
     has_experts = any(EXPERT in axes for axes in flat_by_path(spec.axes).values())
     name = layout.strategy.name
     if EXPERT_AXIS in layout.strategy.axes and not has_experts:
         how = ("name a parameter dim 'expert' (nnx.with_partitioning, or --rules NAME=expert for a name of "
-               "yours)" if spec.custom else "use --preset lm-moe or --model.num-experts N")
+               "yours)" if spec.custom else "use --preset lm-moe or --model.num-experts N" if kind == "lm" else
+               f"only the lm's blocks take experts (--model.num-experts), not the {kind}'s: use --preset lm-moe")
         raise ConfigError(f"--strategy {name} splits a mixture's experts over the expert axis, and this model has "
                           f"none (no parameter with an 'expert' dim): {how}, or a strategy without ep")
     if not has_experts:
