@@ -312,6 +312,15 @@ def test_a_runs_default_name_tells_remat_and_the_context_parallel_attention_apar
     tp = make_layout("tp", "model=4", jax.devices()[:4])
     assert default_run_name(override(cfg, {"parallel.sequence_parallel": True}), tp) == "mesh_1_4_batch_32_seqpar"
     assert default_run_name(cfg, tp) == "mesh_1_4_batch_32"
+    # a pipeline's schedule, microbatches and a circular layout's repeats: the runs a pipeline user compares
+    pp = make_layout("pp", "stage=2", jax.devices()[:2])
+    named = {(schedule, m, r): default_run_name(override(cfg, {"parallel.schedule": schedule,
+                                                                "parallel.microbatches": m, "parallel.repeats": r}), pp)
+             for schedule, m, r in [("gpipe", 0, 1), ("gpipe", 8, 1), ("1f1b", 8, 1), ("circular", 8, 2)]}
+    assert named == {("gpipe", 0, 1): "mesh_stage2_batch_32", ("gpipe", 8, 1): "mesh_stage2_batch_32_mb_8",
+                     ("1f1b", 8, 1): "mesh_stage2_batch_32_1f1b_mb_8",
+                     ("circular", 8, 2): "mesh_stage2_batch_32_circular_mb_8_repeats_2"}
+    assert default_run_name(override(cfg, {"parallel.microbatches": 8}), dp) == "mesh_2_1_batch_32"  # no pp
 
 
 def test_a_damaged_stored_peak_is_measured_again_not_a_crash_of_every_run(tmp_path: Path, monkeypatch) -> None:

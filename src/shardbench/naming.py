@@ -69,6 +69,13 @@ def config_run_name(cfg: Config, mesh: str, strategy: str, implied: str) -> str:
         parts.append(f"remat_{cfg.model.remat}")
     if cfg.parallel.sequence_parallel:  # tp's LayerNorm and dropout regions split along the sequence
         parts.append("seqpar")
+    if "pp" in strategy.split("+"):  # the pipeline's schedule and microbatches: the runs a pipeline user compares
+        if cfg.parallel.schedule != "gpipe":
+            parts.append(cfg.parallel.schedule)
+        if cfg.parallel.microbatches:
+            parts.append(f"mb_{cfg.parallel.microbatches}")
+        if cfg.parallel.schedule == "circular" and cfg.parallel.repeats != 1:
+            parts.append(f"repeats_{cfg.parallel.repeats}")
     if "cp" in strategy.split("+"):  # how the sequence's attention was reached, where the default is not
         if cfg.parallel.context != "all-gather":
             parts.append(cfg.parallel.context)
