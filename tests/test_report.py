@@ -610,6 +610,18 @@ def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> Non
     assert "step_time" not in paths.charts and "epoch_time" not in paths.charts  # nothing to draw: no chart
     assert paths.incomplete == ("unfinished",) and "no summary.json: the run did not finish" in text
     assert paths.clipped == {}
+    # An unfinished run left to --strategy auto is listed with the layout it started with (its layout.json), not
+    # as 'auto': pp on stage=2.
+    import jax
+
+    from shardbench.parallel.rules import make_layout
+    from shardbench.rundir import LAYOUT_RECORD, layout_record
+
+    (folder / "unfinished" / LAYOUT_RECORD).write_text(json.dumps(layout_record(
+        make_layout("pp", "stage=2", jax.devices()[:2]))))
+    listed = write_report(folder, out_dir=tmp_path / "again").markdown.read_text()
+    listed_row = next(line for line in listed.splitlines() if line.startswith("| unfinished |"))
+    assert listed_row.split(" | ")[2:4] == ["pp", "stage=2"], listed_row
     line = progress_line(1, 1, row("short", {}, rec))
     assert f"step time {why}" in line and "step -" not in line
 

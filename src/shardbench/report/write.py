@@ -16,7 +16,9 @@ from typing import Any
 from shardbench.config import Config
 from shardbench.errors import DataError, ShardbenchError, writable_dir
 from shardbench.measure.run_record import Measurements, RunRecord, from_json
+from shardbench.parallel.mesh import MeshShape
 from shardbench.prices import PriceTable
+from shardbench.rundir import LAYOUT_RECORD
 from shardbench.report import html as html_page
 from shardbench.report import plan_chart, plots, runs_csv, staging
 from shardbench.report.content import (
@@ -49,6 +51,24 @@ def _flat_config(nested: Any, path: Path) -> dict[str, Any]:
         raise DataError(f"{path} is not a run's configuration (a JSON object of sections), but a "
                         f"{type(nested).__name__}")
     return {f"{s}.{k}": v for s, sec in nested.items() if isinstance(sec, dict) for k, v in sec.items()}
+
+
+def _started_layout(folder: Path) -> dict[str, Any]:
+    """The strategy and mesh an unfinished run started with, from its layout.json (`auto` resolved: `pp` on
+    `stage=4`), as configuration fields; none where it kept no readable one (a run stopped before its layout)."""
+    path = folder / LAYOUT_RECORD
+    try:
+        then = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(then, dict) or not isinstance(then.get("strategy"), str) or not isinstance(then.get("mesh"),
+                                                                                                    dict):
+        return {}
+    try:  # as a finished run's record writes it ('4x2', 'stage=4'); one device has none
+        mesh = str(MeshShape.of(**then["mesh"])) if then["mesh"] else "none"
+    except (TypeError, ValueError):
+        return {"parallel.strategy": then["strategy"]}
+    return {"parallel.strategy": then["strategy"], "parallel.mesh": mesh}
 
 
 RUN_FIELDS = frozenset(f.name for f in dataclasses.fields(Config))  # a run's config.json: its sections, its preset
@@ -163,7 +183,7 @@ def _from_folders(root: Path, skip: Path) -> Found:
         if _another_tools(nested):
             skipped.append(_relative(saved.parent, root) or ".")
             continue
-        config = _flat_config(nested, saved)
+        config = {**_flat_config(nested, saved), **_started_layout(saved.parent)}
         runs.append(ReportedRun(_relative(saved.parent, root), "failed", INCOMPLETE,
                         "no summary.json: the run did not finish (stopped, killed, or still running)", {}, config,
                         None, folder=saved.parent))
