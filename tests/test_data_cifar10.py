@@ -223,7 +223,8 @@ def test_sources_spec(tarball: tuple[Path, str], tmp_path: Path) -> None:
     kw = dict(cache_dir=tmp_path / "cache", image_size=32, val_fraction=0.1, seed=0)
     ds = load_dataset(f"cifar10:{path}", num_classes=10, **kw)  # type: ignore[arg-type]
     assert ds.name == "cifar10" and len(ds.train) == 54
-    with pytest.raises(ConfigError, match=r"has 10 classes but the model is set up for 100; pass --model.num-classes 10"):
+    with pytest.raises(ConfigError,
+                       match=r"has 10 classes but the model is set up for 100; pass --model.num-classes 10"):
         load_dataset(f"cifar10:{path}", num_classes=100, **kw)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"cifar10 images are 32x32 .* --data.image-size 32"):
         load_dataset("cifar10", num_classes=10, **{**kw, "image_size": 64})  # type: ignore[arg-type]

@@ -195,7 +195,8 @@ def test_precision_grid_concatenates_its_sub_grids_and_runs_their_shared_baselin
     configs = [json.dumps(run_config("vit-seed", r), sort_keys=True) for r in sweep.runs]
     assert len(set(configs)) == len(configs)
     seed, kept = config_lib.flatten(get_preset("vit-seed")), run_config("vit-seed", runs["pdtype_float32"])
-    assert [kept[k] for k in ("precision.dtype", "precision.param_dtype", "train.batch_size")] == ["float32"] * 2 + [128]
+    fields = ("precision.dtype", "precision.param_dtype", "train.batch_size")
+    assert [kept[k] for k in fields] == ["float32", "float32", 128]
     assert kept["precision.matmul_precision"] == seed["precision.matmul_precision"] == "default"
 
 

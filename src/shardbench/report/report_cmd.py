@@ -17,7 +17,8 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "report", help="write a Markdown + HTML report with charts for a sweep or a folder of runs",
         description="Read DIR/sweep.db (or, without one, every run directory below DIR: those with a summary.json, "
-                    "and those without one listed as failed beside them; a folder of none but those is refused, naming them) and write report.md, a self-contained report.html and "
+                    "and those without one listed as failed beside them; a folder of none but those is refused, "
+                    "naming them) and write report.md, a self-contained report.html and "
                     "PNG charts into DIR/report.",
     )
     parser.add_argument("dir", metavar="DIR", type=Path, help="sweep directory (or any folder of run directories)")
