@@ -64,7 +64,7 @@ def _layout_text(record: dict[str, object]) -> str:
             f"process(es))")
 
 
-def _saved_layout(out: Path) -> dict[str, object] | None:
+def saved_layout(out: Path) -> dict[str, object] | None:
     """The layout a run started with, from its layout.json; None for a run from before it was kept."""
     path = out / LAYOUT_RECORD
     if not path.is_file():
@@ -101,7 +101,7 @@ def check_resume(cfg: Config, out: Path, spec: ModelSpec | None = None, layout: 
                               f"--out") from None
         saved, current = as_before_auto_layout(saved, cfg), config_lib.flatten(cfg)
         inert = inert_fields(cfg)  # never read by this configuration, nor by the saved one where all else agrees
-        then = _saved_layout(out) if layout is not None else None
+        then = saved_layout(out) if layout is not None else None
         if then is not None:
             now = json.loads(json.dumps(layout_record(layout)))
             if then != now:

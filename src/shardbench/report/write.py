@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from shardbench.config import Config
-from shardbench.errors import DataError, ShardbenchError, writable_dir
+from shardbench.errors import ConfigError, DataError, ShardbenchError, writable_dir
 from shardbench.measure.run_record import Measurements, RunRecord, from_json
 from shardbench.parallel.mesh import MeshShape
 from shardbench.prices import PriceTable
-from shardbench.rundir import LAYOUT_RECORD
+from shardbench.rundir import saved_layout
 from shardbench.report import html as html_page
 from shardbench.report import plan_chart, plots, runs_csv, staging
 from shardbench.report.content import (
@@ -56,16 +56,14 @@ def _flat_config(nested: Any, path: Path) -> dict[str, Any]:
 def _started_layout(folder: Path) -> dict[str, Any]:
     """The strategy and mesh an unfinished run started with, from its layout.json (`auto` resolved: `pp` on
     `stage=4`), as configuration fields; none where it kept no readable one (a run stopped before its layout)."""
-    path = folder / LAYOUT_RECORD
     try:
-        then = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
+        then = saved_layout(folder)
+    except ConfigError:  # unreadable: the run is listed with its configuration's own values
         return {}
-    if not isinstance(then, dict) or not isinstance(then.get("strategy"), str) or not isinstance(then.get("mesh"),
-                                                                                                    dict):
+    if then is None:
         return {}
     try:  # as a finished run's record writes it ('4x2', 'stage=4'); one device has none
-        mesh = str(MeshShape.of(**then["mesh"])) if then["mesh"] else "none"
+        mesh = str(MeshShape.of(**dict(then["mesh"]))) if then["mesh"] else "none"  # type: ignore[call-overload]
     except (TypeError, ValueError):
         return {"parallel.strategy": then["strategy"]}
     return {"parallel.strategy": then["strategy"], "parallel.mesh": mesh}
