@@ -159,8 +159,8 @@ def run_process(cmd: list[str], log_path: Path, timeout_s: float, env: dict[str,
         cgroup = memory_cgroup()
         kills_before = oom_kills(cgroup)
         code: int | None
-        try:
-            code = proc.wait(timeout=timeout_s)
+        try:  # the limit counts from the process's start, not from when the sampling above was set up
+            code = proc.wait(timeout=max(0.0, timeout_s - (time.perf_counter() - t0)))
         except subprocess.TimeoutExpired:
             kill_group(proc)
             code = None
