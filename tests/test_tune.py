@@ -558,10 +558,12 @@ def test_a_folder_a_stopped_tune_left_only_its_lock_in_takes_a_new_one(tmp_path:
 def test_with_no_measured_run_tune_writes_what_it_points_at(tmp_path: Path) -> None:
     """Every run past its time limit (1 s: not even JAX has started): no winner, exit 1. tune.md, tune.json and the
     report are written, tune.md says there is no winner and where the runs' errors are, every path tune names
-    exists, and no winner.toml is written."""
+    exists, and no winner.toml is written. The run is given 100,000 steps (over a minute on 2 cores), so that it
+    cannot end within the time limit's 5 s grace either: with 3 steps it once ended there, under the full suite's
+    load, and was recorded complete (a record written whole is kept, `sweep.runner.execute`)."""
     out = tmp_path / "t"
     done = shardbench("tune", *SMALL_MLP, "--remat", "none", "--candidates", "dp", "--budget-min", "5",
-                      "--measure-steps", "3", "--timeout", "1", "--out", str(out), cwd=tmp_path)
+                      "--measure-steps", "100000", "--timeout", "1", "--out", str(out), cwd=tmp_path)
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert json.loads((out / "tune.json").read_text())["result"] is None
     md = (out / "tune.md").read_text()
