@@ -257,7 +257,8 @@ def execute(sweep: Sweep, run: PlannedRun, opts: Options) -> RunRow:
     finished = outcome.started + outcome.wall_s
     planned = run_config(sweep.base_preset, run)
     # A run stopped at its time limit after writing its record (written last, after its checkpoints, and whole or
-    # not at all) did its work within the limit: only its exit came after. Its folder says complete; so does the row.
+    # not at all) did its work: only its exit came after, or its record came in the grace before SIGKILL. Its
+    # folder says complete; so does the row.
     record = _read_json(run_dir / "summary.json") if outcome.returncode in (0, None) else None
     if record is not None:
         saved = _read_json(run_dir / "config.json")
