@@ -78,6 +78,33 @@ def test_a_write_reaches_the_file_before_close(tmp_path: Path) -> None:
         writer.close()
 
 
+@pytest.mark.parametrize("deleted", ["folder", "event file"])
+def test_logs_deleted_during_a_run_are_written_again_and_the_run_says_so(
+        tmp_path: Path, deleted: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rm -rf <out>/tensorboard` while a run trains: the writer's open files are gone from the folder, and
+    writing on into them would lose every later step without a word. It says so and writes new files there."""
+    import shutil
+
+    logdir = tmp_path / "tensorboard"
+    writer = ScalarWriter(logdir)
+    writer.write(1, {"train/loss": 2.0})
+    writer.write(2, {"train/loss": 1.5})
+    if deleted == "folder":
+        shutil.rmtree(logdir)
+    else:
+        for path in logdir.glob("events.out.tfevents.*"):
+            path.unlink()
+    writer.write(3, {"train/loss": 1.0})
+    writer.write(4, {"train/loss": 0.5})
+    writer.close()
+    err = capsys.readouterr().err
+    assert err.count("warning: the scalar logs in") == 1 and f"{logdir} were deleted during the run" in err
+    assert "before step 3 is lost" in err
+    assert _scalars(logdir) == {"train/loss": [(3, 1.0), (4, 0.5)]}
+    steps = [json.loads(x)["step"] for x in (logdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == ([3, 4] if deleted == "folder" else [1, 2, 3, 4])  # the JSON-lines file was not deleted
+
+
 def test_a_disabled_writer_writes_nothing(tmp_path: Path) -> None:
     writer = ScalarWriter(tmp_path / "tb", enabled=False)
     writer.write(1, {"train/loss": 1.0})

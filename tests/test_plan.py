@@ -271,7 +271,7 @@ def test_a_plan_of_one_layout_compares_it_with_no_other() -> None:
     block = Row(replace(none.candidate, remat="block"), replace(none.prediction, step_s=none.prediction.step_s * 1.2))
     line = recommendation(rank([block, none]), GPU)
     assert line.startswith("use single none remat=none float32: fits with") and "faster than" not in line
-    assert line.endswith(", the only layout planned")
+    assert line.endswith(", the only layout planned (its 2 candidates differ in remat)")
     refused = Row(Candidate("tp", "1x8", "none", "float32"), None, "refused: heads")
     assert recommendation(rank([block, none, refused]), GPU).endswith(", the only layout that fits")
     # one candidate alone (--candidates dp --remat none) is the only layout planned too, and says so
@@ -429,7 +429,8 @@ def test_one_device_plans_each_layout_once(tmp_path: Path) -> None:
     assert plan["folded"] == {s: "single" for s in ("dp", "fsdp", "tp", "zero1", "zero2")}
     said = "on 1 device dp, fsdp, tp, zero1, zero2 lay out as single: every array whole on the one device"
     assert done.stdout.count(said) == 1 and said in (out / "plan.md").read_text() and said in plan["folded_line"]
-    assert "faster than" not in plan["recommendation"] and plan["recommendation"].endswith("the only layout planned")
+    assert "faster than" not in plan["recommendation"] and plan["recommendation"].endswith(
+        "the only layout planned (its 2 candidates differ in remat)")
     assert [c["name"] for c in plan["cost"]["candidates"]] == [c["name"] for c in plan["candidates"]]
 
 

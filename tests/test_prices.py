@@ -375,6 +375,13 @@ def test_the_report_names_each_rows_basis_from_the_records_and_shows_small_costs
     _run_folder(tmp_path / "bare", "none", none)
     bare = write_report(tmp_path / "bare", tmp_path / "out2").markdown.read_text()
     assert "No cost: the price table has no row for device 'cpu'." in bare
+    # One run priced and one not, in one folder: the empty cells of the one without are explained, by table.
+    _run_folder(tmp_path / "runs", "none", {**none, "cost": to_json(run_cost(parse_prices(
+        KNOWN.split("[devices.cpu]")[0], "--prices h100-only.toml"), cpu, 14))})
+    both = write_report(tmp_path / "runs", tmp_path / "out3").markdown.read_text()
+    assert "row cpu: per device" in both
+    assert ("No cost for 1 run(s) (`none`: the price table has no row for device 'cpu' (by the --prices "
+            "h100-only.toml price table)).") in both
 
 
 def test_price_table_files_are_checked_as_a_user_writes_them(tmp_path: Path) -> None:
@@ -459,7 +466,21 @@ def test_plan_prints_and_writes_the_cost_of_each_candidate(tmp_path: Path,
         assert c["kwh_per"] == pytest.approx(500 * 8 * step[c["name"]] / 3.6e6 * 1e9 / (32 * 64))
     lm_tiny = get_preset("lm-tiny")  # the 32 x 64 tokens per step above
     assert (lm_tiny.train.batch_size, lm_tiny.model.seq_len) == (32, 64)
-    assert "## Cost" in (out / "plan.md").read_text()
+    md = (out / "plan.md").read_text()
+    assert "## Cost" in md
+    # The table's figures, as the report writes costs: three significant digits in plain notation (it wrote
+    # $0.0004993 beside $0.0005, and 5.087e-05).
+    keys = ("on_demand_usd", "spot_usd", "kwh", "on_demand_usd_per", "spot_usd_per", "kwh_per")
+    for c in costs:
+        row = next(line for line in md.split("## Cost")[1].splitlines()
+                   if line.startswith("| ") and f"| {c['name']} |" in line)
+        cells = [cell.strip() for cell in row.strip(" |").split("|")][2:]
+        assert len(cells) == len(keys), row
+        for cell, key in zip(cells, keys):
+            figure = cell.removeprefix("$").replace(",", "")
+            assert "e" not in figure and float(figure) == pytest.approx(c[key], rel=5e-3), (key, cell, c[key])
+            if c[key] < 100:
+                assert len(figure.replace(".", "").lstrip("0")) == 3, (key, cell)
 
 
 @pytest.mark.slow

@@ -74,6 +74,15 @@ class PriceTable:
         return self.devices.get(chip.name) if chip is not None else None
 
 
+def significant(value: float, digits: int) -> str:
+    """`value` to `digits` significant digits in plain notation: 0.0000206, 1.23, 1,235 (never 0.0000 for a cost of
+    two hundred-thousandths of a dollar, nor 2.06e-05 in a table)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(digits - 1 - math.floor(math.log10(abs(value))), 0)
+    return f"{value:,.{decimals}f}"
+
+
 def _fail(where: str, what: str) -> ConfigError:
     return ConfigError(f"{where}: {what}")
 
@@ -284,4 +293,4 @@ def run_cost(table: PriceTable, measured: Measurements, steps_per_epoch: int, en
 
 
 __all__ = ["DEVICE_NAMES", "DevicePrice", "PriceTable", "epoch_cost", "load_prices", "parse_prices",
-           "price_basis", "priced_count", "prices_from_flag", "row_basis", "row_for", "run_cost"]
+           "price_basis", "priced_count", "prices_from_flag", "row_basis", "row_for", "run_cost", "significant"]

@@ -19,7 +19,7 @@ from shardbench.jsonfile import write_json_atomic
 from shardbench.plan.candidates import (DEFAULT, EXPERT_PARALLEL, PER_STAGE, USES, Candidate, candidates,
                                         default_strategies, one_per_layout)
 from shardbench.plan.target import HINT, Target, ignored_layout_notes, parse_target
-from shardbench.prices import CPU, PriceTable, epoch_cost, prices_from_flag
+from shardbench.prices import CPU, PriceTable, epoch_cost, prices_from_flag, significant
 
 if TYPE_CHECKING:
     from shardbench.plan.build import Plan
@@ -165,10 +165,12 @@ def cost_rows(plan: Plan, table: PriceTable) -> tuple[list[list[str]], list[dict
             continue
         cost = epoch_cost(price, r.prediction.step_s, steps, target.devices, hosts=target.nodes, unit=task.unit,
                           units_per_step=cfg.train.batch_size * task.units_per_example(cfg), prices=table.origin)
-        epoch = ([f"${cost.on_demand_usd:,.4g}", f"${cost.spot_usd:,.4g}", f"{cost.kwh:,.4g}"] if per_epoch
-                 else ["-", "-", "-"])
-        rows.append([str(i), r.candidate.name, *epoch, f"${cost.on_demand_usd_per:,.4g}",
-                     f"${cost.spot_usd_per:,.4g}", f"{cost.kwh_per:,.4g}"])
+        # Three significant digits in plain notation, as the report's cost columns: $0.000499, never $0.0004993
+        # beside $0.0005, nor 5.087e-05.
+        epoch = ([f"${significant(cost.on_demand_usd, 3)}", f"${significant(cost.spot_usd, 3)}",
+                  significant(cost.kwh, 3)] if per_epoch else ["-", "-", "-"])
+        rows.append([str(i), r.candidate.name, *epoch, f"${significant(cost.on_demand_usd_per, 3)}",
+                     f"${significant(cost.spot_usd_per, 3)}", significant(cost.kwh_per, 3)])
         shown = {k: v for k, v in dataclasses.asdict(cost).items() if v is not None}
         if not per_epoch:  # the per-unit figures hold without an epoch; the per-epoch ones would be per step
             shown = {k: shown[k] for k in ("per", "on_demand_usd_per", "spot_usd_per", "kwh_per", "price_source")}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardbench.capacity import format_bytes
@@ -55,6 +56,23 @@ def _headroom(value: float) -> str:
     return ">99%" if value > 0.99 else f"{value:.0%}"
 
 
+# What may vary between candidates of one layout (strategy and mesh), as their names write it.
+_VARIED: tuple[tuple[str, Callable[[Candidate], object]], ...] = (
+    ("remat", lambda c: c.remat), ("dtype", lambda c: c.dtype), ("accumulation", lambda c: c.grad_accum),
+    ("microbatches", lambda c: c.microbatches), ("schedule", lambda c: c.schedule))
+
+
+def _variants(rows: list[Row]) -> str:
+    """' (its 2 candidates differ in remat)' for several candidates of one layout: the plan's tables list each of
+    them, and 'the only layout' is not 'the only candidate'. '' for one candidate."""
+    if len(rows) < 2:
+        return ""
+    varied = [label for label, get in _VARIED if len({get(r.candidate) for r in rows}) > 1]
+    if not varied:
+        return ""
+    return f" (its {len(rows)} candidates differ in {' and '.join(varied)})"
+
+
 def recommendation(ranked: list[Row], hw: Hardware, untimed: tuple[str, ...] = ()) -> str:
     """One line: the layout to use and why, against the best candidate of another layout, its links named as `hw`
     calls them (NVLink, ICI, an L4's PCIe). `untimed`: the links
@@ -80,7 +98,7 @@ def recommendation(ranked: list[Row], hw: Hardware, untimed: tuple[str, ...] = (
     other = next((r for r in fitting[1:] if _layout(r.candidate) != _layout(best.candidate)), None)
     if other is None:
         alone = len({_layout(r.candidate) for r in ranked}) == 1  # one candidate, or remat, dtype, K alone vary
-        return line + (", the only layout planned" if alone else
+        return line + (f", the only layout planned{_variants(ranked)}" if alone else
                        ", the only layout that fits" if len(predicted) > 1 else "")
     q = other.prediction
     names = {link: hw.link_name(link) for link in ("intra", "inter")}

@@ -21,6 +21,7 @@ from shardbench.measure.run_record import (
 )
 from shardbench.parallel.mesh import MESH_AXES, parse_mesh
 from shardbench.parsing import override
+from shardbench.prices import significant
 from shardbench.report.cost import COST_COLUMNS
 from shardbench.store import RunRow
 from shardbench.validation import inert_fields
@@ -397,15 +398,6 @@ class Column:
         if self.significant and self.numeric:
             return significant(value, self.digits)
         return f"{value:,.{self.digits}f}" if self.numeric else str(value)
-
-
-def significant(value: float, digits: int) -> str:
-    """`value` to `digits` significant digits in plain notation: 0.0000206, 1.23, 1,235 (never 0.0000 for a cost of
-    two hundred-thousandths of a dollar, nor 2.06e-05 in a table)."""
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    decimals = max(digits - 1 - math.floor(math.log10(abs(value))), 0)
-    return f"{value:,.{decimals}f}"
 
 
 RATE_KEYS = ("img_s", "img_s_device", "tokens_s", "examples_s")  # the throughput columns

@@ -118,7 +118,7 @@ def priced_by(row: str, table: PriceTable) -> str:
 def cost_note(runs: list[PricedRun], table: PriceTable | None = None) -> str:
     """The table note's sentence on cost: which price table and rows, what each row's price is for (as each record
     priced it; for an older record, as `table`, the --prices table, else the packaged one, has it), and how energy
-    was had. Where no run has a cost, why not."""
+    was had. Where no run has a cost, why not; where only some have none, which and why."""
     costs = [cost(r) for r in runs if r.ok and cost(r).on_demand_usd is not None]
     if not costs:
         why = sorted({cost(r).not_measured for r in runs if r.ok and cost(r).not_measured})
@@ -140,6 +140,11 @@ def cost_note(runs: list[PricedRun], table: PriceTable | None = None) -> str:
         named = "; ".join(f"{t}: {', '.join(names)}" for t, names in sorted(by.items()))
         note += (f" **The runs were priced by different tables** ({named}): compare their costs only within one "
                  f"table, or price them all alike with `shardbench report --prices FILE`.")
+    unpriced = [r for r in runs if r.ok and cost(r).on_demand_usd is None]
+    if unpriced:  # their cells are empty: say why, and by which table, beside those that have a cost
+        each = "; ".join(f"`{r.name}`: {cost(r).not_measured or 'its record has no cost'}"
+                         f"{f' (by the {cost(r).prices} price table)' if cost(r).prices else ''}" for r in unpriced)
+        note += f" No cost for {len(unpriced)} run(s) ({each})."
     return note
 
 

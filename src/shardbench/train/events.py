@@ -68,25 +68,49 @@ class ScalarWriter:
         file says where the run restarted (a SessionLog START at the step after it, from which TensorBoard drops
         what it had read), so that each shows the new rows only."""
         self.enabled = enabled
+        self.logdir = logdir
         self._events: SummaryWriter | None = None
         self._jsonl: IO[str] | None = None
+        self._suffix = ""
         if not enabled:
             return
-        logdir.mkdir(parents=True, exist_ok=True)
+        self._open()
+        if resumed_from is not None:
+            _drop_rows_after(logdir / "metrics.jsonl", resumed_from)
+            assert self._events is not None
+            self._events.file_writer.add_event(Event(step=resumed_from + 1, wall_time=time.time(),
+                                                     session_log=SessionLog(status=SessionLog.START)))
+
+    def _open(self) -> None:
+        self.logdir.mkdir(parents=True, exist_ok=True)
         # tensorboardX names the file by the second and opens it for writing, so a second writer in the
         # same folder within that second (a quick resume) would truncate the first: a unique suffix keeps
         # both, and sorts in creation order after the shared prefix, which is the order TensorBoard reads.
-        self._events = SummaryWriter(str(logdir), flush_secs=_FLUSH_SECS, filename_suffix=f".{time.time_ns()}")
-        jsonl = logdir / "metrics.jsonl"
-        if resumed_from is not None:
-            _drop_rows_after(jsonl, resumed_from)
-            self._events.file_writer.add_event(Event(step=resumed_from + 1, wall_time=time.time(),
-                                                     session_log=SessionLog(status=SessionLog.START)))
-        self._jsonl = open(jsonl, "a")
+        self._suffix = f".{time.time_ns()}"
+        self._events = SummaryWriter(str(self.logdir), flush_secs=_FLUSH_SECS, filename_suffix=self._suffix)
+        self._jsonl = open(self.logdir / "metrics.jsonl", "a")
+
+    def _removed(self) -> bool:
+        """Whether the JSON-lines file or the event file this writer has open was deleted since (the folder
+        removed during the run): writing on would write into files no one can read."""
+        assert self._jsonl is not None
+        return (os.fstat(self._jsonl.fileno()).st_nlink == 0
+                or not any(self.logdir.glob(f"events.out.tfevents.*{self._suffix}")))
+
+    def _reopen_if_removed(self, step: int) -> None:
+        if not self._removed():
+            return
+        print(f"shardbench: warning: the scalar logs in {self.logdir} were deleted during the run; what was "
+              f"logged before step {step} is lost, and new files there hold the steps from {step} on",
+              file=sys.stderr, flush=True)
+        self.close()
+        self._open()
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled or self._events is None or self._jsonl is None:
             return
+        self._reopen_if_removed(step)
+        assert self._events is not None and self._jsonl is not None
         now = time.time()
         clean = {k: float(v) for k, v in scalars.items()}  # jax and numpy scalars to plain floats
         for tag, value in clean.items():
