@@ -119,6 +119,31 @@ def test_wrong_md5_of_a_given_tarball(tarball: tuple[Path, str], tmp_path: Path)
         load_cifar10(tarball[0], tmp_path / "cache", val_fraction=0.1, seed=0, md5="0" * 32)
 
 
+def test_an_image_folder_tar_given_as_cifar10_is_pointed_at_imagefolder(tmp_path: Path) -> None:
+    """A tar of JPEGs (the image-folder form of CIFAR-10, cifar10-jpeg.tar.gz) given as cifar10:PATH was "md5 ...
+    does not match ...; delete it and download again": a file of the user's own, and not a damaged download. The
+    line says what it holds and how to read it."""
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    from shardbench.data.cifar10 import MD5, TARBALL_NAME
+
+    given = tmp_path / "cifar10-jpeg.tar.gz"
+    with tarfile.open(given, "w:gz") as tf:
+        for name in ("cifar10/train/cat/0.jpg", "cifar10/test/cat/1.jpg"):
+            data = io.BytesIO()
+            Image.new("RGB", (32, 32)).save(data, format="JPEG")
+            info = tarfile.TarInfo(name)
+            info.size = len(data.getvalue())
+            tf.addfile(info, io.BytesIO(data.getvalue()))
+    with pytest.raises(DataError) as err:
+        load_cifar10(given, tmp_path / "cache", val_fraction=0.1, seed=0)
+    assert str(err.value) == (f"{given}: holds image files, not CIFAR-10's python release ({TARBALL_NAME}, md5 "
+                              f"{MD5}): read it as an image folder, --data imagefolder:{given}")
+
+
 def test_missing_and_corrupt_files_are_named(tmp_path: Path) -> None:
     folder = make_batches_folder(tmp_path / "data")
     (folder / "data_batch_3").write_bytes(b"\x80\x02 this is not a pickle")

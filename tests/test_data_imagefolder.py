@@ -186,6 +186,14 @@ def test_layout_errors(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"no train/ or test/ folder \(found a, b\)"):
         load(two_tops, tmp_path)
 
+    holder = tmp_path / "holder"  # a folder that holds the dataset's tar, given for the tar
+    holder.mkdir()
+    make_tar(make_tree(tmp_path / "inner", n={"train": 1, "test": 1}), holder / "data.tar.gz")
+    with pytest.raises(DataError) as err:
+        load(holder, tmp_path)
+    assert str(err.value) == (f"{holder}: no train/ or test/ folder, but it holds data.tar.gz: give the archive "
+                              f"itself, --data imagefolder:{holder / 'data.tar.gz'}")
+
     with pytest.raises(DataError, match=r"neither a folder nor a .tar/.tar.gz/.tgz archive"):
         load(tmp_path / "no_test" / "train" / "cat" / "img_000.png", tmp_path)
 
@@ -305,7 +313,25 @@ def test_a_link_to_nothing_in_the_folder_is_named_as_such(tmp_path: Path) -> Non
     with pytest.raises(DataError) as err:
         load(tree, tmp_path)
     assert str(err.value) == (f"{tree / 'train' / 'cat' / 'img_900.png'}: is a link to {tmp_path / 'gone.png'}, "
-                              f"which does not exist: remove the link or point it at an image")
+                              f"which does not exist: remove the link or point it at the file it stands for")
+
+
+def test_a_hidden_dangling_link_is_passed_over_and_a_link_loop_is_named(tmp_path: Path) -> None:
+    """An editor's lock link (.#README.md, to a name that is no file) in the dataset's folder is passed over, as the
+    reader passes over every hidden file: it was refused as a link to nothing by the cache's listing. A link to
+    itself was a bare "Too many levels of symbolic links" (exit 6): a data error naming it."""
+    import os
+
+    tree = make_tree(tmp_path / "tree")
+    plain = load(tree, tmp_path / "plain")
+    os.symlink("root@host.1234:1700000000", tree / ".#README.md")
+    os.symlink("gone", tree / "train" / ".#img_000.png")
+    assert_same(load(tree, tmp_path / "locked"), plain)
+    os.symlink("loop", tree / "train" / "cat" / "loop")
+    with pytest.raises(DataError) as err:
+        load(tree, tmp_path / "loop")
+    assert str(err.value) == (f"{tree / 'train' / 'cat' / 'loop'}: cannot be read (Too many levels of symbolic "
+                              f"links): remove it, or replace it with the file it stands for")
 
 
 def test_imagefolder_spec(tmp_path: Path) -> None:

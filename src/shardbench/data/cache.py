@@ -20,8 +20,16 @@ from shardbench.errors import DataError
 log = logging.getLogger(__name__)
 
 
+def passed_over(name: str) -> bool:
+    """Whether a dataset folder's readers pass over a file or folder of this name: .DS_Store, macOS ._* resource
+    forks, an editor's lock link (.#notes.md), the __MACOSX folder a Finder zip unpacks beside its contents and the
+    like are never data."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
 def _tree_listing(root: Path) -> list[str]:
-    """(relative path, size, mtime_ns) of every file under `root`, and every folder's relative path, sorted.
+    """(relative path, size, mtime_ns) of every file under `root`, and every folder's relative path, sorted; what
+    the readers pass over (`passed_over`) is left out, as they leave it.
 
     A directory's own mtime only changes when its direct entries do, so an edited image deep
     in the tree would go unnoticed without listing the files themselves; a folder is listed itself so that a new
@@ -29,15 +37,20 @@ def _tree_listing(root: Path) -> list[str]:
     """
     rows = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # as the reader walks it
-        dirnames.sort()
+        dirnames[:] = sorted(name for name in dirnames if not passed_over(name))
         rows.extend(f"{os.path.relpath(os.path.join(dirpath, name), root)}/" for name in dirnames)
         for name in sorted(filenames):
+            if passed_over(name):
+                continue
             full = os.path.join(dirpath, name)
             try:
                 st = os.stat(full)
             except FileNotFoundError:  # listed, so a link whose target is gone
                 raise DataError(f"{full}: is a link to {os.readlink(full)}, which does not exist: remove the link "
-                                f"or point it at an image") from None
+                                f"or point it at the file it stands for") from None
+            except OSError as e:  # a link to itself, or round a circle of links (ELOOP), unreadable
+                raise DataError(f"{full}: cannot be read ({e.strerror}): remove it, or replace it with the file it "
+                                f"stands for") from None
             rows.append(f"{os.path.relpath(full, root)}\0{st.st_size}\0{st.st_mtime_ns}")
     return rows
 

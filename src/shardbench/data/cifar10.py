@@ -16,6 +16,7 @@ import pickle
 import tarfile
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -60,8 +61,29 @@ def check_md5(path: Path, md5: str) -> None:
     if got in OTHER_RELEASES and md5 == MD5:
         raise DataError(f"{path}: is CIFAR-10's {OTHER_RELEASES[got]}; shardbench reads the python release, "
                         f"{TARBALL_NAME} (md5 {MD5}): give that file, or leave out the PATH to download it")
+    if got != md5 and md5 == MD5 and _holds_images(path):  # an image-folder tar, such as cifar10-jpeg.tar.gz
+        raise DataError(f"{path}: holds image files, not CIFAR-10's python release ({TARBALL_NAME}, md5 {MD5}): "
+                        f"read it as an image folder, --data imagefolder:{path}")
     if got != md5:
         raise DataError(f"{path}: md5 {got} does not match the expected {md5}; delete it and download again")
+
+
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+def _holds_images(path: Path, members: int = 64) -> bool:
+    """Whether `path` is a tar (compressed or not) with an image among its first `members` files: never the python
+    release, whose members are pickled batches."""
+    try:
+        with tarfile.open(path, "r:*") as tf:
+            for i, member in enumerate(tf):
+                if member.name.lower().endswith(_IMAGE_SUFFIXES):
+                    return True
+                if i + 1 >= members:
+                    break
+    except (tarfile.TarError, OSError, EOFError, zlib.error):
+        return False
+    return False
 
 
 def _unreachable(url: str, e: Exception) -> DataError:
