@@ -98,8 +98,11 @@ def test_logs_deleted_during_a_run_are_written_again_and_the_run_says_so(
     writer.write(4, {"train/loss": 0.5})
     writer.close()
     err = capsys.readouterr().err
-    assert err.count("warning: the scalar logs in") == 1 and f"{logdir} were deleted during the run" in err
-    assert "before step 3 is lost" in err
+    gone = "metrics.jsonl and the event file" if deleted == "folder" else "the event file"
+    held = "they held" if deleted == "folder" else "it held"
+    assert err.count("shardbench: warning: ") == 1, err
+    assert (f"shardbench: warning: {gone} in {logdir} deleted during the run: what {held} before step 3 is lost, and "
+            f"new files there hold the steps from 3 on") in err
     assert _scalars(logdir) == {"train/loss": [(3, 1.0), (4, 0.5)]}
     steps = [json.loads(x)["step"] for x in (logdir / "metrics.jsonl").read_text().splitlines()]
     assert steps == ([3, 4] if deleted == "folder" else [1, 2, 3, 4])  # the JSON-lines file was not deleted

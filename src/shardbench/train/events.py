@@ -90,19 +90,20 @@ class ScalarWriter:
         self._events = SummaryWriter(str(self.logdir), flush_secs=_FLUSH_SECS, filename_suffix=self._suffix)
         self._jsonl = open(self.logdir / "metrics.jsonl", "a")
 
-    def _removed(self) -> bool:
-        """Whether the JSON-lines file or the event file this writer has open was deleted since (the folder
-        removed during the run): writing on would write into files no one can read."""
+    def _removed(self) -> list[str]:
+        """Which of the files this writer has open were deleted since (the folder removed during the run): writing
+        on would write into files no one can read."""
         assert self._jsonl is not None
-        return (os.fstat(self._jsonl.fileno()).st_nlink == 0
-                or not any(self.logdir.glob(f"events.out.tfevents.*{self._suffix}")))
+        return [name for name, gone in (
+            ("metrics.jsonl", os.fstat(self._jsonl.fileno()).st_nlink == 0),
+            ("the event file", not any(self.logdir.glob(f"events.out.tfevents.*{self._suffix}")))) if gone]
 
     def _reopen_if_removed(self, step: int) -> None:
-        if not self._removed():
+        if not (gone := self._removed()):
             return
-        print(f"shardbench: warning: the scalar logs in {self.logdir} were deleted during the run; what was "
-              f"logged before step {step} is lost, and new files there hold the steps from {step} on",
-              file=sys.stderr, flush=True)
+        print(f"shardbench: warning: {' and '.join(gone)} in {self.logdir} deleted during the run: what "
+              f"{'they' if len(gone) > 1 else 'it'} held before step {step} is lost, and new files there hold the "
+              f"steps from {step} on", file=sys.stderr, flush=True)
         self.close()
         self._open()
 
