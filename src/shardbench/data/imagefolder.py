@@ -126,9 +126,6 @@ def _link_target(read: dict[str, bytes], parts: tuple[str, ...], member: tarfile
     return read[target]
 
 
-_ARCHIVES = (".tar", ".tar.gz", ".tgz")  # what a folder holding the dataset's archive holds
-
-
 def _find_root(files: list[_File], dirs: set[tuple[str, ...]], source: Path) -> tuple[str, ...]:
     """The prefix under which train/ and test/ live: () or one wrapping top-level folder."""
     tops = {f.parts[0] for f in files if len(f.parts) > 1} | {d[0] for d in dirs if d}
@@ -137,7 +134,7 @@ def _find_root(files: list[_File], dirs: set[tuple[str, ...]], source: Path) -> 
         return ()
     if len(tops) == 1:
         return (next(iter(tops)),)
-    archives = sorted(f.parts[0] for f in files if len(f.parts) == 1 and f.parts[0].lower().endswith(_ARCHIVES))
+    archives = sorted(f.parts[0] for f in files if len(f.parts) == 1 and f.parts[0].lower().endswith(_TAR_SUFFIXES))
     if not tops and archives:  # a folder that holds the dataset's tar, not its images
         raise DataError(f"{source}: no train/ or test/ folder, but it holds {archives[0]}: give the archive itself, "
                         f"--data imagefolder:{Path(source) / archives[0]}")
