@@ -115,6 +115,19 @@ def test_a_warm_up_past_the_run_is_cut_and_said(micro) -> None:
     assert f" | {warmup_note(checked.cfg.optim, 10)}" in header_line(checked)
 
 
+@pytest.mark.parametrize("out", ["", "my runs/a (10 steps)"])
+def test_the_header_names_the_run_folder_a_launch_reads_back(micro, out: str) -> None:
+    """A launch given no --out reads the folder process 0 made from its header, with notes after it."""
+    from shardbench.preflight import check_run
+    from shardbench.train.console import header_line, out_of_header
+
+    checked = check_run(micro(**{"optim.warmup_steps": 50, "train.steps": 10, "train.out": out}))
+    line = header_line(checked)
+    assert " | the warm-up of 50 steps" in line  # a note follows the folder
+    assert out_of_header(line) == str(checked.out) and str(checked.out).startswith(out or "runs/vit-tiny-")
+    assert out_of_header("shardbench: note: 10 steps") is None and out_of_header("epoch 1 (step 5)") is None
+
+
 def _outside(allowed: config_lib.Range, kind: type) -> list[float]:
     """Values just outside a range (and NaN for a float field)."""
     step = 1 if kind is int else 1e-6

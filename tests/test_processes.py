@@ -145,6 +145,11 @@ def test_killed_process_stops_the_launch_and_the_run_resumes_to_the_same_result(
     assert again.startswith("the same launch goes on from the checkpoint of step")
     assert _way_on(["train", "--out", str(out)], [_Said(["shardbench: stopped by SIGTERM; the same command with "
                                                         f"--resume --out {out} goes on from ..."])]) is None
+    # Given no --out, the folder is the one process 0's header named (this launch's own line, read as printed).
+    opening = [line.removeprefix("[p0] ") for line in killed.stdout.splitlines() if line.startswith("[p0] ")]
+    assert _way_on(["train", *STRATEGIES["dp"]], [_Said([], opening=opening[:20])]) == (
+        f"the same launch with --resume --out {out} goes on from the checkpoint of step {said_step} in {out}")
+    assert _way_on(["train", *STRATEGIES["dp"]], [_Said([], opening=["[ 1/10] epoch 1"])]) is None  # before it
 
     resumed = _launch(out, cache, *STRATEGIES["dp"], "--resume")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
@@ -157,10 +162,10 @@ def test_killed_process_stops_the_launch_and_the_run_resumes_to_the_same_result(
 
 
 class _Said:
-    """What the launch keeps of a process: its last stderr lines."""
+    """What the launch keeps of a process: its last stderr lines and its first stdout lines."""
 
-    def __init__(self, said: list[str]) -> None:
-        self.said = deque(said)
+    def __init__(self, said: list[str], opening: list[str] | None = None) -> None:
+        self.said, self.opening = deque(said), opening or []
 
 
 def test_when_process_0_dies_the_survivor_does_not_bury_the_reason(tmp_path: Path) -> None:
@@ -178,7 +183,7 @@ def test_when_process_0_dies_the_survivor_does_not_bury_the_reason(tmp_path: Pat
 def test_what_others_print_while_they_are_stopped_is_held_back_and_counted() -> None:
     import io
 
-    from shardbench.launch import Stopping, _pump
+    from shardbench.launch import OPENING_LINES, Stopping, _pump
 
     stopping, out = Stopping(), io.BytesIO()
     _pump(io.BytesIO(b"epoch 1\n"), out, b"[p1] ", None, lambda line: stopping.holds(1, line))
@@ -192,6 +197,9 @@ def test_what_others_print_while_they_are_stopped_is_held_back_and_counted() -> 
     assert out.getvalue().decode().splitlines() == [
         "[p1] epoch 1", "[p1] shardbench: error: another process of this run stopped", "[p0] its last words"]
     assert stopping.held == 3 and len(said) == 4  # kept for the reason all the same
+    first: list[str] = []  # a process's first stdout lines, where process 0's header names the run's folder
+    _pump(io.BytesIO(b"".join(b"line %d\n" % i for i in range(30))), io.BytesIO(), b"[p0] ", first)
+    assert first == [f"line {i}" for i in range(OPENING_LINES)]
     assert not Stopping(failed=0, show_all=True).holds(1, b"anything\n")  # --debug
     # A process that ended in failure holds back what the others print from then on, before its waiter has told
     # the launch: process 1's gRPC lines about the coordinator it lost came through.

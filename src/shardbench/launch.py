@@ -76,6 +76,7 @@ class Child:
     index: int
     proc: subprocess.Popen[bytes]
     said: deque[str] = field(default_factory=lambda: deque(maxlen=20))  # its last stderr lines
+    opening: list[str] = field(default_factory=list)  # its first stdout lines (process 0's header names the folder)
     readers: list[threading.Thread] = field(default_factory=list)
 
     def reason(self, code: int) -> str:
@@ -128,10 +129,14 @@ class Stopping:
         return True
 
 
-def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | None,
+OPENING_LINES = 20  # a process's first stdout lines kept: notes, then the header
+
+
+def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | list[str] | None,
           hold: Callable[[bytes], bool] | None = None) -> None:
     """Copy a child's stream to ours a line at a time, each line (or progress-bar redraw) with its prefix; a
-    line `hold` takes is not written."""
+    line `hold` takes is not written. `keep` takes every line (a deque keeps the last ones), or, a list, the first
+    OPENING_LINES."""
     pending = b""
     while True:
         chunk = source.read1(65536) if hasattr(source, "read1") else source.read(65536)
@@ -145,7 +150,7 @@ def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | 
                 part = _NOISE.sub(b"", whole)
                 if (part != whole and not part.strip()) or (not part.strip(b"\r\n") and part != b"\n"):
                     continue  # a line of noise only, or a bare carriage return
-                if keep is not None:
+                if keep is not None and (not isinstance(keep, list) or len(keep) < OPENING_LINES):
                     keep.append(part.decode(errors="replace").rstrip())
                 if hold is not None and hold(part):
                     continue
@@ -231,7 +236,8 @@ def run(args: argparse.Namespace) -> int:
             assert proc.stdout is not None and proc.stderr is not None
             hold = functools.partial(stopping.holds, i)
             child.readers = [
-                threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, prefix, None, hold), daemon=True),
+                threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, prefix, child.opening, hold),
+                                 daemon=True),
                 threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, prefix, child.said, hold),
                                  daemon=True),
             ]
@@ -316,12 +322,15 @@ def _way_on(argv: list[str], children: list[Child]) -> str | None:
     if argv[0] != "train" or any("--resume" in line for c in children for line in c.said):
         return None
     again = "the same launch" + ("" if "--resume" in argv else " with --resume")
-    out = _out_folder(argv)
-    if out is None:  # its name was made by process 0, and printed at the end of its first line
-        return (f"{again} --out <the run's folder, named at the end of [p0]'s first line> goes on from its last "
-                f"checkpoint")
     from shardbench.train.checkpoint import saved_steps  # orbax, imported only after a failure
+    from shardbench.train.console import out_of_header
 
+    out = _out_folder(argv)
+    if out is None:  # process 0 named the folder it made at the end of its header
+        out = next((o for c in children[:1] for o in map(out_of_header, c.opening) if o), None)
+        if out is None:  # it was stopped before it said: there is no run to go on with
+            return None
+        again += f" --out {out}"
     if steps := saved_steps(Path(out) / "checkpoints"):
         return f"{again} goes on from the checkpoint of step {steps[-1]} in {out}"
     if (Path(out) / "config.json").exists():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -12,6 +13,17 @@ from shardbench.optim import warmup_note
 
 if TYPE_CHECKING:
     from shardbench.preflight import CheckedRun
+
+
+# The run's folder in its header line: after the steps' count, up to the next " | " (a note) or the line's end.
+_HEADER_OUT = re.compile(r"^shardbench: .*? \d+ steps \(\d+/epoch\) \| (.+?)(?= \| |$)")
+
+
+def out_of_header(line: str) -> str | None:
+    """The run folder a header line (`header_line`) names; None for any other line. A launch given no --out reads
+    the folder process 0 chose from its output."""
+    match = _HEADER_OUT.match(line.rstrip("\r\n"))
+    return match[1] if match else None
 
 
 def epoch_line(r: dict[str, Any]) -> str:
