@@ -37,7 +37,8 @@ def make_tree(root: Path, *, n: dict[str, int] | None = None, size: int = SIZE, 
 
 
 def make_tar(tree: Path, dest: Path, *, wrapper: str | None = "wrapped") -> Path:
-    mode = "w:gz" if dest.name.endswith(("gz", "tgz")) else "w"
+    mode = next((f"w:{c}" for c, ends in (("gz", ("gz", "tgz")), ("bz2", ("bz2", "tbz")), ("xz", ("xz", "txz")))
+                 if dest.name.endswith(ends)), "w")
     with tarfile.open(dest, mode) as tf:
         tf.add(tree, arcname=wrapper or ".")
     return dest
@@ -67,7 +68,7 @@ def test_folder_pixels_labels_and_order(tmp_path: Path) -> None:
     assert [tuple(im[3, 5]) for im in ds.test.images] == [pixel("test", c, i) for c in range(3) for i in range(2)]
 
 
-@pytest.mark.parametrize("name", ["tree.tar.gz", "tree.tgz", "tree.tar"])
+@pytest.mark.parametrize("name", ["tree.tar.gz", "tree.tgz", "tree.tar", "tree.tar.bz2", "tree.tar.xz", "tree.txz"])
 @pytest.mark.parametrize("wrapper", ["cifar10-jpeg", None])
 def test_tar_matches_folder(tmp_path: Path, name: str, wrapper: str | None) -> None:
     tree = make_tree(tmp_path / "tree")
@@ -194,11 +195,31 @@ def test_layout_errors(tmp_path: Path) -> None:
     assert str(err.value) == (f"{holder}: no train/ or test/ folder, but it holds data.tar.gz: give the archive "
                               f"itself, --data imagefolder:{holder / 'data.tar.gz'}")
 
-    with pytest.raises(DataError, match=r"neither a folder nor a .tar/.tar.gz/.tgz archive"):
+    with pytest.raises(DataError, match=r"neither a folder nor a .tar, .tar.gz \(.tgz\), .tar.bz2 or .tar.xz archive"):
         load(tmp_path / "no_test" / "train" / "cat" / "img_000.png", tmp_path)
 
 
-@pytest.mark.parametrize("name", ["cut.tar", "cut.tar.gz"])
+@pytest.mark.parametrize("kind", ["zip", "zstd"])
+def test_an_archive_of_another_kind_named_as_a_tar_is_named(tmp_path: Path, kind: str) -> None:
+    """A zip (or a zstandard stream) renamed .tar is said to be one, not a tar that may be truncated."""
+    import zipfile
+
+    tree = make_tree(tmp_path / "tree", n={"train": 1, "test": 1})
+    archive = tmp_path / "data.tar"
+    if kind == "zip":
+        with zipfile.ZipFile(archive, "w") as z:
+            for f in sorted(tree.rglob("*.png")):
+                z.write(f, f.relative_to(tree))
+    else:  # a zstandard frame's magic number, then what zstd would write: the reader looks no further
+        archive.write_bytes(bytes.fromhex("28b52ffd") + make_tar(tree, tmp_path / "t.tar").read_bytes())
+    said = {"zip": "a zip archive", "zstd": "compressed with zstandard"}[kind]
+    with pytest.raises(DataError) as err:
+        load(archive, tmp_path)
+    assert str(err.value) == (f"{archive}: is {said}, which this reader does not open: unpack it and give the "
+                              f"folder, or repack it as a tar (tar czf data.tar.gz FOLDER)")
+
+
+@pytest.mark.parametrize("name", ["cut.tar", "cut.tar.gz", "cut.tar.bz2", "cut.tar.xz"])
 def test_truncated_tar_is_an_error_not_a_smaller_dataset(tmp_path: Path, name: str) -> None:
     tar = make_tar(make_tree(tmp_path / "ok", n={"train": 3, "test": 2}), tmp_path / name)
     data = tar.read_bytes()
@@ -206,11 +227,16 @@ def test_truncated_tar_is_an_error_not_a_smaller_dataset(tmp_path: Path, name: s
         tf.add(tmp_path / "ok", arcname="wrapped")
     with tarfile.open(tmp_path / "ok.tar") as tf:
         header = tf.getmembers()[12].offset  # a cut right before a member header looks like a clean end
-    cuts = [len(data) // 3, len(data) // 2, len(data) - 8] if name.endswith("gz") else [header, header + 100, 2000]
+    cuts = [len(data) // 3, len(data) // 2, len(data) - 8] if not name.endswith("tar") else [header, header + 100, 2000]
     for cut in cuts:
         tar.write_bytes(data[:cut])
         with pytest.raises(DataError, match=rf"{name}: not a readable tar archive, it may be truncated"):
             load(tar, tmp_path / str(cut))
+    if not name.endswith("tar"):  # a compressed stream damaged in its middle: each decompressor's own error
+        middle = len(data) // 2
+        tar.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 16]) + data[middle + 16:])
+        with pytest.raises(DataError, match=rf"{name}: not a readable tar archive"):
+            load(tar, tmp_path / "damaged")
 
 
 def test_parallel_decode_matches_inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

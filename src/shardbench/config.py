@@ -61,8 +61,9 @@ class DataConfig:
 
     dataset: str = setting(
         "synthetic", "dataset: for vit cifar10 (downloaded and md5-checked), cifar10:PATH (local tarball or folder), "
-        "imagefolder:PATH (folder or .tar/.tar.gz of <split>/<class>/<image>), synthetic; for lm tokens-uniform or "
-        "text:PATH (bytes of a local text file); for mlp regression; for any kind arrays:PATH.npz", short="--data")
+        "imagefolder:PATH (folder or tar of <split>/<class>/<image>: .tar, .tar.gz, .tar.bz2, .tar.xz), synthetic; "
+        "for lm tokens-uniform or text:PATH (bytes of a local text file); for mlp regression; for any kind "
+        "arrays:PATH.npz", short="--data")
     image_size: int = setting(32, "image side in pixels", range=POSITIVE_COUNT)
     val_fraction: float = setting(
         0.1, "fraction of train held out for validation when the dataset has no val split (45,000/5,000 on "

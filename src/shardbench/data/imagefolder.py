@@ -5,9 +5,11 @@ Tars are read member by member in memory, never extracted; decoded arrays are ca
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import logging
+import lzma
 import multiprocessing
 import os
 import re
@@ -31,7 +33,12 @@ log = logging.getLogger(__name__)
 
 # Bump when decoding or layout rules change, so old cache files are not reused.
 _LOADER_VERSION = 2  # 2: a tar's linked members are read (they were dropped), high-bit images refused
-_TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+_TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tbz", ".tar.xz", ".txz")
+_ARCHIVES = "a .tar, .tar.gz (.tgz), .tar.bz2 or .tar.xz archive"
+# A tar's compression, by its file's first bytes (whatever its name says); none of these: a plain tar.
+_DECOMPRESS = {b"\x1f\x8b": gzip.open, b"BZh": bz2.open, b"\xfd7zXZ\x00": lzma.open}
+_NOT_READ = {b"PK\x03\x04": "a zip archive", b"\x28\xb5\x2f\xfd": "compressed with zstandard",
+             b"7z\xbc\xaf\x27\x1c": "a 7-Zip archive"}
 _VAL_NAMES = ("val", "valid", "validation")
 _SPLITS = ("train", "test", *_VAL_NAMES)
 _EXPECTED = ("expected <root>/train/<class>/<image> and <root>/test/<class>/<image> "
@@ -79,10 +86,14 @@ def _walk_tar(path: Path) -> Iterator[_File | tuple[str, ...]]:
     """Like _walk_folder for a tar; each member's bytes are read in memory, nothing is extracted."""
     try:
         with path.open("rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
+            magic = f.read(6)
+        if kind := next((k for m, k in _NOT_READ.items() if magic.startswith(m)), None):
+            raise DataError(f"{path}: is {kind}, which this reader does not open: unpack it and give the folder, or "
+                            f"repack it as a tar (tar czf data.tar.gz FOLDER)")
+        opener = next((o for m, o in _DECOMPRESS.items() if magic.startswith(m)), Path.open)
         # A forward-only stream ("r|") is ~1.5x faster than random access over gzip; GzipFile
-        # (rather than "r|gz") raises on a truncated file instead of just stopping.
-        with gzip.open(path, "rb") if gz else path.open("rb") as raw:
+        # (rather than "r|gz") raises on a truncated file instead of just stopping, as do bz2's and lzma's.
+        with opener(path, "rb") as raw:
             with tarfile.open(fileobj=raw, mode="r|") as tf:
                 read: dict[str, bytes] = {}  # every file's bytes by its normalised name: what links point at
                 for member in tf:
@@ -106,7 +117,7 @@ def _walk_tar(path: Path) -> Iterator[_File | tuple[str, ...]]:
             # truncated download as a smaller dataset: insist on the end-of-archive block.
             if raw.tell() < end + 512:
                 raise tarfile.ReadError(f"archive ends at byte {raw.tell()} without its end-of-archive block")
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as e:
         raise DataError(f"{path}: not a readable tar archive, it may be truncated ({e}); {_EXPECTED}") from e
 
 
@@ -334,15 +345,15 @@ def _decode_tree(source: Path, image_size: int) -> dict[str, np.ndarray]:
 def load_imagefolder(
     path: Path, cache_dir: Path, *, image_size: int, val_fraction: float, seed: int
 ) -> ImageDataset:
-    """The image-folder dataset at `path` (folder, .tar, .tar.gz or .tgz), resized to image_size.
+    """The image-folder dataset at `path` (a folder, or a tar: plain or compressed), resized to image_size.
 
     Without a val/ (valid/, validation/) split, `val_fraction` of train is carved off with the
     seed; the cache holds the arrays from before that split, so changing the seed still works.
     """
     if not path.exists():
-        raise DataError(f"{path}: does not exist; expected a folder or .tar/.tar.gz/.tgz archive")
+        raise DataError(f"{path}: does not exist; expected a folder or {_ARCHIVES}")
     if not path.is_dir() and not path.name.lower().endswith(_TAR_SUFFIXES):
-        raise DataError(f"{path}: is neither a folder nor a .tar/.tar.gz/.tgz archive; {_EXPECTED}")
+        raise DataError(f"{path}: is neither a folder nor {_ARCHIVES}; {_EXPECTED}")
     arrays = cache.cached_arrays(
         path, cache_dir, loader="imagefolder", version=_LOADER_VERSION, image_size=image_size,
         build=lambda: _decode_tree(path, image_size),
