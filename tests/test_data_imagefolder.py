@@ -134,6 +134,24 @@ def test_cache_notices_a_changed_image_and_rebuilds_a_corrupt_file(tmp_path: Pat
     assert not list((tmp_path / "cache").glob("*.tmp"))
 
 
+def test_an_entry_decoded_from_an_earlier_state_of_a_folder_is_removed_and_no_other(tmp_path: Path) -> None:
+    """A folder edited in place is decoded again; its earlier entry can never be read again and goes, while the
+    entries of another folder, of the same folder at another image size and of another loader stay."""
+    cache_dir = tmp_path / "cache"
+    tree, other = make_tree(tmp_path / "tree"), make_tree(tmp_path / "other")
+    load(tree, tmp_path), load(other, tmp_path), load(tree, tmp_path, image_size=SIZE // 2)
+    (cache_dir / "cifar10-0123456789ab-00.npz").write_bytes(b"another loader's entry")
+    kept = set(cache_dir.glob("*.npz"))
+    assert len(kept) == 4
+    first = set(cache_dir.glob("imagefolder-*.npz"))
+    Image.new("RGB", (SIZE, SIZE), (1, 2, 3)).save(tree / "train" / "cat" / "img_000.png")
+    load(tree, tmp_path)
+    (new,) = set(cache_dir.glob("*.npz")) - kept
+    (gone,) = kept - set(cache_dir.glob("*.npz"))
+    assert gone in first and gone.name.rsplit("-", 1)[0] == new.name.rsplit("-", 1)[0]  # the same folder's
+    assert len(list(cache_dir.glob("*.npz"))) == 4
+
+
 def test_a_class_folder_added_empty_after_the_tree_was_cached_is_refused_as_if_never_cached(tmp_path: Path) -> None:
     """A new empty class folder changed no file, so the cached arrays were read and the run trained on the old
     classes, where the same tree uncached is refused: it now misses the cache and is refused the same way."""

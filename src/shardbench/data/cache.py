@@ -5,6 +5,7 @@ Decoding 60,000 JPEGs takes seconds; loading the cached arrays takes a fraction 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -55,15 +56,19 @@ def _tree_listing(root: Path) -> list[str]:
     return rows
 
 
+def _digest(*parts: str) -> hashlib._Hash:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h
+
+
 def cache_key(source: Path, *, loader: str, version: int, image_size: int, extra: str = "") -> str:
     """sha256 over the resolved path, size and mtime_ns of `source`, the image size, loader and `extra`."""
     resolved = source.resolve()
     st = resolved.stat()
-    h = hashlib.sha256()
-    parts = (loader, str(version), str(image_size), extra, str(resolved), str(st.st_size), str(st.st_mtime_ns))
-    for part in parts:
-        h.update(part.encode())
-        h.update(b"\0")
+    h = _digest(loader, str(version), str(image_size), extra, str(resolved), str(st.st_size), str(st.st_mtime_ns))
     if resolved.is_dir():
         for row in _tree_listing(resolved):
             h.update(row.encode())
@@ -71,8 +76,27 @@ def cache_key(source: Path, *, loader: str, version: int, image_size: int, extra
     return h.hexdigest()
 
 
-def cache_file(cache_dir: Path, loader: str, key: str) -> Path:
-    return cache_dir / f"{loader}-{key[:32]}.npz"
+def source_id(source: Path, *, loader: str, image_size: int, extra: str = "") -> str:
+    """What a cache entry was decoded from, whatever its contents then: the resolved path, the loader, the image size
+    and `extra`. Entries of one source with another key were decoded from an earlier state of it (or by an earlier
+    loader version): no run can ask for them again."""
+    return _digest(loader, str(image_size), extra, str(source.resolve())).hexdigest()[:12]
+
+
+def cache_file(cache_dir: Path, loader: str, source: str, key: str) -> Path:
+    return cache_dir / f"{loader}-{source}-{key[:32]}.npz"
+
+
+def remove_stale(path: Path) -> list[Path]:
+    """Deletes the entries of `path`'s source other than `path` (see `source_id`), and returns them."""
+    loader_source = path.name.rsplit("-", 1)[0]
+    removed = []
+    for p in path.parent.glob(f"{loader_source}-*.npz"):
+        if p != path:
+            with contextlib.suppress(OSError):  # another user's, in a shared cache: theirs to remove
+                p.unlink(missing_ok=True)  # a run still reading it has it open: its arrays are read at once
+                removed.append(p)
+    return removed
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray] | None:
@@ -100,8 +124,8 @@ def temp_beside(path: Path, suffix: str) -> tuple[int, Path]:
             continue
 
 
-def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Writes `arrays` as an uncompressed .npz via a temp file and os.replace (atomic).
+def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> bool:
+    """Writes `arrays` as an uncompressed .npz via a temp file and os.replace (atomic); whether it was written.
 
     A failure to write (read-only or full disk) only costs the next run its speed-up, so it
     is logged rather than raised.
@@ -114,8 +138,10 @@ def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
             np.savez(f, **arrays)
         os.replace(tmp_name, path)
         tmp_name = None
+        return True
     except OSError as e:
         log.warning("could not write the cache file %s (%s); continuing without it", path, e)
+        return False
     finally:
         if tmp_name is not None:
             tmp_name.unlink(missing_ok=True)
@@ -137,12 +163,15 @@ def cached_arrays(
     A cached file lacking any of the `required` names counts as corrupt and is rebuilt.
     """
     path = cache_file(
-        cache_dir, loader, cache_key(source, loader=loader, version=version, image_size=image_size, extra=extra)
+        cache_dir, loader, source_id(source, loader=loader, image_size=image_size, extra=extra),
+        cache_key(source, loader=loader, version=version, image_size=image_size, extra=extra),
     )
     arrays = load_arrays(path)
     if arrays is not None and all(name in arrays for name in required):
         log.info("loaded decoded arrays from the cache %s", path)
         return arrays
     arrays = build()
-    save_arrays(path, arrays)
+    if save_arrays(path, arrays) and (stale := remove_stale(path)):
+        log.info("removed %d cache file(s) decoded from an earlier state of %s: %s", len(stale), source,
+                 ", ".join(p.name for p in stale))
     return arrays
