@@ -31,11 +31,13 @@ from shardbench.store import RunRow, Store
 
 
 def rec(name: str, step_ms: float, *, steps: int = 37, p90: float = 1.0,
-        breakdown: tuple[float, float, float, float] = (1, 2, 1, 1), strategy: str = "dp", mesh: str = "8"
-        ) -> dict[str, Any]:
-    """A record with its median step, its p90 as a multiple of it, and how many timed steps it rests on."""
-    made = record(name, strategy, mesh, 8, breakdown=breakdown, total=sum(breakdown), comms={}, epochs=[],
-                  step_ms=step_ms, img_s=0.0, mfu=0.1, acc=0.5, partial=(10, 100, 1.0))
+        breakdown: tuple[float, float, float, float] = (1, 2, 1, 1), strategy: str = "dp", mesh: str = "8",
+        sent: dict[str, float] | None = None) -> dict[str, Any]:
+    """A record with its median step, its p90 as a multiple of it, how many timed steps it rests on, and the MiB
+    each collective kind sends per device per step (its payload twice that)."""
+    made = record(name, strategy, mesh, 8, breakdown=breakdown, total=sum(breakdown),
+                  comms={k: (1, 2 * mib) for k, mib in (sent or {}).items()}, epochs=[], step_ms=step_ms, img_s=0.0,
+                  mfu=0.1, acc=0.5, partial=(10, 100, 1.0), sent=sent)
     made["measurements"]["step_time_s"].update(p90=step_ms * p90 / 1e3, measured_steps=steps)
     return made
 
@@ -215,6 +217,24 @@ def test_spmd_styles_are_compared_within_runs_that_differ_only_in_style() -> Non
     assert [s.split(":")[0] for s in found] == [f"{head} (batch 128) in each SPMD style",
                                                  f"{head} (batch 1024) in each SPMD style"]
     assert "shard_map 11.0 ms/step (1.10x jit)" in found[0] and "shard_map 88.0 ms/step (1.10x jit)" in found[1]
+
+
+
+def test_a_styles_gap_is_ranked_by_the_reports_one_rule_and_only_kinds_that_send_are_named() -> None:
+    """jit 10 ms with a p90 of 12 ms against shard_map 11 ms: within jit's spread (20%), a tie. From one timed step
+    each, 10 against 11.4 ms (+14%) is undecided, and 10 against 7.1 ms is said with its one step. One device's pmap
+    compiles an all-reduce that sends nothing: its bytes are said, not the kind."""
+    def styles(jit_ms: float, other_ms: float, **kw: Any) -> str:
+        runs = [run("jit", {"parallel.spmd": "jit"}, jit_ms, **kw), run("shard_map", {"parallel.spmd": "shard_map"},
+                                                                        other_ms, **kw)]
+        return spmd_findings(runs)[0]
+
+    assert "shard_map 11.0 ms/step (1.10x jit, within the spread of their step times)" in styles(10.0, 11.0, p90=1.2)
+    assert "(1.14x jit, undecided: from 1 timed step each)" in styles(10.0, 11.4, steps=1)
+    assert "(0.71x jit, from 1 timed step each)" in styles(10.0, 7.1, steps=1)
+    assert "(1.14x jit)" in styles(10.0, 11.4)  # 37 timed steps each, no spread: apart, said bare
+    one = styles(10.0, 11.0, sent={"all-reduce": 0.0, "all-gather": 0.5})
+    assert "0.50 MiB sent in collectives (all-gather)" in one and "all-reduce" not in one
 
 
 def test_context_modes_are_paired_only_with_the_same_settings() -> None:

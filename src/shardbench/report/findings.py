@@ -15,7 +15,8 @@ from shardbench.report.content import comms_measure, comms_phrase
 from shardbench.report.context import context_findings
 from shardbench.report.pipeline import pipeline_findings
 from shardbench.report.plan_chart import plan_findings
-from shardbench.report.speed import Model, _model, equivalence_findings, label, speed_findings
+from shardbench.report.speed import (TIE, UNDECIDED, Model, _model, equivalence_findings, label, speed_findings,
+                                     steps_note, verdict)
 from shardbench.report.traces import trace_findings
 
 if TYPE_CHECKING:
@@ -338,10 +339,15 @@ def _style_part(run: ReportedRun, group: list[ReportedRun]) -> str:
     memory, _ = run.memory
     text = f"{_style(run)} {'–' if step is None else format(1e3 * step, ',.1f')} ms/step"
     if base is not None and run is not base and step and (ref := base.step_median):
-        text += f" ({step / ref:.2f}x jit)"
+        # ranked by the report's one rule: a gap within the runs' spread, or from too few steps, is said as such
+        how, few = verdict(run, base, max(step, ref) / min(step, ref) - 1.0), steps_note([run, base])
+        said = ["within the spread of their step times"] if how == TIE else []
+        said += [f"undecided: {few}" if how == UNDECIDED else few] if few else []
+        text += f" ({', '.join([f'{step / ref:.2f}x jit', *said])})"
     if memory is not None:
         text += f", {memory:,.1f} MiB/device"
-    kinds = sorted(run.comms, key=lambda k: -run.comms_bytes(k))
+    # the kinds that sent bytes: one device's pmap compiles an all-reduce over itself that sends none
+    kinds = sorted((k for k in run.comms if run.comms_bytes(k) > 0), key=lambda k: -run.comms_bytes(k))
     if run.comms_mib is not None:
         text += f", {run.comms_mib:,.2f} MiB {comms_phrase(run)}" + (f" ({', '.join(kinds)})" if kinds else "")
     return text
