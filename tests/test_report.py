@@ -622,6 +622,19 @@ def test_what_a_record_lacks_is_explained_from_the_record(tmp_path: Path) -> Non
     listed = write_report(folder, out_dir=tmp_path / "again").markdown.read_text()
     listed_row = next(line for line in listed.splitlines() if line.startswith("| unfinished |"))
     assert listed_row.split(" | ")[2:4] == ["pp", "stage=2"], listed_row
+    # What it started with is shown, never taken for a setting: both runs were left to auto and the default mesh,
+    # so nothing was swept. Given dp and fsdp on the default mesh (8x1 resolved from its layout.json for the
+    # unfinished one), the strategy alone was.
+    swept = listed.split("## What was swept")[1].split("##")[0]
+    assert "Nothing: the runs share one configuration." in swept, swept
+    for name, strategy in (("short", "dp"), ("unfinished", "fsdp")):
+        config = get_preset("vit-tiny")
+        config = dataclasses.replace(config, parallel=dataclasses.replace(config.parallel, strategy=strategy))
+        (folder / name / "config.json").write_text(config.to_json())
+    (folder / "unfinished" / LAYOUT_RECORD).write_text(json.dumps(layout_record(
+        make_layout("fsdp", "", jax.devices()))))
+    swept = write_report(folder, out_dir=tmp_path / "third").markdown.read_text().split("## What was swept")[1]
+    assert "parallel.strategy" in swept.split("##")[0] and "parallel.mesh" not in swept.split("##")[0], swept
     line = progress_line(1, 1, row("short", {}, rec))
     assert f"step time {why}" in line and "step -" not in line
 
@@ -794,6 +807,8 @@ def _expected(values: list[float | None], reverse: bool) -> list[float | None]:
 
 @pytest.mark.slow
 def test_html_page_in_chromium(written: ReportPaths) -> None:
+    from shardbench.report.html import NARROW_SCALE
+
     sync_playwright, executable = _browser_page()
     page_text = written.html.read_text()
     assert "http://" not in page_text and "https://" not in page_text
@@ -854,16 +869,25 @@ def test_html_page_in_chromium(written: ReportPaths) -> None:
             page.locator("th[data-key='run']").click()
             names = page.eval_on_selector_all("table#runs tbody tr", "rows => rows.map(r => r.dataset.run)")
             assert names == sorted(r.name for r in sweep_rows())
-            # A phone's width: each chart keeps 640 px (its text legible) in a strip that scrolls sideways, where
+            # A phone's width: each chart keeps 0.64 of its own width (a one-panel chart 640 px, its text legible;
+            # the two-panel throughput chart alike, not squeezed into 640) in a strip that scrolls sideways, where
             # it shrank to a quarter; the sticky run column leaves room for the figures and names the run whole
             # in its title.
             page.set_viewport_size({"width": 400, "height": 800})
-            for i in range(charts.count()):
-                assert charts.nth(i).evaluate("img => img.width") == 640
+            widths = [charts.nth(i).evaluate("img => [img.width, img.naturalWidth]") for i in range(charts.count())]
+            assert all(shown == round(NARROW_SCALE * own) for shown, own in widths), widths
+            assert {own for _, own in widths} >= {1000, 1400}, widths  # one panel and two
             assert page.evaluate("document.documentElement.scrollWidth") <= 400  # the page itself does not scroll
             first = page.locator("table#runs tbody tr td").first
             assert first.evaluate("td => td.getBoundingClientRect().width") <= 0.4 * 400 + 20
             assert first.get_attribute("title") == names[0]
+            # A table longer than the window keeps its header row in view as it scrolls.
+            page.set_viewport_size({"width": 400, "height": 120})
+            wrap = page.locator(".table-wrap")
+            assert wrap.evaluate("w => w.scrollHeight > w.clientHeight + 60")
+            wrap.evaluate("w => { w.scrollTop = 60; }")
+            tops = wrap.evaluate("w => [w.getBoundingClientRect().top, w.querySelector('th').getBoundingClientRect().top]")
+            assert abs(tops[1] - tops[0]) <= 2, tops
             assert not outside and not errors, (outside, errors)
         finally:
             browser.close()

@@ -100,7 +100,7 @@ def test_figures_from_too_few_timed_steps_say_so_and_small_gaps_are_undecided() 
                                for n, m, ms in (("a", "8x1", 100.0), ("b", "4x2", 110.0), ("c", "2x4", 200.0))])
 
     few = speed(1)
-    assert few[0] == "Fastest: a, 100.0 ms per step (from 1 timed step) (ranked by median step time)."
+    assert few[0] == "Fastest: a, 100.0 ms per step (from 1 timed step; ranked by median step time)."
     assert few[1] == ("b against a is undecided (110.0 ms against 100.0 ms, from 1 timed step each): the 10.0% "
                       "difference is within the 15% margin the report requires of figures from fewer than 5 timed "
                       "steps, so this ranking cannot tell them apart.")
@@ -1009,23 +1009,25 @@ def test_an_old_records_wall_clock_rate_is_marked_and_not_drawn_as_batch_over_st
 
 
 def test_markdown_cells_findings_and_error_messages_are_shown_literally(tmp_path: Path) -> None:
-    """A run named "_lr*2_", a slower one named "mesh_<4>", and a failed run whose message ends 'in <module>' and
-    holds a `*`: report.md escapes what Markdown would read as markup (the message's "<module>" rendered as an
-    unknown HTML tag, dropped, and "*2_" as emphasis), in the table, the failed runs and the findings alike, and
-    leaves a name's inner underscores as they are."""
+    """A run named "_lr*2_", a slower one named "mesh_<4>", and a failed run "mesh_<4x2>" whose message ends 'in
+    <module>' and holds a `*`: report.md escapes what Markdown would read as markup (the message's "<module>"
+    rendered as an unknown HTML tag, dropped, and "*2_" as emphasis), in the table, the failed runs, the findings
+    and the charts' notes alike, and leaves a name's inner underscores as they are."""
     directory = tmp_path / "sweep"
     with Store(directory / "sweep.db") as store:
         store.add(row("_lr*2_", {"parallel.mesh": "8x1"}, rec("_lr*2_", 10.0, mesh="8x1")))
         store.add(row("mesh_<4>", {"parallel.mesh": "2x4"}, rec("mesh_<4>", 20.0, mesh="2x4")))
-        store.add(row("mesh_4x2", {"parallel.mesh": "4x2"}, None,
+        store.add(row("mesh_<4x2>", {"parallel.mesh": "4x2"}, None,
                       ("crash", 'File "train.py", line 3, in <module>: x * y | z')))
     text = write_report(directory).markdown.read_text()
     assert "| \\_lr\\*2\\_ | complete |" in text
-    assert "- `mesh_4x2`: crash: File \"train.py\", line 3, in \\<module>: x \\* y \\| z\n" in text
-    assert markdown_table(text)[2]["run"] == "mesh_4x2"
+    assert "- `mesh_<4x2>`: crash: File \"train.py\", line 3, in \\<module>: x \\* y \\| z\n" in text
+    assert markdown_table(text)[2]["run"] == "mesh\\_\\<4x2>"
     findings = text.split("## What the numbers say")[1].split("## Runs")[0]
     assert "- Fastest: \\_lr\\*2\\_," in findings and "- mesh\\_\\<4> is 2.00x slower" in findings
     assert "_lr*2_" not in findings and "mesh_<4>" not in findings
+    charts = text.split("## Charts")[1]  # the charts' titles and notes, which name runs left out, alike
+    assert "mesh\\_\\<4x2> (failed)" in charts and "_<4x2>" not in charts, charts
 
 
 def test_a_half_written_line_in_a_metrics_log_loses_that_line_only(tmp_path: Path) -> None:

@@ -68,6 +68,10 @@ class ReportedRun:
     # What it read that its settings do not say (`report.write._inputs`): {"data": data.json's sha1, "model": a
     # model of your own's file's sha256}, where its folder keeps them
     inputs: dict[str, str] = dataclass_field(default_factory=dict)
+    # What an unfinished run started with, from its layout.json: {"parallel.strategy": "pp", "parallel.mesh":
+    # "stage=2"} (`auto` and the default mesh resolved). Shown where its record would be; never a setting, so a
+    # default left to resolve is not taken for a value swept.
+    started: dict[str, str] = dataclass_field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -170,8 +174,11 @@ class ReportedRun:
         return "the record does not say why (written by an older shardbench)"
 
     def field(self, record_key: str, config_key: str) -> Any:
-        # The record says what actually ran (e.g. the resolved mesh); the config is all a failed run has.
+        # The record says what actually ran (e.g. the resolved mesh); an unfinished run's layout.json what it started
+        # with; the config is all else a failed run has.
         value = getattr(self.rec, record_key)
+        if value in (None, ""):
+            value = self.started.get(config_key)
         return self.config.get(config_key) if value in (None, "") else value
 
     @property

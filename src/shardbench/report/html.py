@@ -17,14 +17,17 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin:
        padding: 0 1rem; color: #1f2328; }
 h1 { font-size: 1.6rem; } h2 { margin-top: 2rem; border-bottom: 1px solid #d0d7de; padding-bottom: .2rem; }
 code { background: #f0f2f4; padding: 0 .25em; border-radius: 3px; }
-.table-wrap { overflow-x: auto; border: 1px solid #d0d7de; border-radius: 6px; }
+/* The table scrolls in its own box, both ways, so that its header row stays on top of a long table (a box that
+   scrolls sideways only would hold the sticky header to itself, and it would go with the page). */
+.table-wrap { overflow: auto; max-height: 85vh; border: 1px solid #d0d7de; border-radius: 6px; }
 table#runs { border-collapse: collapse; font-size: 12.5px; white-space: nowrap; }
 #runs th, #runs td { padding: .3rem .55rem; border-bottom: 1px solid #eaeef2; }
-#runs th { position: sticky; top: 0; background: #f6f8fa; cursor: pointer; user-select: none; text-align: left; }
+#runs th { position: sticky; top: 0; z-index: 2; background: #f6f8fa; cursor: pointer; user-select: none;
+           text-align: left; }
 #runs th:hover { background: #eaeef2; }
 #runs td:first-child, #runs th:first-child { position: sticky; left: 0; background: #fff; z-index: 1;
                                              border-right: 1px solid #d0d7de; }
-#runs th:first-child { background: #f6f8fa; z-index: 2; }
+#runs th:first-child { background: #f6f8fa; z-index: 3; }
 #runs th .arrow { display: inline-block; width: 1em; color: #0969da; }
 #runs td.num, #runs th.num { text-align: right; }
 #runs td.missing { color: #8c959f; }
@@ -34,13 +37,16 @@ table#runs { border-collapse: collapse; font-size: 12.5px; white-space: nowrap; 
 figure { margin: 1.5rem 0; } figcaption { color: #57606a; font-size: 12.5px; }
 img.chart { max-width: 100%; height: auto; border: 1px solid #eaeef2; }
 .chart-wrap { overflow-x: auto; }
-/* A narrow window (a phone) scrolls a chart sideways rather than shrink its text past reading, and the sticky
-   run column keeps room for the figures beside it (its full name is the cell's title). */
+/* A narrow window (a phone) scrolls a chart sideways rather than shrink its text past reading: each chart is
+   shown at one scale, its own width (--narrow) x 0.64, so a chart of two panels keeps the text size of one. The
+   sticky run column keeps room for the figures beside it (its full name is the cell's title). */
 @media (max-width: 700px) {
-  img.chart { max-width: none; width: 640px; }
+  img.chart { max-width: none; width: var(--narrow, 640px); }
   #runs td:first-child, #runs th:first-child { max-width: 40vw; overflow: hidden; text-overflow: ellipsis; }
 }
 """
+
+NARROW_SCALE = 0.64  # a chart's shown width over its own in a narrow window: a one-panel chart (1,000 px) at 640 px
 
 # Rows move as a whole; missing values (no data-value) sort last in both directions; a stable sort keeps
 # the store order among equal values.
@@ -112,9 +118,12 @@ def _table(columns: tuple[Column, ...], runs: list[ReportedRun]) -> str:
 
 
 def _figure(chart: Chart) -> str:
-    data = base64.b64encode(chart.path.read_bytes()).decode("ascii")
+    png = chart.path.read_bytes()
+    data = base64.b64encode(png).decode("ascii")
     caption = html.escape(chart.title) + (f" — {html.escape(chart.note)}" if chart.note else "")
+    narrow = round(NARROW_SCALE * int.from_bytes(png[16:20], "big"))  # its width, from the PNG's header
     return (f'<figure id="figure-{chart.name}"><div class="chart-wrap"><img class="chart" id="chart-{chart.name}" '
+            f'style="--narrow: {narrow}px" '
             f'alt="{html.escape(chart.title)}" src="data:image/png;base64,{data}"></div><figcaption>{caption}'
             f"</figcaption></figure>")
 

@@ -305,8 +305,8 @@ def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
     lead = f"Fastest{f' {model}' if model else ''}" if len(ranked) > 1 else f"The only timed {model or 'run'}"
     head = (f"{lead}: {fastest.name}, {_ms(fastest.step_median)} per step"
             + ("" if same_batch else f" at batch {fastest.batch}, {_rates(fastest)}")
-            + (f" ({few})" if few else "")
-            + (f" (ranked by median {unit})" if len(ranked) > 1 else ""))
+            + (f" ({'; '.join(filter(None, [few, f'ranked by median {unit}' if len(ranked) > 1 else '']))})"
+               if few or len(ranked) > 1 else ""))
     sentences = [head + "."]
     listed = False
     for run in ranked[1:]:

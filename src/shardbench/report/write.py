@@ -181,10 +181,10 @@ def _from_folders(root: Path, skip: Path) -> Found:
         if _another_tools(nested):
             skipped.append(_relative(saved.parent, root) or ".")
             continue
-        config = {**_flat_config(nested, saved), **_started_layout(saved.parent)}
         runs.append(ReportedRun(_relative(saved.parent, root), "failed", INCOMPLETE,
-                        "no summary.json: the run did not finish (stopped, killed, or still running)", {}, config,
-                        None, folder=saved.parent))
+                        "no summary.json: the run did not finish (stopped, killed, or still running)", {},
+                        _flat_config(nested, saved), None, folder=saved.parent,
+                        started=_started_layout(saved.parent)))
     # A folder keeps no list of swept fields: they are the fields whose values differ between the runs. A run
     # without config.json has only its record's few settings: a field it lacks is unknown there, not different.
     keys = sorted({k for r in runs for k in r.settings})
@@ -440,8 +440,9 @@ def render_markdown(content: ReportContent) -> str:
                   for r in content.failed]
     lines += ["", "## Charts"]
     for chart in content.charts:
-        lines += ["", f"### {chart.title}", "", f"![{chart.title}]({chart.path.name})"]
-        lines += ["", f"_{chart.note}_"] if chart.note else []
+        title = md_text(chart.title)  # a run's name in a note or title is shown as written, never read as markup
+        lines += ["", f"### {title}", "", f"![{title}]({chart.path.name})"]
+        lines += ["", f"_{md_sentence(chart.note)}_"] if chart.note else []
     lines += [""] + [f"- {line}" for line in content.omitted] if content.omitted else []
     return "\n".join(lines) + "\n"
 
