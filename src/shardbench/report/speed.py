@@ -303,10 +303,10 @@ def _ranking(timed: list[ReportedRun], model: str) -> list[str]:
     unit = "step time" if same_batch else "throughput (batch / median step)"
     few = steps_note([fastest])
     lead = f"Fastest{f' {model}' if model else ''}" if len(ranked) > 1 else f"The only timed {model or 'run'}"
+    asides = [a for a in (few, f"ranked by median {unit}" if len(ranked) > 1 else "") if a]
     head = (f"{lead}: {fastest.name}, {_ms(fastest.step_median)} per step"
             + ("" if same_batch else f" at batch {fastest.batch}, {_rates(fastest)}")
-            + (f" ({'; '.join(filter(None, [few, f'ranked by median {unit}' if len(ranked) > 1 else '']))})"
-               if few or len(ranked) > 1 else ""))
+            + (f" ({'; '.join(asides)})" if asides else ""))
     sentences = [head + "."]
     listed = False
     for run in ranked[1:]:
