@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -150,6 +151,16 @@ def test_an_entry_decoded_from_an_earlier_state_of_a_folder_is_removed_and_no_ot
     (gone,) = kept - set(cache_dir.glob("*.npz"))
     assert gone in first and gone.name.rsplit("-", 1)[0] == new.name.rsplit("-", 1)[0]  # the same folder's
     assert len(list(cache_dir.glob("*.npz"))) == 4
+    # An entry of the same path written since its last change is another copy's (a node's own copy of the data, in a
+    # cache the nodes share): kept when the entry is decoded again. One written before the change goes.
+    prefix = new.name.rsplit("-", 1)[0]
+    since, before = cache_dir / f"{prefix}-{'1' * 32}.npz", cache_dir / f"{prefix}-{'2' * 32}.npz"
+    since.write_bytes(new.read_bytes())
+    before.write_bytes(new.read_bytes())
+    os.utime(before, ns=(0, 0))
+    new.write_bytes(b"damaged")
+    load(tree, tmp_path)
+    assert since.exists() and not before.exists() and new.exists()
 
 
 def test_a_class_folder_added_empty_after_the_tree_was_cached_is_refused_as_if_never_cached(tmp_path: Path) -> None:
@@ -215,6 +226,16 @@ def test_layout_errors(tmp_path: Path) -> None:
 
     with pytest.raises(DataError, match=r"neither a folder nor a .tar, .tar.gz \(.tgz\), .tar.bz2 or .tar.xz archive"):
         load(tmp_path / "no_test" / "train" / "cat" / "img_000.png", tmp_path)
+
+
+def test_a_plain_tar_whose_first_name_begins_as_bzip2_s_magic_is_read_as_a_tar(tmp_path: Path) -> None:
+    """A plain tar begins with its first member's name (as GNU tar writes it: no pax header before it)."""
+    tree = make_tree(tmp_path / "tree", n={"train": 1, "test": 1})
+    tar = tmp_path / "data.tar"
+    with tarfile.open(tar, "w", format=tarfile.GNU_FORMAT) as tf:
+        tf.add(tree, arcname="BZh91AY_data")
+    assert tar.read_bytes().startswith(b"BZh91AY_data")
+    assert_same(load(tar, tmp_path / "a"), load(tree, tmp_path / "b"))
 
 
 @pytest.mark.parametrize("kind", ["zip", "zstd"])

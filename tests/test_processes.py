@@ -161,6 +161,16 @@ def test_killed_process_stops_the_launch_and_the_run_resumes_to_the_same_result(
     assert summary["test_accuracy"] == whole["test_accuracy"]
 
 
+def test_the_way_on_quotes_a_folder_the_shell_would_split(tmp_path: Path) -> None:
+    out = tmp_path / "my runs" / "x"
+    out.mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    header = f"shardbench: vit-tiny (vit, 1 params) | batch 8, 4 steps (2/epoch) | {out} | a note"
+    assert _way_on(["train"], [_Said([], opening=[header])]) == (
+        f"no checkpoint to resume from in {out}; the same launch with --resume --out '{out}' starts the run from "
+        f"step 0")
+
+
 class _Said:
     """What the launch keeps of a process: its last stderr lines and its first stdout lines."""
 
@@ -198,7 +208,7 @@ def test_what_others_print_while_they_are_stopped_is_held_back_and_counted() -> 
         "[p1] epoch 1", "[p1] shardbench: error: another process of this run stopped", "[p0] its last words"]
     assert stopping.held == 3 and len(said) == 4  # kept for the reason all the same
     first: list[str] = []  # a process's first stdout lines, where process 0's header names the run's folder
-    _pump(io.BytesIO(b"".join(b"line %d\n" % i for i in range(30))), io.BytesIO(), b"[p0] ", first)
+    _pump(io.BytesIO(b"".join(b"line %d\n" % i for i in range(29)) + b"line 29"), io.BytesIO(), b"[p0] ", first)
     assert first == [f"line {i}" for i in range(OPENING_LINES)]
     assert not Stopping(failed=0, show_all=True).holds(1, b"anything\n")  # --debug
     # A process that ended in failure holds back what the others print from then on, before its waiter has told

@@ -13,6 +13,7 @@ import math
 import os
 import queue
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -132,6 +133,12 @@ class Stopping:
 OPENING_LINES = 20  # a process's first stdout lines kept: notes, then the header
 
 
+def _keep(keep: deque[str] | list[str] | None, line: bytes) -> None:
+    """`line` into `keep`: a deque keeps the last lines, a list the first OPENING_LINES."""
+    if keep is not None and (not isinstance(keep, list) or len(keep) < OPENING_LINES):
+        keep.append(line.decode(errors="replace").rstrip())
+
+
 def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | list[str] | None,
           hold: Callable[[bytes], bool] | None = None) -> None:
     """Copy a child's stream to ours a line at a time, each line (or progress-bar redraw) with its prefix; a
@@ -150,15 +157,13 @@ def _pump(source: IO[bytes], sink: IO[bytes], prefix: bytes, keep: deque[str] | 
                 part = _NOISE.sub(b"", whole)
                 if (part != whole and not part.strip()) or (not part.strip(b"\r\n") and part != b"\n"):
                     continue  # a line of noise only, or a bare carriage return
-                if keep is not None and (not isinstance(keep, list) or len(keep) < OPENING_LINES):
-                    keep.append(part.decode(errors="replace").rstrip())
+                _keep(keep, part)
                 if hold is not None and hold(part):
                     continue
                 sink.write(prefix + part)
             sink.flush()
     if pending:
-        if keep is not None:
-            keep.append(pending.decode(errors="replace").rstrip())
+        _keep(keep, pending)
         with _write_lock:  # `hold` counts under the lock, as for whole lines
             if hold is None or not hold(pending):
                 sink.write(prefix + pending + b"\n")
@@ -330,7 +335,7 @@ def _way_on(argv: list[str], children: list[Child]) -> str | None:
         out = next((o for c in children[:1] for o in map(out_of_header, c.opening) if o), None)
         if out is None:  # it was stopped before it said: there is no run to go on with
             return None
-        again += f" --out {out}"
+        again += f" --out {shlex.quote(out)}"
     if steps := saved_steps(Path(out) / "checkpoints"):
         return f"{again} goes on from the checkpoint of step {steps[-1]} in {out}"
     if (Path(out) / "config.json").exists():

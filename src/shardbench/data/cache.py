@@ -78,8 +78,8 @@ def cache_key(source: Path, *, loader: str, version: int, image_size: int, extra
 
 def source_id(source: Path, *, loader: str, image_size: int, extra: str = "") -> str:
     """What a cache entry was decoded from, whatever its contents then: the resolved path, the loader, the image size
-    and `extra`. Entries of one source with another key were decoded from an earlier state of it (or by an earlier
-    loader version): no run can ask for them again."""
+    and `extra`. An entry of one source with another key, written before the source last changed, was decoded from
+    an earlier state of it: no run can ask for it again."""
     return _digest(loader, str(image_size), extra, str(source.resolve())).hexdigest()[:12]
 
 
@@ -87,14 +87,27 @@ def cache_file(cache_dir: Path, loader: str, source: str, key: str) -> Path:
     return cache_dir / f"{loader}-{source}-{key[:32]}.npz"
 
 
-def remove_stale(path: Path) -> list[Path]:
-    """Deletes the entries of `path`'s source other than `path` (see `source_id`), and returns them."""
+def newest_change_ns(source: Path) -> int:
+    """When `source` last changed, as far as its files say: its own mtime_ns, and a folder's files' newest."""
+    resolved = source.resolve()
+    times = [resolved.stat().st_mtime_ns]
+    if resolved.is_dir():
+        times += [int(row.rsplit("\0", 1)[1]) for row in _tree_listing(resolved) if "\0" in row]
+    return max(times)
+
+
+def remove_stale(path: Path, changed_ns: int) -> list[Path]:
+    """Deletes the entries of `path`'s source (see `source_id`) other than `path` that were written before the
+    source last changed (`changed_ns`), and returns them. An entry written since is another copy's of the same path
+    (a cluster node's own copy of the data, in a cache they share), or another shardbench version's: kept."""
     loader_source = path.name.rsplit("-", 1)[0]
     removed = []
     for p in path.parent.glob(f"{loader_source}-*.npz"):
-        if p != path:
-            with contextlib.suppress(OSError):  # another user's, in a shared cache: theirs to remove
-                p.unlink(missing_ok=True)  # a run still reading it has it open: its arrays are read at once
+        if p == path:
+            continue
+        with contextlib.suppress(OSError):  # gone already, or another user's in a shared cache: theirs to remove
+            if p.stat().st_mtime_ns < changed_ns:
+                p.unlink()  # a run still reading it has it open: its arrays are read at once
                 removed.append(p)
     return removed
 
@@ -171,7 +184,7 @@ def cached_arrays(
         log.info("loaded decoded arrays from the cache %s", path)
         return arrays
     arrays = build()
-    if save_arrays(path, arrays) and (stale := remove_stale(path)):
+    if save_arrays(path, arrays) and (stale := remove_stale(path, newest_change_ns(source))):
         log.info("removed %d cache file(s) decoded from an earlier state of %s: %s", len(stale), source,
                  ", ".join(p.name for p in stale))
     return arrays

@@ -35,10 +35,11 @@ log = logging.getLogger(__name__)
 _LOADER_VERSION = 2  # 2: a tar's linked members are read (they were dropped), high-bit images refused
 _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tbz", ".tar.xz", ".txz")
 _ARCHIVES = "a .tar, .tar.gz (.tgz), .tar.bz2 or .tar.xz archive"
-# A tar's compression, by its file's first bytes (whatever its name says); none of these: a plain tar.
-_DECOMPRESS = {b"\x1f\x8b": gzip.open, b"BZh": bz2.open, b"\xfd7zXZ\x00": lzma.open}
-_NOT_READ = {b"PK\x03\x04": "a zip archive", b"\x28\xb5\x2f\xfd": "compressed with zstandard",
-             b"7z\xbc\xaf\x27\x1c": "a 7-Zip archive"}
+# A tar's compression, by its file's first bytes (whatever its name says); none of these: a plain tar, whose first
+# bytes are its first member's name (bzip2's is checked to its block's magic, as "BZh" could begin a name).
+_DECOMPRESS = {rb"\x1f\x8b": gzip.open, rb"BZh[1-9](?:1AY&SY|\x17rE8P\x90)": bz2.open, rb"\xfd7zXZ\x00": lzma.open}
+_NOT_READ = {rb"PK\x03\x04": "a zip archive", rb"\x28\xb5\x2f\xfd": "compressed with zstandard",
+             rb"7z\xbc\xaf\x27\x1c": "a 7-Zip archive"}
 _VAL_NAMES = ("val", "valid", "validation")
 _SPLITS = ("train", "test", *_VAL_NAMES)
 _EXPECTED = ("expected <root>/train/<class>/<image> and <root>/test/<class>/<image> "
@@ -86,11 +87,11 @@ def _walk_tar(path: Path) -> Iterator[_File | tuple[str, ...]]:
     """Like _walk_folder for a tar; each member's bytes are read in memory, nothing is extracted."""
     try:
         with path.open("rb") as f:
-            magic = f.read(6)
-        if kind := next((k for m, k in _NOT_READ.items() if magic.startswith(m)), None):
+            magic = f.read(10)
+        if kind := next((k for m, k in _NOT_READ.items() if re.match(m, magic)), None):
             raise DataError(f"{path}: is {kind}, which this reader does not open: unpack it and give the folder, or "
                             f"repack it as a tar (tar czf data.tar.gz FOLDER)")
-        opener = next((o for m, o in _DECOMPRESS.items() if magic.startswith(m)), Path.open)
+        opener = next((o for m, o in _DECOMPRESS.items() if re.match(m, magic)), Path.open)
         # A forward-only stream ("r|") is ~1.5x faster than random access over gzip; GzipFile
         # (rather than "r|gz") raises on a truncated file instead of just stopping, as do bz2's and lzma's.
         with opener(path, "rb") as raw:
