@@ -123,8 +123,10 @@ class Sizes:
 
 
 # --smoke's ViT: the code paths of vit-tiny's (patch stem, class token, attention, MLP) at a third of its compile.
-# XLA:CPU's quickest code generation for --smoke's tiny programs: LLVM at -O0, fusions by the older emitters.
-SMOKE_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# XLA:CPU's quickest code generation for --smoke's tiny programs: LLVM at -O0, fusions by the older emitters, and
+# the module compiled in one piece (the tests' flags, tests/conftest.py).
+SMOKE_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
+                   "--xla_cpu_parallel_codegen_split_count=1")
 SMOKE_VIT = ("--model.embed-dim", "32", "--model.mlp-dim", "64", "--model.num-layers", "1", "--model.num-heads", "2")
 
 

@@ -10,7 +10,11 @@ import os
 # the tests check is not code generation's to change: the SPMD partitioning, the shardings and the collectives come
 # before it; buffer sizes differ by a few bytes in a megabyte, within every bound the tests hold; and equalities
 # are between runs compiled alike. Steps run slower: a test whose time is its steps trains in a process of its own.
-QUICK_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# And LLVM's module compiled as one piece, not split for parallel code generation: with one test worker per core
+# there is no idle core for the pieces, and each piece costs passes of its own (two in-process files took 0.87x
+# their CPU seconds; benchmarks/test-suite-cpu.md).
+QUICK_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
+                       "--xla_cpu_parallel_codegen_split_count=1")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 "
                            + QUICK_COMPILE_FLAGS).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
