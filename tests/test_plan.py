@@ -207,6 +207,28 @@ def test_fit_recovers_known_coefficients() -> None:
     assert fit(samples[:3], UNIT, "too few") is UNIT
 
 
+def test_the_fits_least_squares_match_scipys_nnls_for_every_right_hand_side_at_once() -> None:
+    """The fit's non-negative least squares, solved for many right-hand sides in one call, against scipy's NNLS
+    solving each alone: rows whose unconstrained solution is negative in some coefficient (so another subset of
+    the columns wins) sit beside rows where every coefficient is positive, and a column of zeros stays 0."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    from shardbench.plan.calibration import _NNLS
+
+    rng = np.random.default_rng(0)
+    a = np.column_stack([rng.uniform(0.1, 1.0, (9, 3)), np.zeros(9)])
+    # 40 rows of noise, then 20 made from positive coefficients (solved exactly by all three columns)
+    b = np.concatenate([rng.normal(0.0, 1.0, (40, 9)), (a[:, :3] @ rng.uniform(0.1, 1.0, (3, 20))).T])
+    got = _NNLS(a)(b)
+    for row, x in zip(b, got):
+        want, _ = nnls(a, row)
+        np.testing.assert_allclose(x, want, atol=1e-9)
+    unconstrained = np.linalg.lstsq(a[:, :3], b.T, rcond=None)[0].T
+    assert (unconstrained < 0).any(axis=1).sum() >= 10  # the rows that need another subset are there
+    assert (got[:, 3] == 0).all() and (got[40:, :3] > 0).all()
+
+
 def _row(name: str, *, flops: float, temp: int, inter_bytes: int = 0) -> Row:
     colls = [{"kind": "all-gather", "link": "inter", "group": 8, "count": 1, "bytes": inter_bytes}] if inter_bytes \
         else []

@@ -19,9 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-import grain
 import numpy as np
-from grain.experimental import ThreadPrefetchIterDataset
 
 from shardbench.data.arrays import Split
 from shardbench.errors import ConfigError
@@ -193,6 +191,11 @@ def make_batches(
         process_count=process_count,
         repeats=repeats,
     )
+    # grain, and orbax which it imports, only where batches are made: a process that only checks configurations
+    # (a sweep's pre-flight, the planner) counts steps with this module and never pays for their import.
+    import grain
+    from grain.experimental import ThreadPrefetchIterDataset
+
     stop = None if num_steps is None else start_step + num_steps
     ds = grain.MapDataset.source(source)[start_step:stop]
     # Records are read inline by the prefetch thread below: one thread keeps up (a batch is one

@@ -129,9 +129,9 @@ def activation_scale(compiled_for: str, target_platform: str, dtype: str = "floa
 
 
 class _NNLS:
-    """Non-negative least squares for a handful of unknowns and one matrix `a`, many right-hand sides: the
-    best of least squares on every subset of the columns that are not all zero whose solution is
-    non-negative (each subset's pseudo-inverse computed once)."""
+    """Non-negative least squares for a handful of unknowns and one matrix `a`, many right-hand sides at once:
+    for each, the best of least squares on every subset of the columns that are not all zero whose solution is
+    non-negative (each subset's pseudo-inverse computed once, then applied to every right-hand side together)."""
 
     def __init__(self, a: np.ndarray) -> None:
         self.a = a
@@ -140,16 +140,16 @@ class _NNLS:
                         for size in range(1, len(live) + 1) for cols in itertools.combinations(live, size)]
 
     def __call__(self, b: np.ndarray) -> np.ndarray:
-        best, best_err = np.zeros(self.a.shape[1]), float(np.sum(b**2))
+        """`b`: one right-hand side per row; returns one solution per row. A subset replaces the best so far
+        only where its solution is non-negative and its squared error lower by more than 1e-15."""
+        best, best_err = np.zeros((b.shape[0], self.a.shape[1])), np.sum(b**2, axis=1)
         for cols, pinv in self.subsets:
-            x = pinv @ b
-            if np.any(x < 0):
-                continue
-            err = float(np.sum((self.a[:, cols] @ x - b) ** 2))
-            if err < best_err - 1e-15:
-                best = np.zeros(self.a.shape[1])
-                best[cols] = x
-                best_err = err
+            x = b @ pinv.T
+            err = np.sum((x @ self.a[:, cols].T - b) ** 2, axis=1)
+            better = ~np.any(x < 0, axis=1) & (err < best_err - 1e-15)
+            best[better] = 0.0
+            best[np.ix_(better, cols)] = x[better]
+            best_err = np.where(better, err, best_err)
         return best
 
 
@@ -167,17 +167,20 @@ def fit(samples: list[tuple[StepFeatures, float]], base: Coefficients, source: s
     columns = np.asarray([linear_split(f, base)[1] for f, _ in samples]) / measured[:, None]
     nnls = _NNLS(columns)
     low = LOW_PRECISION_GRID if any(f.low_precision for f, _ in samples) else (base.low_precision_traffic,)
-    best: tuple[float, Coefficients] | None = None
     zero = {name: 0.0 for name in LINEAR}
-    for eff, meff, lp, cmo in itertools.product(GRID[GRID <= 1.0], GRID, low, OVERLAP_GRID):
-        trial = replace(base, efficiency=float(eff), memory_efficiency=float(meff), low_precision_traffic=float(lp),
-                        compute_memory_overlap=float(cmo), **zero)
-        rest = np.asarray([step_time(f, trial).total_s for f, _ in samples])
-        x = nnls((measured - rest) / measured)
-        error = float(np.mean(np.abs(rest / measured + columns @ x - 1.0)))
+    trials = [replace(base, efficiency=float(eff), memory_efficiency=float(meff), low_precision_traffic=float(lp),
+                      compute_memory_overlap=float(cmo), **zero)
+              for eff, meff, lp, cmo in itertools.product(GRID[GRID <= 1.0], GRID, low, OVERLAP_GRID)]
+    # Each trial's step times with the linear coefficients at 0, through `step_time` itself; then every trial's
+    # linear coefficients solved together.
+    rest = np.asarray([[step_time(f, trial).total_s for f, _ in samples] for trial in trials])
+    x = nnls((measured - rest) / measured)
+    errors = np.mean(np.abs(rest / measured + x @ columns.T - 1.0), axis=1)
+    best: tuple[float, Coefficients] | None = None
+    for trial, error, solved in zip(trials, errors.tolist(), x):
         if best is None or error < best[0] - 1e-12:
             # A cost no sample exercises (collectives, on one GPU) stays as it was, not 0.
-            kept = {name: float(x[i]) if np.any(columns[:, i]) else getattr(base, name)
+            kept = {name: float(solved[i]) if np.any(columns[:, i]) else getattr(base, name)
                     for i, name in enumerate(LINEAR)}
             best = (error, replace(trial, **kept, source=source))
     assert best is not None
