@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from shardbench.data.arrays import ImageArrays
-from shardbench.data.pipeline import BatchSource, eval_steps, make_batches, steps_per_epoch
+from shardbench.data.epochs import eval_steps, steps_per_epoch
+from shardbench.data.pipeline import BatchSource, make_batches
 from shardbench.data.sources import load_dataset
 from shardbench.data.synthetic import make_synthetic
 from shardbench.errors import ConfigError

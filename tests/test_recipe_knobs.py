@@ -19,7 +19,8 @@ from shardbench.config import DataConfig
 from shardbench.data import policies, recipe
 from shardbench.data.arrays import ImageArrays
 from shardbench.data.augment import normalize_float
-from shardbench.data.pipeline import make_batches, steps_per_epoch
+from shardbench.data.epochs import steps_per_epoch
+from shardbench.data.pipeline import make_batches
 
 RNG = np.random.default_rng(23)
 IMAGE = RNG.integers(0, 256, (32, 32, 3)).astype(np.uint8)

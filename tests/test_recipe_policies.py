@@ -19,7 +19,8 @@ from shardbench.config import DataConfig
 from shardbench.data import policies, recipe
 from shardbench.data.arrays import ImageArrays
 from shardbench.data.augment import CIFAR_MEAN, CIFAR_STD, normalize_float
-from shardbench.data.pipeline import make_batches, steps_per_epoch
+from shardbench.data.epochs import steps_per_epoch
+from shardbench.data.pipeline import make_batches
 from shardbench.errors import ConfigError
 from shardbench.parsing import override
 from shardbench.presets import get_preset

@@ -622,7 +622,7 @@ def test_the_cost_objective_prices_the_step_on_the_targets_devices() -> None:
 def test_tunes_report_prices_an_epoch_of_each_measured_layout(tmp_path: Path) -> None:
     """The report's cost per epoch by hand: the CPU row (priced per host) x the plan's step x the epoch's steps
     for the prediction, and the run record's own cost for the measurement."""
-    from shardbench.data.pipeline import steps_per_epoch
+    from shardbench.data.epochs import steps_per_epoch
     from shardbench.measure.run_record import Cost
     from shardbench.plan.plan_cmd import epoch_examples
     from shardbench.plan.target import parse_target

@@ -17,7 +17,7 @@ from shardbench import config as config_lib
 from shardbench.capacity import check_fits
 from shardbench.config import Config
 from shardbench.data.arrays import Dataset, ImageDataset, fingerprint
-from shardbench.data.pipeline import steps_per_epoch
+from shardbench.data.epochs import steps_per_epoch
 from shardbench.data.sources import check_known_shape, check_model_kind, load_for, validate_spec
 from shardbench.devices import select_devices
 from shardbench.errors import ConfigError, DataError, FileFault, writable_dir

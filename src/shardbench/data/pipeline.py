@@ -19,25 +19,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import grain
 import numpy as np
+from grain.experimental import ThreadPrefetchIterDataset
 
 from shardbench.data.arrays import Split
+from shardbench.data.epochs import eval_steps, steps_per_epoch
 from shardbench.errors import ConfigError
 
 Batch = dict[str, np.ndarray]
 # Length given to grain for an endless training stream; a 64-bit index never gets there.
 _ENDLESS = 2**62
-
-
-def steps_per_epoch(n: int, global_batch: int, repeats: int = 1) -> int:
-    """Training steps per epoch: full batches only (the remainder is dropped); with `repeats` k a batch holds
-    global_batch / k distinct images, and an epoch is one pass over them."""
-    return n // (global_batch // repeats)
-
-
-def eval_steps(n: int, global_batch: int) -> int:
-    """Evaluation steps for one pass: the last, partial batch is padded, so every example counts."""
-    return -(-n // global_batch)
 
 
 class BatchSource:
@@ -191,11 +183,6 @@ def make_batches(
         process_count=process_count,
         repeats=repeats,
     )
-    # grain, and orbax which it imports, only where batches are made: a process that only checks configurations
-    # (a sweep's pre-flight, the planner) counts steps with this module and never pays for their import.
-    import grain
-    from grain.experimental import ThreadPrefetchIterDataset
-
     stop = None if num_steps is None else start_step + num_steps
     ds = grain.MapDataset.source(source)[start_step:stop]
     # Records are read inline by the prefetch thread below: one thread keeps up (a batch is one

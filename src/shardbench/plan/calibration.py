@@ -140,8 +140,10 @@ class _NNLS:
                         for size in range(1, len(live) + 1) for cols in itertools.combinations(live, size)]
 
     def __call__(self, b: np.ndarray) -> np.ndarray:
-        """`b`: one right-hand side per row; returns one solution per row. A subset replaces the best so far
-        only where its solution is non-negative and its squared error lower by more than 1e-15."""
+        """`b`: one right-hand side, or one per row; returns a solution for each. A subset replaces the best so
+        far only where its solution is non-negative and its squared error lower by more than 1e-15."""
+        if b.ndim == 1:
+            return self(b[None, :])[0]
         best, best_err = np.zeros((b.shape[0], self.a.shape[1])), np.sum(b**2, axis=1)
         for cols, pinv in self.subsets:
             x = b @ pinv.T
@@ -154,6 +156,7 @@ class _NNLS:
 
 
 MIN_FIT_RUNS = 4  # fewer measured runs than this keep the defaults: too few to fit the model honestly
+FIT_CHUNK = 4096  # grid trials solved together by `fit`
 
 
 def fit(samples: list[tuple[StepFeatures, float]], base: Coefficients, source: str) -> Coefficients:
@@ -168,21 +171,23 @@ def fit(samples: list[tuple[StepFeatures, float]], base: Coefficients, source: s
     nnls = _NNLS(columns)
     low = LOW_PRECISION_GRID if any(f.low_precision for f, _ in samples) else (base.low_precision_traffic,)
     zero = {name: 0.0 for name in LINEAR}
-    trials = [replace(base, efficiency=float(eff), memory_efficiency=float(meff), low_precision_traffic=float(lp),
-                      compute_memory_overlap=float(cmo), **zero)
-              for eff, meff, lp, cmo in itertools.product(GRID[GRID <= 1.0], GRID, low, OVERLAP_GRID)]
-    # Each trial's step times with the linear coefficients at 0, through `step_time` itself; then every trial's
-    # linear coefficients solved together.
-    rest = np.asarray([[step_time(f, trial).total_s for f, _ in samples] for trial in trials])
-    x = nnls((measured - rest) / measured)
-    errors = np.mean(np.abs(rest / measured + x @ columns.T - 1.0), axis=1)
+    grid = itertools.product(GRID[GRID <= 1.0], GRID, low, OVERLAP_GRID)
     best: tuple[float, Coefficients] | None = None
-    for trial, error, solved in zip(trials, errors.tolist(), x):
-        if best is None or error < best[0] - 1e-12:
-            # A cost no sample exercises (collectives, on one GPU) stays as it was, not 0.
-            kept = {name: float(solved[i]) if np.any(columns[:, i]) else getattr(base, name)
-                    for i, name in enumerate(LINEAR)}
-            best = (error, replace(trial, **kept, source=source))
+    # The grid's trials a chunk at a time (memory bounded whatever the number of runs): each trial's step times
+    # with the linear coefficients at 0, through `step_time` itself, then the chunk's linear coefficients solved
+    # together; the first trial of least error wins, as trial by trial.
+    while chunk := [replace(base, efficiency=float(eff), memory_efficiency=float(meff), low_precision_traffic=float(lp),
+                            compute_memory_overlap=float(cmo), **zero)
+                    for eff, meff, lp, cmo in itertools.islice(grid, FIT_CHUNK)]:
+        rest = np.asarray([[step_time(f, trial).total_s for f, _ in samples] for trial in chunk])
+        x = nnls((measured - rest) / measured)
+        errors = np.mean(np.abs(rest / measured + x @ columns.T - 1.0), axis=1)
+        for trial, error, solved in zip(chunk, errors.tolist(), x):
+            if best is None or error < best[0] - 1e-12:
+                # A cost no sample exercises (collectives, on one GPU) stays as it was, not 0.
+                kept = {name: float(solved[i]) if np.any(columns[:, i]) else getattr(base, name)
+                        for i, name in enumerate(LINEAR)}
+                best = (error, replace(trial, **kept, source=source))
     assert best is not None
     return best[1]
 

@@ -144,7 +144,7 @@ def epoch_examples(cfg: config_lib.Config) -> int | None:
 def cost_rows(plan: Plan, table: PriceTable) -> tuple[list[list[str]], list[dict[str, Any]], str]:
     """Per compiled candidate: dollars (on demand, spot) and kWh per epoch, and per billion tokens or million
     images; the plan.json entries; and the line naming the price row (or why there is none)."""
-    from shardbench.data.pipeline import steps_per_epoch
+    from shardbench.data.epochs import steps_per_epoch
     from shardbench.tasks import get_task
 
     cfg, target = plan.cfg, plan.target

@@ -9,7 +9,8 @@ import jax
 
 from shardbench.config import Config
 from shardbench.data.arrays import Split
-from shardbench.data.pipeline import eval_steps, make_batches
+from shardbench.data.epochs import eval_steps
+from shardbench.data.pipeline import make_batches
 from shardbench.parallel.rules import Layout
 from shardbench.tasks import Task
 from shardbench.train.hooks import scalar

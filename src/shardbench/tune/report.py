@@ -282,7 +282,7 @@ def table(t: Tuning) -> list[list[str]]:
 def cost_table(t: Tuning) -> tuple[list[list[str]], str]:
     """Dollars (on demand) and kWh of an epoch for the chosen layouts: predicted from the plan's step time and the
     price table (`--prices`), measured from each run's record; and the line that says how."""
-    from shardbench.data.pipeline import steps_per_epoch
+    from shardbench.data.epochs import steps_per_epoch
     from shardbench.plan.plan_cmd import epoch_examples
     from shardbench.prices import epoch_cost, prices_from_flag
 

@@ -110,7 +110,7 @@ def _microbatch_drops(strategy: str, mesh: str, stages: int, share: int, batch: 
 def _epoch_drop(batch: int, space: Space) -> Dropped | None:
     """A batch larger than the epoch's training examples (where the configuration says how many) makes no step:
     `shardbench train` refuses it (`preflight.check_run`), so it is dropped here, before planning."""
-    from shardbench.data.pipeline import steps_per_epoch
+    from shardbench.data.epochs import steps_per_epoch
 
     if space.examples is None:
         return None
