@@ -69,6 +69,10 @@ def test_a_write_reaches_the_file_before_close(tmp_path: Path) -> None:
     writer.write(3, {"train/loss": 0.5})
     writer.write(4, {"train/loss": 0.25})
     try:
+        # The JSON twin, which shardbench reads back itself, holds both at once: `write` flushed it.
+        lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        assert [(x["step"], x["train/loss"]) for x in lines] == [(3, 0.5), (4, 0.25)]
+        # The event file within tensorboardX's interval (it writes from a thread of its own).
         for _ in range(50):
             if _scalars(tmp_path).get("train/loss") == [(3, 0.5), (4, 0.25)]:
                 break

@@ -113,10 +113,14 @@ def test_every_chip_has_a_data_sheet_row() -> None:
 def test_the_table_matches_the_data_sheet(name: str) -> None:
     chip, sheet = BY_NAME[name], DATASHEET[name]
     bf16 = float(sheet["bf16"])  # type: ignore[arg-type]
-    # TPUs have no TF32: float32 matmuls at default precision run as one bf16 pass, at highest precision as six.
+    # TPUs have no TF32: float32 matmuls at default precision run as one bf16 pass, at high precision as three,
+    # at highest precision as six.
     tf32, f32 = sheet.get("tf32", bf16), sheet.get("f32", bf16 / 6)
     links = sheet["nvlink_bidir"]
+    tpu = name.startswith("tpu-")
+    assert ("bf16x3" in chip.peaks) == tpu, f"{name}: bf16x3 is a TPU's float32 at high precision, only a TPU's"
     pairs = {"bf16": (chip.peaks["bf16"], bf16), "tf32": (chip.peaks["tf32"], tf32), "f32": (chip.peaks["f32"], f32),
+             **({"bf16x3": (chip.peaks["bf16x3"], bf16 / 3)} if tpu else {}),
              "memory_bytes": (chip.memory_bytes, sheet["memory"]),
              "memory_bandwidth": (chip.memory_bandwidth, sheet["bandwidth"]),
              "intra_bandwidth": (chip.intra_bandwidth, None if links is None else float(links) / 2),  # per direction

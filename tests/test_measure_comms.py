@@ -185,7 +185,10 @@ def test_bytes_moved_match_xla_where_nothing_loops_and_count_every_iteration_whe
     assert xla is not None and abs(mine - xla) / xla < 0.02
     looped = jax.jit(scanned).lower(x).compile()
     once = executed(jax.jit(lambda v: jnp.tanh(v @ w)).lower(x).compile().as_text())[1]
-    assert executed(looped.as_text())[1] >= 4 * once * 0.9
+    # The scanned step moves what the unrolled one does (checked against XLA above), plus what the loop itself
+    # adds each time round (its counter, and `w` broadcast inside the body: about a fifth here), never less;
+    # a body counted once too often or too rarely lands a quarter away.
+    assert mine <= executed(looped.as_text())[1] <= 1.3 * mine
     assert xla_cost(looped, "bytes accessed") < 2 * once
 
 

@@ -16,7 +16,7 @@ from shardbench.errors import ConfigError
 from shardbench.hardware import BY_NAME
 from shardbench.measure.energy import Window
 from shardbench.measure.run_record import (
-    SCHEMA_VERSION, Measurements, PartialEpoch, RecordError, RunRecord, StepTimes, Throughput, from_json, to_json,
+    SCHEMA_VERSION, Cost, Measurements, PartialEpoch, RecordError, RunRecord, StepTimes, Throughput, from_json, to_json,
 )
 from shardbench.presets import get_preset
 from shardbench.prices import DevicePrice, epoch_cost, load_prices, parse_prices, run_cost
@@ -53,6 +53,7 @@ def test_cost_of_an_epoch_by_hand() -> None:
     assert cost.spot_usd == pytest.approx(1 / 9)
     assert cost.kwh == pytest.approx(0.2 / 3.6)
     assert cost.per == "billion tokens" and cost.on_demand_usd_per == pytest.approx(50 / 9)
+    assert cost.spot_usd_per == pytest.approx(25 / 9)  # 25 epochs at $1/9 each
     assert cost.kwh_per == pytest.approx(25 * 0.2 / 3.6)
     assert cost.energy == "estimated" and cost.watts_per_device == 500
     images = epoch_cost(h100, 0.25, 400, 4, unit="images", units_per_step=1000)  # 4e5 an epoch: 2.5 per million
@@ -93,18 +94,26 @@ def test_measured_energy_on_a_row_priced_per_host_counts_the_gpus() -> None:
 
 def test_repricing_a_measured_run_with_a_row_priced_per_host_counts_the_gpus() -> None:
     """`report --prices` prices a run again (report.cost.priced): its measured joules, on 8 GPUs at 600 W, give
-    0.1333 kWh over a 100 s epoch under a per-host row as under the per-device row it was first priced with."""
+    0.1333 kWh over a 100 s epoch under a per-host row as under the per-device row it was first priced with,
+    and the other way round: a record first priced per host (one host counted) still holds 8 GPUs' power."""
     from shardbench.report.content import ReportedRun
     from shardbench.report.cost import priced
 
     m = _measurements(step_time_s=StepTimes(median=1.0))
-    first = run_cost(parse_prices(KNOWN), m, 100, energy=EIGHT_AT_600W)
-    assert first.kwh == pytest.approx(0.48 / 3.6)  # per device: 600 W x 8 devices x 100 s
-    record = RunRecord(schema_version=SCHEMA_VERSION, status="complete", steps=100, measurements=m, cost=first)
-    run = ReportedRun("r", "complete", None, None, {}, {}, record)
-    again = priced(run, parse_prices(PER_HOST_H100)).rec.cost
-    assert again is not None and again.energy == "measured" and again.devices == 1
-    assert again.kwh == pytest.approx(0.48 / 3.6) and again.on_demand_usd == pytest.approx(55.04 * 100 / 3600)
+
+    def repriced(first_table: str, then: str) -> Cost | None:
+        first = run_cost(parse_prices(first_table), m, 100, energy=EIGHT_AT_600W)
+        assert first.kwh == pytest.approx(0.48 / 3.6)  # 600 W x 8 GPUs x 100 s, whatever the row prices
+        record = RunRecord(schema_version=SCHEMA_VERSION, status="complete", steps=100, measurements=m, cost=first)
+        return priced(ReportedRun("r", "complete", None, None, {}, {}, record), parse_prices(then)).rec.cost
+
+    per_host = repriced(KNOWN, PER_HOST_H100)
+    assert per_host is not None and per_host.energy == "measured" and per_host.devices == 1
+    assert per_host.kwh == pytest.approx(0.48 / 3.6) and per_host.on_demand_usd == pytest.approx(55.04 * 100 / 3600)
+    per_device = repriced(PER_HOST_H100, KNOWN)
+    assert per_device is not None and per_device.energy == "measured" and per_device.devices == 8
+    assert per_device.watts_per_device == pytest.approx(600) and per_device.kwh == pytest.approx(0.48 / 3.6)
+    assert per_device.on_demand_usd == pytest.approx(2.0 * 8 * 100 / 3600)
 
 
 def test_a_row_priced_per_host_counts_hosts_not_devices() -> None:
