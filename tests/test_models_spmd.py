@@ -100,8 +100,8 @@ def test_text_windows_are_slices_of_the_file_and_held_out_text_comes_last(tmp_pa
 def test_lm_seed_on_uniform_tokens_approaches_but_never_beats_ln512(tmp_path: Path) -> None:
     """The seed's model and batch, 20 of its 50 steps. Its time goes to running steps, not to compiling, so it
     trains as a user's `shardbench train` does, in a process of its own with XLA's default code generation (one
-    CPU device), not this process's quickest-to-compile one (tests/conftest.py), which runs its steps about 2.5x
-    slower."""
+    CPU device), not this process's quickest-to-compile one (tests/conftest.py), which runs its steps about 3x
+    slower (benchmarks/data/lm-seed-flags/)."""
     out = tmp_path / "twenty"
     argv = ["--preset", "lm-seed", "--model.embed-dim", "256", "--model.num-heads", "8", "--model.mlp-dim", "1024",
             "--model.num-layers", "4", "--model.seq-len", "64", "--data.synthetic-train", "8192",

@@ -1,5 +1,7 @@
-"""The planner's fit before and after its least squares were solved for every trial at once: the same random
-sample sets (seeded), each fitted by both; prints each fit's seconds and whether the coefficients are equal.
+"""The planner's fit before and after its least squares were solved for many trials at once (compare-0844.txt:
+every trial of the grid at once, commit 1908856; compare-1028.txt: a chunk of FIT_CHUNK trials at a time, as
+shipped): the same random sample sets (seeded), each fitted by both; prints each fit's seconds and whether the
+coefficients are equal.
 
     git show 246d681:src/shardbench/plan/calibration.py > /tmp/old_calibration.py
     PYTHONPATH=src .venv/bin/python benchmarks/data/plan-fit/compare_fit.py /tmp/old_calibration.py
