@@ -109,6 +109,11 @@ def test_eval_num_steps_and_start(arrays: ImageArrays) -> None:
 def test_invalid_batches(arrays: ImageArrays) -> None:
     with pytest.raises(ConfigError, match=r"global batch size 200 is larger than the 103 training examples"):
         make_batches(arrays, global_batch=200, seed=0, shuffle=True)
+    # At the boundary: a batch of every example is one, a batch of one more is refused.
+    (whole,) = take(make_batches(arrays, global_batch=N, seed=0, shuffle=True), 1)
+    assert sorted(ids([whole])) == list(range(N))
+    with pytest.raises(ConfigError, match=r"global batch size 104 is larger than the 103 training examples"):
+        make_batches(arrays, global_batch=N + 1, seed=0, shuffle=True)
     with pytest.raises(ConfigError, match=r"process index 2 of 2 processes is invalid"):
         BatchSource(arrays, global_batch=B, seed=0, shuffle=True, repeat=True, process_index=2, process_count=2)
 

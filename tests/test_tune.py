@@ -622,9 +622,7 @@ def test_the_cost_objective_prices_the_step_on_the_targets_devices() -> None:
 def test_tunes_report_prices_an_epoch_of_each_measured_layout(tmp_path: Path) -> None:
     """The report's cost per epoch by hand: the CPU row (priced per host) x the plan's step x the epoch's steps
     for the prediction, and the run record's own cost for the measurement."""
-    from shardbench.data.epochs import steps_per_epoch
     from shardbench.measure.run_record import Cost
-    from shardbench.plan.plan_cmd import epoch_examples
     from shardbench.plan.target import parse_target
     from shardbench.presets import get_preset
     from shardbench.prices import load_prices
@@ -636,16 +634,18 @@ def test_tunes_report_prices_an_epoch_of_each_measured_layout(tmp_path: Path) ->
     tuning = Tuning(cfg, target, OBJECTIVES["time"], Space(), 1, 10.0, 10, tmp_path, chosen=[dp],
                     measured={dp.point.name: MeasuredFigures(0.4, None, Cost(on_demand_usd=0.125, kwh=0.5))})
     rows, how = cost_table(tuning)
-    steps = steps_per_epoch(epoch_examples(cfg), dp.point.batch)  # the layout's batch, not the preset's
-    hourly = load_prices().lookup("cpu").on_demand
-    assert rows[1] == [dp.point.name, f"${0.5 * steps * hourly / 3600:,.4g}",
-                       f"{0.5 * steps * load_prices().lookup('cpu').watts / 3.6e6:,.4g}", "$0.125", "0.5"]
-    assert f"({epoch_examples(cfg)} examples over each layout's batch)" in how
+    # By hand: mlp-small's 16,384 generated examples less the 10% held out for validation (1,638) are 14,746; at the
+    # layout's batch of 64 (not the preset's 1,024) an epoch is 230 whole steps, at 128 it is 115.
+    assert (cfg.data.synthetic_train, cfg.data.val_fraction, dp.point.batch) == (16384, 0.1, 64)
+    hourly, watts = load_prices().lookup("cpu").on_demand, load_prices().lookup("cpu").watts
+    assert rows[1] == [dp.point.name, f"${0.5 * 230 * hourly / 3600:,.4g}", f"{0.5 * 230 * watts / 3.6e6:,.4g}",
+                       "$0.125", "0.5"]
+    assert "(14746 examples over each layout's batch)" in how
     assert ", on 1 host(s);" in how  # the CPU row is priced per host: 8 simulated devices are one machine
     assert ", on 8 device(s);" in cost_table(dataclasses.replace(tuning, target=parse_target("8xh100")))[1]
     half = dataclasses.replace(dp, point=dataclasses.replace(dp.point, batch=dp.point.batch * 2))
     tuning.chosen = [half]  # a layout at twice the batch: half the steps an epoch, at the same step time
-    assert cost_table(tuning)[0][1][1] == f"${0.5 * steps_per_epoch(epoch_examples(cfg), half.point.batch) * hourly / 3600:,.4g}"
+    assert cost_table(tuning)[0][1][1] == f"${0.5 * 115 * hourly / 3600:,.4g}"
 
 
 def stop_while_the_verdict_is_written(out: Path, signal_name: str) -> int:
