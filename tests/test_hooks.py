@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from shardbench.measure.timing import StepTimer
 from shardbench.train import hooks
 from shardbench.train.loop import run
 
@@ -26,17 +29,30 @@ def test_hooks_due_after_a_step_run_in_the_order_of_their_phase() -> None:
     assert phases == [hooks.Phase.LOG, hooks.Phase.EPOCH_END, hooks.Phase.CHECKPOINT]
 
 
-def test_steps_with_a_checkpoint_or_an_epoch_end_are_not_timed_as_training_steps(micro) -> None:
+def test_steps_with_a_checkpoint_or_an_epoch_end_are_not_timed_as_training_steps(
+        micro, monkeypatch: pytest.MonkeyPatch) -> None:
     # 12 steps of 4 per epoch (130 training examples after the validation split): checkpoints after steps 3, 6 and 9 (the last step's is written after the loop),
     # epoch ends (evaluation) after 4, 8 and 12. Step k's interval ends when its results arrive; a hook that ran
     # after step k lands in step k + 1's, so steps 4, 7, 10 (checkpoints) and 5, 9 (epoch ends) are left out,
     # besides the warm-up's 2 and 3. Logging every step is part of training and stays timed.
     cfg = micro(**{"train.steps": 12, "data.synthetic_train": 144, "train.checkpoint_every": 3, "train.eval": True,
                    "train.timing_warmup": 2, "train.log_every": 1})
+    # Which steps the run's timer left out, seen as it decides (its own `completed`, unchanged, watched).
+    excluded: list[int] = []
+    completed = StepTimer.completed
+
+    def watched(timer: StepTimer, step: int) -> None:
+        before = timer.excluded
+        completed(timer, step)
+        if timer.excluded > before:
+            excluded.append(step)
+
+    monkeypatch.setattr(StepTimer, "completed", watched)
     summary = run(cfg)
     assert [e["step"] for e in summary["epochs"]] == [4, 8, 12]
     times = json.loads((Path(cfg.train.out) / "summary.json").read_text())["measurements"]["step_time_s"]
     left_out = {4, 7, 10} | {5, 9}
+    assert sorted(excluded) == sorted({2, 3} | left_out)
     assert times["excluded_steps"] == 2 + len(left_out)
     assert times["measured_steps"] == 11 - 2 - len(left_out)
 

@@ -77,7 +77,8 @@ def test_parameters_and_optimizer_state_have_the_promised_shardings(strategy: st
         for moment in (adam.mu, adam.nu):
             m = moment["encoder"][name] if name in blocks else moment[name]
             assert m.sharding == param.sharding, (strategy, name)
-        # Each device holds exactly its shard: the array was created sharded, not copied whole everywhere.
+        # Each device holds exactly its shard, not a whole copy. (Whether `init_state` made it in place or copied it
+        # there is not seen here: on a CPU its draws are whole arrays anyway, see `train.state.init_state`.)
         shard_shape = param.sharding.shard_shape(param.shape)
         assert all(s.data.shape == shard_shape for s in param.addressable_shards)
     assert state.step.sharding.is_fully_replicated

@@ -9,6 +9,7 @@ of the same call (the 'padded-xla' attention kind) and are compared with the unp
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -81,10 +82,12 @@ def test_padded_attention_equals_einsum_attention(causal: bool) -> None:
 
     want = loss(lambda q, k, v: attention(q, k, v, kind="einsum", precision=jax.lax.Precision.HIGHEST,
                                           causal=causal))
-    for multiple in (2, 64):  # 8 runs in the model test below
-        got = loss(lambda q, k, v: padded_attention(q, k, v, causal=causal, multiple=multiple,
-                                                    implementation="xla"))
+    for multiple, padded in ((2, 66), (64, 128)):  # 8 runs in the model test below
+        fn = functools.partial(padded_attention, causal=causal, multiple=multiple, implementation="xla")
+        got = loss(fn)
         jax.tree.map(close, got, want)
+        # and it did pad: the attention runs on the padded sequence, which the result alone cannot show
+        assert f"tensor<3x{padded}x2x8xf32>" in jax.jit(fn).lower(q, k, v).as_text(), (multiple, padded)
 
 
 def _model_loss_and_grads(model: nnx.Module, inputs: jax.Array) -> tuple[jax.Array, Any]:
@@ -367,6 +370,10 @@ def test_mu_bfloat16_trains_close_to_float32(micro, reference) -> None:
     assert all(math.isfinite(x) for x in losses)
     assert losses == pytest.approx(reference, rel=1e-3)
     assert json.loads((Path(cfg.train.out) / "config.json").read_text())["optim"]["mu_dtype"] == "bfloat16"
+    # The run held a bfloat16 first moment: 2 bytes a parameter beside the float32 second moment's 4 (float32
+    # parameters are 4 bytes each), and two int32 step counters (Adam's and the schedule's).
+    parts = json.loads((Path(cfg.train.out) / "summary.json").read_text())["measurements"]["memory"]["breakdown"]
+    assert parts["optimizer_bytes"] == parts["params_bytes"] // 4 * (2 + 4) + 8, parts
     with pytest.raises(ConfigError, match=r"unknown --optim.mu-dtype 'float8': choose one of '', float32, "
                                           r"bfloat16"):
         validate(override(cfg, {"optim.mu_dtype": "float8"}))
