@@ -180,9 +180,10 @@ def test_single_device_step_has_no_collectives(micro) -> None:
 def test_fsdp_step_gathers_parameters(micro) -> None:
     compiled, state = _compiled_step(micro, "fsdp", "8")
     report = count_collectives(compiled.as_text())
-    # Forward and backward each gather the sharded weights back to full size at least once.
-    assert report.by_kind["all-gather"].bytes >= 0.8 * sum(x.nbytes for x in __import__("jax").tree.leaves(
-        state.params))
+    # The forward gathers every sharded weight back to full size, and the backward may gather it again (or keep the
+    # forward's): between once and twice their whole bytes. (The arrays no dim of which divides stay whole.)
+    sharded = sum(x.nbytes for x in jax.tree.leaves(state.params) if not x.sharding.is_fully_replicated)
+    assert sharded <= report.by_kind["all-gather"].bytes <= 2 * sharded, (report.by_kind, sharded)
 
 
 @pytest.mark.slow
