@@ -155,16 +155,17 @@ def test_stochastic_depth_drops_whole_rows_at_its_rate() -> None:
     np.testing.assert_array_equal(np.asarray(drop_rows(x, jnp.float32(0.0), seed)), 1.0)
 
 
-def test_weights_moving_average_by_hand() -> None:
-    """SGD at lr 0.1 on w = 1 with gradient 1: w_t = 1 - 0.1 t; the average with d_t = min(0.9, (1+t)/(10+t))."""
-    tx = optax.chain(optax.sgd(0.1), track_ema(0.9))
+@pytest.mark.parametrize("decay", [0.9, 0.2])  # 0.2 caps the warm-up's d_t from t = 2 on (3/12 > 0.2); 0.9 never
+def test_weights_moving_average_by_hand(decay: float) -> None:
+    """SGD at lr 0.1 on w = 1 with gradient 1: w_t = 1 - 0.1 t; the average with d_t = min(decay, (1+t)/(10+t))."""
+    tx = optax.chain(optax.sgd(0.1), track_ema(decay))
     params = {"w": jnp.array(1.0)}
     state = tx.init(params)
     ema = 1.0
     for t in range(5):
         updates, state = tx.update({"w": jnp.array(1.0)}, state, params)
         params = optax.apply_updates(params, updates)
-        d = min(0.9, (1 + t) / (10 + t))
+        d = min(decay, (1 + t) / (10 + t))
         ema = d * ema + (1 - d) * float(params["w"])
     assert float(ema_params(state)["w"]) == pytest.approx(ema, rel=1e-6)
     assert ema_params(optax.sgd(0.1).init(params)) is None

@@ -146,7 +146,8 @@ def test_autoaugment_table_is_torchvisions_cifar10_policy() -> None:
 
 def test_autoaugment_applies_a_sub_policy_with_its_probabilities() -> None:
     """Sub-policy 2 is sharpness (0.8, level 1) then sharpness (0.9, level 3): with both draws under their
-    probabilities, the two sharpenings; with both over, the image itself."""
+    probabilities, the two sharpenings; with both over, the image itself; with a draw between the two, the op
+    whose probability it is under."""
     k = (2 + 0.5) / 25
     x = jnp.asarray(IMAGE, jnp.float32)
     both = np.asarray(recipe.auto_augment(x, jnp.asarray([k, 0.1, 0.9, 0.1, 0.9])))
@@ -154,6 +155,11 @@ def test_autoaugment_applies_a_sub_policy_with_its_probabilities() -> None:
     assert np.abs(both - want).max() <= 1.0
     neither = np.asarray(recipe.auto_augment(x, jnp.asarray([k, 0.95, 0.9, 0.95, 0.9])))
     np.testing.assert_array_equal(neither, IMAGE.astype(np.float32))
+    # A draw of 0.85 lies between the two probabilities: each op is held to its own.
+    second = np.asarray(recipe.auto_augment(x, jnp.asarray([k, 0.85, 0.9, 0.1, 0.9])))
+    assert np.abs(second - _apply("sharpness", 3 / 9)).max() <= 1.0  # 0.85 > 0.8: the first op is skipped
+    both_again = np.asarray(recipe.auto_augment(x, jnp.asarray([k, 0.1, 0.9, 0.85, 0.9])))
+    assert np.abs(both_again - want).max() <= 1.0  # 0.85 <= 0.9: the second op applies
 
 
 # --------------------------------------------------------------------------------------------- random erasing

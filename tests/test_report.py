@@ -894,12 +894,13 @@ def test_html_page_in_chromium(written: ReportPaths) -> None:
 
 
 def test_accuracy_across_seeds_says_whether_a_difference_beats_the_spread(tmp_path: Path) -> None:
-    """Three precisions x three seeds, accuracies chosen by hand: float32 80.0/81.0/82.0 (mean 81.00, spread
+    """Four precisions x three seeds, accuracies chosen by hand: float32 80.0/81.0/82.0 (mean 81.00, spread
     2.00), bfloat16 compute 80.5/81.5/82.5 (+0.50: within), bfloat16 parameters 75.0/75.5/76.0 (-5.50:
-    larger than the spread of 2.00)."""
+    larger than the spread of 2.00), float16 compute 82.0/83.0/86.0 (mean 83.67, half its range 2.00 where the
+    standard deviation is 2.08; +2.67: within its own spread of 4.00, the larger of the two, not float32's)."""
     directory = tmp_path / "sweep"
     accuracies = {("float32", "float32"): (0.80, 0.81, 0.82), ("float32", "bfloat16"): (0.805, 0.815, 0.825),
-                  ("bfloat16", "bfloat16"): (0.75, 0.755, 0.76)}
+                  ("bfloat16", "bfloat16"): (0.75, 0.755, 0.76), ("float32", "float16"): (0.82, 0.83, 0.86)}
     with Store(directory / "sweep.db") as store:
         for (param, compute), accs in accuracies.items():
             for seed, acc in enumerate(accs):
@@ -915,26 +916,31 @@ def test_accuracy_across_seeds_says_whether_a_difference_beats_the_spread(tmp_pa
             "seed-to-seed spread (2.00 points)") in text
     assert ("parameters bfloat16, compute bfloat16 vs parameters float32, compute float32: -5.50 points, larger "
             "than the seed-to-seed spread (2.00 points)") in text
+    assert "parameters float32, compute float16: test accuracy 83.67% ± 2.00 over 3 seeds (82.00–86.00%)" in text
+    assert ("parameters float32, compute float16 vs parameters float32, compute float32: +2.67 points, within the "
+            "seed-to-seed spread (4.00 points)") in text
 
 
 def test_speed_ties_and_a_layout_that_computes_something_else(tmp_path: Path) -> None:
-    """Three layouts of one computation at batch 128: b is 5% slower than a with a 10% step spread (a tie), c
-    twice as slow with an all-reduce of 40 MiB per step (on a ring of 8 each device sends 2 x 7/8 x 40 = 70 MiB)
-    and a test loss 25% off (not the same computation)."""
+    """Three layouts of one computation at batch 128: b is 5% slower than a, with a step spread of 10% where a's is
+    2% (a tie: the larger spread is the noise), c twice as slow with an all-reduce of 40 MiB per step (on a ring of
+    8 each device sends 2 x 7/8 x 40 = 70 MiB) and a test loss 25% off (not the same computation)."""
     directory = tmp_path / "sweep"
 
-    def rec(name: str, step_ms: float, comms: dict[str, tuple[int, float]], test_loss: float) -> dict[str, Any]:
+    def rec(name: str, step_ms: float, comms: dict[str, tuple[int, float]], test_loss: float,
+            spread: float) -> dict[str, Any]:
         sent = {kind: 2 * 7 / 8 * payload for kind, (_, payload) in comms.items()}
         made = record(name, "dp", "8", 8, breakdown=(1, 2, 1, 1), total=5.0, comms=comms, epochs=[],
                       step_ms=step_ms, img_s=0.0, mfu=0.1, acc=0.5, partial=(10, 100, 1.0), sent=sent)
-        made["measurements"]["step_time_s"]["p90"] = step_ms * 1.10 / 1e3
+        made["measurements"]["step_time_s"]["p90"] = step_ms * (1 + spread) / 1e3
         made["test_loss"] = test_loss
         return made
 
-    runs = {"a": (100.0, {}, 2.0), "b": (105.0, {}, 2.0), "c": (200.0, {"all-reduce": (6, 40.0)}, 2.5)}
+    runs = {"a": (100.0, {}, 2.0, 0.02), "b": (105.0, {}, 2.0, 0.10),
+            "c": (200.0, {"all-reduce": (6, 40.0)}, 2.5, 0.10)}
     with Store(directory / "sweep.db") as store:
-        for i, (name, (step, comms, loss)) in enumerate(runs.items()):
-            store.add(row(name, {"parallel.mesh": f"{8 >> i}x{1 << i}"}, rec(name, step, comms, loss)))
+        for i, (name, (step, comms, loss, spread)) in enumerate(runs.items()):
+            store.add(row(name, {"parallel.mesh": f"{8 >> i}x{1 << i}"}, rec(name, step, comms, loss, spread)))
     paths = write_report(directory)
     text = paths.markdown.read_text()
     speed = text.split("### Speed", 1)[1].split("###", 1)[0]
