@@ -35,10 +35,17 @@ def test_pipeline_trains_as_one_device(tmp_path: Path, reference: Callable[[str]
     assert record["pipeline_bubble"] == pytest.approx((stages - 1) / (repeats * m + stages - 1)), layout
     # GPipe and circular: three shifts per iteration (tests/test_pipeline.py says which), a few more once per
     # step. 1F1B: activations one stage on and cotangents one stage back in each of its 2(M+S-1) ticks.
-    shifts = 2 * 2 * (m + stages - 1) if schedule == "1f1b" else 3 * (repeats * m + stages - 1)
+    loop = 2 * (m + stages - 1) if schedule == "1f1b" else repeats * m + stages - 1
+    shifts = 2 * 2 * loop if schedule == "1f1b" else 3 * loop
     assert record["comms"]["collective-permute"]["count"] >= shifts, layout
     # ... all of them between stages (the record's stage-to-stage transfers), whatever else splits a stage.
-    assert record["pipeline_transfers"]["count"] >= shifts, layout
+    transfers = record["pipeline_transfers"]["count"]
+    assert transfers >= shifts, layout
+    # Every stage-to-stage shift in the loop runs once an iteration, exactly as many times as the schedule has
+    # iterations (ticks), neither an idle one more nor one fewer; after the loop, GPipe and circular send the last
+    # stage's outputs to stage 0 and their gradient back (2), while 1F1B's last stage took its loss inside its
+    # ticks (0).
+    assert transfers % loop == (0 if schedule == "1f1b" else 2), (layout, transfers, loop)
 
 
 def test_accumulated_microbatches_through_stages_make_the_full_batch_update(
