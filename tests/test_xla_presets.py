@@ -32,6 +32,9 @@ def test_presets_merge_with_hand_set_flags() -> None:
     flags = value.split()
     assert "--xla_force_host_platform_device_count=2" in flags  # the user's own flag stays
     assert "--xla_gpu_autotune_level=0" in flags and "--xla_gpu_autotune_level=4" not in flags  # the preset wins
+    assert "--xla_gpu_enable_cudnn_layer_norm=true" in flags  # and the second preset's flag is there too
+    assert sorted(flags) == sorted(["--xla_force_host_platform_device_count=2", "--xla_gpu_autotune_level=0",
+                                    "--xla_gpu_enable_cudnn_layer_norm=true"])  # each once, nothing else
     assert env["XLA_FLAGS"] == value
 
 
@@ -86,6 +89,21 @@ def test_kernel_table_counts_each_launch(tmp_path: Path) -> None:
     assert [k.total_ns for k in kernels] == sorted((k.total_ns for k in kernels), reverse=True)
     table = render(kernels, total, steps=3)
     assert f"| `{kernels[0].name}` |" in table and "| 1 |" in table  # one launch per step
+
+
+def test_kernel_table_counts_the_ops_inside_a_loop_not_the_loop(tmp_path: Path) -> None:
+    """A loop of 4 iterations called three times: the ops of its body are launched 12 times each, those around it
+    3 times, and the loop itself, which launches nothing of its own, is no kernel."""
+    f = jax.jit(lambda x: jax.lax.fori_loop(0, 4, lambda i, y: jnp.sin(y) @ x.T, x).sum(), device=jax.devices()[0])
+    x = jnp.ones((256, 256))
+    f(x).block_until_ready()
+    jax.profiler.start_trace(str(tmp_path))
+    for _ in range(3):
+        f(x).block_until_ready()
+    jax.profiler.stop_trace()
+    kernels, _, _ = kernel_table(find_trace(tmp_path), top=100)
+    assert not any(k.name.startswith("while") for k in kernels), kernels
+    assert {k.count for k in kernels} == {3, 12}, kernels
 
 
 def test_no_trace_is_one_line(tmp_path: Path) -> None:
