@@ -34,9 +34,10 @@ LAYOUT_ONLY = frozenset({
 LOSS_RTOL = {"float32": 2e-3, "bfloat16": 5e-2, "float16": 5e-2}
 COMPARED_STEPS = 200  # losses logged after this many steps may drift apart chaotically, and are not compared
 # A step figure from fewer timed steps than MIN_MEASURED_STEPS has no spread to judge a difference by (one
-# interval: p90 = median). Between such runs a gap within FEW_STEPS_MARGIN is called undecided: 15% lies above the
+# interval: p90 = median). Between such runs a gap within FEW_STEPS_MARGIN is called undecided: 15% lay above the
 # upper quartile (13%) of the p90-over-median spreads of the 64 CPU records under benchmarks/data timed over 7 to
-# 17 steps (their median is 6.9%), so a gap within it is within what one step's noise can be.
+# 17 steps when it was set (their median 6.9%); the 119 there on 2026-11-29 give a median of 7.9% and an upper
+# quartile of 17% (benchmarks/step_spreads.py), so a gap within it is within what one step's noise often is.
 FEW_STEPS_MARGIN = 0.15
 COMMS_NAMED_MIB = 1.0  # collectives below this per step are not named as a difference
 # Bytes are counted from the compiled program, not timed: any gap is a fact, and one over this share of the larger
