@@ -147,8 +147,9 @@ def test_diverging_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(t
     assert not (out / "summary.json").exists()
     saved = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
     assert all(s < step for s in saved)
-    if step > 1:
-        assert saved and f"the last checkpoint, saved before it diverged, is step {saved[-1]}" in err
+    if step > 1:  # a checkpoint every step: the last one is the step before the one that diverged
+        assert saved and saved[-1] == step - 1, (saved, step)
+        assert f"the last checkpoint, saved before it diverged, is step {saved[-1]}" in err
 
 
 def test_a_long_error_keeps_its_start_and_its_end_on_one_line() -> None:
