@@ -58,10 +58,14 @@ def test_dropout_masks_a_token_as_one_device_does(tmp_path: Path, preset: str, m
     have its masks reordered. The one-device computation of tests/equivalence.py has no dropout: a one-device run
     is the reference here (dropout's masks hash global positions, so its draws do not depend on the layout)."""
     runs = {}
-    for name, strategy, mesh, devices in (("single", "single", "none", 1), ("cp", "cp", "seq=4", 4)):
+    for name, strategy, mesh, devices, rate in (("single", "single", "none", 1, 0.1), ("cp", "cp", "seq=4", 4, 0.1),
+                                                ("plain", "single", "none", 1, 0.0)):
         run(config(tmp_path, preset, name, **{"parallel.strategy": strategy, "parallel.mesh": mesh,
-                                              "parallel.devices": devices, "model.dropout": 0.1, **model}))
+                                              "parallel.devices": devices, "model.dropout": rate, **model}))
         runs[name] = logged(tmp_path / name)
     (want_loss, want_norm), (got_loss, got_norm) = runs["single"], runs["cp"]
+    # Dropout was drawn at all: one device with it trains otherwise than without (else both runs would agree
+    # whatever the masks).
+    assert not np.allclose(want_norm, runs["plain"][1], rtol=1e-3), f"{preset}: dropout 0.1 changed nothing"
     np.testing.assert_allclose(got_norm, want_norm, rtol=1e-5, err_msg=f"{preset}: cp with dropout: gradient norm")
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, err_msg=f"{preset}: cp with dropout: loss differs")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardbench.data.tokens import text_tokens
@@ -37,9 +38,15 @@ def test_the_shortest_file_the_refusal_names_gives_every_split_a_window(tmp_path
 
 
 def test_a_longer_file_keeps_its_proportions(tmp_path: Path) -> None:
-    """100 windows: 10 test, then 9 validation (10% of the 90 before them), 81 train, as before the minimum."""
+    """100 windows: 10 test, then 9 validation (10% of the 90 before them), 81 train, as before the minimum. Window
+    k holds bytes 16k to 16k + 16 (each starts where the last ended, its first token that one's target); the
+    training windows come first in the file, then validation's, then the test's at its end."""
     ds = text_tokens(_text(tmp_path, 100 * SEQ + 1), seq_len=SEQ, val_fraction=0.1)
     assert (len(ds.train), len(ds.val), len(ds.test)) == (81, 9, 10)
+    windows = {"train": range(0, 81), "val": range(81, 90), "test": range(90, 100)}
+    for name, split in (("train", ds.train), ("val", ds.val), ("test", ds.test)):
+        want = [[(SEQ * k + j) % 251 for j in range(SEQ + 1)] for k in windows[name]]  # the file's bytes are i % 251
+        assert np.asarray(split.data["tokens"]).tolist() == want, name
 
 
 def test_a_text_runs_mistakes_of_the_model_are_its_configuration_and_name_the_sequence(

@@ -107,6 +107,11 @@ def test_accumulation_keeps_the_batchs_augmentation_mixing_and_repeats(tmp_path:
         got[k] = logged(tmp_path / f"k{k}")
     np.testing.assert_allclose(got[ACCUM][1], got[1][1], rtol=1e-5, err_msg="gradient norm")
     np.testing.assert_allclose(got[ACCUM][0], got[1][0], rtol=1e-5, err_msg="loss")
+    # The mixing and smoothing ran: the same augmented, repeated batch without them trains otherwise (else both runs
+    # above would agree whatever they did).
+    plain = {**recipe, "data.mixup": 0.0, "data.cutmix": 0.0, "train.label_smoothing": 0.0}
+    run(config(tmp_path, "vit-tiny", "plain", **plain))
+    assert not np.allclose(got[1][0], logged(tmp_path / "plain")[0], rtol=1e-3), "mixing and smoothing changed no loss"
 
 
 ADAM = {"optim.optimizer": "adam", "optim.lr": ADAM_LR}
