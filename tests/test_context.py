@@ -118,8 +118,8 @@ def test_ring_memory_grows_as_the_sequence_not_its_square() -> None:
     """The compiled temporaries of one causal ring attention, forward and backward, on seq=4 at 1k and 8k tokens
     (keys 64 at a time: both lengths cut their runs into tiles of that size). A device keeps O(T/N) rows and one
     (run x 64) tile of scores at a time, so 8x the tokens should cost about 8x the bytes; keeping each block's
-    scores for the backward, (T/N) x T per device, costs 64x (as the ring before its custom backward did, less the
-    rows' O(T) buffers beside the scores). The bound between them, their geometric mean, parts the two."""
+    scores for the backward, (T/N) x T per device, costs 64x (as a ring differentiated by autodiff keeps them). The
+    bound between them, their geometric mean, parts the two."""
     layout = make_layout("cp", f"seq={N}", jax.devices()[:N])
     sharding = jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec(None, SEQUENCE))
 

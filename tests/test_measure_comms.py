@@ -186,9 +186,9 @@ def test_bytes_moved_match_xla_where_nothing_loops_and_count_every_iteration_whe
     looped = jax.jit(scanned).lower(x).compile()
     once = executed(jax.jit(lambda v: jnp.tanh(v @ w)).lower(x).compile().as_text())[1]
     # The scanned step moves what the unrolled one does (checked against XLA above), plus what the loop itself
-    # adds each time round (its counter, and `w` broadcast inside the body: about a fifth here), never less;
-    # a body counted once too often or too rarely lands a quarter away.
-    assert mine <= executed(looped.as_text())[1] <= 1.3 * mine
+    # adds each time round (its counter, and `w` broadcast inside the body: 1.19x the unrolled step's bytes on jax
+    # 0.10.2's CPU compiler), never less; a body counted once too often lands near 1.5x, once too rarely near 0.9x.
+    assert mine <= executed(looped.as_text())[1] <= 1.4 * mine
     assert xla_cost(looped, "bytes accessed") < 2 * once
 
 

@@ -793,9 +793,10 @@ def test_peak_memory_of_a_real_process_is_sampled(tmp_path: Path) -> None:
     from shardbench.sweep.runner import run_process
 
     size = 300 * 2**20
-    # It touches 300 MiB, and maps 2 GiB more that it never touches: resident memory is what counts, not the
-    # address space (the interpreter itself is some 10 MiB).
-    code = (f"import mmap, time; unused = mmap.mmap(-1, 2 << 30); b = bytearray({size}); "
+    # It touches 300 MiB, and maps 512 MiB more (private) that it never touches: resident memory is what counts,
+    # not the address space (the interpreter itself is some 10 MiB).
+    code = (f"import mmap, time; unused = mmap.mmap(-1, 512 << 20, "
+            f"flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS); b = bytearray({size}); "
             f"b[::4096] = b'x' * len(b[::4096]); time.sleep(1.0)")
     outcome = run_process([sys.executable, "-c", code], tmp_path / "alloc.log", timeout_s=60)
     assert outcome.returncode == 0
