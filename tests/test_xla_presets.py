@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ import pytest
 
 from shardbench import xla_presets
 from shardbench.errors import ConfigError
-from shardbench.measure.kernels import find_trace, kernel_table, render
+from shardbench.measure.kernels import Kernel, find_trace, kernel_table, render
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,16 +74,22 @@ def test_train_records_the_flags_it_ran_with(tmp_path: Path) -> None:
     assert json.loads((out / "config.json").read_text())["train"]["xla_presets"] == "autotune-0,cudnn-layernorm"
 
 
-def test_kernel_table_counts_each_launch(tmp_path: Path) -> None:
-    """Three calls of a program of known ops: each op appears three times, and the shares add up to one."""
-    f = jax.jit(lambda x: (jnp.sin(x) @ x.T).sum(), device=jax.devices()[0])
+def _traced_three_times(fn: Any, tmp_path: Path) -> tuple[list[Kernel], int, int]:
+    """`kernel_table` of a profiler trace of three calls of `fn` (compiled on one device beforehand) on a 256 x 256
+    array of ones."""
+    f = jax.jit(fn, device=jax.devices()[0])
     x = jnp.ones((256, 256))
     f(x).block_until_ready()
     jax.profiler.start_trace(str(tmp_path))
     for _ in range(3):
         f(x).block_until_ready()
     jax.profiler.stop_trace()
-    kernels, total, devices = kernel_table(find_trace(tmp_path), top=100)
+    return kernel_table(find_trace(tmp_path), top=100)
+
+
+def test_kernel_table_counts_each_launch(tmp_path: Path) -> None:
+    """Three calls of a program of known ops: each op appears three times, and the shares add up to one."""
+    kernels, total, devices = _traced_three_times(lambda x: (jnp.sin(x) @ x.T).sum(), tmp_path)
     assert kernels and total > 0 and devices == 1
     assert {k.count for k in kernels} == {3}
     assert abs(sum(k.share for k in kernels) - 1.0) < 1e-9
@@ -95,14 +102,8 @@ def test_kernel_table_counts_the_ops_inside_a_loop_not_the_loop(tmp_path: Path) 
     """A loop of 4 iterations called three times: the ops of its body are launched 12 times each, those around it
     3 times, and the loop itself, which launches nothing of its own, is no kernel (XLA names it while.N; checked
     on jax 0.10.2's CPU compiler)."""
-    f = jax.jit(lambda x: jax.lax.fori_loop(0, 4, lambda i, y: jnp.sin(y) @ x.T, x).sum(), device=jax.devices()[0])
-    x = jnp.ones((256, 256))
-    f(x).block_until_ready()
-    jax.profiler.start_trace(str(tmp_path))
-    for _ in range(3):
-        f(x).block_until_ready()
-    jax.profiler.stop_trace()
-    kernels, _, _ = kernel_table(find_trace(tmp_path), top=100)
+    kernels, _, _ = _traced_three_times(lambda x: jax.lax.fori_loop(0, 4, lambda i, y: jnp.sin(y) @ x.T, x).sum(),
+                                        tmp_path)
     assert not any(k.name.startswith("while") for k in kernels), kernels
     assert {k.count for k in kernels} == {3, 12}, kernels
 
