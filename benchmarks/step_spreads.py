@@ -12,20 +12,22 @@ import statistics
 import sys
 from pathlib import Path
 
+from shardbench.measure.run_record import RecordError, from_json
+
 
 def spreads(root: Path) -> list[float]:
+    """p90 / median - 1 of every CPU run record under `root` timed over 7 to 17 steps, read as reports read them."""
     found = []
     for path in sorted(root.rglob("summary.json")):
         try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+            m = from_json(json.loads(path.read_text()), str(path)).measurements
+        except (OSError, ValueError, RecordError):
             continue
-        m = record.get("measurements") or {}
-        kind = m.get("device_kind") or record.get("device_kind")
-        times = m.get("step_time_s") or {}
-        steps, median, p90 = times.get("measured_steps"), times.get("median"), times.get("p90")
-        if kind == "cpu" and isinstance(steps, int) and 7 <= steps <= 17 and median and p90:
-            found.append(p90 / median - 1)
+        times = None if m is None else m.step_time_s
+        if m is None or times is None or m.device_kind != "cpu" or not times.median or not times.p90:
+            continue
+        if times.measured_steps is not None and 7 <= times.measured_steps <= 17:
+            found.append(times.p90 / times.median - 1)
     return found
 
 
