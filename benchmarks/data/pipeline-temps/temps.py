@@ -26,4 +26,5 @@ for schedule, repeats, m in (("gpipe", 1, 8), ("1f1b", 1, 8), ("circular", 2, 8)
 one_microbatch = ROWS * test_pipeline.WIDTH * 4
 for schedule in ("1f1b", "gpipe"):
     added = (temps[schedule, 32] - temps[schedule, 8]) / (32 - 8) / one_microbatch
-    print(f"{schedule}: each added microbatch adds {added:.2f} arrays of one microbatch x width ({one_microbatch:,} bytes)")
+    print(f"{schedule}: each added microbatch adds {added:.2f} arrays of one microbatch x width "
+          f"({one_microbatch:,} bytes)")
