@@ -293,7 +293,7 @@ def pipeline() -> SweepPreset:
 # key for the backward: dp and fsdp one sequence's (batch 1 x 2 heads x T^2), tp one head of two sequences, the
 # all-gather a quarter of the queries of all four; in each, batch x heads x T^2 x 4 bytes / 4 devices per layer,
 # 512 MiB at 8k tokens and 2 GiB at 16k. Compiled, they need 2.1-2.6 GiB per device at 8k (8.3-10.2 GiB for the 4
-# devices) and 8.2-10.1 GiB per device at 16k: 32.6-40.4 GiB, beyond the host, so they stop at 8k. The ring
+# devices), and the scores alone four times as much at 16k: beyond the host, so they stop at 8k. The ring
 # keeps O(T/N) rows and one tile of scores: 93 MiB per device at 8k, 186 MiB at 16k (peak RSS of the whole
 # 16k run, 3 steps: 1.55 GiB), and runs on to 16k.
 LONG_CONTEXT_DEVICES = 4

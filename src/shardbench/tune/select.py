@@ -19,7 +19,8 @@ from shardbench.tune.space import Point
 
 MIB = 2**20
 # A measured run's wall time besides its compilation and steps: `shardbench train` starting (Python, JAX, the
-# data), seen on the 2-core CPU host of the benchmarks (a 5-step run of a small MLP: 6.4 s wall, 0.4 s of steps).
+# data): a 5-step run of mlp-small on 8 CPU devices took 10.96 s wall, 5.6 s of it the run's own, on a 2-core Intel
+# Xeon (benchmarks/data/tune-costs/costs-2026-11-29.txt).
 # A budget that does not hold this much is refused before anything is compiled.
 START_S = 5.0
 
