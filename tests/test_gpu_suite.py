@@ -104,8 +104,12 @@ def test_variants_compare_with_the_baseline(smoke: Path) -> None:
         assert cases["attention cudnn"]["status"].startswith("refused: ")
         assert "cudnn" in cases["attention cudnn"]["status"].lower()
         ok = [c for c in cases.values() if c["status"] == "ok"]
-        for c in ok:  # throughput is the batch over the median step
+        for c in ok:  # throughput is the batch over the median step of the case's own run record
             batch = int(c["command"].split("--batch-size ")[1].split()[0])
+            run_dir = c["command"].split("--out ")[-1].split()[0].replace("<work>", str(smoke.parent / "work"))
+            record = json.loads((Path(run_dir) / "summary.json").read_text())
+            median = record["measurements"]["step_time_s"]["median"]
+            assert c["step_ms"] == pytest.approx(1e3 * median, rel=1e-9), c["name"]
             assert c["examples_per_s"] == pytest.approx(batch / (c["step_ms"] / 1e3), rel=1e-9)
 
 

@@ -147,6 +147,9 @@ def test_random_erasing_puts_one_box_of_the_drawn_size_filled_with_the_fill() ->
         np.testing.assert_array_equal(out[i][box], fill[box])
         np.testing.assert_array_equal(out[i][~box], image[~box])
         assert 1 <= eh <= h - 1 and 1 <= ew <= w - 1
+        # placed uniformly: top over the h - eh + 1 rows it can start at by u[3], left likewise by u[4]
+        assert rows[0] <= u[i, 3] * (h - eh + 1) + 1e-4 and u[i, 3] * (h - eh + 1) < rows[0] + 1 + 1e-4, i
+        assert cols[0] <= u[i, 4] * (w - ew + 1) + 1e-4 and u[i, 4] * (w - ew + 1) < cols[0] + 1 + 1e-4, i
         sh, sw = math.sqrt(drawn[i] * h * w * aspect[i]), math.sqrt(drawn[i] * h * w / aspect[i])
         if sh + 0.5 < h - 1 and sw + 0.5 < w - 1:
             assert abs(eh - sh) <= 0.5 + 1e-3 and abs(ew - sw) <= 0.5 + 1e-3, i

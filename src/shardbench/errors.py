@@ -23,6 +23,7 @@ import sqlite3
 import stat
 import sys
 import tarfile
+import tempfile
 import zipfile
 from collections.abc import Callable
 from typing import TypeVar
@@ -224,11 +225,12 @@ def writable_dir(path: os.PathLike[str] | str, flag: str, create: bool = True) -
         if not folder.is_dir():
             raise FileFault(f"{flag} {requested}: {folder} is a file where a folder is needed: remove it or choose "
                             f"another path")
-    probe = folder / f".shardbench-write-check-{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
+        # a file of this call's own: two checks of one folder at once (threads of one process) never share it
+        handle, probe = tempfile.mkstemp(prefix=".shardbench-write-check-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
     except OSError as err:
         if folder != requested:  # the folder to create it in is the one that refused
             raise FileFault(f"{flag} {requested}: it cannot be created in {folder} ({err.strerror or err}): choose a "

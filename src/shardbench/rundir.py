@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import jax
 
-from shardbench import cluster, models
+from shardbench import cluster, models, outdir
 from shardbench import config as config_lib
 from shardbench.config import Config
 from shardbench.errors import ConfigError, FileFault
@@ -39,17 +38,22 @@ def resolve_out(cfg: Config) -> Path:
         return Path(cfg.train.out)
     if cfg.train.resume:  # a run without --out gets a new folder, runs/<preset>-<strategy>-<time>: none to resume
         raise ConfigError("--resume needs --out: the folder of the run to resume")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.preset}-{cfg.parallel.strategy.replace('+', '_')}-{stamp}"
+    return outdir.stamped(f"{cfg.preset}-{cfg.parallel.strategy.replace('+', '_')}")
 
 
-def shared_out(cfg: Config) -> Config:
-    """With several processes and no --out, every process takes the folder name process 0's clock gives."""
-    if jax.process_count() == 1 or cfg.train.out:
-        return cfg
-    mine = str(resolve_out(cfg))
-    out = cluster.exchange(mine)[0]
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=out))
+def claim_out(cfg: Config) -> tuple[Config, Path | None]:
+    """With no --out, the run's folder is made now, before the checks (`outdir.claim`): two runs started in the
+    same second get folders of their own. With several processes, process 0 makes it and every process takes its
+    name. Returns the configuration with that --out, and the folder made (None where --out was given), for the
+    caller to release where the run stops before writing into it."""
+    if cfg.train.out:
+        return cfg, None
+    mine = resolve_out(cfg)
+    claimed = outdir.claim(mine) if jax.process_index() == 0 else None
+    out = str(claimed or mine)
+    if jax.process_count() > 1:
+        out = cluster.exchange(out)[0]
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=out)), claimed
 
 
 def layout_record(layout: Layout) -> dict[str, object]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
+from shardbench import outdir
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import (add_config_arguments, comma_lists, config_from_args, given_fields, parse_ints,
                               parse_names)
@@ -86,11 +86,14 @@ def remat_choices(cfg: config_lib.Config, lists: dict[str, list[str]]) -> list[s
     return list(dict.fromkeys(remats))
 
 
-def default_out(cfg: config_lib.Config, target: Target) -> Path:
+def claim_out(cfg: config_lib.Config, target: Target) -> tuple[Path, Path | None]:
+    """--out, else runs/plan-<model>-<target>-<time>, made now (`outdir.claim`: a folder no other command
+    shares); and the folder made, None where --out was given."""
     if cfg.train.out:
-        return Path(cfg.train.out)
+        return Path(cfg.train.out), None
     model = "model" if cfg.model.factory else cfg.preset
-    return Path("runs") / f"plan-{model}-{target.spec.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    made = outdir.claim(outdir.stamped(f"plan-{model}-{target.spec.replace(':', '-')}"))
+    return made, made
 
 
 def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[Candidate], dict[str, str]]:
@@ -216,11 +219,12 @@ def run(args: argparse.Namespace) -> int:
     for note in ignored_layout_notes(given_fields(args), target, "plan"):
         print(f"shardbench: note: {note}", flush=True)
     prices = prices_from_flag(cfg.train.prices)  # a bad table is one line before anything compiles
-    out = default_out(cfg, target)
+    out, made = claim_out(cfg, target)
     writable_dir(out, "--out", create=False)  # before the compiling, not after it
     from shardbench.plan.build import make_plan
 
-    plan = make_plan(cfg, target, cands, args.workers, args.calibrate, progress=sys.stderr, folded=folded)
+    with outdir.released_on_error(made):
+        plan = make_plan(cfg, target, cands, args.workers, args.calibrate, progress=sys.stderr, folded=folded)
     paths = plan.write(out)
     print(plan.text())
     print("\n".join(write_cost(plan, prices, paths)))

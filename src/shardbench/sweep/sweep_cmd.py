@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from shardbench import config as config_lib
-from shardbench import malloc
+from shardbench import malloc, outdir
 from shardbench.errors import ConfigError, ShardbenchError, report, writable_dir
 from shardbench.flags import add_config_arguments
 from shardbench.measure import peak as peak_lib
@@ -198,9 +198,10 @@ def _names(runs: list[str]) -> str:
 
 
 def sweep_dir(args: argparse.Namespace, sweep: Sweep) -> Path:
+    """--out, else runs/sweep-<label>-<time>, made now (`outdir.claim`): a folder no other sweep shares."""
     if args.out:
         return Path(args.out)
-    return Path("runs") / f"sweep-{sweep.label}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return outdir.claim(outdir.stamped(f"sweep-{sweep.label}"))
 
 
 def open_store(out: Path, resume: bool, meta: dict[str, Any], from_store: bool = False) -> Store:

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import optax
 
-from shardbench import cluster, compile_cache
+from shardbench import cluster, compile_cache, outdir
 from shardbench.capacity import check_state_fits
 from shardbench.config import Config
 from shardbench.errors import ConfigError
@@ -29,7 +29,7 @@ from shardbench.optim import build_optimizer
 from shardbench.parallel.checks import layout_notes
 from shardbench.preflight import CheckedRun, check_run
 from shardbench.prices import PriceTable, prices_from_flag, row_for
-from shardbench.rundir import shared_out, write_start_records
+from shardbench.rundir import claim_out, write_start_records
 from shardbench.runtime import CacheUse, start_process
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import header_line
@@ -65,19 +65,23 @@ class FinishedRun:
 def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRun:
     """Check `cfg`, then create (or restore) the run's state and compile its train step. `given`: the fields the
     command line named, for the notes on those that do nothing here."""
-    checked, cache, tx, abstract = _check(cfg, given)
-    cfg, out, total = checked.cfg, checked.out, checked.total_steps
-    prices = prices_from_flag(cfg.train.prices)  # a bad table is one line here, not after the last step
-    device = checked.layout.device
-    if row_for(prices, device.device_kind, device.platform) is None and jax.process_index() == 0:
-        print(f"shardbench: note: the {prices.origin} price table has no row for device '{device.device_kind}': "
-              f"this run's record will have no cost", flush=True)
-    before = compile_cache.counts()
-    host = shared_host_peak(checked)  # measuring it compiles a matmul: not one of this run's programs
-    cache = CacheUse(cache.path, compile_cache.shift(cache.since, before, compile_cache.counts()))
-    out.mkdir(parents=True, exist_ok=True)
-    if not cfg.train.resume and jax.process_index() == 0:
-        write_start_records(out, cfg, checked.spec, checked.layout, checked.dataset.name, checked.data_fingerprint)
+    cache = start_process(cfg)  # XLA's flags and the compilation cache come before the first compilation
+    cfg, claimed = claim_out(cfg)
+    with outdir.released_on_error(claimed):  # a run refused before its first record leaves no folder it made
+        checked, tx, abstract = _check(cfg, given)
+        cfg, out, total = checked.cfg, checked.out, checked.total_steps
+        prices = prices_from_flag(cfg.train.prices)  # a bad table is one line here, not after the last step
+        device = checked.layout.device
+        if row_for(prices, device.device_kind, device.platform) is None and jax.process_index() == 0:
+            print(f"shardbench: note: the {prices.origin} price table has no row for device "
+                  f"'{device.device_kind}': this run's record will have no cost", flush=True)
+        before = compile_cache.counts()
+        host = shared_host_peak(checked)  # measuring it compiles a matmul: not one of this run's programs
+        cache = CacheUse(cache.path, compile_cache.shift(cache.since, before, compile_cache.counts()))
+        out.mkdir(parents=True, exist_ok=True)
+        if not cfg.train.resume and jax.process_index() == 0:
+            write_start_records(out, cfg, checked.spec, checked.layout, checked.dataset.name,
+                                checked.data_fingerprint)
     checkpoints = Checkpoints(out / "checkpoints", cfg.train.keep_checkpoints)
     try:
         start = _start_step(checked, checkpoints)
@@ -157,13 +161,10 @@ def _record(path: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and record.get("status") == "complete" else None
 
 
-def _check(cfg: Config, given: Collection[str] = ()) -> tuple[CheckedRun, CacheUse, optax.GradientTransformation, TrainState]:
-    """Start the process (XLA's flags and the compilation cache come before the first compilation), then every
-    process plans (and checks) before any of them writes; one process's error stops them all. The run is
+def _check(cfg: Config, given: Collection[str] = ()) -> tuple[CheckedRun, optax.GradientTransformation, TrainState]:
+    """Every process plans (and checks) before any of them writes; one process's error stops them all. The run is
     announced (its header, and the options it leaves without effect) once checked. Also returns the optimizer and
     the abstract train state (the target a checkpoint is restored into)."""
-    cache = start_process(cfg)
-    cfg = shared_out(cfg)
     checked, tx, abstract = cluster.agree("checking", lambda: _check_state(cfg),
                                           timeout_s=cluster.SLOW_STAGE_TIMEOUT_S)
     if jax.process_index() == 0:
@@ -171,7 +172,7 @@ def _check(cfg: Config, given: Collection[str] = ()) -> tuple[CheckedRun, CacheU
         for note in [*inert_notes(checked.cfg, given), *layout_notes(checked.spec, checked.layout,
                                                                     cfg.parallel.mesh)]:
             print(f"shardbench: note: {note}", flush=True)
-    return checked, cache, tx, abstract
+    return checked, tx, abstract
 
 
 def _check_state(cfg: Config) -> tuple[CheckedRun, optax.GradientTransformation, TrainState]:

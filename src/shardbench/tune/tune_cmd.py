@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
+from shardbench import outdir
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import (add_config_arguments, comma_lists, config_from_args, given_fields, parse_ints,
                               parse_names)
@@ -213,10 +214,11 @@ def check_host(target: Target, host: HostDevices) -> None:
 
 
 def default_out(cfg: config_lib.Config, target: Target) -> Path:
+    """--out, else runs/tune-<model>-<target>-<time>, made now (`outdir.claim`): a folder no other tune shares."""
     if cfg.train.out:
         return Path(cfg.train.out)
     model = "model" if cfg.model.factory else cfg.preset
-    return Path("runs") / f"tune-{model}-{target.spec.replace(':', '-')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return outdir.claim(outdir.stamped(f"tune-{model}-{target.spec.replace(':', '-')}"))
 
 
 def nothing_fits(planned: list[Planned], dropped: list[Dropped], out: Path) -> ConfigError:
