@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,10 +34,10 @@ def same_second(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 def test_claims_of_one_name_each_make_a_folder_of_their_own(tmp_path: Path) -> None:
     base = tmp_path / "runs" / f"train-{STAMP}"
-    assert outdir.claim(base) == base and base.is_dir()
-    assert outdir.claim(base) == base.with_name(f"{base.name}-2")
+    assert outdir.claim(base) == outdir.Claim(base, tmp_path / "runs") and base.is_dir()  # runs/ made on the way
+    assert outdir.claim(base) == outdir.Claim(*2 * [base.with_name(f"{base.name}-2")])
     (base.with_name(f"{base.name}-3")).mkdir()  # made by someone else: skipped, not shared
-    assert outdir.claim(base) == base.with_name(f"{base.name}-4")
+    assert outdir.claim(base).path == base.with_name(f"{base.name}-4")
     # Eight claimants released at once on one name (os.mkdir, which decides, lets the GIL go): eight folders, none
     # shared. Threads race on the file system as processes do, without eight JAX start-ups.
     race = tmp_path / "runs" / "race"
@@ -44,7 +45,7 @@ def test_claims_of_one_name_each_make_a_folder_of_their_own(tmp_path: Path) -> N
 
     def claimant() -> Path:
         go.wait()
-        return outdir.claim(race)
+        return outdir.claim(race).path
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         folders = sorted(pool.map(lambda _: claimant(), range(8)), key=str)
@@ -57,14 +58,18 @@ def test_a_claimed_folder_goes_on_an_error_only_while_empty(tmp_path: Path) -> N
     empty, written = outdir.claim(tmp_path / "a"), outdir.claim(tmp_path / "b")
     with pytest.raises(ConfigError), outdir.released_on_error(empty):
         raise ConfigError("refused")
-    assert not empty.exists()
+    assert not empty.path.exists() and tmp_path.exists()  # the claim made "a" alone
     with pytest.raises(ConfigError), outdir.released_on_error(written):
-        (written / "config.json").write_text("{}")
+        (written.path / "config.json").write_text("{}")
         raise ConfigError("refused")
-    assert (written / "config.json").exists()
+    assert (written.path / "config.json").exists()
     with outdir.released_on_error(written):  # no error: kept
         pass
-    assert written.exists()
+    assert written.path.exists()
+    deep = outdir.claim(tmp_path / "new" / "runs" / "c")  # its parents made on the way go too, and no further
+    with pytest.raises(ConfigError), outdir.released_on_error(deep):
+        raise ConfigError("refused")
+    assert sorted(os.listdir(tmp_path)) == ["b"]
     with pytest.raises(ConfigError), outdir.released_on_error(None):  # --out given: nothing of ours to remove
         raise ConfigError("refused")
 
@@ -80,7 +85,11 @@ def test_two_trains_in_the_same_second_write_two_folders(same_second: Path) -> N
         config = json.loads((Path(out) / "config.json").read_text())
         assert (config["train"]["seed"], config["train"]["batch_size"]) == (seed, batch)
         assert (Path(out) / "summary.json").exists()
+    refused = [*TINY, "--batch-size", "20", "--devices", "8", "--strategy", "dp"]
     with pytest.raises(ConfigError, match="--batch-size 20"):  # refused by the checks, after the folder was named
-        run(config_from_args(build_parser().parse_args([*TINY, "--batch-size", "20", "--devices", "8",
-                                                        "--strategy", "dp"])))
+        run(config_from_args(build_parser().parse_args(refused)))
     assert sorted(p.name for p in same_second.iterdir()) == [name, f"{name}-2"]
+    shutil.rmtree(same_second)  # where runs/ did not exist, the refusal leaves none
+    with pytest.raises(ConfigError, match="--batch-size 20"):
+        run(config_from_args(build_parser().parse_args(refused)))
+    assert not same_second.exists()

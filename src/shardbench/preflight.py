@@ -141,7 +141,7 @@ def check_run(cfg: Config) -> CheckedRun:
                         f"it rows, or train without evaluation (--no-train.eval)")
     total = cfg.train.steps if cfg.train.steps > 0 else cfg.train.epochs * per_epoch
     check_profile_window(cfg.train, total)
-    writable_dir(out, "--out", create=False)  # made once the train state is known to fit (`train.build`)
+    writable_dir(out, "--out", create=False)  # written once the train state is known to fit (`train.build`)
     # the logs a resumed run appends to: a file or a folder in their place failed only once training had begun
     if (logs := out / "tensorboard").exists():
         if not logs.is_dir():

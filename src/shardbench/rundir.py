@@ -41,19 +41,22 @@ def resolve_out(cfg: Config) -> Path:
     return outdir.stamped(f"{cfg.preset}-{cfg.parallel.strategy.replace('+', '_')}")
 
 
-def claim_out(cfg: Config) -> tuple[Config, Path | None]:
-    """With no --out, the run's folder is made now, before the checks (`outdir.claim`): two runs started in the
-    same second get folders of their own. With several processes, process 0 makes it and every process takes its
-    name. Returns the configuration with that --out, and the folder made (None where --out was given), for the
-    caller to release where the run stops before writing into it."""
+def claim_out(cfg: Config) -> outdir.Claim | None:
+    """With no --out, process 0 makes the run's folder now, before the checks (`outdir.claim`), so that two runs
+    started in the same second get folders of their own; where it cannot, every process stops with its reason.
+    None where --out was given, and in the other processes."""
     if cfg.train.out:
-        return cfg, None
+        return None
     mine = resolve_out(cfg)
-    claimed = outdir.claim(mine) if jax.process_index() == 0 else None
-    out = str(claimed or mine)
-    if jax.process_count() > 1:
-        out = cluster.exchange(out)[0]
-    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=out)), claimed
+    return cluster.agree("naming the run's folder", lambda: outdir.claim(mine) if jax.process_index() == 0 else None)
+
+
+def with_out(cfg: Config, claimed: outdir.Claim | None) -> Config:
+    """The configuration with --out set to the folder process 0 claimed, in every process."""
+    if cfg.train.out:
+        return cfg
+    out = cluster.exchange(str(claimed.path) if claimed is not None else "")[0]
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, out=out))
 
 
 def layout_record(layout: Layout) -> dict[str, object]:

@@ -3,7 +3,7 @@
 set -u
 cd <scratch>
 SB=<checkout>/.venv/bin/shardbench
-echo "# each command with a fresh SHARDBENCH_CACHE (no compiled program cached)"
+echo "# sections 1-3: each command with a fresh SHARDBENCH_CACHE (no compiled program cached); section 4 reuses section 3's"
 echo "# $(date -u +%FT%TZ) $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2) x $(nproc) cores"
 echo "## 1. tune's default space on mlp-small, 8 devices, one compile worker, one 5-step run measured"
 echo "\$ shardbench tune --preset mlp-small --devices 8 --workers 1 --top-k 1 --measure-steps 5 --budget-min 5 --out <out>/tune-mlp"

@@ -582,7 +582,7 @@ def run(args: argparse.Namespace) -> int:
     out, named on stderr in one line; 0 otherwise (a baseline skipped for a missing torch is not an error)."""
     planned = plan(args)
     where = malloc.target_platform(os.environ)
-    out = Path(args.out) if args.out else outdir.claim(outdir.stamped("bench"))  # a folder no other bench shares
+    out = Path(args.out) if args.out else outdir.claim(outdir.stamped("bench")).path  # a folder no other bench shares
     writable_dir(out, "--out", create=False)
     if (out / "bench.json").exists():  # an earlier bench's tables beside this one's log would read as this run's
         raise ConfigError(f"--out {out} already holds a bench (bench.json): choose another --out, or remove it")

@@ -86,14 +86,14 @@ def remat_choices(cfg: config_lib.Config, lists: dict[str, list[str]]) -> list[s
     return list(dict.fromkeys(remats))
 
 
-def claim_out(cfg: config_lib.Config, target: Target) -> tuple[Path, Path | None]:
+def claim_out(cfg: config_lib.Config, target: Target) -> tuple[Path, outdir.Claim | None]:
     """--out, else runs/plan-<model>-<target>-<time>, made now (`outdir.claim`: a folder no other command
-    shares); and the folder made, None where --out was given."""
+    shares); and the claim, None where --out was given."""
     if cfg.train.out:
         return Path(cfg.train.out), None
     model = "model" if cfg.model.factory else cfg.preset
     made = outdir.claim(outdir.stamped(f"plan-{model}-{target.spec.replace(':', '-')}"))
-    return made, made
+    return made.path, made
 
 
 def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[Candidate], dict[str, str]]:

@@ -201,7 +201,7 @@ def sweep_dir(args: argparse.Namespace, sweep: Sweep) -> Path:
     """--out, else runs/sweep-<label>-<time>, made now (`outdir.claim`): a folder no other sweep shares."""
     if args.out:
         return Path(args.out)
-    return outdir.claim(outdir.stamped(f"sweep-{sweep.label}"))
+    return outdir.claim(outdir.stamped(f"sweep-{sweep.label}")).path
 
 
 def open_store(out: Path, resume: bool, meta: dict[str, Any], from_store: bool = False) -> Store:

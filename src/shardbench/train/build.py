@@ -3,8 +3,9 @@ the sharded state (new or restored from the last checkpoint) and the train step 
 as one `BuiltRun` that `shardbench.train.loop` trains.
 
 Order matters for the user: every check (configuration, mesh, divisibility, precision, dataset, resume
-directory, whether the train state fits a device) happens before the run directory is made, so a refused run
-leaves nothing half-written.
+directory, whether the train state fits a device) happens before anything is written into the run directory, so a
+refused run leaves nothing half-written. A run given no --out makes its folder first, as it names it
+(`shardbench.outdir`), and a refused one removes it again while it is empty.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from shardbench.optim import build_optimizer
 from shardbench.parallel.checks import layout_notes
 from shardbench.preflight import CheckedRun, check_run
 from shardbench.prices import PriceTable, prices_from_flag, row_for
-from shardbench.rundir import claim_out, write_start_records
+from shardbench.rundir import claim_out, with_out, write_start_records
 from shardbench.runtime import CacheUse, start_process
 from shardbench.train.checkpoint import Checkpoints
 from shardbench.train.console import header_line
@@ -66,9 +67,9 @@ def build_run(cfg: Config, given: Collection[str] = ()) -> BuiltRun | FinishedRu
     """Check `cfg`, then create (or restore) the run's state and compile its train step. `given`: the fields the
     command line named, for the notes on those that do nothing here."""
     cache = start_process(cfg)  # XLA's flags and the compilation cache come before the first compilation
-    cfg, claimed = claim_out(cfg)
+    claimed = claim_out(cfg)
     with outdir.released_on_error(claimed):  # a run refused before its first record leaves no folder it made
-        checked, tx, abstract = _check(cfg, given)
+        checked, tx, abstract = _check(with_out(cfg, claimed), given)
         cfg, out, total = checked.cfg, checked.out, checked.total_steps
         prices = prices_from_flag(cfg.train.prices)  # a bad table is one line here, not after the last step
         device = checked.layout.device

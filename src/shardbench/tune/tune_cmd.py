@@ -218,7 +218,7 @@ def default_out(cfg: config_lib.Config, target: Target) -> Path:
     if cfg.train.out:
         return Path(cfg.train.out)
     model = "model" if cfg.model.factory else cfg.preset
-    return outdir.claim(outdir.stamped(f"tune-{model}-{target.spec.replace(':', '-')}"))
+    return outdir.claim(outdir.stamped(f"tune-{model}-{target.spec.replace(':', '-')}")).path
 
 
 def nothing_fits(planned: list[Planned], dropped: list[Dropped], out: Path) -> ConfigError:
