@@ -13,6 +13,10 @@ from types import SimpleNamespace
 import pytest
 
 from shardbench import outdir
+from shardbench.bench import bench_cmd
+from shardbench.plan import plan_cmd
+from shardbench.sweep import sweep_cmd
+from shardbench.tune import tune_cmd
 from shardbench.cli import build_parser
 from shardbench.errors import ConfigError
 from shardbench.flags import config_from_args
@@ -93,3 +97,25 @@ def test_two_trains_in_the_same_second_write_two_folders(same_second: Path) -> N
     with pytest.raises(ConfigError, match="--batch-size 20"):
         run(config_from_args(build_parser().parse_args(refused)))
     assert not same_second.exists()
+
+
+def test_plan_bench_sweep_and_tune_each_take_a_folder_of_their_own(same_second: Path) -> None:
+    """The other commands' default folders, twice each in one second; a given --out is taken as it is."""
+    cfg = SimpleNamespace(train=SimpleNamespace(out=""), model=SimpleNamespace(factory=""), preset="vit-tiny")
+    target = SimpleNamespace(spec="tpu-v5e:4x4")
+    made = {
+        "plan": [plan_cmd.claim_out(cfg, target)[0] for _ in range(2)],
+        "tune": [tune_cmd.claim_out(cfg, target) for _ in range(2)],
+        "bench": [bench_cmd.claim_out(None) for _ in range(2)],
+        "sweep": [sweep_cmd.sweep_dir(SimpleNamespace(out=None), SimpleNamespace(label="strategies"))
+                  for _ in range(2)],
+    }
+    names = {"plan": f"plan-vit-tiny-tpu-v5e-4x4-{STAMP}", "tune": f"tune-vit-tiny-tpu-v5e-4x4-{STAMP}",
+             "bench": f"bench-{STAMP}", "sweep": f"sweep-strategies-{STAMP}"}
+    for command, name in names.items():
+        assert made[command] == [Path("runs") / name, Path("runs") / f"{name}-2"], command
+    assert sorted(p.name for p in same_second.iterdir()) == sorted(n + e for n in names.values() for e in ("", "-2"))
+    given = SimpleNamespace(train=SimpleNamespace(out="mine"), model=cfg.model, preset=cfg.preset)
+    assert (plan_cmd.claim_out(given, target), tune_cmd.claim_out(given, target), bench_cmd.claim_out("mine"),
+            sweep_cmd.sweep_dir(SimpleNamespace(out="mine"), None)) == ((Path("mine"), None), *3 * [Path("mine")])
+    assert not Path("mine").exists()  # made by the command's own checks later, not here

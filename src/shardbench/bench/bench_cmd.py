@@ -576,13 +576,18 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def claim_out(out: str | None) -> Path:
+    """--out, else runs/bench-<time>, made now (`outdir.claim`): a folder no other bench shares."""
+    return Path(out) if out else outdir.claim(outdir.stamped("bench")).path
+
+
 def run(args: argparse.Namespace) -> int:
     """Run every planned group; bench.json and bench.md are rewritten after each group, so a run that is stopped
     keeps the groups it finished. Exit status 1 (after writing both files) when any contender errored or timed
     out, named on stderr in one line; 0 otherwise (a baseline skipped for a missing torch is not an error)."""
     planned = plan(args)
     where = malloc.target_platform(os.environ)
-    out = Path(args.out) if args.out else outdir.claim(outdir.stamped("bench")).path  # a folder no other bench shares
+    out = claim_out(args.out)
     writable_dir(out, "--out", create=False)
     if (out / "bench.json").exists():  # an earlier bench's tables beside this one's log would read as this run's
         raise ConfigError(f"--out {out} already holds a bench (bench.json): choose another --out, or remove it")

@@ -213,7 +213,7 @@ def check_host(target: Target, host: HostDevices) -> None:
                           f"({host.kind}): give {instead}, or measure on the target with --executor slurm")
 
 
-def default_out(cfg: config_lib.Config, target: Target) -> Path:
+def claim_out(cfg: config_lib.Config, target: Target) -> Path:
     """--out, else runs/tune-<model>-<target>-<time>, made now (`outdir.claim`): a folder no other tune shares."""
     if cfg.train.out:
         return Path(cfg.train.out)
@@ -376,7 +376,7 @@ def run(args: argparse.Namespace) -> int:
     objective = select_objective(args.objective, prices_from_flag(cfg.train.prices), target)
     if cfg.train.resume and not cfg.train.out:
         raise ConfigError("--resume needs --out: the folder of the tune to finish")
-    out = default_out(cfg, target)
+    out = claim_out(cfg, target)
     tuning = report.Tuning(cfg, target, objective, space, args.top_k, args.budget_min, args.measure_steps, out,
                            dropped=dropped)
     if cfg.train.resume:  # what it planned and chose is read back; only the runs not yet recorded are run
