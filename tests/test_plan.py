@@ -273,7 +273,7 @@ ALIKE = [(41_200_000, 37_800_000, "39.3 MiB", "36.0 MiB"), (2.04e9, 1.96e9, "1.9
 @pytest.mark.parametrize(("need", "usable", "need_shown", "usable_shown"), ALIKE)
 def test_a_memory_need_never_prints_as_the_memory_it_does_not_fit(need: float, usable: float, need_shown: str,
                                                                    usable_shown: str) -> None:
-    """The recommendation's byte counts go through `capacity.format_bytes`, and where two different amounts would
+    """The recommendation's byte counts go through `units.format_bytes`, and where two different amounts would
     still print alike, in whole bytes rounded apart (the larger up, the smaller down): never "needs X of X"."""
     assert f"{need / 1e9:.2f}" == f"{usable / 1e9:.2f}" or f"{need / 1e9:.1f}" == f"{usable / 1e9:.1f}"  # once alike
     assert amounts(need, usable) == (need_shown, usable_shown)

@@ -291,12 +291,12 @@ def test_a_new_strategy_is_an_entry_of_tactics(monkeypatch: pytest.MonkeyPatch) 
     """Adding a way of splitting is adding an entry: FSDP over the model axis beside Megatron's table, written
     as data in this test, places parameters with no change to the layout code."""
     from shardbench.models.axes import BATCH
-    from shardbench.parallel import rules
+    from shardbench.parallel import strategies
 
-    megatron = rules.ByName({"heads": "model", "mlp": "model"})
-    entry = rules.Strategy("tp+fsdp-model", (megatron, rules.Largest("model")), {BATCH: "data"},
-                           ("data", "model"), "data", "test entry")
-    monkeypatch.setitem(rules.STRATEGIES, entry.name, entry)
+    megatron = strategies.ByName({"heads": "model", "mlp": "model"})
+    entry = strategies.Strategy("tp+fsdp-model", (megatron, strategies.Largest("model")), {BATCH: "data"},
+                                ("data", "model"), "data", "test entry")
+    monkeypatch.setitem(strategies.STRATEGIES, entry.name, entry)
     layout = make_layout(entry.name, "2x4", jax.devices())
     # Megatron's table takes the heads dim; FSDP over 'model' finds that axis used and leaves the array alone.
     assert layout.param_spec(("layers", "embed", None, "heads", None), (2, 64, 3, 4, 16)) == P(
@@ -310,7 +310,7 @@ def test_a_new_strategy_is_an_entry_of_tactics(monkeypatch: pytest.MonkeyPatch) 
 
 def test_fsdp_is_dp_plus_one_tactic() -> None:
     """fsdp places every array as dp (whole) plus at most one dim over 'data'; fsdp+tp as tp plus one."""
-    from shardbench.parallel.rules import STRATEGIES
+    from shardbench.parallel.strategies import STRATEGIES
 
     shapes = [(("layers", "embed", None, "heads", None), (2, 64, 3, 4, 16)), (("embed", "mlp"), (64, 256)),
               (("classes",), (10,)), (("layers", "mlp", "embed"), (2, 256, 64))]
@@ -364,7 +364,7 @@ def test_a_composite_strategy_with_an_axis_of_one_device_says_so(micro, strategy
 def test_an_unknown_strategy_name_is_refused_in_the_flags_words() -> None:
     """The strategies' table is looked up by the name the configuration declares; any other name gets the same line
     `--strategy` gives, listing the table's names (the planner and tune reach the table without the flag)."""
-    from shardbench.parallel.rules import STRATEGIES, get_strategy
+    from shardbench.parallel.strategies import STRATEGIES, get_strategy
     from shardbench.tune.space import Space, enumerate_space
 
     assert get_strategy("fsdp").name == "fsdp"

@@ -107,3 +107,42 @@ def test_a_configuration_check_leaves_the_input_pipelines_libraries_unimported()
         print("pipeline:", "grain" in sys.modules)
     """)
     assert [line for line in out.split("\n") if ":" in line] == ["checked: []", "pipeline: True"], out
+
+
+HEAVY = ("jax", "flax", "optax", "orbax", "grain", "numpy")
+
+
+def test_the_command_line_reads_and_refuses_its_arguments_before_importing_jax() -> None:
+    """Building the parser (every command's flags and help, the strategies' table) and refusing a value by its
+    declaration or by a rule between fields import none of JAX's libraries, nor numpy: such a command ends in a
+    fraction of the seconds they take to import (benchmarks/startup-cpu.md). A configuration that passes those
+    checks goes on to the models' own rules, which import them."""
+    out = _run(f"""
+        import sys
+        from shardbench.cli import build_parser, main
+
+        build_parser()
+        print("> parser", [m for m in {HEAVY} if m in sys.modules])
+        print("> presets", main(["presets"]), [m for m in {HEAVY} if m in sys.modules])
+        for argv in (["train", "--steps", "-1"], ["train", "--model.kind", "cnn"],
+                     ["train", "--preset", "mlp-small", "--data.cutmix", "1"], ["inspect", "--strategy", "xp"]):
+            print("> refused", main(argv), [m for m in {HEAVY} if m in sys.modules])
+        # cuDNN's attention in float32: the model's own rule, which its module (flax, JAX) holds
+        print("> model", main(["train", "--preset", "vit-tiny", "--model.attention", "cudnn", "--dtype", "float32"]),
+              "flax" in sys.modules)
+    """)
+    assert [line[2:] for line in out.split("\n") if line.startswith("> ")] == [
+        "parser []", "presets 0 []", *4 * ["refused 2 []"], "model 2 True"], out[-2000:]
+
+
+def test_a_train_its_fields_refuse_is_not_started_again_for_the_allocator() -> None:
+    """`shardbench train` starts itself again for the tuned allocator (`malloc.maybe_reexec`) only for a run that
+    will train: one refused by its fields is refused at once, in the first process."""
+    from shardbench.cli import _train_steps, build_parser, parse
+
+    parser = build_parser()
+    assert _train_steps(parse(parser, ["train", "--steps", "30"])) == 30
+    assert _train_steps(parse(parser, ["train", "--epochs", "2"])) == 0
+    assert _train_steps(parse(parser, ["train", "--steps", "-1"])) is None
+    assert _train_steps(parse(parser, ["train", "--steps", "30", "--data.cutmix", "1"])) is None  # needs --data.mixup
+    assert _train_steps(parse(parser, ["sweep", "--preset", "strategies"])) is None

@@ -213,7 +213,8 @@ def test_the_strategies_preset_runs_every_strategy_on_a_mesh_it_takes() -> None:
     (pipeline stages aside: they must divide the model's layers)."""
     import jax
 
-    from shardbench.parallel.rules import STRATEGIES, make_layout
+    from shardbench.parallel.rules import make_layout
+    from shardbench.parallel.strategies import STRATEGIES
 
     runs = make_sweep("strategies").runs
     # Pipelines have their own needs, expert parallelism needs a model with experts (the moe preset runs it), and

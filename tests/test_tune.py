@@ -18,7 +18,7 @@ from conftest import held_by_another_process
 
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
-from shardbench.parallel.rules import STRATEGIES
+from shardbench.parallel.strategies import STRATEGIES
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.predict import Prediction
 from shardbench.report.kendall import kendall_tau
@@ -108,7 +108,7 @@ def test_every_microbatch_count_a_layout_cannot_take_is_dropped_with_why() -> No
 def test_the_whole_space_is_either_planned_or_dropped_by_name() -> None:
     """Every strategy x mesh x K x pipeline M of the space on 8 devices at batch 16, K in 1, 2, 4: each is a layout
     or has its own drop (the mesh's, where the batch does not split, else its K's, else its M's)."""
-    from shardbench.parallel.rules import batch_shards
+    from shardbench.parallel.strategies import batch_shards
     from shardbench.plan.candidates import USES, meshes
 
     space = Space(remats=("none",), batches=(16,), accums=(1, 2, 4), per_stage=(1, 4))

@@ -18,7 +18,8 @@ from jax.sharding import PartitionSpec as P
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.measure.comms import CommsReport, count_collectives
-from shardbench.parallel.rules import STRATEGIES, Largest, make_layout
+from shardbench.parallel.rules import make_layout
+from shardbench.parallel.strategies import STRATEGIES, Largest
 from shardbench.parsing import override
 from shardbench.plan.candidates import USES, candidates
 from shardbench.plan.compile import compile_candidate

@@ -1,6 +1,7 @@
 """shardbench: train and compare JAX models under any device mesh, sharding strategy and precision.
 
-Importing this package starts no JAX backend, so `shardbench.simulate_devices(8)` still works afterwards.
+Importing this package imports no JAX (nor starts a backend), so `shardbench.simulate_devices(8)` still works
+afterwards, and the command line reads its arguments before JAX's libraries are imported.
 """
 
 from __future__ import annotations

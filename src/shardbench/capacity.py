@@ -19,15 +19,7 @@ from shardbench.config import Config, flag_name
 from shardbench.errors import ConfigError
 from shardbench.models.spec import ModelSpec
 from shardbench.parallel.rules import Layout
-
-
-def format_bytes(n: float) -> str:
-    """Bytes in binary units, one decimal from KiB up: '512 B', '23.4 GiB', '395 EiB'."""
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
-    i = 0
-    while n >= 1024 and i < len(units) - 1:
-        n, i = n / 1024, i + 1
-    return f"{n:,.0f} {units[i]}" if i == 0 or n >= 100 else f"{n:.1f} {units[i]}"
+from shardbench.units import format_bytes
 
 
 def param_bytes_per_device(spec: ModelSpec, layout: Layout) -> int:

@@ -16,7 +16,7 @@ import typing
 from collections.abc import Sequence
 
 from shardbench import config as config_lib
-from shardbench import malloc, startup
+from shardbench import malloc, startup, validation
 from shardbench.errors import EXIT_CODES, ShardbenchError, end_process, run_reported
 from shardbench.flags import add_config_arguments, config_from_args, given_fields, setup_devices
 from shardbench.parsing import override
@@ -121,6 +121,10 @@ def _join_or_setup(args: argparse.Namespace, cfg: config_lib.Config) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    # Every value against its declaration and the rules between fields, before JAX is imported: a refusal here
+    # takes a fraction of a second, not the seconds JAX, flax and orbax take to import (the models' own rules
+    # import them; the checks that need devices or data come later, in the run's pre-flight).
+    validation.validate(cfg)
     prices_from_flag(cfg.train.prices)  # a bad --prices table fails here, in one line, before anything compiles
     if cfg.train.xla_presets:  # XLA reads its flags once, when JAX starts: set and check them before that
         from shardbench import xla_presets
@@ -146,6 +150,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    validation.validate(cfg)  # as train: refused before JAX is imported
     if cfg.parallel.devices == 0:  # nothing runs: a mesh that names its size gets that many devices
         from shardbench.parallel.mesh import mesh_size
 
@@ -194,13 +199,16 @@ def preset_shape(cfg: config_lib.Config) -> str:
 
 def _train_steps(args: argparse.Namespace) -> int | None:
     """The steps a `train` command will run (0: by epochs), for the allocator's choice; None for the other
-    commands, which leave training to processes of their own, and for a configuration `train` will refuse."""
+    commands, which leave training to processes of their own, and for a configuration `train` will refuse by its
+    fields (`validation.check_fields`, which imports no JAX): it is refused without starting again."""
     if args.command != "train":
         return None
     try:
-        return config_from_args(args).train.steps
+        cfg = config_from_args(args)
+        validation.check_fields(cfg)
     except ShardbenchError:
         return None
+    return cfg.train.steps
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:

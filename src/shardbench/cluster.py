@@ -5,6 +5,9 @@ A process joins when it is told where the coordinator is (flags or SHARDBENCH_* 
 After joining, processes compare their configurations and report each stage's outcome to each other through
 the coordinator's key-value store, so that a failure in one process stops all of them with its message
 instead of leaving the others waiting in a collective.
+
+JAX is imported by the functions that call it, not at the top: `shardbench launch` and the command line's parser
+read this module's settings without starting JAX.
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-import jax
 
 from shardbench import errors
 from shardbench.devices import check_split
@@ -139,6 +140,8 @@ def join(cluster: Cluster, cpu_devices: int = 0) -> None:
     """Start jax.distributed for this process; CPU processes talk through gloo. Must run before any other
     JAX call. Fails in bounded time (the join timeout) with a message naming the process and coordinator:
     JAX itself aborts the process with a stack trace when joining times out, so a watchdog speaks first."""
+    import jax
+
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # JAX's preemption service takes SIGTERM for a sync point that shardbench never asks about: a joined process
     # ignored SIGTERM (a launch's stop, a scheduler's) and ran on until SIGKILL came.
@@ -260,6 +263,8 @@ def exchange(value: str, timeout_s: float | None = None) -> list[str]:
 
     A process that does not send in time (it failed before getting here, or took another path) raises a
     ClusterError naming it."""
+    import jax
+
     global _round
     _round += 1
     if jax.process_count() == 1 or not is_joined():
@@ -282,6 +287,8 @@ def agree(stage: str, fn: Callable[[], T], timeout_s: float | None = None) -> T:
     """Run `fn` in every process and continue only if it succeeded in all of them; otherwise every process
     raises the first failing process's error (one process's bad data must not leave the others waiting).
     `timeout_s` bounds the wait for a process still busy with `fn` (default: the join timeout)."""
+    import jax
+
     error: Exception | None = None
     result: T | None = None
     try:
@@ -325,6 +332,8 @@ def _rebuild(kind: str, message: str) -> ShardbenchError:
 
 def check_same(flat: Mapping[str, Any], what: str = "configuration") -> None:
     """Stop every process when they were started with different configurations, naming the first field."""
+    import jax
+
     text = json.dumps(dict(flat), sort_keys=True, default=str)
     mine = json.loads(text)  # as the others see it (tuples become lists)
     me = jax.process_index()

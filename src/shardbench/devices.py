@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 from collections.abc import Iterator
-
-import jax
+from typing import TYPE_CHECKING
 
 from shardbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    import jax
 
 # The most CPU devices XLA is asked to simulate: its start-up grows faster than the count (on a 2-core Xeon, 1.2 s
 # for 2,048 devices, 13 s for 4,096, over two minutes for 8,192: a --devices of 99999 seemed to hang).
@@ -21,7 +24,11 @@ _planned: int | None = None  # `planned_processes`: the processes of a run check
 def process_count() -> int:
     """The processes of this run: JAX's count, or, while a sweep checks a run in one process before starting it,
     the count that run will have (`planned_processes`)."""
-    return _planned or jax.process_count()
+    if _planned:
+        return _planned
+    import jax  # here, not at the top: `import shardbench` and the command line's parser stay free of JAX
+
+    return jax.process_count()
 
 
 @contextlib.contextmanager
@@ -65,6 +72,8 @@ def simulate_devices(count: int) -> None:
         raise ConfigError(f"--devices must be positive, got {count}")
     if count > MAX_SIMULATED:  # an accelerator's count, or refused by `select_devices` where the run is on the CPU
         return
+    import jax
+
     try:
         jax.config.update("jax_num_cpu_devices", count)
     except RuntimeError:
@@ -81,20 +90,36 @@ def leave_out_absent_tpu() -> None:
     """Where libtpu is installed (the `tpu` extra, to plan for a TPU slice) on a host with no TPU chip, JAX would
     still try to start a TPU backend with every command: libtpu prints a page of warnings and an
     "INVALID_ARGUMENT" line before the command's own output, and holds /tmp/libtpu_lockfile. JAX's own check of
-    the host's PCI devices finds no chip there, so the TPU backend is left out of the ones JAX starts. Compiling
-    for a TPU slice (`shardbench.plan.tpu`) loads libtpu by itself and is unchanged. Nothing is changed where
-    JAX_PLATFORMS (or jax_platforms) names the platforms, JAX_FORCE_TPU_INIT is set, or the backends have
-    started; JAX's internals moving is no error, only the warnings come back."""
-    if jax.config.jax_platforms or "JAX_FORCE_TPU_INIT" in os.environ:
+    the host's PCI devices finds no chip there, so the TPU backend's start is made to fail at once, quietly, as
+    JAX's own start of an absent TPU does (`_no_tpu_chip`). The platform stays known to JAX: modules imported
+    later still register their TPU lowerings (flax imports jax.extend, whose checkify does; with the platform
+    left out, that import failed). Compiling for a TPU slice (`shardbench.plan.tpu`) loads libtpu by itself and
+    is unchanged. Nothing is changed where JAX_PLATFORMS (or jax_platforms) names the platforms,
+    JAX_FORCE_TPU_INIT is set, or the backends have started; JAX's internals moving is no error, only the
+    warnings come back. Where libtpu is not installed, or JAX_PLATFORMS is set, JAX is not even imported here: a
+    command that needs no devices never imports it."""
+    if (os.environ.get("JAX_PLATFORMS") or "JAX_FORCE_TPU_INIT" in os.environ
+            or importlib.util.find_spec("libtpu") is None):
+        return
+    import jax
+
+    if jax.config.jax_platforms:
         return
     try:
         from jax._src import hardware_utils, xla_bridge
 
         if xla_bridge.backends_are_initialized() or hardware_utils.num_available_tpu_chips_and_device_id()[0]:
             return
-        xla_bridge._backend_factories.pop("tpu", None)
+        registration = xla_bridge._backend_factories.get("tpu")
+        if registration is not None:
+            registration.factory = _no_tpu_chip
+            registration.fail_quietly = True
     except (ImportError, AttributeError, OSError):
         return
+
+
+def _no_tpu_chip() -> None:
+    raise RuntimeError("no TPU chip on this host (shardbench.devices.leave_out_absent_tpu)")
 
 
 def select_devices(count: int) -> list[jax.Device]:
@@ -103,6 +128,8 @@ def select_devices(count: int) -> list[jax.Device]:
 
     A run of several processes uses every device of every process: a process whose devices were left out
     would have no part of the program to run."""
+    import jax
+
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     processes = jax.process_count()
     each = [sum(d.process_index == p for d in devices) for p in sorted({d.process_index for d in devices})]

@@ -1,6 +1,10 @@
 """Every check of a configuration that needs neither devices nor data, one line per problem: each field against
 its declaration (choices and ranges, `config.SPECS`), then the rules between fields; a model's own rules are that
-model's (`models.vit.check_options`, `models.transformer.check_cudnn_config`). Also the settings that do nothing."""
+model's (`models.vit.check_options`, `models.transformer.check_cudnn_config`). Also the settings that do nothing.
+
+The models (flax, JAX) are imported by the two functions that ask them, not at the top: a value refused by its
+declaration or by a rule between fields is refused before either is imported (`shardbench train --steps -1`).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +14,6 @@ from pathlib import Path
 from shardbench import config as config_lib
 from shardbench.config import SPECS, TASK_KINDS, Config, TrainConfig, check_choice, flatten
 from shardbench.errors import ConfigError
-from shardbench import models
-from shardbench.models import mlp, transformer, vit
 from shardbench.presets import PRESETS
 
 SYNTHETIC_DATASETS = ("synthetic", "tokens-uniform", "regression")
@@ -42,6 +44,12 @@ def _shown(value: float) -> str:
 def validate(cfg: Config) -> None:
     """Check every value that can be checked without devices or data; one line per problem. The model
     kind's own shape checks are its task's (`shardbench.tasks.validate` runs both)."""
+    check_fields(cfg)
+    check_model_options(cfg)
+
+
+def check_fields(cfg: Config) -> None:
+    """`validate` but the built-in models' own rules: what needs no model's module (nor JAX) to check."""
     m, t = cfg.model, cfg.train
     check_choices(cfg)
     check_ranges(cfg)
@@ -80,7 +88,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"--data.cutmix {cfg.data.cutmix} needs --data.mixup > 0 (the Beta alpha both mixes draw "
                           f"their weight from), e.g. --data.mixup 1.0")
     check_recipe(cfg)
-    check_model_options(cfg)
     check_run_name(t.run_name)
     if t.profile and t.profile_steps == 0:
         raise ConfigError("--profile with --train.profile-steps 0 traces nothing: give the window a positive number of "
@@ -147,6 +154,8 @@ def check_model_options(cfg: Config) -> None:
         raise ConfigError(f"{vit_only[0]} applies to the vit model only, not to {what}: drop it")
     if m.factory:
         return  # a model of your own brings its own attention and rules
+    from shardbench.models import mlp, transformer, vit
+
     if m.attention == "cudnn" and m.kind in ("vit", "lm"):
         transformer.check_cudnn_config(m, cfg.precision.dtype)
     if m.kind == "vit":
@@ -172,6 +181,8 @@ def inert_notes(cfg: Config, given: Collection[str] = (), sections: Collection[s
 def inert_fields(cfg: Config) -> dict[str, str]:
     """The fields this configuration never reads, each with why: a value there changes nothing the run computes
     (so a resume does not hold it against the run, `rundir.check_resume`)."""
+    from shardbench import models
+
     d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
     unused = {
         "optim.momentum": (o.optimizer != "sgd", f"it applies to --optim.optimizer sgd, not {o.optimizer}"),

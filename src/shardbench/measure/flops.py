@@ -7,12 +7,13 @@ peak is the host's measured one, shared by every run (`shardbench.measure.peak`)
 
 from __future__ import annotations
 
-from typing import Any
-
-import jax
+from typing import TYPE_CHECKING, Any
 
 from shardbench.hardware import chip_for_kind
 from shardbench.measure.peak import HostPeak
+
+if TYPE_CHECKING:
+    import jax
 
 def compute_class(dtype: str, matmul_precision: str, tpu: bool = False) -> str:
     """The data sheet's peak a matmul in `dtype` at `matmul_precision` runs at. float32 at default precision:

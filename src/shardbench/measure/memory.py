@@ -12,15 +12,18 @@ precision alone barely moves memory when the batch is small. Everything is retur
 from __future__ import annotations
 
 import math
-from typing import Any
-
-import jax
+from typing import TYPE_CHECKING, Any
 
 from shardbench.measure.run_record import Breakdown, Memory
+
+if TYPE_CHECKING:  # JAX where arrays are counted: the breakdown's arithmetic, which the planner shares, needs none
+    import jax
 
 
 def per_device_bytes(tree: Any) -> int:
     """Bytes one device holds of the arrays (or ShapeDtypeStructs with shardings) in `tree`."""
+    import jax
+
     total = 0
     for leaf in jax.tree.leaves(tree):
         sharding = getattr(leaf, "sharding", None)
@@ -32,6 +35,8 @@ def per_device_bytes(tree: Any) -> int:
 def device_bytes(tree: Any) -> dict[int, int]:
     """Bytes each of this process's devices holds of the arrays in `tree`, by device id, counted from the
     shards that are really there (so uneven or replicated layouts count what they hold)."""
+    import jax
+
     out: dict[int, int] = {}
     for leaf in jax.tree.leaves(tree):
         for shard in getattr(leaf, "addressable_shards", ()):
@@ -90,6 +95,8 @@ def gradient_buffers(params: Any, shardings: Any = None) -> Any:
     bytes), laid out by `shardings`, a tree like `params`: the strategy's gradient placement
     (`shardbench.train.state.gradient_shardings`; default, None: each parameter's own sharding, which is how
     every strategy's step but ZeRO-2's hands its gradients to the optimizer)."""
+    import jax
+
     def loss(p: Any) -> jax.Array:
         return sum((x.astype(jax.numpy.float32).sum() for x in jax.tree.leaves(p)
                     if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)), jax.numpy.float32(0))

@@ -1,5 +1,5 @@
-"""Logical axis names shared by the models, and the hooks through which activations are constrained and a stack
-of layers is run.
+"""Logical axis names shared by the models (declared in `shardbench.axis_names`), and the hooks through which
+activations are constrained and a stack of layers is run.
 
 Models name the dimensions of their parameters and activations ('batch', 'embed', 'heads', ...).
 They never see a mesh: the parallel layer installs a constraint function while it traces a step, and may install a
@@ -17,25 +17,9 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-Axes = tuple[str | None, ...]
-
-BATCH = "batch"
-SEQ = "seq"
-# The sequence dim of the residual stream, where LayerNorm and dropout work (MaxText's activation_norm_length): a
-# name of its own so that sequence parallelism can split it over the model axis while the matmuls' inputs (SEQ)
-# stay whole there; every other strategy maps it as SEQ.
-NORM_SEQ = "norm_seq"
-EMBED = "embed"  # model width: the residual stream and one side of every kernel
-MLP = "mlp"  # hidden width of the feed-forward block
-HEADS = "heads"  # attention heads
-KV = "kv"  # per-head width
-LAYERS = "layers"  # the stacked-layer dimension that a scan runs over
-NORM = "norm"  # LayerNorm scale and bias: small, never worth sharding
-CLASSES = "classes"  # output classes (or vocabulary)
-PATCH = "patch"  # flattened pixels of one patch
-VOCAB = "vocab"  # token ids of a language model's embedding and output head
-FEATURES = "features"  # input features of a model fed vectors (the MLP)
-EXPERT = "expert"  # a mixture's experts: their stacked parameters, and the tokens dispatched to them
+from shardbench.axis_names import (  # noqa: F401 - the models' vocabulary, re-exported here
+    Axes, BATCH, SEQ, NORM_SEQ, EMBED, MLP, HEADS, KV, LAYERS, NORM, CLASSES, PATCH, VOCAB, FEATURES, EXPERT,
+)
 
 Constraint = Callable[[jax.Array, Axes], jax.Array]
 

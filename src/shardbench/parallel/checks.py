@@ -15,7 +15,8 @@ from shardbench.models.spec import ModelSpec, state_shapes
 from shardbench.models.vit import num_tokens
 from shardbench.parallel.mesh import EXPERT as EXPERT_AXIS
 from shardbench.parallel.mesh import DATA, MODEL, SEQUENCE, STAGE
-from shardbench.parallel.rules import STRATEGIES, Largest, Layout, flat_by_path
+from shardbench.parallel.rules import Layout, flat_by_path
+from shardbench.parallel.strategies import STRATEGIES, Largest
 
 
 def check_style(style: str, layout: Layout) -> None:

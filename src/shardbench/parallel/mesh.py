@@ -12,13 +12,14 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-import jax
-import numpy as np
-from jax.sharding import AxisType, Mesh
+from typing import TYPE_CHECKING
 
 from shardbench.devices import MAX_SIMULATED
 from shardbench.errors import ConfigError
+
+if TYPE_CHECKING:  # JAX only where a mesh is built: parsing a --mesh spec (the command line's checks) needs none
+    import jax
+    from jax.sharding import Mesh
 
 DATA, STAGE, MODEL, EXPERT = "data", "stage", "model", "expert"
 SEQUENCE = "seq"  # context parallelism: the sequence split over devices (shardbench.parallel.context)
@@ -170,6 +171,9 @@ def same_mesh(spec: str) -> str:
 
 def build_mesh(shape: MeshShape, devices: list[jax.Device]) -> Mesh:
     """A mesh with automatic (GSPMD) axes over every axis of `MESH_AXES`, in that order."""
+    import numpy as np
+    from jax.sharding import AxisType, Mesh
+
     grid = np.asarray(devices).reshape(shape.sizes)
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 

@@ -11,7 +11,7 @@ from typing import TextIO
 
 from shardbench import config as config_lib
 from shardbench import models
-from shardbench.capacity import format_bytes
+from shardbench.units import format_bytes
 from shardbench.errors import ConfigError
 from shardbench.jsonfile import finite, write_json_atomic
 from shardbench.plan.calibration import Coefficients, to_dict

@@ -13,7 +13,7 @@ from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.fields import list_refusal
 from shardbench.parallel.mesh import EXPERT, MeshShape, parse_mesh
-from shardbench.parallel.rules import STRATEGIES, batch_shards
+from shardbench.parallel.strategies import STRATEGIES, batch_shards
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardbench.capacity import format_bytes
+from shardbench.units import format_bytes
 from shardbench.plan.candidates import Candidate
 from shardbench.plan.predict import Hardware, Prediction
 

@@ -10,7 +10,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from shardbench.parallel.rules import STRATEGIES
+from shardbench.parallel.strategies import STRATEGIES
 from shardbench.report.content import comms_measure, comms_phrase
 from shardbench.report.context import context_findings
 from shardbench.report.pipeline import pipeline_findings

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.naming import run_name
-from shardbench.parallel.mesh import same_mesh
+from shardbench.parallel.mesh import DATA, MODEL, same_mesh
+from shardbench.parallel.strategies import STRATEGIES
 from shardbench.parsing import override, parse_value
 from shardbench.presets import PRESETS, get_preset
+from shardbench.validation import inert_fields
 
 if TYPE_CHECKING:
     from shardbench.store import Store
@@ -212,8 +214,6 @@ def strategies() -> SweepPreset:
     refuse dropout, those with experts (ep, dp+ep, ...: the expert axis), which need a mixture of experts, and
     context parallelism (cp, ...: the seq axis), which needs a sequence the seq axis splits (vit-seed's 65 tokens
     do not); the `pipeline`, `moe` and `long-context` presets run them."""
-    from shardbench.parallel.rules import DATA, MODEL, STRATEGIES  # JAX and flax, only when this preset is asked for
-
     meshes = {(): "none", (DATA,): "8", (MODEL,): "model=8", (DATA, MODEL): "4x2"}
     layouts = [{"parallel.strategy": name, "parallel.mesh": meshes[strategy.axes]}
                for name, strategy in STRATEGIES.items() if strategy.axes in meshes]
@@ -483,8 +483,6 @@ def inert_swept(sweep: Sweep, profile: bool = False) -> list[str]:
     """A note for each swept field that no run of the sweep reads (`validation.inert_fields`: --model.num-heads on
     the MLP): the runs that differ only in it compute the same, and a report would rank them apart. `profile`:
     the sweep's --profile, which traces every run (so every run reads the profile window's fields)."""
-    from shardbench.validation import inert_fields  # the models' rules, imported only to plan a sweep
-
     swept = [k for k in dict.fromkeys(k for g in sweep.grids for axis in g.axes for entry in axis for k in entry)
              if len({json.dumps(r.settings.get(k), default=str) for r in sweep.runs}) > 1]
     why: dict[str, set[str]] = {k: set() for k in swept}

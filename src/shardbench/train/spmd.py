@@ -45,7 +45,8 @@ from shardbench.errors import ConfigError
 from shardbench.models.axes import constraints
 from shardbench.optim import learning_rate
 from shardbench.parallel.mesh import DATA, MESH_AXES, MODEL
-from shardbench.parallel.rules import Layout, Tactic, is_axes, spec_for
+from shardbench.parallel.rules import Layout, is_axes, spec_for
+from shardbench.parallel.strategies import Tactic
 from shardbench.parallel.checks import check_style
 from shardbench.parallel.context import context_parallel
 from shardbench.parallel.pipeline import pipelined

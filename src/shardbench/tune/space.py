@@ -12,7 +12,7 @@ from typing import Any
 from shardbench import config as config_lib
 from shardbench.errors import ConfigError
 from shardbench.fields import list_refusal
-from shardbench.parallel.rules import STRATEGIES, batch_shards
+from shardbench.parallel.strategies import STRATEGIES, batch_shards
 from shardbench.parsing import override
 from shardbench.plan.candidates import (PER_STAGE, USES, Candidate, candidate_config, candidates, meshes,
                                         one_per_layout)
