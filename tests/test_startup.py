@@ -14,9 +14,11 @@ import pytest
 pytestmark = pytest.mark.slow  # processes of their own
 
 
-def _run(code: str) -> str:
+def _run(code: str, platforms: str | None = "cpu") -> str:
+    """`code`'s output, run in a Python process of its own with JAX_PLATFORMS=`platforms` (None: unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+                          env=env if platforms is None else {**env, "JAX_PLATFORMS": platforms}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -112,11 +114,14 @@ def test_a_configuration_check_leaves_the_input_pipelines_libraries_unimported()
 HEAVY = ("jax", "flax", "optax", "orbax", "grain", "numpy")
 
 
-def test_the_command_line_reads_and_refuses_its_arguments_before_importing_jax() -> None:
+@pytest.mark.parametrize("platforms", ["cpu", None])
+def test_the_command_line_reads_and_refuses_its_arguments_before_importing_jax(platforms: str | None) -> None:
     """Building the parser (every command's flags and help, the strategies' table) and refusing a value by its
     declaration or by a rule between fields import none of JAX's libraries, nor numpy: such a command ends in a
-    fraction of the seconds they take to import (benchmarks/startup-cpu.md). A configuration that passes those
-    checks goes on to the models' own rules, which import them."""
+    fraction of the seconds they take to import (benchmarks/data/cli-startup/). A configuration that passes those
+    checks goes on to the models' own rules, which import them. So also without JAX_PLATFORMS, where the `tpu`
+    extra (which `make test` installs) has the command line ask whether the host has a TPU: only where JAX will
+    start."""
     out = _run(f"""
         import sys
         from shardbench.cli import build_parser, main
@@ -130,7 +135,7 @@ def test_the_command_line_reads_and_refuses_its_arguments_before_importing_jax()
         # cuDNN's attention in float32: the model's own rule, which its module (flax, JAX) holds
         print("> model", main(["train", "--preset", "vit-tiny", "--model.attention", "cudnn", "--dtype", "float32"]),
               "flax" in sys.modules)
-    """)
+    """, platforms)
     assert [line[2:] for line in out.split("\n") if line.startswith("> ")] == [
         "parser []", "presets 0 []", *4 * ["refused 2 []"], "model 2 True"], out[-2000:]
 

@@ -95,6 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _validate_before_jax(cfg: config_lib.Config) -> None:
+    """Every value against its declaration and the rules between fields, before JAX is imported: a refusal here
+    takes a fraction of a second, not the seconds JAX, flax and orbax take to import. The models' own rules import
+    their modules (with the collector quiet, as a program's imports are); the checks that need devices or data come
+    later, in the run's pre-flight. Then, JAX's backends as this host can start them."""
+    from shardbench.devices import leave_out_absent_tpu
+
+    with startup.quiet_imports():
+        validation.validate(cfg)
+    leave_out_absent_tpu()
+
+
 def _join_or_setup(args: argparse.Namespace, cfg: config_lib.Config) -> None:
     """Join the other processes of a multi-process run (and make sure all were given the same configuration),
     or set up this process's devices for a run of its own."""
@@ -112,7 +124,7 @@ def _join_or_setup(args: argparse.Namespace, cfg: config_lib.Config) -> None:
         return
     from shardbench.tasks import validate
 
-    validate(cfg)  # a bad flag fails here, before this process makes the others wait for it
+    validate(cfg)  # the task's checks (the model's shapes) fail here, before this process makes the others wait
     cluster_lib.join(found, cluster_lib.local_device_count(found, cfg.parallel.devices))
     # The coordinator's count of processes is the one JAX keeps: another given to a process is a mistake too.
     given = {} if found.num_processes is None else {"--num-processes": found.num_processes}
@@ -121,15 +133,12 @@ def _join_or_setup(args: argparse.Namespace, cfg: config_lib.Config) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    # Every value against its declaration and the rules between fields, before JAX is imported: a refusal here
-    # takes a fraction of a second, not the seconds JAX, flax and orbax take to import (the models' own rules
-    # import them; the checks that need devices or data come later, in the run's pre-flight).
-    validation.validate(cfg)
     prices_from_flag(cfg.train.prices)  # a bad --prices table fails here, in one line, before anything compiles
     if cfg.train.xla_presets:  # XLA reads its flags once, when JAX starts: set and check them before that
         from shardbench import xla_presets
 
         xla_presets.check_known(xla_presets.apply(cfg.train.xla_presets))
+    _validate_before_jax(cfg)
     from shardbench.subprocs import terminated_as_interrupt
 
     # SIGTERM (a scheduler's preemption, scancel, kill) stops the run as Ctrl-C does: the checkpoint being written
@@ -150,7 +159,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    validation.validate(cfg)  # as train: refused before JAX is imported
+    _validate_before_jax(cfg)
     if cfg.parallel.devices == 0:  # nothing runs: a mesh that names its size gets that many devices
         from shardbench.parallel.mesh import mesh_size
 
@@ -200,12 +209,13 @@ def preset_shape(cfg: config_lib.Config) -> str:
 def _train_steps(args: argparse.Namespace) -> int | None:
     """The steps a `train` command will run (0: by epochs), for the allocator's choice; None for the other
     commands, which leave training to processes of their own, and for a configuration `train` will refuse by its
-    fields (`validation.check_fields`, which imports no JAX): it is refused without starting again."""
+    fields (`validation.validate` without the models' own rules, which imports no JAX): it is refused without
+    starting again."""
     if args.command != "train":
         return None
     try:
         cfg = config_from_args(args)
-        validation.check_fields(cfg)
+        validation.validate(cfg, model_rules=False)
     except ShardbenchError:
         return None
     return cfg.train.steps
@@ -246,9 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse(parser, argv)
         if argv is None:  # the allocator, before JAX starts its backends
             malloc.maybe_reexec(_train_steps(args))
-        from shardbench.devices import leave_out_absent_tpu
+        if args.command in ("sweep", "plan", "tune", "bench"):  # each may ask JAX for its devices from here on;
+            from shardbench.devices import leave_out_absent_tpu  # train and inspect after their checks
 
-        leave_out_absent_tpu()  # before any command asks JAX for its devices
+            leave_out_absent_tpu()
         from shardbench import launch
         from shardbench.bench import bench_cmd
         from shardbench.plan import plan_cmd

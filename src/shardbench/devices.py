@@ -96,10 +96,11 @@ def leave_out_absent_tpu() -> None:
     left out, that import failed). Compiling for a TPU slice (`shardbench.plan.tpu`) loads libtpu by itself and
     is unchanged. Nothing is changed where JAX_PLATFORMS (or jax_platforms) names the platforms,
     JAX_FORCE_TPU_INIT is set, or the backends have started; JAX's internals moving is no error, only the
-    warnings come back. Where libtpu is not installed, or JAX_PLATFORMS is set, JAX is not even imported here: a
-    command that needs no devices never imports it."""
+    warnings come back. Where libtpu is not installed (as a package, or at TPU_LIBRARY_PATH), or JAX_PLATFORMS is
+    set, JAX is not even imported here. The command line calls this only where JAX will start in its process, and
+    `train` and `inspect` after checking their flags: a refusal imports no JAX even where libtpu is installed."""
     if (os.environ.get("JAX_PLATFORMS") or "JAX_FORCE_TPU_INIT" in os.environ
-            or importlib.util.find_spec("libtpu") is None):
+            or (importlib.util.find_spec("libtpu") is None and not os.environ.get("TPU_LIBRARY_PATH"))):
         return
     import jax
 

@@ -41,15 +41,11 @@ def _shown(value: float) -> str:
     return f"a number of {len(text.lstrip('-'))} digits" if isinstance(value, int) and len(text) > 24 else text
 
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, *, model_rules: bool = True) -> None:
     """Check every value that can be checked without devices or data; one line per problem. The model
-    kind's own shape checks are its task's (`shardbench.tasks.validate` runs both)."""
-    check_fields(cfg)
-    check_model_options(cfg)
-
-
-def check_fields(cfg: Config) -> None:
-    """`validate` but the built-in models' own rules: what needs no model's module (nor JAX) to check."""
+    kind's own shape checks are its task's (`shardbench.tasks.validate` runs both). `model_rules=False` leaves out
+    the built-in models' own rules, which import the models' modules, and with them flax and JAX (`shardbench
+    train` checks so before it decides whether to start itself again, `cli._train_steps`)."""
     m, t = cfg.model, cfg.train
     check_choices(cfg)
     check_ranges(cfg)
@@ -88,6 +84,7 @@ def check_fields(cfg: Config) -> None:
         raise ConfigError(f"--data.cutmix {cfg.data.cutmix} needs --data.mixup > 0 (the Beta alpha both mixes draw "
                           f"their weight from), e.g. --data.mixup 1.0")
     check_recipe(cfg)
+    check_model_options(cfg, model_rules)
     check_run_name(t.run_name)
     if t.profile and t.profile_steps == 0:
         raise ConfigError("--profile with --train.profile-steps 0 traces nothing: give the window a positive number of "
@@ -142,17 +139,17 @@ def check_recipe(cfg: Config) -> None:
                           f"must be a multiple of {k} holding at least 2 distinct images, e.g. {max(2, -(-batch // k)) * k}")
 
 
-def check_model_options(cfg: Config) -> None:
+def check_model_options(cfg: Config, model_rules: bool = True) -> None:
     """The model options only some models have (the vit's pool, stem and LSA) on a model that has them, then each
-    built-in model's own rules: cuDNN attention's dtype and head dim, the vit's stems and LSA, the mlp's depth. One
-    line each."""
+    built-in model's own rules (`model_rules`): cuDNN attention's dtype and head dim, the vit's stems and LSA, the
+    mlp's depth. One line each."""
     m = cfg.model
     vit_only = [flag for flag, on in ((f"--model.pool {m.pool}", m.pool != "cls"),
                                       (f"--model.stem {m.stem}", m.stem != "patch"), ("--model.lsa", m.lsa)) if on]
     if vit_only and (m.kind != "vit" or m.factory):
         what = f"a model of your own (--model {m.factory})" if m.factory else f"model kind '{m.kind}'"
         raise ConfigError(f"{vit_only[0]} applies to the vit model only, not to {what}: drop it")
-    if m.factory:
+    if m.factory or not model_rules:
         return  # a model of your own brings its own attention and rules
     from shardbench.models import mlp, transformer, vit
 

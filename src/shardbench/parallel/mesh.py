@@ -3,7 +3,7 @@
 A mesh is data: every axis shardbench knows is named in `MESH_AXES`, outermost first, and a `MeshShape` gives
 each a size (1 where a run does not use it). The built mesh always carries every known axis, so a
 PartitionSpec naming any of them is valid on any run's mesh; adding a kind of parallelism is adding its axis
-name here and a strategy that uses it (shardbench.parallel.rules).
+name here and a strategy that uses it (shardbench.parallel.strategies).
 """
 
 from __future__ import annotations
