@@ -115,7 +115,8 @@ HEAVY = ("jax", "flax", "optax", "orbax", "grain", "numpy")
 
 
 @pytest.mark.parametrize("platforms", ["cpu", None])
-def test_the_command_line_reads_and_refuses_its_arguments_before_importing_jax(platforms: str | None) -> None:
+def test_the_command_line_reads_and_refuses_its_arguments_before_importing_jax(platforms: str | None,
+                                                                              tmp_path: Path) -> None:
     """Building the parser (every command's flags and help, the strategies' table) and refusing a value by its
     declaration or by a rule between fields import none of JAX's libraries, nor numpy: such a command ends in a
     fraction of the seconds they take to import (benchmarks/data/cli-startup/). A configuration that passes those
@@ -130,14 +131,17 @@ def test_the_command_line_reads_and_refuses_its_arguments_before_importing_jax(p
         print("> parser", [m for m in {HEAVY} if m in sys.modules])
         print("> presets", main(["presets"]), [m for m in {HEAVY} if m in sys.modules])
         for argv in (["train", "--steps", "-1"], ["train", "--model.kind", "cnn"],
-                     ["train", "--preset", "mlp-small", "--data.cutmix", "1"], ["inspect", "--strategy", "xp"]):
+                     ["train", "--preset", "mlp-small", "--data.cutmix", "1"], ["inspect", "--strategy", "xp"],
+                     ["plan", "--preset", "mlp-small", "--target", "8xh900", "--out", "{tmp_path / 'p'}"],
+                     ["plan", "--preset", "mlp-small", "--target", "8xh100", "--candidates", "dp,fsdp",
+                      "--batch-size", "12", "--out", "{tmp_path / 'p'}"]):
             print("> refused", main(argv), [m for m in {HEAVY} if m in sys.modules])
         # cuDNN's attention in float32: the model's own rule, which its module (flax, JAX) holds
         print("> model", main(["train", "--preset", "vit-tiny", "--model.attention", "cudnn", "--dtype", "float32"]),
               "flax" in sys.modules)
     """, platforms)
     assert [line[2:] for line in out.split("\n") if line.startswith("> ")] == [
-        "parser []", "presets 0 []", *4 * ["refused 2 []"], "model 2 True"], out[-2000:]
+        "parser []", "presets 0 []", *6 * ["refused 2 []"], "model 2 True"], out[-2000:]
 
 
 def test_a_train_its_fields_refuse_is_not_started_again_for_the_allocator() -> None:

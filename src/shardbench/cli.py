@@ -256,8 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse(parser, argv)
         if argv is None:  # the allocator, before JAX starts its backends
             malloc.maybe_reexec(_train_steps(args))
-        if args.command in ("sweep", "plan", "tune", "bench"):  # each may ask JAX for its devices from here on;
-            from shardbench.devices import leave_out_absent_tpu  # train and inspect after their checks
+        if args.command in ("sweep", "tune", "bench"):  # each may ask JAX for its devices from here on; train,
+            from shardbench.devices import leave_out_absent_tpu  # inspect and plan after their checks
 
             leave_out_absent_tpu()
         from shardbench import launch

@@ -17,6 +17,8 @@ commands=(
   "train --steps -1"
   "train --model.kind cnn"
   "inspect --strategy xp"
+  "plan --preset mlp-small --target 8xh900 --out OUT"
+  "plan --preset mlp-small --target 8xh100 --candidates dp,fsdp --batch-size 12 --out OUT"
   "train --preset vit-tiny --model.attention cudnn --dtype float32"
   "train --preset mlp-small --devices 1 --steps 20 --batch-size 32 --no-train.eval --data.synthetic-train 256 --out OUT"
 )

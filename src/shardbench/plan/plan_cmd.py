@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
-from shardbench import outdir
+from shardbench import outdir, validation
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import (add_config_arguments, comma_lists, config_from_args, given_fields, parse_ints,
                               parse_names)
@@ -104,11 +104,9 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
     cfg = config_from_args(args)
     if not args.target:
         raise ConfigError(f"plan needs --target ({HINT}), or --validate DIR")
-    from shardbench.preflight import check_dataset
-    from shardbench.tasks import validate
-
-    validate(cfg)
-    check_dataset(cfg)  # what train refuses of the dataset, once here rather than for every candidate
+    # What needs no model and no JAX first (the fields, the target, the lists): a refusal there takes a fraction
+    # of a second. Then the models' own rules, the task's and the dataset's, which import the models and JAX.
+    validation.validate(cfg, model_rules=False)
     if cfg.parallel.spmd == "pmap":
         raise ConfigError("--spmd pmap replicates parameters and runs data parallelism only: plan with --spmd jit "
                           "or shard_map")
@@ -123,6 +121,11 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
                   else default_strategies(cfg))
     per_stage = list(parse_ints("--microbatches-per-stage", str(args.microbatches_per_stage)))
     found = candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes, accums, per_stage)
+    from shardbench.preflight import check_dataset
+    from shardbench.tasks import validate
+
+    validate(cfg)
+    check_dataset(cfg)  # what train refuses of the dataset, once here rather than for every candidate
     return cfg, target, *one_per_layout(found, target.devices)
 
 
@@ -211,11 +214,15 @@ def write_cost(plan: Plan, table: PriceTable, paths: tuple[Path, Path]) -> list[
 def run(args: argparse.Namespace) -> int:
     if args.workers < 0:
         raise ConfigError(f"--workers {args.workers}: give a number of processes, or 0 for one per core")
+    from shardbench.devices import leave_out_absent_tpu
+
     if args.validate is not None:
         from shardbench.plan.validate import validate_dir
 
+        leave_out_absent_tpu()
         return validate_dir(args.validate, args.calibrate, args.workers)
     cfg, target, cands, folded = prepare(args)
+    leave_out_absent_tpu()  # the checks above start no JAX backend; the compiling below does
     for note in ignored_layout_notes(given_fields(args), target, "plan"):
         print(f"shardbench: note: {note}", flush=True)
     prices = prices_from_flag(cfg.train.prices)  # a bad table is one line before anything compiles
