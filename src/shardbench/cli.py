@@ -260,6 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from shardbench.devices import leave_out_absent_tpu  # inspect and plan after their checks
 
             leave_out_absent_tpu()
+        if args.command in ("sweep", "tune", "bench", "report"):
+            # These read the models' rules and the layouts (and with them JAX and flax) as they start, before
+            # their own checks: imported here, with the collector quiet, not at their first use, where the collector
+            # walked the new objects again and again (a report or a sweep's dry run took 0.5 to 1 CPU second more;
+            # benchmarks/data/cli-startup/gc-1818.txt, gc-1820.txt).
+            import shardbench.models  # noqa: F401
+            import shardbench.parallel.rules  # noqa: F401
         from shardbench import launch
         from shardbench.bench import bench_cmd
         from shardbench.plan import plan_cmd

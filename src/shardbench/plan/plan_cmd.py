@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from shardbench import config as config_lib
-from shardbench import outdir, validation
+from shardbench import outdir, startup, validation
 from shardbench.errors import ConfigError, writable_dir
 from shardbench.flags import (add_config_arguments, comma_lists, config_from_args, given_fields, parse_ints,
                               parse_names)
@@ -121,8 +121,9 @@ def prepare(args: argparse.Namespace) -> tuple[config_lib.Config, Target, list[C
                   else default_strategies(cfg))
     per_stage = list(parse_ints("--microbatches-per-stage", str(args.microbatches_per_stage)))
     found = candidates(target.devices, cfg.train.batch_size, strategies, remats, dtypes, accums, per_stage)
-    from shardbench.preflight import check_dataset
-    from shardbench.tasks import validate
+    with startup.quiet_imports():  # the models, JAX and flax: imported with the collector quiet, as at a start
+        from shardbench.preflight import check_dataset
+        from shardbench.tasks import validate
 
     validate(cfg)
     check_dataset(cfg)  # what train refuses of the dataset, once here rather than for every candidate
